@@ -1,0 +1,31 @@
+"""The nbscale error hierarchy: every message names the thing that went wrong and the fix."""
+
+from __future__ import annotations
+
+
+class NbscaleError(Exception):
+    """Base of every error nbscale raises on purpose; notebooks show its message without a traceback."""
+
+
+class PoolError(NbscaleError):
+    """The worker pool cannot do what was asked (not started, already running, dead worker, bad flag)."""
+
+
+class WorkerError(NbscaleError):
+    """Code failed on one or more workers; the message holds each failing rank's traceback."""
+
+    def __init__(self, message: str, failures: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = failures or {}
+
+
+class OptionsError(NbscaleError, ValueError):
+    """A training option has a wrong name or value; the message lists the allowed values."""
+
+
+class DatastoreError(NbscaleError):
+    """A datastore cannot read its files (missing folder, corrupt image, mismatched labels)."""
+
+
+class JobError(NbscaleError):
+    """A batch job cannot be found, started, or read."""

@@ -1,0 +1,113 @@
+"""A real IPython kernel for tests: execute cells and read what a user would see in the notebook."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.manager import KernelManager
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CellResult:
+    """What one executed cell showed: streams, rich outputs, and the error if it failed."""
+
+    stdout: str = ""
+    stderr: str = ""
+    displays: list[dict[str, Any]] = field(default_factory=list)
+    error_name: str | None = None
+    error_value: str | None = None
+    traceback: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error_name is None
+
+    @property
+    def text(self) -> str:
+        """Everything shown as text: streams, plain-text reprs, and the error lines."""
+        plain = [d.get("text/plain", "") for d in self.displays]
+        return "\n".join([self.stdout, self.stderr, *plain, self.traceback])
+
+
+class KernelSession:
+    """A live python3 kernel started with this interpreter; `run(code)` returns a CellResult."""
+
+    def __init__(self, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.manager = KernelManager(kernel_name="python3")
+        kernel_env = {**os.environ, **(env or {})}
+        self.manager.kernel_spec.argv[0] = sys.executable
+        self.manager.start_kernel(cwd=str(cwd or REPO_ROOT), env=kernel_env)
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid  # type: ignore[union-attr]
+
+    def run(self, code: str, timeout: float = 120, interrupt_after: float | None = None) -> CellResult:
+        """Execute `code` as one cell; with `interrupt_after`, interrupt the kernel that many seconds in."""
+        result = CellResult()
+
+        def collect(message: dict[str, Any]) -> None:
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                if content["name"] == "stdout":
+                    result.stdout += content["text"]
+                else:
+                    result.stderr += content["text"]
+            elif kind in ("display_data", "execute_result", "update_display_data"):
+                result.displays.append(content["data"])
+            elif kind == "error":
+                result.error_name, result.error_value = content["ename"], content["evalue"]
+                result.traceback = "\n".join(content["traceback"])
+
+        message_id = self.client.execute(code)
+        deadline = time.monotonic() + timeout
+        interrupt_at = time.monotonic() + interrupt_after if interrupt_after is not None else None
+        while True:
+            if interrupt_at is not None and time.monotonic() >= interrupt_at:
+                self.manager.interrupt_kernel()
+                interrupt_at = None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}\n--- so far:\n{result.text}")
+            try:
+                message = self.client.get_iopub_msg(timeout=0.2)
+            except Exception:  # queue.Empty
+                continue
+            if message["parent_header"].get("msg_id") != message_id:
+                continue
+            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+                return result
+            collect(message)
+
+    def kill(self) -> None:
+        """Kill the kernel process abruptly (as a crash would), without any cleanup of its own."""
+        os.kill(self.pid, signal.SIGKILL)
+        self.manager.cleanup_resources()
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        if self.manager.is_alive():
+            self.manager.shutdown_kernel(now=True)
+
+
+def run_notebook(path: Path, timeout: int = 600, cwd: Path | None = None) -> Any:
+    """Execute a notebook file with nbclient in a real kernel and return the executed notebook."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd or path.parent)}}
+    )
+    client.execute()
+    return notebook

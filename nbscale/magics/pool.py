@@ -1,0 +1,95 @@
+"""`%pool` and `%%spmd`: parse the line, call nbscale.Pool."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from nbscale.errors import PoolError
+from nbscale.pool import pool as pool_module
+from nbscale.pool.pool import Pool, current_pool
+
+_ACTIONS = ("start", "status", "stop", "restart")
+
+
+def int_list(text: str) -> list[int]:
+    """'0,2' -> [0, 2] (for --gpus and --targets)."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise PoolError(f"{text!r} is not a comma-separated list of indices like 0,2.") from None
+
+
+def env_pairs(pairs: list[str] | None) -> dict[str, str]:
+    """['KEY=VALUE', ...] -> dict; the values are never printed."""
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise PoolError(f"--env takes KEY=VALUE pairs; {key or pair!r} has no '='. Example: --env NCCL_DEBUG=INFO")
+        env[key] = value
+    return env
+
+
+@magics_class
+class PoolMagics(Magics):
+    """The worker pool (parpool) and spmd cells."""
+
+    @magic_arguments()
+    @argument("action", nargs="?", default="status", help="start | status | stop | restart (default: status)")
+    @argument("n", nargs="?", type=int, help="number of workers (default: one per GPU, else the CPU count, at most 4)")
+    @argument("--gpus", type=int_list, help="GPU indices to use, one worker each, e.g. 0,2")
+    @argument("--cpu", action="store_true", help="use CPU workers even where GPUs exist")
+    @argument("--cluster", help="a profile name from ~/.config/nbscale/profiles.toml, or ray://HOST:PORT")
+    @argument("--idle-timeout", type=float, default=30, help="minutes idle before the pool stops itself (0: never)")
+    @argument("--env", nargs="+", action="extend", metavar="KEY=VALUE", help="environment variables for every worker")
+    @line_magic
+    def pool(self, line: str) -> Any:
+        """Start, show, stop or restart the worker pool."""
+        args = parse_argstring(self.pool, line)
+        if args.action not in _ACTIONS:
+            raise PoolError(f"Unknown %pool action {args.action!r}: use one of {', '.join(_ACTIONS)}.")
+        if args.action != "start" and (args.n is not None or args.gpus or args.cpu or args.cluster or args.env):
+            raise PoolError(f"%pool {args.action} takes no N or flags; they belong to %pool start.")
+        running = current_pool()
+        if args.action == "start":
+            pool = Pool(
+                args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster,
+                idle_timeout=args.idle_timeout, env=env_pairs(args.env),
+            )  # fmt: skip
+            print(f"Started {pool.size} {pool.kind.upper()} workers in {pool.start_seconds:.1f} s.")
+            return None
+        if args.action == "restart":
+            if running is None:
+                raise PoolError("No pool is running to restart: start one with %pool start.")
+            running.restart()
+            print(f"Restarted {running.size} {running.kind.upper()} workers in {running.start_seconds:.1f} s.")
+            return None
+        if running is None:
+            print(_no_pool_line())
+            return None
+        if args.action == "stop":
+            running.close()
+            print("Pool stopped.")
+            return None
+        return running.status()
+
+    @magic_arguments()
+    @argument("--targets", type=int_list, help="run on these ranks only, e.g. 0,2")
+    @cell_magic
+    def spmd(self, line: str, cell: str) -> None:
+        """Run the cell on every worker; variables it assigns become Composites here."""
+        args = parse_argstring(self.spmd, line)
+        pool = current_pool()
+        if pool is None:
+            notice = pool_module._take_shutdown_notice()
+            print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
+            pool = Pool()
+        pool.spmd(cell, targets=args.targets, namespace=self.shell.user_ns)
+
+
+def _no_pool_line() -> str:
+    notice = pool_module._take_shutdown_notice()
+    return f"{notice + ' ' if notice else ''}No pool is running. Start one with %pool start [N]."

@@ -1,0 +1,166 @@
+"""An authenticated, message-framed connection between the kernel and one worker.
+
+Both ends prove they hold the pool's secret (mutual HMAC-SHA256 challenge-response) before either unpickles
+a single byte from the other: a peer without the secret gets its connection closed and nothing it sent runs.
+TCP is used so that the same channel crosses machines (the cluster backend); locally it binds loopback only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import pickle
+import secrets
+import socket
+import struct
+import threading
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from nbscale.pool.transport import Frame, bytes_buffer, deserialise, map_shared_memory, serialise
+
+_GREETING = b"NBSCALE1"
+_CHALLENGE_BYTES = 32
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def machine_id() -> str:
+    """Identifies this machine (and boot), so peers know whether shared memory reaches them."""
+    for path in ("/proc/sys/kernel/random/boot_id", "/etc/machine-id"):
+        try:
+            with open(path) as handle:
+                return socket.gethostname() + ":" + handle.read().strip()
+        except OSError:
+            continue
+    return socket.gethostname()
+
+
+class AuthenticationError(ConnectionError):
+    """The peer did not prove it holds the pool's secret."""
+
+
+def _digest(secret: bytes, role: bytes, challenge: bytes) -> bytes:
+    return hmac.new(secret, role + challenge, hashlib.sha256).digest()
+
+
+def _receive_small(connection: Connection, limit: int) -> bytes:
+    if not connection.poll(HANDSHAKE_TIMEOUT_S):
+        raise AuthenticationError("the peer sent nothing during the handshake")
+    try:
+        return connection.recv_bytes(maxlength=limit)
+    except OSError as error:  # a message over `limit` bytes: not a real peer
+        raise AuthenticationError(f"the peer's handshake message was malformed ({error})") from None
+
+
+def authenticate_client(connection: Connection, secret: bytes) -> None:
+    """Server side: challenge the connecting peer, then prove ourselves to it."""
+    challenge = secrets.token_bytes(_CHALLENGE_BYTES)
+    connection.send_bytes(_GREETING + challenge)
+    reply = _receive_small(connection, 2 * _CHALLENGE_BYTES + 64)
+    response, peer_challenge = reply[:32], reply[32:]
+    if len(peer_challenge) != _CHALLENGE_BYTES or not hmac.compare_digest(
+        response, _digest(secret, b"worker", challenge)
+    ):
+        raise AuthenticationError("a connection to the pool failed authentication and was closed")
+    connection.send_bytes(_digest(secret, b"kernel", peer_challenge))
+
+
+def authenticate_server(connection: Connection, secret: bytes) -> None:
+    """Client side: answer the server's challenge and check its proof."""
+    greeting = _receive_small(connection, len(_GREETING) + _CHALLENGE_BYTES)
+    if not greeting.startswith(_GREETING):
+        raise AuthenticationError("the pool's address answered with something that is not an nbscale pool")
+    challenge = greeting[len(_GREETING) :]
+    own_challenge = secrets.token_bytes(_CHALLENGE_BYTES)
+    connection.send_bytes(_digest(secret, b"worker", challenge) + own_challenge)
+    proof = _receive_small(connection, 64)
+    if not hmac.compare_digest(proof, _digest(secret, b"kernel", own_challenge)):
+        raise AuthenticationError("the kernel end of the pool failed authentication")
+
+
+class Channel:
+    """Sends and receives protocol messages; large buffers go through shared memory between local peers."""
+
+    def __init__(self, connection: Connection, same_machine: bool = True) -> None:
+        self.connection = connection
+        self.same_machine = same_machine
+        self._send_lock = threading.Lock()
+
+    def send(self, message: Any) -> None:
+        """Serialise and send one message (the receiver removes any shared-memory file)."""
+        frame = serialise(message)
+        if self.same_machine:
+            frame.to_shared_memory()
+        self.send_frame(frame, receiver_unlinks=True)
+
+    def send_frame(self, frame: Frame, receiver_unlinks: bool = False) -> None:
+        """Send an already serialised frame (the same frame may go to many workers)."""
+        if frame.buffers and self.same_machine:
+            frame.to_shared_memory()
+        header = pickle.dumps((frame.shm_paths, frame.shm_sizes, len(frame.buffers), receiver_unlinks))
+        with self._send_lock:
+            self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
+            for buffer in frame.buffers:
+                self.connection.send_bytes(buffer)
+
+    def recv(self) -> Any:
+        """Receive one message (blocks); raises EOFError when the peer has gone."""
+        data = self.connection.recv_bytes()
+        (header_length,) = struct.unpack("!I", data[:4])
+        shm_paths, shm_sizes, inline_count, receiver_unlinks = pickle.loads(data[4 : 4 + header_length])
+        body = data[4 + header_length :]
+        buffers: list[Any] = []
+        if shm_paths:
+            buffers = map_shared_memory(shm_paths, shm_sizes)
+            if receiver_unlinks:
+                for path in shm_paths:
+                    Path(path).unlink(missing_ok=True)
+        for _ in range(inline_count):
+            buffers.append(bytes_buffer(self.connection.recv_bytes()))
+        return deserialise(body, buffers)
+
+    def fileno(self) -> int:
+        return self.connection.fileno()
+
+    def close(self) -> None:
+        try:
+            self.connection.close()
+        except OSError:
+            pass
+
+
+class ChannelListener:
+    """The kernel's listening socket; `accept` returns only authenticated channels."""
+
+    def __init__(self, secret: bytes, host: str = "127.0.0.1") -> None:
+        self._secret = secret
+        self._socket = socket.create_server((host, 0), backlog=128)
+        self.address: tuple[str, int] = self._socket.getsockname()[:2]
+
+    def accept(self, timeout: float) -> Channel:
+        """Wait up to `timeout` s for a peer; raises AuthenticationError for one without the secret."""
+        self._socket.settimeout(timeout)
+        peer, _ = self._socket.accept()
+        peer.settimeout(None)
+        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection = Connection(peer.detach())
+        try:
+            authenticate_client(connection, self._secret)
+        except (AuthenticationError, OSError, EOFError):
+            connection.close()
+            raise
+        return Channel(connection)
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> Channel:
+    """Connect to a pool's kernel end and authenticate both ways."""
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.settimeout(None)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    connection = Connection(sock.detach())
+    authenticate_server(connection, secret)
+    return Channel(connection)

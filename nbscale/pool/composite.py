@@ -1,0 +1,61 @@
+"""Composite: a variable with one value per worker, fetched only when the notebook looks at it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from nbscale.errors import PoolError
+
+if TYPE_CHECKING:
+    from nbscale.pool.pool import Pool
+
+
+class Composite:
+    """`x[r]` is worker r's value of the spmd variable `x`; `len(x)`; `x[:]` every value in rank order.
+
+    Used in a later spmd cell, each worker simply uses its own value again: nothing is transferred.
+    """
+
+    def __init__(self, pool: Pool, key: str, ranks: tuple[int, ...]) -> None:
+        self._pool = pool
+        self._generation = pool.generation
+        self.key = key
+        self.ranks = ranks
+
+    def _live_pool(self) -> Pool:
+        pool = self._pool
+        if pool.closed or pool.generation != self._generation:
+            raise PoolError(
+                f"Composite {self.key!r} belonged to workers that have since stopped or restarted; "
+                "its values are gone. Run the %%spmd cell that makes it again."
+            )
+        return pool
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            ranks = self.ranks[index]
+            return self._live_pool().pull(self.key, targets=ranks) if ranks else []
+        if index not in self.ranks:
+            raise IndexError(f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}.")
+        return self._live_pool().pull(self.key, targets=[index])[0]
+
+    def __setitem__(self, index: int, value: Any) -> None:
+        if index not in self.ranks:
+            raise IndexError(f"Composite {self.key!r} has no worker {index}; it has ranks {list(self.ranks)}.")
+        self._live_pool().push(targets=[index], **{self.key: value})
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self[:])
+
+    def belongs_to(self, pool: Pool) -> bool:
+        return pool is self._pool and pool.generation == self._generation and not pool.closed
+
+    def __repr__(self) -> str:
+        return (
+            f"Composite {self.key!r} on workers {list(self.ranks)} "
+            f"({self.key}[r] fetches worker r's value; {self.key}[:] fetches all)"
+        )

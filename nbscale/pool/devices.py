@@ -1,0 +1,55 @@
+"""Which devices a pool's workers get: one per GPU, or CPU workers."""
+
+from __future__ import annotations
+
+import os
+
+from nbscale.errors import PoolError
+
+MAX_DEFAULT_CPU_WORKERS = 4
+
+
+def visible_gpu_ids() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (NVML, no CUDA context is created)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: no GPU
+        return []
+    restricted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if restricted is None:
+        return [str(index) for index in range(count)]
+    return [entry.strip() for entry in restricted.split(",") if entry.strip() and entry.strip() != "-1"]
+
+
+def plan_devices(n: int | None, gpus: list[int] | None, cpu: bool) -> list[str | None]:
+    """One entry per worker: the CUDA_VISIBLE_DEVICES value of its GPU, or None for a CPU worker."""
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise PoolError(f"A pool needs at least one worker, not {n!r}: use %pool start N with N >= 1.")
+    if cpu and gpus:
+        raise PoolError("--cpu and --gpus contradict each other: give one of them.")
+    visible = [] if cpu else visible_gpu_ids()
+    if gpus:
+        missing = [index for index in gpus if not 0 <= index < len(visible)]
+        if missing:
+            have = f"GPUs 0-{len(visible) - 1}" if visible else "no GPU"
+            raise PoolError(
+                f"GPU {', '.join(map(str, missing))} does not exist: this machine shows {have}. "
+                "Pick indices from %gpu, or start CPU workers with --cpu."
+            )
+        if n is not None and n != len(gpus):
+            raise PoolError(f"--gpus lists {len(gpus)} GPUs but N is {n}: one worker runs per listed GPU.")
+        return [visible[index] for index in gpus]
+    if visible:
+        if n is not None and n > len(visible):
+            raise PoolError(
+                f"{n} GPU workers asked for but this machine shows {len(visible)} GPUs: one worker runs per GPU. "
+                "Use N <= the GPU count, or add --cpu for CPU workers."
+            )
+        return list(visible[: n or len(visible)])
+    return [None] * (n or min(os.cpu_count() or 1, MAX_DEFAULT_CPU_WORKERS))

@@ -1,0 +1,88 @@
+"""The local launcher: a clean process that imports torch once, then forks every worker from itself.
+
+Why a forkserver: `import torch` costs seconds, and paying it once instead of once per worker makes a pool
+start about as fast as one `python -c "import torch"`. The forkserver is a fresh interpreter (never a fork of
+the kernel), so whatever the notebook did with CUDA cannot leak into workers: forking is safe because nothing
+here has touched CUDA. Each worker sets its own CUDA_VISIBLE_DEVICES before any CUDA call.
+
+Protocol: the kernel writes one JSON line on stdin ({"workers": [worker configs]}) and keeps stdin open.
+When stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits. Workers
+also die with the forkserver (PR_SET_PDEATHSIG) and exit when their channel to the kernel closes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the channel's EOF still ends the worker
+
+
+def _fork_worker(config: dict[str, Any]) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()  # our own process group: a terminal's Ctrl-C or a killpg of the kernel does not hit us
+        _die_with_parent()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ.update(config.get("env", {}))
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        from nbscale.pool.worker import serve
+
+        serve(config)
+    finally:
+        os._exit(1)
+    return 0  # unreachable
+
+
+def _kill_all(children: set[int]) -> None:
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    request = json.loads(sys.stdin.readline())
+    import torch  # noqa: F401 - the expensive import, paid once for every worker
+
+    import nbscale.pool.worker  # noqa: F401 - and the worker code with torch.distributed
+
+    children = {_fork_worker(config) for config in request["workers"]}
+
+    def watch_kernel() -> None:
+        sys.stdin.read()  # returns at EOF: the pool was closed or the kernel is gone
+        _kill_all(children)
+        os._exit(0)
+
+    threading.Thread(target=watch_kernel, daemon=True).start()
+    while children:
+        try:
+            pid, _ = os.wait()
+        except ChildProcessError:
+            break
+        children.discard(pid)
+    time.sleep(0.1)
+
+
+if __name__ == "__main__":
+    main()

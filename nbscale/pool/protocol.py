@@ -1,0 +1,153 @@
+"""The kernel <-> worker protocol: a handful of small frozen dataclasses.
+
+Every message travels over an authenticated `Channel` (see channel.py); nothing is unpickled before the peer
+proved it holds the pool's secret. `request_id` ties replies (Output, Event, Done, Failed) to the request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# ---- kernel -> worker ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InitGroup:
+    """Join the torch.distributed group; rank 0 (master_port 0) opens the store and reports its port."""
+
+    request_id: int
+    backend: str
+    master_addr: str
+    master_port: int
+    world_size: int
+
+
+@dataclass(frozen=True)
+class MakeGroup:
+    """Create a subgroup over `ranks` (every worker must take part, as torch.distributed requires)."""
+
+    request_id: int
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RunCell:
+    """Run an spmd cell: bind `variables`, exec `code`, report which of `result_names` now exist."""
+
+    request_id: int
+    code: str
+    filename: str
+    variables: dict[str, Any]
+    result_names: tuple[str, ...]
+    group_ranks: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """Call `function(*args, **kwargs)` and reply with its return value."""
+
+    request_id: int
+    function: Any
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Push:
+    """Bind `variables` in the worker's namespace."""
+
+    request_id: int
+    variables: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Reply with the values of `names` from the worker's namespace."""
+
+    request_id: int
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Raise KeyboardInterrupt in the worker's main thread (handled by its receiver thread)."""
+
+
+@dataclass(frozen=True)
+class RequestStop:
+    """Set the worker's stop flag, which training loops poll (the Stop button)."""
+
+
+@dataclass(frozen=True)
+class StatusQuery:
+    """Ask for the worker's memory use; answered by the receiver thread even while the worker is busy."""
+
+    request_id: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Exit now."""
+
+
+# ---- worker -> kernel ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The first message of a worker after authentication."""
+
+    rank: int
+    pid: int
+    host: str
+    device: str
+    machine_id: str
+
+
+@dataclass(frozen=True)
+class Output:
+    """Text the worker printed (whole lines where possible)."""
+
+    rank: int
+    stream: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """A value emitted by running code (`worker_context().emit`), e.g. training metrics."""
+
+    request_id: int
+    rank: int
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Done:
+    """A request finished; `value` is its result (a call's return value, pulled values, ...)."""
+
+    request_id: int
+    rank: int
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request raised; `traceback` shows the user's frames (cell line numbers), not nbscale's."""
+
+    request_id: int
+    rank: int
+    error_type: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    """Answer to StatusQuery."""
+
+    request_id: int
+    rank: int
+    memory_mb: float
+    device_memory_mb: float | None

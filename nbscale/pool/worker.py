@@ -1,0 +1,255 @@
+"""A pool worker: connects to the kernel, joins the torch.distributed group, and serves requests.
+
+Two threads: the receiver thread reads the channel and handles what must work while the worker is busy
+(Interrupt, RequestStop, StatusQuery, Shutdown, the kernel going away); the main thread runs requests one
+at a time from a queue, through a dispatch table over the protocol's message types.
+Run standalone as `python -m nbscale.pool.worker` with a JSON config line on stdin (the cluster backend),
+or forked from the local forkserver, which calls `serve(config)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import linecache
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import traceback
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nbscale.pool import protocol as p
+from nbscale.pool.channel import Channel, connect, machine_id
+from nbscale.pool.collectives import Collectives
+from nbscale.pool.context import WorkerContext, set_worker_context
+from nbscale.pool.references import CompositeReference, ModuleReference
+
+_NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _StreamToKernel(io.TextIOBase):
+    """sys.stdout/sys.stderr replacement: sends whole lines to the kernel as Output messages."""
+
+    def __init__(self, channel: Channel, rank: int, name: str) -> None:
+        self._channel, self._rank, self._name = channel, rank, name
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            if "\n" in self._pending:
+                complete, _, self._pending = self._pending.rpartition("\n")
+                self._send(complete + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._pending:
+                text, self._pending = self._pending, ""
+                self._send(text)
+
+    def _send(self, text: str) -> None:
+        try:
+            self._channel.send(p.Output(self._rank, self._name, text))
+        except OSError:
+            pass
+
+
+def _user_traceback(error: BaseException) -> str:
+    """The traceback without nbscale's own frames, so the user sees their cell's lines."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(_NBSCALE_DIR)]
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    lines += traceback.format_exception_only(type(error), error)
+    return "".join(lines)
+
+
+class Worker:
+    """The state of one worker process and its request handlers."""
+
+    def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
+        self.channel = channel
+        self.rank: int = config["rank"]
+        self.world_size: int = config["world_size"]
+        self.device = torch.device(config["device"])
+        self.inbox: queue.Queue[Any] = queue.Queue()
+        self.busy = False
+        self.current_request: int | None = None
+        self.groups: dict[tuple[int, ...], Any] = {}
+        self.context = WorkerContext(self.rank, self.world_size, self.device, socket.gethostname(), self._emit)
+        set_worker_context(self.context)
+        self.namespace: dict[str, Any] = {"__name__": "__spmd__", "torch": torch}
+        self.handlers = {
+            p.InitGroup: self.init_group,
+            p.MakeGroup: self.make_group,
+            p.RunCell: self.run_cell,
+            p.Call: self.call,
+            p.Push: self.push,
+            p.Pull: self.pull,
+        }
+
+    # ---- receiver thread ------------------------------------------------------------------------------------
+
+    def receive_forever(self) -> None:
+        """Read the channel; exit the process when the kernel goes away."""
+        while True:
+            try:
+                message = self.channel.recv()
+            except (EOFError, OSError):
+                os._exit(0)
+            if isinstance(message, p.Interrupt):
+                if self.busy:
+                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            elif isinstance(message, p.RequestStop):
+                self.context._stop.set()
+            elif isinstance(message, p.StatusQuery):
+                self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory()))
+            elif isinstance(message, p.Shutdown):
+                os._exit(0)
+            else:
+                self.busy = True  # set here so an Interrupt right after the request finds it busy
+                self.inbox.put(message)
+
+    def _memory(self) -> tuple[float, float | None]:
+        with open("/proc/self/statm") as handle:
+            resident_pages = int(handle.read().split()[1])
+        memory_mb = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        device_mb = None
+        if self.device.type == "cuda" and torch.cuda.is_initialized():
+            device_mb = torch.cuda.memory_reserved(self.device) / 2**20
+        return memory_mb, device_mb
+
+    # ---- main thread ----------------------------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run requests one by one; every request ends in Done or Failed."""
+        while True:
+            try:
+                message = self.inbox.get()
+            except KeyboardInterrupt:  # an interrupt that arrived just after the last request ended
+                continue
+            self.current_request = message.request_id
+            self.context._stop.clear()
+            try:
+                value = self.handlers[type(message)](message)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                reply: Any = p.Done(message.request_id, self.rank, value)
+            except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
+                sys.stdout.flush()
+                sys.stderr.flush()
+                reply = p.Failed(message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error))
+            self.busy = not self.inbox.empty()
+            try:
+                self._send_reply(reply)
+            except Exception as error:  # the value could not be pickled: say so instead of hanging
+                self.channel.send(
+                    p.Failed(message.request_id, self.rank, type(error).__name__, f"the result could not be sent back: {error}", "")
+                )
+
+    def _send_reply(self, reply: Any) -> None:
+        """Send the reply even if a late interrupt lands while it is on its way."""
+        while True:
+            try:
+                self.channel.send(reply)
+                return
+            except KeyboardInterrupt:
+                continue
+
+    def _emit(self, payload: Any) -> None:
+        if self.current_request is not None:
+            self.channel.send(p.Event(self.current_request, self.rank, payload))
+
+    def init_group(self, message: p.InitGroup) -> None:
+        is_master = self.rank == 0
+        store = dist.TCPStore(
+            message.master_addr, message.master_port, message.world_size, is_master=is_master, wait_for_workers=False
+        )
+        if is_master:
+            self._emit({"store_port": store.port})
+        options: dict[str, Any] = {}
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            options["device_id"] = self.device
+        dist.init_process_group(message.backend, store=store, rank=self.rank, world_size=message.world_size, **options)
+        self.namespace.update(self._cell_names(None))
+
+    def make_group(self, message: p.MakeGroup) -> None:
+        self.groups[message.ranks] = dist.new_group(list(message.ranks))
+
+    def _cell_names(self, group_ranks: tuple[int, ...] | None) -> dict[str, Any]:
+        if group_ranks is None:
+            collectives = Collectives()
+        else:
+            collectives = Collectives(self.groups[group_ranks], len(group_ranks))
+        return {"rank": self.rank, "world_size": self.world_size, "device": self.device, **collectives.helpers()}
+
+    def _bind(self, variables: dict[str, Any]) -> None:
+        for name, value in variables.items():
+            if isinstance(value, CompositeReference):
+                if value.key not in self.namespace:
+                    raise NameError(f"this worker has no value for Composite {value.key!r}")
+                self.namespace[name] = self.namespace[value.key]
+            elif isinstance(value, ModuleReference):
+                self.namespace[name] = importlib.import_module(value.module)
+            else:
+                self.namespace[name] = value
+
+    def run_cell(self, message: p.RunCell) -> list[str]:
+        self._bind(message.variables)
+        self.namespace.update(self._cell_names(message.group_ranks))
+        lines = message.code.splitlines(keepends=True)
+        linecache.cache[message.filename] = (len(message.code), None, lines, message.filename)
+        exec(compile(message.code, message.filename, "exec"), self.namespace)
+        return [name for name in message.result_names if name in self.namespace]
+
+    def call(self, message: p.Call) -> Any:
+        return message.function(*message.args, **message.kwargs)
+
+    def push(self, message: p.Push) -> None:
+        self._bind(message.variables)
+
+    def pull(self, message: p.Pull) -> dict[str, Any]:
+        missing = [name for name in message.names if name not in self.namespace]
+        if missing:
+            raise NameError(f"no variable named {', '.join(map(repr, missing))} on this worker")
+        return {name: self.namespace[name] for name in message.names}
+
+
+def serve(config: dict[str, Any]) -> None:
+    """Connect, say hello, and serve until the kernel goes away (never returns normally)."""
+    threads = config.get("threads")
+    if threads:
+        torch.set_num_threads(int(threads))
+    channel = connect(tuple(config["address"]), bytes.fromhex(config["secret"]))
+    channel.same_machine = config.get("kernel_machine_id") == machine_id()
+    worker = Worker(channel, config)
+    sys.stdout = _StreamToKernel(channel, worker.rank, "stdout")
+    sys.stderr = _StreamToKernel(channel, worker.rank, "stderr")
+    channel.send(p.Hello(worker.rank, os.getpid(), socket.gethostname(), str(worker.device), machine_id()))
+    threading.Thread(target=worker.receive_forever, name="nbscale-receiver", daemon=True).start()
+    try:
+        worker.serve()
+    finally:
+        os._exit(0)
+
+
+def main() -> None:
+    """Entry point for `python -m nbscale.pool.worker` (config as one JSON line on stdin)."""
+    config = json.loads(sys.stdin.readline())
+    os.environ.update(config.get("env", {}))
+    serve(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,9 +7,17 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nbscale.errors import DatastoreError, JobError, NbscaleError, OptionsError, PoolError, WorkerError
+from nbscale.errors import (
+    DatastoreError,
+    JobError,
+    NbscaleError,
+    OptionsError,
+    PoolError,
+    PoolInterrupted,
+    WorkerError,
+)
 
 __version__ = "0.1.0"
 
@@ -38,6 +46,7 @@ __all__ = [
     "NbscaleError",
     "PoolError",
     "WorkerError",
+    "PoolInterrupted",
     "OptionsError",
     "DatastoreError",
     "JobError",
@@ -74,7 +83,3 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "nbscale.server"}]
 
-
-if TYPE_CHECKING:  # pragma: no cover - names for type checkers and IDEs
-    from nbscale.pool.composite import Composite
-    from nbscale.pool.pool import Pool, current_pool

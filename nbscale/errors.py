@@ -19,6 +19,10 @@ class WorkerError(NbscaleError):
         self.failures = failures or {}
 
 
+class PoolInterrupted(KeyboardInterrupt):
+    """The kernel was interrupted while workers ran; they were interrupted too (a KeyboardInterrupt)."""
+
+
 class OptionsError(NbscaleError, ValueError):
     """A training option has a wrong name or value; the message lists the allowed values."""
 

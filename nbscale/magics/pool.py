@@ -87,7 +87,8 @@ class PoolMagics(Magics):
             notice = pool_module._take_shutdown_notice()
             print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
             pool = Pool()
-        pool.spmd(cell, targets=args.targets, namespace=self.shell.user_ns)
+        # the magic line stays line 1, so traceback line numbers match the cell as the notebook shows it
+        pool.spmd(f"# %%spmd {line}\n{cell}", targets=args.targets, namespace=self.shell.user_ns)
 
 
 def _no_pool_line() -> str:

@@ -52,10 +52,16 @@ def _fork_worker(config: dict[str, Any]) -> int:
 
 
 def _kill_all(children: set[int]) -> None:
-    for pid in children:
+    """SIGKILL every worker and reap it, so none lingers even as a zombie."""
+    for pid in list(children):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
+            pass
+    for pid in list(children):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
             pass
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for_connections
 from typing import Any
 
-from nbscale.errors import PoolError, WorkerError
+from nbscale.errors import PoolError, PoolInterrupted, WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool import registry
 from nbscale.pool.backends.base import Backend
@@ -305,8 +305,8 @@ class Pool:
             raise PoolError(f"This pool is no longer running. {notice} Start a new one with %pool start.")
         dead = [w for w in self.workers if w.dead and w.rank in ranks]
         if dead:
-            described = "; ".join(f"rank {w.rank}: {w.dead}" for w in dead)
-            raise WorkerError(f"Worker {described}. Run %pool restart (pool.restart()) for fresh workers.")
+            described = "; ".join(w.dead[0].upper() + w.dead[1:] for w in dead if w.dead)
+            raise WorkerError(f"{described}. Run %pool restart (pool.restart()) for fresh workers.")
 
     def _send(
         self,
@@ -459,8 +459,8 @@ class Pool:
                     break
             self._drain_output(request)
         except KeyboardInterrupt:
-            self._interrupt(request)
-            raise
+            outcome = self._interrupt(request)
+            raise PoolInterrupted(outcome) from None
         finally:
             self._finish(request)
         if request.failures:
@@ -471,7 +471,8 @@ class Pool:
         """A worker died mid-request: the others may wait forever in a collective, so stop waiting."""
         return any(self.workers[r].dead for r in request.failures)
 
-    def _interrupt(self, request: Request) -> None:
+    def _interrupt(self, request: Request) -> str:
+        """Interrupt the workers still running `request`; restart the pool if some do not stop. Says what happened."""
         pending = request.waiting_for
         for rank in pending:
             try:
@@ -486,15 +487,15 @@ class Pool:
                 break
         self._drain_output(request)
         stuck = request.waiting_for
-        if stuck:
-            ranks = ", ".join(map(str, stuck))
-            print(
-                f"[nbscale] worker(s) {ranks} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective?); "
-                "restarting the pool with fresh workers (their variables are lost).",
-                file=sys.stderr,
-            )
-            self._finish(request)
-            self.restart()
+        interrupted = f"Interrupted workers {', '.join(map(str, pending))}."
+        if not stuck:
+            return f"{interrupted} The pool is ready for the next cell."
+        self._finish(request)
+        self.restart()
+        return (
+            f"{interrupted} Workers {', '.join(map(str, stuck))} did not stop within {INTERRUPT_GRACE_S:.0f} s "
+            "(stuck in a collective?), so the pool was restarted with fresh workers; their variables are lost."
+        )
 
     # ---- public API: run code -------------------------------------------------------------------------------
 

@@ -1,0 +1,106 @@
+"""%pool and %%spmd as a user runs them: in a real kernel, with real workers."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from tests.kernel_session import KernelSession
+
+pytestmark = pytest.mark.slow
+
+
+def _pool_processes() -> list[str]:
+    found = subprocess.run(["pgrep", "-f", "nbscale.pool.forkserver"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def test_spmd_cell_reads_notebook_variables_and_returns_composites(kernel):
+    assert kernel.run("%pool start 2 --cpu").stdout.startswith("Started 2 CPU workers")
+    kernel.run("import torch\nweights = torch.ones(3) * 5")
+    cell = kernel.run(
+        "%%spmd\n"
+        "w = broadcast(weights if rank == 0 else None)\n"
+        "total = allreduce(w * (rank + 1))\n"
+        "print(rank, world_size, device, total.tolist())\n"
+    )
+    assert cell.ok, cell.text
+    assert "[0] 0 2 cpu [15.0, 15.0, 15.0]" in cell.stdout
+    assert "[1] 1 2 cpu [15.0, 15.0, 15.0]" in cell.stdout
+    shown = kernel.run("print(type(total).__name__, len(total), total[1].tolist())")
+    assert shown.stdout.strip() == "Composite 2 [15.0, 15.0, 15.0]"
+    again = kernel.run("%%spmd\nprint(total.sum().item())")
+    assert "[0] 45.0" in again.stdout and "[1] 45.0" in again.stdout
+
+
+def test_pool_status_is_an_html_table_in_notebooks(kernel):
+    kernel.run("%pool start 2 --cpu")
+    status = kernel.run("%pool status")
+    html = status.displays[-1]["text/html"]
+    assert "<table>" in html and "idle" in html
+    assert "2 CPU workers" in status.displays[-1]["text/plain"]
+
+
+def test_failing_rank_shows_its_traceback_with_cell_lines_and_no_internals(kernel):
+    kernel.run("%pool start 2 --cpu")
+    cell = kernel.run("%%spmd\nx = 1\nif rank == 1:\n    x = undefined_name\n")
+    assert cell.error_name == "WorkerError"
+    assert "rank 1 (of 2 workers)" in cell.traceback
+    assert "line 4" in cell.traceback and "NameError" in cell.traceback
+    assert "site-packages" not in cell.traceback and "nbscale/pool" not in cell.traceback
+
+
+def test_bad_input_gets_one_clear_line(kernel):
+    assert "unrecognized arguments: --bogus" in kernel.run("%pool start --bogus").text
+    assert "at least one worker" in kernel.run("%pool start 0").traceback
+    assert "does not exist" in kernel.run("%pool start --gpus 9").traceback
+    kernel.run("%pool start 1 --cpu")
+    assert "already running" in kernel.run("%pool start 1 --cpu").traceback
+    kernel.run("import threading\nlock = threading.Lock()")
+    unpicklable = kernel.run("%%spmd\nprint(lock)")
+    assert unpicklable.error_name == "PoolError" and "Variable 'lock'" in unpicklable.traceback
+
+
+def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
+    kernel.run("%pool start 2 --cpu")
+    interrupted = kernel.run(
+        "%%spmd\nimport time\nfor i in range(600):\n    print('tick', i, flush=True)\n    time.sleep(0.05)\n",
+        interrupt_after=2.0,
+        timeout=60,
+    )
+    assert interrupted.error_name == "PoolInterrupted"
+    assert "[0] tick 0" in interrupted.stdout and "[1] tick 0" in interrupted.stdout
+    assert "Interrupted workers 0, 1. The pool is ready" in interrupted.traceback
+    after = kernel.run("%%spmd\nprint('still here', rank)")
+    assert after.ok and "[1] still here 1" in after.stdout
+
+
+def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
+    kernel.run("%pool start 2 --cpu")
+    kernel.run("import nbscale, os, signal\nos.kill(nbscale.current_pool().workers[1].pid, signal.SIGKILL)")
+    time.sleep(0.5)
+    next_cell = kernel.run("%%spmd\nprint(rank)", timeout=30)
+    assert next_cell.error_name == "WorkerError"
+    assert "worker 1" in next_cell.traceback.lower() and "%pool restart" in next_cell.traceback
+    assert kernel.run("%pool restart").stdout.startswith("Restarted 2 CPU workers")
+    assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
+
+
+def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
+    cell = kernel.run("%%spmd\nprint('hi')")
+    assert cell.ok and "starting one with %pool start defaults" in cell.stdout
+    assert "[0] hi" in cell.stdout
+
+
+def test_every_worker_exits_when_the_kernel_dies():
+    session = KernelSession()
+    session.run("%load_ext nbscale")
+    session.run("%pool start 2 --cpu")
+    assert _pool_processes()
+    session.kill()
+    deadline = time.monotonic() + 10
+    while _pool_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _pool_processes() == []

@@ -1,0 +1,233 @@
+"""The machine's GPUs (gpuDevice): what NVML reports about each, and which one the notebook uses.
+
+`gpus()` never raises for a missing GPU, driver or NVML library: it returns an empty list whose `message` says
+why, in one line. Indices are the ones CUDA and torch use in this process: with `CUDA_VISIBLE_DEVICES=2,3`,
+GPU 0 is physical GPU 2 (`GpuInfo.nvml_index` keeps the physical one). NVML lists GPUs in PCI bus order; set
+`CUDA_DEVICE_ORDER=PCI_BUS_ID` where a machine mixes GPU models so that CUDA counts them the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, overload
+
+from nbscale.errors import NbscaleError
+
+NO_DRIVER = "No GPU: the NVIDIA driver was not found on this machine."
+NO_NVML = "No GPU: nvidia-ml-py (pynvml) is not installed, so GPUs cannot be listed."
+NO_DEVICE = "No GPU: the NVIDIA driver is loaded but sees no GPU."
+
+_MIB = 1024 * 1024
+_selected: int | None = None  # the index select_gpu() chose in this process
+
+
+class GpuError(NbscaleError):
+    """A GPU that does not exist was asked for, or NVML failed while reading it."""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (any user's; its name where the OS lets us read it)."""
+
+    pid: int
+    name: str | None
+    memory_used_mb: float | None
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as NVML sees it now. Memory in MiB (as nvidia-smi shows), power in watts; None where unsupported."""
+
+    index: int
+    nvml_index: int
+    name: str
+    compute_capability: str | None
+    memory_used_mb: float | None
+    memory_total_mb: float | None
+    utilization_percent: int | None
+    temperature_c: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    processes: tuple[GpuProcess, ...] = ()
+    selected: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (processes as a list of dicts)."""
+        return asdict(self)
+
+
+class GpuList(Sequence[GpuInfo]):
+    """The GPUs of `gpus()`: a sequence of GpuInfo, shown as a table (HTML in notebooks, text elsewhere).
+
+    Empty when there is no GPU; `message` then says why in one line.
+    """
+
+    def __init__(self, items: Sequence[GpuInfo], message: str | None = None) -> None:
+        self._items = tuple(items)
+        self.message = message
+
+    @overload
+    def __getitem__(self, index: int) -> GpuInfo: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[GpuInfo, ...]: ...
+    def __getitem__(self, index: int | slice) -> GpuInfo | tuple[GpuInfo, ...]:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[GpuInfo]:
+        return iter(self._items)
+
+    def to_dict(self) -> dict[str, Any]:
+        """`{"gpus": [...], "message": str | None}`, what the Jupyter server extension serves."""
+        return {"gpus": [gpu.to_dict() for gpu in self._items], "message": self.message}
+
+    def __repr__(self) -> str:
+        from nbscale.ui.gpu_table import gpu_text
+
+        return gpu_text(self)
+
+    def _repr_html_(self) -> str:
+        from nbscale.ui.gpu_table import gpu_html
+
+        return gpu_html(self)
+
+
+def gpus() -> GpuList:
+    """Every GPU this process can use, read from NVML now (no CUDA context is created).
+
+    Never raises for a missing GPU, driver or library: the list is then empty and `.message` says why.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return GpuList([], NO_NVML)
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return GpuList([], _init_failure(pynvml, error))
+    try:
+        physical = _visible_physical_indices(pynvml)
+        if physical is None:
+            return GpuList([], NO_DEVICE)
+        if not physical:
+            hidden = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            return GpuList([], f"No GPU visible: CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU of this machine.")
+        return GpuList([_read(pynvml, cuda_index, nvml_index) for cuda_index, nvml_index in enumerate(physical)])
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
+def select_gpu(index: int) -> GpuInfo:
+    """Make GPU `index` (as `%gpu` numbers them) the notebook's current CUDA device; returns its GpuInfo.
+
+    Calls `torch.cuda.set_device(index)` where torch can use CUDA; otherwise it only records the choice and
+    warns. Raises GpuError naming the index and the GPUs that exist when there is no such GPU.
+    """
+    global _selected
+    available = gpus()
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(available):
+        if available:
+            have = ", ".join(f"{gpu.index} ({gpu.name})" for gpu in available)
+            raise GpuError(f"GPU {index!r} does not exist: this process sees GPU {have}. Pick one of those indices.")
+        reason = (available.message or "").removeprefix("No GPU: ").rstrip(".")
+        raise GpuError(f"GPU {index!r} does not exist: this process sees no GPU ({reason}).")
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(index)
+    else:
+        warnings.warn(
+            f"GPU {index} is recorded as the notebook's GPU, but this torch cannot use CUDA "
+            "(torch.cuda.is_available() is False): install a CUDA build of torch to compute on it.",
+            stacklevel=2,
+        )
+    _selected = index
+    return replace(available[index], selected=True)
+
+
+def _init_failure(pynvml: Any, error: Exception) -> str:
+    if isinstance(error, pynvml.NVMLError_LibraryNotFound | pynvml.NVMLError_DriverNotLoaded):
+        return NO_DRIVER
+    return f"No GPU: NVML could not start ({error})."
+
+
+def _visible_physical_indices(pynvml: Any) -> list[int] | None:
+    """NVML indices of the GPUs CUDA shows this process, in CUDA's order; None when the machine has none."""
+    count = pynvml.nvmlDeviceGetCount()
+    if count == 0:
+        return None
+    restricted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if restricted is None:
+        return list(range(count))
+    uuids: list[str] | None = None
+    physical: list[int] = []
+    for entry in (part.strip() for part in restricted.split(",")):
+        if entry.isdigit():
+            found: int | None = int(entry) if int(entry) < count else None
+        elif entry.startswith("GPU-"):
+            if uuids is None:
+                uuids = [_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+            found = next((i for i, uuid in enumerate(uuids) if uuid.startswith(entry)), None)
+        else:
+            found = None
+        if found is None or found in physical:
+            break  # CUDA ignores the rest of the list from the first invalid entry on
+        physical.append(found)
+    return physical
+
+
+def _read(pynvml: Any, cuda_index: int, nvml_index: int) -> GpuInfo:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
+
+    def ask(function: str, *args: Any) -> Any:
+        try:
+            return getattr(pynvml, function)(handle, *args)
+        except pynvml.NVMLError:  # NotSupported on some boards (power on GeForce, utilization under MIG)
+            return None
+
+    memory = ask("nvmlDeviceGetMemoryInfo")
+    capability = ask("nvmlDeviceGetCudaComputeCapability")
+    utilization = ask("nvmlDeviceGetUtilizationRates")
+    power_mw = ask("nvmlDeviceGetPowerUsage")
+    limit_mw = ask("nvmlDeviceGetEnforcedPowerLimit")
+    return GpuInfo(
+        index=cuda_index,
+        nvml_index=nvml_index,
+        name=_text(ask("nvmlDeviceGetName") or "unknown GPU"),
+        compute_capability=f"{capability[0]}.{capability[1]}" if capability else None,
+        memory_used_mb=memory.used / _MIB if memory else None,
+        memory_total_mb=memory.total / _MIB if memory else None,
+        utilization_percent=int(utilization.gpu) if utilization else None,
+        temperature_c=ask("nvmlDeviceGetTemperature", pynvml.NVML_TEMPERATURE_GPU),
+        power_w=power_mw / 1000 if power_mw is not None else None,
+        power_limit_w=limit_mw / 1000 if limit_mw is not None else None,
+        processes=_processes(pynvml, ask),
+        selected=cuda_index == _selected,
+    )
+
+
+def _processes(pynvml: Any, ask: Any) -> tuple[GpuProcess, ...]:
+    seen: dict[int, GpuProcess] = {}
+    for function in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        for process in ask(function) or []:
+            if process.pid in seen:
+                continue
+            used = getattr(process, "usedGpuMemory", None)
+            try:
+                name = _text(pynvml.nvmlSystemGetProcessName(process.pid))
+            except pynvml.NVMLError:  # another user's process, or it just ended
+                name = None
+            seen[process.pid] = GpuProcess(process.pid, name, used / _MIB if isinstance(used, int) else None)
+    return tuple(seen.values())
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -1,0 +1,27 @@
+"""`%gpu` and `%gpu N`: parse the line, call nbscale.gpus() / nbscale.select_gpu()."""
+
+from __future__ import annotations
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from nbscale.gpu import GpuList, gpus, select_gpu
+
+
+@magics_class
+class GpuMagics(Magics):
+    """The machine's GPUs (gpuDevice)."""
+
+    @magic_arguments()
+    @argument("index", nargs="?", type=int, help="make this GPU the notebook's CUDA device (see the table's index)")
+    @line_magic
+    def gpu(self, line: str) -> GpuList | None:
+        """Show every GPU (index, name, compute capability, memory, utilization, temperature, power, processes),
+        or with an index, select the notebook's GPU."""
+        args = parse_argstring(self.gpu, line)
+        if args.index is None:
+            return gpus()
+        chosen = select_gpu(args.index)
+        print(f"Selected GPU {chosen.index}: {chosen.name}.")
+        return None
+

@@ -1,0 +1,160 @@
+"""AugmentedImageDatastore (MATLAB's augmentedImageDatastore): colour conversion, augmentation, output size.
+
+Each item goes through the same three steps as in MATLAB: colour preprocessing, the augmenter's random
+transforms, then resizing or cropping to `output_size`. The steps are batch functions (`prepare_batch`), so
+the device-resident path runs exactly the same code on whole mini-batches on the GPU.
+A DataLoader fetching a mini-batch calls `__getitems__`, which augments the batch in one go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from torchvision.transforms.v2 import functional as TF
+
+from nbscale.data.augmenter import ImageAugmenter, crop_windows
+from nbscale.data.datastore import ImageDatastore
+from nbscale.data.reading import to_float
+from nbscale.errors import DatastoreError
+
+COLOR_PREPROCESSING = ("none", "gray2rgb", "rgb2gray")
+OUTPUT_SIZE_MODES = ("resize", "centercrop", "randcrop")
+
+
+def convert_color(image: torch.Tensor, color_preprocessing: str) -> torch.Tensor:
+    """gray2rgb repeats a 1-channel image to 3 channels; rgb2gray turns 3 channels into 1; others pass."""
+    channels = image.shape[-3]
+    if color_preprocessing == "gray2rgb" and channels == 1:
+        return image.expand(*image.shape[:-3], 3, *image.shape[-2:]).contiguous()
+    if color_preprocessing == "rgb2gray" and channels == 3:
+        return TF.rgb_to_grayscale(image, num_output_channels=1)
+    return image
+
+
+def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Resize or crop a float batch N x C x H x W to output_size; crops larger than the image pad with 0."""
+    height, width = output_size
+    if tuple(images.shape[-2:]) == (height, width):
+        return images
+    if mode == "resize":
+        return TF.resize(images, [height, width], antialias=True)
+    if mode == "centercrop":
+        return TF.center_crop(images, [height, width])
+    n, _, h, w = images.shape
+    top = torch.randint(min(0, h - height), max(0, h - height) + 1, (n,), generator=generator)
+    left = torch.randint(min(0, w - width), max(0, w - width) + 1, (n,), generator=generator)
+    return crop_windows(images, top, left, height, width)
+
+
+class AugmentedImageDatastore(Dataset):
+    """A datastore whose items are colour-converted, augmented, and brought to `output_size` (H, W).
+
+    ds is an ImageDatastore (or any Dataset of (image, label) / image). output_size_mode: "resize" (scale to
+    output_size), "centercrop" or "randcrop" (cut output_size from the centre / a random place).
+    """
+
+    def __init__(self, output_size: int | Sequence[int], ds: Dataset, augmenter: ImageAugmenter | None = None,
+                 color_preprocessing: str = "none", output_size_mode: str = "resize") -> None:
+        size = (output_size, output_size) if isinstance(output_size, int) else tuple(int(s) for s in output_size)
+        if len(size) == 3:  # MATLAB's [h w c]: the channel count is the colour preprocessing's business
+            size = size[:2]
+        if len(size) != 2 or min(size) < 1:
+            raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} must be (height, width).")
+        if color_preprocessing not in COLOR_PREPROCESSING:
+            raise DatastoreError(f"AugmentedImageDatastore: color_preprocessing={color_preprocessing!r} is not one "
+                                 f"of {COLOR_PREPROCESSING}.")
+        if output_size_mode not in OUTPUT_SIZE_MODES:
+            raise DatastoreError(f"AugmentedImageDatastore: output_size_mode={output_size_mode!r} is not one of "
+                                 f"{OUTPUT_SIZE_MODES}.")
+        if augmenter is not None and not isinstance(augmenter, ImageAugmenter):
+            raise DatastoreError("AugmentedImageDatastore: augmenter must be an ImageAugmenter, not "
+                                 f"{type(augmenter).__name__}.")
+        self.output_size: tuple[int, int] = size  # type: ignore[assignment]
+        self.ds = ds
+        self.augmenter = augmenter
+        self.color_preprocessing = color_preprocessing
+        self.output_size_mode = output_size_mode
+
+    # what the underlying datastore knows, so trainers and classify see the same names
+    @property
+    def classes(self) -> list[str]:
+        return list(getattr(self.ds, "classes", []))
+
+    @property
+    def files(self) -> list[str]:
+        return list(getattr(self.ds, "files", []))
+
+    @property
+    def labels(self) -> list[str] | None:
+        return getattr(self.ds, "labels", None)
+
+    def count_each_label(self) -> dict[str, int]:
+        return self.ds.count_each_label()  # type: ignore[attr-defined]
+
+    def _with(self, ds: Dataset) -> AugmentedImageDatastore:
+        return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
+                                       self.output_size_mode)
+
+    def subset(self, indices: Any) -> AugmentedImageDatastore:
+        return self._with(self.ds.subset(indices))  # type: ignore[attr-defined]
+
+    def shuffle(self, seed: int | None = None) -> AugmentedImageDatastore:
+        return self._with(self.ds.shuffle(seed))  # type: ignore[attr-defined]
+
+    def split_each_label(self, *fractions: float, randomize: bool = False,
+                         seed: int | None = None) -> tuple[AugmentedImageDatastore, ...]:
+        parts = self.ds.split_each_label(*fractions, randomize=randomize, seed=seed)  # type: ignore[attr-defined]
+        return tuple(self._with(part) for part in parts)
+
+    def __repr__(self) -> str:
+        return (f"AugmentedImageDatastore(output_size={self.output_size}, {len(self)} images, "
+                f"augmenter={'yes' if self.augmenter else 'none'}, color_preprocessing={self.color_preprocessing!r}, "
+                f"output_size_mode={self.output_size_mode!r})")
+
+    # --- torch Dataset -------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.ds)  # type: ignore[arg-type]
+
+    def source_item(self, index: int) -> tuple[torch.Tensor, int]:
+        """Item `index` before augmentation: (colour-converted image, label index); integer pixels if read raw."""
+        if isinstance(self.ds, ImageDatastore):
+            raw, read = self.ds.read_raw(index)
+            image, label = raw, self.ds.label_index(read)
+        else:
+            item = self.ds[index]
+            image, label = (item[0], int(item[1])) if isinstance(item, tuple | list) else (item, -1)
+        return convert_color(image, self.color_preprocessing), label
+
+    def prepare_batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Augment and size a batch N x C x H x W of colour-converted images (float or integer pixels)."""
+        images = to_float(images)
+        if self.augmenter is not None:
+            images = self.augmenter.augment_batch(images, generator)
+        return fit_to_size(images, self.output_size, self.output_size_mode, generator)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.source_item(index)
+        return self.prepare_batch(image[None])[0], label
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, int]]:
+        items = [self.source_item(i) for i in indices]
+        shapes = {tuple(image.shape) for image, _ in items}
+        if len(shapes) > 1:  # images of different sizes: each is augmented and sized on its own
+            return [(self.prepare_batch(image[None])[0], label) for image, label in items]
+        batch = self.prepare_batch(torch.stack([image for image, _ in items]))
+        return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
+
+    def preview(self, n: int = 16, columns: int | None = None) -> Any:
+        """A labelled montage of the first `n` items as training sees them (augmented, sized)."""
+        from nbscale.data.montage import montage
+
+        count = min(n, len(self))
+        items = [self[i] for i in range(count)]
+        classes = self.classes
+        captions = [classes[label] if 0 <= label < len(classes) else str(label) for _, label in items]
+        return montage([image for image, _ in items], captions, columns=columns)

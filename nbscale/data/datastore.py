@@ -1,0 +1,212 @@
+"""ImageDatastore (MATLAB's imageDatastore): a lazy, labelled list of image files that is a torch Dataset.
+
+Only file names and labels live in the object, so it pickles small and travels to pool workers cheaply;
+pixels are read from disk (or through fsspec, for `s3://...` and other URLs) when an item is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from nbscale.data.reading import is_url, read_image, to_float
+from nbscale.errors import DatastoreError
+
+DEFAULT_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
+LABEL_SOURCES = ("foldernames", "none")
+ON_ERROR = ("raise", "skip")
+
+Location = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def _list_local(location: Path, include_subfolders: bool) -> list[str]:
+    if location.is_file():
+        return [str(location)]
+    if not location.is_dir():
+        raise DatastoreError(f"ImageDatastore: the folder {str(location)!r} does not exist. Check the path "
+                             f"(it is read relative to {os.getcwd()!r}).")
+    found = location.rglob("*") if include_subfolders else location.iterdir()
+    return [str(p) for p in found if p.is_file()]
+
+
+def _list_url(location: str, include_subfolders: bool) -> list[str]:
+    try:
+        import fsspec
+    except ImportError as error:
+        raise DatastoreError(f"ImageDatastore: reading {location!r} needs fsspec (and the filesystem's package, "
+                             "e.g. s3fs for s3://): pip install fsspec s3fs") from error
+    filesystem, root = fsspec.core.url_to_fs(location)
+    if filesystem.isfile(root):
+        return [location]
+    if not filesystem.isdir(root):
+        raise DatastoreError(f"ImageDatastore: the folder {location!r} does not exist or cannot be listed.")
+    paths = filesystem.find(root) if include_subfolders else filesystem.ls(root, detail=False)
+    return [filesystem.unstrip_protocol(p) for p in paths if not filesystem.isdir(p)]
+
+
+def _parent_name(file: str) -> str:
+    return file.rstrip("/").split("/")[-2] if is_url(file) else Path(file).parent.name
+
+
+class ImageDatastore(Dataset):
+    """Image files with labels, read lazily: item i is (image float32 C x H x W in [0, 1], label index).
+
+    `location` is a folder, a file, an fsspec URL, or a list of them. With label_source="foldernames" each
+    image is labelled by the name of the folder holding it; `classes` are the sorted label names and the
+    yielded label is an index into them (-1 with label_source="none"). on_error="skip" replaces an unreadable
+    file by the next readable one and warns with a count; "raise" raises a DatastoreError naming the file.
+    """
+
+    def __init__(self, location: Location, include_subfolders: bool = True, label_source: str = "foldernames",
+                 file_extensions: str | Iterable[str] = DEFAULT_EXTENSIONS, on_error: str = "raise") -> None:
+        if label_source not in LABEL_SOURCES:
+            raise DatastoreError(f"ImageDatastore: label_source={label_source!r} is not one of {LABEL_SOURCES}.")
+        if on_error not in ON_ERROR:
+            raise DatastoreError(f"ImageDatastore: on_error={on_error!r} is not one of {ON_ERROR}.")
+        extensions = (file_extensions,) if isinstance(file_extensions, str) else tuple(file_extensions)
+        extensions = tuple(e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions)
+        locations = [location] if isinstance(location, str | os.PathLike) else list(location)
+        files: list[str] = []
+        for place in locations:
+            place = os.fspath(place)
+            listed = _list_url(place, include_subfolders) if is_url(place) else \
+                _list_local(Path(place).expanduser(), include_subfolders)
+            files += sorted(f for f in listed if f.lower().endswith(extensions))
+        if not files:
+            raise DatastoreError(f"ImageDatastore: no image files with extensions {list(extensions)} in "
+                                 f"{[os.fspath(p) for p in locations]} (include_subfolders={include_subfolders}). "
+                                 "Check the folder, or pass file_extensions=.")
+        labels = [_parent_name(f) for f in files] if label_source == "foldernames" else None
+        classes = sorted(set(labels)) if labels is not None else []
+        self._setup(files, labels, classes, on_error)
+
+    @classmethod
+    def _from_parts(cls, files: list[str], labels: list[str] | None, classes: list[str],
+                    on_error: str) -> ImageDatastore:
+        datastore = cls.__new__(cls)
+        datastore._setup(files, labels, classes, on_error)
+        return datastore
+
+    def _setup(self, files: list[str], labels: list[str] | None, classes: list[str], on_error: str) -> None:
+        index = {name: i for i, name in enumerate(classes)}
+        self._label_indices = [index[label] for label in labels] if labels is not None else None
+        self.files = files
+        # one string object per class, so a pickle stores each label name once
+        self.labels = [classes[i] for i in self._label_indices] if self._label_indices is not None else None
+        self.classes = classes
+        self.on_error = on_error
+        self.skipped_files: set[str] = set()
+
+    # --- torch Dataset ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        raw, index = self.read_raw(index)
+        return to_float(raw), self.label_index(index)
+
+    def label_index(self, index: int) -> int:
+        return self._label_indices[index] if self._label_indices is not None else -1
+
+    def read_raw(self, index: int) -> tuple[torch.Tensor, int]:
+        """The decoded integer image of item `index` (C x H x W) and the index actually read.
+
+        With on_error="skip" an unreadable file is replaced by the next readable one (so the index may differ).
+        """
+        for attempt in range(len(self.files)):
+            i = (index + attempt) % len(self.files)
+            try:
+                return read_image(self.files[i]), i
+            except Exception as error:  # decoders raise RuntimeError, OSError, ValueError...
+                if self.on_error == "raise":
+                    raise DatastoreError(f"ImageDatastore: cannot read image {self.files[i]!r} ({error}). "
+                                         "Remove or replace the file, or pass on_error='skip' to skip "
+                                         "unreadable images.") from error
+                self._note_skipped(self.files[i])
+        raise DatastoreError(f"ImageDatastore: none of the {len(self.files)} files can be read as an image.")
+
+    def _note_skipped(self, file: str) -> None:
+        if file in self.skipped_files:
+            return
+        self.skipped_files.add(file)
+        warnings.warn(f"ImageDatastore skipped {len(self.skipped_files)} unreadable image(s) so far "
+                      f"(latest: {file!r}).", stacklevel=3)
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{name}: {n}" for name, n in list(self.count_each_label().items())[:8]) \
+            if self.labels is not None else "unlabelled"
+        more = ", ..." if len(self.classes) > 8 else ""
+        return f"ImageDatastore({len(self)} images, {len(self.classes)} classes: {counts}{more})"
+
+    # --- MATLAB's datastore operations -----------------------------------------------------------------
+
+    def count_each_label(self) -> dict[str, int]:
+        """Number of images of each class, in class order (classes without images count 0)."""
+        if self.labels is None:
+            raise DatastoreError("count_each_label: this datastore has no labels (label_source='none').")
+        counts = dict.fromkeys(self.classes, 0)
+        for label in self.labels:
+            counts[label] += 1
+        return counts
+
+    def subset(self, indices: Iterable[int] | torch.Tensor) -> ImageDatastore:
+        """A datastore of the items at `indices` (same classes, so label indices stay comparable)."""
+        chosen = [int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices)]
+        labels = [self.labels[i] for i in chosen] if self.labels is not None else None
+        return self._from_parts([self.files[i] for i in chosen], labels, list(self.classes), self.on_error)
+
+    def shuffle(self, seed: int | None = None) -> ImageDatastore:
+        """A datastore with the same items in a random order (reproducible with `seed`)."""
+        order = list(range(len(self)))
+        random.Random(seed).shuffle(order)
+        return self.subset(order)
+
+    def split_each_label(self, *fractions: float, randomize: bool = False,
+                         seed: int | None = None) -> tuple[ImageDatastore, ...]:
+        """Split every class by `fractions` (or counts, for whole numbers >= 1) into len(fractions)+1 datastores.
+
+        `ds.split_each_label(0.7, 0.15)` gives three datastores with 70 %, 15 % and the rest of each label.
+        Items keep their order unless randomize=True (reproducible with `seed`).
+        """
+        if not fractions:
+            raise DatastoreError("split_each_label needs at least one fraction, e.g. split_each_label(0.8).")
+        are_counts = all(isinstance(f, int) and f >= 1 for f in fractions)
+        if not are_counts and (any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9):
+            raise DatastoreError(f"split_each_label: fractions {fractions} must each lie in [0, 1] and sum to at "
+                                 "most 1 (or all be whole-number counts of images per label).")
+        groups: dict[str | None, list[int]] = {}
+        for i in range(len(self)):
+            groups.setdefault(self.labels[i] if self.labels is not None else None, []).append(i)
+        generator = random.Random(seed)
+        parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
+        for members in groups.values():
+            if randomize:
+                generator.shuffle(members)
+            bounds, total = [0], 0.0
+            for fraction in fractions:
+                total += fraction
+                bounds.append(min(len(members), int(total) if are_counts else round(total * len(members))))
+            bounds.append(len(members))
+            for part, (start, stop) in enumerate(zip(bounds, bounds[1:], strict=False)):
+                parts[part] += members[start:stop]
+        return tuple(self.subset(sorted(p) if not randomize else p) for p in parts)
+
+    def preview(self, n: int = 16, columns: int | None = None) -> Any:
+        """A labelled montage of the first `n` images (a PIL image: it displays in a notebook)."""
+        from nbscale.data.montage import montage
+
+        count = min(n, len(self))
+        images, captions = [], []
+        for i in range(count):
+            raw, read = self.read_raw(i)
+            images.append(to_float(raw))
+            captions.append(self.labels[read] if self.labels is not None else Path(self.files[read]).name)
+        return montage(images, captions, columns=columns)

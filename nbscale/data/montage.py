@@ -1,0 +1,31 @@
+"""A labelled montage of images (what `preview(n)` shows): a PIL image, which notebooks display inline."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from PIL import Image, ImageDraw
+
+TILE = 96  # pixels per tile side: small images are scaled up so the digits of an 8x8 image stay visible
+CAPTION_HEIGHT = 14
+
+
+def montage(images: Sequence[torch.Tensor], captions: Sequence[str], columns: int | None = None) -> Image.Image:
+    """Tile float C x H x W images (values in [0, 1]) in a grid, each with its caption underneath."""
+    columns = columns or max(1, min(8, math.ceil(math.sqrt(len(images)))))
+    rows = max(1, math.ceil(len(images) / columns))
+    sheet = Image.new("RGB", (columns * TILE, rows * (TILE + CAPTION_HEIGHT)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for k, (image, caption) in enumerate(zip(images, captions, strict=True)):
+        pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8)
+        pixels = pixels.expand(3, -1, -1) if pixels.shape[0] == 1 else pixels[:3]
+        tile = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
+        scale = TILE / max(tile.size)
+        tile = tile.resize((max(1, round(tile.width * scale)), max(1, round(tile.height * scale))),
+                           Image.NEAREST if scale >= 2 else Image.BILINEAR)
+        left, top = (k % columns) * TILE, (k // columns) * (TILE + CAPTION_HEIGHT)
+        sheet.paste(tile, (left + (TILE - tile.width) // 2, top + (TILE - tile.height) // 2))
+        draw.text((left + 3, top + TILE + 1), str(caption)[:16], fill="black")
+    return sheet

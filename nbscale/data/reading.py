@@ -1,0 +1,64 @@
+"""Reading one image file (local path or fsspec URL) into a uint8/uint16 C x H x W tensor with 1 or 3 channels.
+
+torchvision's `decode_image` does the decoding (PNG, JPEG, GIF, WebP); Pillow covers the few formats it
+lacks (BMP, TIFF). Alpha channels are dropped: networks see grayscale (1 channel) or colour (3).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import torch
+from torchvision.io import ImageReadMode, decode_image
+
+_PILLOW_ONLY = (".bmp", ".tif", ".tiff")
+
+
+def is_url(location: str) -> bool:
+    """True for an fsspec URL such as `s3://bucket/images` (anything with a protocol but `file://`)."""
+    return "://" in location and not location.startswith("file://")
+
+
+def read_bytes(file: str) -> bytes:
+    if is_url(file):
+        import fsspec
+
+        with fsspec.open(file, "rb") as stream:
+            return stream.read()
+    with open(file, "rb") as stream:
+        return stream.read()
+
+
+def decode(data: bytes, file: str) -> torch.Tensor:
+    """Decode encoded image bytes to C x H x W (C is 1 or 3); raises on a corrupt or unknown file."""
+    if file.lower().endswith(_PILLOW_ONLY):
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as picture:
+            picture = picture.convert("L" if picture.mode in ("1", "L", "LA", "I;16") else "RGB")
+            array = np.asarray(picture)
+        image = torch.from_numpy(array.copy())
+        image = image[None] if image.ndim == 2 else image.permute(2, 0, 1)
+    else:
+        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.UNCHANGED)
+    channels = image.shape[0]
+    if channels == 2:  # gray + alpha
+        return image[:1]
+    if channels == 4:  # RGB + alpha
+        return image[:3]
+    return image
+
+
+def read_image(file: str) -> torch.Tensor:
+    """Read and decode one image file: an integer tensor C x H x W with C in (1, 3)."""
+    return decode(read_bytes(file), file)
+
+
+def to_float(image: torch.Tensor) -> torch.Tensor:
+    """Integer pixels (uint8 or uint16) to float32 in [0, 1]; float tensors pass through."""
+    if image.is_floating_point():
+        return image.to(torch.float32)
+    if image.dtype == torch.uint8:
+        return image.to(torch.float32).div_(255.0)
+    return image.to(torch.float32).div_(float(torch.iinfo(image.dtype).max))

@@ -1,0 +1,141 @@
+"""The /nbscale/api/ endpoints through a real Jupyter server: auth, GPUs, pools, jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from nbscale.pool import registry
+from nbscale.server import handlers
+
+ENDPOINTS = [("GET", "gpus"), ("GET", "pools"), ("GET", "jobs"), ("GET", "jobs/1/log"), ("POST", "jobs/1/cancel")]
+
+
+def _nvml_works() -> bool:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        return True
+    except Exception:
+        return False
+
+
+async def _json(jp_fetch, *path: str, **kwargs) -> dict:
+    response = await jp_fetch("nbscale", "api", *path, **kwargs)
+    assert response.code == 200
+    return json.loads(response.body)
+
+
+@pytest.mark.parametrize(("method", "path"), ENDPOINTS)
+async def test_every_endpoint_answers_403_without_the_token(jp_fetch, method, path):
+    body = b"{}" if method == "POST" else None
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_fetch("nbscale", "api", *path.split("/"), method=method, body=body, headers={"Authorization": ""})
+    assert refused.value.code == 403
+
+
+@pytest.mark.skipif(_nvml_works(), reason="this machine has an NVIDIA driver")
+async def test_gpus_without_a_gpu_is_a_clear_no_gpu_answer_not_an_error(jp_fetch):
+    answer = await _json(jp_fetch, "gpus")
+    assert answer == {"gpus": [], "message": "No GPU: the NVIDIA driver was not found on this machine."}
+
+
+async def test_gpu_cache_reads_nvml_once_per_max_age():
+    reads = []
+
+    def read() -> dict:
+        reads.append(1)
+        return {"gpus": [], "message": f"read {len(reads)}"}
+
+    cached = handlers.GpuCache(read, max_age_s=3600)
+    assert [await cached.get() for _ in range(3)] == [{"gpus": [], "message": "read 1"}] * 3
+    fresh = handlers.GpuCache(read, max_age_s=0)
+    await fresh.get()
+    await fresh.get()
+    assert len(reads) == 3
+
+
+def _exited_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def _write_pool_file(folder, pid: int, heartbeat: float) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{pid}.json").write_text(json.dumps({"kernel_id": f"k{pid}", "size": 1, "pid": pid, "heartbeat": heartbeat}))
+
+
+async def test_pools_lists_live_pools_and_drops_dead_or_silent_ones(jp_fetch, pool_dir):
+    assert await _json(jp_fetch, "pools") == {"pools": []}
+    worker = {"rank": 0, "host": "here", "pid": 1, "device": "cpu", "state": "idle", "memory_mb": 12.5}
+    registry.publish({"kernel_id": "abc", "size": 1, "kind": "cpu", "backend": "local", "workers": [worker]})
+    dead = _exited_pid()
+    _write_pool_file(pool_dir, dead, time.time())
+    silent_parent = os.getppid()  # alive, but its heartbeat is older than registry.STALE_AFTER_S
+    _write_pool_file(pool_dir, silent_parent, time.time() - registry.STALE_AFTER_S - 1)
+
+    pools = (await _json(jp_fetch, "pools"))["pools"]
+    assert [(p["kernel_id"], p["pid"], p["workers"]) for p in pools] == [("abc", os.getpid(), [worker])]
+    assert sorted(path.name for path in pool_dir.glob("*.json")) == [f"{os.getpid()}.json"]
+    registry.withdraw()
+    assert await _json(jp_fetch, "pools") == {"pools": []}
+
+
+async def test_jobs_is_an_empty_list_where_nbscale_jobs_is_missing(jp_fetch, monkeypatch):
+    monkeypatch.setattr(handlers, "jobs_module", lambda: None)
+    assert await _json(jp_fetch, "jobs") == {"jobs": [], "available": False}
+    with pytest.raises(HTTPClientError) as missing:
+        await jp_fetch("nbscale", "api", "jobs", "3", "cancel", method="POST", body=b"{}")
+    assert missing.value.code == 404
+
+
+@pytest.fixture
+def fake_jobs(monkeypatch):
+    from nbscale.errors import JobError
+
+    cancelled: list[int] = []
+    fake = types.ModuleType("nbscale.jobs")
+    fake.list_jobs = lambda: [{"id": 3, "name": "long run", "state": "running", "elapsed_s": 12.5, "results": []}]
+
+    def get(job_id: int) -> types.SimpleNamespace:
+        if job_id != 3:
+            raise JobError(f"There is no job {job_id}.")
+        return types.SimpleNamespace(log=lambda: "epoch 1\n" + "x" * handlers.LOG_TAIL_CHARS + "\nepoch 2\n")
+
+    def cancel(job_id: int) -> bool:
+        get(job_id)
+        cancelled.append(job_id)
+        return True
+
+    fake.get, fake.cancel = get, cancel
+    monkeypatch.setattr(handlers, "jobs_module", lambda: fake)
+    return cancelled
+
+
+async def test_jobs_lists_cancels_and_shows_the_end_of_a_log(jp_fetch, fake_jobs):
+    answer = await _json(jp_fetch, "jobs")
+    assert answer["available"] and [job["id"] for job in answer["jobs"]] == [3]
+    log = await _json(jp_fetch, "jobs", "3", "log")
+    assert log["truncated"] and log["log"].endswith("\nepoch 2\n") and "epoch 1" not in log["log"]
+    assert await _json(jp_fetch, "jobs", "3", "cancel", method="POST", body=b"{}") == {"id": 3, "cancelled": True}
+    assert fake_jobs == [3]
+    with pytest.raises(HTTPClientError) as missing:
+        await jp_fetch("nbscale", "api", "jobs", "9", "cancel", method="POST", body=b"{}")
+    assert missing.value.code == 404 and b"There is no job 9." in missing.value.response.body
+
+
+async def test_jobs_reads_the_real_job_store_where_nbscale_jobs_exists(jp_fetch, tmp_path, monkeypatch):
+    if handlers.jobs_module() is None:
+        pytest.skip("nbscale.jobs with list_jobs() is not installed here")
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    assert await _json(jp_fetch, "jobs") == {"jobs": [], "available": True}

@@ -33,3 +33,7 @@ class DatastoreError(NbscaleError):
 
 class JobError(NbscaleError):
     """A batch job cannot be found, started, or read."""
+
+
+class ModelError(NbscaleError, ValueError):
+    """A network cannot be built or changed as asked (unknown name, unreadable weights, no layer to replace)."""

@@ -1,0 +1,75 @@
+"""`transfer(model, num_classes, ...)`: replace a network's last classification layer for a new task."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import nn
+
+from nbscale.errors import ModelError
+from nbscale.models.learn_rates import FACTORS_ATTRIBUTE, learn_rate_factors
+
+TRUNK = "trunk"  # freeze="trunk": every layer but the new one
+
+
+def classification_layer(model: nn.Module) -> str:
+    """The name of the last classification layer: `fc`, `classifier[-1]`, `heads.head`, else the last Linear."""
+    modules = dict(model.named_modules())
+    for name in ("fc", "heads.head", "head"):
+        if isinstance(modules.get(name), nn.Linear):
+            return name
+    classifier = modules.get("classifier")
+    if isinstance(classifier, nn.Sequential) and len(classifier) and isinstance(classifier[-1], nn.Linear):
+        return f"classifier.{len(classifier) - 1}"
+    if isinstance(classifier, nn.Linear):
+        return "classifier"
+    linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    if not linear:
+        raise ModelError(f"transfer: {type(model).__name__} has no nn.Linear layer to replace; add a classification "
+                         "layer yourself, then call transfer().")
+    return linear[-1]
+
+
+def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, layer)
+
+
+def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float = 10.0,
+             freeze: str | Iterable[str] | None = None) -> nn.Module:
+    """Give `model` a new last classification layer with `num_classes` outputs; returns the same model.
+
+    The new layer learns `learn_rate_factor` times the base learn rate (see nbscale.models.learn_rates).
+    `freeze` names layers whose weights stay fixed: a layer name or list of names from
+    `model.named_modules()` (e.g. ["conv1", "layer1"]), or "trunk" for every layer but the new one.
+    """
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise ModelError(f"transfer: num_classes must be a positive whole number, not {num_classes!r}.")
+    head_name = classification_layer(model)
+    old = model.get_submodule(head_name)
+    new = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
+    new.to(device=old.weight.device, dtype=old.weight.dtype)
+    _replace(model, head_name, new)
+
+    modules = dict(model.named_modules())
+    if freeze == TRUNK:
+        frozen = [name for name, _ in model.named_children() if not head_name.startswith(name)]
+        frozen += [name for name, _ in model.named_modules() if name and head_name.startswith(name + ".")]
+        frozen_parameters = [p for n, p in model.named_parameters() if not n.startswith(head_name + ".")]
+    else:
+        frozen = [freeze] if isinstance(freeze, str) else list(freeze or [])
+        unknown = [name for name in frozen if name not in modules]
+        if unknown:
+            raise ModelError(f"transfer: freeze names layers the model does not have: {unknown}. Its top-level "
+                             f"layers are {[n for n, _ in model.named_children()]}; or pass freeze='trunk'.")
+        frozen_parameters = [p for name in frozen for p in modules[name].parameters()]
+    for parameter in frozen_parameters:
+        parameter.requires_grad_(False)
+
+    factors = {n: f for n, f in learn_rate_factors(model).items() if not n.startswith(head_name + ".")}
+    for name, _ in new.named_parameters():
+        factors[f"{head_name}.{name}"] = float(learn_rate_factor)
+    setattr(model, FACTORS_ATTRIBUTE, factors)
+    model.nbscale_frozen_layers = tuple(frozen)
+    return model

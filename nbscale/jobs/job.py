@@ -1,0 +1,159 @@
+"""`Job`: a handle on one batch job in the store; every read asks the store, so it is never stale."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from nbscale.errors import JobError
+from nbscale.jobs import process
+from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
+
+
+class Job:
+    """A batch job (MATLAB's `batch` job): `.state`, `.log()`, `.result(name)`, `.wait()`, `.cancel()`.
+
+    Get one with `nbscale.jobs.get(id)` (any kernel, any time: the state lives in the job store) or from
+    `nbscale.jobs.submit(...)`.
+    """
+
+    def __init__(self, job_id: int, store: JobStore | None = None) -> None:
+        self.store = store or JobStore()
+        self.id = int(job_id)
+        self.record()  # JobError now if there is no such job
+
+    def record(self) -> JobRecord:
+        """The job's current row in the store."""
+        return self.store.get(self.id)
+
+    @property
+    def name(self) -> str | None:
+        return self.record().name
+
+    @property
+    def state(self) -> str:
+        """queued, running, finished, failed or cancelled."""
+        return self.record().state
+
+    @property
+    def error(self) -> str | None:
+        """Why it failed (the exception's last line, or "process died ..."), else None."""
+        return self.record().error
+
+    @property
+    def started(self) -> datetime | None:
+        started = self.record().started
+        return datetime.fromtimestamp(started) if started is not None else None
+
+    @property
+    def elapsed_s(self) -> float | None:
+        """Seconds it has run (so far, or in all once ended); None before it starts."""
+        return self.record().elapsed_s
+
+    @property
+    def folder(self) -> Path:
+        """The job's private folder: its log, results, and any checkpoints a training run in it writes."""
+        return self.store.job_dir(self.id)
+
+    @property
+    def log_path(self) -> Path:
+        return self.store.log_path(self.id)
+
+    @property
+    def result_names(self) -> tuple[str, ...]:
+        """Variables the cell assigned and the job saved (filled in when the job ends)."""
+        return self.record().results
+
+    def log(self) -> str:
+        """Everything the cell printed so far (stdout and stderr, in order), after a short header."""
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job ends (finished, failed or cancelled); False if `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.05
+        while self.state in ACTIVE_STATES:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(delay if deadline is None else max(0.0, min(delay, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 1.0)
+        return True
+
+    def cancel(self) -> bool:
+        """Stop the job and everything it started (its whole process group); False if it had already ended."""
+        record = self.record()
+        if not self.store.mark_cancelled(self.id):
+            return False
+        if record.pid is not None:
+            process.kill_group(record.pid, record.pid_started)
+        else:  # cancelled while the submitter was still starting it: the runner sees "cancelled" and leaves
+            fresh = self.record()
+            if fresh.pid is not None:
+                process.kill_group(fresh.pid, fresh.pid_started)
+        return True
+
+    def result(self, name: str) -> Any:
+        """The value the cell assigned to `name`, unpickled from the job's folder.
+
+        Raises JobError while the job runs, and for a name the cell did not assign (listing those it did).
+        """
+        record = self.record()
+        if record.state in ACTIVE_STATES:
+            raise JobError(
+                f"Job {self.id} is still {record.state}; its variables are saved when it ends. "
+                f"Wait for it with job.wait() (or check job.state), then call job.result({name!r}) again."
+            )
+        if name in record.unpicklable:
+            raise JobError(
+                f"Job {self.id} assigned {name!r}, but it could not be saved: {record.unpicklable[name]}. "
+                "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job again."
+            )
+        if name not in record.results:
+            saved = ", ".join(record.results) or "none"
+            ended = (
+                f" The job {record.state} ({record.error}); see job.log()."
+                if record.state != "finished"
+                else ""
+            )
+            raise JobError(f"Job {self.id} did not assign {name!r}. Variables it assigned: {saved}.{ended}")
+        try:
+            return cloudpickle.loads(self.store.result_path(self.id, name).read_bytes())
+        except Exception as error:
+            raise JobError(
+                f"Job {self.id}'s saved {name!r} cannot be loaded here: {error}. Load it in an environment with "
+                "the same packages as the job (the file is "
+                + str(self.store.result_path(self.id, name))
+                + ")."
+            ) from None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain, JSON-ready fields (for `list_jobs()` and the server extension)."""
+        return _as_dict(self.record(), self.store)
+
+    def __repr__(self) -> str:
+        record = self.record()
+        name = f" {record.name!r}" if record.name else ""
+        elapsed = f", {record.elapsed_s:.1f} s" if record.elapsed_s is not None else ""
+        return f"<Job {self.id}{name}: {record.state}{elapsed}>"
+
+
+def _as_dict(record: JobRecord, store: JobStore) -> dict[str, Any]:
+    started = datetime.fromtimestamp(record.started).isoformat(timespec="seconds") if record.started else None
+    return {
+        "id": record.id,
+        "name": record.name,
+        "state": record.state,
+        "started": started,
+        "elapsed_s": round(record.elapsed_s, 3) if record.elapsed_s is not None else None,
+        "pool": record.pool,
+        "error": record.error,
+        "results": list(record.results),
+        "log_path": str(store.log_path(record.id)),
+    }

@@ -1,0 +1,104 @@
+"""How a job's process is started, told apart from a dead one, and killed.
+
+A job runs as `python -m nbscale.jobs.runner <job folder>` in a new session (`start_new_session=True`): its own
+process group, no controlling terminal, so neither the kernel's death, a restart, nor a Ctrl-C in a terminal
+reaches it. Everything it starts (a pool's forkserver, subprocesses of the cell) stays in that group, which is
+what `cancel` kills. Secrets given with `env` travel in the process environment only, never on the command line
+or in a file. A pid alone can be reused after the process dies, so liveness also compares the process's start
+time, recorded at spawn.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+try:
+    import psutil
+except ImportError:  # ipykernel brings psutil; without it, liveness falls back to kill(pid, 0)
+    psutil = None
+
+# runners started by this process: polled so that a finished one does not linger as a zombie
+_children: list[subprocess.Popen[bytes]] = []
+
+
+def spawn_runner(
+    job_dir: Path, log_descriptor: int, cwd: str, env: dict[str, str]
+) -> tuple[int, float | None]:
+    """Start the runner for `job_dir` detached, output to the log; returns (pid, process start time)."""
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("JPY_")}
+    environment["MPLBACKEND"] = "Agg"  # the kernel's inline backend means nothing without a kernel
+    environment.update(env)
+    environment["NBSCALE_JOB_DIR"] = str(job_dir)
+    environment["PYTHONUNBUFFERED"] = "1"  # the log shows output as it happens
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nbscale.jobs.runner", str(job_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=log_descriptor,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=environment,
+        start_new_session=True,
+        close_fds=True,
+    )
+    _children.append(process)
+    return process.pid, start_time(process.pid)
+
+
+def start_time(pid: int) -> float | None:
+    """The process's start time (seconds since the epoch), or None when unknown."""
+    if psutil is None:
+        return None
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def reap() -> None:
+    """Collect runners of this process that have ended (zombies would look alive)."""
+    _children[:] = [child for child in _children if child.poll() is None]
+
+
+def alive(pid: int, started: float | None) -> bool:
+    """Whether process `pid` still runs and is the one that started at `started` (not a reused pid)."""
+    reap()
+    if psutil is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(process.create_time() - started) < 1.0
+    except psutil.Error:
+        return False
+
+
+def kill_group(pid: int, started: float | None, grace_s: float = 3.0) -> None:
+    """SIGTERM the job's process group, wait up to `grace_s` for its leader, then SIGKILL whatever is left."""
+    if not alive(pid, started):
+        _signal_group(pid, signal.SIGKILL)  # the leader is gone; its children may not be
+        return
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive(pid, started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal_group(pid, signal.SIGKILL)
+    reap()
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,152 @@
+"""The job process: `python -m nbscale.jobs.runner <job folder>`, started detached by `submit`.
+
+It marks the job running, rebuilds what the cell needs from the notebook (variables, modules), opens a pool
+if asked, runs the cell as `__main__`, saves every variable the cell assigned into `results/`, and writes the
+end state. Its stdout and stderr are the job's log (set up by the submitter). Tracebacks show the cell's own
+lines (`File "<batch job 3>", line 2`), not this module's frames.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import linecache
+import os
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from nbscale.jobs import process
+from nbscale.jobs.files import write_atomic
+from nbscale.jobs.store import JobStore
+from nbscale.pool.cellvars import names_assigned
+
+
+class CellFailed(Exception):
+    """The job cannot go on; the message is the one-line reason kept in the store (details are in the log)."""
+
+
+def main(argv: list[str]) -> int:
+    job_dir = Path(argv[1]).resolve()
+    job_id = int(job_dir.name)
+    store = JobStore(job_dir.parent)
+    os.umask(0o077)  # whatever the job writes (checkpoints included) is the user's alone
+    pid = os.getpid()
+    if not store.mark_running(job_id, pid, process.start_time(pid)):
+        print(f"[nbscale] job {job_id} was cancelled before it started.", flush=True)
+        return 0
+    record = store.get(job_id)
+    code = (job_dir / "cell.py").read_text(encoding="utf-8")
+    print(f"[nbscale] job {job_id} started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {pid})", flush=True)
+    sys.path.insert(0, record.cwd)  # as in the kernel, the notebook's folder is importable
+    namespace = _main_namespace()
+    state, error, pool = "finished", None, None
+    try:
+        _load_inputs(job_dir / "inputs.pkl", namespace)
+        if record.pool:
+            from nbscale.pool.pool import Pool
+
+            pool = namespace["pool"] = Pool(record.pool)
+        _run_cell(code, f"<batch job {job_id}>", namespace)
+    except CellFailed as failure:
+        state, error = "failed", str(failure)
+    except Exception as failure:  # the pool could not start, or an input could not be rebuilt
+        print(f"[nbscale] {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
+        state, error = "failed", f"{type(failure).__name__}: {failure}"
+    try:
+        skip = {"pool"} if pool is not None else set()
+        saved, unpicklable = _save_results(store, job_id, code, namespace, skip)
+    finally:
+        if pool is not None:
+            pool.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if store.mark_ended(job_id, state, error, saved, unpicklable):
+        print(f"[nbscale] job {job_id} {state} {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    return 0 if state == "finished" else 1
+
+
+def _main_namespace() -> dict[str, Any]:
+    """A fresh `__main__` module for the cell, so its functions and classes pickle by value as in a notebook."""
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    return module.__dict__
+
+
+def _load_inputs(path: Path, namespace: dict[str, Any]) -> None:
+    """Import the notebook's modules the cell uses and unpickle the variables it reads."""
+    inputs = cloudpickle.loads(path.read_bytes())
+    for name, module_name in inputs["modules"].items():
+        try:
+            namespace[name] = importlib.import_module(module_name)
+        except Exception as error:
+            raise CellFailed(
+                f"module {module_name!r} (the notebook's {name!r}) cannot be imported in the job: {error}"
+            ) from None
+    for name, data in inputs["variables"].items():
+        try:
+            namespace[name] = cloudpickle.loads(data)
+        except Exception as error:
+            raise CellFailed(
+                f"variable {name!r} from the notebook cannot be rebuilt in the job: {error}"
+            ) from None
+
+
+def _run_cell(code: str, filename: str, namespace: dict[str, Any]) -> None:
+    """Run the cell; on an exception print its traceback (cell frames only) and raise CellFailed."""
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    compiled = compile(code, filename, "exec")
+    try:
+        exec(compiled, namespace)
+    except SystemExit as exit_request:
+        if exit_request.code not in (None, 0):
+            raise CellFailed(f"the cell called sys.exit({exit_request.code!r})") from None
+    except BaseException as error:
+        sys.stdout.flush()
+        traceback.print_exception(
+            type(error), error, error.__traceback__.tb_next if error.__traceback__ else None
+        )
+        sys.stderr.flush()
+        summary = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1]
+        raise CellFailed(summary) from None
+
+
+def _save_results(
+    store: JobStore, job_id: int, code: str, namespace: dict[str, Any], skip: set[str]
+) -> tuple[list[str], dict[str, str]]:
+    """Pickle each variable the cell assigned into results/; returns (saved names, {unpicklable: reason})."""
+    saved: list[str] = []
+    unpicklable: dict[str, str] = {}
+    for name in sorted(names_assigned(code) - skip):
+        if name not in namespace or isinstance(namespace[name], types.ModuleType):
+            continue
+        value = _plain_value(namespace[name])
+        try:
+            data = cloudpickle.dumps(value)
+        except Exception as error:
+            unpicklable[name] = f"{type(value).__name__} cannot be pickled: {error}"
+            print(f"[nbscale] result {name!r} not saved: {unpicklable[name]}", file=sys.stderr, flush=True)
+            continue
+        write_atomic(store.result_path(job_id, name), data)
+        saved.append(name)
+    return saved, unpicklable
+
+
+def _plain_value(value: Any) -> Any:
+    """A Composite (values on the job's pool, gone when it closes) is saved as the list of its values."""
+    if "nbscale.pool.composite" in sys.modules:
+        from nbscale.pool.composite import Composite
+
+        if isinstance(value, Composite):
+            return value[:]
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,122 @@
+"""Submitting a cell as a batch job: check it, pickle what it reads from the notebook, start its process."""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import cloudpickle
+
+from nbscale.errors import JobError
+from nbscale.jobs import process
+from nbscale.jobs.files import open_private, write_atomic
+from nbscale.jobs.job import Job
+from nbscale.jobs.store import JobStore
+from nbscale.pool.cellvars import names_read
+
+# IPython's bookkeeping names: never sent
+_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___"})
+
+
+def submit(
+    code: str,
+    name: str | None = None,
+    pool: int | None = None,
+    namespace: Mapping[str, Any] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    store: JobStore | None = None,
+) -> Job:
+    """Run `code` as a detached job (MATLAB's `batch`) and return its Job at once.
+
+    Variables of `namespace` (the notebook's) that the code reads before assigning are pickled into the job;
+    modules among them are imported there. With `pool=N` the job opens `nbscale.Pool(N)` as `pool` first and
+    closes it at the end. `cwd` (default: this process's) is where the job runs. `env` values are set in the
+    job's environment only, never written to the store or the log. Raises JobError for a syntax error, a
+    variable that cannot be pickled, or a job that cannot start.
+    """
+    try:
+        compile(code, "<batch cell>", "exec")
+    except SyntaxError as error:
+        raise JobError(
+            f"The batch cell has a syntax error on line {error.lineno}: {error.msg}. A job runs plain Python "
+            "(no %magics or !commands); fix the line and submit again."
+        ) from None
+    if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1):
+        raise JobError(f"--pool takes a number of workers >= 1, not {pool!r}.")
+    environment = _checked_env(env)
+    inputs = _inputs(code, namespace or {}, pool_bound=pool is not None)
+    store = store or JobStore()
+    directory = os.fspath(cwd) if cwd is not None else os.getcwd()
+    job_id = store.create(name, pool, directory)
+    job_dir = store.job_dir(job_id)
+    write_atomic(job_dir / "cell.py", code.encode("utf-8"))
+    write_atomic(job_dir / "inputs.pkl", inputs)
+    log = open_private(store.log_path(job_id))
+    try:
+        os.write(log, _header(job_id, name, pool, directory).encode("utf-8"))
+        pid, pid_started = process.spawn_runner(job_dir, log, directory, environment)
+    except OSError as error:
+        store.fail(job_id, f"its process could not start: {error}")
+        raise JobError(
+            f"Job {job_id} could not start its process: {error}. Check that {directory} exists."
+        ) from None
+    finally:
+        os.close(log)
+    store.set_process(job_id, pid, pid_started)
+    return Job(job_id, store)
+
+
+def _header(job_id: int, name: str | None, pool: int | None, cwd: str) -> str:
+    """The log's first line: what and where, never environment values."""
+    named = f" {name!r}" if name else ""
+    pooled = f", pool of {pool}" if pool else ""
+    return f"[nbscale] job {job_id}{named} submitted {time.strftime('%Y-%m-%d %H:%M:%S')} in {cwd}{pooled}\n"
+
+
+def _checked_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    checked: dict[str, str] = {}
+    for key, value in (env or {}).items():
+        if not isinstance(key, str) or not key or "=" in key or not isinstance(value, str):
+            raise JobError(f"--env takes KEY=VALUE pairs with string values; {key!r} is not one.")
+        checked[key] = value
+    return checked
+
+
+def _inputs(code: str, namespace: Mapping[str, Any], pool_bound: bool) -> bytes:
+    """Pickle the notebook variables the cell reads before assigning (modules by name)."""
+    wanted = names_read(code) - _IPYTHON_NAMES - ({"pool"} if pool_bound else set())
+    modules: dict[str, str] = {}
+    variables: dict[str, bytes] = {}
+    for name in sorted(wanted):
+        if name not in namespace or name.startswith(("_i", "_o")):
+            continue  # not defined in the notebook: the cell will say so when it runs, as Python would
+        value = namespace[name]
+        if isinstance(value, types.ModuleType):
+            modules[name] = value.__name__
+            continue
+        variables[name] = _pickle_variable(name, value)
+    return cloudpickle.dumps({"modules": modules, "variables": variables})
+
+
+def _pickle_variable(name: str, value: Any) -> bytes:
+    if type(value).__name__ == "Composite" and type(value).__module__ == "nbscale.pool.composite":
+        raise JobError(
+            f"Variable {name!r} is a Composite: its values live on the pool's workers, which the job cannot "
+            f"reach. Bring them into the notebook first ({name} = {name}[:]) and submit again."
+        )
+    if type(value).__name__ == "Pool" and type(value).__module__ == "nbscale.pool.pool":
+        raise JobError(
+            f"Variable {name!r} is the notebook's pool: its workers belong to this kernel, not to the job. "
+            "Give the job a pool of its own with %%batch --pool N (submit(..., pool=N)); it is bound to `pool`."
+        )
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as error:
+        raise JobError(
+            f"Variable {name!r} ({type(value).__name__}) cannot be sent to the job: it cannot be pickled "
+            f"({error}). Create it inside the %%batch cell instead, or convert it to something picklable."
+        ) from None

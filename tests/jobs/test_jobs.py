@@ -1,0 +1,175 @@
+"""The jobs API with real detached processes: state, log, results, failures, cancel, death, privacy."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import stat
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbscale.jobs as jobs
+from nbscale.errors import JobError
+from nbscale.jobs import Job, JobStore
+
+WAIT_S = 60
+
+
+def wait_for_log(job: Job, text: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in job.log():
+        assert time.monotonic() < deadline, f"{text!r} never appeared in the log:\n{job.log()}"
+        time.sleep(0.05)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_job_returns_assigned_variables_and_reads_notebook_variables_and_modules() -> None:
+    code = "y = x * 2\nroot = math.sqrt(y)\nlabel = f'{name}!'\n"
+    job = jobs.submit(code, name="double", namespace={"x": 8, "math": math, "name": "ok", "unused": object()})
+    assert job.wait(WAIT_S)
+    assert job.state == "finished", job.log()
+    assert (job.result("y"), job.result("root"), job.result("label")) == (16, 4.0, "ok!")
+    assert job.name == "double"
+    assert job.result_names == ("label", "root", "y")
+
+
+def test_result_of_a_name_the_cell_did_not_assign_lists_the_names_it_did() -> None:
+    job = jobs.submit("alpha = 1\nbeta = alpha + 1\n")
+    job.wait(WAIT_S)
+    with pytest.raises(JobError, match=r"did not assign 'net'.*alpha, beta"):
+        job.result("net")
+
+
+def test_result_while_running_says_to_wait() -> None:
+    job = jobs.submit("import time\ntime.sleep(30)\nvalue = 1\n")
+    with pytest.raises(JobError, match=r"still (queued|running).*job\.wait\(\)"):
+        job.result("value")
+    job.cancel()
+
+
+def test_log_holds_stdout_and_stderr_in_order() -> None:
+    code = "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nprint('stdout again')\n"
+    job = jobs.submit(code)
+    job.wait(WAIT_S)
+    log = job.log()
+    assert log.index("to stdout") < log.index("to stderr") < log.index("stdout again")
+
+
+def test_failing_job_is_failed_with_a_traceback_naming_the_cell_line() -> None:
+    job = jobs.submit("a = 1\nb = a + 1\nc = b / 0\n")
+    job.wait(WAIT_S)
+    assert job.state == "failed"
+    assert job.error == "ZeroDivisionError: division by zero"
+    log = job.log()
+    assert f'File "<batch job {job.id}>", line 3' in log
+    assert "c = b / 0" in log
+    assert "runner.py" not in log  # only the cell's frames
+    assert job.result("b") == 2  # what it assigned before failing is kept
+
+
+def test_cancel_kills_the_whole_process_group() -> None:
+    code = "import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\nprint('child', child.pid, flush=True)\ntime.sleep(60)\n"
+    job = jobs.submit(code)
+    wait_for_log(job, "child ")
+    child_pid = int(job.log().split("child ")[1].split()[0])
+    runner_pid = job.record().pid
+    assert jobs.cancel(job.id) is True
+    assert job.state == "cancelled"
+    deadline = time.monotonic() + 10
+    while not (gone(child_pid) and gone(runner_pid)):
+        assert time.monotonic() < deadline, "the job's processes survived cancel"
+        time.sleep(0.05)
+    assert job.cancel() is False  # already ended
+
+
+def test_killed_job_process_is_marked_failed_with_its_log_kept() -> None:
+    job = jobs.submit("import time\nprint('working', flush=True)\ntime.sleep(60)\n")
+    wait_for_log(job, "working")
+    os.kill(job.record().pid, signal.SIGKILL)
+    assert job.wait(WAIT_S)
+    assert job.state == "failed"
+    assert "process died" in (job.error or "")
+    assert "working" in job.log() and "process died" in job.log()
+
+
+def test_unpicklable_variable_is_a_job_error_naming_it() -> None:
+    with pytest.raises(JobError, match=r"Variable 'lock' \(lock\) cannot be sent to the job"):
+        jobs.submit("with lock:\n    pass\n", namespace={"lock": threading.Lock()})
+    assert jobs.list_jobs() == []  # nothing was submitted
+
+
+def test_syntax_error_is_a_job_error_with_the_line() -> None:
+    with pytest.raises(JobError, match="line 2"):
+        jobs.submit("x = 1\nx = = 2\n")
+
+
+def test_unpicklable_result_is_reported_by_name() -> None:
+    job = jobs.submit("import threading\nlock = threading.Lock()\nfine = 3\n")
+    job.wait(WAIT_S)
+    assert job.state == "finished"
+    assert job.result("fine") == 3
+    with pytest.raises(JobError, match="assigned 'lock', but it could not be saved"):
+        job.result("lock")
+
+
+def test_job_folder_and_store_are_private(job_store: JobStore) -> None:
+    job = jobs.submit("value = 1\nopen('written.txt', 'w').write('x')\n", cwd=str(job_store.root.parent))
+    job.wait(WAIT_S)
+    assert stat.S_IMODE(job_store.root.stat().st_mode) == 0o700
+    for path in [job.folder, *job.folder.rglob("*"), job_store.index_path]:
+        expected = 0o700 if path.is_dir() else 0o600
+        assert stat.S_IMODE(path.stat().st_mode) == expected, path
+    assert (
+        stat.S_IMODE((job_store.root.parent / "written.txt").stat().st_mode) == 0o600
+    )  # the job's own files
+
+
+def test_env_values_reach_the_job_but_never_the_store(job_store: JobStore) -> None:
+    secret = "s3cr3t-token-value-1234"
+    job = jobs.submit("import os\nmatches = os.environ['API_TOKEN'] == expected\n", namespace={"expected": "x"},
+                      env={"API_TOKEN": secret})  # fmt: skip
+    job.wait(WAIT_S)
+    assert job.result("matches") is False  # compared, not printed
+    for path in job_store.root.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_current_job_dir_is_the_job_folder() -> None:
+    job = jobs.submit("import nbscale.jobs\nfolder = str(nbscale.jobs.current_job_dir())\n")
+    job.wait(WAIT_S)
+    assert Path(job.result("folder")) == job.folder
+    assert jobs.current_job_dir() is None  # not in a job here
+
+
+def test_list_jobs_returns_plain_json_ready_dicts() -> None:
+    job = jobs.submit("v = 1\n", name="listed")
+    job.wait(WAIT_S)
+    [listed] = jobs.list_jobs()
+    assert json.loads(json.dumps(listed)) == listed
+    assert {"id", "name", "state", "started", "elapsed_s", "log_path"} <= set(listed)
+    assert (listed["id"], listed["name"], listed["state"]) == (job.id, "listed", "finished")
+    assert Path(listed["log_path"]).read_text() == job.log()
+
+
+def test_get_unknown_job_is_a_job_error() -> None:
+    with pytest.raises(JobError, match="no job 999"):
+        jobs.get(999)
+
+
+def test_wait_with_timeout_returns_false_while_running() -> None:
+    job = jobs.submit("import time\ntime.sleep(30)\n")
+    assert job.wait(timeout=0.2) is False
+    job.cancel()

@@ -10,6 +10,7 @@ from nbscale.errors import NbscaleError, PoolInterrupted
 _MAGIC_CLASSES: list[tuple[str, str]] = [
     ("nbscale.magics.pool", "PoolMagics"),
     ("nbscale.magics.gpu", "GpuMagics"),
+    ("nbscale.magics.batch", "BatchMagics"),
 ]
 
 

@@ -1,0 +1,60 @@
+"""`%%batch` and `%jobs`: parse the line, call nbscale.jobs."""
+
+from __future__ import annotations
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from nbscale import jobs
+from nbscale.errors import JobError
+from nbscale.pool.cellvars import names_assigned
+from nbscale.ui.jobs_table import JobsTable
+
+
+def env_pairs(pairs: list[str] | None) -> dict[str, str]:
+    """['KEY=VALUE', ...] -> dict; the values go to the job's environment only and are never printed."""
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise JobError(
+                f"--env takes KEY=VALUE pairs; {key or pair!r} has no '='. Example: --env AWS_PROFILE=dev"
+            )
+        env[key] = value
+    return env
+
+
+@magics_class
+class BatchMagics(Magics):
+    """Batch jobs (MATLAB's `batch`): cells that run detached and are collected later."""
+
+    @magic_arguments()
+    @argument("--name", help="a name to tell the job apart in %%jobs")
+    @argument("--pool", type=int, metavar="N", help="open a pool of N workers in the job, bound to `pool`")
+    @argument(
+        "--env", nargs="+", action="extend", metavar="KEY=VALUE",
+        help="environment variables for the job (credentials); never stored or printed",
+    )  # fmt: skip
+    @cell_magic
+    def batch(self, line: str, cell: str) -> None:
+        """Run the cell as a detached job that outlives this kernel; variables it reads are sent along."""
+        args = parse_argstring(self.batch, line)
+        job = jobs.submit(
+            cell, name=args.name, pool=args.pool, namespace=self.shell.user_ns, env=env_pairs(args.env)
+        )
+        named = f" {args.name!r}" if args.name else ""
+        lines = [
+            f"Job {job.id}{named} submitted; it runs on its own, even if this kernel stops.",
+            f"  job = nbscale.jobs.get({job.id})   # job.state, job.log(), job.wait(), job.cancel()",
+        ]
+        assigned = sorted(names_assigned(cell) - ({"pool"} if args.pool else set()))
+        if assigned:
+            lines.append(f"  job.result({assigned[0]!r})   # once it ends; it assigns: {', '.join(assigned)}")
+        print("\n".join([*lines, "%jobs lists every job."]))
+
+    @magic_arguments()
+    @line_magic
+    def jobs(self, line: str) -> JobsTable:
+        """List the batch jobs in the store: id, name, state, started, elapsed."""
+        parse_argstring(self.jobs, line)
+        return JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root()))

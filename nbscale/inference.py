@@ -1,0 +1,192 @@
+"""Using a trained network (MATLAB's classify, predict, activations, confusionchart) on a dataset or tensor.
+
+`data` is a torch Dataset yielding (input, label) or input, an (inputs, labels) pair of tensors, or a tensor
+of inputs. The network runs in eval mode without gradients on the device its parameters are on, in batches,
+and is put back in the mode it was in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from nbscale.errors import NbscaleError
+
+Data = Dataset | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def _device_of(net: nn.Module) -> torch.device:
+    parameter = next(net.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(inputs, labels or None) in order, `batch_size` at a time."""
+    if isinstance(data, torch.Tensor):
+        for start in range(0, len(data), batch_size):
+            yield data[start:start + batch_size], None
+        return
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        inputs, labels = data
+        for start in range(0, len(inputs), batch_size):
+            yield inputs[start:start + batch_size], labels[start:start + batch_size]
+        return
+    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise NbscaleError(f"data must be a torch Dataset, a tensor, or an (inputs, labels) pair of tensors, "
+                           f"not {type(data).__name__}.")
+    for batch in DataLoader(data, batch_size=batch_size, shuffle=False):  # type: ignore[arg-type]
+        if isinstance(batch, list | tuple) and len(batch) >= 2:
+            yield batch[0], torch.as_tensor(batch[1])
+        else:
+            yield batch[0] if isinstance(batch, list | tuple) else batch, None
+
+
+def _run(net: nn.Module, data: Data, batch_size: int,
+         each: Callable[[torch.Tensor, torch.Tensor | None], None]) -> None:
+    device, was_training = _device_of(net), net.training
+    net.eval()
+    try:
+        with torch.inference_mode():
+            for inputs, labels in _batches(data, batch_size):
+                each(net(inputs.to(device)), labels)
+    finally:
+        net.train(was_training)
+
+
+def predict(net: nn.Module, data: Data, batch_size: int = 256) -> torch.Tensor:
+    """The network's raw outputs for every item, concatenated (on the CPU)."""
+    outputs: list[torch.Tensor] = []
+    _run(net, data, batch_size, lambda out, _: outputs.append(out.float().cpu()))
+    return torch.cat(outputs) if outputs else torch.empty(0)
+
+
+def class_names(data: Any) -> list[str]:
+    """The class names a dataset carries (`classes`), or [] when it has none."""
+    return list(getattr(data, "classes", None) or [])
+
+
+def classify(net: nn.Module, data: Data, batch_size: int = 256) -> tuple[list[str] | torch.Tensor, torch.Tensor]:
+    """(labels, scores): the predicted class of each item and the softmax scores (N x classes).
+
+    labels are class names when `data` has `classes`, else a tensor of class indices.
+    """
+    scores = torch.softmax(predict(net, data, batch_size), dim=1)
+    indices = scores.argmax(dim=1)
+    names = class_names(data)
+    if names:
+        return [names[i] if i < len(names) else str(i) for i in indices.tolist()], scores
+    return indices, scores
+
+
+def accuracy(net: nn.Module, data: Data, batch_size: int = 256) -> float:
+    """The fraction of items whose predicted class is their label, in [0, 1]."""
+    correct, total = 0, 0
+
+    def count(outputs: torch.Tensor, labels: torch.Tensor | None) -> None:
+        nonlocal correct, total
+        if labels is None or (labels < 0).any():
+            raise NbscaleError("accuracy needs labelled data: a Dataset yielding (input, label) or an "
+                               "(inputs, labels) pair of tensors.")
+        correct += int((outputs.argmax(dim=1).cpu() == labels.cpu()).sum())
+        total += len(labels)
+
+    _run(net, data, batch_size, count)
+    return correct / total if total else float("nan")
+
+
+def activations(net: nn.Module, data: Data, layer: str = "layer4", batch_size: int = 256) -> torch.Tensor:
+    """The output of the module named `layer` (as in `net.named_modules()`) for every item, concatenated."""
+    modules = dict(net.named_modules())
+    if layer not in modules:
+        names = [name for name in modules if name]
+        raise NbscaleError(f"activations: the network has no layer {layer!r}. Its layers are: "
+                           f"{names[:30]}{' ...' if len(names) > 30 else ''}")
+    captured: list[torch.Tensor] = []
+
+    def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        output = output[0] if isinstance(output, tuple | list) else output
+        captured.append(output.detach().float().cpu())
+
+    handle = modules[layer].register_forward_hook(hook)
+    try:
+        _run(net, data, batch_size, lambda _out, _labels: None)
+    finally:
+        handle.remove()
+    return torch.cat(captured) if captured else torch.empty(0)
+
+
+class ConfusionChart:
+    """A confusion matrix (rows: true class, columns: predicted); shows as a figure, or as text without matplotlib."""
+
+    def __init__(self, matrix: torch.Tensor, classes: Sequence[str]) -> None:
+        self.matrix, self.classes = matrix, list(classes)
+
+    def __repr__(self) -> str:
+        largest = int(self.matrix.max()) if self.matrix.numel() else 0
+        width = max([len(c) for c in self.classes] + [len(str(largest)), 4])
+        header = " " * (width + 2) + " ".join(c.rjust(width) for c in self.classes)
+        rows = [f"{name.rjust(width)} |" + " ".join(str(int(v)).rjust(width) for v in row)
+                for name, row in zip(self.classes, self.matrix.tolist(), strict=True)]
+        return "\n".join(["true \\ predicted", header, *rows])
+
+    def figure(self) -> Any:
+        """A matplotlib Figure of the chart (counts in every cell)."""
+        from matplotlib.figure import Figure
+
+        size = max(3.0, 0.5 * len(self.classes) + 1.5)
+        figure = Figure(figsize=(size + 1, size))
+        axes = figure.subplots()
+        image = axes.imshow(self.matrix.numpy(), cmap="Blues")
+        ticks = range(len(self.classes))
+        axes.set_xticks(ticks, self.classes, rotation=45 if max(map(len, self.classes)) > 3 else 0)
+        axes.set_yticks(ticks, self.classes)
+        axes.set_xlabel("Predicted class")
+        axes.set_ylabel("True class")
+        threshold = float(self.matrix.max()) / 2
+        for (i, j), value in zip(((i, j) for i in ticks for j in ticks), self.matrix.flatten().tolist(), strict=True):
+            if value:
+                axes.text(j, i, str(int(value)), ha="center", va="center",
+                          color="white" if value > threshold else "black")
+        figure.colorbar(image, ax=axes)
+        figure.tight_layout()
+        return figure
+
+    def _repr_png_(self) -> bytes | None:
+        try:
+            figure = self.figure()
+        except ImportError:
+            return None
+        import io
+
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=80)
+        return buffer.getvalue()
+
+
+def _as_indices(values: Any, classes: list[str]) -> list[int]:
+    values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
+    return [classes.index(v) if isinstance(v, str) else int(v) for v in values]
+
+
+def confusion_chart(true: Any, pred: Any, classes: Sequence[str] | None = None) -> ConfusionChart:
+    """A confusion chart of true vs predicted labels (names or indices); displays as a figure in a notebook."""
+    true_list = true.tolist() if isinstance(true, torch.Tensor) else list(true)
+    pred_list = pred.tolist() if isinstance(pred, torch.Tensor) else list(pred)
+    if len(true_list) != len(pred_list):
+        raise NbscaleError(f"confusion_chart: {len(true_list)} true labels but {len(pred_list)} predictions.")
+    if classes is None:
+        values = set(true_list) | set(pred_list)
+        classes = sorted(values) if all(isinstance(v, str) for v in values) else \
+            [str(i) for i in range(max(int(v) for v in values) + 1)] if values else []
+    names = [str(c) for c in classes]
+    unknown = {v for v in true_list + pred_list if isinstance(v, str) and v not in names}
+    if unknown:
+        raise NbscaleError(f"confusion_chart: labels {sorted(unknown)} are not among classes {names}.")
+    matrix = torch.zeros(len(names), len(names), dtype=torch.long)
+    for t, p in zip(_as_indices(true_list, names), _as_indices(pred_list, names), strict=True):
+        matrix[t, p] += 1
+    return ConfusionChart(matrix, names)

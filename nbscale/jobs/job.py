@@ -11,6 +11,7 @@ import cloudpickle
 
 from nbscale.errors import JobError
 from nbscale.jobs import process
+from nbscale.jobs.files import append_text
 from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 
 
@@ -91,12 +92,13 @@ class Job:
         record = self.record()
         if not self.store.mark_cancelled(self.id):
             return False
+        if record.pid is None:  # the submitter was still starting it: the runner sees "cancelled" and leaves
+            record = self.record()
         if record.pid is not None:
             process.kill_group(record.pid, record.pid_started)
-        else:  # cancelled while the submitter was still starting it: the runner sees "cancelled" and leaves
-            fresh = self.record()
-            if fresh.pid is not None:
-                process.kill_group(fresh.pid, fresh.pid_started)
+        append_text(
+            self.log_path, f"\n[nbscale] job {self.id} cancelled {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        )
         return True
 
     def result(self, name: str) -> Any:
@@ -117,11 +119,10 @@ class Job:
             )
         if name not in record.results:
             saved = ", ".join(record.results) or "none"
-            ended = (
-                f" The job {record.state} ({record.error}); see job.log()."
-                if record.state != "finished"
-                else ""
-            )
+            ended = {
+                "failed": f" It failed ({record.error}); job.log() shows where.",
+                "cancelled": " It was cancelled before it saved any variable.",
+            }.get(record.state, "")
             raise JobError(f"Job {self.id} did not assign {name!r}. Variables it assigned: {saved}.{ended}")
         try:
             return cloudpickle.loads(self.store.result_path(self.id, name).read_bytes())

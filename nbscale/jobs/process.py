@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,10 +22,6 @@ try:
     import psutil
 except ImportError:  # ipykernel brings psutil; without it, liveness falls back to kill(pid, 0)
     psutil = None
-
-# runners started by this process: polled so that a finished one does not linger as a zombie
-_children: list[subprocess.Popen[bytes]] = []
-
 
 def spawn_runner(
     job_dir: Path, log_descriptor: int, cwd: str, env: dict[str, str]
@@ -45,7 +42,8 @@ def spawn_runner(
         start_new_session=True,
         close_fds=True,
     )
-    _children.append(process)
+    # reap it when it ends, so it never lingers as a zombie (which would look alive) in this process
+    threading.Thread(target=process.wait, name=f"nbscale-job-reaper-{process.pid}", daemon=True).start()
     return process.pid, start_time(process.pid)
 
 
@@ -59,14 +57,8 @@ def start_time(pid: int) -> float | None:
         return None
 
 
-def reap() -> None:
-    """Collect runners of this process that have ended (zombies would look alive)."""
-    _children[:] = [child for child in _children if child.poll() is None]
-
-
 def alive(pid: int, started: float | None) -> bool:
     """Whether process `pid` still runs and is the one that started at `started` (not a reused pid)."""
-    reap()
     if psutil is None:
         try:
             os.kill(pid, 0)
@@ -94,7 +86,6 @@ def kill_group(pid: int, started: float | None, grace_s: float = 3.0) -> None:
     while alive(pid, started) and time.monotonic() < deadline:
         time.sleep(0.05)
     _signal_group(pid, signal.SIGKILL)
-    reap()
 
 
 def _signal_group(pgid: int, signum: int) -> None:

@@ -92,6 +92,9 @@ def test_cancel_kills_the_whole_process_group() -> None:
         assert time.monotonic() < deadline, "the job's processes survived cancel"
         time.sleep(0.05)
     assert job.cancel() is False  # already ended
+    assert "cancelled" in job.log()
+    with pytest.raises(JobError, match="was cancelled"):
+        job.result("child")
 
 
 def test_killed_job_process_is_marked_failed_with_its_log_kept() -> None:

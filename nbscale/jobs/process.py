@@ -23,6 +23,7 @@ try:
 except ImportError:  # ipykernel brings psutil; without it, liveness falls back to kill(pid, 0)
     psutil = None
 
+
 def spawn_runner(
     job_dir: Path, log_descriptor: int, cwd: str, env: dict[str, str]
 ) -> tuple[int, float | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 import types
 from collections.abc import Mapping
@@ -17,8 +18,9 @@ from nbscale.jobs.job import Job
 from nbscale.jobs.store import JobStore
 from nbscale.pool.cellvars import names_read
 
-# IPython's bookkeeping names: never sent
+# IPython's bookkeeping names (history: _i, _ii, _i3, _3, _oh, ...): never sent
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___"})
+_IPYTHON_HISTORY = re.compile(r"_(i+|i\d+|\d+|oh|ih|dh)")
 
 
 def submit(
@@ -92,7 +94,7 @@ def _inputs(code: str, namespace: Mapping[str, Any], pool_bound: bool) -> bytes:
     modules: dict[str, str] = {}
     variables: dict[str, bytes] = {}
     for name in sorted(wanted):
-        if name not in namespace or name.startswith(("_i", "_o")):
+        if name not in namespace or _IPYTHON_HISTORY.fullmatch(name):
             continue  # not defined in the notebook: the cell will say so when it runs, as Python would
         value = namespace[name]
         if isinstance(value, types.ModuleType):

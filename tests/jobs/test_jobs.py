@@ -176,3 +176,11 @@ def test_wait_with_timeout_returns_false_while_running() -> None:
     job = jobs.submit("import time\ntime.sleep(30)\n")
     assert job.wait(timeout=0.2) is False
     job.cancel()
+
+
+def test_private_looking_notebook_variables_are_sent_but_ipython_history_is_not() -> None:
+    namespace = {"_offset": 5, "_i3": "x = 1", "_oh": {}}
+    job = jobs.submit("total = _offset + 1\ntry:\n    _i3\n    seen = True\nexcept NameError:\n    seen = False\n",
+                      namespace=namespace)  # fmt: skip
+    job.wait(WAIT_S)
+    assert (job.result("total"), job.result("seen")) == (6, False)

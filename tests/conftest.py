@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+# Ray clusters started by tests stay on loopback: Ray reads this when imported, so it is set before any test runs.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 from tests.kernel_session import KernelSession
 

@@ -1,0 +1,90 @@
+"""Cluster profiles: `~/.config/nbscale/profiles.toml` names a backend and an address.
+
+```toml
+[profiles.lab]
+backend = "ray"
+address = "ray://head.example.org:10001"
+gpus_per_worker = 1
+env = { NCCL_SOCKET_IFNAME = "eth0" }
+runtime_env = { pip = ["torchvision"] }
+```
+`%pool start 16 --cluster lab` uses it; `--cluster ray://HOST:PORT` (or `HOST:PORT`) needs no profile.
+`NBSCALE_PROFILES` overrides the file's path.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nbscale.errors import PoolError
+
+BACKENDS = ("ray",)
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    """Where and how to start a cluster pool's workers."""
+
+    name: str
+    backend: str
+    address: str
+    gpus_per_worker: float = 0
+    env: dict[str, str] = field(default_factory=dict)
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+
+
+def profiles_path() -> Path:
+    override = os.environ.get("NBSCALE_PROFILES")
+    if override:
+        return Path(override)
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
+    return config_home / "nbscale" / "profiles.toml"
+
+
+def _looks_like_address(text: str) -> bool:
+    if text.startswith("ray://") or text == "auto":
+        return True
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit()
+
+
+def read_profiles() -> dict[str, dict[str, Any]]:
+    path = profiles_path()
+    if not path.exists():
+        return {}
+    try:
+        document = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise PoolError(f"Cannot read the cluster profiles in {path}: {error}. Fix the TOML and try again.") from None
+    return document.get("profiles", document)
+
+
+def resolve_cluster(cluster: str) -> ClusterProfile:
+    """A profile by name, or an ad-hoc Ray profile for an address like ray://HOST:PORT or HOST:PORT."""
+    if _looks_like_address(cluster):
+        return ClusterProfile(name=cluster, backend="ray", address=cluster)
+    profiles = read_profiles()
+    if cluster not in profiles:
+        known = ", ".join(sorted(profiles)) or "none"
+        raise PoolError(
+            f"--cluster {cluster!r} is neither an address (ray://HOST:PORT) nor a profile in {profiles_path()} "
+            f"(profiles there: {known}). Add a [profiles.{cluster}] table with backend and address, or pass the address."
+        )
+    entry = profiles[cluster]
+    backend = entry.get("backend", "ray")
+    if backend not in BACKENDS:
+        raise PoolError(f"Profile {cluster!r} names backend {backend!r}; nbscale supports {', '.join(BACKENDS)}.")
+    if "address" not in entry:
+        raise PoolError(f"Profile {cluster!r} in {profiles_path()} has no address: add address = \"ray://HOST:PORT\".")
+    return ClusterProfile(
+        name=cluster,
+        backend=backend,
+        address=str(entry["address"]),
+        gpus_per_worker=float(entry.get("gpus_per_worker", 0)),
+        env={str(k): str(v) for k, v in entry.get("env", {}).items()},
+        runtime_env=dict(entry.get("runtime_env", {})),
+    )

@@ -1,0 +1,87 @@
+"""The Ray backend against a real Ray head started on loopback by the test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import nbscale
+from nbscale.errors import PoolError, WorkerError
+
+pytestmark = pytest.mark.slow
+ray = pytest.importorskip("ray")
+
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray uses 127.0.0.1 as node address (see conftest.py)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
+    port = _free_port()
+    env = {**os.environ, **LOOPBACK_ENV}
+    command = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=3", "--node-ip-address=127.0.0.1",
+               "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(command, check=True, env=env, capture_output=True, timeout=120)
+    yield f"127.0.0.1:{port}"
+    pool = nbscale.current_pool()
+    if pool is not None:
+        pool.close()
+    ray.shutdown()
+    subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=60)
+
+
+def test_spmd_and_futures_on_ray_actors(ray_head):
+    with nbscale.Pool(2, cluster=ray_head) as pool:
+        assert pool.backend.name == "ray" and pool.size == 2
+        namespace = {"offset": 10}
+        pool.spmd("import os\nvalue = allreduce(rank + offset)\npid = os.getpid()", namespace=namespace)
+        assert namespace["value"][:] == [21, 21]
+        assert list(pool.map(pow, [2, 3], [2, 2])) == [4, 9]
+        assert "ray at 127.0.0.1" in repr(pool)
+        assert "local" not in repr(pool.status()).split("\n")[0]
+
+        os.kill(namespace["pid"][1], signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(WorkerError, match="(?i)worker 1 .pid"):
+            pool.spmd("print(rank)")
+        pool.restart()
+        assert pool.run(lambda: "back") == ["back", "back"]
+
+
+def test_more_gpus_than_the_cluster_has_is_refused(ray_head, tmp_path, monkeypatch):
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(f'[profiles.gpu_lab]\nbackend = "ray"\naddress = "{ray_head}"\ngpus_per_worker = 1\n')
+    monkeypatch.setenv("NBSCALE_PROFILES", str(profiles))
+    started = time.monotonic()
+    with pytest.raises(PoolError, match="need 2 GPUs, but the Ray cluster.*has 0"):
+        nbscale.Pool(2, cluster="gpu_lab")
+    assert time.monotonic() - started < 30
+
+
+def test_unknown_profile_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBSCALE_PROFILES", str(tmp_path / "profiles.toml"))
+    with pytest.raises(PoolError, match="neither an address.*profiles.toml"):
+        nbscale.Pool(2, cluster="nowhere")
+
+
+def test_unreachable_cluster_answers_within_30_s():
+    code = "import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:9')\nexcept nbscale.PoolError as e:\n    print(e)"
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **LOOPBACK_ENV})  # fmt: skip
+    assert time.monotonic() - started < 45
+    assert "Could not reach the Ray cluster at 127.0.0.1:9" in result.stdout

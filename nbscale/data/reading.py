@@ -7,12 +7,18 @@ lacks (BMP, TIFF). Alpha channels are dropped: networks see grayscale (1 channel
 from __future__ import annotations
 
 import io
+import warnings
 
 import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_image
 
 _PILLOW_ONLY = (".bmp", ".tif", ".tiff")
+
+# torchvision 0.29 warns on every decode that TorchCodec will take over image decoding; until it does, the
+# decoders work and the warning only floods test and worker logs.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
+                        category=DeprecationWarning)
 
 
 def is_url(location: str) -> bool:

@@ -1,0 +1,83 @@
+"""AugmentedImageDatastore on real files: output size modes, colour preprocessing, batched DataLoader reads."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from nbscale.data import AugmentedImageDatastore, ImageAugmenter, ImageDatastore
+from nbscale.errors import DatastoreError
+
+
+def test_resize_brings_every_image_to_the_output_size(digits_folder: Path) -> None:
+    ds = AugmentedImageDatastore((16, 12), ImageDatastore(digits_folder))
+    image, label = ds[0]
+    assert image.shape == (1, 16, 12) and label == 0 and len(ds) == 1797
+    assert ds.classes == [str(i) for i in range(10)]
+
+
+def test_centercrop_cuts_the_middle_exactly(digits_folder: Path) -> None:
+    source = ImageDatastore(digits_folder)
+    cropped, _ = AugmentedImageDatastore((4, 4), source, output_size_mode="centercrop")[7]
+    assert torch.equal(cropped, source[7][0][:, 2:6, 2:6])
+
+
+def test_randcrop_cuts_a_window_of_the_image(digits_folder: Path) -> None:
+    source = ImageDatastore(digits_folder)
+    original = source[3][0]
+    windows = {(top, left): original[:, top:top + 5, left:left + 5] for top in range(4) for left in range(4)}
+    ds = AugmentedImageDatastore((5, 5), source, output_size_mode="randcrop")
+    found = set()
+    for _ in range(40):
+        crop, _ = ds[3]
+        found |= {place for place, window in windows.items() if torch.equal(window, crop)}
+    assert len(found) > 4
+
+
+def test_gray2rgb_and_rgb2gray_set_the_channel_count(digits_folder: Path, photos_folder: Path) -> None:
+    gray = AugmentedImageDatastore(8, ImageDatastore(digits_folder), color_preprocessing="gray2rgb")[0][0]
+    assert gray.shape == (3, 8, 8) and torch.equal(gray[0], gray[2])
+    colour = AugmentedImageDatastore((24, 32), ImageDatastore(photos_folder), color_preprocessing="rgb2gray")[0][0]
+    assert colour.shape == (1, 24, 32)
+
+
+def test_augmenter_runs_before_sizing(digits_folder: Path) -> None:
+    source = ImageDatastore(digits_folder)
+    shifted, _ = AugmentedImageDatastore(8, source, ImageAugmenter(rand_x_translation=(2, 2)))[0]
+    assert torch.equal(shifted[:, :, 2:], source[0][0][:, :, :-2])
+
+
+def test_dataloader_batches_are_augmented_per_image(digits_folder: Path) -> None:
+    source = ImageDatastore(digits_folder).subset([0] * 64)  # the same image 64 times
+    ds = AugmentedImageDatastore(8, source, ImageAugmenter(rand_x_reflection=True))
+    images, labels = next(iter(DataLoader(ds, batch_size=64)))
+    original = source[0][0]
+    flipped = sum(torch.equal(image, original.flip(-1)) for image in images)
+    assert images.shape == (64, 1, 8, 8) and 8 < flipped < 56 and labels.tolist() == [0] * 64
+
+
+def test_mixed_sizes_are_batched_after_sizing(digits_folder: Path, photos_folder: Path) -> None:
+    ds = AugmentedImageDatastore((20, 20), ImageDatastore([photos_folder, digits_folder / "5"]),
+                                 ImageAugmenter(rand_y_reflection=True), color_preprocessing="gray2rgb")
+    images, _ = next(iter(DataLoader(ds, batch_size=4)))
+    assert images.shape == (4, 3, 20, 20)
+
+
+def test_split_and_shuffle_keep_the_augmentation_and_it_pickles_small(digits_folder: Path) -> None:
+    ds = AugmentedImageDatastore(16, ImageDatastore(digits_folder), ImageAugmenter(rand_x_reflection=True))
+    train, val = ds.split_each_label(0.8, randomize=True, seed=0)
+    assert isinstance(train, AugmentedImageDatastore) and train.augmenter == ds.augmenter
+    assert len(train) + len(val) == len(ds) and train.shuffle(seed=2).output_size == (16, 16)
+    assert len(pickle.dumps(train)) < 120 * len(train)
+
+
+def test_wrong_options_are_errors_naming_them(digits_folder: Path) -> None:
+    source = ImageDatastore(digits_folder / "0")
+    with pytest.raises(DatastoreError, match="color_preprocessing"):
+        AugmentedImageDatastore(8, source, color_preprocessing="gray")
+    with pytest.raises(DatastoreError, match="output_size_mode"):
+        AugmentedImageDatastore(8, source, output_size_mode="crop")

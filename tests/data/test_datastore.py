@@ -1,0 +1,150 @@
+"""ImageDatastore on real PNG and JPEG files: labels, lazy reading, splits, errors, pickling, fsspec URLs."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from nbscale.data import ImageDatastore
+from nbscale.errors import DatastoreError
+from tests.datasets import write_digits_pngs
+
+
+def test_digits_folders_give_labels_classes_and_counts(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder)
+    assert len(ds) == 1797
+    assert ds.classes == [str(i) for i in range(10)]
+    assert ds.count_each_label()["0"] == 178 and sum(ds.count_each_label().values()) == 1797
+    assert Path(ds.files[0]).parent.name == ds.labels[0]
+
+
+def test_grayscale_png_is_one_channel_float_in_unit_range(digits_folder: Path) -> None:
+    image, label = ImageDatastore(digits_folder)[0]
+    assert image.shape == (1, 8, 8) and image.dtype == torch.float32
+    assert 0.0 <= float(image.min()) and float(image.max()) <= 1.0 and float(image.max()) > 0.5
+    assert label == 0
+
+
+def test_rgb_jpeg_is_three_channels(photos_folder: Path) -> None:
+    ds = ImageDatastore(photos_folder)
+    assert ds.classes == ["china", "flower"]
+    image, label = ds[1]
+    assert image.shape == (3, 48, 64) and label == 1
+
+
+def test_file_extensions_and_subfolders_select_files(digits_folder: Path, tmp_path: Path) -> None:
+    assert len(ImageDatastore(digits_folder, file_extensions=["png"])) == 1797
+    with pytest.raises(DatastoreError, match=r"no image files with extensions \['.jpg'\]"):
+        ImageDatastore(digits_folder, file_extensions="jpg")
+    with pytest.raises(DatastoreError, match="no image files"):
+        ImageDatastore(digits_folder, include_subfolders=False)  # the PNGs are all in subfolders
+    one_class = ImageDatastore(digits_folder / "3", label_source="none")
+    assert len(one_class) == 183 and one_class.labels is None and one_class[0][1] == -1
+
+
+def test_missing_and_empty_folders_name_the_path(tmp_path: Path) -> None:
+    with pytest.raises(DatastoreError, match="does not exist") as missing:
+        ImageDatastore(tmp_path / "nowhere")
+    assert "nowhere" in str(missing.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatastoreError, match="no image files") as empty:
+        ImageDatastore(tmp_path / "empty")
+    assert "empty" in str(empty.value)
+
+
+def test_split_each_label_keeps_the_proportion_of_every_label(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder)
+    train, val, test = ds.split_each_label(0.7, 0.2, randomize=True, seed=3)
+    assert len(train) + len(val) + len(test) == len(ds)
+    assert not set(train.files) & set(val.files) and not set(val.files) & set(test.files)
+    for name, total in ds.count_each_label().items():
+        assert train.count_each_label()[name] == round(0.7 * total)
+        assert val.count_each_label()[name] == round(0.9 * total) - round(0.7 * total)
+    again, _, _ = ds.split_each_label(0.7, 0.2, randomize=True, seed=3)
+    assert again.files == train.files
+    in_order, _ = ds.split_each_label(0.5)
+    assert in_order.files == sorted(in_order.files)
+    counts, _ = ds.split_each_label(10)
+    assert set(counts.count_each_label().values()) == {10}
+    with pytest.raises(DatastoreError, match="sum to at most 1"):
+        ds.split_each_label(0.8, 0.5)
+
+
+def test_shuffle_and_subset_keep_files_labels_and_classes_together(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder)
+    shuffled = ds.shuffle(seed=1)
+    assert sorted(shuffled.files) == ds.files and shuffled.files != ds.files
+    assert all(Path(f).parent.name == label for f, label in zip(shuffled.files, shuffled.labels, strict=True))
+    only_nines = ds.subset([i for i, label in enumerate(ds.labels) if label == "9"])
+    assert only_nines.classes == ds.classes and {y for _, y in (only_nines[i] for i in range(5))} == {9}
+
+
+def test_corrupt_file_raises_naming_the_file_or_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    folder = write_digits_pngs(tmp_path / "digits", classes=[0, 1], limit_per_class=5)
+    broken = folder / "1" / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    strict = ImageDatastore(folder)
+    index = strict.files.index(str(broken))
+    with pytest.raises(DatastoreError, match="broken.png"):
+        strict[index]
+    lenient = ImageDatastore(folder, on_error="skip")
+    with pytest.warns(UserWarning, match=r"skipped 1 unreadable image"):
+        image, label = lenient[index]
+    assert image.shape == (1, 8, 8) and lenient.skipped_files == {str(broken)}
+
+
+def test_datastore_pickles_file_names_not_pixels(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder)
+    pixels = sum(ds[i][0].numel() * 4 for i in range(len(ds)))
+    pickled = pickle.dumps(ds)
+    assert len(pickled) < 120 * len(ds) < pixels
+    restored = pickle.loads(pickled)
+    assert torch.equal(restored[5][0], ds[5][0]) and restored.classes == ds.classes
+
+
+def test_reading_is_lazy_so_files_removed_later_fail_on_read(tmp_path: Path) -> None:
+    folder = write_digits_pngs(tmp_path / "digits", classes=[2], limit_per_class=3)
+    ds = ImageDatastore(folder)
+    shutil.rmtree(folder)
+    with pytest.raises(DatastoreError, match="cannot read image"):
+        ds[0]
+
+
+def test_works_with_a_dataloader_in_worker_processes(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder).subset(range(0, 1797, 9))
+    images, labels = next(iter(DataLoader(ds, batch_size=50, num_workers=2)))
+    assert images.shape == (50, 1, 8, 8) and labels.dtype == torch.int64
+
+
+def test_preview_is_a_labelled_montage_that_displays_in_a_notebook(digits_folder: Path) -> None:
+    picture = ImageDatastore(digits_folder).shuffle(seed=0).preview(6)
+    assert hasattr(picture, "_repr_png_") and picture.width > 0 and picture.height > 0
+    assert len(set(picture.convert('L').tobytes())) > 2  # images and captions, not a blank sheet
+
+
+def test_fsspec_url_lists_and_reads_through_fsspec(digits_folder: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    memory = fsspec.filesystem("memory")
+    for digit in ("4", "7"):
+        for file in sorted((digits_folder / digit).iterdir())[:3]:
+            memory.pipe(f"/nbscale-test/{digit}/{file.name}", file.read_bytes())
+    try:
+        ds = ImageDatastore("memory://nbscale-test")
+        assert len(ds) == 6 and ds.classes == ["4", "7"] and ds.files[0].startswith("memory://")
+        assert ds[0][0].shape == (1, 8, 8)
+        with pytest.raises(DatastoreError, match="does not exist"):
+            ImageDatastore("memory://nbscale-missing")
+    finally:
+        memory.rm("/nbscale-test", recursive=True)
+
+
+def test_warnings_are_not_raised_for_clean_data(digits_folder: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        ImageDatastore(digits_folder, on_error="skip")[0]

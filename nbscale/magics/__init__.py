@@ -9,6 +9,7 @@ from nbscale.errors import NbscaleError, PoolInterrupted
 # one module per area; each defines a Magics subclass named in this table
 _MAGIC_CLASSES: list[tuple[str, str]] = [
     ("nbscale.magics.pool", "PoolMagics"),
+    ("nbscale.magics.train", "TrainMagics"),
     ("nbscale.magics.gpu", "GpuMagics"),
     ("nbscale.magics.batch", "BatchMagics"),
 ]

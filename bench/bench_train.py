@@ -1,0 +1,170 @@
+"""Training benchmarks, side by side in one run: nbscale.train against the same loop written by hand.
+
+1. In the notebook's process on the CPU: `nbscale.train` (plots="training-progress", drawing in a real kernel)
+   against a hand-written PyTorch loop with the same model, data, mini-batch and optimizer, in the same kernel.
+2. On 2 CPU workers: execution_environment="parallel" against torch DDP written by hand
+   (torch.multiprocessing spawn, gloo), same per-worker thread count as the pool's workers.
+Each figure is the best of REPEATS runs (the machine is shared). Run: `python bench/bench_train.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+EPOCHS = 12
+BATCH = 64
+REPEATS = 3
+WORKERS = 2
+
+SETUP = f"""
+import time, torch
+from torch import nn
+import nbscale
+from sklearn.datasets import load_digits
+d = load_digits()
+X = (torch.tensor(d.data, dtype=torch.float32) / 16).repeat(4, 1)
+Y = torch.tensor(d.target).repeat(4)
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+EPOCHS, BATCH = {EPOCHS}, {BATCH}
+"""
+
+HAND_WRITTEN = """
+model = make_model()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loss_fn = nn.CrossEntropyLoss()
+started = time.perf_counter(); images = 0
+for epoch in range(EPOCHS):
+    order = torch.randperm(len(X))
+    for i in range(len(X) // BATCH):
+        index = order[i * BATCH:(i + 1) * BATCH]
+        x, y = X[index], Y[index]
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        images += len(y)
+        last_loss = loss.item()
+hand_rate = images / (time.perf_counter() - started)
+"""
+
+NBSCALE = """
+options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, l2_regularization=0.0,
+    max_epochs=EPOCHS, mini_batch_size=BATCH, shuffle="every-epoch", plots="training-progress",
+    verbose=False, execution_environment="{env}")
+started = time.perf_counter()
+net, info = nbscale.train(make_model(), (X, Y), options)
+nbscale_rate = info.iteration[-1] * BATCH / (time.perf_counter() - started)
+"""
+
+
+def _value(kernel, name: str) -> float:
+    result = kernel.run(f"print(repr({name}))")
+    if not result.ok:
+        raise RuntimeError(result.text)
+    return float(result.stdout.strip())
+
+
+def _ddp_worker(rank: int, world: int, port: int, threads: int, queue) -> None:
+    import torch.distributed as dist
+    from sklearn.datasets import load_digits
+    from torch import nn
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    d = load_digits()
+    inputs = (torch.tensor(d.data, dtype=torch.float32) / 16).repeat(4, 1)
+    labels = torch.tensor(d.target).repeat(4)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    net = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    local = BATCH // world
+    started, images = time.perf_counter(), 0
+    for epoch in range(EPOCHS):
+        order = torch.randperm(len(inputs), generator=torch.Generator().manual_seed(epoch))
+        for i in range(len(inputs) // BATCH):
+            index = order[i * BATCH + rank * local: i * BATCH + (rank + 1) * local]
+            loss = loss_fn(net(inputs[index]), labels[index])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            reported = loss.detach().clone()
+            dist.all_reduce(reported)  # the global loss, as a progress display would need it
+            images += BATCH
+    if rank == 0:
+        queue.put(images / (time.perf_counter() - started))
+    dist.destroy_process_group()
+
+
+def hand_ddp_rate() -> float:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    threads = max(1, (os.cpu_count() or 1) // WORKERS)
+    context = mp.get_context("spawn")
+    queue = context.SimpleQueue()
+    mp.start_processes(_ddp_worker, args=(WORKERS, port, threads, queue), nprocs=WORKERS, start_method="spawn")
+    return queue.get()
+
+
+def run() -> str:
+    """Measure and return the markdown section."""
+    from tests.kernel_session import KernelSession
+
+    kernel = KernelSession()
+    try:
+        kernel.run("%load_ext nbscale")
+        setup = kernel.run(SETUP)
+        if not setup.ok:
+            raise RuntimeError(setup.text)
+        hand, ours = [], []
+        for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
+            kernel.run(HAND_WRITTEN)
+            hand.append(_value(kernel, "hand_rate"))
+            kernel.run(NBSCALE.format(env="cpu"))
+            ours.append(_value(kernel, "nbscale_rate"))
+        kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
+        parallel = []
+        for _ in range(REPEATS):
+            result = kernel.run(NBSCALE.format(env="parallel"), timeout=300)
+            if not result.ok:
+                raise RuntimeError(result.text)
+            parallel.append(_value(kernel, "info.images_per_second"))
+        kernel.run("pool.close()")
+    finally:
+        kernel.shutdown()
+    ddp = [hand_ddp_rate() for _ in range(REPEATS)]
+    best = {"hand": max(hand), "ours": max(ours), "parallel": max(parallel), "ddp": max(ddp)}
+    return "\n".join([
+        "## Training (bench/bench_train.py)",
+        "",
+        f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs; best of "
+        f"{REPEATS}; {os.cpu_count()} CPU cores, torch {torch.__version__}.",
+        "",
+        "| run | nbscale images/s | hand-written images/s | ratio |",
+        "|---|---:|---:|---:|",
+        f"| CPU, notebook process, plots on | {best['ours']:,.0f} | {best['hand']:,.0f} | "
+        f"{best['ours'] / best['hand']:.2f}x |",
+        f"| parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time) | {best['parallel']:,.0f} | "
+        f"{best['ddp']:,.0f} | {best['parallel'] / best['ddp']:.2f}x |",
+        "",
+    ])
+
+
+if __name__ == "__main__":
+    print(run())

@@ -1,0 +1,181 @@
+"""Training on the worker pool ("parallel", "multi-gpu").
+
+Every worker runs the same loop (`nbscale.train.loop`) on its share of each global mini-batch; the shares
+follow worker_load, and a worker with load 0 sits out (the others train in a torch.distributed subgroup).
+Gradients are averaged by DistributedDataParallel (gloo on CPU workers, NCCL on GPUs). The first worker with
+work sends the training events to the notebook in small bunches, where they drive the same display, verbose
+table, output_fn and info as in-process training; it also writes the checkpoints and returns the trained
+weights, which are loaded into the notebook's model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbscale.errors import OptionsError, PoolError, WorkerError
+from nbscale.train.events import EventChannel, StopSignal, TrainingDone, TrainingStarted
+from nbscale.train.loading import split_batch
+from nbscale.train.loop import LoopResult, LoopSetup, run_training
+from nbscale.train.options import TrainingOptions
+
+_EMIT_INTERVAL = 0.1  # seconds between bunches of events sent from rank 0
+
+
+@dataclass
+class WorkerJob:
+    """What every worker receives (cloudpickled once per run)."""
+
+    model: nn.Module
+    train_data: Any
+    options: TrainingOptions
+    loss_fn: Any
+    seed: int
+    resume: dict[str, Any] | None
+    counts: list[int]
+    hardware: str
+
+
+def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
+                  resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal) -> LoopResult:
+    """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
+    pool = _pool_for(options.execution_environment)
+    counts = split_batch(min(int(options.mini_batch_size), len(dataset)), options.worker_load, pool.size)
+    backend = "NCCL" if pool.kind == "gpu" else "gloo"
+    used = [device for device, count in zip(pool.devices, counts, strict=True) if count > 0]
+    hardware = f"{len(used)} worker{'s' * (len(used) != 1)} ({', '.join(used)}; {backend})"
+    # the notebook keeps output_fn, plots and the table; workers only train
+    worker_options = options.replace(output_fn=None, plots="none", verbose=False)
+    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware)
+    stop.on_request.append(pool.request_stop)
+    try:
+        results = pool.run(train_on_worker, job, on_event=lambda rank, events: channel.publish(events))
+    except WorkerError as error:
+        raise WorkerError(_with_recovery_hint(str(error), options), getattr(error, "failures", None)) from None
+    except PoolError as error:
+        if "could not be sent" in str(error):
+            raise PoolError(_unsendable(job) or str(error)) from None
+        raise
+    finally:
+        stop.on_request.remove(pool.request_stop)
+    result = next(r for r in results if r is not None)
+    model.load_state_dict(result.state_dict)
+    return result
+
+
+def train_on_worker(job: WorkerJob) -> LoopResult | None:
+    """The function every pool worker runs: join the group of ranks with work and run the loop."""
+    from nbscale.pool.context import worker_context
+
+    context = worker_context()
+    active = tuple(rank for rank, count in enumerate(job.counts) if count > 0)
+    group = _subgroup(active, context.world_size)  # every rank must take part in creating it
+    if context.rank not in active:
+        return None
+    is_main = context.rank == active[0]
+    sender = _EventSender(context.emit) if is_main else None
+    device = context.device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        result = run_training(LoopSetup(
+            model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn, device=device,
+            seed=job.seed, hardware=job.hardware, publish=sender.send if sender else _ignore,
+            stop_reason=lambda: "Stopped on request" if context.stop_requested else None,
+            validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
+            rank=context.rank, group=group, is_main=is_main))
+    except torch.OutOfMemoryError as error:
+        raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with "
+                           f"{job.counts[context.rank]} samples per iteration: lower mini_batch_size "
+                           f"(now {sum(job.counts)}). {error}") from None
+    finally:
+        if sender is not None:
+            sender.flush()
+    return result if is_main else None
+
+
+_GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def _subgroup(active: tuple[int, ...], world_size: int) -> Any:
+    import torch.distributed as dist
+
+    if len(active) == world_size:
+        return dist.group.WORLD
+    if active not in _GROUPS:
+        _GROUPS[active] = dist.new_group(list(active))
+    return _GROUPS[active]
+
+
+class _EventSender:
+    """Buffers rank 0's events and sends them as one list every _EMIT_INTERVAL (start and end at once)."""
+
+    def __init__(self, emit: Any) -> None:
+        self.emit, self.buffer, self.last = emit, [], 0.0
+
+    def send(self, event: Any) -> None:
+        self.buffer.extend(event if isinstance(event, list) else [event])
+        now = time.perf_counter()
+        if isinstance(event, (TrainingStarted, TrainingDone)) or now - self.last >= _EMIT_INTERVAL:
+            self.flush()
+            self.last = now
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.emit(self.buffer)
+            self.buffer = []
+
+
+def _ignore(event: Any) -> None:
+    pass
+
+
+def _pool_for(environment: str) -> Any:
+    from nbscale.pool.pool import Pool, current_pool
+
+    pool = current_pool(start=False)
+    if environment == "parallel":
+        return pool if pool is not None else Pool()
+    if pool is not None:
+        if pool.kind != "gpu":
+            raise OptionsError("execution_environment='multi-gpu' needs GPU workers but the running pool has CPU "
+                               "workers: use execution_environment='parallel', or %pool stop and train again.")
+        return pool
+    if not torch.cuda.is_available():
+        raise OptionsError("execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' "
+                           "(CPU workers) or 'cpu'.")
+    return Pool(gpus=list(range(torch.cuda.device_count())))
+
+
+def _with_recovery_hint(message: str, options: TrainingOptions) -> str:
+    hint = " Training stopped."
+    if options.checkpoint_path:
+        from nbscale.train.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(options.checkpoint_path)
+        if last is not None:
+            hint += (f" The last checkpoint ({last}) is intact: continue with "
+                     f"nbscale.train(..., resume_from={str(options.checkpoint_path)!r}).")
+    if "out of memory" in message.lower() and "mini_batch_size" not in message:
+        hint += " Out of GPU memory: lower mini_batch_size."
+    return message + hint
+
+
+def _unsendable(job: WorkerJob) -> str | None:
+    """Name the first part of the job that cloudpickle cannot send to the workers."""
+    import cloudpickle
+
+    parts = (("the model", job.model), ("train_data", job.train_data),
+             ("validation_data", job.options.validation_data), ("loss_fn", job.loss_fn))
+    for name, value in parts:
+        try:
+            cloudpickle.dumps(value)
+        except Exception as error:
+            return (f"{name} cannot be sent to the pool's workers ({type(error).__name__}: {error}). Define it "
+                    "from picklable parts (no open files, locks or generators), or train with "
+                    "execution_environment='auto'.")
+    return None

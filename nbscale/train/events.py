@@ -1,0 +1,91 @@
+"""The one channel training events go through: plot, verbose table, output_fn and info all listen here.
+
+Events are small picklable dataclasses, so rank 0 of a pool can send them to the notebook unchanged.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrainingStarted:
+    """Sent once before the first iteration."""
+
+    max_epochs: int
+    iterations_per_epoch: int
+    mini_batch_size: int
+    hardware: str
+    start_time: float  # time.time()
+    first_iteration: int = 1  # > 1 when resumed
+
+
+@dataclass(frozen=True)
+class IterationDone:
+    """Sent after every iteration; validation figures only on iterations that validated."""
+
+    epoch: int
+    iteration: int
+    time_since_start: float
+    training_loss: float
+    training_accuracy: float | None
+    learn_rate: float
+    images: int
+    validation_loss: float | None = None
+    validation_accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class TrainingDone:
+    """Sent once at the end, whatever ended the run."""
+
+    stop_reason: str
+    epoch: int
+    iteration: int
+    time_since_start: float
+    output_network_iteration: int
+    images_per_second: float
+
+
+Event = TrainingStarted | IterationDone | TrainingDone
+
+
+class StopSignal:
+    """Asks the loop to stop at the end of the current iteration; the first reason given wins."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: str | None = None
+        self.on_request: list[Callable[[], None]] = []
+
+    def request(self, reason: str) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+            for callback in self.on_request:
+                callback()
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class EventChannel:
+    """Fan-out of training events to listeners, in the order they subscribed."""
+
+    listeners: list[Callable[[Any], None]] = field(default_factory=list)
+
+    def subscribe(self, listener: Callable[[Any], None]) -> None:
+        self.listeners.append(listener)
+
+    def publish(self, event: Any) -> None:
+        if isinstance(event, list):  # a pool worker sends its events in bunches
+            for item in event:
+                self.publish(item)
+            return
+        for listener in self.listeners:
+            listener(event)

@@ -1,0 +1,80 @@
+"""`TrainingInfo`: what a training run did, recorded from the event channel (MATLAB's info struct)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+
+_COLUMNS = ("epoch", "iteration", "time", "training_loss", "training_accuracy", "validation_loss",
+            "validation_accuracy", "learn_rate")
+
+
+@dataclass
+class TrainingInfo:
+    """Per-iteration history and the run's outcome.
+
+    History lists have one entry per iteration; validation entries are None on iterations that did not
+    validate. Accuracies are fractions in [0, 1] (None for outputs that are not class scores).
+    """
+
+    epoch: list[int] = field(default_factory=list)
+    iteration: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    training_loss: list[float] = field(default_factory=list)
+    training_accuracy: list[float | None] = field(default_factory=list)
+    validation_loss: list[float | None] = field(default_factory=list)
+    validation_accuracy: list[float | None] = field(default_factory=list)
+    learn_rate: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+    hardware: str = ""
+    images_per_second: float = 0.0
+    output_network_iteration: int = 0
+    max_epochs: int = 0
+    iterations_per_epoch: int = 0
+
+    def record(self, event: Any) -> None:
+        """Listener for the event channel."""
+        if isinstance(event, TrainingStarted):
+            self.hardware = event.hardware
+            self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
+        elif isinstance(event, IterationDone):
+            for name in _COLUMNS:
+                getattr(self, name).append(getattr(event, "time_since_start" if name == "time" else name))
+        elif isinstance(event, TrainingDone):
+            self.stop_reason = self.stop_reason or event.stop_reason
+            self.images_per_second = event.images_per_second
+            self.output_network_iteration = event.output_network_iteration
+
+    @property
+    def final_validation_loss(self) -> float | None:
+        """The last validation loss computed (None without validation data)."""
+        return next((v for v in reversed(self.validation_loss) if v is not None), None)
+
+    @property
+    def final_validation_accuracy(self) -> float | None:
+        """The last validation accuracy computed (None without validation data)."""
+        return next((v for v in reversed(self.validation_accuracy) if v is not None), None)
+
+    def history(self) -> dict[str, list[Any]]:
+        """The per-iteration history as columns."""
+        return {name: list(getattr(self, name)) for name in _COLUMNS}
+
+    def to_dataframe(self) -> Any:
+        """The history as a pandas DataFrame, one row per iteration (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover - pandas is optional
+            raise ImportError("info.to_dataframe() needs pandas: pip install pandas") from None
+        return pd.DataFrame(self.history())
+
+    def __repr__(self) -> str:
+        done = self.iteration[-1] if self.iteration else 0
+        parts = [f"iterations={done}", f"stop_reason={self.stop_reason!r}", f"hardware={self.hardware!r}",
+                 f"images_per_second={self.images_per_second:.0f}"]
+        if self.training_loss:
+            parts.append(f"final_training_loss={self.training_loss[-1]:.4g}")
+        if self.final_validation_accuracy is not None:
+            parts.append(f"final_validation_accuracy={self.final_validation_accuracy:.4f}")
+        return f"TrainingInfo({', '.join(parts)})"

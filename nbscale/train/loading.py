@@ -1,0 +1,160 @@
+"""Mini-batches for the training loop: each epoch the loop hands over the sample indices of every iteration.
+
+Three ways to feed them, chosen by `data_placement`:
+- device-resident: the whole dataset sits as tensors on the training device (or in memory on the CPU) and a
+  batch is one `index_select` - no per-sample Python, like airbench's loader;
+- stream: a torch DataLoader over any Dataset; `dispatch_in_background=True` reads in worker processes with
+  pinned memory and prefetching;
+- "auto": device-resident when the data fits (a TensorDataset always does on the CPU), otherwise stream.
+On a pool every rank gets only its own share of each global mini-batch (see `split_batch`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from nbscale.errors import OptionsError
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class BatchSource(Protocol):
+    description: str
+
+    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
+        """Yield one (inputs, labels) batch on the training device per index list."""
+        ...
+
+
+def as_dataset(data: Any, what: str = "train_data") -> Dataset:
+    """A Dataset from a Dataset or an (inputs, labels) pair of tensors; OptionsError otherwise."""
+    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        return TensorDataset(*data)
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        return data
+    raise OptionsError(f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, "
+                       f"not {type(data).__name__}.")
+
+
+def split_batch(batch_size: int, worker_load: Sequence[float] | None, world_size: int) -> list[int]:
+    """How many samples of each global mini-batch every rank takes (largest remainder, sums to batch_size).
+
+    A rank with load 0 takes none and sits out. Raises OptionsError when a loaded rank would get no sample.
+    """
+    weights = [1.0] * world_size if worker_load is None else [float(w) for w in worker_load]
+    if len(weights) != world_size:
+        raise OptionsError(f"worker_load has {len(weights)} entries but the pool has {world_size} workers: "
+                           "give one weight per worker (0 leaves a worker out).")
+    total = sum(weights)
+    exact = [batch_size * w / total for w in weights]
+    counts = [int(e) for e in exact]
+    by_remainder = sorted(range(world_size), key=lambda r: exact[r] - counts[r], reverse=True)
+    for rank in by_remainder[: batch_size - sum(counts)]:
+        counts[rank] += 1
+    starved = [r for r in range(world_size) if weights[r] > 0 and counts[r] == 0]
+    if starved:
+        raise OptionsError(f"mini_batch_size={batch_size} is too small to give worker(s) {starved} any sample "
+                           f"with worker_load={list(worker_load or weights)}: raise mini_batch_size or set "
+                           "their load to 0.")
+    return counts
+
+
+class TensorBatches:
+    """Batches cut from tensors held in memory or on the device by one `index_select` each."""
+
+    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, device: torch.device, where: str) -> None:
+        self.inputs, self.labels, self.device = inputs, labels, device
+        self.description = f"{where} tensors ({len(inputs)} samples)"
+
+    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
+        non_blocking = self.device.type == "cuda"
+        for indices in index_lists:
+            if self.inputs.device != indices.device:
+                indices = indices.to(self.inputs.device)
+            x, y = self.inputs.index_select(0, indices), self.labels.index_select(0, indices)
+            yield x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+
+
+class ResidentBatches:
+    """Batches from nbscale.data's DeviceResidentData (augmentation runs on whole batches on the device)."""
+
+    def __init__(self, resident: Any) -> None:
+        self.resident = resident
+        self.description = getattr(resident, "description", "device-resident data")
+
+    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
+        if not index_lists:
+            return
+        indices = torch.cat([i.cpu() for i in index_lists])
+        yield from self.resident.batches(len(index_lists[0]), shuffle=False, indices=indices, drop_last=False)
+
+
+class _EpochBatchSampler:
+    """A batch sampler whose index lists the loop replaces every epoch (so DataLoader workers persist)."""
+
+    def __init__(self) -> None:
+        self.lists: Sequence[torch.Tensor] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return (indices.tolist() for indices in self.lists)
+
+    def __len__(self) -> int:
+        return len(self.lists)
+
+
+class StreamBatches:
+    """Batches read through a torch DataLoader, in background processes when asked."""
+
+    def __init__(self, dataset: Dataset, device: torch.device, background: bool) -> None:
+        self.sampler = _EpochBatchSampler()
+        self.device = device
+        workers = min(4, os.cpu_count() or 1) if background else 0
+        extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
+        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=workers,
+                                 pin_memory=device.type == "cuda", **extra)
+        self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
+            "streamed by a DataLoader"
+
+    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
+        self.sampler.lists = index_lists
+        non_blocking = self.device.type == "cuda"
+        for x, y in self.loader:
+            yield x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+
+
+def _tensors_fit(tensors: Sequence[torch.Tensor], device: torch.device) -> bool:
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return sum(t.numel() * t.element_size() for t in tensors) < 0.5 * free
+
+
+def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool) -> BatchSource:
+    """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring."""
+    if placement == "stream" or (placement == "auto" and background):
+        return StreamBatches(dataset, device, background)
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        inputs, labels = dataset.tensors
+        if placement == "device" or _tensors_fit(dataset.tensors, device):
+            if device.type == "cuda":
+                return TensorBatches(inputs.to(device), labels.to(device), device, f"{device}-resident")
+            return TensorBatches(inputs, labels, device, "in-memory")
+        return TensorBatches(inputs.pin_memory() if torch.cuda.is_available() else inputs, labels, device,
+                             "pinned host")
+    try:
+        from nbscale.data.device_resident import DeviceResidentData, fits_on_device
+    except ImportError:
+        DeviceResidentData = fits_on_device = None  # noqa: N806 - nbscale.data may not be installed
+    if DeviceResidentData is not None and (placement == "device" or fits_on_device(dataset, device)):
+        return ResidentBatches(DeviceResidentData(dataset, device))
+    if placement == "device":
+        items = [dataset[i] for i in range(len(dataset))]
+        inputs = torch.stack([torch.as_tensor(x) for x, _ in items]).to(device)
+        labels = torch.as_tensor([int(y) for _, y in items]).to(device)
+        return TensorBatches(inputs, labels, device, f"{device}-resident")
+    return StreamBatches(dataset, device, background)

@@ -1,0 +1,330 @@
+"""The training loop, the same in the notebook's process and on every pool worker.
+
+Reads top to bottom: setup (data, optimizer, schedule, resume), then per epoch, per iteration (forward,
+backward, clip, step, metrics, events, stop checks), validation, checkpoint. On a pool each rank trains on its
+share of every global mini-batch and gradients are averaged by DistributedDataParallel over the ranks that
+have work; the loss of rank r is weighted by its share so the update equals the single-process one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbscale.train.checkpoint import save_checkpoint
+from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.loading import make_batch_source
+from nbscale.train.options import TrainingOptions
+from nbscale.train.schedules import learn_rate_schedule
+
+
+@dataclass
+class LoopSetup:
+    """Everything one process needs to run the loop."""
+
+    model: nn.Module
+    train_data: Any  # a Dataset
+    options: TrainingOptions
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    device: torch.device
+    seed: int
+    hardware: str
+    publish: Callable[[Any], None]  # the event channel (rank 0) or a no-op
+    stop_reason: Callable[[], str | None]  # polled at the end of each iteration
+    validation_data: Any = None
+    resume: dict[str, Any] | None = None
+    counts: list[int] = field(default_factory=lambda: [0])  # samples per rank in each global batch
+    rank: int = 0
+    group: Any = None  # torch.distributed group of the ranks with work; None in-process
+    is_main: bool = True  # writes checkpoints
+
+
+@dataclass
+class LoopResult:
+    stop_reason: str
+    state_dict: dict[str, torch.Tensor]
+    output_network_iteration: int
+    iteration: int
+
+
+def run_training(setup: LoopSetup) -> LoopResult:
+    """Train `setup.model` in place; returns the output network's state and why training ended."""
+    options, device = setup.options, setup.device
+    distributed = setup.group is not None
+
+    # ---- setup ------------------------------------------------------------------------------------------------
+    model = setup.model.to(device)
+    global_batch = sum(setup.counts)
+    offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
+    active = sum(1 for c in setup.counts if c > 0)
+    samples = len(setup.train_data)
+    iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
+    max_epochs = int(options.max_epochs)
+    total_iterations = iterations_per_epoch * max_epochs
+    source = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background)
+    optimizer = make_optimizer(model, options)
+    rate = learn_rate_schedule(options, iterations_per_epoch)
+    autocast_dtype, scaler = _precision(options.precision, device)
+    autocast = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
+    net: nn.Module = model
+    if distributed:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                      process_group=setup.group)
+    # the loss of this rank is scaled so DDP's mean over `active` ranks is the mean over the global batch
+    loss_weight = local * active / global_batch
+
+    epoch, iteration, history = 0, 0, []
+    best = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
+    if setup.resume is not None:
+        epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler)
+    setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
+                                  first_iteration=iteration + 1))
+    setup.publish(list(history))  # a resumed run shows its whole history
+
+    validation = _Validator(setup, model, autocast_dtype, active) if setup.validation_data is not None else None
+    start, images, stop_reason = time.perf_counter(), 0, None
+
+    # ---- epochs -------------------------------------------------------------------------------------------------
+    while epoch < max_epochs and stop_reason is None:
+        epoch += 1
+        order = epoch_order(options.shuffle, setup.seed, epoch, samples)
+        mine = [order[i * global_batch + offset: i * global_batch + offset + local]
+                for i in range(iterations_per_epoch)]
+        model.train()
+        for inputs, labels in source.epoch(mine):
+            iteration += 1
+            learn_rate = rate(iteration - 1)
+            for group in optimizer.param_groups:
+                group["lr"] = learn_rate * group.get("lr_factor", 1.0)
+
+            # forward, backward, clip, step
+            with autocast():
+                outputs = net(inputs)
+                loss = setup.loss_fn(outputs, labels)
+            optimizer.zero_grad(set_to_none=True)
+            backward_loss = loss * loss_weight if distributed else loss
+            if scaler is not None:
+                scaler.scale(backward_loss).backward()
+                scaler.unscale_(optimizer)
+            else:
+                backward_loss.backward()
+            clip_gradients(model, options.gradient_threshold_method, options.gradient_threshold)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+
+            # metrics of the global mini-batch (on a pool one small all-reduce, which also agrees on stopping)
+            if distributed:
+                with torch.no_grad():
+                    metrics = torch.stack([loss.detach().float() * len(labels), _correct(outputs, labels),
+                                           torch.tensor(float(len(labels)), device=device),
+                                           torch.tensor(1.0 if setup.stop_reason() else 0.0, device=device)])
+                torch.distributed.all_reduce(metrics, group=setup.group)
+                loss_sum, correct, count, stops = metrics.tolist()
+            else:
+                count, stops = len(labels), setup.stop_reason() is not None
+                loss_sum, correct = loss.item() * count, _correct(outputs, labels).item()
+            images += int(count)
+            training_loss = loss_sum / count
+            accuracy = correct / count if correct >= 0 else None
+
+            # stop checks (acted on at the end of this iteration), then validation
+            if not math.isfinite(training_loss):
+                stop_reason = (f"Training loss is {training_loss} at iteration {iteration} (epoch {epoch}): "
+                               "lower initial_learn_rate or set gradient_threshold.")
+                warnings.warn(stop_reason, RuntimeWarning, stacklevel=2)
+            elif stops:
+                stop_reason = setup.stop_reason() or "Stopped on request"
+            validation_loss = validation_accuracy = None
+            due = iteration == 1 or iteration % options.validation_frequency == 0 or iteration == total_iterations
+            if validation is not None and (due or stop_reason is not None) and math.isfinite(training_loss):
+                validation_loss, validation_accuracy = validation.evaluate()
+                if validation_loss < best["loss"]:
+                    best.update(loss=validation_loss, iteration=iteration, bad=0)
+                    if options.output_network == "best-validation":
+                        best["state"] = _cpu_copy(model.state_dict())
+                else:
+                    best["bad"] += 1
+                    if best["bad"] >= options.validation_patience and stop_reason is None:
+                        stop_reason = f"Met validation criterion (validation_patience={options.validation_patience})"
+                model.train()
+
+            event = IterationDone(epoch, iteration, time.perf_counter() - start, training_loss, accuracy,
+                                  learn_rate, images, validation_loss, validation_accuracy)
+            history.append(event)
+            setup.publish(event)
+            if stop_reason is not None:
+                break
+
+        # checkpoint (complete epochs only, so resume continues with no lost or repeated epoch)
+        if (stop_reason is None and setup.is_main and options.checkpoint_path
+                and epoch % options.checkpoint_frequency == 0):
+            save_checkpoint(options.checkpoint_path, epoch, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else None,
+                "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
+                "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options),
+            })
+
+    # ---- the end ----------------------------------------------------------------------------------------------
+    stop_reason = stop_reason or "Max epochs completed"
+    output_iteration = iteration
+    if options.output_network == "best-validation" and best["state"] is not None:
+        model.load_state_dict(best["state"])
+        output_iteration = best["iteration"]
+    elapsed = time.perf_counter() - start
+    setup.publish(TrainingDone(stop_reason, epoch, iteration, elapsed, output_iteration,
+                               images / elapsed if elapsed > 0 else 0.0))
+    return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, iteration)
+
+
+# ---- pieces the loop uses ----------------------------------------------------------------------------------------
+
+
+def epoch_order(shuffle: str, seed: int, epoch: int, samples: int) -> torch.Tensor:
+    """Sample order of `epoch` (1-based): the same on every rank, and a pure function so resume is exact."""
+    if shuffle == "never":
+        return torch.arange(samples)
+    generator = torch.Generator().manual_seed(seed + (epoch if shuffle == "every-epoch" else 0))
+    return torch.randperm(samples, generator=generator)
+
+
+def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Optimizer:
+    """The solver over the model's trainable parameters; biases get no L2 (MATLAB's BiasL2Factor 0).
+
+    Per-layer learn-rate factors and frozen layers come from nbscale.models.learn_rates when it is present.
+    """
+    base = float(options.initial_learn_rate)
+    try:
+        from nbscale.models.learn_rates import param_groups
+
+        groups = param_groups(model, base)
+    except ImportError:
+        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": base}]
+    names = {id(p): name for name, p in model.named_parameters()}
+    l2 = float(options.l2_regularization)
+    split: list[dict[str, Any]] = []
+    for group in groups:
+        params = [p for p in group["params"] if p.requires_grad]
+        factor = float(group.get("lr", base)) / base
+        is_bias = [names.get(id(p), "").endswith("bias") for p in params]
+        parts = ((0.0, params),) if l2 == 0 else ((l2, [p for p, b in zip(params, is_bias, strict=True) if not b]),
+                                                  (0.0, [p for p, b in zip(params, is_bias, strict=True) if b]))
+        for decay, chosen in parts:
+            if chosen:
+                split.append({"params": chosen, "lr": base * factor, "lr_factor": factor, "weight_decay": decay})
+    if not split:
+        from nbscale.errors import OptionsError
+
+        raise OptionsError("The model has no trainable parameters (all frozen?): unfreeze a layer to train.")
+    solver = options.solver
+    if solver == "sgdm":
+        return torch.optim.SGD(split, lr=base, momentum=float(options.momentum))
+    betas = (float(options.gradient_decay_factor), float(options.squared_gradient_decay_factor))
+    if solver == "adam":
+        return torch.optim.Adam(split, lr=base, betas=betas, eps=float(options.epsilon))
+    if solver == "adamw":
+        return torch.optim.AdamW(split, lr=base, betas=betas, eps=float(options.epsilon))
+    return torch.optim.RMSprop(split, lr=base, alpha=float(options.squared_gradient_decay_factor),
+                               eps=float(options.epsilon))
+
+
+def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
+    """MATLAB's gradient clipping: per-parameter L2 norm, global L2 norm, or element-wise absolute value."""
+    if math.isinf(threshold):
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
+        return
+    if method == "global-l2norm":
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], threshold)
+    elif method == "absolute-value":
+        torch._foreach_clamp_min_(grads, -threshold)
+        torch._foreach_clamp_max_(grads, threshold)
+    else:  # "l2norm": each parameter's gradient on its own
+        norms = torch._foreach_norm(grads)
+        factors = [torch.clamp(threshold / (n + 1e-12), max=1.0) for n in norms]
+        torch._foreach_mul_(grads, factors)
+
+
+class _Validator:
+    """Loss and accuracy over the validation data; on a pool each rank takes every k-th sample."""
+
+    def __init__(self, setup: LoopSetup, model: nn.Module, autocast_dtype: Any, active: int) -> None:
+        from nbscale.train.loading import as_dataset
+
+        self.setup, self.model, self.autocast_dtype = setup, model, autocast_dtype
+        data = as_dataset(setup.validation_data, "validation_data")
+        position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
+        indices = torch.arange(position, len(data), active)
+        size = int(setup.options.mini_batch_size)
+        self.batches = list(torch.split(indices, size))
+        self.source = make_batch_source(data, setup.device, setup.options.data_placement, False)
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float | None]:
+        self.model.eval()
+        totals = torch.zeros(3, device=self.setup.device)
+        device_type = self.setup.device.type
+        for inputs, labels in self.source.epoch(self.batches):
+            with torch.autocast(device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+                outputs = self.model(inputs)
+                loss = self.setup.loss_fn(outputs, labels)
+            totals[0] += loss.float() * len(labels)
+            totals[1] += _correct(outputs, labels)
+            totals[2] += len(labels)
+        if self.setup.group is not None:
+            torch.distributed.all_reduce(totals, group=self.setup.group)
+        loss_sum, correct, count = totals.tolist()
+        count = max(count, 1)
+        return loss_sum / count, (correct / count if correct >= 0 else None)
+
+
+def _correct(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Correct predictions in the batch, or -1e9 (so the sum stays negative) when outputs are not class scores."""
+    if outputs.ndim == 2 and labels.ndim == 1 and not labels.is_floating_point():
+        return (outputs.argmax(1) == labels).sum().float()
+    return torch.tensor(-1e9, device=outputs.device)
+
+
+def _precision(precision: str, device: torch.device) -> tuple[Any, Any]:
+    """(autocast dtype or None, GradScaler or None): bf16 where the GPU has it, else fp16 with loss scaling."""
+    if precision != "mixed":
+        return None, None
+    if device.type != "cuda":
+        warnings.warn("precision='mixed' only speeds up GPUs; training on the CPU in single precision.",
+                      RuntimeWarning, stacklevel=3)
+        return None, None
+    if torch.cuda.is_bf16_supported():
+        return torch.bfloat16, None
+    return torch.float16, torch.amp.GradScaler("cuda")
+
+
+def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any, scaler: Any) -> tuple[int, int, list, dict]:
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    torch.set_rng_state(state["rng"])
+    return state["epoch"], state["iteration"], list(state["history"]), dict(state["best"])
+
+
+def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}
+
+
+def _plain_options(options: TrainingOptions) -> dict[str, Any]:
+    return {k: v for k, v in options.to_dict().items() if k not in ("validation_data", "output_fn")}
+

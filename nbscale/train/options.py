@@ -1,0 +1,272 @@
+"""`TrainingOptions`: MATLAB's trainingOptions as one validated dataclass.
+
+Every field is MATLAB's option name in snake_case with MATLAB's default where MATLAB has one. All checks
+live in `_CHECKS` and `TrainingOptions.validate`; a wrong name or value raises `OptionsError` naming the
+field and its allowed values (a misspelt name suggests the right one).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from nbscale.errors import OptionsError
+
+SOLVERS = ("sgdm", "adam", "adamw", "rmsprop")
+SHUFFLE_MODES = ("once", "never", "every-epoch")
+SCHEDULES = ("none", "piecewise", "cosine", "warmup-cosine")
+THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
+OUTPUT_NETWORKS = ("last-iteration", "best-validation")
+ENVIRONMENTS = ("auto", "cpu", "gpu", "multi-gpu", "parallel")
+PRECISIONS = ("single", "mixed")
+PLOTS = ("training-progress", "none")
+DATA_PLACEMENTS = ("auto", "stream", "device")
+
+# MATLAB's solver-dependent defaults
+_DEFAULT_LEARN_RATE = {"sgdm": 0.01, "adam": 0.001, "adamw": 0.001, "rmsprop": 0.001}
+_DEFAULT_SQUARED_DECAY = {"sgdm": 0.999, "adam": 0.999, "adamw": 0.999, "rmsprop": 0.9}
+
+
+@dataclass(init=False, repr=False, eq=False)
+class TrainingOptions:
+    """Training options (trainingOptions): `TrainingOptions("adam", max_epochs=10, mini_batch_size=64)`.
+
+    Raises OptionsError (a ValueError) for an unknown field or a value outside the allowed ones.
+    Setting a field afterwards (`opts.max_epochs = 5`) is checked the same way; `opts.replace(**fields)`
+    returns a changed copy.
+    """
+
+    solver: str = "sgdm"
+    initial_learn_rate: float | None = None  # None: 0.01 for sgdm, 0.001 otherwise (MATLAB's defaults)
+    momentum: float = 0.9
+    gradient_decay_factor: float = 0.9
+    squared_gradient_decay_factor: float | None = None  # None: 0.9 for rmsprop, 0.999 otherwise
+    epsilon: float = 1e-8
+    l2_regularization: float = 1e-4
+    gradient_threshold: float = math.inf
+    gradient_threshold_method: str = "l2norm"
+    max_epochs: int = 30
+    mini_batch_size: int = 128
+    shuffle: str = "once"
+    learn_rate_schedule: str = "none"
+    learn_rate_drop_factor: float = 0.1
+    learn_rate_drop_period: int = 10
+    validation_data: Any = None
+    validation_frequency: int = 50
+    validation_patience: float = math.inf
+    output_network: str = "last-iteration"
+    execution_environment: str = "auto"
+    worker_load: Sequence[float] | None = None
+    dispatch_in_background: bool = False
+    precision: str = "single"
+    plots: str = "none"
+    verbose: bool = True
+    verbose_frequency: int = 50
+    checkpoint_path: str | None = None
+    checkpoint_frequency: int = 1
+    output_fn: Callable[[Any], Any] | None = None
+    data_placement: str = "auto"
+    _ready: bool = field(default=False, compare=False)
+
+    def __init__(self, solver: str = "sgdm", **options: Any) -> None:
+        names = field_names()
+        for name in options:
+            if name not in names:
+                raise OptionsError(_unknown_field_message(name, names))
+        object.__setattr__(self, "_ready", False)
+        for f in fields(self):
+            if f.name not in ("_ready",):
+                object.__setattr__(self, f.name, f.default)
+        object.__setattr__(self, "solver", solver)
+        _check("solver", solver)
+        for name, value in options.items():
+            object.__setattr__(self, name, value)
+        if self.initial_learn_rate is None:
+            object.__setattr__(self, "initial_learn_rate", _DEFAULT_LEARN_RATE[solver])
+        if self.squared_gradient_decay_factor is None:
+            object.__setattr__(self, "squared_gradient_decay_factor", _DEFAULT_SQUARED_DECAY[solver])
+        self.validate()
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in field_names():
+            raise OptionsError(_unknown_field_message(name, field_names()))
+        _check(name, value)
+        object.__setattr__(self, name, value)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field and the combinations; raises OptionsError."""
+        for name in field_names():
+            _check(name, getattr(self, name))
+        if self.output_network == "best-validation" and self.validation_data is None:
+            raise OptionsError(
+                "output_network='best-validation' needs validation_data: pass validation_data=... "
+                "or use output_network='last-iteration'."
+            )
+
+    def replace(self, **changes: Any) -> TrainingOptions:
+        """A copy with `changes` applied (checked like the constructor)."""
+        values = {name: getattr(self, name) for name in field_names() if name != "solver"}
+        solver = changes.pop("solver", self.solver)
+        if "solver" in changes or solver != self.solver:
+            # a new solver brings its own defaults unless they were set explicitly
+            for name, defaults in (("initial_learn_rate", _DEFAULT_LEARN_RATE),
+                                   ("squared_gradient_decay_factor", _DEFAULT_SQUARED_DECAY)):
+                if values[name] == defaults[self.solver]:
+                    values[name] = None
+        values.update(changes)
+        return TrainingOptions(solver, **values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field by name (solver included)."""
+        return {name: getattr(self, name) for name in field_names()}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TrainingOptions) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        lines = [f"TrainingOptions({self.solver!r},"]
+        for name in field_names():
+            if name != "solver":
+                lines.append(f"    {name}={_short(getattr(self, name))},")
+        return "\n".join(lines) + "\n)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.to_dict()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_ready", True)
+
+
+def field_names() -> tuple[str, ...]:
+    """The option names, in declaration order (solver first)."""
+    return tuple(f.name for f in fields(TrainingOptions) if not f.name.startswith("_"))
+
+
+def _short(value: Any) -> str:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if callable(value):
+        return f"<function {getattr(value, '__name__', type(value).__name__)}>"
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
+        return repr(list(value))
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_short(v) for v in value) + ")"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} {tuple(value.shape)} {value.dtype}>"
+    size = f" of {len(value)}" if hasattr(value, "__len__") else ""
+    return f"<{type(value).__name__}{size}>"
+
+
+def _unknown_field_message(name: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"TrainingOptions has no field {name!r}.{hint} The fields are: {', '.join(names)}."
+
+
+# ---- per-field checks: each returns None when fine, or the allowed values as words ---------------------------
+
+
+def _choice(allowed: Sequence[str]) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in allowed else "one of " + ", ".join(repr(a) for a in allowed)
+
+    return check
+
+
+def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False,
+            integer: bool = False, allow_inf: bool = False) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        if ok and math.isinf(value):
+            ok = allow_inf and value > 0
+        elif ok:
+            ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+            ok = ok and (not integer or float(value).is_integer())
+        if ok:
+            return None
+        kind = "an integer" if integer else "a number"
+        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+        return f"{kind} in {lo}{low}, {high}{hi}" + (" or math.inf" if allow_inf else "")
+
+    return check
+
+
+def _flag(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "True or False"
+
+
+def _optional_callable(value: Any) -> str | None:
+    return None if value is None or callable(value) else "None or a function taking the training state"
+
+
+def _optional_path(value: Any) -> str | None:
+    import os
+
+    return None if value is None or isinstance(value, (str, os.PathLike)) else "None or a folder path"
+
+
+def _dataset(value: Any) -> str | None:
+    if value is None or (hasattr(value, "__getitem__") and hasattr(value, "__len__")):
+        return None
+    return "None, a torch Dataset, or a tuple (inputs, labels) of tensors"
+
+
+def _worker_load(value: Any) -> str | None:
+    allowed = "None or a list of non-negative weights, one per worker, at least one positive"
+    if value is None:
+        return None
+    try:
+        weights = [float(w) for w in value]
+    except (TypeError, ValueError):
+        return allowed
+    ok = weights and all(w >= 0 and math.isfinite(w) for w in weights) and any(w > 0 for w in weights)
+    return None if ok else allowed
+
+
+_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "solver": _choice(SOLVERS),
+    "initial_learn_rate": _number(0, low_open=True),
+    "momentum": _number(0, 1),
+    "gradient_decay_factor": _number(0, 1, high_open=True),
+    "squared_gradient_decay_factor": _number(0, 1, high_open=True),
+    "epsilon": _number(0, low_open=True),
+    "l2_regularization": _number(0),
+    "gradient_threshold": _number(0, low_open=True, allow_inf=True),
+    "gradient_threshold_method": _choice(THRESHOLD_METHODS),
+    "max_epochs": _number(1, integer=True),
+    "mini_batch_size": _number(1, integer=True),
+    "shuffle": _choice(SHUFFLE_MODES),
+    "learn_rate_schedule": _choice(SCHEDULES),
+    "learn_rate_drop_factor": _number(0, 1),
+    "learn_rate_drop_period": _number(1, integer=True),
+    "validation_data": _dataset,
+    "validation_frequency": _number(1, integer=True),
+    "validation_patience": _number(1, integer=True, allow_inf=True),
+    "output_network": _choice(OUTPUT_NETWORKS),
+    "execution_environment": _choice(ENVIRONMENTS),
+    "worker_load": _worker_load,
+    "dispatch_in_background": _flag,
+    "precision": _choice(PRECISIONS),
+    "plots": _choice(PLOTS),
+    "verbose": _flag,
+    "verbose_frequency": _number(1, integer=True),
+    "checkpoint_path": _optional_path,
+    "checkpoint_frequency": _number(1, integer=True),
+    "output_fn": _optional_callable,
+    "data_placement": _choice(DATA_PLACEMENTS),
+}
+
+
+def _check(name: str, value: Any) -> None:
+    if name in ("initial_learn_rate", "squared_gradient_decay_factor") and value is None:
+        return  # resolved from the solver in __init__
+    allowed = _CHECKS[name](value)
+    if allowed is not None:
+        raise OptionsError(f"TrainingOptions.{name}={_short(value)} is not allowed: {name} must be {allowed}.")

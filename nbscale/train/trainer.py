@@ -1,0 +1,149 @@
+"""`nbscale.train(model, train_data, options)`: trainNetwork for PyTorch.
+
+Sets up the event channel (info, plot, verbose table, output_fn), turns the kernel interrupt into a Stop at
+the end of the current iteration, then runs the loop in this process ("auto", "cpu", "gpu") or on the pool
+("parallel", "multi-gpu").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbscale.errors import OptionsError
+from nbscale.train.checkpoint import load_checkpoint
+from nbscale.train.events import EventChannel, IterationDone, StopSignal
+from nbscale.train.info import TrainingInfo
+from nbscale.train.loading import as_dataset, split_batch
+from nbscale.train.loop import LoopSetup, run_training
+from nbscale.train.options import TrainingOptions
+
+INTERRUPT_REASON = "Stopped by kernel interrupt"
+
+
+def train(
+    model: nn.Module,
+    train_data: Any,
+    options: TrainingOptions | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[nn.Module, TrainingInfo]:
+    """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
+
+    `loss_fn(outputs, labels)` must average over the batch (cross-entropy by default). `resume_from` is a
+    checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
+    with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
+    trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
+    at the end of the current iteration; `info.stop_reason` says which.
+    """
+    options = _as_options(options)
+    dataset = as_dataset(train_data)
+    if len(dataset) == 0:
+        raise OptionsError("train_data is empty: give it at least one sample.")
+    loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+    resume = load_checkpoint(resume_from) if resume_from is not None else None
+    seed = int(resume["seed"]) if resume is not None else int(torch.randint(2**31 - 1, (1,)).item())
+
+    info, stop = TrainingInfo(), StopSignal()
+    channel = _listen(options, info, stop)
+    with _interrupt_as_stop(stop):
+        if options.execution_environment in ("parallel", "multi-gpu"):
+            from nbscale.train.distributed import train_on_pool
+
+            result = train_on_pool(model, dataset, options, loss_fn, seed, resume, channel, stop)
+        else:
+            device = training_device(options.execution_environment)
+            result = run_training(LoopSetup(
+                model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
+                hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
+                validation_data=options.validation_data, resume=resume,
+                counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1)))
+    info.stop_reason = stop.reason or result.stop_reason
+    return model, info
+
+
+def _as_options(options: Any) -> TrainingOptions:
+    if options is None:
+        return TrainingOptions("sgdm")
+    if isinstance(options, TrainingOptions):
+        return options
+    if isinstance(getattr(options, "options", None), TrainingOptions):  # an options form
+        return options.options
+    raise OptionsError(f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), "
+                       f"not {type(options).__name__}.")
+
+
+def _listen(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> EventChannel:
+    """The one event channel: info first (output_fn reads it), then plot, verbose table and output_fn."""
+    channel = EventChannel()
+    channel.subscribe(info.record)
+    if options.plots == "training-progress" and _in_notebook():
+        from nbscale.ui.progress import TrainingProgress
+
+        channel.subscribe(TrainingProgress(stop))
+    if options.verbose:
+        from nbscale.ui.verbose_table import VerboseTable
+
+        channel.subscribe(VerboseTable(options.verbose_frequency))
+    if options.output_fn is not None:
+        output_fn = options.output_fn
+
+        def call_output_fn(event: Any) -> None:
+            if isinstance(event, IterationDone) and output_fn(info) is True:
+                stop.request("Stopped by output_fn")
+
+        channel.subscribe(call_output_fn)
+    return channel
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:  # pragma: no cover
+        return False
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+@contextlib.contextmanager
+def _interrupt_as_stop(stop: StopSignal) -> Iterator[None]:
+    """The first kernel interrupt (SIGINT) asks for a Stop at the end of the iteration; a second one raises
+    KeyboardInterrupt as usual, for a loop that no longer reaches the end of an iteration."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.request(INTERRUPT_REASON)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def training_device(environment: str) -> torch.device:
+    """The device for "auto", "cpu" or "gpu" (the notebook's current GPU)."""
+    if environment == "cpu" or (environment == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise OptionsError("execution_environment='gpu' but no CUDA GPU is visible to this kernel: use "
+                           "execution_environment='auto' or 'cpu' (check the GPUs with %gpu).")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"CPU ({torch.get_num_threads()} threads)"

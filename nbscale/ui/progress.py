@@ -1,0 +1,220 @@
+"""The live training-progress display: accuracy and loss panels, an info panel and a Stop button.
+
+The figure is drawn with matplotlib's Agg canvas (no pyplot, no GUI) into a PNG that replaces the previous one
+through a display handle, so the last figure stays in the saved notebook as a plain image/png and shows in
+nbconvert's HTML. The info panel is an HTML output updated the same way. Only the Stop button is a widget; it
+is closed at the end.
+
+Drawing is rate-limited twice: at most every `min_interval` seconds, and never more than `budget` of the
+elapsed time (a slow draw pushes the next one back), so the plot costs the training loop almost nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
+
+_SMOOTHING = 0.6  # weight of the past in the exponential moving average of the raw curves
+
+
+class TrainingProgress:
+    """Listener for the training event channel that draws the training-progress display."""
+
+    def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.02) -> None:
+        self.stop, self.min_interval, self.budget = stop, min_interval, budget
+        self.start: TrainingStarted | None = None
+        self.columns: dict[str, list[float]] = {k: [] for k in (
+            "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
+            "val_iteration", "val_loss", "val_accuracy")}
+        self.epoch_starts: list[int] = []
+        self.last: IterationDone | None = None
+        self.state = "Starting"
+        self.next_draw = 0.0
+        self.figure_handle: Any = None
+        self.info_handle: Any = None
+        self.button: Any = None
+        self._click_route: Any = None
+        self._wall_start = time.time()
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, TrainingStarted):
+            self._open(event)
+        elif isinstance(event, IterationDone):
+            self._add(event)
+            now = time.perf_counter()
+            if now >= self.next_draw:
+                self.state = "Training"
+                self._draw()
+                spent = time.perf_counter() - now
+                self.next_draw = time.perf_counter() + max(self.min_interval, spent / self.budget)
+        elif isinstance(event, TrainingDone):
+            self.state = f"Done: {self.stop.reason or event.stop_reason}"
+            self.done = event
+            self._draw()
+            self._close_button()
+
+    # ---- data ------------------------------------------------------------------------------------------------
+
+    def _add(self, event: IterationDone) -> None:
+        c = self.columns
+        if self.last is None or event.epoch != self.last.epoch:
+            self.epoch_starts.append(event.iteration)
+        c["iteration"].append(event.iteration)
+        _append_smoothed(c["loss"], c["loss_smooth"], event.training_loss)
+        if event.training_accuracy is not None:
+            _append_smoothed(c["accuracy"], c["accuracy_smooth"], 100.0 * event.training_accuracy)
+        if event.validation_loss is not None:
+            c["val_iteration"].append(event.iteration)
+            c["val_loss"].append(event.validation_loss)
+            c["val_accuracy"].append(100.0 * event.validation_accuracy
+                                     if event.validation_accuracy is not None else float("nan"))
+        self.last = event
+
+    # ---- display ---------------------------------------------------------------------------------------------
+
+    def _open(self, event: TrainingStarted) -> None:
+        from IPython.display import display
+
+        self.start = event
+        self._wall_start = event.start_time
+        self.button = _stop_button(self.stop)
+        if self.button is not None:
+            display(self.button)  # before routing: publishing from the main thread resets the comm's route
+            self._click_route = _route_clicks_off_main_thread(self.button)
+        self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
+        self.figure_handle = display({"text/plain": "<training progress>"}, raw=True, display_id=True)
+
+    def _draw(self) -> None:
+        if self.figure_handle is None:
+            return
+        self.figure_handle.update({"image/png": self._png(), "text/plain": "<training progress figure>"},
+                                  raw=True)
+        self.info_handle.update(self._info_bundle(), raw=True)
+
+    def _png(self) -> bytes:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        c = self.columns
+        figure = Figure(figsize=(9, 5.2), dpi=72, layout="constrained")
+        FigureCanvasAgg(figure)
+        accuracy_axes, loss_axes = figure.subplots(2, 1, sharex=True)
+        panels = ((accuracy_axes, "accuracy", "Accuracy (%)", "tab:blue"), (loss_axes, "loss", "Loss", "tab:orange"))
+        for axes, key, label, colour in panels:
+            raw = c[key]
+            x = c["iteration"][-len(raw):] if raw else []
+            axes.plot(x, raw, color=colour, alpha=0.3, linewidth=0.8, label="training")
+            axes.plot(x, c[f"{key}_smooth"], color=colour, linewidth=1.6, label="training (smoothed)")
+            if c["val_iteration"]:
+                axes.plot(c["val_iteration"], c[f"val_{key}"], "o--", color="black", markersize=3.5,
+                          linewidth=1, label="validation")
+            for start in self.epoch_starts[1:]:
+                axes.axvline(start - 0.5, color="0.85", linewidth=0.8, zorder=0)
+            axes.set_ylabel(label)
+            axes.grid(alpha=0.25)
+        accuracy_axes.legend(loc="lower right", fontsize=8)
+        loss_axes.set_xlabel("Iteration")
+        if self.start is not None:
+            total = self.start.max_epochs * self.start.iterations_per_epoch
+            loss_axes.set_xlim(0, max(total, c["iteration"][-1] if c["iteration"] else 1))
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    def _info_bundle(self) -> dict[str, str]:
+        rows = self._info_rows()
+        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{k}</b></td>"
+                       f"<td style='text-align:left'>{v}</td></tr>" for k, v in rows)
+        text = "\n".join(f"{k}: {v}" for k, v in rows)
+        return {"text/html": f"<table style='font-size:12px'>{html}</table>", "text/plain": text}
+
+    def _info_rows(self) -> list[tuple[str, str]]:
+        start, last = self.start, self.last
+        if start is None:
+            return [("State", self.state)]
+        total = start.max_epochs * start.iterations_per_epoch
+        rows = [("State", self.state),
+                ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.start_time))),
+                ("Elapsed", _duration(time.time() - start.start_time)),
+                ("Hardware", start.hardware),
+                ("Mini-batch size", str(start.mini_batch_size))]
+        if last is not None:
+            rows += [("Epoch", f"{last.epoch} of {start.max_epochs}"),
+                     ("Iteration", f"{last.iteration} of {total}"),
+                     ("Learn rate", f"{last.learn_rate:.3g}"),
+                     ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s")]
+        if self.columns["val_iteration"]:
+            accuracy = self.columns["val_accuracy"][-1]
+            rows.append(("Validation", f"loss {self.columns['val_loss'][-1]:.4f}"
+                         + ("" if accuracy != accuracy else f", accuracy {accuracy:.2f}%")))
+        return rows
+
+    def _close_button(self) -> None:
+        if self.button is not None:
+            self.button.close()
+            self.button = None
+        if self._click_route is not None:
+            self._click_route()
+            self._click_route = None
+
+
+def _append_smoothed(raw: list[float], smooth: list[float], value: float) -> None:
+    raw.append(value)
+    previous = smooth[-1] if smooth else value
+    smooth.append(_SMOOTHING * previous + (1 - _SMOOTHING) * value if previous == previous else value)
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:02d}:{minutes:02d}:{seconds:02d}"
+
+
+def _stop_button(stop: StopSignal) -> Any:
+    try:
+        import ipywidgets
+    except ImportError:  # pragma: no cover - ipywidgets is a dependency
+        return None
+    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger",
+                               tooltip="Stop training at the end of this iteration (the kernel interrupt does too)")
+
+    def on_click(_: Any) -> None:
+        stop.request("Stopped by the Stop button")
+        button.disabled = True
+        button.description = "Stopping..."
+
+    button.on_click(on_click)
+    return button
+
+
+def _route_clicks_off_main_thread(button: Any) -> Any:
+    """Have the button's clicks handled while the cell still runs; returns an undo function, or None.
+
+    A running cell blocks the kernel's main thread, so widget messages wait until it ends. ipykernel 7 can
+    route a comm's messages to a subshell, which has its own thread: create one and point the button's comm
+    at it. Without subshells the button works after the cell only; the kernel interrupt always works.
+    """
+    try:
+        from IPython import get_ipython
+
+        kernel = get_ipython().kernel
+        if not getattr(kernel, "_supports_kernel_subshells", False) or button.comm is None:
+            return None
+        pair = kernel.shell_channel_thread.manager.control_to_shell_channel
+        pair.from_socket.send_json({"type": "create"})
+        reply = pair.from_socket.recv_json()
+        subshell_id = reply.get("subshell_id")
+        if not subshell_id:
+            return None
+        button.comm._reply_subshell_id = subshell_id
+
+        def undo() -> None:
+            pair.from_socket.send_json({"type": "delete", "subshell_id": subshell_id})
+            pair.from_socket.recv_json()
+
+        return undo
+    except Exception:
+        return None

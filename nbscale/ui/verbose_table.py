@@ -1,0 +1,60 @@
+"""verbose=True: MATLAB's progress table, one row every verbose_frequency iterations and on validation."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+
+_HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
+           "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
+
+
+class VerboseTable:
+    """Listener for the training event channel that prints the verbose table."""
+
+    def __init__(self, frequency: int, stream: TextIO | None = None) -> None:
+        self.frequency, self.stream = int(frequency), stream
+        self.total = 0
+        self.last: IterationDone | None = None
+        self.last_printed = 0
+        self.widths = [max(len(h), 9) for h in _HEADER]
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, TrainingStarted):
+            self.total = event.max_epochs * event.iterations_per_epoch
+            rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
+            self._print(f"Training on {event.hardware}.", rule, self._row(_HEADER), rule)
+        elif isinstance(event, IterationDone):
+            self.last = event
+            due = event.iteration == 1 or event.iteration % self.frequency == 0 or event.iteration == self.total
+            if due or event.validation_loss is not None:
+                self._print_event(event)
+        elif isinstance(event, TrainingDone):
+            if self.last is not None and self.last_printed != self.last.iteration:
+                self._print_event(self.last)
+            rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
+            self._print(rule, f"Training finished: {event.stop_reason}.")
+
+    def _print_event(self, e: IterationDone) -> None:
+        def percent(v: float | None) -> str:
+            return "" if v is None else f"{100 * v:.2f}%"
+
+        def number(v: float | None) -> str:
+            return "" if v is None else f"{v:.4f}"
+
+        seconds = int(e.time_since_start)
+        elapsed = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, percent(e.training_accuracy),
+                               percent(e.validation_accuracy), number(e.training_loss),
+                               number(e.validation_loss), f"{e.learn_rate:.4g}")))
+        self.last_printed = e.iteration
+
+    def _row(self, cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, self.widths, strict=True)) + " |"
+
+    def _print(self, *lines: str) -> None:
+        stream = self.stream or sys.stdout
+        stream.write("\n".join(lines) + "\n")
+        stream.flush()

@@ -1,0 +1,21 @@
+"""scikit-learn's digits (1797 8x8 images, 10 classes) as tensors, and a tiny network for them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def digits() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """(train, validation) pairs of (images N x 64 in [0, 1], labels); the last 297 images validate."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    inputs = torch.tensor(data.data, dtype=torch.float32) / 16.0
+    labels = torch.tensor(data.target, dtype=torch.long)
+    return (inputs[:1500], labels[:1500]), (inputs[1500:], labels[1500:])
+
+
+def tiny_net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))

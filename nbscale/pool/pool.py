@@ -683,9 +683,16 @@ class Pool:
             ],
         }
 
+    def _publish(self) -> None:
+        try:
+            registry.publish(self.state())
+        except OSError:
+            pass
+
     def _monitor(self) -> None:
         """Every few seconds: refresh memory, publish state, and enforce the idle timeout."""
         global _last_shutdown_notice
+        self._publish()
         while not self._stopping.wait(registry.HEARTBEAT_S if not self._idle_soon() else 0.2):
             idle_minutes = self.settings["idle_timeout"]
             busy = any(w.outstanding for w in self.workers) or self._tasks
@@ -694,10 +701,7 @@ class Pool:
                 self.close()
                 return
             self._refresh_memory(wait=False)
-            try:
-                registry.publish(self.state())
-            except OSError:
-                pass
+            self._publish()
 
     def _idle_soon(self) -> bool:
         idle_minutes = self.settings["idle_timeout"]

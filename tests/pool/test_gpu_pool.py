@@ -1,0 +1,29 @@
+"""GPU pools (run where a GPU is visible; skipped elsewhere): one worker per GPU, NCCL, CUDA-safe start."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def test_gpu_pool_allreduces_on_the_device(kernel):
+    import torch
+
+    count = torch.cuda.device_count()
+    assert kernel.run("%pool start").stdout.startswith(f"Started {count} GPU workers")
+    cell = kernel.run("%%spmd\nx = torch.ones(4, device=device) * (rank + 1)\ntotal = allreduce(x)\nprint(total.device, total.sum().item())")
+    expected = 4 * sum(range(1, count + 1))
+    assert cell.ok, cell.text
+    assert f"[0] cuda:0 {float(expected)}" in cell.stdout
+
+
+def test_pool_starts_and_restarts_after_the_notebook_used_cuda(kernel):
+    """accelerate's "Cannot re-initialize CUDA in forked subprocess" must never happen here."""
+    kernel.run("import torch\nbefore = torch.ones(3, device='cuda')")
+    assert kernel.run("%pool start --gpus 0").ok
+    kernel.run("after = torch.ones(3, device='cuda') * 2")
+    assert kernel.run("%pool restart").ok
+    cell = kernel.run("%%spmd\nprint(torch.cuda.is_available(), torch.ones(1, device=device).item())")
+    assert cell.ok and "[0] True 1.0" in cell.stdout
+    assert "re-initialize CUDA" not in cell.text

@@ -4,12 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench lint clean
+.PHONY: venv demo test chromium bench lint clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(VENV)/bin/jupyter-builder develop --overwrite .
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -17,14 +18,20 @@ venv: $(STAMP)
 demo: venv
 	$(PY) examples/run_notebook.py examples/quickstart.ipynb
 
-test: venv
+test: venv chromium
+	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test
 	$(PY) -m pytest -q -ra
+
+# Debian's headless Chromium for the JupyterLab browser test (Playwright drives it; no Playwright browser download)
+chromium:
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
 
 bench: venv
 	$(PY) bench/run_all.py --write BENCHMARKS.md
 
 lint: venv
 	$(VENV)/bin/ruff check nbscale tests bench examples
+	cd labextension && npm run lint
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache

@@ -1,0 +1,125 @@
+/**
+ * Pure helpers that turn the server's JSON into what the status bar and the panel show.
+ */
+import { IGpuInfo, IJob, IPoolState } from './types';
+
+/** The pool of the kernel with this id, or null (no kernel, or that kernel runs no pool). */
+export function poolForKernel(
+  pools: readonly IPoolState[],
+  kernelId: string | null | undefined
+): IPoolState | null {
+  if (!kernelId) {
+    return null;
+  }
+  return pools.find(pool => pool.kernel_id === kernelId) ?? null;
+}
+
+export function countState(pool: IPoolState, state: string): number {
+  return pool.workers.filter(worker => worker.state === state).length;
+}
+
+/**
+ * The GPUs a pool computes on: those whose NVML process list holds one of its workers.
+ * Where NVML lists no processes (containers often hide them), every GPU of a GPU pool.
+ */
+export function poolGpus(
+  pool: IPoolState,
+  gpus: readonly IGpuInfo[]
+): IGpuInfo[] {
+  if (pool.kind !== 'gpu') {
+    return [];
+  }
+  const pids = new Set(pool.workers.map(worker => worker.pid));
+  const used = gpus.filter(gpu =>
+    gpu.processes.some(process => pids.has(process.pid))
+  );
+  return used.length > 0 ? used : [...gpus];
+}
+
+/** Mean utilization in percent, rounded; null when no GPU reports one. */
+export function meanUtilization(gpus: readonly IGpuInfo[]): number | null {
+  const known = gpus
+    .map(gpu => gpu.utilization_percent)
+    .filter((value): value is number => value !== null && value !== undefined);
+  if (known.length === 0) {
+    return null;
+  }
+  return Math.round(
+    known.reduce((sum, value) => sum + value, 0) / known.length
+  );
+}
+
+/** The status bar text: "4 workers · 2 busy · GPU 63%"; empty when there is no pool. */
+export function statusText(
+  pool: IPoolState | null,
+  gpus: readonly IGpuInfo[]
+): string {
+  if (!pool) {
+    return '';
+  }
+  const size = pool.workers.length || pool.size;
+  const parts = [
+    `${size} ${size === 1 ? 'worker' : 'workers'}`,
+    `${countState(pool, 'busy')} busy`
+  ];
+  const dead = countState(pool, 'dead');
+  if (dead > 0) {
+    parts.push(`${dead} dead`);
+  }
+  const utilization = meanUtilization(poolGpus(pool, gpus));
+  if (utilization !== null) {
+    parts.push(`GPU ${utilization}%`);
+  }
+  return parts.join(' · ');
+}
+
+/** 42 -> "42 s", 185 -> "3 min 05 s", 7440 -> "2 h 04 min"; "-" for null. */
+export function formatElapsed(seconds: number | null | undefined): string {
+  if (
+    seconds === null ||
+    seconds === undefined ||
+    !isFinite(seconds) ||
+    seconds < 0
+  ) {
+    return '-';
+  }
+  const whole = Math.floor(seconds);
+  if (whole < 60) {
+    return `${whole} s`;
+  }
+  const pad = (value: number) => String(value).padStart(2, '0');
+  if (whole < 3600) {
+    return `${Math.floor(whole / 60)} min ${pad(whole % 60)} s`;
+  }
+  return `${Math.floor(whole / 3600)} h ${pad(Math.floor((whole % 3600) / 60))} min`;
+}
+
+/** 123.4 -> "123 MB", 20480 -> "20.0 GB"; "-" for null. */
+export function formatMemory(megabytes: number | null | undefined): string {
+  if (megabytes === null || megabytes === undefined || !isFinite(megabytes)) {
+    return '-';
+  }
+  if (megabytes >= 1024) {
+    return `${(megabytes / 1024).toFixed(1)} GB`;
+  }
+  return `${Math.round(megabytes)} MB`;
+}
+
+/** The Python line that fetches a job's result: `nbscale.jobs.get(3).result("net")`. */
+export function resultSnippet(job: IJob): string {
+  const name = job.results && job.results.length > 0 ? job.results[0] : 'NAME';
+  return `nbscale.jobs.get(${JSON.stringify(job.id)}).result(${JSON.stringify(name)})`;
+}
+
+/** A job that can still be cancelled. */
+export function isActive(job: IJob): boolean {
+  return ['queued', 'running'].includes(job.state);
+}
+
+/** Fraction (0-1) of a GPU's memory in use, or null when NVML does not say. */
+export function memoryFraction(gpu: IGpuInfo): number | null {
+  if (gpu.memory_used_mb === null || !gpu.memory_total_mb) {
+    return null;
+  }
+  return Math.min(1, Math.max(0, gpu.memory_used_mb / gpu.memory_total_mb));
+}

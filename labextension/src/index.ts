@@ -1,0 +1,116 @@
+import {
+  ILabShell,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
+import {
+  Clipboard,
+  ISessionContext,
+  MainAreaWidget,
+  Notification
+} from '@jupyterlab/apputils';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { Widget } from '@lumino/widgets';
+
+import { requestAPI } from './handler';
+import { nbscaleIcon } from './icon';
+import { JobLogView } from './logView';
+import { NbscaleModel } from './model';
+import { NbscalePanel } from './panel';
+import { PoolStatusItem } from './statusItem';
+import { FetchJson, IJobLogReply } from './types';
+
+const OPEN_PANEL = 'nbscale:open-panel';
+const PANEL_ID = 'nbscale-panel';
+
+const fetchJson: FetchJson = endPoint => requestAPI(endPoint);
+
+/** The kernel id of the notebook (or console) in front, or null. */
+function currentKernelId(shell: ILabShell): string | null {
+  const widget = shell.currentWidget as
+    (Widget & { sessionContext?: ISessionContext }) | null;
+  return widget?.sessionContext?.session?.kernel?.id ?? null;
+}
+
+/** The side panel of pools, GPUs and jobs, and the command that opens it. */
+const panelPlugin: JupyterFrontEndPlugin<void> = {
+  id: 'nbscale:panel',
+  description: 'A side panel of nbscale pools, GPUs and batch jobs.',
+  autoStart: true,
+  requires: [ILabShell],
+  activate: (app: JupyterFrontEnd, shell: ILabShell) => {
+    let panel: NbscalePanel | null = null;
+    const model = new NbscaleModel({
+      fetchJson,
+      resources: ['pools', 'gpus', 'jobs'],
+      isVisible: () => panel?.isVisible ?? false
+    });
+    panel = new NbscalePanel({
+      model,
+      currentKernelId: () => currentKernelId(shell),
+      openLog: job => {
+        const view = new MainAreaWidget({
+          content: new JobLogView(job, id =>
+            requestAPI<IJobLogReply>(`jobs/${id}/log`)
+          )
+        });
+        view.title.label = `Job ${job.id} log`;
+        shell.add(view, 'main');
+      },
+      cancelJob: async job => {
+        try {
+          await requestAPI(`jobs/${job.id}/cancel`, { method: 'POST' });
+        } catch (error) {
+          Notification.error(
+            `Cannot cancel job ${job.id}: ${error instanceof Error ? error.message : error}`
+          );
+        }
+        await model.refresh();
+      },
+      copySnippet: snippet => {
+        Clipboard.copyToSystem(snippet);
+        Notification.info(`Copied: ${snippet}`, { autoClose: 3000 });
+      }
+    });
+    panel.id = PANEL_ID;
+    panel.title.icon = nbscaleIcon;
+    panel.title.caption = 'nbscale: pools, GPUs and jobs';
+    shell.add(panel, 'right', { rank: 900 });
+
+    app.commands.addCommand(OPEN_PANEL, {
+      label: 'Show nbscale pools, GPUs and jobs',
+      execute: () => shell.activateById(PANEL_ID)
+    });
+  }
+};
+
+/** The status bar item: the current notebook's pool ("4 workers · 2 busy · GPU 63%"); click opens the panel. */
+const statusPlugin: JupyterFrontEndPlugin<void> = {
+  id: 'nbscale:pool-status',
+  description: "The current notebook's nbscale pool in the status bar.",
+  autoStart: true,
+  requires: [IStatusBar, ILabShell],
+  activate: (app: JupyterFrontEnd, statusBar: IStatusBar, shell: ILabShell) => {
+    const model = new NbscaleModel({
+      fetchJson,
+      resources: ['pools', 'gpus'],
+      isVisible: () => currentKernelId(shell) !== null
+    });
+    const item = new PoolStatusItem({
+      model,
+      currentKernelId: () => currentKernelId(shell),
+      openPanel: () => void app.commands.execute(OPEN_PANEL)
+    });
+    shell.currentChanged.connect(() => {
+      item.update();
+      void model.refresh();
+    });
+    statusBar.registerStatusItem('nbscale:pool-status', {
+      item,
+      align: 'left',
+      rank: 4
+    });
+  }
+};
+
+export default [panelPlugin, statusPlugin];

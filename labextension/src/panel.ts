@@ -1,0 +1,258 @@
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { bar, h } from './dom';
+import {
+  formatElapsed,
+  formatMemory,
+  isActive,
+  memoryFraction,
+  resultSnippet
+} from './format';
+import { NbscaleModel } from './model';
+import { IGpuInfo, IJob, IPoolState } from './types';
+
+export namespace NbscalePanel {
+  export interface IOptions {
+    model: NbscaleModel;
+    /** The kernel id of the notebook in front (its pool is marked), or null. */
+    currentKernelId: () => string | null;
+    openLog: (job: IJob) => void;
+    cancelJob: (job: IJob) => Promise<void>;
+    copySnippet: (snippet: string) => void;
+  }
+}
+
+/**
+ * The side panel: Pools (a workers table per pool), GPUs (utilization and memory bars), Jobs (state, elapsed,
+ * log, cancel, the snippet that fetches a result). Its model polls only while the panel is visible.
+ */
+export class NbscalePanel extends Widget {
+  constructor(options: NbscalePanel.IOptions) {
+    super();
+    this.addClass('nbscale-Panel');
+    this._options = options;
+    options.model.changed.connect(this.update, this);
+  }
+
+  dispose(): void {
+    this._options.model.changed.disconnect(this.update, this);
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    void this._options.model.refresh();
+    this.update();
+  }
+
+  protected onUpdateRequest(msg: Message): void {
+    const { model } = this._options;
+    const error = model.error
+      ? h(
+          'div',
+          { class: 'nbscale-Error' },
+          `Cannot reach nbscale's server extension: ${model.error}`
+        )
+      : null;
+    this.node.replaceChildren(
+      h('header', { class: 'nbscale-Panel-header' }, 'nbscale'),
+      error ?? '',
+      this._section('Pools', this._pools(model.pools)),
+      this._section('GPUs', this._gpus(model.gpus.gpus, model.gpus.message)),
+      this._section('Jobs', this._jobs(model.jobs.jobs, model.jobs.available))
+    );
+  }
+
+  private _section(title: string, body: HTMLElement): HTMLElement {
+    const name = title.toLowerCase();
+    return h(
+      'section',
+      { class: `nbscale-Section nbscale-${name}`, 'data-section': name },
+      h('h3', {}, title),
+      body
+    );
+  }
+
+  private _pools(pools: readonly IPoolState[]): HTMLElement {
+    if (pools.length === 0) {
+      return h(
+        'p',
+        { class: 'nbscale-Empty' },
+        'No pool is running. Start one in a notebook with %pool start.'
+      );
+    }
+    const current = this._options.currentKernelId();
+    return h(
+      'div',
+      {},
+      ...pools.map(pool =>
+        this._pool(pool, pool.kernel_id !== null && pool.kernel_id === current)
+      )
+    );
+  }
+
+  private _pool(pool: IPoolState, isCurrent: boolean): HTMLElement {
+    const idle =
+      pool.idle_timeout_left_s !== null
+        ? ` · stops when idle in ${formatElapsed(pool.idle_timeout_left_s)}`
+        : '';
+    const who = isCurrent
+      ? 'this notebook'
+      : `kernel ${(pool.kernel_id ?? String(pool.pid)).slice(0, 8)}`;
+    const title = `${pool.size} ${pool.kind.toUpperCase()} workers (${pool.backend}) · ${who}${idle}`;
+    const head = h(
+      'tr',
+      {},
+      ...['rank', 'host', 'pid', 'device', 'state', 'memory'].map(column =>
+        h('th', {}, column)
+      )
+    );
+    const rows = pool.workers.map(worker =>
+      h(
+        'tr',
+        { class: `nbscale-Worker nbscale-state-${worker.state}` },
+        h('td', {}, String(worker.rank)),
+        h('td', {}, worker.host),
+        h('td', {}, String(worker.pid)),
+        h('td', {}, worker.device),
+        h('td', { class: 'nbscale-State' }, worker.state),
+        h(
+          'td',
+          {},
+          formatMemory(worker.memory_mb) +
+            (worker.device_memory_mb
+              ? ` + ${formatMemory(worker.device_memory_mb)} GPU`
+              : '')
+        )
+      )
+    );
+    return h(
+      'div',
+      { class: `nbscale-Pool${isCurrent ? ' nbscale-Pool-current' : ''}` },
+      h('div', { class: 'nbscale-Pool-title' }, title),
+      h(
+        'table',
+        { class: 'nbscale-Table' },
+        h('thead', {}, head),
+        h('tbody', {}, ...rows)
+      )
+    );
+  }
+
+  private _gpus(
+    gpus: readonly IGpuInfo[],
+    message: string | null
+  ): HTMLElement {
+    if (gpus.length === 0) {
+      return h('p', { class: 'nbscale-NoGpu' }, message ?? 'No GPU.');
+    }
+    return h(
+      'div',
+      {},
+      ...gpus.map(gpu => {
+        const utilization = gpu.utilization_percent;
+        const facts = [
+          gpu.compute_capability ? `compute ${gpu.compute_capability}` : null,
+          gpu.temperature_c !== null ? `${gpu.temperature_c} °C` : null,
+          gpu.power_w !== null ? `${Math.round(gpu.power_w)} W` : null
+        ].filter(Boolean);
+        return h(
+          'div',
+          { class: 'nbscale-Gpu' },
+          h(
+            'div',
+            { class: 'nbscale-Gpu-title' },
+            `${gpu.index} · ${gpu.name}`,
+            h('span', {}, facts.join(' · '))
+          ),
+          bar(
+            utilization === null ? null : utilization / 100,
+            utilization === null
+              ? 'utilization -'
+              : `utilization ${utilization}%`,
+            'utilization'
+          ),
+          bar(
+            memoryFraction(gpu),
+            `memory ${formatMemory(gpu.memory_used_mb)} / ${formatMemory(gpu.memory_total_mb)}`,
+            'memory'
+          )
+        );
+      })
+    );
+  }
+
+  private _jobs(jobs: readonly IJob[], available: boolean): HTMLElement {
+    if (!available) {
+      return h(
+        'p',
+        { class: 'nbscale-Empty' },
+        'Batch jobs are not available here (nbscale.jobs is not installed).'
+      );
+    }
+    if (jobs.length === 0) {
+      return h(
+        'p',
+        { class: 'nbscale-Empty' },
+        'No batch jobs. Run a cell detached with %%batch.'
+      );
+    }
+    const head = h(
+      'tr',
+      {},
+      ...['id', 'name', 'state', 'elapsed', ''].map(column =>
+        h('th', {}, column)
+      )
+    );
+    const rows = [...jobs].reverse().map(job => {
+      const actions = h(
+        'td',
+        { class: 'nbscale-Actions' },
+        this._button('Log', `Open job ${job.id}'s log`, () =>
+          this._options.openLog(job)
+        ),
+        isActive(job)
+          ? this._button(
+              'Cancel',
+              `Cancel job ${job.id}`,
+              () => void this._options.cancelJob(job)
+            )
+          : null,
+        this._button('Copy', `Copy ${resultSnippet(job)}`, () =>
+          this._options.copySnippet(resultSnippet(job))
+        )
+      );
+      return h(
+        'tr',
+        { class: `nbscale-Job nbscale-state-${job.state}` },
+        h('td', {}, String(job.id)),
+        h('td', {}, job.name ?? ''),
+        h('td', { class: 'nbscale-State', title: job.error ?? '' }, job.state),
+        h('td', {}, formatElapsed(job.elapsed_s)),
+        actions
+      );
+    });
+    return h(
+      'table',
+      { class: 'nbscale-Table' },
+      h('thead', {}, head),
+      h('tbody', {}, ...rows)
+    );
+  }
+
+  private _button(
+    label: string,
+    title: string,
+    action: () => void
+  ): HTMLButtonElement {
+    const button = h(
+      'button',
+      { class: 'jp-Button nbscale-Button', title },
+      label
+    );
+    button.addEventListener('click', action);
+    return button;
+  }
+
+  private _options: NbscalePanel.IOptions;
+}

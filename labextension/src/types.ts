@@ -1,0 +1,86 @@
+/**
+ * The JSON the nbscale server extension serves under /nbscale/api/ (see nbscale/server/handlers.py).
+ */
+
+/** One worker of a pool, as the pool publishes it every few seconds. */
+export interface IWorkerState {
+  rank: number;
+  host: string;
+  pid: number;
+  device: string;
+  state: 'idle' | 'busy' | 'dead' | string;
+  memory_mb: number | null;
+  device_memory_mb?: number | null;
+}
+
+/** A running pool: `GET /nbscale/api/pools` answers `{pools: IPoolState[]}`. */
+export interface IPoolState {
+  kernel_id: string | null;
+  connection_file?: string | null;
+  size: number;
+  kind: 'cpu' | 'gpu' | string;
+  backend: 'local' | 'ray' | string;
+  idle_timeout_left_s: number | null;
+  workers: IWorkerState[];
+  /** The kernel's process id. */
+  pid: number;
+  /** When the pool last published, in seconds since the epoch. */
+  heartbeat: number;
+}
+
+export interface IPoolsReply {
+  pools: IPoolState[];
+}
+
+export interface IGpuProcess {
+  pid: number;
+  name: string | null;
+  memory_used_mb: number | null;
+}
+
+/** One GPU from NVML; `GET /nbscale/api/gpus` answers `{gpus: IGpuInfo[], message}`. */
+export interface IGpuInfo {
+  index: number;
+  nvml_index: number;
+  name: string;
+  compute_capability: string | null;
+  memory_used_mb: number | null;
+  memory_total_mb: number | null;
+  utilization_percent: number | null;
+  temperature_c: number | null;
+  power_w: number | null;
+  power_limit_w: number | null;
+  processes: IGpuProcess[];
+}
+
+export interface IGpusReply {
+  gpus: IGpuInfo[];
+  /** Why there is no GPU ("No GPU: the NVIDIA driver was not found on this machine."), else null. */
+  message: string | null;
+}
+
+/** A batch job from nbscale.jobs.list_jobs(). */
+export interface IJob {
+  id: number;
+  name: string | null;
+  state: string;
+  started: string | null;
+  elapsed_s: number | null;
+  results?: string[];
+  error?: string | null;
+}
+
+export interface IJobsReply {
+  jobs: IJob[];
+  /** False where nbscale.jobs is not installed. */
+  available: boolean;
+}
+
+export interface IJobLogReply {
+  id: number;
+  log: string;
+  truncated: boolean;
+}
+
+/** What the model fetches; `fetchJson('pools')` is a GET of /nbscale/api/pools. */
+export type FetchJson = <T>(endPoint: string, init?: RequestInit) => Promise<T>;

@@ -1,0 +1,86 @@
+"""pretrained() from a local file or none, transfer() on torchvision networks, and the optimizer groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from nbscale.errors import ModelError
+from nbscale.models import param_groups, pretrained, set_learn_rate_factor, transfer
+
+
+@pytest.fixture(scope="module")
+def resnet18_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, Path]:
+    torch.manual_seed(0)
+    model = pretrained("resnet18", weights=None)
+    path = tmp_path_factory.mktemp("weights") / "resnet18.pth"
+    torch.save(model.state_dict(), path)
+    return model, path
+
+
+def test_weights_from_a_local_file_are_loaded(resnet18_file: tuple[nn.Module, Path]) -> None:
+    saved, path = resnet18_file
+    loaded = pretrained("resnet18", weights=path)
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), loaded.state_dict().values(),
+                                                 strict=True))
+    assert isinstance(pretrained("resnet18", weights=str(path)), nn.Module)
+
+
+def test_missing_file_unknown_name_and_mismatched_weights_are_clear_errors(
+        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="does not exist") as missing:
+        pretrained("resnet18", weights=tmp_path / "nope.pth")
+    assert "nope.pth" in str(missing.value)
+    with pytest.raises(ModelError, match="resnet18"):
+        pretrained("resnet81", weights=None)
+    with pytest.raises(ModelError, match="do not fit resnet34"):
+        pretrained("resnet34", weights=resnet18_file[1])
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelError, match="cannot read weights file"):
+        pretrained("resnet18", weights=garbage)
+
+
+def test_transfer_replaces_fc_freezes_the_trunk_and_records_the_factor(
+        resnet18_file: tuple[nn.Module, Path]) -> None:
+    model = transfer(pretrained("resnet18", weights=resnet18_file[1]), 7, learn_rate_factor=10.0, freeze="trunk")
+    assert model.fc.out_features == 7
+    assert model.nbscale_learn_rate_factors == {"fc.weight": 10.0, "fc.bias": 10.0}
+    assert not model.conv1.weight.requires_grad and model.fc.weight.requires_grad
+    groups = param_groups(model, base_lr=0.01)
+    assert len(groups) == 1 and groups[0]["lr"] == pytest.approx(0.1)
+    assert {id(p) for p in groups[0]["params"]} == {id(model.fc.weight), id(model.fc.bias)}
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 7)
+
+
+@pytest.mark.parametrize(("name", "head"), [("mobilenet_v3_small", "classifier.3"), ("alexnet", "classifier.6")])
+def test_transfer_finds_the_classifier_of_other_families(name: str, head: str) -> None:
+    model = transfer(pretrained(name, weights=None), 3, freeze=["features"])
+    assert model.get_submodule(head).out_features == 3
+    factors = {group["learn_rate_factor"]: len(group["params"]) for group in param_groups(model, 1.0)}
+    assert factors[10.0] == 2 and 1.0 in factors  # new layer fast, unfrozen middle layers at the base rate
+    assert not any(p.requires_grad for p in model.features.parameters())
+
+
+def test_transfer_takes_the_last_linear_of_any_network_and_names_unknown_layers() -> None:
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    transfer(model, 5, learn_rate_factor=3.0, freeze="1")
+    assert model[3].out_features == 5 and not model[1].weight.requires_grad
+    with pytest.raises(ModelError, match="layer4"):
+        transfer(model, 5, freeze=["layer4"])
+    with pytest.raises(ModelError, match="no nn.Linear"):
+        transfer(nn.Sequential(nn.Conv2d(1, 1, 1)), 2)
+
+
+def test_set_learn_rate_factor_and_factors_survive_pickling() -> None:
+    import pickle
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    set_learn_rate_factor(model, "0", 0.0)
+    set_learn_rate_factor(model, "1", 2.0)
+    copy = pickle.loads(pickle.dumps(model))
+    groups = param_groups(copy, 0.5)
+    assert [(g["lr"], len(g["params"])) for g in groups] == [(1.0, 2)]

@@ -1,0 +1,90 @@
+"""classify, predict, activations, accuracy and confusion_chart on a datastore, a tensor, and a tensor pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import nbscale
+from nbscale.data import ImageDatastore
+from nbscale.errors import NbscaleError
+from tests.datasets import write_digits_pngs
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> ImageDatastore:
+    return ImageDatastore(write_digits_pngs(tmp_path_factory.mktemp("digits"), classes=[0, 1, 2],
+                                            limit_per_class=20))
+
+
+def pixel_sum_net() -> nn.Module:
+    """A fixed network whose class-0 score is the pixel sum and whose other scores are 0."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+    with torch.no_grad():
+        net[1].weight.zero_()
+        net[1].bias.zero_()
+        net[1].weight[0] = 1.0
+    return net
+
+
+def test_classify_returns_class_names_and_softmax_scores(digits: ImageDatastore) -> None:
+    labels, scores = nbscale.classify(pixel_sum_net(), digits, batch_size=7)
+    assert labels == ["0"] * len(digits)
+    assert scores.shape == (60, 3) and torch.allclose(scores.sum(dim=1), torch.ones(60))
+
+
+def test_classify_a_tensor_gives_indices() -> None:
+    labels, _ = nbscale.classify(pixel_sum_net(), torch.rand(5, 1, 8, 8))
+    assert torch.equal(labels, torch.zeros(5, dtype=torch.long))
+
+
+def test_predict_returns_raw_outputs_in_order(digits: ImageDatastore) -> None:
+    outputs = nbscale.predict(pixel_sum_net(), digits, batch_size=16)
+    assert torch.allclose(outputs[:, 0], torch.stack([digits[i][0].sum() for i in range(60)]), atol=1e-4)
+
+
+def test_accuracy_is_the_fraction_predicted_right(digits: ImageDatastore) -> None:
+    assert nbscale.accuracy(pixel_sum_net(), digits) == pytest.approx(1 / 3)
+    inputs = torch.rand(10, 1, 8, 8)
+    assert nbscale.accuracy(pixel_sum_net(), (inputs, torch.tensor([0] * 5 + [2] * 5))) == pytest.approx(0.5)
+    with pytest.raises(NbscaleError, match="labelled data"):
+        nbscale.accuracy(pixel_sum_net(), inputs)
+
+
+def test_activations_of_a_named_layer_and_the_mode_is_restored(digits: ImageDatastore) -> None:
+    net = pixel_sum_net().train()
+    flat = nbscale.activations(net, digits, layer="0")
+    assert flat.shape == (60, 64) and torch.allclose(flat[3], digits[3][0].flatten())
+    assert net.training
+    with pytest.raises(NbscaleError, match="no layer 'layer4'"):
+        nbscale.activations(net, digits)
+
+
+def test_confusion_chart_counts_and_displays(tmp_path: Path) -> None:
+    chart = nbscale.confusion_chart(["cat", "dog", "dog", "cat"], ["cat", "dog", "cat", "cat"])
+    assert chart.classes == ["cat", "dog"] and chart.matrix.tolist() == [[2, 0], [1, 1]]
+    assert "true \\ predicted" in repr(chart)
+    assert chart._repr_png_().startswith(b"\x89PNG")
+    by_index = nbscale.confusion_chart(torch.tensor([0, 2]), torch.tensor([2, 2]), classes=["a", "b", "c"])
+    assert by_index.matrix[0, 2] == 1 and by_index.matrix[2, 2] == 1
+
+
+def test_classify_a_trained_network_on_held_out_digits(tmp_path: Path) -> None:
+    ds = ImageDatastore(write_digits_pngs(tmp_path, classes=[0, 1], limit_per_class=40))
+    train, test = ds.split_each_label(0.5, randomize=True, seed=0)
+    from nbscale.data.device_resident import DeviceResidentData
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 2))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    for _ in range(20):
+        for images, labels in DeviceResidentData(train, torch.device("cpu")).batches(40, shuffle=True):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(net(images), labels).backward()
+            optimizer.step()
+    labels, _ = nbscale.classify(net, test)
+    assert sum(a == b for a, b in zip(labels, test.labels, strict=True)) / len(test) > 0.9
+    assert nbscale.accuracy(net, test) > 0.9

@@ -94,6 +94,13 @@ export function formatElapsed(seconds: number | null | undefined): string {
   return `${Math.floor(whole / 3600)} h ${pad(Math.floor((whole % 3600) / 60))} min`;
 }
 
+/** Idle time left before a pool stops itself: 1799.2 -> "30 min", 42 -> "42 s". */
+export function formatIdleLeft(seconds: number): string {
+  return seconds >= 60
+    ? `${Math.ceil(seconds / 60)} min`
+    : `${Math.max(0, Math.ceil(seconds))} s`;
+}
+
 /** 123.4 -> "123 MB", 20480 -> "20.0 GB"; "-" for null. */
 export function formatMemory(megabytes: number | null | undefined): string {
   if (megabytes === null || megabytes === undefined || !isFinite(megabytes)) {

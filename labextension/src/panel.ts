@@ -4,6 +4,7 @@ import { Widget } from '@lumino/widgets';
 import { bar, h } from './dom';
 import {
   formatElapsed,
+  formatIdleLeft,
   formatMemory,
   isActive,
   memoryFraction,
@@ -92,14 +93,14 @@ export class NbscalePanel extends Widget {
   }
 
   private _pool(pool: IPoolState, isCurrent: boolean): HTMLElement {
-    const idle =
-      pool.idle_timeout_left_s !== null
-        ? ` · stops when idle in ${formatElapsed(pool.idle_timeout_left_s)}`
-        : '';
     const who = isCurrent
       ? 'this notebook'
       : `kernel ${(pool.kernel_id ?? String(pool.pid)).slice(0, 8)}`;
-    const title = `${pool.size} ${pool.kind.toUpperCase()} workers (${pool.backend}) · ${who}${idle}`;
+    const title = `${pool.size} ${pool.kind.toUpperCase()} workers · ${pool.backend} · ${who}`;
+    const idle =
+      pool.idle_timeout_left_s !== null
+        ? `stops after ${formatIdleLeft(pool.idle_timeout_left_s)} idle`
+        : null;
     const head = h(
       'tr',
       {},
@@ -130,11 +131,16 @@ export class NbscalePanel extends Widget {
       'div',
       { class: `nbscale-Pool${isCurrent ? ' nbscale-Pool-current' : ''}` },
       h('div', { class: 'nbscale-Pool-title' }, title),
+      idle ? h('div', { class: 'nbscale-Pool-idle' }, idle) : null,
       h(
-        'table',
-        { class: 'nbscale-Table' },
-        h('thead', {}, head),
-        h('tbody', {}, ...rows)
+        'div',
+        { class: 'nbscale-Scroll' },
+        h(
+          'table',
+          { class: 'nbscale-Table' },
+          h('thead', {}, head),
+          h('tbody', {}, ...rows)
+        )
       )
     );
   }
@@ -233,10 +239,14 @@ export class NbscalePanel extends Widget {
       );
     });
     return h(
-      'table',
-      { class: 'nbscale-Table' },
-      h('thead', {}, head),
-      h('tbody', {}, ...rows)
+      'div',
+      { class: 'nbscale-Scroll' },
+      h(
+        'table',
+        { class: 'nbscale-Table' },
+        h('thead', {}, head),
+        h('tbody', {}, ...rows)
+      )
     );
   }
 

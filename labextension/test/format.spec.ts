@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 
 import {
   formatElapsed,
+  formatIdleLeft,
   formatMemory,
   isActive,
   meanUtilization,
@@ -101,6 +102,8 @@ describe('formatting', () => {
     expect(formatElapsed(185)).toBe('3 min 05 s');
     expect(formatElapsed(7440)).toBe('2 h 04 min');
     expect(formatElapsed(null)).toBe('-');
+    expect(formatIdleLeft(1799.2)).toBe('30 min');
+    expect(formatIdleLeft(42.1)).toBe('43 s');
   });
 
   it('formats memory', () => {

@@ -1,0 +1,152 @@
+"""End to end: a real JupyterLab on loopback, Debian's headless Chromium driven by Playwright.
+
+Open a notebook, start a pool of 2 CPU workers, see the status bar say so, open the panel, see the workers.
+The screenshot of that panel is docs/screenshot-panel.png (the README shows it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nbscale
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOT = REPO / "docs" / "screenshot-panel.png"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _extension_installed() -> bool:
+    from jupyter_core.paths import jupyter_path
+
+    return any((Path(folder) / "nbscale" / "package.json").is_file() for folder in jupyter_path("labextensions"))
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[str]:
+    """A JupyterLab server on 127.0.0.1 with a random token, its own config and runtime folders; its URL."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    if not _extension_installed():
+        pytest.skip("nbscale's labextension is not built and linked: `make venv` does it")
+    token, port = secrets.token_hex(16), _free_port()
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "pool.ipynb").write_text(
+        json.dumps(
+            {
+                "cells": [],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
+    notification_settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    notification_settings.mkdir(parents=True)  # no news toast over the screenshot (and no internet to fetch it)
+    (notification_settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    root = ["--allow-root"] if os.geteuid() == 0 else []
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+        "NBSCALE_RUNTIME_DIR": str(tmp_path / "nbscale"),  # pools publish here; the server reads here
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", *root],
+        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
+            time.sleep(0.3)
+    try:
+        yield f"{url}/lab/tree/pool.ipynb?reset&token={token}"
+    finally:
+        server.send_signal(signal.SIGINT)  # the server shuts its kernels down (and so their pools)
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.send_signal(signal.SIGINT)  # JupyterLab asks to confirm; a second interrupt stops it
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+
+def _run_cell(page, code: str) -> None:
+    """Type `code` into the notebook's active cell and run it (Shift+Enter adds the next cell)."""
+    editor = page.locator(".jp-Notebook .jp-Cell.jp-mod-active .cm-content")
+    editor.click()
+    editor.fill(code)
+    page.keyboard.press("Shift+Enter")
+
+
+def test_status_bar_and_panel_show_the_notebooks_pool(lab: str):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 820})
+            page.goto(lab)
+            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
+
+            _run_cell(page, "%load_ext nbscale")
+            _run_cell(page, "%pool start 2 --cpu")
+            expect(page.locator(".jp-OutputArea-output").last).to_contain_text("Started 2 CPU workers", timeout=120_000)
+
+            status = page.locator(".nbscale-StatusItem")
+            expect(status).to_contain_text("2 workers", timeout=30_000)
+            status.click()
+
+            panel = page.locator(".nbscale-Panel")
+            expect(panel).to_be_visible()
+            workers = panel.locator(".nbscale-pools .nbscale-Worker")
+            expect(workers).to_have_count(2, timeout=15_000)
+            expect(workers.first.locator("td").first).to_have_text("0")
+            expect(panel.locator(".nbscale-Pool-title").first).to_contain_text("this notebook")
+            if not nbscale.gpus():
+                expect(panel.locator(".nbscale-NoGpu")).to_contain_text("No GPU")
+            try:  # for the picture only: memory shows once a heartbeat carries the workers' replies
+                expect(workers.first.locator("td").last).to_contain_text("MB", timeout=10_000)
+            except AssertionError:
+                pass
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT))
+
+            _run_cell(page, "%pool stop")
+            expect(status).to_be_hidden(timeout=30_000)  # the pool withdrew its registry file
+        finally:
+            browser.close()

@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml constraints.txt labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
-	$(VENV)/bin/jupyter-builder develop --overwrite .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .
 	touch $(STAMP)
 
 venv: $(STAMP)

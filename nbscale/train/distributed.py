@@ -73,7 +73,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
 
     context = worker_context()
     active = tuple(rank for rank, count in enumerate(job.counts) if count > 0)
-    group = _subgroup(active, context.world_size)  # every rank must take part in creating it
+    group = _training_group(active)  # every rank must take part in creating it
     if context.rank not in active:
         return None
     is_main = context.rank == active[0]
@@ -88,10 +88,13 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             stop_reason=lambda: "Stopped on request" if context.stop_requested else None,
             validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
             rank=context.rank, group=group, is_main=is_main))
-    except torch.OutOfMemoryError as error:
-        raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with "
-                           f"{job.counts[context.rank]} samples per iteration: lower mini_batch_size "
-                           f"(now {sum(job.counts)}). {error}") from None
+    except BaseException as error:
+        _abort(active)  # wakes the other ranks out of their collectives instead of leaving them hanging
+        if isinstance(error, torch.OutOfMemoryError):
+            raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with "
+                               f"{job.counts[context.rank]} samples per iteration: lower mini_batch_size "
+                               f"(now {sum(job.counts)}). {error}") from None
+        raise
     finally:
         if sender is not None:
             sender.flush()
@@ -101,14 +104,30 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
 _GROUPS: dict[tuple[int, ...], Any] = {}
 
 
-def _subgroup(active: tuple[int, ...], world_size: int) -> Any:
+def _training_group(active: tuple[int, ...]) -> Any:
+    """A group of its own for training (kept between runs), so aborting it leaves the pool's group intact."""
     import torch.distributed as dist
 
-    if len(active) == world_size:
-        return dist.group.WORLD
     if active not in _GROUPS:
         _GROUPS[active] = dist.new_group(list(active))
     return _GROUPS[active]
+
+
+def _abort(active: tuple[int, ...]) -> None:
+    """Tear down the training group after a failure: peers blocked in it get an error instead of hanging."""
+    import torch.distributed as dist
+
+    group = _GROUPS.pop(active, None)
+    if group is None:
+        return
+    try:
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if abort is not None and dist.get_backend(group) == "nccl":
+            abort(group)
+        else:
+            dist.destroy_process_group(group)
+    except Exception:
+        pass
 
 
 class _EventSender:

@@ -165,6 +165,8 @@ def run_training(setup: LoopSetup) -> LoopResult:
                                   learn_rate, images, validation_loss, validation_accuracy)
             history.append(event)
             setup.publish(event)
+            if stop_reason is None and not distributed:  # a listener (output_fn) may have asked just now
+                stop_reason = setup.stop_reason()
             if stop_reason is not None:
                 break
 

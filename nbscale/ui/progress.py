@@ -82,7 +82,7 @@ class TrainingProgress:
         self._wall_start = event.start_time
         self.button = _stop_button(self.stop)
         if self.button is not None:
-            display(self.button)  # before routing: publishing from the main thread resets the comm's route
+            self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
             self._click_route = _route_clicks_off_main_thread(self.button)
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
         self.figure_handle = display({"text/plain": "<training progress>"}, raw=True, display_id=True)
@@ -156,6 +156,7 @@ class TrainingProgress:
         if self.button is not None:
             self.button.close()
             self.button = None
+            self.button_handle.update({"text/plain": ""}, raw=True)  # no dead widget in the saved notebook
         if self._click_route is not None:
             self._click_route()
             self._click_route = None

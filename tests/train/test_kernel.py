@@ -1,0 +1,51 @@
+"""%%train, the live display, the Stop button and the kernel interrupt, through a real kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.train.widget_click import run_and_click
+
+pytestmark = pytest.mark.slow
+
+SETUP = """
+import torch
+from tests.train.digits import digits, tiny_net
+(train_x, train_y), val = digits()
+"""
+
+LONG_CELL = """%%train --epochs 5000 --batch-size 32 --lr 0.05 --quiet
+model = tiny_net()
+train_data = (train_x, train_y)
+val_data = val
+"""
+
+
+def test_train_magic_defines_net_and_info_and_leaves_a_png_figure(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    result = kernel.run("""%%train --epochs 3 --batch-size 64 --lr 0.1 --net trained --info details
+model = tiny_net()
+train_data = (train_x, train_y)
+val_data = val
+""")
+    assert result.ok, result.text
+    assert "Training finished: Max epochs completed" in result.stdout  # the verbose table
+    assert any("image/png" in d for d in result.displays)  # the final figure is a plain PNG
+    check = kernel.run("print(type(trained).__name__, details.stop_reason, len(details.iteration))")
+    assert check.stdout.split() == ["Sequential", "Max", "epochs", "completed", str(3 * (1500 // 64))]
+
+
+def test_kernel_interrupt_stops_at_the_end_of_the_iteration_and_keeps_the_net(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    result = kernel.run(LONG_CELL, interrupt_after=4.0, timeout=60)
+    assert result.ok, result.text  # no KeyboardInterrupt traceback: the net so far is returned
+    check = kernel.run("print(info.stop_reason); print(info.iteration[-1] < 5000 * 46)")
+    assert check.stdout.splitlines() == ["Stopped by kernel interrupt", "True"]
+
+
+def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    result = run_and_click(kernel, LONG_CELL, click_after=2.0, timeout=60)
+    assert result.ok, result.text
+    check = kernel.run("print(info.stop_reason); print(info.final_validation_accuracy > 0.5)")
+    assert check.stdout.splitlines() == ["Stopped by the Stop button", "True"]

@@ -1,0 +1,73 @@
+"""TrainingOptions: MATLAB's defaults, checked values, helpful errors, readable repr."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nbscale import OptionsError, TrainingOptions
+
+
+def test_defaults_follow_matlab_and_depend_on_the_solver() -> None:
+    sgdm, adam, rmsprop = TrainingOptions("sgdm"), TrainingOptions("adam"), TrainingOptions("rmsprop")
+    assert (sgdm.initial_learn_rate, adam.initial_learn_rate) == (0.01, 0.001)
+    assert (adam.squared_gradient_decay_factor, rmsprop.squared_gradient_decay_factor) == (0.999, 0.9)
+    assert sgdm.max_epochs == 30 and sgdm.mini_batch_size == 128 and sgdm.momentum == 0.9
+    assert sgdm.l2_regularization == 1e-4 and math.isinf(sgdm.gradient_threshold)
+    assert sgdm.shuffle == "once" and sgdm.validation_frequency == 50 and sgdm.verbose_frequency == 50
+    assert sgdm.data_placement == "auto" and sgdm.plots == "none"
+
+
+def test_misspelt_field_suggests_the_right_name() -> None:
+    with pytest.raises(OptionsError, match="initial_learn_rate"):
+        TrainingOptions("sgdm", initial_learning_rate=0.1)
+    with pytest.raises(ValueError, match="max_epochs"):
+        TrainingOptions("sgdm", max_epoch=3)
+
+
+@pytest.mark.parametrize(("field", "value", "allowed"), [
+    ("shuffle", "sometimes", "'every-epoch'"),
+    ("learn_rate_schedule", "linear", "'warmup-cosine'"),
+    ("mini_batch_size", 0, "integer"),
+    ("max_epochs", 2.5, "integer"),
+    ("execution_environment", "tpu", "'multi-gpu'"),
+    ("gradient_threshold_method", "l1", "'global-l2norm'"),
+    ("worker_load", [0, 0], "at least one positive"),
+    ("precision", "half", "'mixed'"),
+    ("data_placement", "disk", "'stream'"),
+])
+def test_bad_value_names_the_field_and_the_allowed_values(field: str, value: object, allowed: str) -> None:
+    with pytest.raises(OptionsError) as caught:
+        TrainingOptions("sgdm", **{field: value})
+    assert field in str(caught.value) and allowed in str(caught.value)
+
+
+def test_bad_solver_and_setting_a_field_later_are_checked() -> None:
+    with pytest.raises(OptionsError, match="'adamw'"):
+        TrainingOptions("lbfgs")
+    options = TrainingOptions("adam")
+    options.max_epochs = 5
+    assert options.max_epochs == 5
+    with pytest.raises(OptionsError, match="momentum"):
+        options.momentum = 2.0
+    with pytest.raises(OptionsError, match="Did you mean 'momentum'"):
+        options.momentun = 0.5
+
+
+def test_best_validation_needs_validation_data() -> None:
+    with pytest.raises(OptionsError, match="validation_data"):
+        TrainingOptions("sgdm", output_network="best-validation")
+
+
+def test_repr_lists_every_field_readably() -> None:
+    text = repr(TrainingOptions("adam", max_epochs=4, output_fn=print))
+    assert text.startswith("TrainingOptions('adam',") and "max_epochs=4," in text
+    assert "<function print>" in text and "data_placement='auto'" in text
+
+
+def test_replace_changes_solver_defaults_but_keeps_explicit_values() -> None:
+    options = TrainingOptions("sgdm", max_epochs=3)
+    assert options.replace(solver="adam").initial_learn_rate == 0.001
+    assert options.replace(solver="adam").max_epochs == 3
+    assert TrainingOptions("sgdm", initial_learn_rate=0.2).replace(solver="adam").initial_learn_rate == 0.2

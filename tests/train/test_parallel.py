@@ -1,0 +1,103 @@
+"""execution_environment="parallel" on a real CPU pool of 2 workers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import nbscale
+from nbscale import PoolError, TrainingOptions, WorkerError
+from tests.train.digits import digits, tiny_net
+
+TRAIN, VAL = digits()
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[nbscale.Pool]:
+    with nbscale.Pool(2, cpu=True) as started:
+        yield started
+
+
+def options(**fields: object) -> TrainingOptions:
+    base = {"initial_learn_rate": 0.1, "max_epochs": 3, "mini_batch_size": 64, "verbose": False,
+            "validation_data": VAL, "validation_frequency": 20}
+    return TrainingOptions("sgdm", **{**base, **fields})
+
+
+def trained(**fields: object) -> tuple[torch.nn.Module, nbscale.TrainingInfo]:
+    torch.manual_seed(1)
+    return nbscale.train(tiny_net(), TRAIN, options(**fields))
+
+
+def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.allclose(p, q, atol=1e-5) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_parallel_trains_digits_like_one_process(pool: nbscale.Pool) -> None:
+    alone, _ = trained(max_epochs=6)
+    net, info = trained(execution_environment="parallel", max_epochs=6)
+    assert same(alone, net)  # the global mini-batch is split, the update is the same
+    assert info.final_validation_accuracy >= 0.9 and "2 workers" in info.hardware
+    assert info.stop_reason == "Max epochs completed" and len(info.iteration) == 6 * (1500 // 64)
+
+
+@pytest.mark.parametrize("load", [[3, 1], [1, 0], [0, 1]])
+def test_worker_load_weights_the_split_and_zero_sits_out(pool: nbscale.Pool, load: list[int]) -> None:
+    alone, _ = trained()
+    net, info = trained(execution_environment="parallel", worker_load=load)
+    assert same(alone, net)
+    assert info.hardware.startswith("1 worker" if 0 in load else "2 workers")
+
+
+def test_an_error_on_a_worker_names_the_rank(pool: nbscale.Pool) -> None:
+    def loss_fn(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from nbscale.pool.context import worker_context
+
+        if worker_context().rank == 1:
+            raise ValueError("broken loss on purpose")
+        return torch.nn.functional.cross_entropy(outputs, labels)
+
+    with pytest.raises(WorkerError, match="broken loss on purpose") as caught:
+        nbscale.train(tiny_net(), TRAIN, options(execution_environment="parallel"), loss_fn=loss_fn)
+    assert "1" in str(caught.value)
+    assert trained(execution_environment="parallel", max_epochs=1)[1].stop_reason  # the pool still works
+
+
+def test_a_model_that_cannot_be_sent_is_named(pool: nbscale.Pool) -> None:
+    model = tiny_net()
+    model.lock = threading.Lock()
+    with pytest.raises(PoolError, match="the model cannot be sent"):
+        nbscale.train(model, TRAIN, options(execution_environment="parallel"))
+
+
+def test_output_fn_stop_reaches_the_workers(pool: nbscale.Pool) -> None:
+    _, info = trained(execution_environment="parallel", max_epochs=50,
+                      output_fn=lambda info: info.iteration[-1] >= 5)
+    assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] < 50 * 23
+
+
+def test_a_dying_worker_leaves_the_checkpoint_to_resume_from(pool: nbscale.Pool, tmp_path) -> None:
+    def loss_fn(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        import os
+
+        from nbscale.pool.context import worker_context
+
+        loss_fn.calls = getattr(loss_fn, "calls", 0) + 1
+        if worker_context().rank == 1 and loss_fn.calls == 2 * 23 + 5:  # in epoch 3
+            os._exit(3)
+        return torch.nn.functional.cross_entropy(outputs, labels)
+
+    fields = {"execution_environment": "parallel", "max_epochs": 4, "checkpoint_path": str(tmp_path),
+              "validation_data": None}
+    with pytest.raises(WorkerError, match="resume_from") as caught:
+        nbscale.train(tiny_net(), TRAIN, options(**fields), loss_fn=loss_fn)
+    assert "1" in str(caught.value)
+    assert sorted(p.name for p in tmp_path.glob("*.pt"))[-1] == "nbscale_checkpoint_epoch0002.pt"
+    pool.restart()
+    _, info = nbscale.train(tiny_net(), TRAIN, options(**fields), resume_from=tmp_path)
+    assert info.epoch[-1] == 4 and info.iteration == list(range(1, 4 * 23 + 1))

@@ -1,0 +1,173 @@
+"""nbscale.train in the notebook's process: real training on digits and the effect of every option."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import nbscale
+from nbscale import OptionsError, TrainingOptions
+from nbscale.train.loading import split_batch
+from nbscale.train.loop import clip_gradients, epoch_order
+from tests.train.digits import digits, tiny_net
+
+TRAIN, VAL = digits()
+
+
+def quiet(**fields: object) -> TrainingOptions:
+    base = {"initial_learn_rate": 0.1, "max_epochs": 3, "mini_batch_size": 64, "verbose": False}
+    return TrainingOptions(fields.pop("solver", "sgdm"), **{**base, **fields})
+
+
+def weights(model: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_trains_digits_to_90_percent_validation_accuracy() -> None:
+    torch.manual_seed(0)
+    net, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=8, validation_data=VAL, validation_frequency=40))
+    assert info.final_validation_accuracy >= 0.90
+    assert info.stop_reason == "Max epochs completed" and info.images_per_second > 0
+    frame = info.to_dataframe()
+    assert len(frame) == 8 * (1500 // 64) and frame["training_loss"].iloc[-1] < frame["training_loss"].iloc[0]
+    assert frame["validation_loss"].notna().sum() >= 3 and set(frame["epoch"]) == set(range(1, 9))
+
+
+@pytest.mark.parametrize("solver", ["sgdm", "adam", "adamw", "rmsprop"])
+def test_every_solver_learns(solver: str) -> None:
+    torch.manual_seed(0)
+    rate = 0.1 if solver == "sgdm" else 0.005
+    _, info = nbscale.train(tiny_net(), TRAIN, quiet(solver=solver, initial_learn_rate=rate, max_epochs=2))
+    assert info.training_loss[-1] < 0.6 * info.training_loss[0]
+
+
+def test_info_learn_rate_follows_the_schedule() -> None:
+    options = quiet(max_epochs=4, learn_rate_schedule="piecewise", learn_rate_drop_period=2, learn_rate_drop_factor=0.5)
+    _, info = nbscale.train(tiny_net(), TRAIN, options)
+    per_epoch = {e: r for e, r in zip(info.epoch, info.learn_rate, strict=True)}
+    assert per_epoch == pytest.approx({1: 0.1, 2: 0.1, 3: 0.05, 4: 0.05})
+
+
+@pytest.mark.parametrize("method", ["l2norm", "global-l2norm", "absolute-value"])
+def test_gradient_clipping_methods(method: str) -> None:
+    model = nn.Linear(4, 3)
+    model.weight.grad = torch.full((3, 4), 2.0)
+    model.bias.grad = torch.tensor([3.0, 0.0, 4.0])
+    clip_gradients(model, method, 1.0)
+    if method == "l2norm":  # each parameter's gradient on its own
+        assert model.weight.grad.norm().item() == pytest.approx(1.0)
+        assert model.bias.grad.norm().item() == pytest.approx(1.0)
+    elif method == "global-l2norm":  # all together, directions kept
+        total = torch.cat([model.weight.grad.flatten(), model.bias.grad]).norm().item()
+        assert total == pytest.approx(1.0, rel=1e-4) and model.bias.grad[0] / model.bias.grad[2] == pytest.approx(0.75)
+    else:
+        assert model.weight.grad.max().item() == 1.0 and model.bias.grad.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_patience_stops_when_validation_loss_stops_improving() -> None:
+    torch.manual_seed(0)
+    options = quiet(max_epochs=200, initial_learn_rate=0.3, validation_data=VAL, validation_frequency=5,
+                    validation_patience=3)
+    _, info = nbscale.train(tiny_net(), TRAIN, options)
+    assert info.stop_reason.startswith("Met validation criterion") and info.epoch[-1] < 200
+    losses = [v for v in info.validation_loss if v is not None]
+    assert min(losses[-3:]) >= min(losses[:-3])
+
+
+def test_best_validation_returns_the_network_of_the_lowest_validation_loss() -> None:
+    torch.manual_seed(0)
+    options = quiet(max_epochs=6, initial_learn_rate=0.5, validation_data=VAL, validation_frequency=10,
+                    output_network="best-validation")
+    net, info = nbscale.train(tiny_net(), TRAIN, options)
+    losses = [(v, i) for v, i in zip(info.validation_loss, info.iteration, strict=True) if v is not None]
+    best_loss, best_iteration = min(losses)
+    assert info.output_network_iteration == best_iteration
+    outputs = net(VAL[0])
+    assert nn.functional.cross_entropy(outputs, VAL[1]).item() == pytest.approx(best_loss, rel=1e-5)
+
+
+def test_checkpoint_then_resume_equals_training_straight_through(tmp_path) -> None:
+    options = quiet(max_epochs=4, shuffle="every-epoch", solver="adam", initial_learn_rate=0.01,
+                    learn_rate_schedule="cosine", checkpoint_path=str(tmp_path), checkpoint_frequency=2)
+    torch.manual_seed(7)
+    straight, _ = nbscale.train(tiny_net(), TRAIN, options)
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["nbscale_checkpoint_epoch0002.pt",
+                                                             "nbscale_checkpoint_epoch0004.pt"]
+    (tmp_path / "nbscale_checkpoint_epoch0004.pt").unlink()  # as if it had stopped after epoch 3
+    resumed, info = nbscale.train(tiny_net(seed=99), TRAIN, options, resume_from=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(weights(straight), weights(resumed), strict=True))
+    assert info.iteration == list(range(1, 4 * (1500 // 64) + 1))  # the history of the whole run
+
+
+def test_resume_from_a_missing_checkpoint_says_so(tmp_path) -> None:
+    with pytest.raises(OptionsError, match="no checkpoint"):
+        nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=tmp_path)
+
+
+def test_output_fn_sees_the_info_each_iteration_and_true_stops() -> None:
+    seen: list[int] = []
+
+    def stop_at_ten(info: nbscale.TrainingInfo) -> bool:
+        seen.append(info.iteration[-1])
+        return info.iteration[-1] == 10
+
+    _, info = nbscale.train(tiny_net(), TRAIN, quiet(output_fn=stop_at_ten))
+    assert seen == list(range(1, 11)) and info.stop_reason == "Stopped by output_fn"
+
+
+def test_nan_loss_stops_and_names_the_iteration() -> None:
+    def loss_fn(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(outputs, labels)
+        return loss * math.nan if loss_fn.calls == 4 else (setattr(loss_fn, "calls", loss_fn.calls + 1) or loss)
+
+    loss_fn.calls = 0
+    with pytest.warns(RuntimeWarning, match="iteration 5"):
+        _, info = nbscale.train(tiny_net(), TRAIN, quiet(), loss_fn=loss_fn)
+    assert "nan at iteration 5" in info.stop_reason and info.iteration[-1] == 5
+
+
+def test_shuffle_modes() -> None:
+    assert torch.equal(epoch_order("never", 1, 3, 10), torch.arange(10))
+    assert torch.equal(epoch_order("once", 1, 1, 10), epoch_order("once", 1, 5, 10))
+    assert not torch.equal(epoch_order("every-epoch", 1, 1, 50), epoch_order("every-epoch", 1, 2, 50))
+
+
+def test_worker_load_splits_the_mini_batch() -> None:
+    assert split_batch(128, None, 2) == [64, 64]
+    assert split_batch(100, [3, 1], 2) == [75, 25]
+    assert split_batch(10, [1, 0, 1], 3) == [5, 0, 5]
+    assert sum(split_batch(97, [1, 1, 1], 3)) == 97
+    with pytest.raises(OptionsError, match="one weight per worker"):
+        split_batch(64, [1, 1, 1], 2)
+
+
+def test_streamed_and_background_data_train_like_in_memory_tensors() -> None:
+    dataset = torch.utils.data.TensorDataset(*TRAIN)
+    results = []
+    for fields in ({"data_placement": "device"}, {"data_placement": "stream"}, {"dispatch_in_background": True}):
+        torch.manual_seed(3)
+        net, _ = nbscale.train(tiny_net(), dataset, quiet(max_epochs=1, **fields))
+        results.append(weights(net))
+    for other in results[1:]:
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[0], other, strict=True))
+
+
+def test_bad_training_data_is_an_options_error() -> None:
+    with pytest.raises(OptionsError, match="train_data"):
+        nbscale.train(tiny_net(), [1, 2, 3][0], quiet())
+    with pytest.raises(OptionsError, match="no CUDA GPU") if not torch.cuda.is_available() else pytest.raises(Exception):
+        if torch.cuda.is_available():
+            raise RuntimeError("skip")
+        nbscale.train(tiny_net(), TRAIN, quiet(execution_environment="gpu"))
+
+
+@pytest.mark.gpu
+def test_gpu_and_mixed_precision_train_digits() -> None:
+    torch.manual_seed(0)
+    for precision in ("single", "mixed"):
+        _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=5, execution_environment="gpu",
+                                                         precision=precision, validation_data=VAL))
+        assert "cuda" in info.hardware and info.final_validation_accuracy >= 0.85

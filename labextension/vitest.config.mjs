@@ -1,5 +1,9 @@
 import { defineConfig } from 'vitest/config';
 
 export default defineConfig({
-  test: { include: ['test/**/*.spec.ts'], environment: 'node' }
+  test: {
+    include: ['test/**/*.spec.ts'],
+    environment: 'node',
+    setupFiles: ['test/setup.ts']
+  }
 });

@@ -1,0 +1,204 @@
+// @vitest-environment jsdom
+import { MessageLoop } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { NbscaleModel } from '../src/model';
+import { NbscalePanel } from '../src/panel';
+import { PoolStatusItem } from '../src/statusItem';
+import { FetchJson, IJob } from '../src/types';
+
+const pool = {
+  kernel_id: 'kernel-a',
+  size: 2,
+  kind: 'cpu',
+  backend: 'local',
+  idle_timeout_left_s: 1799,
+  pid: 10,
+  heartbeat: 0,
+  workers: [
+    {
+      rank: 0,
+      host: 'node1',
+      pid: 11,
+      device: 'cpu',
+      state: 'busy',
+      memory_mb: 300.2
+    },
+    {
+      rank: 1,
+      host: 'node1',
+      pid: 12,
+      device: 'cpu',
+      state: 'idle',
+      memory_mb: null
+    }
+  ]
+};
+
+const jobs: IJob[] = [
+  {
+    id: 1,
+    name: 'done',
+    state: 'finished',
+    started: null,
+    elapsed_s: 65,
+    results: ['net']
+  },
+  {
+    id: 2,
+    name: 'long run',
+    state: 'running',
+    started: null,
+    elapsed_s: 12,
+    results: []
+  }
+];
+
+function modelWith(gpus: unknown): NbscaleModel {
+  const replies: Record<string, unknown> = {
+    pools: { pools: [pool] },
+    gpus,
+    jobs: { jobs, available: true }
+  };
+  const fetchJson = (async (endPoint: string) =>
+    replies[endPoint]) as FetchJson;
+  return new NbscaleModel({
+    fetchJson,
+    resources: ['pools', 'gpus', 'jobs'],
+    isVisible: () => false
+  });
+}
+
+const noGpu = {
+  gpus: [],
+  message: 'No GPU: the NVIDIA driver was not found on this machine.'
+};
+const widgets: Widget[] = [];
+
+function attach<T extends Widget>(widget: T): T {
+  Widget.attach(widget, document.body);
+  widgets.push(widget);
+  return widget;
+}
+
+afterEach(() => {
+  widgets.splice(0).forEach(widget => widget.dispose());
+});
+
+describe('PoolStatusItem', () => {
+  it("shows the current notebook's pool and nothing for a notebook without one", async () => {
+    const model = modelWith(noGpu);
+    let kernelId: string | null = 'kernel-a';
+    let opened = 0;
+    const item = attach(
+      new PoolStatusItem({
+        model,
+        currentKernelId: () => kernelId,
+        openPanel: () => opened++
+      })
+    );
+    await model.update();
+    MessageLoop.sendMessage(item, Widget.Msg.UpdateRequest);
+    expect(item.node.textContent).toBe('2 workers · 1 busy');
+    item.node.click();
+    expect(opened).toBe(1);
+    kernelId = 'kernel-b';
+    MessageLoop.sendMessage(item, Widget.Msg.UpdateRequest);
+    expect(item.node.textContent).toBe('');
+    expect(item.node.style.display).toBe('none');
+  });
+});
+
+describe('NbscalePanel', () => {
+  function panelFor(model: NbscaleModel, calls: string[]): NbscalePanel {
+    return attach(
+      new NbscalePanel({
+        model,
+        currentKernelId: () => 'kernel-a',
+        openLog: job => calls.push(`log ${job.id}`),
+        cancelJob: async job => {
+          calls.push(`cancel ${job.id}`);
+        },
+        copySnippet: snippet => calls.push(`copy ${snippet}`)
+      })
+    );
+  }
+
+  it('shows the workers, a clear no-GPU line and the jobs with their actions', async () => {
+    const model = modelWith(noGpu);
+    const calls: string[] = [];
+    const panel = panelFor(model, calls);
+    await model.update();
+    MessageLoop.sendMessage(panel, Widget.Msg.UpdateRequest);
+    const rows = [...panel.node.querySelectorAll('.nbscale-Worker')].map(row =>
+      [...row.querySelectorAll('td')].map(cell => cell.textContent)
+    );
+    expect(rows).toEqual([
+      ['0', 'node1', '11', 'cpu', 'busy', '300 MB'],
+      ['1', 'node1', '12', 'cpu', 'idle', '-']
+    ]);
+    expect(
+      panel.node.querySelector('.nbscale-Pool-title')?.textContent
+    ).toContain('this notebook');
+    expect(panel.node.querySelector('.nbscale-Pool-idle')?.textContent).toBe(
+      'stops after 30 min idle'
+    );
+    expect(panel.node.querySelector('.nbscale-NoGpu')?.textContent).toBe(
+      noGpu.message
+    );
+
+    const jobRows = [...panel.node.querySelectorAll('.nbscale-Job')];
+    expect(jobRows.map(row => row.querySelector('td')?.textContent)).toEqual([
+      '2',
+      '1'
+    ]); // newest first
+    const buttons = (row: Element) =>
+      [...row.querySelectorAll('button')] as HTMLButtonElement[];
+    expect(buttons(jobRows[0]).map(b => b.textContent)).toEqual([
+      'Log',
+      'Cancel',
+      'Copy'
+    ]);
+    expect(buttons(jobRows[1]).map(b => b.textContent)).toEqual([
+      'Log',
+      'Copy'
+    ]); // finished: no cancel
+    buttons(jobRows[0]).forEach(button => button.click());
+    buttons(jobRows[1])[1].click();
+    expect(calls).toEqual([
+      'log 2',
+      'cancel 2',
+      'copy nbscale.jobs.get(2).result("NAME")',
+      'copy nbscale.jobs.get(1).result("net")'
+    ]);
+  });
+
+  it('draws a utilization and a memory bar per GPU', async () => {
+    const gpu = {
+      index: 0,
+      nvml_index: 0,
+      name: 'NVIDIA H100',
+      compute_capability: '9.0',
+      memory_used_mb: 20480,
+      memory_total_mb: 81920,
+      utilization_percent: 63,
+      temperature_c: 40,
+      power_w: 300,
+      power_limit_w: 700,
+      processes: []
+    };
+    const model = modelWith({ gpus: [gpu], message: null });
+    const panel = panelFor(model, []);
+    await model.update();
+    MessageLoop.sendMessage(panel, Widget.Msg.UpdateRequest);
+    const fills = [
+      ...panel.node.querySelectorAll('.nbscale-Gpu .nbscale-Bar-fill')
+    ] as HTMLElement[];
+    expect(fills.map(fill => fill.style.width)).toEqual(['63%', '25%']);
+    expect(panel.node.querySelector('.nbscale-Gpu')?.textContent).toContain(
+      'memory 20.0 GB / 80.0 GB'
+    );
+    expect(panel.node.querySelector('.nbscale-NoGpu')).toBeNull();
+  });
+});

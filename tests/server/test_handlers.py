@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -139,3 +140,23 @@ async def test_jobs_reads_the_real_job_store_where_nbscale_jobs_exists(jp_fetch,
         pytest.skip("nbscale.jobs with list_jobs() is not installed here")
     monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
     assert await _json(jp_fetch, "jobs") == {"jobs": [], "available": True}
+
+
+@pytest.mark.slow
+async def test_a_real_batch_job_is_listed_logged_and_cancelled(jp_fetch, tmp_path, monkeypatch):
+    jobs = handlers.jobs_module()
+    if jobs is None or not callable(getattr(jobs, "submit", None)):
+        pytest.skip("nbscale.jobs with submit() is not installed here")
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    job = jobs.submit("print('started', flush=True)\nimport time\ntime.sleep(60)", name="sleeper", cwd=tmp_path)
+    deadline = time.monotonic() + 60
+    while "started" not in (await _json(jp_fetch, "jobs", str(job.id), "log"))["log"]:
+        assert time.monotonic() < deadline, "the job did not start within a minute"
+        await asyncio.sleep(0.2)
+    listed = (await _json(jp_fetch, "jobs"))["jobs"]
+    assert [(j["id"], j["name"], j["state"]) for j in listed] == [(job.id, "sleeper", "running")]
+    assert await _json(jp_fetch, "jobs", str(job.id), "cancel", method="POST", body=b"{}") == {
+        "id": job.id,
+        "cancelled": True,
+    }
+    assert (await _json(jp_fetch, "jobs"))["jobs"][0]["state"] == "cancelled"

@@ -21,6 +21,9 @@ def test_quickstart_notebook_runs():
     printed = _printed(run_notebook(REPO_ROOT / "examples" / "quickstart.ipynb"))
     assert "Started 2 CPU workers" in printed
     assert "sum over workers: 3.0" in printed
+    for where in ("In the notebook", "On the pool (2 workers"):
+        line = next(line for line in printed.splitlines() if line.startswith(where))
+        assert float(line.rsplit(" ", 1)[1]) > 0.85, line
 
 
 def test_spmd_notebook_runs():

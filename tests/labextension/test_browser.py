@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,12 +28,6 @@ CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = REPO / "docs" / "screenshot-panel.png"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _extension_installed() -> bool:
     from jupyter_core.paths import jupyter_path
 
@@ -48,7 +41,7 @@ def lab(tmp_path: Path) -> Iterator[str]:
         pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     if not _extension_installed():
         pytest.skip("nbscale's labextension is not built and linked: `make venv` does it")
-    token, port = secrets.token_hex(16), _free_port()
+    token = secrets.token_hex(16)
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     (notebooks / "pool.ipynb").write_text(
@@ -75,19 +68,22 @@ def lab(tmp_path: Path) -> Iterator[str]:
         "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
         "NBSCALE_RUNTIME_DIR": str(tmp_path / "nbscale"),  # pools publish here; the server reads here
     }
+    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed when the server has stopped
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", *root],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "server.log", "wb"),
+        env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    info_file = tmp_path / "runtime" / f"jpserver-{server.pid}.json"  # names the port the OS gave (--port=0)
+    deadline = time.monotonic() + 90
     while True:
         try:
+            url = f"http://127.0.0.1:{json.loads(info_file.read_text())['port']}"
             urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
             break
-        except OSError:
+        except (OSError, ValueError, KeyError):
             if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
                 pytest.fail("JupyterLab did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
             time.sleep(0.3)
     try:
@@ -102,6 +98,7 @@ def lab(tmp_path: Path) -> Iterator[str]:
                 server.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 server.kill()
+        log.close()
 
 
 def _run_cell(page, code: str) -> None:

@@ -19,7 +19,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-EPOCHS = 12
+EPOCHS = 40
 BATCH = 64
 REPEATS = 3
 WORKERS = 2
@@ -63,7 +63,8 @@ options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9,
     verbose=False, execution_environment="{env}")
 started = time.perf_counter()
 net, info = nbscale.train(make_model(), (X, Y), options)
-nbscale_rate = info.iteration[-1] * BATCH / (time.perf_counter() - started)
+nbscale_wall_rate = info.iteration[-1] * BATCH / (time.perf_counter() - started)
+nbscale_rate = info.images_per_second  # the loop's own time, plot updates included, like hand_rate
 """
 
 
@@ -107,7 +108,18 @@ def _ddp_worker(rank: int, world: int, port: int, threads: int, queue) -> None:
     dist.destroy_process_group()
 
 
-def hand_ddp_rate() -> float:
+def hand_ddp_rate(attempts: int = 3) -> float:
+    """The hand-written DDP run (retried: a gloo rendezvous on a loaded machine now and then aborts)."""
+    for attempt in range(attempts):
+        try:
+            return _hand_ddp_rate_once()
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _hand_ddp_rate_once() -> float:
     import socket
 
     import torch.multiprocessing as mp
@@ -132,12 +144,13 @@ def run() -> str:
         setup = kernel.run(SETUP)
         if not setup.ok:
             raise RuntimeError(setup.text)
-        hand, ours = [], []
+        hand, ours, wall = [], [], []
         for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
             kernel.run(HAND_WRITTEN)
             hand.append(_value(kernel, "hand_rate"))
             kernel.run(NBSCALE.format(env="cpu"))
             ours.append(_value(kernel, "nbscale_rate"))
+            wall.append(_value(kernel, "nbscale_wall_rate"))
         kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
         parallel = []
         for _ in range(REPEATS):
@@ -149,7 +162,7 @@ def run() -> str:
     finally:
         kernel.shutdown()
     ddp = [hand_ddp_rate() for _ in range(REPEATS)]
-    best = {"hand": max(hand), "ours": max(ours), "parallel": max(parallel), "ddp": max(ddp)}
+    best = {"hand": max(hand), "ours": max(ours), "parallel": max(parallel), "ddp": max(ddp), "wall": max(wall)}
     return "\n".join([
         "## Training (bench/bench_train.py)",
         "",
@@ -160,6 +173,8 @@ def run() -> str:
         "|---|---:|---:|---:|",
         f"| CPU, notebook process, plots on | {best['ours']:,.0f} | {best['hand']:,.0f} | "
         f"{best['ours'] / best['hand']:.2f}x |",
+        f"| same, end to end (setup, widgets, final figure included) | {best['wall']:,.0f} | {best['hand']:,.0f} | "
+        f"{best['wall'] / best['hand']:.2f}x |",
         f"| parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time) | {best['parallel']:,.0f} | "
         f"{best['ddp']:,.0f} | {best['parallel'] / best['ddp']:.2f}x |",
         "",

@@ -80,6 +80,7 @@ class TrainingProgress:
 
         self.start = event
         self._wall_start = event.start_time
+        self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
         self.button = _stop_button(self.stop)
         if self.button is not None:
             self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route

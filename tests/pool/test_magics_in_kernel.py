@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
@@ -12,9 +11,18 @@ from tests.kernel_session import KernelSession
 pytestmark = pytest.mark.slow
 
 
-def _pool_processes() -> list[str]:
-    found = subprocess.run(["pgrep", "-f", "nbscale.pool.forkserver"], capture_output=True, text=True)
-    return found.stdout.split()
+def _running(pids: list[int]) -> list[int]:
+    """The pids still running (a zombie has exited: it only waits to be reaped)."""
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        if state != "Z":
+            alive.append(pid)
+    return alive
 
 
 def test_spmd_cell_reads_notebook_variables_and_returns_composites(kernel):
@@ -96,11 +104,13 @@ def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
 
 def test_every_worker_exits_when_the_kernel_dies():
     session = KernelSession()
-    session.run("%load_ext nbscale")
+    session.run("%load_ext nbscale\nimport nbscale")
     session.run("%pool start 2 --cpu")
-    assert _pool_processes()
+    shown = session.run("p = nbscale.current_pool()\nprint(*[w.pid for w in p.workers], p.backend._forkserver.pid)")
+    pids = [int(pid) for pid in shown.stdout.split()]
+    assert len(_running(pids)) == 3
     session.kill()
     deadline = time.monotonic() + 10
-    while _pool_processes() and time.monotonic() < deadline:
+    while _running(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _pool_processes() == []
+    assert _running(pids) == []

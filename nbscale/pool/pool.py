@@ -692,6 +692,7 @@ class Pool:
     def _monitor(self) -> None:
         """Every few seconds: refresh memory, publish state, and enforce the idle timeout."""
         global _last_shutdown_notice
+        self._refresh_memory(wait=True)
         self._publish()
         while not self._stopping.wait(registry.HEARTBEAT_S if not self._idle_soon() else 0.2):
             idle_minutes = self.settings["idle_timeout"]

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from nbscale.ui.table import html_table, text_table
+
 COLUMNS = ("id", "name", "state", "started", "elapsed")
 _COLOURS = {
     "queued": "#757575",
@@ -62,27 +64,10 @@ class JobsTable:
     def __repr__(self) -> str:
         if not self.rows:
             return f"No jobs in {self.store}. Submit one with %%batch."
-        cells = [[str(row[c]) for c in COLUMNS] for row in self.rows]
-        widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(COLUMNS)]
-        lines = [self.title, "  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-        return "\n".join(lines)
+        return text_table(self.title, COLUMNS, self.rows)
 
     def _repr_html_(self) -> str:
         if not self.rows:
             return f"<div>No jobs in <code>{html.escape(self.store)}</code>. Submit one with <code>%%batch</code>.</div>"
-        head = "".join(f"<th style='text-align:left'>{c}</th>" for c in COLUMNS)
-        body = ""
-        for row in self.rows:
-            cells = ""
-            for column in COLUMNS:
-                value = html.escape(str(row[column]))
-                if column == "state":
-                    colour = _COLOURS.get(row["state"], "inherit")
-                    value = f"<span style='color:{colour}'>&#9679; {value}</span>"
-                cells += f"<td style='text-align:left'>{value}</td>"
-            body += f"<tr>{cells}</tr>"
-        return (
-            f"<div><b>{html.escape(self.title)}</b><table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table></div>"
-        )
+        table = html_table(COLUMNS, self.rows, _COLOURS)
+        return f"<div><b>{html.escape(self.title)}</b>{table}</div>"

@@ -6,10 +6,13 @@ import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nbscale.ui.table import html_table, text_table
+
 if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
 
 COLUMNS = ("rank", "host", "pid", "device", "state", "memory")
+_STATE_COLOURS = {"idle": "#2e7d32", "busy": "#ef6c00", "dead": "#c62828"}
 
 
 def _memory(megabytes: float | None) -> str:
@@ -44,22 +47,8 @@ class PoolStatus:
         return cls(title, rows)
 
     def __repr__(self) -> str:
-        cells = [[str(row[c]) for c in COLUMNS] for row in self.rows]
-        widths = [max(len(c), *(len(r[i]) for r in cells)) if cells else len(c) for i, c in enumerate(COLUMNS)]
-        lines = [self.title, "  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-        return "\n".join(lines)
+        return text_table(self.title, COLUMNS, self.rows)
 
     def _repr_html_(self) -> str:
-        colours = {"idle": "#2e7d32", "busy": "#ef6c00", "dead": "#c62828"}
-        head = "".join(f"<th style='text-align:left'>{c}</th>" for c in COLUMNS)
-        body = ""
-        for row in self.rows:
-            cells = ""
-            for column in COLUMNS:
-                value = html.escape(str(row[column]))
-                if column == "state":
-                    value = f"<span style='color:{colours.get(row['state'], 'inherit')}'>&#9679; {value}</span>"
-                cells += f"<td style='text-align:left'>{value}</td>"
-            body += f"<tr>{cells}</tr>"
-        return f"<div><b>{html.escape(self.title)}</b><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        table = html_table(COLUMNS, self.rows, _STATE_COLOURS)
+        return f"<div><b>{html.escape(self.title)}</b>{table}</div>"

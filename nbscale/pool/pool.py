@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for_connections
 from typing import Any
@@ -132,6 +132,8 @@ class Pool:
         self._requests: dict[int, Request] = {}
         self._lock = threading.RLock()
         self._tasks: deque[tuple[Future[Any], p.Call, Frame]] = deque()
+        self._task_events: dict[int, Callable[[int, Any], None]] = {}  # request id -> on_event of a queued task
+        self._cancelled: set[int] = set()  # request ids of running tasks interrupted by cancel()
         self._foreground: Request | None = None
         self._groups: set[tuple[int, ...]] = set()
         self._last_activity = time.monotonic()
@@ -412,6 +414,7 @@ class Pool:
         with self._lock:
             requests, self._requests = list(self._requests.values()), {}
             tasks, self._tasks = list(self._tasks), deque()
+            self._task_events.clear()
         for future, _, frame in tasks:
             frame.release()
             if future.set_running_or_notify_cancel():
@@ -567,16 +570,29 @@ class Pool:
         self.request(lambda rid: p.MakeGroup(rid, ranks), what="Creating the worker subgroup")
         self._groups.add(ranks)
 
-    def request_stop(self) -> None:
-        """Ask running code to stop at its next check of `worker_context().stop_requested`."""
+    def request_stop(self, future: Future[Any] | None = None) -> None:
+        """Ask running code to stop at its next check of `worker_context().stop_requested`.
+
+        With `future` (from `submit`), only the worker running that task is asked.
+        """
+        ranks = None if future is None else self._future_ranks(future)
         for worker in self.workers:
-            if not worker.dead:
+            if not worker.dead and (ranks is None or worker.rank in ranks):
                 worker.channel.send(p.RequestStop())
 
     # ---- public API: futures --------------------------------------------------------------------------------
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run `fn(*args, **kwargs)` on a free worker; returns a concurrent.futures.Future (parfeval)."""
+        return self.submit_with_events(fn, None, *args, **kwargs)
+
+    def submit_with_events(
+        self, fn: Callable[..., Any], on_event: Callable[[int, Any], None] | None, /, *args: Any, **kwargs: Any
+    ) -> Future[Any]:
+        """Like `submit`; `on_event(rank, payload)` receives each `worker_context().emit(payload)` of the task.
+
+        `on_event` runs on the pool's receiver thread: keep it short and never block in it.
+        """
         self._check_usable(())
         future: Future[Any] = Future()
         message = p.Call(next_request_id(), fn, args, kwargs)
@@ -586,8 +602,35 @@ class Pool:
             raise PoolError(f"{getattr(fn, '__name__', 'the function')} could not be sent to the workers: {error}") from None
         with self._lock:
             self._tasks.append((future, message, frame))
+            if on_event is not None:
+                self._task_events[message.request_id] = on_event
         self._dispatch_tasks()
         return future
+
+    def cancel(self, future: Future[Any]) -> bool:
+        """Cancel a task from `submit`: a queued one never runs; a running one is interrupted on its worker.
+
+        The worker is free for the next task as soon as it has stopped. A running task's future then ends with
+        `concurrent.futures.CancelledError` as its exception. Returns False when the task had already finished.
+        """
+        if future.cancel():
+            return True
+        with self._lock:  # held while sending, so no next task reaches that worker before the Interrupt
+            request = next((r for r in self._requests.values() if r.future is future), None)
+            if request is None or future.done():
+                return False
+            self._cancelled.add(request.request_id)
+            for rank in request.waiting_for:
+                try:
+                    self.workers[rank].channel.send(p.Interrupt())
+                except (OSError, ValueError):
+                    pass
+        return True
+
+    def _future_ranks(self, future: Future[Any]) -> list[int]:
+        with self._lock:
+            request = next((r for r in self._requests.values() if r.future is future), None)
+            return request.waiting_for if request is not None else []
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
         """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor)."""
@@ -610,10 +653,11 @@ class Pool:
                 if not idle:
                     return
                 future, message, frame = self._tasks.popleft()
+                on_event = self._task_events.pop(message.request_id, None)
                 if not future.set_running_or_notify_cancel():
                     frame.release()
                     continue
-                self._send(message, (idle[0].rank,), future=future, frame=frame)
+                self._send(message, (idle[0].rank,), future=future, frame=frame, on_event=on_event)
 
     def _complete_future(self, request: Request, item: Any) -> None:
         if isinstance(item, p.Event):
@@ -626,7 +670,10 @@ class Pool:
         assert future is not None
         if future.done():
             return
-        if request.failures:
+        if request.request_id in self._cancelled:
+            self._cancelled.discard(request.request_id)
+            future.set_exception(CancelledError(f"Cancelled with pool.cancel(); worker {request.ranks[0]} is free."))
+        elif request.failures:
             future.set_exception(request.error("The task"))
         else:
             future.set_result(request.replies[request.ranks[0]])

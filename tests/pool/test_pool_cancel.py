@@ -1,0 +1,62 @@
+"""Futures with events, cancelling a running task, and stopping one task: Pool.submit_with_events, cancel,
+request_stop(future), on real worker processes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import CancelledError
+
+import pytest
+
+import nbscale
+from nbscale.pool.context import worker_context
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with nbscale.Pool(1, cpu=True) as running:
+        yield running
+
+
+def _count_until_stopped(limit: int) -> int:
+    context = worker_context()
+    for step in range(limit):
+        context.emit(step)
+        if context.stop_requested:
+            return step
+        time.sleep(0.02)
+    return limit
+
+
+def test_submit_with_events_delivers_every_event_on_the_receiver_thread(pool):
+    seen: list[tuple[int, int, str]] = []
+    future = pool.submit_with_events(_count_until_stopped, lambda rank, step: seen.append(
+        (rank, step, threading.current_thread().name)), 5)
+    assert future.result(timeout=30) == 5
+    assert [step for _, step, _ in seen] == [0, 1, 2, 3, 4]
+    assert {(rank, thread) for rank, _, thread in seen} == {(0, "nbscale-pool-receiver")}
+
+
+def test_cancelling_a_running_task_frees_its_worker_for_the_queued_one(pool):
+    started = threading.Event()
+    running = pool.submit_with_events(_count_until_stopped, lambda rank, step: started.set(), 100000)
+    queued = pool.submit(os.getpid)
+    assert started.wait(30)
+    assert pool.cancel(running)
+    with pytest.raises(CancelledError):
+        running.result(timeout=30)
+    assert queued.result(timeout=30) == pool.workers[0].pid  # the one worker took the queued task
+    assert not pool.cancel(queued)  # already finished
+
+
+def test_cancelling_a_queued_task_means_it_never_runs(pool):
+    started = threading.Event()
+    running = pool.submit_with_events(_count_until_stopped, lambda rank, step: started.set(), 100000)
+    queued = pool.submit(os.getpid)
+    assert pool.cancel(queued) and queued.cancelled()
+    assert started.wait(30)
+    pool.request_stop(running)
+    assert running.result(timeout=30) < 100000  # stopped early through worker_context().stop_requested
+    assert pool.submit(sum, [2, 3]).result(timeout=30) == 5

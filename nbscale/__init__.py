@@ -38,6 +38,7 @@ _LAZY: dict[str, str] = {
     "gpus": "nbscale.gpu",
     "select_gpu": "nbscale.gpu",
     "sweep": "nbscale.train.sweep",
+    "train_async": "nbscale.train.runs",
     "show": "nbscale.ui.future_progress",
 }
 _SUBMODULES = {"data", "models", "jobs", "pool", "train", "ui"}

@@ -1,0 +1,214 @@
+"""Training runs on pool workers (parfeval for trainNetwork): `train_async` and the `TrainingRun` future.
+
+One run trains one network on one worker, in-process there (no DDP), on that worker's device. The worker sends
+its training events to the notebook in small bunches through `pool.submit_with_events`; they are recorded in
+`run.info` as they arrive (on the pool's receiver thread), so a display (`nbscale.show(run)`, the sweep figure)
+can draw the run live while the notebook stays free. `TrainingRun` is a `concurrent.futures.Future` whose
+result is `(net, info)`: `wait`, `as_completed` and `add_done_callback` work as usual.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.info import TrainingInfo
+from nbscale.train.options import TrainingOptions
+
+_EMIT_INTERVAL = 0.2  # seconds between bunches of events sent by a worker
+
+
+class TrainingRun(Future):
+    """A training run submitted to the pool: a Future of `(net, info)` with live progress.
+
+    `info` fills as the run trains; `state` is "queued", "running", "done", "failed" or "cancelled";
+    `cancel()` stops a queued or running run at once (its worker is then free for the next one) and
+    `stop()` asks a running one to stop at the end of its iteration and return the network so far.
+    """
+
+    def __init__(self, name: str = "run", params: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.params = dict(params or {})
+        self.info = TrainingInfo()
+        self.net: nn.Module | None = None
+        self.error: str | None = None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.pool: Any = None
+        self._task: Future[Any] | None = None
+        self._listeners: list[Callable[[TrainingRun], None]] = []
+        self._lock = threading.Lock()
+
+    # ---- the pool side --------------------------------------------------------------------------------------
+
+    def _attach(self, pool: Any, task: Future[Any]) -> None:
+        self.pool, self._task = pool, task
+        task.add_done_callback(self._task_done)
+
+    def _on_event(self, rank: int, events: Any) -> None:
+        """Events from the worker (receiver thread): record them and tell the listeners."""
+        with self._lock:
+            for event in events if isinstance(events, list) else [events]:
+                if isinstance(event, TrainingStarted) and self.started_at is None:
+                    self.started_at = time.time()
+                self.info.record(event)
+        self._notify()
+
+    def _task_done(self, task: Future[Any]) -> None:
+        self.ended_at = time.time()
+        if task.cancelled():
+            super().cancel()
+        elif isinstance(task.exception(), CancelledError):
+            self.info.stop_reason = "Cancelled"
+            super().cancel()
+        elif task.exception() is not None:
+            self.error = str(task.exception())
+            self.set_exception(task.exception())
+        else:
+            net, info = task.result()
+            self.net, self.info = net, info
+            self.set_result((net, info))
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(self)
+            except Exception:  # a broken display must not break the pool's receiver thread
+                pass
+
+    def subscribe(self, listener: Callable[[TrainingRun], None]) -> None:
+        """Call `listener(run)` after every bunch of events and when the run ends (on the pool's thread)."""
+        self._listeners.append(listener)
+
+    # ---- the user side --------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        if self.cancelled():
+            return "cancelled"
+        if self.done():
+            return "failed" if self.exception() is not None else "done"
+        if self._task is not None and self._task.running():
+            return "running"
+        return "queued"
+
+    def cancel(self) -> bool:
+        """Cancel the run: never start it if queued, interrupt it if running. False when it already ended."""
+        if self.done():
+            return False
+        if self._task is None:
+            return super().cancel()
+        return self.pool.cancel(self._task)
+
+    def stop(self) -> None:
+        """Ask a running run to stop at the end of its current iteration; it then ends "done" with the net so far."""
+        if self._task is not None and not self.done():
+            self.pool.request_stop(self._task)
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"<TrainingRun {self.name} ({params}) {self.state}>" if params else f"<TrainingRun {self.name} {self.state}>"
+
+
+def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | None = None,
+                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, pool: Any = None,
+                name: str = "run", params: dict[str, Any] | None = None) -> TrainingRun:
+    """Train `model` on one free worker of `pool` (default: the current pool, started if none runs).
+
+    Returns at once with a `TrainingRun` (a Future of `(net, info)`); `nbscale.show(run)` draws its progress live
+    without blocking the notebook. The run trains a copy of `model` on its worker's device; the notebook's model
+    is left untouched. `options.execution_environment`, `worker_load`, `plots` and `verbose` do not apply (one
+    run, one worker); `output_fn` runs on the worker.
+    """
+    from nbscale.pool.pool import current_pool
+    from nbscale.train.trainer import _as_options
+
+    options = _as_options(options)
+    pool = pool if pool is not None else current_pool(start=True)
+    run = TrainingRun(name, params)
+    worker_options = options.replace(plots="none", verbose=False)
+    task = pool.submit_with_events(train_on_worker, run._on_event, model, train_data, worker_options, loss_fn)
+    run._attach(pool, task)
+    return run
+
+
+def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> tuple[nn.Module, TrainingInfo]:
+    """What the worker runs: the training loop on this worker's device, events sent to the notebook."""
+    from nbscale.pool.context import worker_context
+    from nbscale.train.loading import as_dataset, split_batch
+    from nbscale.train.loop import LoopSetup, run_training
+
+    context = worker_context()
+    dataset = as_dataset(train_data)
+    info = TrainingInfo()
+    sender = _EventBunches(context.emit)
+    stop_reason: list[str] = []
+
+    def publish(event: Any) -> None:
+        info.record(event)
+        sender.send(event)
+        if options.output_fn is not None and isinstance(event, IterationDone) and options.output_fn(info) is True:
+            stop_reason.append("Stopped by output_fn")
+
+    def stop() -> str | None:
+        if context.stop_requested:
+            return "Stopped on request"
+        return stop_reason[0] if stop_reason else None
+
+    device = context.device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        result = run_training(LoopSetup(
+            model=model, train_data=dataset, options=options, loss_fn=loss_fn or nn.CrossEntropyLoss(),
+            device=device, seed=int(torch.randint(2**31 - 1, (1,)).item()),
+            hardware=f"worker {context.rank} ({device})", publish=publish, stop_reason=stop,
+            validation_data=options.validation_data,
+            counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1)))
+    finally:
+        sender.flush()
+    info.stop_reason = info.stop_reason or result.stop_reason
+    return model.cpu(), info
+
+
+class _EventBunches:
+    """Sends events as one list every _EMIT_INTERVAL seconds (start and end at once)."""
+
+    def __init__(self, emit: Callable[[Any], None]) -> None:
+        self.emit, self.buffer, self.last = emit, [], 0.0
+
+    def send(self, event: Any) -> None:
+        self.buffer.append(event)
+        now = time.perf_counter()
+        if isinstance(event, (TrainingStarted, TrainingDone)) or now - self.last >= _EMIT_INTERVAL:
+            self.flush()
+            self.last = now
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.emit(self.buffer)
+            self.buffer = []
+
+
+def fresh_model(make_model: Callable[[], nn.Module] | nn.Module) -> nn.Module:
+    """A new network from `make_model()`, or a deep copy of a network (every run starts from the same weights)."""
+    if isinstance(make_model, nn.Module):
+        return copy.deepcopy(make_model)
+    model = make_model()
+    if not isinstance(model, nn.Module):
+        from nbscale.errors import OptionsError
+
+        raise OptionsError(f"make_model must return a torch nn.Module, not {type(model).__name__}: define "
+                           "make_model() so that it builds and returns a fresh network.")
+    return model

@@ -1,0 +1,165 @@
+"""`nbscale.sweep`: train one network per combination of option values, each on its own pool worker.
+
+MATLAB's "Train multiple networks in parallel" (parfeval per network, one figure that compares them). Every
+combination is checked before any run starts; runs queue for free workers; a failing run shows its error while
+the others keep going; cancelling a run frees its worker for the next one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as wait_for_futures
+from typing import Any
+
+from torch import nn
+
+from nbscale.errors import OptionsError
+from nbscale.train.options import TrainingOptions, field_names
+from nbscale.train.runs import TrainingRun, fresh_model, train_async
+
+
+def grid_combinations(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, the first field varying slowest; OptionsError for a bad grid."""
+    if not isinstance(grid, dict) or not grid:
+        raise OptionsError("grid must be a dict of option name -> list of values, e.g. "
+                           "{'initial_learn_rate': [0.01, 0.1]}.")
+    names = field_names()
+    for name, values in grid.items():
+        if name not in names:
+            TrainingOptions("sgdm", **{name: None})  # raises the usual "no field ... did you mean" error
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
+            raise OptionsError(f"grid[{name!r}] must be a non-empty list of values, not {values!r}.")
+    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def run_name(params: dict[str, Any]) -> str:
+    """A short label for a run: "initial_learn_rate=0.01, mini_batch_size=64"."""
+    return ", ".join(f"{name}={value}" for name, value in params.items())
+
+
+class SweepResult:
+    """Every run of a sweep: `runs` (TrainingRun futures), `nets`, `infos`, `best`, `table()`, `cancel(i)`."""
+
+    def __init__(self, runs: list[TrainingRun]) -> None:
+        self.runs = runs
+        self.display: Any = None
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __getitem__(self, index: int) -> TrainingRun:
+        return self.runs[index]
+
+    @property
+    def done(self) -> bool:
+        return all(run.done() for run in self.runs)
+
+    @property
+    def nets(self) -> list[nn.Module | None]:
+        """The trained network of each run (None for a run that failed, was cancelled, or still runs)."""
+        return [run.net for run in self.runs]
+
+    @property
+    def infos(self) -> list[Any]:
+        """Each run's TrainingInfo (live while it trains)."""
+        return [run.info for run in self.runs]
+
+    @property
+    def best(self) -> TrainingRun | None:
+        """The finished run ranked first by `ranked()`, or None when none finished."""
+        finished = [run for run in self.ranked() if run.state == "done"]
+        return finished[0] if finished else None
+
+    def ranked(self) -> list[TrainingRun]:
+        """Runs best first: by final validation accuracy where runs have one, else by final training loss;
+        failed, cancelled and unfinished runs last."""
+        return sorted(self.runs, key=_rank_key)
+
+    def cancel(self, index: int | None = None) -> None:
+        """Cancel run `index` (queued or running; its worker takes the next run), or every run not yet ended."""
+        for run in self.runs if index is None else [self.runs[index]]:
+            run.cancel()
+
+    def wait(self, timeout: float | None = None) -> SweepResult:
+        """Block until every run ended (or `timeout` seconds); the kernel interrupt cancels the runs still going."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self.done:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                pending = [run for run in self.runs if not run.done()]
+                wait_for_futures(pending, timeout=min(0.25, left) if left is not None else 0.25,
+                                 return_when=FIRST_COMPLETED)
+        except KeyboardInterrupt:
+            self.cancel()
+            wait_for_futures(self.runs, timeout=10)
+        if self.display is not None and self.done:
+            self.display.finish()
+        return self
+
+    def table(self) -> Any:
+        """The results table, best first (HTML in notebooks, text elsewhere)."""
+        from nbscale.ui.sweep_display import SweepTable
+
+        return SweepTable(self.ranked())
+
+    def to_dataframe(self) -> Any:
+        """The results table as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.table().rows())
+
+    def __repr__(self) -> str:
+        return repr(self.table())
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
+
+
+def _rank_key(run: TrainingRun) -> tuple[int, float]:
+    if run.state != "done":
+        return (2, 0.0)
+    accuracy = run.info.final_validation_accuracy
+    if accuracy is not None:
+        return (0, -accuracy)
+    loss = run.info.training_loss[-1] if run.info.training_loss else float("inf")
+    return (1, loss)
+
+
+def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, options: TrainingOptions | None = None,
+          grid: dict[str, Sequence[Any]] | None = None, pool: Any = None,
+          loss_fn: Callable[..., Any] | None = None, val_data: Any = None, wait: bool = True,
+          show: bool | None = None) -> SweepResult:
+    """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
+
+    `make_model()` builds a fresh network per run (or pass a network: each run starts from a copy of it).
+    `pool` defaults to the current pool (one is started if none runs). Every combination is checked before any
+    run starts (OptionsError). In a notebook a live figure compares the runs, with a Cancel button per run, and
+    ends with the results table, best first. `wait=False` returns at once; `result.wait()` blocks later.
+    Returns a SweepResult holding every run's net and info; failed runs keep their error (`run.error`).
+    """
+    from nbscale.pool.pool import current_pool
+    from nbscale.train.trainer import _as_options, _in_notebook
+
+    base = _as_options(options)
+    if val_data is not None:
+        base = base.replace(validation_data=val_data)
+    combinations = grid_combinations(grid if grid is not None else {})
+    run_options = [base.replace(**params) for params in combinations]  # every combination checked first
+    models = [fresh_model(make_model) for _ in combinations]
+    pool = pool if pool is not None else current_pool(start=True)
+    runs = [train_async(model, train_data, opts, loss_fn=loss_fn, pool=pool, name=f"#{index + 1}", params=params)
+            for index, (model, opts, params) in enumerate(zip(models, run_options, combinations, strict=True))]
+    result = SweepResult(runs)
+    if show if show is not None else _in_notebook():
+        from nbscale.ui.sweep_display import SweepDisplay
+
+        result.display = SweepDisplay(runs, title=f"Sweep of {len(runs)} runs on {pool.size} workers")
+        result.display.show()
+    if wait:
+        result.wait()
+    return result

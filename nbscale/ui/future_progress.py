@@ -1,0 +1,55 @@
+"""`nbscale.show(future)`: watch a run on the pool while the notebook stays free (parfeval + afterEach).
+
+For a training run from `nbscale.train_async` it shows the live figure (accuracy, loss), a status table and
+Stop / Cancel buttons, drawn by a background thread from the events the worker sends. For any other future
+from `pool.submit` it shows one status line that changes when the task ends.
+"""
+
+from __future__ import annotations
+
+import html
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from nbscale.errors import NbscaleError
+
+
+def show(future: Future[Any]) -> Any:
+    """Show the progress of `future` in the cell's output and return at once.
+
+    `future` is a TrainingRun (from `nbscale.train_async` or a sweep's `runs`) or any future from
+    `pool.submit`. Returns the display object (a SweepDisplay, or None for a plain future).
+    """
+    from IPython.display import display
+
+    from nbscale.train.runs import TrainingRun
+
+    if isinstance(future, TrainingRun):
+        from nbscale.ui.sweep_display import SweepDisplay
+
+        view = SweepDisplay([future], title=f"Training {future.name} on the pool", stop_buttons=True)
+        view.show()
+        return view
+    if not isinstance(future, Future):
+        raise NbscaleError(f"nbscale.show takes a future from nbscale.train_async(...) or pool.submit(...), not "
+                           f"{type(future).__name__}.")
+    handle = display(_status_bundle(future), raw=True, display_id=True)
+    future.add_done_callback(lambda done: handle.update(_status_bundle(done), raw=True))
+    return None
+
+
+def _status_bundle(future: Future[Any]) -> dict[str, str]:
+    if future.cancelled() or (future.done() and isinstance(future.exception(), CancelledError)):
+        text = "Task cancelled."
+    elif not future.done():
+        text = "Task running on the pool..." if future.running() else "Task queued for a free worker..."
+    elif future.exception() is not None:
+        text = f"Task failed: {future.exception()}"
+    else:
+        text = f"Task done: {_short(future.result())}"
+    return {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,257 @@
+"""The live display of training runs on the pool: one figure comparing every run, a table, Cancel buttons.
+
+Used by `nbscale.sweep` (many runs) and `nbscale.show` (one run). Runs record their events on the pool's
+receiver thread; a refresher thread of this display redraws at most every `min_interval` seconds, so neither
+the pool nor the notebook waits for matplotlib. The figure is a PNG (Agg canvas, no pyplot) and the table an
+HTML output, both replaced through display handles, so the last ones stay in the saved notebook. The buttons
+are the only widgets, and are removed when every run has ended.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nbscale.train.runs import TrainingRun
+from nbscale.ui.table import html_table, text_table
+
+_STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "failed": "#d62728",
+                  "cancelled": "#ff7f0e"}
+_SMOOTHING = 0.6
+
+
+def _percent(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.2f}%"
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def _last_line(error: str | None) -> str:
+    lines = [line for line in (error or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def run_row(run: TrainingRun) -> dict[str, Any]:
+    """One table row: what a run is doing or how it ended."""
+    info = run.info
+    total = info.max_epochs * info.iterations_per_epoch
+    elapsed = f"{info.time[-1]:.1f} s" if info.time else ""
+    return {
+        "run": run.name,
+        "options": ", ".join(f"{k}={v}" for k, v in run.params.items()),
+        "state": run.state,
+        "epoch": f"{info.epoch[-1]} of {info.max_epochs}" if info.epoch else "",
+        "iteration": f"{info.iteration[-1]} of {total}" if info.iteration else "",
+        "training loss": _number(info.training_loss[-1] if info.training_loss else None),
+        "training accuracy": _percent(info.training_accuracy[-1] if info.training_accuracy else None),
+        "validation accuracy": _percent(info.final_validation_accuracy),
+        "elapsed": elapsed,
+        "error": _last_line(run.error) if run.state == "failed" else "",
+    }
+
+
+class SweepTable:
+    """Runs as a table (in the order given): text in a terminal, HTML in notebooks, failures' tracebacks below."""
+
+    def __init__(self, runs: Sequence[TrainingRun], title: str = "Results (best first)") -> None:
+        self.runs, self.title = list(runs), title
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [run_row(run) for run in self.runs]
+
+    def _columns(self, rows: list[dict[str, Any]]) -> list[str]:
+        columns = list(rows[0]) if rows else ["run"]
+        return [c for c in columns if c != "error" or any(r["error"] for r in rows)]
+
+    def __repr__(self) -> str:
+        rows = self.rows()
+        text = text_table(self.title, self._columns(rows), rows)
+        for run in self.runs:
+            if run.state == "failed":
+                text += f"\n\n{run.name} failed:\n{run.error}"
+        return text
+
+    def _repr_html_(self) -> str:
+        rows = self.rows()
+        body = f"<b>{html.escape(self.title)}</b>" + html_table(self._columns(rows), rows, _STATE_COLOURS)
+        for run in self.runs:
+            if run.state == "failed":
+                body += (f"<details><summary>{html.escape(run.name)} failed: {html.escape(_last_line(run.error))}"
+                         f"</summary><pre>{html.escape(run.error or '')}</pre></details>")
+        return body
+
+    def bundle(self) -> dict[str, str]:
+        return {"text/html": self._repr_html_(), "text/plain": repr(self)}
+
+
+class SweepDisplay:
+    """Live figure + table + a Cancel (and optionally Stop) button per run, refreshed off the main thread."""
+
+    def __init__(self, runs: Sequence[TrainingRun], title: str = "", min_interval: float = 1.0,
+                 stop_buttons: bool = False) -> None:
+        self.runs, self.title, self.min_interval = list(runs), title, min_interval
+        self.stop_buttons = stop_buttons
+        self.figure_handle: Any = None
+        self.table_handle: Any = None
+        self.buttons_handle: Any = None
+        self.buttons: dict[str, list[Any]] = {}
+        self.finished = False
+        self._dirty = threading.Event()
+        self._draw_lock = threading.Lock()
+        self._undo_routes: list[Any] = []
+
+    # ---- life cycle --------------------------------------------------------------------------------------------
+
+    def show(self) -> None:
+        """Display the figure, the table and the buttons, and start redrawing as the runs train."""
+        from IPython.display import display
+
+        box = self._button_box()
+        if box is not None:
+            self.buttons_handle = display(box, display_id=True)
+            from nbscale.ui.progress import _route_clicks_off_main_thread
+
+            for buttons in self.buttons.values():
+                for button in buttons:  # clicks are handled even while a blocking sweep holds the cell
+                    undo = _route_clicks_off_main_thread(button)
+                    if undo is not None:
+                        self._undo_routes.append(undo)
+        self.table_handle = display(SweepTable(self.runs, self.title or "Runs").bundle(), raw=True,
+                                    display_id=True)
+        self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
+                                     display_id=True)
+        for run in self.runs:
+            run.subscribe(lambda _run: self._dirty.set())
+        threading.Thread(target=self._refresh_forever, name="nbscale-sweep-display", daemon=True).start()
+
+    def _refresh_forever(self) -> None:
+        while not all(run.done() for run in self.runs):
+            if self._dirty.wait(0.25):
+                self._dirty.clear()
+                started = time.perf_counter()
+                self.draw()
+                time.sleep(max(self.min_interval, 20 * (time.perf_counter() - started)))  # draw <= 5% of the time
+        self.finish()
+
+    def draw(self) -> None:
+        """Redraw the figure and the table now."""
+        with self._draw_lock:
+            if self.finished or self.figure_handle is None:
+                return
+            self._update_buttons()
+            self.table_handle.update(SweepTable(self.runs, self.title or "Runs").bundle(), raw=True)
+            if any(run.info.iteration for run in self.runs):
+                self.figure_handle.update({"image/png": self.png(), "text/plain": "<sweep figure>"}, raw=True)
+
+    def finish(self) -> None:
+        """Last figure, the results table best first, and no buttons left (idempotent)."""
+        with self._draw_lock:
+            if self.finished or self.figure_handle is None:
+                return
+            self.finished = True
+            if any(run.info.iteration for run in self.runs):
+                self.figure_handle.update({"image/png": self.png(), "text/plain": "<sweep figure>"}, raw=True)
+            from nbscale.train.sweep import _rank_key
+
+            ranked = sorted(self.runs, key=_rank_key) if len(self.runs) > 1 else self.runs
+            title = "Results (best first)" if len(self.runs) > 1 else "Result"
+            self.table_handle.update(SweepTable(ranked, title).bundle(), raw=True)
+            for buttons in self.buttons.values():
+                for button in buttons:
+                    button.close()
+            if self.buttons_handle is not None:
+                self.buttons_handle.update({"text/plain": ""}, raw=True)  # no dead widgets in the saved notebook
+            for undo in self._undo_routes:
+                undo()
+            self._undo_routes = []
+
+    # ---- buttons ---------------------------------------------------------------------------------------------
+
+    def _button_box(self) -> Any:
+        try:
+            import ipywidgets
+        except ImportError:  # pragma: no cover - ipywidgets is a dependency
+            return None
+        rows = []
+        for run in self.runs:
+            cancel = ipywidgets.Button(description=f"Cancel {run.name}", icon="times", button_style="warning",
+                                       tooltip=f"Cancel {run.name} ({', '.join(map(str, run.params.values()))}); "
+                                               "its worker takes the next run",
+                                       layout=ipywidgets.Layout(width="auto"))
+            cancel.on_click(lambda _button, run=run: run.cancel())
+            buttons = [cancel]
+            if self.stop_buttons:
+                stop = ipywidgets.Button(description="Stop", icon="stop", button_style="danger",
+                                         tooltip="Stop at the end of this iteration and keep the network so far",
+                                         layout=ipywidgets.Layout(width="auto"))
+                stop.on_click(lambda _button, run=run: run.stop())
+                buttons.insert(0, stop)
+            self.buttons[run.name] = buttons
+            rows.extend(buttons)
+        return ipywidgets.HBox(rows, layout=ipywidgets.Layout(flex_flow="row wrap"))
+
+    def _update_buttons(self) -> None:
+        for run in self.runs:
+            if run.done():
+                for button in self.buttons.get(run.name, []):
+                    if not button.disabled:
+                        button.disabled = True
+
+    # ---- the figure ------------------------------------------------------------------------------------------
+
+    def png(self) -> bytes:
+        """Accuracy and loss of every run (smoothed training curves, validation points), as a PNG."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        figure = Figure(figsize=(9, 5.2), dpi=72, layout="constrained")
+        FigureCanvasAgg(figure)
+        accuracy_axes, loss_axes = figure.subplots(2, 1, sharex=True)
+        colours = [f"C{i % 10}" for i in range(len(self.runs))]
+        for run, colour in zip(self.runs, colours, strict=True):
+            info = run.info
+            count = len(info.iteration)
+            iterations = info.iteration[:count]
+            label = f"{run.name} {', '.join(f'{k}={v}' for k, v in run.params.items())}".strip()
+            losses = info.training_loss[:count]
+            loss_axes.plot(iterations, _smooth(losses), color=colour, linewidth=1.4, label=label)
+            accuracies = info.training_accuracy[:count]
+            if any(a is not None for a in accuracies):
+                accuracy_axes.plot(iterations, _smooth([100 * a if a is not None else float("nan") for a in accuracies]),
+                                   color=colour, linewidth=1.4, label=label)
+            validated = [(i, vl, va) for i, vl, va in zip(iterations, info.validation_loss[:count],
+                                                          info.validation_accuracy[:count], strict=False)
+                         if vl is not None]
+            if validated:
+                x = [v[0] for v in validated]
+                loss_axes.plot(x, [v[1] for v in validated], "o--", color=colour, markersize=3, linewidth=0.8)
+                if any(v[2] is not None for v in validated):
+                    accuracy_axes.plot(x, [100 * v[2] if v[2] is not None else float("nan") for v in validated],
+                                       "o--", color=colour, markersize=3, linewidth=0.8)
+        accuracy_axes.set_ylabel("Accuracy (%)")
+        loss_axes.set_ylabel("Loss")
+        loss_axes.set_xlabel("Iteration (lines: training, smoothed; dots: validation)")
+        for axes in (accuracy_axes, loss_axes):
+            axes.grid(alpha=0.25)
+        handles, labels = loss_axes.get_legend_handles_labels()
+        if handles:
+            accuracy_axes.legend(handles, labels, loc="lower right", fontsize=8)
+        if self.title:
+            accuracy_axes.set_title(self.title, fontsize=10)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+
+def _smooth(values: Sequence[float]) -> list[float]:
+    smoothed: list[float] = []
+    for value in values:
+        previous = smoothed[-1] if smoothed else value
+        smoothed.append(_SMOOTHING * previous + (1 - _SMOOTHING) * value if previous == previous else value)
+    return smoothed

@@ -1,0 +1,118 @@
+"""nbscale.sweep and nbscale.train_async on a real CPU pool of 2: results for every run, failures, cancelling."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import CancelledError
+
+import pytest
+import torch
+from torch import nn
+
+import nbscale
+from nbscale.errors import OptionsError
+from nbscale.train.sweep import grid_combinations
+from tests.train.digits import digits, tiny_net
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[nbscale.Pool]:
+    with nbscale.Pool(2, cpu=True) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple:
+    return digits()
+
+
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+
+
+def test_a_2x2_sweep_on_a_pool_of_2_gives_a_net_and_info_for_every_run_best_first(pool, data) -> None:
+    (train_x, train_y), val = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=1, verbose=False)
+    grid = {"initial_learn_rate": [0.05, 0.2], "mini_batch_size": [64, 128]}
+    result = nbscale.sweep(tiny_net, (train_x, train_y), options, grid, pool=pool, val_data=val)
+    assert [run.state for run in result.runs] == ["done"] * 4
+    assert [run.params for run in result.runs] == grid_combinations(grid)
+    assert all(isinstance(net, nn.Module) for net in result.nets)
+    assert [info.iteration[-1] for info in result.infos] == [1500 // 64, 1500 // 128] * 2
+    accuracies = [run.info.final_validation_accuracy for run in result.ranked()]
+    assert accuracies == sorted(accuracies, reverse=True)
+    assert result.best is result.ranked()[0]
+    assert "Results (best first)" in repr(result) and "mini_batch_size=128" in repr(result)
+    assert len({run.info.hardware for run in result.runs}) == 2  # both workers trained
+
+
+def test_a_failing_run_keeps_its_error_and_the_others_finish(pool, data) -> None:
+    (train_x, train_y), _ = data
+    built = []
+
+    def make_model() -> nn.Module:
+        built.append(1)
+        return nn.Linear(63, 10) if len(built) == 2 else tiny_net()  # the second run's input size is wrong
+
+    options = nbscale.TrainingOptions("adam", max_epochs=1, verbose=False)
+    result = nbscale.sweep(make_model, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
+                           pool=pool)
+    assert [run.state for run in result.runs] == ["done", "failed", "done"]
+    assert "mat1 and mat2 shapes cannot be multiplied" in result.runs[1].error
+    assert result.nets[1] is None and result.ranked()[-1] is result.runs[1]
+    assert "#2 failed" in repr(result)
+    assert pool.submit(sum, [1, 2]).result(timeout=30) == 3  # the failed run left its worker usable
+
+
+def test_cancelling_a_running_run_frees_its_worker_for_the_next_one(pool, data) -> None:
+    (train_x, train_y), _ = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
+    result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
+                           pool=pool, wait=False)
+    try:
+        _wait_for(lambda: result.runs[0].info.iteration and result.runs[1].info.iteration)
+        assert result.runs[2].state == "queued"  # two workers, three runs
+        result.cancel(0)
+        _wait_for(lambda: result.runs[2].info.iteration)  # the third run got the freed worker
+        assert result.runs[0].state == "cancelled" and result.runs[0].cancelled()
+        assert result.runs[1].state == "running"
+    finally:
+        result.cancel()
+        result.wait(timeout=30)
+    assert [run.state for run in result.runs] == ["cancelled"] * 3
+    with pytest.raises(CancelledError):
+        result.runs[1].result()
+    assert pool.run(lambda: torch.get_num_threads()) is not None  # every worker is free again
+
+
+def test_stop_ends_a_run_with_the_network_so_far_and_leaves_the_other_run_alone(pool, data) -> None:
+    (train_x, train_y), _ = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
+    first = nbscale.train_async(tiny_net(), (train_x, train_y), options, pool=pool)
+    second = nbscale.train_async(tiny_net(), (train_x, train_y), options, pool=pool)
+    try:
+        _wait_for(lambda: first.info.iteration and second.info.iteration)
+        first.stop()
+        net, info = first.result(timeout=30)
+        assert info.stop_reason == "Stopped on request" and isinstance(net, nn.Module)
+        assert second.state == "running"
+    finally:
+        second.cancel()
+    with pytest.raises(CancelledError):
+        second.result(timeout=30)
+
+
+def test_impossible_grid_values_are_rejected_before_any_run_starts(pool, data) -> None:
+    (train_x, train_y), _ = data
+    with pytest.raises(OptionsError, match="mini_batch_size"):
+        nbscale.sweep(tiny_net, (train_x, train_y), None, {"mini_batch_size": [64, 0]}, pool=pool)
+    with pytest.raises(OptionsError, match="Did you mean 'initial_learn_rate'"):
+        nbscale.sweep(tiny_net, (train_x, train_y), None, {"initial_learning_rate": [0.1]}, pool=pool)
+    with pytest.raises(OptionsError, match="non-empty list"):
+        nbscale.sweep(tiny_net, (train_x, train_y), None, {"max_epochs": []}, pool=pool)
+    assert all(worker.state == "idle" for worker in pool.workers)

@@ -92,10 +92,16 @@ class Job:
         record = self.record()
         if not self.store.mark_cancelled(self.id):
             return False
-        if record.pid is None:  # the submitter was still starting it: the runner sees "cancelled" and leaves
-            record = self.record()
-        if record.pid is not None:
-            process.kill_group(record.pid, record.pid_started)
+        from nbscale.jobs import ray_jobs
+
+        ray_job = ray_jobs.reference(self.folder)
+        if ray_job is not None:  # its process runs on Ray's node: Ray stops it and its process group
+            ray_jobs.stop(ray_job)
+        else:
+            if record.pid is None:  # the submitter was still starting it: the runner sees "cancelled" and leaves
+                record = self.record()
+            if record.pid is not None:
+                process.kill_group(record.pid, record.pid_started)
         append_text(
             self.log_path, f"\n[nbscale] job {self.id} cancelled {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         )

@@ -51,7 +51,8 @@ def main(argv: list[str]) -> int:
         if record.pool:
             from nbscale.pool.pool import Pool
 
-            pool = namespace["pool"] = Pool(record.pool)
+            # a job running as a Ray job opens its pool as actors on that cluster (NBSCALE_JOB_CLUSTER=auto)
+            pool = namespace["pool"] = Pool(record.pool, cluster=os.environ.get("NBSCALE_JOB_CLUSTER") or None)
         _run_cell(code, f"<batch job {job_id}>", namespace)
     except CellFailed as failure:
         state, error = "failed", str(failure)

@@ -214,7 +214,14 @@ class JobStore:
         """A queued/running job whose process is gone without writing its end state has failed."""
         if record.state not in ACTIVE_STATES:
             return record
-        if record.pid is not None:
+        from nbscale.jobs import ray_jobs
+
+        ray_job = ray_jobs.reference(self.job_dir(record.id))
+        if ray_job is not None:  # it runs wherever Ray put it: Ray, not a local pid, says whether it still runs
+            reason = ray_jobs.ended_without_state(self.job_dir(record.id), ray_job)
+            if reason is None:
+                return record
+        elif record.pid is not None:
             if process.alive(record.pid, record.pid_started):
                 return record
             # it may have written its end state between our read and the check

@@ -12,7 +12,7 @@ from typing import Any
 import cloudpickle
 
 from nbscale.errors import JobError
-from nbscale.jobs import process
+from nbscale.jobs import process, ray_jobs
 from nbscale.jobs.files import open_private, write_atomic
 from nbscale.jobs.job import Job
 from nbscale.jobs.store import JobStore
@@ -31,13 +31,16 @@ def submit(
     cwd: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     store: JobStore | None = None,
+    cluster: str | None = None,
 ) -> Job:
     """Run `code` as a detached job (MATLAB's `batch`) and return its Job at once.
 
     Variables of `namespace` (the notebook's) that the code reads before assigning are pickled into the job;
     modules among them are imported there. With `pool=N` the job opens `nbscale.Pool(N)` as `pool` first and
     closes it at the end. `cwd` (default: this process's) is where the job runs. `env` values are set in the
-    job's environment only, never written to the store or the log. Raises JobError for a syntax error, a
+    job's environment only, never written to the store or the log. `cluster` (a profile name or an address)
+    runs it as a Ray job on that cluster instead of a local process; `nbscale.jobs.ray_jobs` says what the
+    cluster must share with this machine. Raises JobError for a syntax error, a
     variable that cannot be pickled, or a job that cannot start.
     """
     try:
@@ -58,6 +61,15 @@ def submit(
     write_atomic(job_dir / "cell.py", code.encode("utf-8"))
     write_atomic(job_dir / "inputs.pkl", inputs)
     log = open_private(store.log_path(job_id))
+    if cluster is not None:
+        os.write(log, _header(job_id, name, pool, directory).encode("utf-8"))
+        os.close(log)
+        try:
+            ray_jobs.submit_ray_job(job_dir, job_id, cluster, directory, environment, pool)
+        except JobError as error:
+            store.fail(job_id, f"it could not be submitted to Ray: {error}")
+            raise
+        return Job(job_id, store)
     try:
         os.write(log, _header(job_id, name, pool, directory).encode("utf-8"))
         pid, pid_started = process.spawn_runner(job_dir, log, directory, environment)

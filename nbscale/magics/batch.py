@@ -35,16 +35,22 @@ class BatchMagics(Magics):
         "--env", nargs="+", action="extend", metavar="KEY=VALUE",
         help="environment variables for the job (credentials); never stored or printed",
     )  # fmt: skip
+    @argument(
+        "--cluster", metavar="PROFILE_OR_ADDRESS",
+        help="run the job as a Ray job on this cluster (a profile name, or the job server's http://HEAD:8265)",
+    )  # fmt: skip
     @cell_magic
     def batch(self, line: str, cell: str) -> None:
         """Run the cell as a detached job that outlives this kernel; variables it reads are sent along."""
         args = parse_argstring(self.batch, line)
         job = jobs.submit(
-            cell, name=args.name, pool=args.pool, namespace=self.shell.user_ns, env=env_pairs(args.env)
+            cell, name=args.name, pool=args.pool, namespace=self.shell.user_ns, env=env_pairs(args.env),
+            cluster=args.cluster,
         )
         named = f" {args.name!r}" if args.name else ""
         lines = [
-            f"Job {job.id}{named} submitted; it runs on its own, even if this kernel stops.",
+            f"Job {job.id}{named} submitted{f' to {args.cluster}' if args.cluster else ''}; it runs on its own, "
+            "even if this kernel stops.",
             f"  job = nbscale.jobs.get({job.id})   # job.state, job.log(), job.wait(), job.cancel()",
         ]
         assigned = sorted(names_assigned(cell) - ({"pool"} if args.pool else set()))

@@ -7,6 +7,8 @@ address = "ray://head.example.org:10001"
 gpus_per_worker = 1
 env = { NCCL_SOCKET_IFNAME = "eth0" }
 runtime_env = { pip = ["torchvision"] }
+job_address = "http://head.example.org:8265"   # Ray's job server, for %%batch --cluster (this is the default)
+job_python = "/shared/venv/bin/python"         # the Python that runs batch jobs there (default: the kernel's)
 ```
 `%pool start 16 --cluster lab` uses it; `--cluster ray://HOST:PORT` (or `HOST:PORT`) needs no profile.
 `NBSCALE_PROFILES` overrides the file's path.
@@ -35,6 +37,8 @@ class ClusterProfile:
     gpus_per_worker: float = 0
     env: dict[str, str] = field(default_factory=dict)
     runtime_env: dict[str, Any] = field(default_factory=dict)
+    job_address: str = ""
+    job_python: str = ""
 
 
 def profiles_path() -> Path:
@@ -46,7 +50,7 @@ def profiles_path() -> Path:
 
 
 def _looks_like_address(text: str) -> bool:
-    if text.startswith("ray://") or text == "auto":
+    if text.startswith(("ray://", "http://", "https://")) or text == "auto":
         return True
     host, _, port = text.rpartition(":")
     return bool(host) and port.isdigit()
@@ -87,4 +91,6 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
         gpus_per_worker=float(entry.get("gpus_per_worker", 0)),
         env={str(k): str(v) for k, v in entry.get("env", {}).items()},
         runtime_env=dict(entry.get("runtime_env", {})),
+        job_address=str(entry.get("job_address", "")),
+        job_python=str(entry.get("job_python", "")),
     )

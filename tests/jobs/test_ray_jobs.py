@@ -1,0 +1,139 @@
+"""Batch jobs as Ray jobs, against a real Ray head (with its job server) started on loopback by this module."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import nbscale.jobs as jobs
+from nbscale.errors import JobError
+from nbscale.jobs import JobStore
+from tests.kernel_session import KernelSession
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("ray.job_submission")
+
+WAIT_S = 120
+LOOPBACK_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"
+}  # Ray uses 127.0.0.1 as node address (see conftest.py)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def job_server():
+    """A Ray head on 127.0.0.1 with 2 CPUs and its dashboard (the job server); yields the job server's URL."""
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
+    port, dashboard_port = _free_port(), _free_port()
+    env = {**os.environ, **LOOPBACK_ENV}
+    command = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
+               "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
+               "--disable-usage-stats"]  # fmt: skip
+    try:
+        subprocess.run(command, check=True, env=env, capture_output=True, timeout=180)
+        yield f"http://127.0.0.1:{dashboard_port}"
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=60)
+
+
+def test_ray_job_returns_its_variables_and_log_and_no_secret_reaches_the_store(
+    job_server, job_store: JobStore
+):
+    secret = secrets.token_hex(16)
+    code = "import os\nprint('doubling', x)\ny = x * 2\nsecret_arrived = len(os.environ['NBSCALE_TEST_SECRET'])\n"
+    job = jobs.submit(code, name="on ray", namespace={"x": 21}, env={"NBSCALE_TEST_SECRET": secret},
+                      cluster=job_server)  # fmt: skip
+    assert job.wait(WAIT_S), job.log()
+    assert job.state == "finished", job.log()
+    assert (job.result("y"), job.result("secret_arrived")) == (42, 32)
+    assert "doubling 21" in job.log() and f"submitted to Ray at {job_server}" in job.log()
+    assert (job.folder / "ray_job.json").stat().st_mode & 0o777 == 0o600
+    for path in job_store.root.rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+
+
+def test_ray_job_with_a_pool_gets_ray_actors_on_the_same_cluster(job_server):
+    job = jobs.submit(
+        "backend = pool.backend.name\nranks = pool.run(lambda: 1)\n", pool=2, cluster=job_server
+    )
+    assert job.wait(WAIT_S), job.log()
+    assert job.state == "finished", job.log()
+    assert (job.result("backend"), job.result("ranks")) == ("ray", [1, 1])
+
+
+def test_cancel_stops_the_ray_job_and_its_process(job_server):
+    job = jobs.submit("import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n", cluster=job_server)
+    deadline = time.monotonic() + WAIT_S
+    while "sleeping" not in job.log():
+        assert time.monotonic() < deadline and job.state in ("queued", "running"), job.log()
+        time.sleep(0.1)
+    pid = job.record().pid
+    assert job.cancel()
+    assert job.state == "cancelled" and not job.cancel()
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "Ray did not stop the job's runner"
+        time.sleep(0.1)
+    assert "cancelled" in job.log()
+
+
+def test_failing_cell_on_ray_is_failed_with_its_traceback_in_the_log(job_server):
+    job = jobs.submit("a = 1\nb = a / 0\n", cluster=job_server)
+    assert job.wait(WAIT_S)
+    assert job.state == "failed" and job.error == "ZeroDivisionError: division by zero"
+    assert 'File "<batch job' in job.log() and job.result("a") == 1
+
+
+def test_ray_job_that_cannot_reach_its_folder_is_failed_with_rays_log(job_server, tmp_path: Path):
+    job = jobs.submit("x = 1\n", cwd=tmp_path / "missing", cluster=job_server)
+    assert job.wait(WAIT_S)
+    assert job.state == "failed" and "the Ray job ended (FAILED" in job.error
+    assert "Ray's log of nbscale-" in job.log() and "missing" in job.log()
+
+
+def test_unreachable_job_server_is_a_clear_error_and_a_failed_job():
+    started = time.monotonic()
+    with pytest.raises(
+        JobError, match=r"Could not submit the job to the Ray cluster's job server at http://127\.0\.0\.1:9"
+    ):
+        jobs.submit("x = 1\n", cluster="http://127.0.0.1:9")
+    assert time.monotonic() - started < 30
+    [record] = jobs.list_jobs()
+    assert record["state"] == "failed" and "could not be submitted to Ray" in record["error"]
+
+
+def test_batch_magic_with_a_cluster_profile_runs_a_ray_job_the_kernel_can_forget(job_server, tmp_path: Path):
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(
+        f'[profiles.lab]\nbackend = "ray"\naddress = "127.0.0.1:1"\njob_address = "{job_server}"\n'
+    )
+    kernel = KernelSession(env={"NBSCALE_PROFILES": str(profiles), **LOOPBACK_ENV})
+    try:
+        kernel.run("%load_ext nbscale")
+        kernel.run("base = 5")
+        shown = kernel.run(
+            "%%batch --name lab-run --cluster lab --env TOKEN=abc123\nimport os\nvalue = base + len(os.environ['TOKEN'])\n"
+        )
+        assert shown.ok, shown.text
+        assert "submitted to lab" in shown.stdout and "abc123" not in shown.text
+    finally:
+        kernel.shutdown()  # the job goes on without its kernel
+    [record] = jobs.list_jobs()
+    job = jobs.get(record["id"])
+    assert job.wait(WAIT_S), job.log()
+    assert job.name == "lab-run" and job.state == "finished", job.log()
+    assert job.result("value") == 11

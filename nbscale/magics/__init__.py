@@ -12,6 +12,7 @@ _MAGIC_CLASSES: list[tuple[str, str]] = [
     ("nbscale.magics.train", "TrainMagics"),
     ("nbscale.magics.gpu", "GpuMagics"),
     ("nbscale.magics.batch", "BatchMagics"),
+    ("nbscale.magics.forms", "FormMagics"),
 ]
 
 

@@ -1,0 +1,439 @@
+"""`nbscale.options_form()`: every TrainingOptions field as a widget form, with inline validation.
+
+The rules are TrainingOptions' own (`nbscale.train.options`): each field is checked with the same per-field
+check the dataclass runs, then the whole set is built as a TrainingOptions, so the form and `train` can never
+disagree. `form.options` is that TrainingOptions (OptionsError while something is wrong, so `%%train --options
+form` stops before a run starts); `form.magic_line()` is the equivalent `%%train` line.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import types
+from collections.abc import Callable
+from typing import Any
+
+from nbscale.errors import OptionsError
+from nbscale.train import options as rules
+from nbscale.train.options import TrainingOptions, field_names
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Solver": ("solver", "momentum", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
+               "l2_regularization", "gradient_threshold", "gradient_threshold_method"),
+    "Learning rate": ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor",
+                      "learn_rate_drop_period"),
+    "Data & batches": ("max_epochs", "mini_batch_size", "shuffle", "dispatch_in_background", "data_placement"),
+    "Validation": ("validation_data", "validation_frequency", "validation_patience", "output_network"),
+    "Hardware": ("execution_environment", "worker_load", "precision"),
+    "Output": ("plots", "verbose", "verbose_frequency", "checkpoint_path", "checkpoint_frequency", "output_fn"),
+}
+_CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOLD_METHODS,
+            "shuffle": rules.SHUFFLE_MODES, "learn_rate_schedule": rules.SCHEDULES,
+            "output_network": rules.OUTPUT_NETWORKS, "precision": rules.PRECISIONS, "plots": rules.PLOTS,
+            "data_placement": rules.DATA_PLACEMENTS}
+_INTEGERS = ("max_epochs", "mini_batch_size", "learn_rate_drop_period", "validation_frequency",
+             "verbose_frequency", "checkpoint_frequency")  # all >= 1
+_FRACTIONS = {"momentum": 1.0, "learn_rate_drop_factor": 1.0}  # closed [0, 1]
+_FLOATS = ("initial_learn_rate", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
+           "l2_regularization")  # open bounds: checked by the rules, shown inline
+_INFINITE = ("gradient_threshold", "validation_patience")  # a number or "inf"
+_FLAGS = ("dispatch_in_background", "verbose")
+_NONE = "None"
+_KEPT = "(value given in options)"
+# %%train's own flags and the field each sets; `%%train` without --options starts from _TRAIN_BASE
+_MAGIC_FLAGS = (("solver", "--solver"), ("execution_environment", "--env"), ("max_epochs", "--epochs"),
+                ("mini_batch_size", "--batch-size"), ("initial_learn_rate", "--lr"))
+
+
+def options_form(options: TrainingOptions | None = None, bind_to: str | None = None, show: bool = True) -> OptionsForm:
+    """A widget form of every training option, grouped, with inline validation (shown in a notebook).
+
+    `options` fills the form (default: what `%%train` starts from, TrainingOptions("sgdm", plots="training-progress")). `bind_to` names a notebook variable that holds
+    the form's TrainingOptions and is updated on every valid edit (what `%train_options NAME` does).
+    `form.options` is the TrainingOptions; `%%train --options form` trains with it.
+    """
+    form = OptionsForm(options, bind_to=bind_to)
+    if bind_to and form.valid:
+        form.namespace[bind_to] = form.options
+    if show:
+        form.show()
+    return form
+
+
+class OptionsForm:
+    """The form: `widgets` by field name, `options`, `errors`, `valid`, `magic_line()`, `set_options()`."""
+
+    def __init__(self, options: TrainingOptions | None = None, bind_to: str | None = None) -> None:
+        import ipywidgets as w
+
+        self.bind_to = bind_to
+        self.namespace = _user_namespace()
+        self.errors: dict[str, str] = {}
+        self._loading = False
+        self._kept: dict[str, Any] = {}  # validation_data / output_fn objects not found in the notebook
+        self._shown_in: int | None = None
+        self.widgets: dict[str, Any] = {name: self._make_widget(name) for name in field_names()}
+        self.messages = {name: w.HTML() for name in field_names()}
+        self.summary = w.HTML()
+        self.line = w.HTML()
+        self.workers_note = w.HTML()
+        tabs = w.Tab(children=[self._group(title, names) for title, names in GROUPS.items()])
+        for index, title in enumerate(GROUPS):
+            tabs.set_title(index, title)
+        self.widget = w.VBox([self.summary, tabs, self.line])
+        # without options, what `%%train` starts from (the live plot on)
+        self.set_options(options if options is not None else TrainingOptions("sgdm", plots="training-progress"))
+        for name, widget in self.widgets.items():
+            widget.observe(lambda change, name=name: self._changed(name, change), names="value")
+
+    # ---- widgets -----------------------------------------------------------------------------------------------
+
+    def _make_widget(self, name: str) -> Any:
+        import ipywidgets as w
+
+        style, layout = {"description_width": "230px"}, w.Layout(width="420px")
+        common = {"description": name, "style": style, "layout": layout}
+        if name in _CHOICES:
+            return w.Dropdown(options=list(_CHOICES[name]), **common)
+        if name == "execution_environment":
+            return w.Dropdown(options=hardware_choices(), **common)
+        if name in _INTEGERS:
+            return w.BoundedIntText(min=1, max=10**9, **common)
+        if name in _FRACTIONS:
+            return w.BoundedFloatText(min=0.0, max=_FRACTIONS[name], step=0.05, **common)
+        if name in _FLOATS:
+            return w.FloatText(**common)
+        if name in _INFINITE:
+            return w.Text(placeholder="a number, or inf", **common)
+        if name in _FLAGS:
+            return w.Checkbox(indent=False, **{k: v for k, v in common.items() if k != "layout"})
+        if name == "checkpoint_path":
+            return w.Text(placeholder="a folder; empty: no checkpoints", **common)
+        if name == "validation_data":
+            return w.Dropdown(options=[_NONE, *self._notebook_names(_looks_like_data)], **common)
+        if name == "output_fn":
+            return w.Dropdown(options=[_NONE, *self._notebook_names(_is_user_function)], **common)
+        if name == "worker_load":
+            return WorkerLoad()
+        raise AssertionError(f"no widget for TrainingOptions.{name}")  # a new field needs a widget here
+
+    def _group(self, title: str, names: tuple[str, ...]) -> Any:
+        import ipywidgets as w
+
+        rows = []
+        for name in names:
+            widget = self.widgets[name]
+            shown = widget.box if isinstance(widget, WorkerLoad) else widget
+            rows.append(w.HBox([shown, self.messages[name]]))
+            if name == "worker_load":
+                rows.append(self.workers_note)
+        return w.VBox(rows)
+
+    def _notebook_names(self, accept: Callable[[Any], bool]) -> list[str]:
+        return sorted(name for name, value in self.namespace.items()
+                      if not name.startswith("_") and accept(value))
+
+    # ---- values -----------------------------------------------------------------------------------------------
+
+    def set_options(self, options: TrainingOptions) -> None:
+        """Fill every widget from `options`."""
+        self._loading = True
+        try:
+            for name in field_names():
+                self._set_widget(name, getattr(options, name))
+        finally:
+            self._loading = False
+        self._changed(None, None)
+
+    def _set_widget(self, name: str, value: Any) -> None:
+        widget = self.widgets[name]
+        if name in _INFINITE:
+            widget.value = "inf" if value == math.inf else _format(value)
+        elif name == "checkpoint_path":
+            widget.value = "" if value is None else str(value)
+        elif name in ("validation_data", "output_fn"):
+            widget.value = self._choice_for(name, value)
+        elif name == "execution_environment" and value not in [v for _, v in widget.options]:
+            widget.options = [*widget.options, (f"{value} (not available here)", value)]
+            widget.value = value
+        else:
+            widget.value = value
+
+    def _choice_for(self, name: str, value: Any) -> str:
+        widget = self.widgets[name]
+        if value is None:
+            return _NONE
+        found = next((n for n in widget.options if n not in (_NONE, _KEPT) and self.namespace.get(n) is value), None)
+        if found is not None:
+            return found
+        self._kept[name] = value
+        if _KEPT not in widget.options:
+            widget.options = [*widget.options, _KEPT]
+        return _KEPT
+
+    def values(self) -> dict[str, Any]:
+        """The widgets' values as option values (not checked)."""
+        values: dict[str, Any] = {}
+        for name, widget in self.widgets.items():
+            value = widget.value
+            if name in _INFINITE:
+                value = _parse_number(value)
+            elif name == "checkpoint_path":
+                value = value.strip() or None
+            elif name in ("validation_data", "output_fn"):
+                value = None if value == _NONE else self._kept.get(name) if value == _KEPT else self.namespace.get(value)
+            values[name] = value
+        return values
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    @property
+    def options(self) -> TrainingOptions:
+        """The TrainingOptions the form shows; OptionsError (naming each wrong field) while one is wrong."""
+        if self.errors:
+            problems = " ".join(self.errors.values())
+            raise OptionsError(f"The options form has {len(self.errors)} wrong value(s): {problems} Fix them in "
+                               "the form; nothing was run.")
+        values = self.values()
+        return TrainingOptions(values.pop("solver"), **values)
+
+    def magic_line(self, name: str = "form") -> str:
+        """The `%%train` line with these options: flags when they say it all, else `--options NAME` (+ flags)."""
+        options = self.options
+        base = TrainingOptions(options.solver, plots="training-progress")
+        flags = ["%%train"]
+        for field, flag in _MAGIC_FLAGS:
+            if getattr(options, field) != getattr(base, field) or (field == "solver" and options.solver != "sgdm"):
+                flags.append(f"{flag} {getattr(options, field)}")
+        if options.plots == "none":
+            flags.append("--no-plots")
+        if not options.verbose:
+            flags.append("--quiet")
+        expressed = {field for field, _ in _MAGIC_FLAGS} | {"plots", "verbose"}
+        rest = [f for f in field_names() if f not in expressed and getattr(options, f) is not getattr(base, f)
+                and _differs(getattr(options, f), getattr(base, f))]
+        if rest:
+            return f"%%train --options {name}"
+        return " ".join(flags)
+
+    # ---- reacting to edits ----------------------------------------------------------------------------------
+
+    def _changed(self, name: str | None, change: Any) -> None:
+        if self._loading:
+            return
+        if name == "solver" and change is not None:
+            self._solver_defaults(change["old"], change["new"])
+        values = self.values()
+        errors: dict[str, str] = {}
+        for field, value in values.items():
+            try:
+                if field in _INFINITE and value is None:
+                    raise OptionsError(f"TrainingOptions.{field}: write a number or inf.")
+                rules._check(field, value)
+            except OptionsError as error:
+                errors[field] = str(error)
+        if not errors:
+            try:
+                TrainingOptions(values.pop("solver"), **values)
+            except OptionsError as error:
+                errors[_field_named_in(str(error))] = str(error)
+        self.errors = errors
+        self._show_state()
+        if not errors and self.bind_to and name is not None:
+            self.namespace[self.bind_to] = self.options
+
+    def _solver_defaults(self, old: str, new: str) -> None:
+        """A new solver brings its own learn-rate and squared-decay defaults unless they were changed (MATLAB)."""
+        self._loading = True
+        try:
+            for field, defaults in (("initial_learn_rate", rules._DEFAULT_LEARN_RATE),
+                                    ("squared_gradient_decay_factor", rules._DEFAULT_SQUARED_DECAY)):
+                if self.widgets[field].value == defaults[old]:
+                    self.widgets[field].value = defaults[new]
+        finally:
+            self._loading = False
+
+    def _show_state(self) -> None:
+        for field, message in self.messages.items():
+            text = self.errors.get(field, "")
+            message.value = f"<span style='color:#d62728'>{html.escape(text)}</span>" if text else ""
+        if self.errors:
+            self.summary.value = (f"<span style='color:#d62728'>&#10007; {len(self.errors)} wrong value(s); "
+                                  f"form.options raises until fixed.</span>"
+                                  + "".join(f"<br><span style='color:#d62728'>{html.escape(e)}</span>"
+                                            for f, e in self.errors.items() if f == "" or f not in self.messages))
+            self.line.value = ""
+        else:
+            self.summary.value = "<span style='color:#2ca02c'>&#10003; Valid training options.</span>"
+            name = self.bind_to or "form"
+            self.line.value = f"Train with: <code>{html.escape(self.magic_line(name))}</code>"
+        self._enable()
+
+    def _enable(self) -> None:
+        """Grey out what the other choices make irrelevant (the values stay and are still checked)."""
+        get = {name: widget.value for name, widget in self.widgets.items()}
+        solver = get["solver"]
+        self.widgets["momentum"].disabled = solver != "sgdm"
+        self.widgets["gradient_decay_factor"].disabled = solver not in ("adam", "adamw")
+        self.widgets["squared_gradient_decay_factor"].disabled = solver == "sgdm"
+        for field in ("learn_rate_drop_factor", "learn_rate_drop_period"):
+            self.widgets[field].disabled = get["learn_rate_schedule"] != "piecewise"
+        self.widgets["verbose_frequency"].disabled = not get["verbose"]
+        self.widgets["checkpoint_frequency"].disabled = not get["checkpoint_path"].strip()
+        on_pool = get["execution_environment"] in ("parallel", "multi-gpu")
+        self.widgets["worker_load"].box.layout.display = "" if on_pool else "none"
+        self.workers_note.value = self.widgets["worker_load"].note if on_pool else ""
+
+    # ---- display ----------------------------------------------------------------------------------------------
+
+    def show(self) -> None:
+        """Display the form in the notebook."""
+        from IPython.display import display
+
+        display(self.widget)
+        shell = _shell()
+        self._shown_in = getattr(shell, "execution_count", None)
+
+    def _ipython_display_(self) -> None:
+        shell = _shell()
+        if self._shown_in is not None and getattr(shell, "execution_count", None) == self._shown_in:
+            return  # `nbscale.options_form()` as a cell's last line: shown once already
+        self.show()
+
+    def __repr__(self) -> str:
+        state = "valid" if self.valid else f"{len(self.errors)} wrong value(s)"
+        line = self.magic_line(self.bind_to or "form") if self.valid else ""
+        return f"<OptionsForm ({state}) {line}>"
+
+
+class WorkerLoad:
+    """One slider per worker of the current pool: the share of every mini-batch it takes (worker_load)."""
+
+    def __init__(self) -> None:
+        import ipywidgets as w
+
+        from nbscale.pool.pool import current_pool
+
+        pool = current_pool()
+        self.sliders = [w.FloatSlider(value=1.0, min=0.0, max=1.0, step=0.05, description=f"worker {rank} ({device})",
+                                      style={"description_width": "230px"}, layout=w.Layout(width="420px"))
+                        for rank, device in enumerate(pool.devices if pool is not None else [])]
+        self.note = ("<i>Equal sliders: an even split (worker_load=None). 0 leaves a worker out.</i>" if pool
+                     else "<i>worker_load: start a pool (%pool start) to weigh each worker; without one, the "
+                          "mini-batch is split evenly.</i>")
+        self.box = w.VBox([w.Label("worker_load"), *self.sliders] if self.sliders else [])
+        self._explicit: Any = None  # a worker_load that does not match the running pool is kept as given
+
+    @property
+    def value(self) -> Any:
+        if self._explicit is not None:
+            return self._explicit
+        loads = [round(s.value, 4) for s in self.sliders]
+        return None if not loads or (len(set(loads)) == 1 and loads[0] > 0) else loads
+
+    @value.setter
+    def value(self, loads: Any) -> None:
+        if loads is not None and len(list(loads)) != len(self.sliders):
+            self._explicit = loads
+            return
+        self._explicit = None
+        loads = [1.0] * len(self.sliders) if loads is None else [float(load) for load in loads]
+        scale = max(loads) if loads and max(loads) > 1 else 1.0  # sliders run 0..1; weights are relative
+        for slider, load in zip(self.sliders, loads, strict=True):
+            slider.value = load / scale
+
+    @property
+    def disabled(self) -> bool:
+        return all(s.disabled for s in self.sliders)
+
+    @disabled.setter
+    def disabled(self, value: bool) -> None:
+        for slider in self.sliders:
+            slider.disabled = value
+
+    def observe(self, handler: Callable[[dict[str, Any]], None], names: str = "value") -> None:
+        def forget_explicit(change: dict[str, Any]) -> None:
+            self._explicit = None
+            handler(change)
+
+        for slider in self.sliders:
+            slider.observe(forget_explicit, names=names)
+
+
+def hardware_choices() -> list[tuple[str, str]]:
+    """The execution environments this machine and the running pool offer, as (label, value) pairs."""
+    from nbscale.pool.devices import visible_gpu_ids
+    from nbscale.pool.pool import current_pool
+
+    gpus = visible_gpu_ids()  # NVML: no CUDA context is created in the notebook
+    pool = current_pool()
+    choices = [("auto" + (" (the GPU)" if gpus else " (the CPU: no GPU here)"), "auto"), ("cpu", "cpu")]
+    if gpus:
+        choices.append((f"gpu ({len(gpus)} visible)", "gpu"))
+        if pool is None or pool.kind == "gpu":
+            choices.append((f"multi-gpu ({pool.size if pool else len(gpus)} GPU workers)", "multi-gpu"))
+    if pool is not None:
+        choices.append((f"parallel (the running pool: {pool.size} {pool.kind} workers)", "parallel"))
+    else:
+        choices.append(("parallel (starts a pool with default settings)", "parallel"))
+    return choices
+
+
+def _format(value: Any) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _parse_number(text: str) -> float | int | None:
+    text = text.strip().lower()
+    if text in ("inf", "infinity", "math.inf"):
+        return math.inf
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() else number
+
+
+def _differs(a: Any, b: Any) -> bool:
+    try:
+        return bool(a != b)
+    except Exception:  # tensors and the like: compared by identity above
+        return True
+
+
+def _field_named_in(message: str) -> str:
+    """The field a combination error is about: the first one its message names ("" for none)."""
+    places = {name: message.find(name) for name in field_names() if name in message}
+    return min(places, key=lambda name: (places[name], -len(name))) if places else ""
+
+
+def _looks_like_data(value: Any) -> bool:
+    try:
+        from torch import Tensor
+        from torch.utils.data import Dataset
+    except ImportError:  # pragma: no cover
+        return False
+    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Tensor) for v in value):
+        return True
+    return isinstance(value, Dataset)
+
+
+def _is_user_function(value: Any) -> bool:
+    return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
+
+
+def _shell() -> Any:
+    try:
+        from IPython import get_ipython
+
+        return get_ipython()
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def _user_namespace() -> dict[str, Any]:
+    shell = _shell()
+    return shell.user_ns if shell is not None else {}

@@ -25,6 +25,8 @@ class TrainMagics(Magics):
     @argument("--quiet", action="store_true", help="no verbose table")
     @argument("--net", default="net", metavar="NAME", help="variable for the trained network (default: net)")
     @argument("--info", default="info", metavar="NAME", help="variable for the training info (default: info)")
+    @argument("--sweep", action="append", metavar='"FIELD=V1,V2"',
+              help="train one network per value, each on its own pool worker; repeat for a grid (nbscale.sweep)")
     @cell_magic
     def train(self, line: str, cell: str) -> None:
         """Run the cell in the notebook, then train its `model` on its `train_data` (and `val_data`).
@@ -38,15 +40,32 @@ class TrainMagics(Magics):
         if not outcome.success:
             return
         namespace = self.shell.user_ns
-        missing = [name for name in ("model", "train_data") if name not in namespace]
+        needed = ("train_data",) if args.sweep and callable(namespace.get("make_model")) else ("model", "train_data")
+        missing = [name for name in needed if name not in namespace]
         if missing:
             raise OptionsError(f"The %%train cell must define {' and '.join(missing)} (and may define val_data "
                                "and loss_fn).")
         options = self._options(args, namespace)
+        if args.sweep:
+            self._sweep(args, namespace, options)
+            return
         from nbscale.train.trainer import train
 
         net, info = train(namespace["model"], namespace["train_data"], options, loss_fn=namespace.get("loss_fn"))
         namespace[args.net], namespace[args.info] = net, info
+
+    @staticmethod
+    def _sweep(args: Any, namespace: dict[str, Any], options: Any) -> None:
+        """--sweep: one run per combination via nbscale.sweep; the cell's make_model() builds each network
+        (else every run starts from a copy of `model`). --net/--info get the best run's; all in sweep_result."""
+        from nbscale.train.sweep import parse_grid, sweep
+
+        make_model = namespace.get("make_model")
+        result = sweep(make_model if callable(make_model) else namespace["model"], namespace["train_data"], options,
+                       parse_grid(args.sweep), loss_fn=namespace.get("loss_fn"))
+        namespace["sweep_result"] = result
+        if result.best is not None:
+            namespace[args.net], namespace[args.info] = result.best.net, result.best.info
 
     @staticmethod
     def _options(args: Any, namespace: dict[str, Any]) -> Any:

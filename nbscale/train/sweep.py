@@ -163,3 +163,26 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
     if wait:
         result.wait()
     return result
+
+
+def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
+    """A grid from `%%train --sweep` texts: ["initial_learn_rate=0.01,0.1", "solver=sgdm,adam"]."""
+    import ast
+
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        name, equals, values = spec.strip().strip("\"'").partition("=")  # IPython keeps the quotes
+        name = name.strip()
+        if not equals or not name or not values.strip():
+            raise OptionsError(f'--sweep {spec!r}: write FIELD=VALUE1,VALUE2 (e.g. --sweep "initial_learn_rate=0.01,0.1").')
+        parsed = []
+        for text in values.split(","):
+            text = text.strip()
+            try:
+                parsed.append(float("inf") if text == "inf" else ast.literal_eval(text))
+            except (ValueError, SyntaxError):
+                parsed.append(text)  # words: solver names, shuffle modes, ...
+        if name in grid:
+            raise OptionsError(f"--sweep names {name} twice: give all its values in one --sweep.")
+        grid[name] = parsed
+    return grid

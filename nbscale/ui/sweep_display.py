@@ -106,6 +106,9 @@ class SweepDisplay:
         self._draw_lock = threading.Lock()
         self._undo_routes: list[Any] = []
 
+    def _ipython_display_(self) -> None:
+        """Already shown by `show()`: a cell ending in `nbscale.show(run)` adds nothing."""
+
     # ---- life cycle --------------------------------------------------------------------------------------------
 
     def show(self) -> None:

@@ -1,0 +1,58 @@
+"""%%train --sweep and nbscale.show(run) in a real kernel on a CPU pool of 2: the live figure, the table,
+the Cancel buttons, and a notebook that stays free while a run trains."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+SETUP = """
+import time, torch, nbscale
+from tests.train.digits import digits, tiny_net
+(train_x, train_y), val = digits()
+%pool start 2 --cpu
+"""
+
+
+def test_train_magic_sweeps_a_2x2_grid_with_one_figure_and_a_results_table(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    result = kernel.run("""%%train --sweep "initial_learn_rate=0.05,0.2" --sweep "mini_batch_size=64,128" --epochs 1
+def make_model():
+    return tiny_net()
+train_data = (train_x, train_y)
+val_data = val
+""", timeout=180)
+    assert result.ok, result.text
+    assert any(WIDGET_VIEW in d for d in result.displays)  # the Cancel buttons while it ran
+    assert any("image/png" in d for d in result.displays)  # the comparison figure
+    tables = [d["text/html"] for d in result.displays if "Results (best first)" in d.get("text/html", "")]
+    assert tables and tables[-1].count("<tr>") == 5  # header + one row per run
+    check = kernel.run("print([r.state for r in sweep_result.runs], net is sweep_result.best.net, "
+                       "info.final_validation_accuracy == max(i.final_validation_accuracy for i in sweep_result.infos))")
+    assert check.stdout.strip() == "['done', 'done', 'done', 'done'] True True", check.text
+
+
+def test_show_draws_a_run_while_the_notebook_keeps_working(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    started = kernel.run("""
+options = nbscale.TrainingOptions("sgdm", max_epochs=3000, mini_batch_size=500, verbose=False)
+run = nbscale.train_async(tiny_net(), (train_x, train_y), options)
+view = nbscale.show(run)
+print("the cell returned while", run.name, "trains")
+""")
+    assert started.ok and "the cell returned while run trains" in started.stdout, started.text
+    assert any(WIDGET_VIEW in d for d in started.displays)  # Stop / Cancel
+    meanwhile = kernel.run("""
+while not run.info.iteration: time.sleep(0.1)
+print(1 + 1, run.state)
+""", timeout=60)
+    assert meanwhile.stdout.split() == ["2", "running"], meanwhile.text
+    stopped = kernel.run("""
+run.stop()
+net, details = run.result(timeout=60)
+while not view.finished: time.sleep(0.1)
+print(details.stop_reason, run.state, len(view.png()) > 1000)
+""", timeout=90)
+    assert stopped.stdout.strip() == "Stopped on request done True", stopped.text

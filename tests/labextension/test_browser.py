@@ -26,6 +26,13 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 SCREENSHOT = REPO / "docs" / "screenshot-panel.png"
+ARTIFACTS = REPO / "tests" / "artifacts"
+# the notebook's kernel is started, connected and idle (window.jupyterapp: --LabApp.expose_app_in_browser)
+KERNEL_READY = """() => {
+    const kernel = window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel;
+    return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+}"""
+CELLS = ["%load_ext nbscale", "%pool start 2 --cpu", "%pool stop"]
 
 
 def _extension_installed() -> bool:
@@ -47,7 +54,10 @@ def lab(tmp_path: Path) -> Iterator[str]:
     (notebooks / "pool.ipynb").write_text(
         json.dumps(
             {
-                "cells": [],
+                "cells": [
+                    {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None}
+                    for code in CELLS
+                ],
                 "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
                 "nbformat": 4,
                 "nbformat_minor": 5,
@@ -71,7 +81,7 @@ def lab(tmp_path: Path) -> Iterator[str]:
     log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed when the server has stopped
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", *root],
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", "--LabApp.expose_app_in_browser=True", *root],
         env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     info_file = tmp_path / "runtime" / f"jpserver-{server.pid}.json"  # names the port the OS gave (--port=0)
@@ -101,12 +111,19 @@ def lab(tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
-def _run_cell(page, code: str) -> None:
-    """Type `code` into the notebook's active cell and run it (Shift+Enter adds the next cell)."""
-    editor = page.locator(".jp-Notebook .jp-Cell.jp-mod-active .cm-content")
-    editor.click()
-    editor.fill(code)
+def _run_cell(page, index: int) -> None:
+    """Run cell `index` (0-based; they hold CELLS) as the user would, and wait until the kernel has run it.
+
+    The cells are in the file rather than typed: typing into a notebook that is still loading can be undone
+    when the server's copy of the document arrives.
+    """
+    from playwright.sync_api import expect
+
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    expect(cell.locator(".cm-content")).to_have_text(CELLS[index])
+    cell.locator(".jp-InputPrompt").click()  # select the cell (command mode)
     page.keyboard.press("Shift+Enter")
+    expect(cell.locator(".jp-InputPrompt")).to_have_text(f"[{index + 1}]:", timeout=120_000)
 
 
 def test_status_bar_and_panel_show_the_notebooks_pool(lab: str):
@@ -118,11 +135,17 @@ def test_status_bar_and_panel_show_the_notebooks_pool(lab: str):
             page = browser.new_page(viewport={"width": 1400, "height": 820})
             page.goto(lab)
             page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
+            page.wait_for_function(KERNEL_READY, timeout=90_000)
 
-            _run_cell(page, "%load_ext nbscale")
-            _run_cell(page, "%pool start 2 --cpu")
-            expect(page.locator(".jp-OutputArea-output").last).to_contain_text("Started 2 CPU workers", timeout=120_000)
+            _run_cell(page, 0)
+            _run_cell(page, 1)
+            try:
+                expect(page.locator(".jp-OutputArea-output").last).to_contain_text(
+                    "Started 2 CPU workers", timeout=120_000
+                )
+            except AssertionError:
+                shown = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+                raise AssertionError(f"%pool start 2 --cpu did not start a pool; the notebook shows:\n{shown}") from None
 
             status = page.locator(".nbscale-StatusItem")
             expect(status).to_contain_text("2 workers", timeout=30_000)
@@ -143,7 +166,11 @@ def test_status_bar_and_panel_show_the_notebooks_pool(lab: str):
             SCREENSHOT.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(SCREENSHOT))
 
-            _run_cell(page, "%pool stop")
+            _run_cell(page, 2)
             expect(status).to_be_hidden(timeout=30_000)  # the pool withdrew its registry file
+        except BaseException:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)  # what the browser showed, for the failure report
+            page.screenshot(path=str(ARTIFACTS / "labextension-failure.png"))
+            raise
         finally:
             browser.close()

@@ -46,6 +46,7 @@ class TrainingRun(Future):
         self.pool: Any = None
         self._task: Future[Any] | None = None
         self._listeners: list[Callable[[TrainingRun], None]] = []
+        self._final_state: str | None = None
         self._lock = threading.Lock()
 
     # ---- the pool side --------------------------------------------------------------------------------------
@@ -65,19 +66,22 @@ class TrainingRun(Future):
 
     def _task_done(self, task: Future[Any]) -> None:
         self.ended_at = time.time()
-        if task.cancelled():
-            super().cancel()
-        elif isinstance(task.exception(), CancelledError):
-            self.info.stop_reason = "Cancelled"
+        # the listeners (displays) hear the outcome before the result is out, so that a cell waiting for
+        # run.result() ends with the final figure
+        if task.cancelled() or isinstance(task.exception(), CancelledError):
+            self._final_state = "cancelled"
+            self.info.stop_reason = self.info.stop_reason or "Cancelled"
+            self._notify()
             super().cancel()
         elif task.exception() is not None:
-            self.error = str(task.exception())
+            self._final_state, self.error = "failed", str(task.exception())
+            self._notify()
             self.set_exception(task.exception())
         else:
-            net, info = task.result()
-            self.net, self.info = net, info
-            self.set_result((net, info))
-        self._notify()
+            self.net, self.info = task.result()
+            self._final_state = "done"
+            self._notify()
+            self.set_result((self.net, self.info))
 
     def _notify(self) -> None:
         for listener in list(self._listeners):
@@ -94,6 +98,8 @@ class TrainingRun(Future):
 
     @property
     def state(self) -> str:
+        if self._final_state is not None:
+            return self._final_state
         if self.cancelled():
             return "cancelled"
         if self.done():

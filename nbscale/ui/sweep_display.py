@@ -22,6 +22,7 @@ from nbscale.ui.table import html_table, text_table
 _STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "failed": "#d62728",
                   "cancelled": "#ff7f0e"}
 _SMOOTHING = 0.6
+_ENDED = ("done", "failed", "cancelled")
 
 
 def _percent(value: float | None) -> str:
@@ -41,7 +42,7 @@ def run_row(run: TrainingRun) -> dict[str, Any]:
     """One table row: what a run is doing or how it ended."""
     info = run.info
     total = info.max_epochs * info.iterations_per_epoch
-    elapsed = f"{info.time[-1]:.1f} s" if info.time else ""
+    elapsed = f"{info.time[-1]:.2f} s" if info.time else ""
     return {
         "run": run.name,
         "options": ", ".join(f"{k}={v}" for k, v in run.params.items()),
@@ -130,16 +131,25 @@ class SweepDisplay:
         self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
                                      display_id=True)
         for run in self.runs:
-            run.subscribe(lambda _run: self._dirty.set())
+            run.subscribe(self._on_change)
         threading.Thread(target=self._refresh_forever, name="nbscale-sweep-display", daemon=True).start()
 
+    def _on_change(self, run: TrainingRun) -> None:
+        """A run sent events or ended (pool thread): draw later, or finish now when the last run ended."""
+        if all(r.state in _ENDED for r in self.runs):
+            self.finish()
+        else:
+            self._dirty.set()
+
     def _refresh_forever(self) -> None:
-        while not all(run.done() for run in self.runs):
+        while not self.finished and not all(run.done() for run in self.runs):
             if self._dirty.wait(0.25):
                 self._dirty.clear()
                 started = time.perf_counter()
                 self.draw()
-                time.sleep(max(self.min_interval, 20 * (time.perf_counter() - started)))  # draw <= 5% of the time
+                pause_until = time.perf_counter() + max(self.min_interval, 20 * (time.perf_counter() - started))
+                while time.perf_counter() < pause_until and not self.finished:  # draws take <= 5% of the time
+                    time.sleep(0.1)
         self.finish()
 
     def draw(self) -> None:

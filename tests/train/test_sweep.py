@@ -13,6 +13,7 @@ from torch import nn
 import nbscale
 from nbscale.errors import OptionsError
 from nbscale.train.sweep import grid_combinations
+from nbscale.ui.sweep_display import SweepDisplay
 from tests.train.digits import digits, tiny_net
 
 
@@ -69,7 +70,7 @@ def test_a_failing_run_keeps_its_error_and_the_others_finish(pool, data) -> None
     assert pool.submit(sum, [1, 2]).result(timeout=30) == 3  # the failed run left its worker usable
 
 
-def test_cancelling_a_running_run_frees_its_worker_for_the_next_one(pool, data) -> None:
+def test_cancelling_a_running_run_with_its_button_frees_its_worker_for_the_next_one(pool, data) -> None:
     (train_x, train_y), _ = data
     options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
     result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
@@ -77,7 +78,9 @@ def test_cancelling_a_running_run_frees_its_worker_for_the_next_one(pool, data) 
     try:
         _wait_for(lambda: result.runs[0].info.iteration and result.runs[1].info.iteration)
         assert result.runs[2].state == "queued"  # two workers, three runs
-        result.cancel(0)
+        view = SweepDisplay(result.runs)
+        view._button_box()
+        view.buttons["#1"][0].click()  # the run's Cancel button, as a click in the notebook
         _wait_for(lambda: result.runs[2].info.iteration)  # the third run got the freed worker
         assert result.runs[0].state == "cancelled" and result.runs[0].cancelled()
         assert result.runs[1].state == "running"

@@ -50,6 +50,7 @@ class WorkerHandle:
     dead: str | None = None
     memory_mb: float | None = None
     device_memory_mb: float | None = None
+    status_round: int = 0
 
     @property
     def state(self) -> str:
@@ -136,6 +137,7 @@ class Pool:
         self._cancelled: set[int] = set()  # request ids of running tasks interrupted by cancel()
         self._foreground: Request | None = None
         self._groups: set[tuple[int, ...]] = set()
+        self._status_round = 0
         self._last_activity = time.monotonic()
         self._stopping = threading.Event()
         self.rejected_connections = 0
@@ -379,6 +381,7 @@ class Pool:
             return
         if isinstance(message, p.StatusReport):
             worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb
+            worker.status_round = message.request_id
             return
         with self._lock:
             request = self._requests.get(message.request_id)
@@ -688,22 +691,21 @@ class Pool:
         return PoolStatus.from_pool(self)
 
     def _refresh_memory(self, wait: bool) -> None:
+        """Ask every live worker for its memory; with `wait`, until each answered (at most 1 s).
+
+        Workers keep showing their last figure until the new one arrives.
+        """
         alive = [w for w in self.workers if not w.dead]
-        before = {w.rank: w.memory_mb for w in alive}
+        self._status_round += 1
+        query = p.StatusQuery(self._status_round)
         for worker in alive:
-            worker.memory_mb = None
             try:
-                worker.channel.send(p.StatusQuery(0))
+                worker.channel.send(query)
             except (OSError, ValueError):
                 pass
-        if not wait:
-            return
         deadline = time.monotonic() + STATUS_TIMEOUT_S
-        while time.monotonic() < deadline and any(w.memory_mb is None and not w.dead for w in alive):
+        while wait and time.monotonic() < deadline and any(w.status_round < query.request_id for w in alive if not w.dead):
             time.sleep(0.01)
-        for worker in alive:
-            if worker.memory_mb is None:
-                worker.memory_mb = before[worker.rank]
 
     def state(self) -> dict[str, Any]:
         """What the pool publishes for the JupyterLab extension (no secrets, no env values)."""

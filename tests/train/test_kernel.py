@@ -47,5 +47,6 @@ def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:
     assert kernel.run(SETUP).ok
     result = run_and_click(kernel, LONG_CELL, click_after=2.0, timeout=60)
     assert result.ok, result.text
-    check = kernel.run("print(info.stop_reason); print(info.final_validation_accuracy > 0.5)")
+    # it stopped early and kept the iterations it trained (how many depends on the machine's load)
+    check = kernel.run("print(info.stop_reason); print(0 < len(info.iteration) and info.iteration[-1] < 5000 * 46)")
     assert check.stdout.splitlines() == ["Stopped by the Stop button", "True"]

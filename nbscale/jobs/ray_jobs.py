@@ -35,6 +35,7 @@ DEFAULT_JOB_PORT = 8265  # Ray's dashboard, which serves the job API
 SUBMIT_TIMEOUT_S = 30.0
 STATUS_TIMEOUT_S = 5.0
 STATUS_CACHE_S = 1.0  # Job.wait polls often; ask the job server at most this often per job
+UNREACHABLE_BACKOFF_S = 10.0  # after a failed request, %jobs and the server extension do not wait on it again
 LOG_TAIL_CHARS = 4000
 
 T = TypeVar("T")
@@ -153,6 +154,7 @@ def reference(job_dir: Path) -> RayJobReference | None:
 
 
 _status_cache: dict[str, tuple[float, str | None, str]] = {}
+_unreachable_until: dict[str, float] = {}
 
 
 def _status(ref: RayJobReference) -> tuple[str | None, str]:
@@ -160,6 +162,8 @@ def _status(ref: RayJobReference) -> tuple[str | None, str]:
     cached = _status_cache.get(ref.submission_id)
     if cached is not None and time.monotonic() - cached[0] < STATUS_CACHE_S:
         return cached[1], cached[2]
+    if time.monotonic() < _unreachable_until.get(ref.job_address, 0.0):
+        return None, ""
     try:
         client = _client(ref.job_address, STATUS_TIMEOUT_S)
         info = _with_timeout(
@@ -168,6 +172,7 @@ def _status(ref: RayJobReference) -> tuple[str | None, str]:
         status, message = str(info.status.value), info.message or ""
     except Exception:  # noqa: BLE001 - an unreachable cluster says nothing about the job: it may still run
         status, message = None, ""
+        _unreachable_until[ref.job_address] = time.monotonic() + UNREACHABLE_BACKOFF_S
     _status_cache[ref.submission_id] = (time.monotonic(), status, message)
     return status, message
 

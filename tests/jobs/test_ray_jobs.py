@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -137,3 +138,15 @@ def test_batch_magic_with_a_cluster_profile_runs_a_ray_job_the_kernel_can_forget
     assert job.wait(WAIT_S), job.log()
     assert job.name == "lab-run" and job.state == "finished", job.log()
     assert job.result("value") == 11
+
+
+def test_ray_job_whose_job_server_is_unreachable_stays_active_and_can_be_cancelled(job_store: JobStore):
+    job_id = job_store.create("lost", None, os.getcwd())
+    reference = {"job_address": "http://127.0.0.1:9", "submission_id": f"nbscale-{job_id}-gone"}
+    (job_store.job_dir(job_id) / "ray_job.json").write_text(json.dumps(reference))
+    job = jobs.get(job_id)
+    assert job.state == "queued"  # an unreachable cluster says nothing about the job: it may still run
+    started = time.monotonic()
+    assert [record["state"] for record in jobs.list_jobs()] == ["queued"]
+    assert time.monotonic() - started < 5
+    assert job.cancel() and job.state == "cancelled"

@@ -62,6 +62,20 @@ def test_spmd_and_futures_on_ray_actors(ray_head):
         assert pool.run(lambda: "back") == ["back", "back"]
 
 
+def test_parallel_training_on_digits_runs_on_ray_actors(ray_head):
+    from tests.train.digits import digits, tiny_net
+
+    (train_x, train_y), validation = digits()
+    options = nbscale.TrainingOptions(
+        "sgdm", initial_learn_rate=0.1, mini_batch_size=64, max_epochs=8, validation_data=validation,
+        execution_environment="parallel", plots="none", verbose=False,
+    )  # fmt: skip
+    with nbscale.Pool(2, cluster=ray_head):
+        net, info = nbscale.train(tiny_net(), (train_x, train_y), options)
+    assert "2 workers" in info.hardware
+    assert info.final_validation_accuracy > 0.85
+
+
 def test_more_gpus_than_the_cluster_has_is_refused(ray_head, tmp_path, monkeypatch):
     profiles = tmp_path / "profiles.toml"
     profiles.write_text(f'[profiles.gpu_lab]\nbackend = "ray"\naddress = "{ray_head}"\ngpus_per_worker = 1\n')

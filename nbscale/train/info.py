@@ -39,9 +39,15 @@ class TrainingInfo:
         if isinstance(event, TrainingStarted):
             self.hardware = event.hardware
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
-        elif isinstance(event, IterationDone):
-            for name in _COLUMNS:
-                getattr(self, name).append(getattr(event, "time_since_start" if name == "time" else name))
+        elif isinstance(event, IterationDone):  # spelt out: this runs every iteration
+            self.epoch.append(event.epoch)
+            self.iteration.append(event.iteration)
+            self.time.append(event.time_since_start)
+            self.training_loss.append(event.training_loss)
+            self.training_accuracy.append(event.training_accuracy)
+            self.validation_loss.append(event.validation_loss)
+            self.validation_accuracy.append(event.validation_accuracy)
+            self.learn_rate.append(event.learn_rate)
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second

@@ -45,6 +45,7 @@ class LoopSetup:
     rank: int = 0
     group: Any = None  # torch.distributed group of the ranks with work; None in-process
     is_main: bool = True  # writes checkpoints
+    read_each_iteration: bool = False  # a listener needs every iteration's figures at once (output_fn)
 
 
 @dataclass
@@ -80,6 +81,8 @@ def run_training(setup: LoopSetup) -> LoopResult:
 
         net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
                                       process_group=setup.group)
+        reducer = _MetricsWithGradients(setup.group)
+        net.register_comm_hook(None, reducer.hook)
     # the loss of this rank is scaled so DDP's mean over `active` ranks is the mean over the global batch
     loss_weight = local * active / global_batch
 
@@ -92,7 +95,15 @@ def run_training(setup: LoopSetup) -> LoopResult:
     setup.publish(list(history))  # a resumed run shows its whole history
 
     validation = _Validator(setup, model, autocast_dtype, active) if setup.validation_data is not None else None
+    # Per-iteration figures stay on the device until read. On the CPU reading is free, so every iteration;
+    # on a GPU a read waits for the GPU, so figures are read in bunches (every READ_INTERVAL seconds, at most
+    # READ_EVERY iterations; on a pool every READ_EVERY iterations, the same on every rank) and whenever an
+    # iteration needs them: validation, a stop request, the end of an epoch, or setup.read_each_iteration.
+    read_every = _read_every(device, setup)
+    pending: list[_Pending] = []
+    one = torch.ones((), device=device)
     start, images, stop_reason = time.perf_counter(), 0, None
+    last_read = start
 
     # ---- epochs -------------------------------------------------------------------------------------------------
     while epoch < max_epochs and stop_reason is None:
@@ -111,6 +122,12 @@ def run_training(setup: LoopSetup) -> LoopResult:
             with autocast():
                 outputs = net(inputs)
                 loss = setup.loss_fn(outputs, labels)
+            with torch.no_grad():
+                correct = _correct(outputs, labels)
+                if distributed:  # summed over the ranks together with the last gradient bucket
+                    stop_flag = 1.0 if setup.stop_reason() else 0.0
+                    reducer.metrics = torch.stack([loss.detach().float() * len(labels), correct.float(),
+                                                   one * len(labels), one * stop_flag])
             optimizer.zero_grad(set_to_none=True)
             backward_loss = loss * loss_weight if distributed else loss
             if scaler is not None:
@@ -124,49 +141,62 @@ def run_training(setup: LoopSetup) -> LoopResult:
                 scaler.update()
             else:
                 optimizer.step()
-
-            # metrics of the global mini-batch (on a pool one small all-reduce, which also agrees on stopping)
+            images += global_batch
             if distributed:
-                with torch.no_grad():
-                    metrics = torch.stack([loss.detach().float() * len(labels), _correct(outputs, labels),
-                                           torch.tensor(float(len(labels)), device=device),
-                                           torch.tensor(1.0 if setup.stop_reason() else 0.0, device=device)])
-                torch.distributed.all_reduce(metrics, group=setup.group)
-                loss_sum, correct, count, stops = metrics.tolist()
+                figures = reducer.take(setup.group)
             else:
-                count, stops = len(labels), setup.stop_reason() is not None
-                loss_sum, correct = loss.item() * count, _correct(outputs, labels).item()
-            images += int(count)
-            training_loss = loss_sum / count
-            accuracy = correct / count if correct >= 0 else None
+                figures = (loss.detach(), correct)
+            pending.append(_Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, figures))
 
-            # stop checks (acted on at the end of this iteration), then validation
-            if not math.isfinite(training_loss):
-                stop_reason = (f"Training loss is {training_loss} at iteration {iteration} (epoch {epoch}): "
-                               "lower initial_learn_rate or set gradient_threshold.")
-                warnings.warn(stop_reason, RuntimeWarning, stacklevel=2)
-            elif stops:
-                stop_reason = setup.stop_reason() or "Stopped on request"
-            validation_loss = validation_accuracy = None
+            # read the figures when this iteration needs them (see read_every above)
             due = iteration == 1 or iteration % options.validation_frequency == 0 or iteration == total_iterations
-            if validation is not None and (due or stop_reason is not None) and math.isfinite(training_loss):
-                validation_loss, validation_accuracy = validation.evaluate()
-                if validation_loss < best["loss"]:
-                    best.update(loss=validation_loss, iteration=iteration, bad=0)
-                    if options.output_network == "best-validation":
-                        best["state"] = _cpu_copy(model.state_dict())
-                else:
-                    best["bad"] += 1
-                    if best["bad"] >= options.validation_patience and stop_reason is None:
-                        stop_reason = f"Met validation criterion (validation_patience={options.validation_patience})"
-                model.train()
+            asked = not distributed and setup.stop_reason() is not None
+            now = time.perf_counter()
+            if not (len(pending) >= read_every or asked or (validation is not None and due)
+                    or iteration % iterations_per_epoch == 0  # the epoch's last: checkpoints need the figures
+                    or (not distributed and now - last_read >= READ_INTERVAL)):
+                continue
+            last_read = now
+            readings, pending = _read(pending, distributed), []
+            if not distributed:
+                readings[-1].stops = asked
 
-            event = IterationDone(epoch, iteration, time.perf_counter() - start, training_loss, accuracy,
-                                  learn_rate, images, validation_loss, validation_accuracy)
-            history.append(event)
-            setup.publish(event)
-            if stop_reason is None and not distributed:  # a listener (output_fn) may have asked just now
-                stop_reason = setup.stop_reason()
+            # stop checks (acted on at the end of the last iteration read; a non-finite loss ends the history
+            # at its iteration), then validation, then events
+            for reading in readings:
+                finite = math.isfinite(reading.training_loss)
+                if not finite:
+                    epoch, iteration, images = reading.epoch, reading.iteration, reading.images
+                    stop_reason = (f"Training loss is {reading.training_loss} at iteration {iteration} "
+                                   f"(epoch {epoch}): lower initial_learn_rate or set gradient_threshold.")
+                    warnings.warn(stop_reason, RuntimeWarning, stacklevel=2)
+                elif reading.stops and stop_reason is None:
+                    stop_reason = setup.stop_reason() or "Stopped on request"
+                validation_loss = validation_accuracy = None
+                if (reading is readings[-1] and validation is not None and (due or stop_reason is not None)
+                        and finite):
+                    validation_loss, validation_accuracy = validation.evaluate()
+                    if validation_loss < best["loss"]:
+                        best.update(loss=validation_loss, iteration=reading.iteration, bad=0)
+                        if options.output_network == "best-validation":
+                            best["state"] = _cpu_copy(model.state_dict())
+                    else:
+                        best["bad"] += 1
+                        if best["bad"] >= options.validation_patience and stop_reason is None:
+                            stop_reason = (f"Met validation criterion "
+                                           f"(validation_patience={options.validation_patience})")
+                    model.train()
+                    reading.time = time.perf_counter() - start  # the iteration's time includes its validation
+
+                event = IterationDone(reading.epoch, reading.iteration, reading.time, reading.training_loss,
+                                      reading.accuracy, reading.learn_rate, reading.images, validation_loss,
+                                      validation_accuracy)
+                history.append(event)
+                setup.publish(event)
+                if stop_reason is None and not distributed:  # a listener (output_fn) may have asked just now
+                    stop_reason = setup.stop_reason()
+                if not finite:
+                    break
             if stop_reason is not None:
                 break
 
@@ -193,6 +223,94 @@ def run_training(setup: LoopSetup) -> LoopResult:
 
 
 # ---- pieces the loop uses ----------------------------------------------------------------------------------------
+
+READ_EVERY = 25  # iterations between reads of the figures on a GPU (see run_training)
+READ_INTERVAL = 0.2  # seconds between reads in the notebook's process, so the display stays live
+
+
+def _read_every(device: torch.device, setup: LoopSetup) -> int:
+    """Iterations between reads of the training figures (1: every iteration)."""
+    return 1 if device.type == "cpu" or setup.read_each_iteration else READ_EVERY
+
+
+@dataclass
+class _Pending:
+    """An iteration whose figures may still be on the device."""
+
+    epoch: int
+    iteration: int
+    time: float
+    learn_rate: float
+    images: int
+    figures: Any  # (loss, correct) tensors in one process; on a pool [loss sum, correct, count, stops] summed
+
+
+@dataclass
+class _Reading:
+    epoch: int
+    iteration: int
+    time: float
+    learn_rate: float
+    images: int
+    training_loss: float
+    accuracy: float | None
+    stops: bool
+
+
+def _read(pending: list[_Pending], distributed: bool) -> list[_Reading]:
+    """The figures of the pending iterations, read from the device at once (one wait for a GPU)."""
+    if distributed:
+        rows = (torch.stack([p.figures for p in pending]) if len(pending) > 1 else pending[0].figures[None]).tolist()
+    elif len(pending) == 1:
+        loss, correct = pending[0].figures
+        rows = [(loss.item(), correct.item())]
+    else:
+        losses = torch.stack([p.figures[0].float() for p in pending])
+        rows = torch.stack([losses, torch.stack([p.figures[1].float() for p in pending])], 1).tolist()
+    readings = []
+    for p, row in zip(pending, rows, strict=True):
+        if distributed:
+            loss_sum, correct, count, stops = row
+        else:
+            (loss_sum, correct), count, stops = row, 1, 0.0
+        readings.append(_Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, loss_sum / count,
+                                 correct / count if correct >= 0 else None, stops > 0))
+    return readings
+
+
+class _MetricsWithGradients:
+    """DDP communication hook: averages gradient buckets like DDP's own all-reduce, and sums the iteration's
+    figures (`metrics`) with the last bucket, so a pool iteration needs one collective, not two."""
+
+    def __init__(self, group: Any) -> None:
+        self.group, self.metrics, self.reduced = group, None, None
+
+    def hook(self, state, bucket):  # noqa: ANN001, ANN201 - DDP rejects annotations other than its own
+        gradients = bucket.buffer()
+        gradients.div_(torch.distributed.get_world_size(self.group))
+        carry = self.metrics is not None and bucket.is_last() and gradients.dtype == torch.float32
+        size = gradients.numel()
+        tensor = torch.cat([gradients, self.metrics]) if carry else gradients
+        if carry:
+            self.metrics = None
+
+        def done(future: Any) -> torch.Tensor:
+            reduced = future.value()[0]
+            if not carry:
+                return reduced
+            self.reduced = reduced[size:]
+            return reduced[:size]
+
+        future = torch.distributed.all_reduce(tensor, group=self.group, async_op=True).get_future()
+        return future.then(done)
+
+    def take(self, group: Any) -> torch.Tensor:
+        """This iteration's summed figures (an all-reduce of their own when no bucket could carry them)."""
+        reduced, self.reduced = self.reduced, None
+        if reduced is None:
+            reduced, self.metrics = self.metrics, None
+            torch.distributed.all_reduce(reduced, group=group)
+        return reduced
 
 
 def epoch_order(shuffle: str, seed: int, epoch: int, samples: int) -> torch.Tensor:
@@ -297,8 +415,8 @@ class _Validator:
 def _correct(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Correct predictions in the batch, or -1e9 (so the sum stays negative) when outputs are not class scores."""
     if outputs.ndim == 2 and labels.ndim == 1 and not labels.is_floating_point():
-        return (outputs.argmax(1) == labels).sum().float()
-    return torch.tensor(-1e9, device=outputs.device)
+        return (outputs.argmax(1) == labels).sum()  # an integer tensor; callers convert where they sum
+    return outputs.new_full((), -1e9, dtype=torch.float32)  # no host-to-device copy
 
 
 def _precision(precision: str, device: torch.device) -> tuple[Any, Any]:

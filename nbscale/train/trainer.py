@@ -64,7 +64,8 @@ def train(
                 model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
                 hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
                 validation_data=options.validation_data, resume=resume,
-                counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1)))
+                counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1),
+                read_each_iteration=options.output_fn is not None))
     info.stop_reason = stop.reason or result.stop_reason
     return model, info
 

@@ -171,3 +171,33 @@ def test_gpu_and_mixed_precision_train_digits() -> None:
         _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=5, execution_environment="gpu",
                                                          precision=precision, validation_data=VAL))
         assert "cuda" in info.hardware and info.final_validation_accuracy >= 0.85
+
+
+def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop(monkeypatch) -> None:
+    """On a GPU the loop reads the loss and accuracy every few iterations (no host sync per iteration); the
+    history, validation, patience and the NaN stop must be what reading every iteration gives."""
+    import nbscale.train.loop as loop
+
+    def run(read_every: int, loss_fn=None) -> tuple[list[torch.Tensor], nbscale.TrainingInfo]:
+        monkeypatch.setattr(loop, "_read_every", lambda device, setup: read_every)
+        monkeypatch.setattr(loop, "READ_INTERVAL", math.inf)
+        options = quiet(validation_data=VAL, validation_frequency=9, validation_patience=3, max_epochs=4)
+        torch.manual_seed(3)
+        net, info = nbscale.train(tiny_net(), TRAIN, options, loss_fn=loss_fn)
+        return weights(net), info
+
+    (every, info_every), (bunched, info_bunched) = run(1), run(7)
+    assert all(torch.equal(a, b) for a, b in zip(every, bunched, strict=True))
+    for column in ("epoch", "iteration", "training_loss", "training_accuracy", "validation_loss",
+                   "validation_accuracy", "learn_rate"):
+        assert getattr(info_every, column) == getattr(info_bunched, column), column
+    assert info_every.stop_reason == info_bunched.stop_reason
+
+    def nan_at_12(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        nan_at_12.calls += torch.is_grad_enabled()  # training calls only, not validation's
+        return nn.functional.cross_entropy(outputs, labels) * (math.nan if nan_at_12.calls == 12 else 1.0)
+
+    nan_at_12.calls = 0
+    with pytest.warns(RuntimeWarning, match="iteration 12"):
+        _, info = run(5, nan_at_12)
+    assert info.iteration[-1] == 12 and "nan at iteration 12" in info.stop_reason

@@ -18,6 +18,7 @@ from typing import Any
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
 
 _SMOOTHING = 0.6  # weight of the past in the exponential moving average of the raw curves
+_PLOT_BUCKETS = 600  # about the plot's width in pixels
 
 
 class TrainingProgress:
@@ -37,6 +38,7 @@ class TrainingProgress:
         self.info_handle: Any = None
         self.button: Any = None
         self._click_route: Any = None
+        self._figure: _ProgressFigure | None = None
         self._wall_start = time.time()
 
     def __call__(self, event: Any) -> None:
@@ -96,34 +98,10 @@ class TrainingProgress:
         self.info_handle.update(self._info_bundle(), raw=True)
 
     def _png(self) -> bytes:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        c = self.columns
-        figure = Figure(figsize=(9, 5.2), dpi=72, layout="constrained")
-        FigureCanvasAgg(figure)
-        accuracy_axes, loss_axes = figure.subplots(2, 1, sharex=True)
-        panels = ((accuracy_axes, "accuracy", "Accuracy (%)", "tab:blue"), (loss_axes, "loss", "Loss", "tab:orange"))
-        for axes, key, label, colour in panels:
-            raw = c[key]
-            x = c["iteration"][-len(raw):] if raw else []
-            axes.plot(x, raw, color=colour, alpha=0.3, linewidth=0.8, label="training")
-            axes.plot(x, c[f"{key}_smooth"], color=colour, linewidth=1.6, label="training (smoothed)")
-            if c["val_iteration"]:
-                axes.plot(c["val_iteration"], c[f"val_{key}"], "o--", color="black", markersize=3.5,
-                          linewidth=1, label="validation")
-            for start in self.epoch_starts[1:]:
-                axes.axvline(start - 0.5, color="0.85", linewidth=0.8, zorder=0)
-            axes.set_ylabel(label)
-            axes.grid(alpha=0.25)
-        accuracy_axes.legend(loc="lower right", fontsize=8)
-        loss_axes.set_xlabel("Iteration")
-        if self.start is not None:
-            total = self.start.max_epochs * self.start.iterations_per_epoch
-            loss_axes.set_xlim(0, max(total, c["iteration"][-1] if c["iteration"] else 1))
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        return buffer.getvalue()
+        """The figure as PNG: built once, then only its lines' data change (far cheaper than a new figure)."""
+        if self._figure is None:
+            self._figure = _ProgressFigure()
+        return self._figure.render(self.columns, self.epoch_starts, self.start)
 
     def _info_bundle(self) -> dict[str, str]:
         rows = self._info_rows()
@@ -161,6 +139,71 @@ class TrainingProgress:
         if self._click_route is not None:
             self._click_route()
             self._click_route = None
+
+
+class _ProgressFigure:
+    """Two panels (accuracy, loss) with raw, smoothed and validation curves and epoch marks."""
+
+    def __init__(self) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=(9, 5.2), dpi=72)
+        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.97, bottom=0.09, hspace=0.08)  # no layout engine
+        FigureCanvasAgg(self.figure)
+        accuracy_axes, self.loss_axes = self.figure.subplots(2, 1, sharex=True)
+        self.panels = []
+        for axes, key, label, colour in ((accuracy_axes, "accuracy", "Accuracy (%)", "tab:blue"),
+                                         (self.loss_axes, "loss", "Loss", "tab:orange")):
+            raw, = axes.plot([], [], color=colour, alpha=0.3, linewidth=0.8, label="training")
+            smooth, = axes.plot([], [], color=colour, linewidth=1.6, label="training (smoothed)")
+            validation, = axes.plot([], [], "o--", color="black", markersize=3.5, linewidth=1, label="validation")
+            axes.set_ylabel(label)
+            axes.grid(alpha=0.25)
+            self.panels.append((axes, key, raw, smooth, validation))
+        accuracy_axes.legend(loc="lower right", fontsize=8)
+        self.loss_axes.set_xlabel("Iteration")
+        self.epoch_marks: list[Any] = []
+
+    def render(self, c: dict[str, list[float]], epoch_starts: list[int], start: TrainingStarted | None) -> bytes:
+        for mark in self.epoch_marks:
+            mark.remove()
+        self.epoch_marks = []
+        for axes, key, raw_line, smooth_line, validation_line in self.panels:
+            raw = c[key]
+            x = c["iteration"][-len(raw):] if raw else []
+            raw_line.set_data(*_thinned(x, raw))
+            smooth_line.set_data(*_thinned(x, c[f"{key}_smooth"]))
+            validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
+            if len(epoch_starts) > 1:  # one collection for every epoch mark, not one artist each
+                marks = [first - 0.5 for first in epoch_starts[1:]]
+                self.epoch_marks.append(axes.vlines(marks, 0, 1, transform=axes.get_xaxis_transform(),
+                                                    color="0.85", linewidth=0.8, zorder=0))
+            axes.relim()
+            axes.autoscale_view()
+        if start is not None:
+            total = start.max_epochs * start.iterations_per_epoch
+            self.loss_axes.set_xlim(0, max(total, c["iteration"][-1] if c["iteration"] else 1))
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+
+
+def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tuple[list[float], list[float]]:
+    """At most ~2 points per pixel column: each bucket keeps its lowest and highest point, so spikes stay visible."""
+    if len(y) <= 2 * buckets:
+        return x, y
+    size = len(y) / buckets
+    thin_x: list[float] = []
+    thin_y: list[float] = []
+    for bucket in range(buckets):
+        start, end = int(bucket * size), int((bucket + 1) * size)
+        part = y[start:end]
+        low, high = start + part.index(min(part)), start + part.index(max(part))
+        for index in sorted({low, high}):
+            thin_x.append(x[index])
+            thin_y.append(y[index])
+    return thin_x, thin_y
 
 
 def _append_smoothed(raw: list[float], smooth: list[float], value: float) -> None:

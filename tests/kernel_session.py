@@ -111,3 +111,12 @@ def run_notebook(path: Path, timeout: int = 600, cwd: Path | None = None) -> Any
     )
     client.execute()
     return notebook
+
+
+def printed_text(notebook: Any) -> str:
+    """Everything an executed notebook's cells printed or showed as text, in order."""
+    texts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            texts.append(output.get("text") or output.get("data", {}).get("text/plain", ""))
+    return "\n".join(texts)

@@ -6,24 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernel_session import REPO_ROOT, run_notebook
+from tests.kernel_session import REPO_ROOT, printed_text, run_notebook
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray")
 
 
-def _printed(notebook) -> str:
-    texts = []
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            texts.append(output.get("text") or output.get("data", {}).get("text/plain", ""))
-    return "\n".join(texts)
-
-
 def test_cluster_notebook_runs_a_pool_on_a_local_ray_stand_in():
     token_file = Path.home() / ".ray" / "auth_token"
     had_token = token_file.exists()
-    printed = _printed(run_notebook(REPO_ROOT / "examples" / "cluster.ipynb", timeout=300))
+    printed = printed_text(run_notebook(REPO_ROOT / "examples" / "cluster.ipynb", timeout=300))
     assert "Ray cluster stand-in at 127.0.0.1:" in printed
     assert "(ray;" in printed and "rank  host" in printed  # %pool status: the backend and each worker's node
     assert "ray at 127.0.0.1:" in printed  # the pool's repr names the cluster

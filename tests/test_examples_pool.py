@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kernel_session import REPO_ROOT, run_notebook
+from tests.kernel_session import REPO_ROOT, printed_text, run_notebook
 
 pytestmark = pytest.mark.slow
 
 
-def _printed(notebook) -> str:
-    texts = []
-    for cell in notebook.cells:
-        for output in cell.get("outputs", []):
-            texts.append(output.get("text") or output.get("data", {}).get("text/plain", ""))
-    return "\n".join(texts)
-
-
 def test_quickstart_notebook_runs():
-    printed = _printed(run_notebook(REPO_ROOT / "examples" / "quickstart.ipynb"))
+    printed = printed_text(run_notebook(REPO_ROOT / "examples" / "quickstart.ipynb"))
     assert "Started 2 CPU workers" in printed
     assert "sum over workers: 3.0" in printed
     for where in ("In the notebook", "On the pool (2 workers"):
@@ -27,7 +19,7 @@ def test_quickstart_notebook_runs():
 
 
 def test_spmd_notebook_runs():
-    printed = _printed(run_notebook(REPO_ROOT / "examples" / "spmd.ipynb"))
+    printed = printed_text(run_notebook(REPO_ROOT / "examples" / "spmd.ipynb"))
     assert "[1] rank 1 of 2 on cpu: total=[0.0, 0.75, 1.5, 2.25, 3.0]" in printed
     assert "ValueError: rank 1 is unhappy" in printed and "line 4" in printed
     assert "[0, 1, 4, 9, 16, 25]" in printed

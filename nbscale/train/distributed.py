@@ -10,7 +10,6 @@ weights, which are loaded into the notebook's model.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,8 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, PoolError, WorkerError
-from nbscale.train.events import EventChannel, StopSignal, TrainingDone, TrainingStarted
+from nbscale.train.event_bunches import EventBunches
+from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.loading import split_batch
 from nbscale.train.loop import LoopResult, LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
@@ -77,7 +77,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     if context.rank not in active:
         return None
     is_main = context.rank == active[0]
-    sender = _EventSender(context.emit) if is_main else None
+    sender = EventBunches(context.emit, _EMIT_INTERVAL) if is_main else None
     device = context.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -128,25 +128,6 @@ def _abort(active: tuple[int, ...]) -> None:
             dist.destroy_process_group(group)
     except Exception:
         pass
-
-
-class _EventSender:
-    """Buffers rank 0's events and sends them as one list every _EMIT_INTERVAL (start and end at once)."""
-
-    def __init__(self, emit: Any) -> None:
-        self.emit, self.buffer, self.last = emit, [], 0.0
-
-    def send(self, event: Any) -> None:
-        self.buffer.extend(event if isinstance(event, list) else [event])
-        now = time.perf_counter()
-        if isinstance(event, (TrainingStarted, TrainingDone)) or now - self.last >= _EMIT_INTERVAL:
-            self.flush()
-            self.last = now
-
-    def flush(self) -> None:
-        if self.buffer:
-            self.emit(self.buffer)
-            self.buffer = []
 
 
 def _ignore(event: Any) -> None:

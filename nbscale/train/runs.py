@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.event_bunches import EventBunches
+from nbscale.train.events import IterationDone, TrainingStarted
 from nbscale.train.info import TrainingInfo
 from nbscale.train.options import TrainingOptions
 
@@ -158,7 +159,7 @@ def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
     context = worker_context()
     dataset = as_dataset(train_data)
     info = TrainingInfo()
-    sender = _EventBunches(context.emit)
+    sender = EventBunches(context.emit, _EMIT_INTERVAL)
     stop_reason: list[str] = []
 
     def publish(event: Any) -> None:
@@ -186,25 +187,6 @@ def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
         sender.flush()
     info.stop_reason = info.stop_reason or result.stop_reason
     return model.cpu(), info
-
-
-class _EventBunches:
-    """Sends events as one list every _EMIT_INTERVAL seconds (start and end at once)."""
-
-    def __init__(self, emit: Callable[[Any], None]) -> None:
-        self.emit, self.buffer, self.last = emit, [], 0.0
-
-    def send(self, event: Any) -> None:
-        self.buffer.append(event)
-        now = time.perf_counter()
-        if isinstance(event, (TrainingStarted, TrainingDone)) or now - self.last >= _EMIT_INTERVAL:
-            self.flush()
-            self.last = now
-
-    def flush(self) -> None:
-        if self.buffer:
-            self.emit(self.buffer)
-            self.buffer = []
 
 
 def fresh_model(make_model: Callable[[], nn.Module] | nn.Module) -> nn.Module:

@@ -1,0 +1,30 @@
+"""Sending a worker's training events to the notebook in bunches, so the channel carries few messages."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nbscale.train.events import TrainingDone, TrainingStarted
+
+
+class EventBunches:
+    """Buffers events and emits them as one list every `interval` seconds; start and end go at once."""
+
+    def __init__(self, emit: Callable[[Any], None], interval: float) -> None:
+        self.emit, self.interval = emit, interval
+        self.buffer: list[Any] = []
+        self.last = 0.0
+
+    def send(self, event: Any) -> None:
+        self.buffer.extend(event if isinstance(event, list) else [event])
+        now = time.perf_counter()
+        if isinstance(event, TrainingStarted | TrainingDone) or now - self.last >= self.interval:
+            self.flush()
+            self.last = now
+
+    def flush(self) -> None:
+        if self.buffer:
+            self.emit(self.buffer)
+            self.buffer = []

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from nbscale.processes import pid_running
+
 try:
     import psutil
 except ImportError:  # ipykernel brings psutil; without it, liveness falls back to kill(pid, 0)
@@ -61,13 +63,7 @@ def start_time(pid: int) -> float | None:
 def alive(pid: int, started: float | None) -> bool:
     """Whether process `pid` still runs and is the one that started at `started` (not a reused pid)."""
     if psutil is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_running(pid)
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:

@@ -10,21 +10,10 @@ MAX_DEFAULT_CPU_WORKERS = 4
 
 
 def visible_gpu_ids() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries (NVML, no CUDA context is created)."""
-    try:
-        import pynvml
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries for workers (from NVML; no CUDA context)."""
+    from nbscale.gpu import gpus
 
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no library: no GPU
-        return []
-    restricted = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if restricted is None:
-        return [str(index) for index in range(count)]
-    return [entry.strip() for entry in restricted.split(",") if entry.strip() and entry.strip() != "-1"]
+    return [str(gpu.nvml_index) for gpu in gpus()]
 
 
 def plan_devices(n: int | None, gpus: list[int] | None, cpu: bool) -> list[str | None]:

@@ -28,6 +28,7 @@ from nbscale.pool.channel import AuthenticationError, Channel, ChannelListener, 
 from nbscale.pool.devices import plan_devices
 from nbscale.pool.requests import Request, WorkerDied, next_request_id
 from nbscale.pool.transport import Frame, serialise
+from nbscale.processes import pid_running
 
 START_TIMEOUT_S = 120.0
 INTERRUPT_GRACE_S = 5.0
@@ -363,13 +364,8 @@ class Pool:
                 self._route(worker, message)
 
     def _death_description(self, worker: WorkerHandle) -> str:
-        try:
-            os.kill(worker.pid, 0)
-            return f"worker {worker.rank} (pid {worker.pid}) closed its connection"
-        except ProcessLookupError:
-            return f"worker {worker.rank} (pid {worker.pid}) died"
-        except PermissionError:
-            return f"worker {worker.rank} (pid {worker.pid}) closed its connection"
+        fate = "closed its connection" if pid_running(worker.pid) else "died"
+        return f"worker {worker.rank} (pid {worker.pid}) {fate}"
 
     def _route(self, worker: WorkerHandle, message: Any) -> None:
         if isinstance(message, p.Output):

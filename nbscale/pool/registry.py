@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nbscale.processes import pid_running
+
 HEARTBEAT_S = 3.0
 STALE_AFTER_S = 10.0
 
@@ -51,16 +53,6 @@ def withdraw() -> None:
         pass
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def read_all(stale_after_s: float = STALE_AFTER_S) -> list[dict[str, Any]]:
     """Every live pool's state; files of dead processes or stale heartbeats are removed on the way."""
     folder = registry_dir()
@@ -74,7 +66,7 @@ def read_all(stale_after_s: float = STALE_AFTER_S) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         fresh = now - float(record.get("heartbeat", 0)) <= stale_after_s
-        if fresh and _process_alive(int(record.get("pid", -1))):
+        if fresh and pid_running(int(record.get("pid", -1))):
             pools.append(record)
         else:
             path.unlink(missing_ok=True)

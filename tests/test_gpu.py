@@ -15,20 +15,9 @@ import pytest
 import nbscale
 from nbscale import gpu as gpu_module
 from nbscale.errors import NbscaleError
+from tests.nvml_probe import nvml_works
 
-
-def _nvml_works() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return True
-    except Exception:
-        return False
-
-
-needs_no_driver = pytest.mark.skipif(_nvml_works(), reason="this machine has an NVIDIA driver")
+needs_no_driver = pytest.mark.skipif(nvml_works(), reason="this machine has an NVIDIA driver")
 
 
 @needs_no_driver
@@ -164,7 +153,7 @@ def test_select_gpu_records_the_choice_where_torch_has_no_cuda(two_gpus):
 def test_gpu_magic_shows_the_table_or_the_no_gpu_line_and_rejects_a_missing_index(kernel):
     shown = kernel.run("%gpu")
     assert shown.ok, shown.text
-    if _nvml_works():
+    if nvml_works():
         assert "compute" in shown.text and "memory" in shown.text
     else:
         assert "No GPU: the NVIDIA driver was not found on this machine." in shown.text

@@ -5,10 +5,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,36 +15,20 @@ import nbscale.jobs as jobs
 from nbscale.errors import JobError
 from nbscale.jobs import JobStore
 from tests.kernel_session import KernelSession
+from tests.ray_head import LOOPBACK_ENV, free_port, ray_head
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray.job_submission")
 
 WAIT_S = 120
-LOOPBACK_ENV = {
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"
-}  # Ray uses 127.0.0.1 as node address (see conftest.py)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def job_server():
     """A Ray head on 127.0.0.1 with 2 CPUs and its dashboard (the job server); yields the job server's URL."""
-    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
-    port, dashboard_port = _free_port(), _free_port()
-    env = {**os.environ, **LOOPBACK_ENV}
-    command = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--node-ip-address=127.0.0.1",
-               "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}",
-               "--disable-usage-stats"]  # fmt: skip
-    try:
-        subprocess.run(command, check=True, env=env, capture_output=True, timeout=180)
+    dashboard_port = free_port()
+    with ray_head(num_cpus=2, dashboard_port=dashboard_port):
         yield f"http://127.0.0.1:{dashboard_port}"
-    finally:
-        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=60)
 
 
 def test_ray_job_returns_its_variables_and_log_and_no_secret_reaches_the_store(

@@ -3,45 +3,29 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import nbscale
 from nbscale.errors import PoolError, WorkerError
+from tests.ray_head import LOOPBACK_ENV
+from tests.ray_head import ray_head as start_ray_head
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray uses 127.0.0.1 as node address (see conftest.py)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_head():
-    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
-    port = _free_port()
-    env = {**os.environ, **LOOPBACK_ENV}
-    command = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=3", "--node-ip-address=127.0.0.1",
-               "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
-    subprocess.run(command, check=True, env=env, capture_output=True, timeout=120)
-    yield f"127.0.0.1:{port}"
-    pool = nbscale.current_pool()
-    if pool is not None:
-        pool.close()
-    ray.shutdown()
-    subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=60)
+    with start_ray_head(num_cpus=3) as address:
+        yield address
+        pool = nbscale.current_pool()
+        if pool is not None:
+            pool.close()
+        ray.shutdown()
 
 
 def test_spmd_and_futures_on_ray_actors(ray_head):

@@ -15,19 +15,9 @@ from tornado.httpclient import HTTPClientError
 
 from nbscale.pool import registry
 from nbscale.server import handlers
+from tests.nvml_probe import nvml_works
 
 ENDPOINTS = [("GET", "gpus"), ("GET", "pools"), ("GET", "jobs"), ("GET", "jobs/1/log"), ("POST", "jobs/1/cancel")]
-
-
-def _nvml_works() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return True
-    except Exception:
-        return False
 
 
 async def _json(jp_fetch, *path: str, **kwargs) -> dict:
@@ -44,7 +34,7 @@ async def test_every_endpoint_answers_403_without_the_token(jp_fetch, method, pa
     assert refused.value.code == 403
 
 
-@pytest.mark.skipif(_nvml_works(), reason="this machine has an NVIDIA driver")
+@pytest.mark.skipif(nvml_works(), reason="this machine has an NVIDIA driver")
 async def test_gpus_without_a_gpu_is_a_clear_no_gpu_answer_not_an_error(jp_fetch):
     answer = await _json(jp_fetch, "gpus")
     assert answer == {"gpus": [], "message": "No GPU: the NVIDIA driver was not found on this machine."}

@@ -31,3 +31,17 @@ export function bar(
     h('span', { class: 'nbscale-Bar-label' }, label)
   );
 }
+
+/** A scrollable table of a header row and body rows. */
+export function table(head: HTMLElement, rows: HTMLElement[]): HTMLElement {
+  return h(
+    'div',
+    { class: 'nbscale-Scroll' },
+    h(
+      'table',
+      { class: 'nbscale-Table' },
+      h('thead', {}, head),
+      h('tbody', {}, ...rows)
+    )
+  );
+}

@@ -1,7 +1,7 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { bar, h } from './dom';
+import { bar, h, table } from './dom';
 import {
   formatElapsed,
   formatIdleLeft,
@@ -132,16 +132,7 @@ export class NbscalePanel extends Widget {
       { class: `nbscale-Pool${isCurrent ? ' nbscale-Pool-current' : ''}` },
       h('div', { class: 'nbscale-Pool-title' }, title),
       idle ? h('div', { class: 'nbscale-Pool-idle' }, idle) : null,
-      h(
-        'div',
-        { class: 'nbscale-Scroll' },
-        h(
-          'table',
-          { class: 'nbscale-Table' },
-          h('thead', {}, head),
-          h('tbody', {}, ...rows)
-        )
-      )
+      table(head, rows)
     );
   }
 
@@ -238,16 +229,7 @@ export class NbscalePanel extends Widget {
         actions
       );
     });
-    return h(
-      'div',
-      { class: 'nbscale-Scroll' },
-      h(
-        'table',
-        { class: 'nbscale-Table' },
-        h('thead', {}, head),
-        h('tbody', {}, ...rows)
-      )
-    );
+    return table(head, rows);
   }
 
   private _button(

@@ -4,8 +4,10 @@
    against a hand-written PyTorch loop with the same model, data, mini-batch and optimizer, in the same kernel.
 2. On 2 CPU workers: execution_environment="parallel" against torch DDP written by hand
    (torch.multiprocessing spawn, gloo), same per-worker thread count as the pool's workers.
-Each figure is the median of REPEATS runs, nbscale and its peer interleaved so a busy moment on the (shared)
-machine hits both; every run's figure is printed too. Run: `python bench/bench_train.py`
+nbscale and its peer run interleaved, REPEATS times each, so a busy moment on the (shared) machine hits both.
+The table gives the best run of each (interference from other tenants only ever slows a run, so the best run is
+the least disturbed one, as timeit reports its minimum) and the ratio of medians beside it; every run's figure is
+printed too. Run: `python bench/bench_train.py`
 (BENCH_EPOCHS and BENCH_REPEATS override the defaults).
 """
 
@@ -24,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", 40))
 BATCH = 64
-REPEATS = int(os.environ.get("BENCH_REPEATS", 5))
+REPEATS = int(os.environ.get("BENCH_REPEATS", 8))
 WORKERS = 2
 
 SETUP = f"""
@@ -166,26 +168,28 @@ def run() -> str:
     finally:
         kernel.shutdown()
     runs = {"hand": hand, "ours": ours, "parallel": parallel, "ddp": ddp, "wall": wall}
-    best = {name: statistics.median(values) for name, values in runs.items()}
     return "\n".join([
         "## Training (bench/bench_train.py)",
         "",
-        f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs; median of "
-        f"{REPEATS} interleaved runs; {os.cpu_count()} CPU cores, torch {torch.__version__}.",
+        f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs; best of "
+        f"{REPEATS} interleaved runs (ratio of medians beside it); {os.cpu_count()} CPU cores, "
+        f"torch {torch.__version__}.",
         "",
-        "| run | nbscale images/s | hand-written images/s | ratio |",
-        "|---|---:|---:|---:|",
-        f"| CPU, notebook process, plots on | {best['ours']:,.0f} | {best['hand']:,.0f} | "
-        f"{best['ours'] / best['hand']:.2f}x |",
-        f"| same, end to end (setup, widgets, final figure included) | {best['wall']:,.0f} | {best['hand']:,.0f} | "
-        f"{best['wall'] / best['hand']:.2f}x |",
-        f"| parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time) | {best['parallel']:,.0f} | "
-        f"{best['ddp']:,.0f} | {best['parallel'] / best['ddp']:.2f}x |",
+        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians |",
+        "|---|---:|---:|---:|---:|",
+        _row("CPU, notebook process, plots on, vs hand-written loop", ours, hand),
+        _row("same, end to end (setup, widgets, final figure included)", wall, hand),
+        _row(f"parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time)", parallel, ddp),
         "",
         "Every run (images/s): " + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}"
                                              for name, values in runs.items()),
         "",
     ])
+
+
+def _row(label: str, ours: list[float], peer: list[float]) -> str:
+    return (f"| {label} | {max(ours):,.0f} | {max(peer):,.0f} | {max(ours) / max(peer):.2f}x | "
+            f"{statistics.median(ours) / statistics.median(peer):.2f}x |")
 
 
 if __name__ == "__main__":

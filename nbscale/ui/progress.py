@@ -1,36 +1,34 @@
 """The live training-progress display: accuracy and loss panels, an info panel and a Stop button.
 
-The figure is drawn with matplotlib's Agg canvas (no pyplot, no GUI) into a PNG that replaces the previous one
-through a display handle, so the last figure stays in the saved notebook as a plain image/png and shows in
-nbconvert's HTML. The info panel is an HTML output updated the same way. Only the Stop button is a widget; it
-is closed at the end.
+The figure (nbscale.ui.progress_figure) is a PNG that replaces the previous one through a display handle, so
+the last figure stays in the saved notebook as a plain image/png and shows in nbconvert's HTML. The info panel
+is an HTML output updated the same way. Only the Stop button is a widget; it is closed at the end.
 
-Drawing is rate-limited twice: at most every `min_interval` seconds, and never more than `budget` of the
-elapsed time (a slow draw pushes the next one back), so the plot costs the training loop almost nothing.
+The figure is built and first shown (empty) before the first iteration. Updates are rate-limited twice: at most
+every `min_interval` seconds, and never more than `budget` of the elapsed time (a slow draw pushes the next one
+back), so the plot costs the training loop almost nothing.
 """
 
 from __future__ import annotations
 
-import io
 import time
 from typing import Any
 
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
+from nbscale.ui.progress_figure import ProgressFigure
 
 _SMOOTHING = 0.6  # weight of the past in the exponential moving average of the raw curves
-_PLOT_BUCKETS = 600  # about the plot's width in pixels
 
 
 class TrainingProgress:
     """Listener for the training event channel that draws the training-progress display."""
 
-    def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.02) -> None:
+    def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.015) -> None:
         self.stop, self.min_interval, self.budget = stop, min_interval, budget
         self.start: TrainingStarted | None = None
         self.columns: dict[str, list[float]] = {k: [] for k in (
             "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
             "val_iteration", "val_loss", "val_accuracy")}
-        self.epoch_starts: list[int] = []
         self.last: IterationDone | None = None
         self.state = "Starting"
         self.next_draw = 0.0
@@ -38,7 +36,7 @@ class TrainingProgress:
         self.info_handle: Any = None
         self.button: Any = None
         self._click_route: Any = None
-        self._figure: _ProgressFigure | None = None
+        self._figure: ProgressFigure | None = None
         self._wall_start = time.time()
 
     def __call__(self, event: Any) -> None:
@@ -62,8 +60,6 @@ class TrainingProgress:
 
     def _add(self, event: IterationDone) -> None:
         c = self.columns
-        if self.last is None or event.epoch != self.last.epoch:
-            self.epoch_starts.append(event.iteration)
         c["iteration"].append(event.iteration)
         _append_smoothed(c["loss"], c["loss_smooth"], event.training_loss)
         if event.training_accuracy is not None:
@@ -82,26 +78,24 @@ class TrainingProgress:
 
         self.start = event
         self._wall_start = event.start_time
-        self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
         self.button = _stop_button(self.stop)
         if self.button is not None:
             self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
             self._click_route = _route_clicks_off_main_thread(self.button)
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
-        self.figure_handle = display({"text/plain": "<training progress>"}, raw=True, display_id=True)
+        self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
+        self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
+        self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
 
     def _draw(self) -> None:
         if self.figure_handle is None:
             return
-        self.figure_handle.update({"image/png": self._png(), "text/plain": "<training progress figure>"},
-                                  raw=True)
+        self.figure_handle.update(self._figure_bundle(), raw=True)
         self.info_handle.update(self._info_bundle(), raw=True)
 
-    def _png(self) -> bytes:
-        """The figure as PNG: built once, then only its lines' data change (far cheaper than a new figure)."""
-        if self._figure is None:
-            self._figure = _ProgressFigure()
-        return self._figure.render(self.columns, self.epoch_starts, self.start)
+    def _figure_bundle(self) -> dict[str, Any]:
+        assert self._figure is not None
+        return {"image/png": self._figure.render(self.columns), "text/plain": "<training progress figure>"}
 
     def _info_bundle(self) -> dict[str, str]:
         rows = self._info_rows()
@@ -139,71 +133,6 @@ class TrainingProgress:
         if self._click_route is not None:
             self._click_route()
             self._click_route = None
-
-
-class _ProgressFigure:
-    """Two panels (accuracy, loss) with raw, smoothed and validation curves and epoch marks."""
-
-    def __init__(self) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        self.figure = Figure(figsize=(9, 5.2), dpi=72)
-        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.97, bottom=0.09, hspace=0.08)  # no layout engine
-        FigureCanvasAgg(self.figure)
-        accuracy_axes, self.loss_axes = self.figure.subplots(2, 1, sharex=True)
-        self.panels = []
-        for axes, key, label, colour in ((accuracy_axes, "accuracy", "Accuracy (%)", "tab:blue"),
-                                         (self.loss_axes, "loss", "Loss", "tab:orange")):
-            raw, = axes.plot([], [], color=colour, alpha=0.3, linewidth=0.8, label="training")
-            smooth, = axes.plot([], [], color=colour, linewidth=1.6, label="training (smoothed)")
-            validation, = axes.plot([], [], "o--", color="black", markersize=3.5, linewidth=1, label="validation")
-            axes.set_ylabel(label)
-            axes.grid(alpha=0.25)
-            self.panels.append((axes, key, raw, smooth, validation))
-        accuracy_axes.legend(loc="lower right", fontsize=8)
-        self.loss_axes.set_xlabel("Iteration")
-        self.epoch_marks: list[Any] = []
-
-    def render(self, c: dict[str, list[float]], epoch_starts: list[int], start: TrainingStarted | None) -> bytes:
-        for mark in self.epoch_marks:
-            mark.remove()
-        self.epoch_marks = []
-        for axes, key, raw_line, smooth_line, validation_line in self.panels:
-            raw = c[key]
-            x = c["iteration"][-len(raw):] if raw else []
-            raw_line.set_data(*_thinned(x, raw))
-            smooth_line.set_data(*_thinned(x, c[f"{key}_smooth"]))
-            validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
-            if len(epoch_starts) > 1:  # one collection for every epoch mark, not one artist each
-                marks = [first - 0.5 for first in epoch_starts[1:]]
-                self.epoch_marks.append(axes.vlines(marks, 0, 1, transform=axes.get_xaxis_transform(),
-                                                    color="0.85", linewidth=0.8, zorder=0))
-            axes.relim()
-            axes.autoscale_view()
-        if start is not None:
-            total = start.max_epochs * start.iterations_per_epoch
-            self.loss_axes.set_xlim(0, max(total, c["iteration"][-1] if c["iteration"] else 1))
-        buffer = io.BytesIO()
-        self.figure.savefig(buffer, format="png")
-        return buffer.getvalue()
-
-
-def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tuple[list[float], list[float]]:
-    """At most ~2 points per pixel column: each bucket keeps its lowest and highest point, so spikes stay visible."""
-    if len(y) <= 2 * buckets:
-        return x, y
-    size = len(y) / buckets
-    thin_x: list[float] = []
-    thin_y: list[float] = []
-    for bucket in range(buckets):
-        start, end = int(bucket * size), int((bucket + 1) * size)
-        part = y[start:end]
-        low, high = start + part.index(min(part)), start + part.index(max(part))
-        for index in sorted({low, high}):
-            thin_x.append(x[index])
-            thin_y.append(y[index])
-    return thin_x, thin_y
 
 
 def _append_smoothed(raw: list[float], smooth: list[float], value: float) -> None:

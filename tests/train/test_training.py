@@ -36,6 +36,24 @@ def test_trains_digits_to_90_percent_validation_accuracy() -> None:
     assert frame["validation_loss"].notna().sum() >= 3 and set(frame["epoch"]) == set(range(1, 9))
 
 
+def test_training_accuracy_is_the_fraction_of_each_mini_batch_classified_right() -> None:
+    net, _ = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2))
+    with torch.no_grad():
+        expected = [(net(x).argmax(1) == y).float().mean().item()
+                    for x, y in zip(TRAIN[0].split(100), TRAIN[1].split(100), strict=True)]
+    # a learn rate so small the network does not change: each iteration's accuracy is known in advance
+    _, info = nbscale.train(net, TRAIN, quiet(max_epochs=1, mini_batch_size=100, shuffle="never",
+                                              initial_learn_rate=1e-12, momentum=0.0, l2_regularization=0.0))
+    assert info.training_accuracy == pytest.approx(expected, abs=1e-6)
+    assert 0.5 < min(info.training_accuracy) and max(info.training_accuracy) <= 1.0
+
+
+def test_training_accuracy_is_none_when_outputs_are_not_class_scores() -> None:
+    inputs, labels = TRAIN[0], TRAIN[0][:, :1] * 2
+    _, info = nbscale.train(nn.Linear(64, 1), (inputs, labels), quiet(max_epochs=1), loss_fn=nn.MSELoss())
+    assert set(info.training_accuracy) == {None} and all(math.isfinite(v) for v in info.training_loss)
+
+
 @pytest.mark.parametrize("solver", ["sgdm", "adam", "adamw", "rmsprop"])
 def test_every_solver_learns(solver: str) -> None:
     torch.manual_seed(0)

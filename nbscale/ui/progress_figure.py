@@ -1,0 +1,122 @@
+"""The training-progress figure: accuracy and loss panels with raw, smoothed and validation curves.
+
+Drawn with matplotlib's Agg canvas (no pyplot, no GUI) and blitted: the axes, ticks, grid, epoch marks and
+legend are drawn once into a cached background, and an update only pastes that background and draws the six
+curves onto it. The axes keep fixed limits (iterations 0..total, accuracy 0..100, loss 0..a margin above the
+highest loss seen) so the background stays valid; only a loss above the top redraws it. That makes an update
+a few milliseconds, instead of the ~80 ms a full matplotlib draw of the same figure takes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any
+
+_PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps its lowest and highest point
+_MAX_EPOCH_MARKS = 100
+_LOSS_MARGIN = 1.15  # the loss axis' top, as a factor of the highest loss seen
+
+
+class ProgressFigure:
+    """Two panels (accuracy, loss) over the whole run's iterations, with epoch marks."""
+
+    def __init__(self, total_iterations: int, iterations_per_epoch: int) -> None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        self.figure = Figure(figsize=(9, 5.2), dpi=72)
+        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.97, bottom=0.09, hspace=0.08)  # no layout engine
+        self.canvas = FigureCanvasAgg(self.figure)
+        accuracy_axes, loss_axes = self.figure.subplots(2, 1, sharex=True)
+        self.panels: list[tuple[Any, str, Any, Any, Any]] = []
+        for axes, key, label, colour in ((accuracy_axes, "accuracy", "Accuracy (%)", "tab:blue"),
+                                         (loss_axes, "loss", "Loss", "tab:orange")):
+            raw, = axes.plot([], [], color=colour, alpha=0.3, linewidth=0.8, label="training", animated=True)
+            smooth, = axes.plot([], [], color=colour, linewidth=1.6, label="training (smoothed)", animated=True)
+            validation, = axes.plot([], [], "o--", color="black", markersize=3.5, linewidth=1, label="validation",
+                                    animated=True)
+            axes.set_ylabel(label)
+            axes.grid(alpha=0.25)
+            _mark_epochs(axes, total_iterations, iterations_per_epoch)
+            self.panels.append((axes, key, raw, smooth, validation))
+        accuracy_axes.legend(loc="lower right", fontsize=8)  # in the background: text is the costly part to draw
+        accuracy_axes.set_ylim(0, 100)
+        loss_axes.set_xlabel("Iteration")
+        loss_axes.set_xlim(0, max(total_iterations, 1))
+        self.loss_axes = loss_axes
+        self.loss_limits = (0.0, 1.0)
+        loss_axes.set_ylim(*self.loss_limits)
+        self.background: Any = None
+
+    def render(self, c: dict[str, list[float]]) -> bytes:
+        """The figure with the curves in `c` (the columns TrainingProgress keeps), as PNG."""
+        for _, key, raw_line, smooth_line, validation_line in self.panels:
+            raw = c[key]
+            x = c["iteration"][-len(raw):] if raw else []
+            raw_line.set_data(*_thinned(x, raw))
+            smooth_line.set_data(*_thinned(x, c[f"{key}_smooth"]))
+            validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
+        self._fit_limits(c)
+        if self.background is None:
+            self.canvas.draw()  # everything but the animated curves and legend
+            self.background = self.canvas.copy_from_bbox(self.figure.bbox)
+        self.canvas.restore_region(self.background)
+        for axes, _, *lines in self.panels:
+            for line in lines:
+                axes.draw_artist(line)
+        return _png(self.canvas)
+
+    def _fit_limits(self, c: dict[str, list[float]]) -> None:
+        """Widen the loss and iteration axes when the data left them (the cached background is then stale)."""
+        values = [v for v in (*c["loss"][-_PLOT_BUCKETS:], *c["val_loss"]) if math.isfinite(v)]
+        if not values:
+            return
+        low, high = self.loss_limits
+        if self.background is None or min(values) < low or max(values) > high:
+            top = max(max(values), max((v for v in c["loss"] if math.isfinite(v)), default=0.0))
+            bottom = min(0.0, min(values) * _LOSS_MARGIN)
+            self.loss_limits = (bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))
+            self.loss_axes.set_ylim(*self.loss_limits)
+            self.background = None
+        last = c["iteration"][-1] if c["iteration"] else 0
+        if last > self.loss_axes.get_xlim()[1]:
+            self.loss_axes.set_xlim(0, last)
+            self.background = None
+
+
+def _mark_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -> None:
+    """A light line at each epoch's end (every k-th epoch when there are more than _MAX_EPOCH_MARKS)."""
+    epochs = total_iterations // max(iterations_per_epoch, 1)
+    step = max(1, math.ceil(epochs / _MAX_EPOCH_MARKS))
+    marks = [epoch * iterations_per_epoch + 0.5 for epoch in range(step, epochs, step)]
+    if marks:  # one collection for every mark, not one artist each
+        axes.vlines(marks, 0, 1, transform=axes.get_xaxis_transform(), color="0.85", linewidth=0.8, zorder=0)
+
+
+def _png(canvas: Any) -> bytes:
+    """The canvas as an RGB PNG, compressed lightly (several times faster than the default, a little larger)."""
+    from PIL import Image
+
+    width, height = canvas.get_width_height()
+    image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="png", compress_level=1)
+    return buffer.getvalue()
+
+
+def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tuple[Any, Any]:
+    """At most ~2 points per bucket: each keeps its lowest and highest point, so spikes stay visible."""
+    if len(y) <= 2 * buckets:
+        return x, y
+    import numpy as np
+
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    size = -(-len(ys) // buckets)
+    whole = len(ys) // size * size
+    grouped = ys[:whole].reshape(-1, size)
+    low, high = np.argmin(grouped, axis=1), np.argmax(grouped, axis=1)
+    starts = np.arange(0, whole, size)
+    index = np.concatenate([(starts[:, None] + np.sort(np.stack([low, high], 1), axis=1)).ravel(),
+                            np.arange(whole, len(ys))])
+    return xs[index], ys[index]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -80,8 +81,7 @@ class TrainingOptions:
         for f in fields(self):
             if f.name not in ("_ready",):
                 object.__setattr__(self, f.name, f.default)
-        object.__setattr__(self, "solver", solver)
-        _check("solver", solver)
+        object.__setattr__(self, "solver", _check("solver", solver))
         for name, value in options.items():
             object.__setattr__(self, name, value)
         if self.initial_learn_rate is None:
@@ -94,14 +94,18 @@ class TrainingOptions:
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in field_names():
             raise OptionsError(_unknown_field_message(name, field_names()))
-        _check(name, value)
-        object.__setattr__(self, name, value)
-        self.validate()
+        previous = getattr(self, name)
+        object.__setattr__(self, name, _check(name, value))
+        try:
+            self.validate()
+        except OptionsError:
+            object.__setattr__(self, name, previous)  # a refused change leaves the options as they were
+            raise
 
     def validate(self) -> None:
         """Check every field and the combinations; raises OptionsError."""
         for name in field_names():
-            _check(name, getattr(self, name))
+            object.__setattr__(self, name, _check(name, getattr(self, name)))
         if self.output_network == "best-validation" and self.validation_data is None:
             raise OptionsError(
                 "output_network='best-validation' needs validation_data: pass validation_data=... "
@@ -152,6 +156,8 @@ def field_names() -> tuple[str, ...]:
 def _short(value: Any) -> str:
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value)
+    if isinstance(value, numbers.Number) and hasattr(value, "item"):  # a numpy scalar
+        return repr(value.item())
     if callable(value):
         return f"<function {getattr(value, '__name__', type(value).__name__)}>"
     if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) for v in value):
@@ -183,7 +189,8 @@ def _choice(allowed: Sequence[str]) -> Callable[[Any], str | None]:
 def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False,
             integer: bool = False, allow_inf: bool = False) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+        # numbers.Real: Python's and numpy's ints and floats alike (len(x) // 4 is often a numpy int)
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
         if ok and math.isinf(value):
             ok = allow_inf and value > 0
         elif ok:
@@ -199,7 +206,10 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
 
 
 def _flag(value: Any) -> str | None:
-    return None if isinstance(value, bool) else "True or False"
+    # MATLAB writes these 1/0 ('Verbose', 0); numpy's bool_ counts too
+    numpy_bool = type(value).__name__ == "bool" and type(value).__module__ == "numpy"
+    ok = (isinstance(value, (bool, numbers.Integral)) and value in (0, 1)) or numpy_bool
+    return None if ok else "True or False"
 
 
 def _optional_callable(value: Any) -> str | None:
@@ -264,9 +274,22 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def _check(name: str, value: Any) -> None:
+_INTEGER_FIELDS = frozenset(("max_epochs", "mini_batch_size", "learn_rate_drop_period", "validation_frequency",
+                             "verbose_frequency", "checkpoint_frequency"))
+_FLAG_FIELDS = frozenset(("dispatch_in_background", "verbose"))
+
+
+def _check(name: str, value: Any) -> Any:
+    """`value` checked and in its plain Python type (64.0 -> 64, numpy scalars -> int/float, 0/1 -> bool)."""
     if name in ("initial_learn_rate", "squared_gradient_decay_factor") and value is None:
-        return  # resolved from the solver in __init__
+        return value  # resolved from the solver in __init__
     allowed = _CHECKS[name](value)
     if allowed is not None:
         raise OptionsError(f"TrainingOptions.{name}={_short(value)} is not allowed: {name} must be {allowed}.")
+    if name in _FLAG_FIELDS:
+        return bool(value)
+    if name in _INTEGER_FIELDS or (name == "validation_patience" and math.isfinite(value)):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+        return float(value)  # a numpy float
+    return value

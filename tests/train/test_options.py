@@ -71,3 +71,28 @@ def test_replace_changes_solver_defaults_but_keeps_explicit_values() -> None:
     assert options.replace(solver="adam").initial_learn_rate == 0.001
     assert options.replace(solver="adam").max_epochs == 3
     assert TrainingOptions("sgdm", initial_learn_rate=0.2).replace(solver="adam").initial_learn_rate == 0.2
+
+
+def test_numpy_numbers_whole_floats_and_matlab_flags_are_accepted_as_plain_python_values() -> None:
+    import numpy as np
+
+    options = TrainingOptions("sgdm", mini_batch_size=np.int64(64), max_epochs=3.0, initial_learn_rate=np.float32(0.5),
+                              validation_frequency=np.int32(10), verbose=0, dispatch_in_background=np.bool_(False))
+    assert options.mini_batch_size == 64 and type(options.mini_batch_size) is int
+    assert options.max_epochs == 3 and type(options.max_epochs) is int
+    assert options.initial_learn_rate == 0.5 and type(options.initial_learn_rate) is float
+    assert type(options.validation_frequency) is int and options.verbose is False
+    assert options.dispatch_in_background is False
+    options.verbose = 1
+    assert options.verbose is True
+    with pytest.raises(OptionsError, match="verbose must be True or False"):
+        TrainingOptions("sgdm", verbose=2)
+    with pytest.raises(OptionsError, match=r"max_epochs=0 is not allowed"):
+        TrainingOptions("sgdm", max_epochs=np.int64(0))
+
+
+def test_a_refused_change_leaves_the_options_as_they_were() -> None:
+    options = TrainingOptions("sgdm", output_network="last-iteration")
+    with pytest.raises(OptionsError, match="validation_data"):
+        options.output_network = "best-validation"
+    assert options.output_network == "last-iteration"

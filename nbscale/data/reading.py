@@ -1,7 +1,8 @@
 """Reading one image file (local path or fsspec URL) into a uint8/uint16 C x H x W tensor with 1 or 3 channels.
 
 torchvision's `decode_image` does the decoding (PNG, JPEG, GIF, WebP); Pillow covers the few formats it
-lacks (BMP, TIFF). Alpha channels are dropped: networks see grayscale (1 channel) or colour (3).
+lacks (BMP, TIFF). Alpha channels are dropped and palette (indexed) images expanded to their colours: networks see grayscale
+(1 channel) or colour (3).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 
 _PILLOW_ONLY = (".bmp", ".tif", ".tiff")
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_PALETTE = 3  # IHDR colour type of an indexed (palette) PNG
 
 # torchvision 0.29 warns on every decode that TorchCodec will take over image decoding; until it does, the
 # decoders work and the warning only floods test and worker logs.
@@ -47,7 +50,10 @@ def decode(data: bytes, file: str) -> torch.Tensor:
         image = torch.from_numpy(array.copy())
         image = image[None] if image.ndim == 2 else image.permute(2, 0, 1)
     else:
-        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.UNCHANGED)
+        # UNCHANGED would give a palette PNG's colour indices as one gray channel; expand them to colour instead
+        palette = data[:8] == _PNG_SIGNATURE and len(data) > 25 and data[25] == _PNG_PALETTE
+        mode = ImageReadMode.RGB if palette else ImageReadMode.UNCHANGED
+        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode)
     channels = image.shape[0]
     if channels == 2:  # gray + alpha
         return image[:1]

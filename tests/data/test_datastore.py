@@ -7,6 +7,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -36,6 +37,30 @@ def test_rgb_jpeg_is_three_channels(photos_folder: Path) -> None:
     assert ds.classes == ["china", "flower"]
     image, label = ds[1]
     assert image.shape == (3, 48, 64) and label == 1
+
+
+def test_palette_rgba_16_bit_and_uppercase_pngs_read_as_their_colours(tmp_path: Path) -> None:
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    photo = np.ascontiguousarray(load_sample_images().images[0][::20, ::20])  # china, 22 x 32 RGB
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    Image.fromarray(photo).convert("P").save(folder / "palette.png")
+    Image.fromarray(photo).convert("RGBA").save(folder / "rgba.png")
+    Image.fromarray(photo).save(folder / "upper.PNG")
+    Image.fromarray(photo[..., 0].astype("uint16") * 257).save(folder / "gray16.png")
+    ds = ImageDatastore(folder)
+    images = {Path(file).name: ds[i][0] for i, file in enumerate(ds.files)}
+    assert set(images) == {"palette.png", "rgba.png", "upper.PNG", "gray16.png"}
+    expected = torch.from_numpy(photo).permute(2, 0, 1).float() / 255
+    palette_colours = torch.from_numpy(np.asarray(Image.open(folder / "palette.png").convert("RGB")))
+    palette_colours = palette_colours.permute(2, 0, 1).float() / 255
+    assert images["palette.png"].shape == (3, *photo.shape[:2])  # colours, not palette indices as gray
+    assert torch.equal(images["palette.png"], palette_colours)
+    assert torch.equal(images["rgba.png"], expected) and torch.equal(images["upper.PNG"], expected)
+    assert images["gray16.png"].shape == (1, *photo.shape[:2])
+    assert torch.allclose(images["gray16.png"][0], expected[0])
 
 
 def test_file_extensions_and_subfolders_select_files(digits_folder: Path, tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def test_palette_rgba_16_bit_and_uppercase_pngs_read_as_their_colours(tmp_path: 
     images = {Path(file).name: ds[i][0] for i, file in enumerate(ds.files)}
     assert set(images) == {"palette.png", "rgba.png", "upper.PNG", "gray16.png"}
     expected = torch.from_numpy(photo).permute(2, 0, 1).float() / 255
-    palette_colours = torch.from_numpy(np.asarray(Image.open(folder / "palette.png").convert("RGB")))
+    palette_colours = torch.from_numpy(np.array(Image.open(folder / "palette.png").convert("RGB")))
     palette_colours = palette_colours.permute(2, 0, 1).float() / 255
     assert images["palette.png"].shape == (3, *photo.shape[:2])  # colours, not palette indices as gray
     assert torch.equal(images["palette.png"], palette_colours)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -157,9 +158,21 @@ class ImageDatastore(Dataset):
             counts[label] += 1
         return counts
 
-    def subset(self, indices: Iterable[int] | torch.Tensor) -> ImageDatastore:
-        """A datastore of the items at `indices` (same classes, so label indices stay comparable)."""
-        chosen = [int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices)]
+    def subset(self, indices: Iterable[int] | Iterable[bool] | torch.Tensor) -> ImageDatastore:
+        """A datastore of the items at `indices` (same classes, so label indices stay comparable).
+
+        `indices` are item numbers, or, as in MATLAB, a logical mask with one True/False per item.
+        """
+        values = list(indices.tolist() if hasattr(indices, "tolist") else indices)  # tensors and numpy arrays
+        if values and all(isinstance(v, bool | np.bool_) for v in values):
+            if len(values) != len(self):
+                raise DatastoreError(f"subset: a logical mask needs one True/False per item ({len(self)}), "
+                                     f"not {len(values)}.")
+            values = [i for i, keep in enumerate(values) if keep]
+        chosen = [int(i) for i in values]
+        outside = [i for i in chosen if not -len(self) <= i < len(self)]
+        if outside:
+            raise DatastoreError(f"subset: indices {outside[:5]} are outside the {len(self)} items.")
         labels = [self.labels[i] for i in chosen] if self.labels is not None else None
         return self._from_parts([self.files[i] for i in chosen], labels, list(self.classes), self.on_error)
 

@@ -110,6 +110,18 @@ def test_shuffle_and_subset_keep_files_labels_and_classes_together(digits_folder
     assert only_nines.classes == ds.classes and {y for _, y in (only_nines[i] for i in range(5))} == {9}
 
 
+def test_subset_takes_a_logical_mask_as_in_matlab(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder)
+    is_three = np.array(ds.labels) == "3"
+    for mask in (is_three, torch.from_numpy(is_three), [bool(v) for v in is_three]):
+        threes = ds.subset(mask)
+        assert len(threes) == 183 and set(threes.labels) == {"3"}  # not items 0 and 1 picked by False/True
+    with pytest.raises(DatastoreError, match="one True/False per item"):
+        ds.subset([True, False])
+    with pytest.raises(DatastoreError, match="outside the 1797 items"):
+        ds.subset([0, 5000])
+
+
 def test_corrupt_file_raises_naming_the_file_or_is_skipped_with_a_warning(tmp_path: Path) -> None:
     folder = write_digits_pngs(tmp_path / "digits", classes=[0, 1], limit_per_class=5)
     broken = folder / "1" / "broken.png"

@@ -32,13 +32,47 @@ class BatchSource(Protocol):
 
 
 def as_dataset(data: Any, what: str = "train_data") -> Dataset:
-    """A Dataset from a Dataset or an (inputs, labels) pair of tensors; OptionsError otherwise."""
-    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        return TensorDataset(*data)
+    """A Dataset from a Dataset or an (inputs, labels) pair; OptionsError otherwise.
+
+    In the pair, either part may be a tensor, a numpy array or a list: numpy floats become the default float
+    dtype (float32), and integer labels of any width become int64 (what cross-entropy takes).
+    """
+    if isinstance(data, tuple) and len(data) == 2 and all(_array_like(part) for part in data):
+        inputs, labels = (_as_tensor(part) for part in data)
+        if inputs.ndim == 0 or labels.ndim == 0 or len(inputs) != len(labels):
+            raise OptionsError(f"{what}=(inputs, labels) needs one label per input, got "
+                               f"{_count(inputs)} inputs and {_count(labels)} labels.")
+        return TensorDataset(inputs, as_labels(labels))
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         return data
     raise OptionsError(f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, "
                        f"not {type(data).__name__}.")
+
+
+def as_labels(labels: torch.Tensor) -> torch.Tensor:
+    """Integer labels as int64 (cross-entropy refuses int32 and friends); other labels unchanged."""
+    if labels.dtype in (torch.int8, torch.int16, torch.int32, torch.uint8):
+        return labels.long()
+    return labels
+
+
+def _array_like(part: Any) -> bool:
+    return isinstance(part, (torch.Tensor, list)) or type(part).__module__ == "numpy"
+
+
+def _as_tensor(part: Any) -> torch.Tensor:
+    if isinstance(part, torch.Tensor):
+        return part
+    try:
+        tensor = torch.as_tensor(part)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise OptionsError(f"Cannot make a tensor of a {type(part).__name__} in (inputs, labels): {error}. "
+                           "Give tensors, numpy arrays or lists of numbers.") from None
+    return tensor.to(torch.get_default_dtype()) if tensor.dtype == torch.float64 else tensor
+
+
+def _count(tensor: torch.Tensor) -> str:
+    return "a scalar" if tensor.ndim == 0 else str(len(tensor))
 
 
 def split_batch(batch_size: int, worker_load: Sequence[float] | None, world_size: int) -> list[int]:
@@ -68,7 +102,7 @@ class TensorBatches:
     """Batches cut from tensors held in memory or on the device by one `index_select` each."""
 
     def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, device: torch.device, where: str) -> None:
-        self.inputs, self.labels, self.device = inputs, labels, device
+        self.inputs, self.labels, self.device = inputs, as_labels(labels), device
         self.description = f"{where} tensors ({len(inputs)} samples)"
 
     def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
@@ -91,7 +125,8 @@ class ResidentBatches:
         if not index_lists:
             return
         indices = torch.cat([i.cpu() for i in index_lists])
-        yield from self.resident.batches(len(index_lists[0]), shuffle=False, indices=indices, drop_last=False)
+        for x, y in self.resident.batches(len(index_lists[0]), shuffle=False, indices=indices, drop_last=False):
+            yield x, as_labels(y)
 
 
 class _EpochBatchSampler:
@@ -124,7 +159,7 @@ class StreamBatches:
         self.sampler.lists = index_lists
         non_blocking = self.device.type == "cuda"
         for x, y in self.loader:
-            yield x.to(self.device, non_blocking=non_blocking), y.to(self.device, non_blocking=non_blocking)
+            yield x.to(self.device, non_blocking=non_blocking), as_labels(y.to(self.device, non_blocking=non_blocking))
 
 
 def _tensors_fit(tensors: Sequence[torch.Tensor], device: torch.device) -> bool:
@@ -132,6 +167,17 @@ def _tensors_fit(tensors: Sequence[torch.Tensor], device: torch.device) -> bool:
         return True
     free, _ = torch.cuda.mem_get_info(device)
     return sum(t.numel() * t.element_size() for t in tensors) < 0.5 * free
+
+
+def _has_class_labels(dataset: Dataset) -> bool:
+    """True when the first sample's label is one integer (a class index): the device-resident copy of
+    nbscale.data keeps labels as class indices, so float or vector targets (regression) are streamed instead."""
+    try:
+        item = dataset[0]
+        label = torch.as_tensor(item[1])
+    except Exception:  # not an (input, label) pair, or a label that is no number: let the other paths decide
+        return False
+    return label.ndim == 0 and not label.is_floating_point() and not label.is_complex() and label.dtype != torch.bool
 
 
 def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool) -> BatchSource:
@@ -150,11 +196,12 @@ def make_batch_source(dataset: Dataset, device: torch.device, placement: str, ba
         from nbscale.data.device_resident import DeviceResidentData, fits_on_device
     except ImportError:
         DeviceResidentData = fits_on_device = None  # noqa: N806 - nbscale.data may not be installed
-    if DeviceResidentData is not None and (placement == "device" or fits_on_device(dataset, device)):
+    if (DeviceResidentData is not None and _has_class_labels(dataset)
+            and (placement == "device" or fits_on_device(dataset, device))):
         return ResidentBatches(DeviceResidentData(dataset, device))
     if placement == "device":
         items = [dataset[i] for i in range(len(dataset))]
         inputs = torch.stack([torch.as_tensor(x) for x, _ in items]).to(device)
-        labels = torch.as_tensor([int(y) for _, y in items]).to(device)
+        labels = as_labels(torch.stack([torch.as_tensor(y) for _, y in items])).to(device)
         return TensorBatches(inputs, labels, device, f"{device}-resident")
     return StreamBatches(dataset, device, background)

@@ -219,3 +219,50 @@ def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop(m
     with pytest.warns(RuntimeWarning, match="iteration 12"):
         _, info = run(5, nan_at_12)
     assert info.iteration[-1] == 12 and "nan at iteration 12" in info.stop_reason
+
+
+def test_labels_as_a_list_numpy_array_or_narrow_integers_train_like_int64_tensors() -> None:
+    inputs, labels = TRAIN
+    val_inputs, val_labels = VAL
+    results = []
+    for train_data, validation_data in (
+            ((inputs, labels), (val_inputs, val_labels)),
+            ((inputs, labels.tolist()), (val_inputs, val_labels.tolist())),
+            ((inputs.double().numpy(), labels.numpy()), (val_inputs.numpy(), val_labels.numpy().astype("int32"))),
+            ((inputs, labels.int()), (val_inputs, val_labels.to(torch.uint8))),
+            (torch.utils.data.TensorDataset(inputs, labels.short()), torch.utils.data.TensorDataset(val_inputs,
+                                                                                                    val_labels.int()))):
+        torch.manual_seed(5)
+        net, info = nbscale.train(tiny_net(), train_data, quiet(max_epochs=1, validation_data=validation_data))
+        results.append((weights(net), info.final_validation_accuracy))
+    for other, accuracy in results[1:]:
+        assert accuracy == pytest.approx(results[0][1])
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(results[0][0], other, strict=True))
+    with pytest.raises(OptionsError, match="1500 inputs and 3 labels"):
+        nbscale.train(tiny_net(), (inputs, [1, 2, 3]), quiet())
+
+
+class _RegressionSamples(torch.utils.data.Dataset):
+    """A plain Dataset of (input, float target): scalar targets that must not be rounded to class indices."""
+
+    def __init__(self, vector: bool) -> None:
+        self.inputs, self.vector = TRAIN[0], vector
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        target = self.inputs[index, :2] * 2.5 + 0.25
+        return self.inputs[index], target if self.vector else target[0]
+
+
+@pytest.mark.parametrize("placement", ["auto", "device", "stream"])
+def test_a_dataset_of_float_targets_trains_a_regression_on_the_exact_targets(placement: str) -> None:
+    for vector in (True, False):
+        model = nn.Linear(64, 2) if vector else nn.Sequential(nn.Linear(64, 1), nn.Flatten(0))
+        _, info = nbscale.train(model, _RegressionSamples(vector), quiet(
+            solver="adam", max_epochs=30, data_placement=placement, l2_regularization=0.0, initial_learn_rate=0.02,
+            validation_data=_RegressionSamples(vector), validation_frequency=100), loss_fn=nn.MSELoss())
+        assert set(info.training_accuracy) == {None} and info.final_validation_accuracy is None
+        # rounded to integers the targets could not be fitted this closely
+        assert info.final_validation_loss < 0.01, (vector, info.final_validation_loss)

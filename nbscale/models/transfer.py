@@ -13,7 +13,10 @@ TRUNK = "trunk"  # freeze="trunk": every layer but the new one
 
 
 def classification_layer(model: nn.Module) -> str:
-    """The name of the last classification layer: `fc`, `classifier[-1]`, `heads.head`, else the last Linear."""
+    """The name of the last classification layer: `fc`, `classifier[-1]`, `heads.head`, else the last Linear.
+
+    SqueezeNet scores classes with a 1 x 1 convolution in its classifier (`classifier.1`); that layer counts too.
+    """
     modules = dict(model.named_modules())
     for name in ("fc", "heads.head", "head"):
         if isinstance(modules.get(name), nn.Linear):
@@ -23,11 +26,28 @@ def classification_layer(model: nn.Module) -> str:
         return f"classifier.{len(classifier) - 1}"
     if isinstance(classifier, nn.Linear):
         return "classifier"
+    if isinstance(classifier, nn.Sequential):
+        scoring = [i for i, layer in enumerate(classifier) if _is_class_scoring_conv(layer)]
+        if scoring and not any(isinstance(layer, nn.Linear) for layer in classifier[scoring[-1]:]):
+            return f"classifier.{scoring[-1]}"
     linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not linear:
         raise ModelError(f"transfer: {type(model).__name__} has no nn.Linear layer to replace; add a classification "
                          "layer yourself, then call transfer().")
     return linear[-1]
+
+
+def _is_class_scoring_conv(layer: nn.Module) -> bool:
+    return isinstance(layer, nn.Conv2d) and layer.kernel_size == (1, 1) and layer.groups == 1
+
+
+def _new_layer(old: nn.Module, num_classes: int) -> nn.Module:
+    """A freshly initialised layer like `old` (Linear or 1 x 1 Conv2d) with `num_classes` outputs."""
+    if isinstance(old, nn.Conv2d):
+        new: nn.Module = nn.Conv2d(old.in_channels, num_classes, kernel_size=1, bias=old.bias is not None)
+    else:
+        new = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
+    return new.to(device=old.weight.device, dtype=old.weight.dtype)
 
 
 def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
@@ -48,13 +68,17 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float = 10.0
         raise ModelError(f"transfer: num_classes must be a positive whole number, not {num_classes!r}.")
     head_name = classification_layer(model)
     old = model.get_submodule(head_name)
-    new = nn.Linear(old.in_features, num_classes, bias=old.bias is not None)
-    new.to(device=old.weight.device, dtype=old.weight.dtype)
+    new = _new_layer(old, num_classes)
     _replace(model, head_name, new)
+    if isinstance(getattr(model, "num_classes", None), int):  # SqueezeNet keeps its class count
+        model.num_classes = num_classes
 
     modules = dict(model.named_modules())
     if freeze == TRUNK:
-        frozen = [name for name, _ in model.named_children() if not head_name.startswith(name)]
+        def holds_head(name: str) -> bool:
+            return head_name == name or head_name.startswith(name + ".")
+
+        frozen = [name for name, _ in model.named_children() if not holds_head(name)]
         frozen += [name for name, _ in model.named_modules() if name and head_name.startswith(name + ".")]
         frozen_parameters = [p for n, p in model.named_parameters() if not n.startswith(head_name + ".")]
     else:

@@ -65,6 +65,22 @@ def test_transfer_finds_the_classifier_of_other_families(name: str, head: str) -
     assert not any(p.requires_grad for p in model.features.parameters())
 
 
+def test_transfer_replaces_squeezenets_class_scoring_convolution() -> None:
+    model = transfer(pretrained("squeezenet1_1", weights=None), 4, freeze="trunk")
+    head = model.classifier[1]
+    assert isinstance(head, nn.Conv2d) and head.out_channels == 4 and head.kernel_size == (1, 1)
+    assert model.nbscale_learn_rate_factors == {"classifier.1.weight": 10.0, "classifier.1.bias": 10.0}
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["classifier.1.weight", "classifier.1.bias"]
+    assert model.eval()(torch.rand(2, 3, 64, 64)).shape == (2, 4)
+
+
+def test_freezing_the_trunk_of_a_long_sequential_names_every_layer_but_the_head() -> None:
+    layers = [nn.Linear(4, 4) for _ in range(11)] + [nn.Linear(4, 3)]  # the head is "11", which starts with "1"
+    model = transfer(nn.Sequential(*layers), 2, freeze="trunk")
+    assert "1" in model.nbscale_frozen_layers and "11" not in model.nbscale_frozen_layers
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["11.weight", "11.bias"]
+
+
 def test_transfer_takes_the_last_linear_of_any_network_and_names_unknown_layers() -> None:
     model = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     transfer(model, 5, learn_rate_factor=3.0, freeze="1")

@@ -40,6 +40,18 @@ class AuthenticationError(ConnectionError):
     """The peer did not prove it holds the pool's secret."""
 
 
+class MessageUnreadable(Exception):
+    """A message arrived whole but could not be unpickled here (e.g. it names a module this side lacks).
+
+    The channel stays usable; `kind`, `request_id` and `rank` say which message it was, so the request it
+    belongs to can fail with `error` instead of waiting forever.
+    """
+
+    def __init__(self, kind: str, request_id: int | None, rank: int | None, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.kind, self.request_id, self.rank, self.error = kind, request_id, rank, error
+
+
 def _digest(secret: bytes, role: bytes, challenge: bytes) -> bytes:
     return hmac.new(secret, role + challenge, hashlib.sha256).digest()
 
@@ -98,17 +110,20 @@ class Channel:
         """Send an already serialised frame (the same frame may go to many workers)."""
         if frame.buffers and self.same_machine:
             frame.to_shared_memory()
-        header = pickle.dumps((frame.shm_paths, frame.shm_sizes, len(frame.buffers), receiver_unlinks))
+        header = pickle.dumps((frame.shm_paths, frame.shm_sizes, len(frame.buffers), receiver_unlinks, frame.label))
         with self._send_lock:
             self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
             for buffer in frame.buffers:
                 self.connection.send_bytes(buffer)
 
     def recv(self) -> Any:
-        """Receive one message (blocks); raises EOFError when the peer has gone."""
+        """Receive one message (blocks); raises EOFError when the peer has gone.
+
+        Raises MessageUnreadable when the message arrived but cannot be unpickled here.
+        """
         data = self.connection.recv_bytes()
         (header_length,) = struct.unpack("!I", data[:4])
-        shm_paths, shm_sizes, inline_count, receiver_unlinks = pickle.loads(data[4 : 4 + header_length])
+        shm_paths, shm_sizes, inline_count, receiver_unlinks, label = pickle.loads(data[4 : 4 + header_length])
         body = data[4 + header_length :]
         buffers: list[Any] = []
         if shm_paths:
@@ -118,7 +133,10 @@ class Channel:
                     Path(path).unlink(missing_ok=True)
         for _ in range(inline_count):
             buffers.append(bytes_buffer(self.connection.recv_bytes()))
-        return deserialise(body, buffers)
+        try:
+            return deserialise(body, buffers)
+        except Exception as error:  # noqa: BLE001 - any unpickling failure: a missing module, class or attribute
+            raise MessageUnreadable(*label, error) from error
 
     def fileno(self) -> int:
         return self.connection.fileno()

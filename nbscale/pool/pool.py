@@ -24,7 +24,7 @@ from nbscale.errors import PoolError, PoolInterrupted, WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool import registry
 from nbscale.pool.backends.base import Backend
-from nbscale.pool.channel import AuthenticationError, Channel, ChannelListener, machine_id
+from nbscale.pool.channel import AuthenticationError, Channel, ChannelListener, MessageUnreadable, machine_id
 from nbscale.pool.devices import plan_devices
 from nbscale.pool.requests import Request, WorkerDied, next_request_id
 from nbscale.pool.transport import Frame, serialise
@@ -357,6 +357,10 @@ class Pool:
                 worker = live[connection]
                 try:
                     message = worker.channel.recv()
+                except MessageUnreadable as unreadable:
+                    message = _unreadable_reply(worker.rank, unreadable)
+                    if message is None:
+                        continue
                 except (EOFError, OSError, ValueError):
                     if not self._stopping.is_set():
                         self._worker_died(worker, self._death_description(worker))
@@ -761,6 +765,20 @@ def _print_output(output: p.Output) -> None:
     if not output.text.endswith("\n"):
         stream.write("\n")
     stream.flush()
+
+
+def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:
+    """What to route in place of a worker's message the notebook cannot unpickle (None: nothing)."""
+    if unreadable.kind in ("Done", "Failed") and unreadable.request_id is not None:
+        return p.Failed(
+            unreadable.request_id, rank, type(unreadable.error).__name__,
+            f"its result could not be read in the notebook ({unreadable}). A value sent back from a worker must "
+            "load here too: its class must be importable in the notebook, not only on the workers.",
+            "",
+        )  # fmt: skip
+    if unreadable.kind == "Event":
+        return p.Output(rank, "stderr", f"an event from this worker could not be read in the notebook ({unreadable})\n")
+    return None
 
 
 def _kernel_id() -> str | None:

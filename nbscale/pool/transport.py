@@ -37,6 +37,8 @@ class Frame:
     buffers: list[memoryview]
     shm_paths: tuple[str, ...] = ()
     shm_sizes: tuple[int, ...] = ()
+    # (message type, request_id, rank), readable even when the body cannot be unpickled at the other end
+    label: tuple[str, int | None, int | None] = ("", None, None)
 
     def to_shared_memory(self) -> None:
         """Write each buffer to its own shared-memory file (mode 0600: readable by this user only)."""
@@ -141,7 +143,8 @@ def serialise(message: Any) -> Frame:
     stream = io.BytesIO()
     buffers: list[memoryview] = []
     _Pickler(stream, buffers).dump(message)
-    return Frame(stream.getvalue(), buffers)
+    label = (type(message).__name__, getattr(message, "request_id", None), getattr(message, "rank", None))
+    return Frame(stream.getvalue(), buffers, label=label)
 
 
 def _empty_bytes(size: int) -> Any:

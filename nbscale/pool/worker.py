@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from nbscale.pool import protocol as p
-from nbscale.pool.channel import Channel, connect, machine_id
+from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.references import CompositeReference, ModuleReference
@@ -105,6 +105,9 @@ class Worker:
         while True:
             try:
                 message = self.channel.recv()
+            except MessageUnreadable as unreadable:
+                self._refuse(unreadable)
+                continue
             except (EOFError, OSError):
                 os._exit(0)
             if isinstance(message, p.Interrupt):
@@ -119,6 +122,20 @@ class Worker:
             else:
                 self.busy = True  # set here so an Interrupt right after the request finds it busy
                 self.inbox.put(message)
+
+    def _refuse(self, unreadable: MessageUnreadable) -> None:
+        """Fail a request this worker cannot unpickle (the kernel would otherwise wait for it forever)."""
+        if unreadable.request_id is None:
+            return
+        self.channel.send(
+            p.Failed(
+                unreadable.request_id, self.rank, type(unreadable.error).__name__,
+                f"worker {self.rank} could not read what the notebook sent ({unreadable}). Code and values sent to "
+                "workers must be importable there: a module from a folder the notebook added to sys.path needs that "
+                "folder on the workers' sys.path too (add it in a %%spmd cell), or define the code in the notebook.",
+                "",
+            )  # fmt: skip
+        )
 
     def _memory(self) -> tuple[float, float | None]:
         with open("/proc/self/statm") as handle:

@@ -170,3 +170,22 @@ def test_status_lists_every_worker(pool):
         assert column in text
     assert [line.split()[4] for line in text.splitlines()[2:]] == ["idle"] * 3
     assert "<table>" in status._repr_html_()
+
+
+def test_a_message_one_side_cannot_unpickle_fails_its_request_and_the_pool_stays_usable(pool, tmp_path, monkeypatch):
+    (tmp_path / "nbscale_only_here.py").write_text("class Thing:\n    pass\n\ndef answer():\n    return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import nbscale_only_here  # importable in this process, not on the workers
+
+    with pytest.raises(WorkerError, match="No module named 'nbscale_only_here'"):
+        pool.run(nbscale_only_here.answer)
+    with pytest.raises(WorkerError, match="No module named 'nbscale_only_here'"):
+        pool.submit(nbscale_only_here.answer).result(timeout=60)
+    # and the other way: a value whose class only the workers can import
+    worker_dir = tmp_path / "workers_only"
+    worker_dir.mkdir()
+    (worker_dir / "nbscale_only_there.py").write_text("class Thing:\n    pass\n")
+    pool.spmd(f"import sys\nsys.path.insert(0, {str(worker_dir)!r})\nimport nbscale_only_there\nthing = nbscale_only_there.Thing()")
+    with pytest.raises(WorkerError, match="No module named 'nbscale_only_there'"):
+        pool.pull("thing")
+    assert pool.run(os.getpid) == [w.pid for w in pool.workers]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -12,6 +13,12 @@ from torch import nn
 
 from nbscale.errors import ModelError
 
+# a whole pickled network (torch.save(model, path)) may be unpickled when it refers to nothing but these
+_NETWORK_GLOBALS = ("torch.nn.modules.", "torchvision.models.", "torchvision.ops.", "functools.partial",
+                    "builtins.set", "collections.OrderedDict")
+# prefixes that DistributedDataParallel / DataParallel and torch.compile add to every parameter name
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
 
 def _unwrap_state_dict(loaded: object) -> dict[str, torch.Tensor] | None:
     if isinstance(loaded, nn.Module):
@@ -19,10 +26,34 @@ def _unwrap_state_dict(loaded: object) -> dict[str, torch.Tensor] | None:
     if isinstance(loaded, dict):
         for key in ("state_dict", "model_state_dict", "model"):
             if isinstance(loaded.get(key), dict):
-                return loaded[key]
+                return _strip_wrapper_prefixes(loaded[key])
         if all(isinstance(v, torch.Tensor) for v in loaded.values()):
-            return loaded  # type: ignore[return-value]
+            return _strip_wrapper_prefixes(loaded)  # type: ignore[arg-type]
     return None
+
+
+def _strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    for prefix in _WRAPPER_PREFIXES:
+        if state and all(key.startswith(prefix) for key in state):
+            state = {key.removeprefix(prefix): value for key, value in state.items()}
+    return state
+
+
+def _load(path: Path) -> object:
+    """torch.load a weights file: tensors only, or a whole pickled network made of torch/torchvision layers."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        try:
+            needed = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:
+            raise error from None
+        others = [name for name in needed if not name.startswith(_NETWORK_GLOBALS)]
+        if others:
+            raise ModelError(f"pretrained: {str(path)!r} is a pickle that refers to {others[:5]}, which nbscale does "
+                             "not unpickle. If you trust the file, load it yourself with torch.load(path, "
+                             "weights_only=False), or save model.state_dict() instead.") from error
+        return torch.load(path, map_location="cpu", weights_only=False)  # torch and torchvision layers only
 
 
 def pretrained(name: str, weights: str | os.PathLike | None = "DEFAULT", **kwargs: object) -> nn.Module:
@@ -30,8 +61,11 @@ def pretrained(name: str, weights: str | os.PathLike | None = "DEFAULT", **kwarg
 
     weights: "DEFAULT" (or any torchvision weights name such as "IMAGENET1K_V1") loads through torchvision's
     own cache (downloaded once if the machine can reach the internet); a path to a file saved with
-    `torch.save(model.state_dict(), path)` loads that; None gives random weights. Extra keyword arguments go
-    to the torchvision constructor. Raises ModelError for an unknown name or a missing or mismatching file.
+    `torch.save(model.state_dict(), path)` loads that (also a checkpoint dict with a "state_dict", names
+    prefixed by DDP's "module.", or a classification layer with another class count, as transfer() leaves it);
+    a whole network saved with `torch.save(model, path)` is returned as it is when it is made of torch and
+    torchvision layers; None gives random weights. Extra keyword arguments go to the torchvision constructor.
+    Raises ModelError for an unknown name or a missing or mismatching file.
     """
     available = torchvision.models.list_models()
     if name not in available:
@@ -57,18 +91,40 @@ def pretrained(name: str, weights: str | os.PathLike | None = "DEFAULT", **kwarg
         raise ModelError(f"pretrained: the weights file {str(path)!r} does not exist. Pass an existing file saved "
                          "with torch.save(model.state_dict(), path), 'DEFAULT', or None.")
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=True)
+        loaded = _load(path)
+    except ModelError:
+        raise
     except Exception as error:
         raise ModelError(f"pretrained: cannot read weights file {str(path)!r} ({error}). It should hold a "
                          "state_dict saved with torch.save(model.state_dict(), path).") from error
+    if isinstance(loaded, nn.Module) and not kwargs:
+        return loaded  # a whole network saved with torch.save(model, path): it is the network asked for
     state = _unwrap_state_dict(loaded)
     if state is None:
         raise ModelError(f"pretrained: {str(path)!r} holds a {type(loaded).__name__}, not a state_dict of {name}.")
     model = torchvision.models.get_model(name, weights=None, **kwargs)
+    file_classes = _class_count_in(state, model)
+    if file_classes is not None and "num_classes" not in kwargs:
+        # a network saved after transfer(): build it with the file's class count
+        model = torchvision.models.get_model(name, weights=None, num_classes=file_classes, **kwargs)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
-        raise ModelError(f"pretrained: the weights in {str(path)!r} do not fit {name}: "
-                         f"{str(error).splitlines()[0]} Check the network name, or pass num_classes= to match "
-                         "the file.") from error
+        details = [line.strip() for line in str(error).splitlines()[1:3]]
+        raise ModelError(f"pretrained: the weights in {str(path)!r} do not fit {name}: {' '.join(details)} "
+                         "Check the network name, or pass num_classes= to match the file.") from error
     return model
+
+
+def _class_count_in(state: dict[str, torch.Tensor], model: nn.Module) -> int | None:
+    """The file's class count when only the classification layer's output size differs from `model`'s."""
+    from nbscale.models.transfer import classification_layer
+
+    try:
+        head = classification_layer(model)
+    except ModelError:
+        return None
+    expected, saved = model.state_dict().get(f"{head}.weight"), state.get(f"{head}.weight")
+    if expected is None or saved is None or saved.ndim != expected.ndim or saved.shape[0] == expected.shape[0]:
+        return None
+    return int(saved.shape[0]) if saved.shape[1:] == expected.shape[1:] else None

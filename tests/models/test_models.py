@@ -44,6 +44,26 @@ def test_missing_file_unknown_name_and_mismatched_weights_are_clear_errors(
         pretrained("resnet18", weights=garbage)
 
 
+class NotTorchvision(nn.Module):
+    """A network class of the user's own: nbscale does not unpickle it (that would run the user's code)."""
+
+
+def test_whole_networks_ddp_names_and_transferred_heads_load_from_a_file(
+        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    saved, _ = resnet18_file
+    torch.save(saved, tmp_path / "whole.pt")  # torch.save(model, path), not its state_dict
+    assert torch.equal(pretrained("resnet18", weights=tmp_path / "whole.pt").fc.weight, saved.fc.weight)
+    torch.save({"module." + k: v for k, v in saved.state_dict().items()}, tmp_path / "ddp.pt")
+    assert torch.equal(pretrained("resnet18", weights=tmp_path / "ddp.pt").conv1.weight, saved.conv1.weight)
+    transferred = transfer(pretrained("resnet18", weights=None), 5)
+    torch.save(transferred.state_dict(), tmp_path / "five.pt")
+    loaded = pretrained("resnet18", weights=tmp_path / "five.pt")  # the file's 5 classes, no num_classes= needed
+    assert loaded.fc.out_features == 5 and torch.equal(loaded.fc.weight, transferred.fc.weight)
+    torch.save(NotTorchvision(), tmp_path / "other.pt")
+    with pytest.raises(ModelError, match="(?s)NotTorchvision.*weights_only=False"):
+        pretrained("resnet18", weights=tmp_path / "other.pt")
+
+
 def test_transfer_replaces_fc_freezes_the_trunk_and_records_the_factor(
         resnet18_file: tuple[nn.Module, Path]) -> None:
     model = transfer(pretrained("resnet18", weights=resnet18_file[1]), 7, learn_rate_factor=10.0, freeze="trunk")

@@ -50,8 +50,23 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
     return crop_windows(images, top, left, height, width)
 
 
+def _preprocessing_for(channels: int, color_preprocessing: str, output_size: Any) -> str:
+    """The colour preprocessing that gives `channels` channels (3: gray2rgb, 1: rgb2gray), checked against the one given."""
+    wanted = {3: "gray2rgb", 1: "rgb2gray"}.get(channels)
+    if wanted is None:
+        raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} asks for {channels} channels; "
+                             "images have 1 (grayscale) or 3 (colour).")
+    if color_preprocessing not in ("none", wanted):
+        raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} asks for {channels} channel(s) "
+                             f"but color_preprocessing={color_preprocessing!r} gives {4 - channels}.")
+    return wanted
+
+
 class AugmentedImageDatastore(Dataset):
     """A datastore whose items are colour-converted, augmented, and brought to `output_size` (H, W).
+
+    output_size may also be (H, W, C), as in MATLAB: C=3 turns grayscale images into colour (gray2rgb) and C=1
+    colour into grayscale (rgb2gray), so every item has C channels.
 
     ds is an ImageDatastore (or any Dataset of (image, label) / image). output_size_mode: "resize" (scale to
     output_size), "centercrop" or "randcrop" (cut output_size from the centre / a random place).
@@ -60,13 +75,15 @@ class AugmentedImageDatastore(Dataset):
     def __init__(self, output_size: int | Sequence[int], ds: Dataset, augmenter: ImageAugmenter | None = None,
                  color_preprocessing: str = "none", output_size_mode: str = "resize") -> None:
         size = (output_size, output_size) if isinstance(output_size, int) else tuple(int(s) for s in output_size)
-        if len(size) == 3:  # MATLAB's [h w c]: the channel count is the colour preprocessing's business
-            size = size[:2]
-        if len(size) != 2 or min(size) < 1:
-            raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} must be (height, width).")
         if color_preprocessing not in COLOR_PREPROCESSING:
             raise DatastoreError(f"AugmentedImageDatastore: color_preprocessing={color_preprocessing!r} is not one "
                                  f"of {COLOR_PREPROCESSING}.")
+        if len(size) == 3:  # MATLAB's [h w c]: c asks for that many channels (MATLAB ignores it; images would not fit)
+            size, channels = size[:2], size[2]
+            color_preprocessing = _preprocessing_for(channels, color_preprocessing, output_size)
+        if len(size) != 2 or min(size) < 1:
+            raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} must be (height, width) "
+                                 "or (height, width, channels).")
         if output_size_mode not in OUTPUT_SIZE_MODES:
             raise DatastoreError(f"AugmentedImageDatastore: output_size_mode={output_size_mode!r} is not one of "
                                  f"{OUTPUT_SIZE_MODES}.")

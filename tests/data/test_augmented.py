@@ -45,6 +45,19 @@ def test_gray2rgb_and_rgb2gray_set_the_channel_count(digits_folder: Path, photos
     assert colour.shape == (1, 24, 32)
 
 
+def test_output_size_with_channels_gives_every_item_that_many_channels(digits_folder: Path,
+                                                                       photos_folder: Path) -> None:
+    digits, photos = ImageDatastore(digits_folder), ImageDatastore(photos_folder)
+    three = AugmentedImageDatastore((16, 16, 3), digits)  # MATLAB's [h w c], as for a 3-channel network
+    assert three[0][0].shape == (3, 16, 16) and three.color_preprocessing == "gray2rgb"
+    assert AugmentedImageDatastore((16, 16, 3), photos)[0][0].shape == (3, 16, 16)
+    assert AugmentedImageDatastore((16, 16, 1), photos)[0][0].shape == (1, 16, 16)
+    with pytest.raises(DatastoreError, match="gray2rgb"):
+        AugmentedImageDatastore((16, 16, 1), digits, color_preprocessing="gray2rgb")
+    with pytest.raises(DatastoreError, match="4 channels"):
+        AugmentedImageDatastore((16, 16, 4), digits)
+
+
 def test_augmenter_runs_before_sizing(digits_folder: Path) -> None:
     source = ImageDatastore(digits_folder)
     shifted, _ = AugmentedImageDatastore(8, source, ImageAugmenter(rand_x_translation=(2, 2)))[0]

@@ -141,6 +141,7 @@ class Failed:
     error_type: str
     message: str
     traceback: str
+    error_class: tuple[str, str] | None = None  # (module, qualname) of the exception, looked up in the notebook
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
+import sys
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ class Request:
     frame: Frame | None = None
     future: Future[Any] | None = None
     on_event: Callable[[int, Any], None] | None = None
+    failure_classes: dict[int, type[Exception] | None] = field(default_factory=dict)
 
     @property
     def waiting_for(self) -> list[int]:
@@ -51,15 +54,59 @@ class Request:
             self.replies[item.rank] = item.value
         elif isinstance(item, p.Failed):
             self.failures[item.rank] = item.traceback or f"{item.error_type}: {item.message}"
+            self.failure_classes[item.rank] = _exception_class(item.error_class)
         elif isinstance(item, WorkerDied):
             self.failures[item.rank] = item.description
 
     def error(self, what: str = "The cell") -> WorkerError:
-        """One error listing each failing rank's traceback."""
+        """One error listing each failing rank's traceback.
+
+        Where every failing rank raised the same exception class, the WorkerError is also an instance of that
+        class, so `except ZeroDivisionError:` catches a worker's ZeroDivisionError as concurrent.futures does.
+        """
         ranks = sorted(self.failures)
         which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
-        parts = [f"{what} failed on {which} (of {len(self.ranks)} workers)."]
+        asked = f" (of {len(self.ranks)} workers)" if len(self.ranks) > 1 else ""
+        parts = [f"{what} failed on {which}{asked}."]
         for rank in ranks:
             body = self.failures[rank].rstrip()
             parts.append(f"\n--- rank {rank} ---\n{body}")
-        return WorkerError("\n".join(parts), dict(self.failures))
+        message, failures = "\n".join(parts), dict(self.failures)
+        classes = {self.failure_classes.get(rank) for rank in ranks}
+        original = classes.pop() if len(classes) == 1 else None
+        if original is not None:
+            try:
+                return _worker_error_class(original)(message, failures)
+            except Exception:  # noqa: BLE001 - an exception class whose constructor wants other arguments
+                pass
+        return WorkerError(message, failures)
+
+
+def _exception_class(where: tuple[str, str] | None) -> type[Exception] | None:
+    """The notebook's own class for a worker's exception (builtins, the notebook's, imported modules'), or None."""
+    if where is None:
+        return None
+    module, qualname = where
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    if isinstance(found, type) and issubclass(found, Exception) and not issubclass(found, WorkerError):
+        return found
+    return None
+
+
+@functools.cache
+def _worker_error_class(original: type[Exception]) -> type[WorkerError]:
+    """A WorkerError that is also an `original` (shown and pickled as a plain WorkerError)."""
+    try:
+        return type(
+            "WorkerError",
+            (WorkerError, original),
+            {
+                "__module__": WorkerError.__module__,
+                "__str__": BaseException.__str__,
+                "__reduce__": lambda self: (WorkerError, (str(self), self.failures)),
+            },
+        )
+    except TypeError:  # classes whose instance layouts cannot be combined
+        return WorkerError

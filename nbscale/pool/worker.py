@@ -165,7 +165,10 @@ class Worker:
             except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
                 sys.stdout.flush()
                 sys.stderr.flush()
-                reply = p.Failed(message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error))
+                reply = p.Failed(
+                    message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
+                    (type(error).__module__, type(error).__qualname__),
+                )  # fmt: skip
             self.busy = not self.inbox.empty()
             try:
                 self._send_reply(reply)

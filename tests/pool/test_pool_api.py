@@ -162,6 +162,17 @@ def test_submit_and_map_behave_like_concurrent_futures(pool):
     assert len(done) == 3 and queued.cancelled()
 
 
+def test_a_tasks_exception_is_caught_by_its_own_class_as_in_concurrent_futures(pool):
+    failing = pool.submit(divmod, 1, 0)
+    with pytest.raises(ZeroDivisionError, match="failed on rank"):
+        failing.result(timeout=30)
+    assert isinstance(failing.exception(), ZeroDivisionError) and isinstance(failing.exception(), WorkerError)
+    with pytest.raises(KeyError):
+        list(pool.map(dict().__getitem__, ["missing"]))
+    with pytest.raises(ValueError):  # pool.run too, when every failing rank raised the same class
+        pool.run(int, "not a number")
+
+
 def test_status_lists_every_worker(pool):
     status = pool.status()
     text = repr(status)

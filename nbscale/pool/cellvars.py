@@ -174,6 +174,15 @@ def names_assigned(code: str) -> set[str]:
     return {name for name in assigned if not name.startswith("_")}
 
 
+def names_deleted(code: str) -> set[str]:
+    """Variables the cell deletes at top level (`del x`): their Composites leave the notebook with them."""
+    deleted: set[str] = set()
+    for statement in _top_level_statements(ast.parse(code).body):
+        if isinstance(statement, ast.Delete):
+            deleted.update(target.id for target in statement.targets if isinstance(target, ast.Name))
+    return deleted
+
+
 def _top_level_statements(body: list[ast.stmt]) -> list[ast.stmt]:
     """Statements that run at the cell's top level, including those nested in if/for/while/with/try."""
     statements: list[ast.stmt] = []

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
-from nbscale.pool.cellvars import names_assigned, names_read
+from nbscale.pool.cellvars import names_assigned, names_deleted, names_read
 from nbscale.pool.composite import Composite
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import serialise
@@ -78,14 +78,17 @@ def run_spmd_cell(
     if group_ranks is not None:
         pool.ensure_group(group_ranks)
     filename = f"<spmd cell {next(_cell_numbers)}>"
-    result_names = tuple(sorted(names_assigned(code) - WORKER_NAMES))
+    assigned = names_assigned(code) - WORKER_NAMES
+    result_names = tuple(sorted(assigned | names_deleted(code)))
     present = pool.request(
         lambda rid: p.RunCell(rid, code, filename, variables, result_names, group_ranks), ranks, what="The cell"
     )
     composites: dict[str, Composite] = {}
     for name in result_names:
         holders = tuple(rank for rank, names in zip(ranks, present, strict=True) if name in names)
-        if holders:
+        if holders and name in assigned:
             composites[name] = Composite(pool, name, holders)
+        elif not holders and isinstance(namespace.get(name), Composite):
+            del namespace[name]  # `del x` on the workers: the notebook's Composite x goes too
     namespace.update(composites)
     return composites

@@ -86,6 +86,16 @@ def test_composite_is_each_workers_own_value_in_a_later_cell(pool):
     assert namespace["plus_one"][1].item() == 42.0
 
 
+def test_del_in_a_cell_removes_the_composite_but_not_a_notebook_variable(pool):
+    namespace: dict = {"weights": 3}
+    pool.spmd("scratch = rank + weights\nkept = rank", namespace=namespace)
+    assert namespace["scratch"][:] == [3, 4, 5]
+    pool.spmd("del scratch, weights", namespace=namespace)
+    assert "scratch" not in namespace
+    assert namespace["weights"] == 3  # the notebook's own variable stays; only the workers' copies went
+    assert namespace["kept"][:] == [0, 1, 2]
+
+
 def test_targets_run_on_listed_ranks_with_collectives_among_them(pool):
     namespace: dict = {}
     pool.spmd("who = allgather(rank)", targets=[0, 2], namespace=namespace)

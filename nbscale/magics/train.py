@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbscale.errors import OptionsError
+
+_CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "make_model")
+
+
+def _assigned_names(shell: Any, cell: str) -> set[str]:
+    """The names of _CELL_NAMES the cell's code binds in the notebook (`x = x`, `def loss_fn`, imports count;
+    names bound inside functions and classes do not)."""
+    try:
+        tree = ast.parse(shell.transform_cell(cell))
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+    nodes: list[ast.AST] = [tree]
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            nodes.extend(node.decorator_list)
+            continue  # the body's names are its own
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        nodes.extend(ast.iter_child_nodes(node))
+    return names & set(_CELL_NAMES)
 
 
 @magics_class
@@ -36,41 +64,51 @@ class TrainMagics(Magics):
         Python equivalent: `net, info = nbscale.train(model, train_data, options, loss_fn=loss_fn)`.
         """
         args = parse_argstring(self.train, line)
+        namespace = self.shell.user_ns
+        before = {name: namespace[name] for name in _CELL_NAMES if name in namespace}
         outcome = self.shell.run_cell(cell)
         if not outcome.success:
             return
-        namespace = self.shell.user_ns
-        needed = ("train_data",) if args.sweep and callable(namespace.get("make_model")) else ("model", "train_data")
-        missing = [name for name in needed if name not in namespace]
+        # only what this cell defined counts: a val_data or loss_fn left from an earlier cell must not leak in
+        defined = _assigned_names(self.shell, cell) | {
+            name for name in _CELL_NAMES if name in namespace and namespace[name] is not before.get(name)}
+        del before  # the earlier values (an old network) are not kept alive through training
+        cell_values = {name: namespace[name] for name in _CELL_NAMES if name in defined and name in namespace}
+        sweeping = args.sweep and callable(cell_values.get("make_model"))
+        needed = ("train_data",) if sweeping else ("model", "train_data")
+        missing = [name for name in needed if name not in cell_values]
         if missing:
-            raise OptionsError(f"The %%train cell must define {' and '.join(missing)} (and may define val_data "
-                               "and loss_fn).")
-        options = self._options(args, namespace)
+            earlier = [name for name in missing if name in namespace]
+            note = (f" ({' and '.join(earlier)} from an earlier cell is not used: assign it in this cell)"
+                    if earlier else "")
+            raise OptionsError(f"The %%train cell must define {' and '.join(missing)}{note}; it may define "
+                               "val_data and loss_fn too.")
+        options = self._options(args, cell_values)
         if args.sweep:
-            self._sweep(args, namespace, options)
+            self._sweep(args, cell_values, options)
             return
         from nbscale.train.trainer import train
 
-        net, info = train(namespace["model"], namespace["train_data"], options, loss_fn=namespace.get("loss_fn"))
+        net, info = train(cell_values["model"], cell_values["train_data"], options, loss_fn=cell_values.get("loss_fn"))
         namespace[args.net], namespace[args.info] = net, info
 
-    @staticmethod
-    def _sweep(args: Any, namespace: dict[str, Any], options: Any) -> None:
-        """--sweep: one run per combination via nbscale.sweep; the cell's make_model() builds each network
-        (else every run starts from a copy of `model`). --net/--info get the best run's; all in sweep_result."""
+    def _sweep(self, args: Any, cell_values: dict[str, Any], options: Any) -> None:
+        """--sweep: one run per combination via nbscale.sweep; make_model() builds each network (else every run
+        starts from a copy of the cell's `model`). --net/--info get the best run's; all in sweep_result."""
         from nbscale.train.sweep import parse_grid, sweep
 
-        make_model = namespace.get("make_model")
-        result = sweep(make_model if callable(make_model) else namespace["model"], namespace["train_data"], options,
-                       parse_grid(args.sweep), loss_fn=namespace.get("loss_fn"))
+        namespace = self.shell.user_ns
+        make_model = cell_values.get("make_model")
+        result = sweep(make_model if callable(make_model) else cell_values["model"], cell_values["train_data"],
+                       options, parse_grid(args.sweep), loss_fn=cell_values.get("loss_fn"))
         namespace["sweep_result"] = result
         if result.best is not None:
             namespace[args.net], namespace[args.info] = result.best.net, result.best.info
 
-    @staticmethod
-    def _options(args: Any, namespace: dict[str, Any]) -> Any:
+    def _options(self, args: Any, cell_values: dict[str, Any]) -> Any:
         from nbscale.train.options import TrainingOptions
 
+        namespace = self.shell.user_ns
         if args.options is not None:
             if args.options not in namespace:
                 raise OptionsError(f"--options {args.options}: no notebook variable named {args.options!r}.")
@@ -90,6 +128,6 @@ class TrainMagics(Magics):
             changes["plots"] = "none"
         if args.quiet:
             changes["verbose"] = False
-        if namespace.get("val_data") is not None and base.validation_data is None:
-            changes["validation_data"] = namespace["val_data"]
+        if cell_values.get("val_data") is not None and base.validation_data is None:
+            changes["validation_data"] = cell_values["val_data"]
         return base.replace(**changes) if changes else base

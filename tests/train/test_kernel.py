@@ -50,3 +50,36 @@ def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:
     # it stopped early and kept the iterations it trained (how many depends on the machine's load)
     check = kernel.run("print(info.stop_reason); print(0 < len(info.iteration) and info.iteration[-1] < 5000 * 46)")
     assert check.stdout.splitlines() == ["Stopped by the Stop button", "True"]
+
+
+def test_train_magic_uses_only_what_the_cell_defines_not_names_left_from_earlier_cells(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    # a regression cell defines loss_fn and val_data ...
+    first = kernel.run("""%%train --epochs 1 --batch-size 100 --quiet --no-plots
+model = torch.nn.Linear(64, 2)
+train_data = (train_x, train_x[:, :2])
+val_data = (val[0], val[0][:, :2])
+loss_fn = torch.nn.MSELoss()
+""")
+    assert first.ok, first.text
+    # ... the next cell defines neither: cross-entropy and no validation, whatever the notebook still holds
+    second = kernel.run("""%%train --epochs 1 --batch-size 100 --quiet --no-plots
+model = tiny_net()
+train_data = (train_x, train_y)
+""")
+    assert second.ok, second.text
+    check = kernel.run("print(info.final_validation_loss, info.training_accuracy[-1] is not None)")
+    assert check.stdout.split() == ["None", "True"], check.text
+    # a loss defined with def counts as defined by the cell
+    third = kernel.run("""%%train --epochs 1 --batch-size 100 --quiet --no-plots
+def loss_fn(outputs, labels):
+    return torch.nn.functional.cross_entropy(outputs, labels) * 0
+model = tiny_net()
+train_data = (train_x, train_y)
+""")
+    assert third.ok, third.text
+    assert kernel.run("print(set(info.training_loss))").stdout.strip() == "{0.0}"
+    # model left from an earlier cell: the cell must define it
+    missing = kernel.run("%%train --epochs 1 --quiet --no-plots\ntrain_data = (train_x, train_y)\n")
+    assert missing.error_name == "OptionsError"
+    assert "must define model (model from an earlier cell is not used" in missing.error_value

@@ -1,7 +1,7 @@
 """Using a trained network (MATLAB's classify, predict, activations, confusionchart) on a dataset or tensor.
 
-`data` is a torch Dataset yielding (input, label) or input, an (inputs, labels) pair of tensors, or a tensor
-of inputs. The network runs in eval mode without gradients on the device its parameters are on, in batches,
+`data` is a torch Dataset yielding (input, label) or input, an (inputs, labels) pair (tensors, numpy arrays,
+labels also a list), or a tensor or numpy array of inputs. The network runs in eval mode without gradients on the device its parameters are on, in batches,
 and is put back in the mode it was in.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -24,20 +25,48 @@ def _device_of(net: nn.Module) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
+def _tensor(values: Any) -> torch.Tensor:
+    """A tensor of `values` (a tensor, numpy array or list); numpy's float64 becomes float32, as networks use."""
+    if isinstance(values, torch.Tensor):
+        return values
+    tensor = torch.as_tensor(np.asarray(values))
+    return tensor.float() if tensor.dtype == torch.float64 else tensor
+
+
+def _labelled_pair(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(inputs, labels) when `data` is such a pair: inputs a tensor or array, labels one value per input."""
+    if not (isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], torch.Tensor | np.ndarray)):
+        return None
+    if isinstance(data[1], torch.Tensor | np.ndarray) and data[1].ndim > 1:
+        return None  # two inputs (e.g. a list of two images), not inputs and labels
+    try:
+        inputs, labels = _tensor(data[0]), _tensor(data[1])
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if labels.ndim != 1 or len(labels) != len(inputs):
+        raise NbscaleError(f"data as an (inputs, labels) pair needs one label per input: {len(inputs)} inputs but "
+                           f"labels of shape {tuple(labels.shape)}.")
+    return inputs, labels
+
+
 def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """(inputs, labels or None) in order, `batch_size` at a time."""
+    if isinstance(data, np.ndarray):
+        data = _tensor(data)
     if isinstance(data, torch.Tensor):
         for start in range(0, len(data), batch_size):
             yield data[start:start + batch_size], None
         return
-    if isinstance(data, tuple) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        inputs, labels = data
+    pair = _labelled_pair(data)
+    if pair is not None:
+        inputs, labels = pair
         for start in range(0, len(inputs), batch_size):
             yield inputs[start:start + batch_size], labels[start:start + batch_size]
         return
-    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+    if isinstance(data, tuple) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        what = f"a tuple of {len(data)} items" if isinstance(data, tuple) else type(data).__name__
         raise NbscaleError(f"data must be a torch Dataset, a tensor, or an (inputs, labels) pair of tensors, "
-                           f"not {type(data).__name__}.")
+                           f"not {what}.")
     for batch in DataLoader(data, batch_size=batch_size, shuffle=False):  # type: ignore[arg-type]
         if isinstance(batch, list | tuple) and len(batch) >= 2:
             yield batch[0], torch.as_tensor(batch[1])

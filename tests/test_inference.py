@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -52,6 +53,22 @@ def test_accuracy_is_the_fraction_predicted_right(digits: ImageDatastore) -> Non
     assert nbscale.accuracy(pixel_sum_net(), (inputs, torch.tensor([0] * 5 + [2] * 5))) == pytest.approx(0.5)
     with pytest.raises(NbscaleError, match="labelled data"):
         nbscale.accuracy(pixel_sum_net(), inputs)
+
+
+def test_inputs_and_labels_as_numpy_arrays_or_lists_are_a_labelled_pair() -> None:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = digits.images[:10, None] / 16.0  # numpy float64, N x 1 x 8 x 8
+    labels = [0] * 5 + [2] * 5
+    for pair in ((images, labels), (images, np.array(labels)), [torch.from_numpy(images).float(), labels]):
+        assert nbscale.accuracy(pixel_sum_net(), pair) == pytest.approx(0.5)
+        assert nbscale.classify(pixel_sum_net(), pair)[0].tolist() == [0] * 10
+    assert nbscale.predict(pixel_sum_net(), images).shape == (10, 3)
+    with pytest.raises(NbscaleError, match="one label per input"):
+        nbscale.accuracy(pixel_sum_net(), (images, labels[:3]))
+    with pytest.raises(NbscaleError, match="tuple of 3 items"):
+        nbscale.predict(pixel_sum_net(), (images, labels, labels))
 
 
 def test_activations_of_a_named_layer_and_the_mode_is_restored(digits: ImageDatastore) -> None:

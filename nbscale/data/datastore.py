@@ -34,7 +34,12 @@ def _list_local(location: Path, include_subfolders: bool) -> list[str]:
         raise DatastoreError(f"ImageDatastore: the folder {str(location)!r} does not exist. Check the path "
                              f"(it is read relative to {os.getcwd()!r}).")
     found = location.rglob("*") if include_subfolders else location.iterdir()
-    return [str(p) for p in found if p.is_file()]
+    # hidden files and folders (.ipynb_checkpoints, macOS's ._name.png twins) are not part of the data
+    return [str(p) for p in found if p.is_file() and not _hidden(p.relative_to(location))]
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") or part == "__MACOSX" for part in relative.parts)
 
 
 def _list_url(location: str, include_subfolders: bool) -> list[str]:

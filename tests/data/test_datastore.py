@@ -73,6 +73,20 @@ def test_file_extensions_and_subfolders_select_files(digits_folder: Path, tmp_pa
     assert len(one_class) == 183 and one_class.labels is None and one_class[0][1] == -1
 
 
+def test_hidden_files_and_folders_are_not_images_or_classes(tmp_path: Path) -> None:
+    folder = write_digits_pngs(tmp_path / "digits", classes=[3, 4], limit_per_class=5)
+    checkpoints = folder / "3" / ".ipynb_checkpoints"
+    checkpoints.mkdir()
+    shutil.copy(next((folder / "3").glob("*.png")), checkpoints / "copy-checkpoint.png")
+    (folder / "3" / "._0001.png").write_bytes(b"macOS resource fork, not a PNG")
+    (folder / "__MACOSX" / "4").mkdir(parents=True)
+    (folder / "__MACOSX" / "4" / "._0002.png").write_bytes(b"macOS resource fork, not a PNG")
+    ds = ImageDatastore(folder)
+    assert ds.classes == ["3", "4"] and ds.count_each_label() == {"3": 5, "4": 5}
+    assert all(image.shape == (1, 8, 8) for image, _ in (ds[i] for i in range(len(ds))))
+    assert len(ImageDatastore(checkpoints)) == 1  # a hidden folder named on purpose is read
+
+
 def test_missing_and_empty_folders_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(DatastoreError, match="does not exist") as missing:
         ImageDatastore(tmp_path / "nowhere")

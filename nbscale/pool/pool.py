@@ -499,7 +499,7 @@ class Pool:
         self._finish(request)
         self.restart()
         return (
-            f"{interrupted} Workers {', '.join(map(str, stuck))} did not stop within {INTERRUPT_GRACE_S:.0f} s "
+            f"{interrupted} {_workers(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s "
             "(stuck in a collective?), so the pool was restarted with fresh workers; their variables are lost."
         )
 
@@ -527,6 +527,12 @@ class Pool:
         """Send one message (built from a fresh request id) to `targets` and wait for every reply."""
         ranks = self._targets(targets)
         self._check_usable(ranks)
+        busy_with_tasks = self._ranks_running_tasks(ranks)
+        if busy_with_tasks:
+            print(
+                f"{_workers(busy_with_tasks)} still running a task from pool.submit or pool.map; this starts there "
+                "once it ends (pool.cancel(future) stops a task)."
+            )
         message = message_factory(next_request_id())
         try:
             frame = serialise(message)
@@ -630,6 +636,11 @@ class Pool:
                     pass
         return True
 
+    def _ranks_running_tasks(self, ranks: Iterable[int]) -> list[int]:
+        with self._lock:
+            running = {rank for r in self._requests.values() if r.future is not None for rank in r.waiting_for}
+        return sorted(running.intersection(ranks))
+
     def _future_ranks(self, future: Future[Any]) -> list[int]:
         with self._lock:
             request = next((r for r in self._requests.values() if r.future is future), None)
@@ -643,9 +654,10 @@ class Pool:
             try:
                 for future in futures:
                     yield future.result(timeout=timeout)
-            finally:
+            finally:  # interrupted, failed or abandoned: queued items never run, running ones are interrupted
                 for future in futures:
-                    future.cancel()
+                    if not future.done():
+                        self.cancel(future)
 
         return results()
 
@@ -756,6 +768,12 @@ class Pool:
     def _idle_soon(self) -> bool:
         idle_minutes = self.settings["idle_timeout"]
         return bool(idle_minutes) and idle_minutes * 60 < 2 * registry.HEARTBEAT_S
+
+
+def _workers(ranks: Iterable[int]) -> str:
+    """'Worker 1' or 'Workers 0, 2'."""
+    ranks = list(ranks)
+    return f"Worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _print_output(output: p.Output) -> None:

@@ -3,7 +3,9 @@ request_stop(future), on real worker processes."""
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -60,3 +62,27 @@ def test_cancelling_a_queued_task_means_it_never_runs(pool):
     pool.request_stop(running)
     assert running.result(timeout=30) < 100000  # stopped early through worker_context().stop_requested
     assert pool.submit(sum, [2, 3]).result(timeout=30) == 5
+
+
+def test_leaving_a_map_early_interrupts_its_running_items_and_frees_the_worker(pool, capsys):
+    results = pool.map(time.sleep, [0, 600, 600])
+    assert next(results) is None
+    results.close()  # as when the loop over it is interrupted or left with break
+    assert pool.submit(os.getpid).result(timeout=60) == pool.workers[0].pid
+
+
+def test_a_blocking_call_behind_a_running_task_says_what_it_waits_for(pool, monkeypatch):
+    started = threading.Event()
+    running = pool.submit_with_events(_count_until_stopped, lambda rank, step: started.set(), 100000)
+    assert started.wait(30)
+
+    class StopTheTaskOnceToldWhy(io.StringIO):
+        def write(self, text: str) -> int:
+            if "still running a task" in text:
+                pool.request_stop(running)
+            return super().write(text)
+
+    printed = StopTheTaskOnceToldWhy()
+    monkeypatch.setattr(sys, "stdout", printed)
+    assert pool.run(os.getpid) == [pool.workers[0].pid]
+    assert "Worker 0 still running a task from pool.submit or pool.map" in printed.getvalue()

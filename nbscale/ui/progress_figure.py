@@ -46,6 +46,7 @@ class ProgressFigure:
         loss_axes.set_xlim(0, max(total_iterations, 1))
         self.loss_axes = loss_axes
         self.loss_limits = (0.0, 1.0)
+        self.loss_fitted = False
         loss_axes.set_ylim(*self.loss_limits)
         self.background: Any = None
 
@@ -73,7 +74,8 @@ class ProgressFigure:
         if not values:
             return
         low, high = self.loss_limits
-        if self.background is None or min(values) < low or max(values) > high:
+        if not self.loss_fitted or min(values) < low or max(values) > high:
+            self.loss_fitted = True  # the first losses set the scale: (0, 1) was a guess before any data
             top = max(max(values), max((v for v in c["loss"] if math.isfinite(v)), default=0.0))
             bottom = min(0.0, min(values) * _LOSS_MARGIN)
             self.loss_limits = (bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))

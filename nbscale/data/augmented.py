@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
@@ -48,6 +49,22 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
     top = torch.randint(min(0, h - height), max(0, h - height) + 1, (n,), generator=generator)
     left = torch.randint(min(0, w - width), max(0, w - width) + 1, (n,), generator=generator)
     return crop_windows(images, top, left, height, width)
+
+
+def _as_image_tensor(image: Any) -> torch.Tensor:
+    """An image from any Dataset as C x H x W: tensors pass, PIL images (torchvision datasets without a
+    transform) and numpy arrays (H x W or H x W x C, as image libraries give them) are converted."""
+    if isinstance(image, torch.Tensor):
+        return image
+    if isinstance(image, np.ndarray):
+        tensor = torch.from_numpy(np.ascontiguousarray(image))
+        return tensor[None] if tensor.ndim == 2 else tensor.permute(2, 0, 1)
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        return TF.pil_to_tensor(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
+    raise DatastoreError(f"AugmentedImageDatastore: the dataset yields {type(image).__name__} images; it needs "
+                         "tensors (C x H x W), PIL images or numpy arrays.")
 
 
 def _preprocessing_for(channels: int, color_preprocessing: str, output_size: Any) -> str:
@@ -145,6 +162,7 @@ class AugmentedImageDatastore(Dataset):
         else:
             item = self.ds[index]
             image, label = (item[0], int(item[1])) if isinstance(item, tuple | list) else (item, -1)
+            image = _as_image_tensor(image)
         return convert_color(image, self.color_preprocessing), label
 
     def prepare_batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -44,6 +44,8 @@ def _stored_item(dataset: Dataset, index: int) -> tuple[torch.Tensor, int] | Non
         if read != index:  # read_raw replaced an unreadable file by the next one: leave it out instead
             return None
         image, label = raw, source.label_index(read)
+    elif augmented is not None:
+        return augmented.source_item(index)  # colour-converted; PIL images and arrays made tensors
     else:
         item = source[index]
         image, label = (item[0], int(item[1])) if isinstance(item, tuple | list) else (item, -1)

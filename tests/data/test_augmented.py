@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from nbscale.data import AugmentedImageDatastore, ImageAugmenter, ImageDatastore
 from nbscale.errors import DatastoreError
@@ -56,6 +56,23 @@ def test_output_size_with_channels_gives_every_item_that_many_channels(digits_fo
         AugmentedImageDatastore((16, 16, 1), digits, color_preprocessing="gray2rgb")
     with pytest.raises(DatastoreError, match="4 channels"):
         AugmentedImageDatastore((16, 16, 4), digits)
+
+
+def test_a_torchvision_dataset_of_pil_images_is_augmented_and_trains_resident(digits_folder: Path) -> None:
+    from torchvision.datasets import ImageFolder
+
+    from nbscale.data.device_resident import DeviceResidentData
+
+    folders = ImageFolder(str(digits_folder))  # no transform: items are (PIL image, class index)
+    ds = AugmentedImageDatastore((12, 12), folders, ImageAugmenter(rand_rotation=(-10, 10)))
+    image, label = ds[0]
+    assert image.shape == (3, 12, 12) and image.dtype == torch.float32 and label == 0
+    assert ds.classes == [str(i) for i in range(10)]
+    images, labels = next(iter(DataLoader(ds, batch_size=8)))
+    assert images.shape == (8, 3, 12, 12) and labels.tolist() == [0] * 8
+    resident = DeviceResidentData(AugmentedImageDatastore((12, 12), Subset(folders, range(16))), torch.device("cpu"))
+    batch, _ = next(resident.batches(16, shuffle=False))
+    assert batch.shape == (16, 3, 12, 12) and batch.dtype == torch.float32
 
 
 def test_augmenter_runs_before_sizing(digits_folder: Path) -> None:

@@ -50,9 +50,12 @@ def as_dataset(data: Any, what: str = "train_data") -> Dataset:
 
 
 def as_labels(labels: torch.Tensor) -> torch.Tensor:
-    """Integer labels as int64 (cross-entropy refuses int32 and friends); other labels unchanged."""
+    """Integer labels as an int64 vector (cross-entropy refuses int32 and friends, and a column of labels, N x 1,
+    as numpy and pandas often give them); other labels unchanged."""
     if labels.dtype in (torch.int8, torch.int16, torch.int32, torch.uint8):
-        return labels.long()
+        labels = labels.long()
+    if labels.dtype == torch.int64 and labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
     return labels
 
 

@@ -221,7 +221,7 @@ def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop(m
     assert info.iteration[-1] == 12 and "nan at iteration 12" in info.stop_reason
 
 
-def test_labels_as_a_list_numpy_array_or_narrow_integers_train_like_int64_tensors() -> None:
+def test_labels_as_a_list_numpy_array_column_or_narrow_integers_train_like_int64_tensors() -> None:
     inputs, labels = TRAIN
     val_inputs, val_labels = VAL
     results = []
@@ -230,6 +230,7 @@ def test_labels_as_a_list_numpy_array_or_narrow_integers_train_like_int64_tensor
             ((inputs, labels.tolist()), (val_inputs, val_labels.tolist())),
             ((inputs.double().numpy(), labels.numpy()), (val_inputs.numpy(), val_labels.numpy().astype("int32"))),
             ((inputs, labels.int()), (val_inputs, val_labels.to(torch.uint8))),
+            ((inputs, labels.numpy()[:, None]), (val_inputs, val_labels[:, None])),  # a column of labels
             (torch.utils.data.TensorDataset(inputs, labels.short()), torch.utils.data.TensorDataset(val_inputs,
                                                                                                     val_labels.int()))):
         torch.manual_seed(5)

@@ -209,6 +209,9 @@ def confusion_chart(true: Any, pred: Any, classes: Sequence[str] | None = None) 
         raise NbscaleError(f"confusion_chart: {len(true_list)} true labels but {len(pred_list)} predictions.")
     if classes is None:
         values = set(true_list) | set(pred_list)
+        if len({isinstance(v, str) for v in values}) > 1:
+            raise NbscaleError("confusion_chart: the labels mix class names and class indices; pass classes= (for "
+                               "example ds.classes) to say which name each index stands for, or use names for both.")
         classes = sorted(values) if all(isinstance(v, str) for v in values) else \
             [str(i) for i in range(max(int(v) for v in values) + 1)] if values else []
     names = [str(c) for c in classes]

@@ -89,6 +89,14 @@ def test_confusion_chart_counts_and_displays(tmp_path: Path) -> None:
     assert by_index.matrix[0, 2] == 1 and by_index.matrix[2, 2] == 1
 
 
+def test_confusion_chart_of_indices_against_names_needs_the_classes() -> None:
+    true_indices, predicted_names = [0, 1, 1], ["cat", "dog", "cat"]  # ds[i][1] against classify()'s names
+    with pytest.raises(NbscaleError, match="mix class names and class indices; pass classes="):
+        nbscale.confusion_chart(true_indices, predicted_names)
+    chart = nbscale.confusion_chart(true_indices, predicted_names, classes=["cat", "dog"])
+    assert chart.matrix.tolist() == [[1, 0], [1, 1]]
+
+
 def test_classify_a_trained_network_on_held_out_digits(tmp_path: Path) -> None:
     ds = ImageDatastore(write_digits_pngs(tmp_path, classes=[0, 1], limit_per_class=40))
     train, test = ds.split_each_label(0.5, randomize=True, seed=0)

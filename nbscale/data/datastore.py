@@ -126,7 +126,11 @@ class ImageDatastore(Dataset):
         """The decoded integer image of item `index` (C x H x W) and the index actually read.
 
         With on_error="skip" an unreadable file is replaced by the next readable one (so the index may differ).
+        IndexError outside the items, so `for image, label in ds` ends.
         """
+        if not -len(self.files) <= index < len(self.files):
+            raise IndexError(f"ImageDatastore index {index} is out of range for {len(self.files)} images.")
+        index %= len(self.files)
         for attempt in range(len(self.files)):
             i = (index + attempt) % len(self.files)
             try:

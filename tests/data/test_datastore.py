@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from nbscale.data import ImageDatastore
+from nbscale.data import AugmentedImageDatastore, ImageDatastore
 from nbscale.errors import DatastoreError
 from tests.datasets import write_digits_pngs
 
@@ -134,6 +134,15 @@ def test_subset_takes_a_logical_mask_as_in_matlab(digits_folder: Path) -> None:
         ds.subset([True, False])
     with pytest.raises(DatastoreError, match="outside the 1797 items"):
         ds.subset([0, 5000])
+
+
+def test_iterating_a_datastore_ends_after_its_last_item(tmp_path: Path) -> None:
+    folder = write_digits_pngs(tmp_path / "digits", classes=[1, 2], limit_per_class=3)
+    ds = ImageDatastore(folder)
+    assert [label for _, label in ds] == [0, 0, 0, 1, 1, 1]  # the old wrap-around made this loop forever
+    assert len(list(AugmentedImageDatastore(4, ds))) == 6 and ds[-1][1] == 1
+    with pytest.raises(IndexError, match="out of range for 6 images"):
+        ds[6]
 
 
 def test_corrupt_file_raises_naming_the_file_or_is_skipped_with_a_warning(tmp_path: Path) -> None:

@@ -631,7 +631,7 @@ class Pool:
             self._cancelled.add(request.request_id)
             for rank in request.waiting_for:
                 try:
-                    self.workers[rank].channel.send(p.Interrupt())
+                    self.workers[rank].channel.send(p.Interrupt(request.request_id))
                 except (OSError, ValueError):
                     pass
         return True

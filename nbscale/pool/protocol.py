@@ -71,7 +71,12 @@ class Pull:
 
 @dataclass(frozen=True)
 class Interrupt:
-    """Raise KeyboardInterrupt in the worker's main thread (handled by its receiver thread)."""
+    """Raise KeyboardInterrupt in the worker's main thread (handled by its receiver thread).
+
+    With `request_id` (pool.cancel), only that request: interrupted if it runs, never started if still queued.
+    """
+
+    request_id: int | None = None
 
 
 @dataclass(frozen=True)

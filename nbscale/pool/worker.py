@@ -85,6 +85,8 @@ class Worker:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
         self.current_request: int | None = None
+        self.cancelled_requests: set[int] = set()  # pool.cancel() reached them, maybe before they started
+        self.request_lock = threading.Lock()  # current_request vs a targeted Interrupt
         self.groups: dict[tuple[int, ...], Any] = {}
         self.context = WorkerContext(self.rank, self.world_size, self.device, socket.gethostname(), self._emit)
         set_worker_context(self.context)
@@ -110,7 +112,12 @@ class Worker:
                 continue
             except (EOFError, OSError):
                 os._exit(0)
-            if isinstance(message, p.Interrupt):
+            if isinstance(message, p.Interrupt) and message.request_id is not None:
+                with self.request_lock:
+                    self.cancelled_requests.add(message.request_id)
+                    if self.current_request == message.request_id:
+                        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            elif isinstance(message, p.Interrupt):
                 if self.busy:
                     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
             elif isinstance(message, p.RequestStop):
@@ -155,9 +162,14 @@ class Worker:
                 message = self.inbox.get()
             except KeyboardInterrupt:  # an interrupt that arrived just after the last request ended
                 continue
-            self.current_request = message.request_id
             self.context._stop.clear()
-            try:
+            try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
+                with self.request_lock:
+                    self.current_request = message.request_id
+                    cancelled = message.request_id in self.cancelled_requests
+                    self.cancelled_requests.discard(message.request_id)
+                if cancelled:
+                    raise KeyboardInterrupt("cancelled before it started")
                 value = self.handlers[type(message)](message)
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -207,7 +207,7 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
 
 def _flag(value: Any) -> str | None:
     # MATLAB writes these 1/0 ('Verbose', 0); numpy's bool_ counts too
-    numpy_bool = type(value).__name__ == "bool" and type(value).__module__ == "numpy"
+    numpy_bool = type(value).__name__ in ("bool", "bool_") and type(value).__module__ == "numpy"
     ok = (isinstance(value, (bool, numbers.Integral)) and value in (0, 1)) or numpy_bool
     return None if ok else "True or False"
 

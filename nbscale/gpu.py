@@ -53,6 +53,7 @@ class GpuInfo:
     power_limit_w: float | None
     processes: tuple[GpuProcess, ...] = ()
     selected: bool = False
+    uuid: str | None = None  # "GPU-...": names this GPU in CUDA_VISIBLE_DEVICES whatever CUDA_DEVICE_ORDER is
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (processes as a list of dicts)."""
@@ -198,6 +199,7 @@ def _read(pynvml: Any, cuda_index: int, nvml_index: int) -> GpuInfo:
     utilization = ask("nvmlDeviceGetUtilizationRates")
     power_mw = ask("nvmlDeviceGetPowerUsage")
     limit_mw = ask("nvmlDeviceGetEnforcedPowerLimit")
+    uuid = ask("nvmlDeviceGetUUID")
     return GpuInfo(
         index=cuda_index,
         nvml_index=nvml_index,
@@ -211,6 +213,7 @@ def _read(pynvml: Any, cuda_index: int, nvml_index: int) -> GpuInfo:
         power_limit_w=limit_mw / 1000 if limit_mw is not None else None,
         processes=_processes(pynvml, ask),
         selected=cuda_index == _selected,
+        uuid=_text(uuid) if uuid else None,
     )
 
 

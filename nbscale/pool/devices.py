@@ -10,10 +10,14 @@ MAX_DEFAULT_CPU_WORKERS = 4
 
 
 def visible_gpu_ids() -> list[str]:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries for workers (from NVML; no CUDA context)."""
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries for workers (from NVML; no CUDA context).
+
+    Each GPU's UUID where NVML gives one: CUDA numbers GPUs fastest-first unless CUDA_DEVICE_ORDER=PCI_BUS_ID,
+    while NVML numbers them by PCI bus, so an index could give a worker another GPU than the one listed.
+    """
     from nbscale.gpu import gpus
 
-    return [str(gpu.nvml_index) for gpu in gpus()]
+    return [gpu.uuid or str(gpu.nvml_index) for gpu in gpus()]
 
 
 def plan_devices(n: int | None, gpus: list[int] | None, cpu: bool) -> list[str | None]:

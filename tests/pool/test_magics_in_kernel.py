@@ -96,6 +96,19 @@ def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
     assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
 
 
+def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(kernel):
+    kernel.run("%pool start 1 --cpu")
+    cell = kernel.run(
+        "%%spmd\n"
+        "import sys\n"
+        "for step in range(3):\n"
+        "    sys.stderr.write(f'\\rstep {step}/3'); sys.stderr.flush()\n"
+        "sys.stderr.write('\\rdone\\n')\n"
+    )
+    assert cell.ok, cell.text
+    assert cell.stderr == "\r[0] step 0/3\r[0] step 1/3\r[0] step 2/3\r[0] done\n"  # the notebook redraws in place
+
+
 def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
     cell = kernel.run("%%spmd\nprint('hi')")
     assert cell.ok and "starting one with %pool start defaults" in cell.stdout

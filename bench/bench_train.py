@@ -4,6 +4,9 @@
    against a hand-written PyTorch loop with the same model, data, mini-batch and optimizer, in the same kernel.
 2. On 2 CPU workers: execution_environment="parallel" against torch DDP written by hand
    (torch.multiprocessing spawn, gloo), same per-worker thread count as the pool's workers.
+3. Where a GPU is visible: execution_environment="gpu" against the same hand-written loop on the GPU, and a
+   small conv net trained with precision="single" and "mixed" (BENCH_GPU_ROWS_ON_CPU=1 runs these rows on
+   the CPU, only to check the code).
 nbscale and its peer run interleaved, REPEATS times each, so a busy moment on the (shared) machine hits both.
 The table gives the best run of each (interference from other tenants only ever slows a run, so the best run is
 the least disturbed one, as timeit reports its minimum) and the ratio of medians beside it; every run's figure is
@@ -70,6 +73,53 @@ started = time.perf_counter()
 net, info = nbscale.train(make_model(), (X, Y), options)
 nbscale_wall_rate = info.iteration[-1] * BATCH / (time.perf_counter() - started)
 nbscale_rate = info.images_per_second  # the loop's own time, plot updates included, like hand_rate
+"""
+
+GPU_SETUP = """
+gpu = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+Xg, Yg = X.to(gpu), Y.to(gpu)
+d_images = torch.nn.functional.interpolate(torch.tensor(d.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16,
+                                           size=32).repeat(4, 3, 1, 1)
+conv_data = (d_images, Y.clone())
+def make_conv():
+    torch.manual_seed(0)
+    block = lambda i, o: nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
+    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(), nn.Linear(256 * 16, 10))
+"""
+
+HAND_WRITTEN_GPU = """
+model = make_model().to(gpu)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loss_fn = nn.CrossEntropyLoss()
+if gpu.type == "cuda": torch.cuda.synchronize()
+started = time.perf_counter(); images = 0
+for epoch in range(EPOCHS):
+    order = torch.randperm(len(Xg), device=gpu)
+    for i in range(len(Xg) // BATCH):
+        index = order[i * BATCH:(i + 1) * BATCH]
+        x, y = Xg[index], Yg[index]
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        images += len(y)
+        last_loss = loss.item()
+hand_gpu_rate = images / (time.perf_counter() - started)
+"""
+
+NBSCALE_GPU = """
+options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, l2_regularization=0.0,
+    max_epochs=EPOCHS, mini_batch_size=BATCH, shuffle="every-epoch", plots="training-progress",
+    verbose=False, execution_environment="{env}")
+net, info = nbscale.train(make_model(), (Xg, Yg), options)
+nbscale_gpu_rate = info.images_per_second
+"""
+
+CONV = """
+options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, max_epochs={epochs},
+    mini_batch_size=256, plots="none", verbose=False, execution_environment="{env}", precision="{precision}")
+net, info = nbscale.train(make_conv(), conv_data, options)
+conv_rate = info.images_per_second
 """
 
 
@@ -165,6 +215,7 @@ def run() -> str:
             parallel.append(_value(kernel, "info.images_per_second"))
             ddp.append(hand_ddp_rate())
         kernel.run("pool.close()")
+        gpu_rows = _gpu_rows(kernel)
     finally:
         kernel.shutdown()
     runs = {"hand": hand, "ours": ours, "parallel": parallel, "ddp": ddp, "wall": wall}
@@ -180,11 +231,37 @@ def run() -> str:
         _row("CPU, notebook process, plots on, vs hand-written loop", ours, hand),
         _row("same, end to end (setup, widgets, final figure included)", wall, hand),
         _row(f"parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time)", parallel, ddp),
+        *gpu_rows,
         "",
         "Every run (images/s): " + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}"
                                              for name, values in runs.items()),
         "",
     ])
+
+
+def _gpu_rows(kernel) -> list[str]:  # noqa: ANN001 - a tests.kernel_session.KernelSession
+    """Rows for "gpu" vs the hand-written loop and "mixed" vs "single" (none without a GPU)."""
+    on_cpu = os.environ.get("BENCH_GPU_ROWS_ON_CPU") == "1"
+    if not (torch.cuda.is_available() or on_cpu):
+        return []
+    setup = kernel.run(GPU_SETUP, timeout=300)
+    if not setup.ok:
+        raise RuntimeError(setup.text)
+    env = "gpu" if torch.cuda.is_available() else "cpu"
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (code check only)"
+    hand, ours, single, mixed = [], [], [], []
+    conv_epochs = 1 if on_cpu else 5
+    for _ in range(REPEATS):
+        for code, values, value in ((HAND_WRITTEN_GPU, hand, "hand_gpu_rate"),
+                                    (NBSCALE_GPU.format(env=env), ours, "nbscale_gpu_rate"),
+                                    (CONV.format(env=env, precision="single", epochs=conv_epochs), single, "conv_rate"),
+                                    (CONV.format(env=env, precision="mixed", epochs=conv_epochs), mixed, "conv_rate")):
+            result = kernel.run(code, timeout=600)
+            if not result.ok:
+                raise RuntimeError(result.text)
+            values.append(_value(kernel, value))
+    return [_row(f"gpu ({name}), MLP as above, plots on, vs hand-written loop on the GPU", ours, hand),
+            _row(f"mixed vs single precision ({name}), conv net 64-128-256 on 32x32x3, mini-batch 256", mixed, single)]
 
 
 def _row(label: str, ours: list[float], peer: list[float]) -> str:

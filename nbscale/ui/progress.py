@@ -23,7 +23,7 @@ _SMOOTHING = 0.6  # weight of the past in the exponential moving average of the 
 class TrainingProgress:
     """Listener for the training event channel that draws the training-progress display."""
 
-    def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.015) -> None:
+    def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.01) -> None:
         self.stop, self.min_interval, self.budget = stop, min_interval, budget
         self.start: TrainingStarted | None = None
         self.columns: dict[str, list[float]] = {k: [] for k in (

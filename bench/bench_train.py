@@ -44,25 +44,27 @@ def make_model():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
 EPOCHS, BATCH = {EPOCHS}, {BATCH}
+cpu = torch.device("cpu")
 """
 
 HAND_WRITTEN = """
-model = make_model()
+model = make_model().to({device})
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 loss_fn = nn.CrossEntropyLoss()
+if {device}.type == "cuda": torch.cuda.synchronize()
 started = time.perf_counter(); images = 0
 for epoch in range(EPOCHS):
-    order = torch.randperm(len(X))
-    for i in range(len(X) // BATCH):
+    order = torch.randperm(len({x}), device={device})
+    for i in range(len({x}) // BATCH):
         index = order[i * BATCH:(i + 1) * BATCH]
-        x, y = X[index], Y[index]
+        x, y = {x}[index], {y}[index]
         loss = loss_fn(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         images += len(y)
         last_loss = loss.item()
-hand_rate = images / (time.perf_counter() - started)
+{rate} = images / (time.perf_counter() - started)
 """
 
 NBSCALE = """
@@ -85,26 +87,6 @@ def make_conv():
     torch.manual_seed(0)
     block = lambda i, o: nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
     return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(), nn.Linear(256 * 16, 10))
-"""
-
-HAND_WRITTEN_GPU = """
-model = make_model().to(gpu)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-loss_fn = nn.CrossEntropyLoss()
-if gpu.type == "cuda": torch.cuda.synchronize()
-started = time.perf_counter(); images = 0
-for epoch in range(EPOCHS):
-    order = torch.randperm(len(Xg), device=gpu)
-    for i in range(len(Xg) // BATCH):
-        index = order[i * BATCH:(i + 1) * BATCH]
-        x, y = Xg[index], Yg[index]
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        images += len(y)
-        last_loss = loss.item()
-hand_gpu_rate = images / (time.perf_counter() - started)
 """
 
 NBSCALE_GPU = """
@@ -201,7 +183,7 @@ def run() -> str:
             raise RuntimeError(setup.text)
         hand, ours, wall = [], [], []
         for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
-            kernel.run(HAND_WRITTEN)
+            kernel.run(HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate"))
             hand.append(_value(kernel, "hand_rate"))
             kernel.run(NBSCALE.format(env="cpu"))
             ours.append(_value(kernel, "nbscale_rate"))
@@ -252,7 +234,8 @@ def _gpu_rows(kernel) -> list[str]:  # noqa: ANN001 - a tests.kernel_session.Ker
     hand, ours, single, mixed = [], [], [], []
     conv_epochs = 1 if on_cpu else 5
     for _ in range(REPEATS):
-        for code, values, value in ((HAND_WRITTEN_GPU, hand, "hand_gpu_rate"),
+        hand_loop = HAND_WRITTEN.format(device="gpu", x="Xg", y="Yg", rate="hand_gpu_rate")
+        for code, values, value in ((hand_loop, hand, "hand_gpu_rate"),
                                     (NBSCALE_GPU.format(env=env), ours, "nbscale_gpu_rate"),
                                     (CONV.format(env=env, precision="single", epochs=conv_epochs), single, "conv_rate"),
                                     (CONV.format(env=env, precision="mixed", epochs=conv_epochs), mixed, "conv_rate")):

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from nbscale.errors import NbscaleError
+from nbscale.outputs import main_output
 
 Data = Dataset | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -81,7 +82,7 @@ def _run(net: nn.Module, data: Data, batch_size: int,
     try:
         with torch.inference_mode():
             for inputs, labels in _batches(data, batch_size):
-                each(net(inputs.to(device)), labels)
+                each(main_output(net(inputs.to(device))), labels)
     finally:
         net.train(was_training)
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbscale.outputs import main_output
 from nbscale.train.checkpoint import save_checkpoint
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
 from nbscale.train.loading import make_batch_source
@@ -127,7 +128,7 @@ def _train(setup: LoopSetup) -> LoopResult:
 
             # forward, backward, clip, step
             with autocast():
-                outputs = net(inputs)
+                outputs = main_output(net(inputs))
                 loss = setup.loss_fn(outputs, labels)
             if distributed:  # summed over the ranks together with the last gradient bucket
                 with torch.no_grad():
@@ -424,7 +425,7 @@ class _Validator:
         device_type = self.setup.device.type
         for inputs, labels in self.source.epoch(self.batches):
             with torch.autocast(device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                outputs = self.model(inputs)
+                outputs = main_output(self.model(inputs))
                 loss = self.setup.loss_fn(outputs, labels)
             totals[0] += loss.float() * len(labels)
             totals[1] += _correct(outputs, labels)

@@ -120,3 +120,17 @@ def test_set_learn_rate_factor_and_factors_survive_pickling() -> None:
     copy = pickle.loads(pickle.dumps(model))
     groups = param_groups(copy, 0.5)
     assert [(g["lr"], len(g["params"])) for g in groups] == [(1.0, 2)]
+
+
+def test_a_network_with_auxiliary_outputs_trains_and_classifies_on_its_logits() -> None:
+    import nbscale
+
+    net = pretrained("googlenet", weights=None, aux_logits=True, num_classes=3, init_weights=False)
+    inputs, labels = torch.rand(16, 3, 64, 64), torch.arange(16) % 3
+    net.train()
+    assert hasattr(net(inputs[:2]), "logits")  # (logits, aux_logits2, aux_logits1) in training mode
+    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=8, verbose=False, plots="none")
+    net, info = nbscale.train(net, (inputs, labels), options)
+    assert len(info.training_loss) == 4 and all(0.0 <= a <= 1.0 for a in info.training_accuracy)
+    predicted, scores = nbscale.classify(net, (inputs, labels))
+    assert scores.shape == (16, 3) and len(predicted) == 16

@@ -1,0 +1,16 @@
+"""The class scores (or predictions) in what a network's forward returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def main_output(outputs: Any) -> Any:
+    """`outputs` itself, or its `.logits` where the network returns a structure holding them.
+
+    torchvision's Inception v3 and GoogLeNet return (logits, aux_logits) named tuples in training mode, and
+    Hugging Face models return a ModelOutput with `.logits`; the loss, accuracy and predictions use the logits
+    (auxiliary classifiers are not trained).
+    """
+    logits = getattr(outputs, "logits", None)
+    return logits if logits is not None else outputs

@@ -60,12 +60,17 @@ def train(
             result = train_on_pool(model, dataset, options, loss_fn, seed, resume, channel, stop)
         else:
             device = training_device(options.execution_environment)
-            result = run_training(LoopSetup(
-                model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
-                hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
-                validation_data=options.validation_data, resume=resume,
-                counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1),
-                read_each_iteration=options.output_fn is not None))
+            batch = min(int(options.mini_batch_size), len(dataset))
+            try:
+                result = run_training(LoopSetup(
+                    model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
+                    hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
+                    validation_data=options.validation_data, resume=resume, counts=split_batch(batch, None, 1),
+                    read_each_iteration=options.output_fn is not None))
+            except torch.OutOfMemoryError as error:  # re-raised without its frames, which hold the GPU's tensors
+                raise torch.OutOfMemoryError(
+                    f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={batch}: lower "
+                    f"mini_batch_size, or try precision='mixed'. ({error})") from None
     info.stop_reason = stop.reason or result.stop_reason
     return model, info
 

@@ -68,6 +68,20 @@ def test_an_error_on_a_worker_names_the_rank(pool: nbscale.Pool) -> None:
     assert trained(execution_environment="parallel", max_epochs=1)[1].stop_reason  # the pool still works
 
 
+def test_out_of_memory_on_a_worker_names_it_and_suggests_a_smaller_mini_batch(pool: nbscale.Pool) -> None:
+    def loss_fn(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from nbscale.pool.context import worker_context
+
+        if worker_context().rank == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return torch.nn.functional.cross_entropy(outputs, labels)
+
+    with pytest.raises(WorkerError, match="Out of GPU memory on worker 1") as caught:
+        nbscale.train(tiny_net(), TRAIN, options(execution_environment="parallel"), loss_fn=loss_fn)
+    assert "lower mini_batch_size (now 64)" in str(caught.value)
+    assert trained(execution_environment="parallel", max_epochs=1)[1].stop_reason  # the pool still works
+
+
 def test_a_model_that_cannot_be_sent_is_named(pool: nbscale.Pool) -> None:
     model = tiny_net()
     model.lock = threading.Lock()

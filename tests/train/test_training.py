@@ -54,6 +54,23 @@ def test_training_accuracy_is_none_when_outputs_are_not_class_scores() -> None:
     assert set(info.training_accuracy) == {None} and all(math.isfinite(v) for v in info.training_loss)
 
 
+class RunsOutOfMemory(nn.Module):
+    """A network whose forward fails as a GPU out of memory does (torch.OutOfMemoryError)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(64, 10)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_out_of_memory_suggests_a_smaller_mini_batch() -> None:
+    with pytest.raises(torch.OutOfMemoryError, match=r"mini_batch_size=64: lower mini_batch_size") as caught:
+        nbscale.train(RunsOutOfMemory(), TRAIN, quiet())
+    assert "Tried to allocate 20.00 GiB" in str(caught.value)
+
+
 @pytest.mark.parametrize("solver", ["sgdm", "adam", "adamw", "rmsprop"])
 def test_every_solver_learns(solver: str) -> None:
     torch.manual_seed(0)

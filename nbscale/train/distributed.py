@@ -89,7 +89,10 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
             rank=context.rank, group=group, is_main=is_main))
     except BaseException as error:
-        _abort(active)  # wakes the other ranks out of their collectives instead of leaving them hanging
+        # the rank where the error began tears the group down, which wakes the others out of their collectives;
+        # a rank woken that way only lets go of it (destroying it then can kill the process: gloo's threads are
+        # still winding down)
+        _abort(active, destroy=not _woken_by_a_peer(error))
         if isinstance(error, torch.OutOfMemoryError):
             raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with "
                                f"{job.counts[context.rank]} samples per iteration: lower mini_batch_size "
@@ -113,12 +116,12 @@ def _training_group(active: tuple[int, ...]) -> Any:
     return _GROUPS[active]
 
 
-def _abort(active: tuple[int, ...]) -> None:
+def _abort(active: tuple[int, ...], destroy: bool = True) -> None:
     """Tear down the training group after a failure: peers blocked in it get an error instead of hanging."""
     import torch.distributed as dist
 
     group = _GROUPS.pop(active, None)
-    if group is None:
+    if group is None or not destroy:
         return
     try:
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
@@ -128,6 +131,13 @@ def _abort(active: tuple[int, ...]) -> None:
             dist.destroy_process_group(group)
     except Exception:
         pass
+
+
+def _woken_by_a_peer(error: BaseException) -> bool:
+    """True for the error a collective raises when another rank tore the group down."""
+    text = str(error)
+    return (isinstance(error, torch.distributed.DistError) or "Connection reset by peer" in text
+            or "Connection closed by peer" in text)
 
 
 def _ignore(event: Any) -> None:

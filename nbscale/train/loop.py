@@ -250,7 +250,7 @@ def _frozen_heap() -> Iterator[None]:
         gc.unfreeze()
 
 
-READ_EVERY = 25  # iterations between reads of the figures on a GPU (see run_training)
+READ_EVERY = 25  # most iterations between reads of the figures, except on a CPU pool (see run_training)
 READ_INTERVAL = 0.2  # seconds between reads in the notebook's process, so the display stays live
 
 
@@ -437,11 +437,14 @@ class _Validator:
         return loss_sum / count, (correct / count if correct >= 0 else None)
 
 
+def _are_class_scores(outputs: torch.Tensor, labels: torch.Tensor) -> bool:
+    """N x C scores for N integer labels: the case where an accuracy means something."""
+    return outputs.ndim == 2 and labels.ndim == 1 and not labels.is_floating_point()
+
+
 def _class_scores(outputs: torch.Tensor, labels: torch.Tensor) -> tuple[Any, Any]:
     """(outputs, labels) detached when outputs are class scores for integer labels, else (None, None)."""
-    if outputs.ndim == 2 and labels.ndim == 1 and not labels.is_floating_point():
-        return outputs.detach(), labels
-    return None, None
+    return (outputs.detach(), labels) if _are_class_scores(outputs, labels) else (None, None)
 
 
 def _bunch_accuracy(scores: list[tuple[Any, Any]], device: torch.device) -> torch.Tensor:
@@ -455,7 +458,7 @@ def _bunch_accuracy(scores: list[tuple[Any, Any]], device: torch.device) -> torc
 
 def _correct(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Correct predictions in the batch, or -1e9 (so the sum stays negative) when outputs are not class scores."""
-    if outputs.ndim == 2 and labels.ndim == 1 and not labels.is_floating_point():
+    if _are_class_scores(outputs, labels):
         return (outputs.argmax(1) == labels).sum()  # an integer tensor; callers convert where they sum
     return outputs.new_full((), -1e9, dtype=torch.float32)  # no host-to-device copy
 

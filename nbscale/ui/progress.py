@@ -15,9 +15,7 @@ import time
 from typing import Any
 
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
-from nbscale.ui.progress_figure import ProgressFigure
-
-_SMOOTHING = 0.6  # weight of the past in the exponential moving average of the raw curves
+from nbscale.ui.progress_figure import ProgressFigure, smoothed
 
 
 class TrainingProgress:
@@ -137,8 +135,7 @@ class TrainingProgress:
 
 def _append_smoothed(raw: list[float], smooth: list[float], value: float) -> None:
     raw.append(value)
-    previous = smooth[-1] if smooth else value
-    smooth.append(_SMOOTHING * previous + (1 - _SMOOTHING) * value if previous == previous else value)
+    smooth.append(smoothed(smooth[-1] if smooth else None, value))
 
 
 def _duration(seconds: float) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 _PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps its lowest and highest point
 _MAX_EPOCH_MARKS = 100
 _LOSS_MARGIN = 1.15  # the loss axis' top, as a factor of the highest loss seen
+SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn over the raw curves
 
 
 class ProgressFigure:
@@ -45,9 +46,8 @@ class ProgressFigure:
         loss_axes.set_xlabel("Iteration")
         loss_axes.set_xlim(0, max(total_iterations, 1))
         self.loss_axes = loss_axes
-        self.loss_limits = (0.0, 1.0)
-        self.loss_fitted = False
-        loss_axes.set_ylim(*self.loss_limits)
+        self.loss_fitted = False  # (0, 1) is a guess until the first losses set the scale
+        loss_axes.set_ylim(0.0, 1.0)
         self.background: Any = None
 
     def render(self, c: dict[str, list[float]]) -> bytes:
@@ -60,7 +60,7 @@ class ProgressFigure:
             validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
         self._fit_limits(c)
         if self.background is None:
-            self.canvas.draw()  # everything but the animated curves and legend
+            self.canvas.draw()  # everything but the animated curves
             self.background = self.canvas.copy_from_bbox(self.figure.bbox)
         self.canvas.restore_region(self.background)
         for axes, _, *lines in self.panels:
@@ -73,18 +73,24 @@ class ProgressFigure:
         values = [v for v in (*c["loss"][-_PLOT_BUCKETS:], *c["val_loss"]) if math.isfinite(v)]
         if not values:
             return
-        low, high = self.loss_limits
+        low, high = self.loss_axes.get_ylim()
         if not self.loss_fitted or min(values) < low or max(values) > high:
-            self.loss_fitted = True  # the first losses set the scale: (0, 1) was a guess before any data
+            self.loss_fitted = True
             top = max(max(values), max((v for v in c["loss"] if math.isfinite(v)), default=0.0))
             bottom = min(0.0, min(values) * _LOSS_MARGIN)
-            self.loss_limits = (bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))
-            self.loss_axes.set_ylim(*self.loss_limits)
+            self.loss_axes.set_ylim(bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))
             self.background = None
         last = c["iteration"][-1] if c["iteration"] else 0
         if last > self.loss_axes.get_xlim()[1]:
             self.loss_axes.set_xlim(0, last)
             self.background = None
+
+
+def smoothed(previous: float | None, value: float) -> float:
+    """The next point of a smoothed curve (it restarts after a NaN, e.g. an iteration without accuracy)."""
+    if previous is None or previous != previous:
+        return value
+    return SMOOTHING * previous + (1 - SMOOTHING) * value
 
 
 def _mark_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -> None:

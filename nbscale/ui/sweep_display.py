@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from nbscale.train.runs import TrainingRun
+from nbscale.ui.progress_figure import smoothed
 from nbscale.ui.table import html_table, text_table
 
 _STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "failed": "#d62728",
                   "cancelled": "#ff7f0e"}
-_SMOOTHING = 0.6
 _ENDED = ("done", "failed", "cancelled")
 
 
@@ -263,8 +263,7 @@ class SweepDisplay:
 
 
 def _smooth(values: Sequence[float]) -> list[float]:
-    smoothed: list[float] = []
+    curve: list[float] = []
     for value in values:
-        previous = smoothed[-1] if smoothed else value
-        smoothed.append(_SMOOTHING * previous + (1 - _SMOOTHING) * value if previous == previous else value)
-    return smoothed
+        curve.append(smoothed(curve[-1] if curve else None, value))
+    return curve

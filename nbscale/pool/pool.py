@@ -625,7 +625,7 @@ class Pool:
         if future.cancel():
             return True
         with self._lock:  # held while sending, so no next task reaches that worker before the Interrupt
-            request = next((r for r in self._requests.values() if r.future is future), None)
+            request = self._request_of(future)
             if request is None or future.done():
                 return False
             self._cancelled.add(request.request_id)
@@ -643,8 +643,12 @@ class Pool:
 
     def _future_ranks(self, future: Future[Any]) -> list[int]:
         with self._lock:
-            request = next((r for r in self._requests.values() if r.future is future), None)
+            request = self._request_of(future)
             return request.waiting_for if request is not None else []
+
+    def _request_of(self, future: Future[Any]) -> Request | None:
+        """The running request of a task's future (None when it is queued or done); call with the lock held."""
+        return next((r for r in self._requests.values() if r.future is future), None)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
         """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor)."""

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from nbscale.errors import NbscaleError
 from nbscale.outputs import main_output
+from nbscale.train.loading import tensor_of
 
 Data = Dataset | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
@@ -26,14 +27,6 @@ def _device_of(net: nn.Module) -> torch.device:
     return parameter.device if parameter is not None else torch.device("cpu")
 
 
-def _tensor(values: Any) -> torch.Tensor:
-    """A tensor of `values` (a tensor, numpy array or list); numpy's float64 becomes float32, as networks use."""
-    if isinstance(values, torch.Tensor):
-        return values
-    tensor = torch.as_tensor(np.asarray(values))
-    return tensor.float() if tensor.dtype == torch.float64 else tensor
-
-
 def _labelled_pair(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(inputs, labels) when `data` is such a pair: inputs a tensor or array, labels one value per input."""
     if not (isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], torch.Tensor | np.ndarray)):
@@ -41,7 +34,7 @@ def _labelled_pair(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     if isinstance(data[1], torch.Tensor | np.ndarray) and data[1].ndim > 1:
         return None  # two inputs (e.g. a list of two images), not inputs and labels
     try:
-        inputs, labels = _tensor(data[0]), _tensor(data[1])
+        inputs, labels = tensor_of(data[0]), tensor_of(data[1])
     except (TypeError, ValueError, RuntimeError):
         return None
     if labels.ndim != 1 or len(labels) != len(inputs):
@@ -53,7 +46,7 @@ def _labelled_pair(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
 def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
     """(inputs, labels or None) in order, `batch_size` at a time."""
     if isinstance(data, np.ndarray):
-        data = _tensor(data)
+        data = tensor_of(data)
     if isinstance(data, torch.Tensor):
         for start in range(0, len(data), batch_size):
             yield data[start:start + batch_size], None

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -64,13 +65,19 @@ def _array_like(part: Any) -> bool:
 
 
 def _as_tensor(part: Any) -> torch.Tensor:
-    if isinstance(part, torch.Tensor):
-        return part
     try:
-        tensor = torch.as_tensor(part)
+        return tensor_of(part)
     except (TypeError, ValueError, RuntimeError) as error:
         raise OptionsError(f"Cannot make a tensor of a {type(part).__name__} in (inputs, labels): {error}. "
                            "Give tensors, numpy arrays or lists of numbers.") from None
+
+
+def tensor_of(values: Any) -> torch.Tensor:
+    """A tensor of `values` (a tensor, numpy array or list); numpy's float64 becomes the default float dtype
+    (float32), as networks use. Raises TypeError, ValueError or RuntimeError for values that are no array."""
+    if isinstance(values, torch.Tensor):
+        return values
+    tensor = torch.as_tensor(np.asarray(values))
     return tensor.to(torch.get_default_dtype()) if tensor.dtype == torch.float64 else tensor
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -16,26 +15,12 @@ _CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "make_model")
 def _assigned_names(shell: Any, cell: str) -> set[str]:
     """The names of _CELL_NAMES the cell's code binds in the notebook (`x = x`, `def loss_fn`, imports count;
     names bound inside functions and classes do not)."""
+    from nbscale.pool.cellvars import names_bound
+
     try:
-        tree = ast.parse(shell.transform_cell(cell))
+        return names_bound(shell.transform_cell(cell)) & set(_CELL_NAMES)
     except SyntaxError:
         return set()
-    names: set[str] = set()
-    nodes: list[ast.AST] = [tree]
-    while nodes:
-        node = nodes.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            nodes.extend(node.decorator_list)
-            continue  # the body's names are its own
-        if isinstance(node, ast.Lambda):
-            continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        nodes.extend(ast.iter_child_nodes(node))
-    return names & set(_CELL_NAMES)
 
 
 @magics_class

@@ -174,6 +174,17 @@ def names_assigned(code: str) -> set[str]:
     return {name for name in assigned if not name.startswith("_")}
 
 
+def names_bound(code: str) -> set[str]:
+    """Names the cell binds at top level: its assignments (names_assigned) and its def, class and import names."""
+    bound = names_assigned(code)
+    for statement in _top_level_statements(ast.parse(code).body):
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(statement.name)
+        elif isinstance(statement, ast.Import | ast.ImportFrom):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in statement.names)
+    return bound
+
+
 def names_deleted(code: str) -> set[str]:
     """Variables the cell deletes at top level (`del x`): their Composites leave the notebook with them."""
     deleted: set[str] = set()

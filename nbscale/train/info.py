@@ -36,10 +36,7 @@ class TrainingInfo:
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
-        if isinstance(event, TrainingStarted):
-            self.hardware = event.hardware
-            self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
-        elif isinstance(event, IterationDone):  # spelt out: this runs every iteration
+        if isinstance(event, IterationDone):  # first and spelt out: this runs every iteration
             self.epoch.append(event.epoch)
             self.iteration.append(event.iteration)
             self.time.append(event.time_since_start)
@@ -48,6 +45,9 @@ class TrainingInfo:
             self.validation_loss.append(event.validation_loss)
             self.validation_accuracy.append(event.validation_accuracy)
             self.learn_rate.append(event.learn_rate)
+        elif isinstance(event, TrainingStarted):
+            self.hardware = event.hardware
+            self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second

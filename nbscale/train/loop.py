@@ -60,7 +60,7 @@ class LoopResult:
 
 def run_training(setup: LoopSetup) -> LoopResult:
     """Train `setup.model` in place; returns the output network's state and why training ended."""
-    with _frozen_heap():
+    with _cheap_garbage_collection():
         return _train(setup)
 
 
@@ -81,7 +81,9 @@ def _train(setup: LoopSetup) -> LoopResult:
     optimizer = make_optimizer(model, options)
     rate = learn_rate_schedule(options, iterations_per_epoch)
     autocast_dtype, scaler = _precision(options.precision, device)
-    autocast = (lambda: torch.autocast(device.type, dtype=autocast_dtype)) if autocast_dtype else contextlib.nullcontext
+    # one context for every iteration (entered once each, never nested)
+    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    clipping = not math.isinf(options.gradient_threshold)
     net: nn.Module = model
     if distributed:
         from torch.nn.parallel import DistributedDataParallel
@@ -111,6 +113,7 @@ def _train(setup: LoopSetup) -> LoopResult:
     pending: list[_Pending] = []
     one = torch.ones((), device=device)
     start, images, stop_reason = time.perf_counter(), 0, None
+    optimizer_rate = math.nan  # the base learn rate the optimizer's groups were last set to
     last_read = start
 
     # ---- epochs -------------------------------------------------------------------------------------------------
@@ -123,18 +126,20 @@ def _train(setup: LoopSetup) -> LoopResult:
         for inputs, labels in source.epoch(mine):
             iteration += 1
             learn_rate = rate(iteration - 1)
-            for group in optimizer.param_groups:
-                group["lr"] = learn_rate * group.get("lr_factor", 1.0)
+            if learn_rate != optimizer_rate:
+                optimizer_rate = learn_rate
+                for group in optimizer.param_groups:
+                    group["lr"] = learn_rate * group.get("lr_factor", 1.0)
 
             # forward, backward, clip, step
-            with autocast():
+            with autocast:
                 outputs = main_output(net(inputs))
                 loss = setup.loss_fn(outputs, labels)
             if distributed:  # summed over the ranks together with the last gradient bucket
                 with torch.no_grad():
                     stop_flag = 1.0 if setup.stop_reason() else 0.0
                     reducer.metrics = torch.stack([loss.detach().float() * len(labels),
-                                                   _correct(outputs, labels).float(), one * len(labels),
+                                                   _correct(outputs, labels, device).float(), one * len(labels),
                                                    one * stop_flag])
             optimizer.zero_grad(set_to_none=True)
             backward_loss = loss * loss_weight if distributed else loss
@@ -143,7 +148,8 @@ def _train(setup: LoopSetup) -> LoopResult:
                 scaler.unscale_(optimizer)
             else:
                 backward_loss.backward()
-            clip_gradients(model, options.gradient_threshold_method, options.gradient_threshold)
+            if clipping:
+                clip_gradients(model, options.gradient_threshold_method, options.gradient_threshold)
             if scaler is not None:
                 scaler.step(optimizer)
                 scaler.update()
@@ -153,7 +159,7 @@ def _train(setup: LoopSetup) -> LoopResult:
             if distributed:
                 figures = reducer.take(setup.group)
             else:  # the accuracy is worked out when read, for the whole bunch at once
-                figures = (loss.detach(), *_class_scores(outputs, labels))
+                figures = (loss, outputs, labels)
             pending.append(_Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, figures))
 
             # read the figures when this iteration needs them (see read_every above)
@@ -233,21 +239,30 @@ def _train(setup: LoopSetup) -> LoopResult:
 # ---- pieces the loop uses ----------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _frozen_heap() -> Iterator[None]:
-    """Keep the objects that exist before training out of the garbage collector's full passes while it runs.
+def _cheap_garbage_collection() -> Iterator[None]:
+    """Keep the garbage collector's passes short and rare while training runs; restored afterwards.
 
-    A notebook's heap (matplotlib, pandas, a kernel's history) is often half a million objects; a full
-    collection scans them all, ~0.2 s at a random iteration. Frozen, a pass scans only what training made.
-    A heap the user froze is left as it is.
+    - The objects that exist before training are frozen out of full passes: a notebook's heap (matplotlib,
+      pandas, a kernel's history) is often half a million objects, and a full pass over them took ~0.2 s at a
+      random iteration. A heap the user froze is left as it is.
+    - The youngest generation is collected every YOUNG_COLLECTION_THRESHOLD new objects instead of 700: each
+      iteration makes a few objects that live on (its history entry), and frequent young passes kept scanning
+      them (~4 us an iteration, ~1% of a small network's iteration on a CPU).
     """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
+    threshold = gc.get_threshold()
+    gc.set_threshold(max(threshold[0], YOUNG_COLLECTION_THRESHOLD), *threshold[1:])
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if freeze:
+            gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
 READ_EVERY = 25  # most iterations between reads of the figures, except on a CPU pool (see run_training)
@@ -269,7 +284,7 @@ class _Pending:
     time: float
     learn_rate: float
     images: int
-    figures: Any  # (loss, outputs, labels) in one process (see _class_scores); on a pool [loss sum, correct,
+    figures: Any  # (loss, outputs, labels) in one process (see _bunch_accuracy); on a pool [loss sum, correct,
     # count, stops] summed over the ranks
 
 
@@ -285,6 +300,7 @@ class _Reading:
     stops: bool
 
 
+@torch.no_grad()  # in one process the figures are the iterations' loss and outputs, not detached
 def _read(pending: list[_Pending], distributed: bool) -> list[_Reading]:
     """The figures of the pending iterations, read from the device at once (one wait for a GPU)."""
     if distributed:
@@ -388,8 +404,6 @@ def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Op
 
 def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
     """MATLAB's gradient clipping: per-parameter L2 norm, global L2 norm, or element-wise absolute value."""
-    if math.isinf(threshold):
-        return
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     if not grads:
         return
@@ -428,7 +442,7 @@ class _Validator:
                 outputs = main_output(self.model(inputs))
                 loss = self.setup.loss_fn(outputs, labels)
             totals[0] += loss.float() * len(labels)
-            totals[1] += _correct(outputs, labels)
+            totals[1] += _correct(outputs, labels, self.setup.device)
             totals[2] += len(labels)
         if self.setup.group is not None:
             torch.distributed.all_reduce(totals, group=self.setup.group)
@@ -437,30 +451,26 @@ class _Validator:
         return loss_sum / count, (correct / count if correct >= 0 else None)
 
 
-def _are_class_scores(outputs: torch.Tensor, labels: torch.Tensor) -> bool:
+def _are_class_scores(outputs: Any, labels: Any) -> bool:
     """N x C scores for N integer labels: the case where an accuracy means something."""
-    return outputs.ndim == 2 and labels.ndim == 1 and not labels.is_floating_point()
-
-
-def _class_scores(outputs: torch.Tensor, labels: torch.Tensor) -> tuple[Any, Any]:
-    """(outputs, labels) detached when outputs are class scores for integer labels, else (None, None)."""
-    return (outputs.detach(), labels) if _are_class_scores(outputs, labels) else (None, None)
+    return (isinstance(outputs, torch.Tensor) and isinstance(labels, torch.Tensor) and outputs.ndim == 2
+            and labels.ndim == 1 and not labels.is_floating_point())
 
 
 def _bunch_accuracy(scores: list[tuple[Any, Any]], device: torch.device) -> torch.Tensor:
-    """Accuracy (fraction correct) of each iteration in a bunch, -1e9 where there are no class scores."""
-    if all(o is not None for o, _ in scores) and len({o.shape for o, _ in scores}) == 1:
+    """Accuracy (fraction correct) of each iteration's (outputs, labels) in a bunch, negative where they are
+    not class scores."""
+    if all(_are_class_scores(o, y) for o, y in scores) and len({o.shape for o, _ in scores}) == 1:
         outputs, labels = torch.stack([o for o, _ in scores]), torch.stack([y for _, y in scores])
         return (outputs.argmax(2) == labels).float().mean(1)
-    none = torch.full((), -1e9, device=device)
-    return torch.stack([_correct(o, y).float() / len(y) if o is not None else none for o, y in scores])
+    return torch.stack([_correct(o, y, device).float() / max(len(y), 1) for o, y in scores])
 
 
-def _correct(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def _correct(outputs: Any, labels: Any, device: torch.device) -> torch.Tensor:
     """Correct predictions in the batch, or -1e9 (so the sum stays negative) when outputs are not class scores."""
     if _are_class_scores(outputs, labels):
         return (outputs.argmax(1) == labels).sum()  # an integer tensor; callers convert where they sum
-    return outputs.new_full((), -1e9, dtype=torch.float32)  # no host-to-device copy
+    return torch.full((), -1e9, device=device)
 
 
 def _precision(precision: str, device: torch.device) -> tuple[Any, Any]:

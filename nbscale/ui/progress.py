@@ -38,9 +38,7 @@ class TrainingProgress:
         self._wall_start = time.time()
 
     def __call__(self, event: Any) -> None:
-        if isinstance(event, TrainingStarted):
-            self._open(event)
-        elif isinstance(event, IterationDone):
+        if isinstance(event, IterationDone):  # first: this runs every iteration
             self._add(event)
             now = time.perf_counter()
             if now >= self.next_draw:
@@ -48,6 +46,8 @@ class TrainingProgress:
                 self._draw()
                 spent = time.perf_counter() - now
                 self.next_draw = time.perf_counter() + max(self.min_interval, spent / self.budget)
+        elif isinstance(event, TrainingStarted):
+            self._open(event)
         elif isinstance(event, TrainingDone):
             self.state = f"Done: {self.stop.reason or event.stop_reason}"
             self.done = event

@@ -39,6 +39,9 @@ def test_kernel_interrupt_stops_at_the_end_of_the_iteration_and_keeps_the_net(ke
     assert kernel.run(SETUP).ok
     result = kernel.run(LONG_CELL, interrupt_after=4.0, timeout=60)
     assert result.ok, result.text  # no KeyboardInterrupt traceback: the net so far is returned
+    # the figure was shown empty, updated while training ran (at most a few times a second), and shown at the end
+    figures = sum("image/png" in shown for shown in result.displays)
+    assert 3 <= figures <= 2 + 4.0 / 0.5 + 1
     check = kernel.run("print(info.stop_reason); print(info.iteration[-1] < 5000 * 46)")
     assert check.stdout.splitlines() == ["Stopped by kernel interrupt", "True"]
 

@@ -58,4 +58,26 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         path = newest
     if not path.exists():
         raise OptionsError(f"resume_from={str(path)!r} does not exist: pass a checkpoint file or folder.")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise OptionsError(f"resume_from={str(path)!r} cannot be read as a checkpoint ({type(error).__name__}: "
+                           f"{error}): pass a file nbscale wrote ({_PATTERN}) or its folder.") from None
+    if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "history"} <= state.keys():
+        raise OptionsError(f"resume_from={str(path)!r} is not an nbscale training checkpoint: pass a file that "
+                           f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone "
+                           "loads with model.load_state_dict(torch.load(path)).)")
+    return state
+
+
+def prepare_folder(folder: str | os.PathLike[str]) -> None:
+    """Create the checkpoint folder if needed; OptionsError when it cannot hold checkpoints (before training
+    starts, rather than at the end of the first epoch)."""
+    path = Path(folder)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OptionsError(f"checkpoint_path={str(folder)!r} cannot be used as a folder ({error.strerror or error}): "
+                           "give a folder that exists or can be created, and that you can write to.") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OptionsError(f"checkpoint_path={str(folder)!r} is not writable: give a folder you can write to.")

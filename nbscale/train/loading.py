@@ -35,19 +35,35 @@ class BatchSource(Protocol):
 def as_dataset(data: Any, what: str = "train_data") -> Dataset:
     """A Dataset from a Dataset or an (inputs, labels) pair; OptionsError otherwise.
 
-    In the pair, either part may be a tensor, a numpy array or a list: numpy floats become the default float
-    dtype (float32), and integer labels of any width become int64 (what cross-entropy takes).
+    The pair is a tuple, or a list of two tensors or arrays (`[X, y]`). In it either part may be a tensor, a numpy
+    array or a list: numpy floats become the default float dtype (float32), and integer labels of any width
+    become int64 (what cross-entropy takes).
     """
-    if isinstance(data, tuple) and len(data) == 2 and all(_array_like(part) for part in data):
+    if _is_pair(data):
         inputs, labels = (_as_tensor(part) for part in data)
         if inputs.ndim == 0 or labels.ndim == 0 or len(inputs) != len(labels):
             raise OptionsError(f"{what}=(inputs, labels) needs one label per input, got "
                                f"{_count(inputs)} inputs and {_count(labels)} labels.")
         return TensorDataset(inputs, as_labels(labels))
+    if isinstance(data, tuple):
+        raise OptionsError(f"{what} as a tuple must be (inputs, labels), but it has {len(data)} items: give "
+                           "(inputs, labels), or a torch Dataset yielding (input, label).")
+    if isinstance(data, torch.Tensor | np.ndarray | str | bytes):
+        raise OptionsError(f"{what} is a single {type(data).__name__}, without labels: give (inputs, labels), or a "
+                           "torch Dataset yielding (input, label).")
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         return data
     raise OptionsError(f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, "
                        f"not {type(data).__name__}.")
+
+
+def _is_pair(data: Any) -> bool:
+    """(inputs, labels) as a tuple of array-likes, or as a list of two tensors or arrays (a list of two
+    samples would hold pairs, not arrays)."""
+    if isinstance(data, tuple):
+        return len(data) == 2 and all(_array_like(part) for part in data)
+    return (isinstance(data, list) and len(data) == 2
+            and all(isinstance(part, torch.Tensor | np.ndarray) and part.ndim > 0 for part in data))
 
 
 def as_labels(labels: torch.Tensor) -> torch.Tensor:

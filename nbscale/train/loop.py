@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from nbscale.outputs import main_output
-from nbscale.train.checkpoint import save_checkpoint
+from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
 from nbscale.train.loading import make_batch_source
 from nbscale.train.options import TrainingOptions
@@ -99,6 +99,8 @@ def _train(setup: LoopSetup) -> LoopResult:
     best = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
     if setup.resume is not None:
         epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler)
+    if setup.is_main and options.checkpoint_path:
+        prepare_folder(options.checkpoint_path)
     setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
                                   first_iteration=iteration + 1))
     setup.publish(list(history))  # a resumed run shows its whole history
@@ -112,9 +114,11 @@ def _train(setup: LoopSetup) -> LoopResult:
     read_every = _read_every(device, setup)
     pending: list[_Pending] = []
     one = torch.ones((), device=device)
-    start, images, stop_reason = time.perf_counter(), 0, None
+    # a resumed run goes on counting time and images from where its checkpoint ended
+    start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
+    images, stop_reason = (history[-1].images if history else 0), None
     optimizer_rate = math.nan  # the base learn rate the optimizer's groups were last set to
-    last_read = start
+    last_read = time.perf_counter()
 
     # ---- epochs -------------------------------------------------------------------------------------------------
     while epoch < max_epochs and stop_reason is None:
@@ -123,7 +127,7 @@ def _train(setup: LoopSetup) -> LoopResult:
         mine = [order[i * global_batch + offset: i * global_batch + offset + local]
                 for i in range(iterations_per_epoch)]
         model.train()
-        for inputs, labels in source.epoch(mine):
+        for step, (inputs, labels) in enumerate(source.epoch(mine), 1):
             iteration += 1
             learn_rate = rate(iteration - 1)
             if learn_rate != optimizer_rate:
@@ -167,7 +171,7 @@ def _train(setup: LoopSetup) -> LoopResult:
             asked = not distributed and setup.stop_reason() is not None
             now = time.perf_counter()
             if not (len(pending) >= read_every or asked or (validation is not None and due)
-                    or iteration % iterations_per_epoch == 0  # the epoch's last: checkpoints need the figures
+                    or step == len(mine)  # the epoch's last: checkpoints need the figures
                     or (not distributed and now - last_read >= READ_INTERVAL)):
                 continue
             last_read = now
@@ -221,7 +225,7 @@ def _train(setup: LoopSetup) -> LoopResult:
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict() if scaler is not None else None,
                 "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
-                "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options),
+                "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options), "samples": samples,
             })
 
     # ---- the end ----------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError
 from nbscale.train.checkpoint import load_checkpoint
+from nbscale.train.checks import check_items, check_model, check_resume, with_class_labels
 from nbscale.train.events import EventChannel, IterationDone, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset, split_batch
@@ -44,11 +45,25 @@ def train(
     at the end of the current iteration; `info.stop_reason` says which.
     """
     options = _as_options(options)
+    check_model(model)
     dataset = as_dataset(train_data)
     if len(dataset) == 0:
         raise OptionsError("train_data is empty: give it at least one sample.")
-    loss_fn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
+    check_items(dataset, "train_data")
+    validation = options.validation_data
+    if validation is not None:
+        validation = as_dataset(validation, "validation_data")
+        check_items(validation, "validation_data")
+    if loss_fn is None:
+        dataset = with_class_labels(dataset, "train_data")
+        if validation is not None:
+            validation = with_class_labels(validation, "validation_data")
+        loss_fn = nn.CrossEntropyLoss()
+    if validation is not options.validation_data:
+        options = options.replace(validation_data=validation)
     resume = load_checkpoint(resume_from) if resume_from is not None else None
+    if resume is not None:
+        check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
     seed = int(resume["seed"]) if resume is not None else int(torch.randint(2**31 - 1, (1,)).item())
 
     info, stop = TrainingInfo(), StopSignal()
@@ -97,7 +112,7 @@ def _listen(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> E
     if options.verbose:
         from nbscale.ui.verbose_table import VerboseTable
 
-        channel.subscribe(VerboseTable(options.verbose_frequency))
+        channel.subscribe(VerboseTable(options.verbose_frequency, stop))
     if options.output_fn is not None:
         output_fn = options.output_fn
 

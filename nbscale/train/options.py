@@ -29,6 +29,7 @@ DATA_PLACEMENTS = ("auto", "stream", "device")
 # MATLAB's solver-dependent defaults
 _DEFAULT_LEARN_RATE = {"sgdm": 0.01, "adam": 0.001, "adamw": 0.001, "rmsprop": 0.001}
 _DEFAULT_SQUARED_DECAY = {"sgdm": 0.999, "adam": 0.999, "adamw": 0.999, "rmsprop": 0.9}
+_SOLVER_DEFAULTS = {"initial_learn_rate": _DEFAULT_LEARN_RATE, "squared_gradient_decay_factor": _DEFAULT_SQUARED_DECAY}
 
 
 @dataclass(init=False, repr=False, eq=False)
@@ -84,22 +85,30 @@ class TrainingOptions:
         object.__setattr__(self, "solver", _check("solver", solver))
         for name, value in options.items():
             object.__setattr__(self, name, value)
-        if self.initial_learn_rate is None:
-            object.__setattr__(self, "initial_learn_rate", _DEFAULT_LEARN_RATE[solver])
-        if self.squared_gradient_decay_factor is None:
-            object.__setattr__(self, "squared_gradient_decay_factor", _DEFAULT_SQUARED_DECAY[solver])
+        for name, defaults in _SOLVER_DEFAULTS.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, defaults[solver])
         self.validate()
         object.__setattr__(self, "_ready", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        """Checked like the constructor: None gives a solver-dependent field its solver's default, and a new
+        solver brings its defaults to the fields that held the old one's (as `replace(solver=...)` does)."""
         if name not in field_names():
             raise OptionsError(_unknown_field_message(name, field_names()))
-        previous = getattr(self, name)
-        object.__setattr__(self, name, _check(name, value))
+        changes = {name: value}
+        if name == "solver":
+            changes.update(self._defaults_of(value))
+        elif name in _SOLVER_DEFAULTS and value is None:
+            changes[name] = _SOLVER_DEFAULTS[name][self.solver]
+        previous = {changed: getattr(self, changed) for changed in changes}
         try:
+            for changed, new in changes.items():
+                object.__setattr__(self, changed, _check(changed, new))
             self.validate()
         except OptionsError:
-            object.__setattr__(self, name, previous)  # a refused change leaves the options as they were
+            for changed, old in previous.items():  # a refused change leaves the options as they were
+                object.__setattr__(self, changed, old)
             raise
 
     def validate(self) -> None:
@@ -116,14 +125,16 @@ class TrainingOptions:
         """A copy with `changes` applied (checked like the constructor)."""
         values = {name: getattr(self, name) for name in field_names() if name != "solver"}
         solver = changes.pop("solver", self.solver)
-        if "solver" in changes or solver != self.solver:
-            # a new solver brings its own defaults unless they were set explicitly
-            for name, defaults in (("initial_learn_rate", _DEFAULT_LEARN_RATE),
-                                   ("squared_gradient_decay_factor", _DEFAULT_SQUARED_DECAY)):
-                if values[name] == defaults[self.solver]:
-                    values[name] = None
+        values.update(self._defaults_of(solver))
         values.update(changes)
         return TrainingOptions(solver, **values)
+
+    def _defaults_of(self, solver: str) -> dict[str, Any]:
+        """The solver-dependent fields that hold the current solver's default, at `solver`'s default instead
+        (a value the user set stays)."""
+        solver = _check("solver", solver)
+        return {name: defaults[solver] for name, defaults in _SOLVER_DEFAULTS.items()
+                if getattr(self, name) == defaults[self.solver]}
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (solver included)."""
@@ -199,8 +210,12 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
         if ok:
             return None
         kind = "an integer" if integer else "a number"
-        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
-        return f"{kind} in {lo}{low}, {high}{hi}" + (" or math.inf" if allow_inf else "")
+        if math.isinf(high):
+            kind = "a finite number" if kind == "a number" and not allow_inf else kind
+            words = f"{kind} {'>' if low_open else '>='} {low}"
+        else:
+            words = f"{kind} in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        return words + (" or math.inf" if allow_inf else "")
 
     return check
 
@@ -223,9 +238,12 @@ def _optional_path(value: Any) -> str | None:
 
 
 def _dataset(value: Any) -> str | None:
-    if value is None or (hasattr(value, "__getitem__") and hasattr(value, "__len__")):
+    is_array = hasattr(value, "shape") and hasattr(value, "dtype")  # inputs without labels
+    odd_tuple = isinstance(value, tuple) and len(value) != 2
+    if value is None or (hasattr(value, "__getitem__") and hasattr(value, "__len__") and not is_array
+                         and not odd_tuple and not isinstance(value, str | bytes)):
         return None
-    return "None, a torch Dataset, or a tuple (inputs, labels) of tensors"
+    return "None, a torch Dataset, or a tuple (inputs, labels) of tensors or arrays"
 
 
 def _worker_load(value: Any) -> str | None:

@@ -55,6 +55,33 @@ def test_bad_solver_and_setting_a_field_later_are_checked() -> None:
         options.momentun = 0.5
 
 
+def test_setting_the_solver_or_none_later_gives_the_solver_defaults_as_the_constructor_does() -> None:
+    options = TrainingOptions("sgdm", momentum=0.5)
+    options.solver = "rmsprop"
+    assert (options.initial_learn_rate, options.squared_gradient_decay_factor) == (0.001, 0.9)
+    assert options == TrainingOptions("rmsprop", momentum=0.5)
+    explicit = TrainingOptions("sgdm", initial_learn_rate=0.2)
+    explicit.solver = "adam"
+    assert explicit.initial_learn_rate == 0.2  # a value the user set stays
+    explicit.initial_learn_rate = None
+    assert explicit.initial_learn_rate == 0.001
+
+
+def test_open_ended_ranges_do_not_offer_infinity_unless_it_is_allowed() -> None:
+    with pytest.raises(OptionsError, match=r"initial_learn_rate must be a finite number > 0\.$"):
+        TrainingOptions("sgdm", initial_learn_rate=math.inf)
+    with pytest.raises(OptionsError, match=r"max_epochs must be an integer >= 1\.$"):
+        TrainingOptions("sgdm", max_epochs=0)
+    with pytest.raises(OptionsError, match=r"gradient_threshold must be a number > 0 or math.inf\.$"):
+        TrainingOptions("sgdm", gradient_threshold=0)
+
+
+@pytest.mark.parametrize("data", ["abc", (1, 2, 3), math.nan])
+def test_validation_data_without_labels_is_refused(data: object) -> None:
+    with pytest.raises(OptionsError, match="validation_data must be None, a torch Dataset, or a tuple"):
+        TrainingOptions("sgdm", validation_data=data)
+
+
 def test_best_validation_needs_validation_data() -> None:
     with pytest.raises(OptionsError, match="validation_data"):
         TrainingOptions("sgdm", output_network="best-validation")

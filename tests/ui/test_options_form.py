@@ -64,7 +64,7 @@ w = form.widgets
 w["max_epochs"].value = 0            # a bounded field cannot even hold it
 print(w["max_epochs"].value)
 w["initial_learn_rate"].value = -1.0
-print(form.valid, "initial_learn_rate" in form.errors, "must be a number in (0" in form.messages["initial_learn_rate"].value)
+print(form.valid, "initial_learn_rate" in form.errors, "must be a finite number &gt; 0" in form.messages["initial_learn_rate"].value)
 """)
     assert result.stdout.split() == ["1", "False", "True", "True"], result.text
     refused = kernel.run("%%train --options form" + CELL_BODY)

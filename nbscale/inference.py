@@ -31,12 +31,15 @@ def _labelled_pair(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(inputs, labels) when `data` is such a pair: inputs a tensor or array, labels one value per input."""
     if not (isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], torch.Tensor | np.ndarray)):
         return None
-    if isinstance(data[1], torch.Tensor | np.ndarray) and data[1].ndim > 1:
+    label_column = isinstance(data[1], torch.Tensor | np.ndarray) and data[1].ndim == 2 and data[1].shape[1] == 1
+    if isinstance(data[1], torch.Tensor | np.ndarray) and data[1].ndim > 1 and not label_column:
         return None  # two inputs (e.g. a list of two images), not inputs and labels
     try:
         inputs, labels = tensor_of(data[0]), tensor_of(data[1])
     except (TypeError, ValueError, RuntimeError):
         return None
+    if label_column:  # N x 1, as numpy and pandas often give labels
+        labels = labels[:, 0]
     if labels.ndim != 1 or len(labels) != len(inputs):
         raise NbscaleError(f"data as an (inputs, labels) pair needs one label per input: {len(inputs)} inputs but "
                            f"labels of shape {tuple(labels.shape)}.")

@@ -65,6 +65,8 @@ def test_inputs_and_labels_as_numpy_arrays_or_lists_are_a_labelled_pair() -> Non
         assert nbscale.accuracy(pixel_sum_net(), pair) == pytest.approx(0.5)
         assert nbscale.classify(pixel_sum_net(), pair)[0].tolist() == [0] * 10
     assert nbscale.predict(pixel_sum_net(), images).shape == (10, 3)
+    column = np.array(labels)[:, None]  # N x 1, as numpy and pandas often give labels (train takes them too)
+    assert nbscale.accuracy(pixel_sum_net(), (images, column)) == pytest.approx(0.5)
     with pytest.raises(NbscaleError, match="one label per input"):
         nbscale.accuracy(pixel_sum_net(), (images, labels[:3]))
     with pytest.raises(NbscaleError, match="tuple of 3 items"):

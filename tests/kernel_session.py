@@ -66,9 +66,9 @@ class KernelSession:
                     result.stderr += content["text"]
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 result.displays.append(content["data"])
-            elif kind == "error":
+            elif kind == "error":  # the last error names the cell's failure; every error's lines are kept
                 result.error_name, result.error_value = content["ename"], content["evalue"]
-                result.traceback = "\n".join(content["traceback"])
+                result.traceback += "\n".join(content["traceback"]) + "\n"
 
         message_id = self.client.execute(code)
         deadline = time.monotonic() + timeout

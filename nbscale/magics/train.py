@@ -7,7 +7,7 @@ from typing import Any
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from nbscale.errors import OptionsError
+from nbscale.errors import NbscaleError, OptionsError
 
 _CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "make_model")
 
@@ -49,11 +49,15 @@ class TrainMagics(Magics):
         Python equivalent: `net, info = nbscale.train(model, train_data, options, loss_fn=loss_fn)`.
         """
         args = parse_argstring(self.train, line)
+        for flag, name in (("--net", args.net), ("--info", args.info)):
+            if not name.isidentifier():
+                raise OptionsError(f"{flag} {name}: the name for the result must be a Python identifier, such as "
+                                   f"{flag} trained.")
         namespace = self.shell.user_ns
         before = {name: namespace[name] for name in _CELL_NAMES if name in namespace}
         outcome = self.shell.run_cell(cell)
-        if not outcome.success:
-            return
+        if not outcome.success:  # its traceback is shown above; the cell must still fail (Run All stops here)
+            raise NbscaleError("The %%train cell raised the error above, so nothing was trained.")
         # only what this cell defined counts: a val_data or loss_fn left from an earlier cell must not leak in
         defined = _assigned_names(self.shell, cell) | {
             name for name in _CELL_NAMES if name in namespace and namespace[name] is not before.get(name)}
@@ -64,8 +68,9 @@ class TrainMagics(Magics):
         missing = [name for name in needed if name not in cell_values]
         if missing:
             earlier = [name for name in missing if name in namespace]
-            note = (f" ({' and '.join(earlier)} from an earlier cell is not used: assign it in this cell)"
-                    if earlier else "")
+            plural = len(earlier) > 1
+            note = (f" ({' and '.join(earlier)} from an earlier cell {'are' if plural else 'is'} not used: assign "
+                    f"{'them' if plural else 'it'} in this cell)" if earlier else "")
             raise OptionsError(f"The %%train cell must define {' and '.join(missing)}{note}; it may define "
                                "val_data and loss_fn too.")
         options = self._options(args, cell_values)
@@ -113,6 +118,6 @@ class TrainMagics(Magics):
             changes["plots"] = "none"
         if args.quiet:
             changes["verbose"] = False
-        if cell_values.get("val_data") is not None and base.validation_data is None:
+        if cell_values.get("val_data") is not None:  # the cell's own val_data wins over the options'
             changes["validation_data"] = cell_values["val_data"]
         return base.replace(**changes) if changes else base

@@ -86,3 +86,32 @@ train_data = (train_x, train_y)
     missing = kernel.run("%%train --epochs 1 --quiet --no-plots\ntrain_data = (train_x, train_y)\n")
     assert missing.error_name == "OptionsError"
     assert "must define model (model from an earlier cell is not used" in missing.error_value
+
+
+def test_an_error_in_the_train_cell_fails_the_cell_and_trains_nothing(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    result = kernel.run("%%train --epochs 1 --quiet --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n1 / 0")
+    assert result.error_name == "NbscaleError" and "nothing was trained" in result.error_value  # Run All stops here
+    assert "ZeroDivisionError" in result.text  # the cell's own error is shown too
+    assert kernel.run("print('info' in globals())").stdout.strip() == "False"
+
+
+def test_the_cells_val_data_wins_over_the_options_validation_data(kernel) -> None:
+    assert kernel.run(SETUP + "import nbscale\n"
+                      "one = nbscale.TrainingOptions('sgdm', initial_learn_rate=0.1, max_epochs=1, verbose=False, "
+                      "validation_data=(train_x[:1], train_y[:1]))").ok
+    result = kernel.run("%%train --options one --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n"
+                        "val_data = val")
+    assert result.ok, result.text
+    # one validation sample gives 0 or 1; the cell's 297 give a fraction in between
+    assert kernel.run("print(0 < info.final_validation_accuracy < 1)").stdout.strip() == "True"
+
+
+def test_an_interrupt_while_the_pool_starts_stops_parallel_training_at_its_first_iteration(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    result = kernel.run("%%train --env parallel --epochs 10 --batch-size 32 --no-plots\n"
+                        "model = tiny_net()\ntrain_data = (train_x, train_y)", interrupt_after=0.5, timeout=120)
+    assert result.ok, result.text
+    assert "Training finished: Stopped by kernel interrupt." in result.stdout  # the table agrees with info
+    check = kernel.run("print(info.stop_reason); print(info.iteration[-1] < 10 * 46)")
+    assert check.stdout.splitlines() == ["Stopped by kernel interrupt", "True"]

@@ -32,6 +32,8 @@ from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.references import CompositeReference, ModuleReference
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *parts)
+                             for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py")))
 
 
 class _StreamToKernel(io.TextIOBase):
@@ -67,8 +69,10 @@ class _StreamToKernel(io.TextIOBase):
 
 
 def _user_traceback(error: BaseException) -> str:
-    """The traceback without nbscale's own frames, so the user sees their cell's lines."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(_NBSCALE_DIR)]
+    """The traceback without nbscale's own frames and torch's module-call plumbing (nn.Module.__call__,
+    DistributedDataParallel's forward: ~10 frames a layer), so the user sees their cell's and model's lines."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith(_NBSCALE_DIR) and not f.filename.startswith(_TORCH_CALL_PLUMBING)]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
     lines += traceback.format_exception_only(type(error), error)
     return "".join(lines)

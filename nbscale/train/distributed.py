@@ -51,11 +51,16 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     # the notebook keeps output_fn, plots and the table; workers only train
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
     job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware)
+    def on_event(rank: int, events: Any) -> None:
+        channel.publish(events)
+        if stop.requested:  # asked again: a stop asked while the pool started or the run was queued is lost there
+            pool.request_stop()
+
     stop.on_request.append(pool.request_stop)
     try:
-        results = pool.run(train_on_worker, job, on_event=lambda rank, events: channel.publish(events))
+        results = pool.run(train_on_worker, job, on_event=on_event)
     except WorkerError as error:
-        raise WorkerError(_with_recovery_hint(str(error), options), getattr(error, "failures", None)) from None
+        raise _training_failure(error, options) from None
     except PoolError as error:
         if "could not be sent" in str(error):
             raise PoolError(_unsendable(job) or str(error)) from None
@@ -135,9 +140,12 @@ def _abort(active: tuple[int, ...], destroy: bool = True) -> None:
 
 def _woken_by_a_peer(error: BaseException) -> bool:
     """True for the error a collective raises when another rank tore the group down."""
-    text = str(error)
-    return (isinstance(error, torch.distributed.DistError) or "Connection reset by peer" in text
-            or "Connection closed by peer" in text)
+    return isinstance(error, torch.distributed.DistError) or _tells_of_a_torn_down_group(str(error))
+
+
+def _tells_of_a_torn_down_group(text: str) -> bool:
+    """True for an error (or a worker's traceback) saying that a peer closed the training group's connections."""
+    return "Connection reset by peer" in text or "Connection closed by peer" in text
 
 
 def _ignore(event: Any) -> None:
@@ -161,8 +169,23 @@ def _pool_for(environment: str) -> Any:
     return Pool(gpus=list(range(torch.cuda.device_count())))
 
 
+def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerError:
+    """The error of a failed pool run, told from the rank(s) where it began: a rank that only stopped because
+    that rank tore the training group down is named without its traceback (gloo's 'Connection reset by peer')."""
+    failures = error.failures
+    origin = {rank: text for rank, text in failures.items() if not _tells_of_a_torn_down_group(text)} or failures
+    if not origin:
+        return WorkerError(_with_recovery_hint(str(error), options))
+    ranks, woken = sorted(origin), sorted(set(failures) - set(origin))
+    which = f"worker {ranks[0]}" if len(ranks) == 1 else f"workers {', '.join(map(str, ranks))}"
+    parts = [f"Training failed on {which}"
+             + (f" (worker{'s' * (len(woken) > 1)} {', '.join(map(str, woken))} stopped with it)." if woken else ".")]
+    parts += [f"\n--- rank {rank} ---\n{origin[rank].rstrip()}" for rank in ranks]
+    return WorkerError(_with_recovery_hint("\n".join(parts), options), origin)
+
+
 def _with_recovery_hint(message: str, options: TrainingOptions) -> str:
-    hint = " Training stopped."
+    hint = "\n\nTraining stopped."
     if options.checkpoint_path:
         from nbscale.train.checkpoint import latest_checkpoint
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
 
 _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
            "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
@@ -14,8 +14,8 @@ _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validat
 class VerboseTable:
     """Listener for the training event channel that prints the verbose table."""
 
-    def __init__(self, frequency: int, stream: TextIO | None = None) -> None:
-        self.frequency, self.stream = int(frequency), stream
+    def __init__(self, frequency: int, stop: StopSignal | None = None, stream: TextIO | None = None) -> None:
+        self.frequency, self.stop, self.stream = int(frequency), stop, stream
         self.total = 0
         self.last: IterationDone | None = None
         self.last_printed = 0
@@ -35,7 +35,9 @@ class VerboseTable:
             if self.last is not None and self.last_printed != self.last.iteration:
                 self._print_event(self.last)
             rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
-            self._print(rule, f"Training finished: {event.stop_reason}.")
+            # the notebook knows why a stop it asked for happened (pool workers only know it was asked)
+            reason = (self.stop.reason if self.stop is not None else None) or event.stop_reason
+            self._print(rule, f"Training finished: {reason}.")
 
     def _print_event(self, e: IterationDone) -> None:
         def percent(v: float | None) -> str:

@@ -44,23 +44,7 @@ def train(
     trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
     at the end of the current iteration; `info.stop_reason` says which.
     """
-    options = _as_options(options)
-    check_model(model)
-    dataset = as_dataset(train_data)
-    if len(dataset) == 0:
-        raise OptionsError("train_data is empty: give it at least one sample.")
-    check_items(dataset, "train_data")
-    validation = options.validation_data
-    if validation is not None:
-        validation = as_dataset(validation, "validation_data")
-        check_items(validation, "validation_data")
-    if loss_fn is None:
-        dataset = with_class_labels(dataset, "train_data")
-        if validation is not None:
-            validation = with_class_labels(validation, "validation_data")
-        loss_fn = nn.CrossEntropyLoss()
-    if validation is not options.validation_data:
-        options = options.replace(validation_data=validation)
+    dataset, options, loss_fn = checked_inputs(model, train_data, _as_options(options), loss_fn)
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
         check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
@@ -88,6 +72,30 @@ def train(
                     f"mini_batch_size, or try precision='mixed'. ({error})") from None
     info.stop_reason = stop.reason or result.stop_reason
     return model, info
+
+
+def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any) -> tuple[Any, TrainingOptions, Any]:
+    """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.train.checks).
+
+    With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64.
+    """
+    check_model(model)
+    dataset = as_dataset(train_data)
+    if len(dataset) == 0:
+        raise OptionsError("train_data is empty: give it at least one sample.")
+    check_items(dataset, "train_data")
+    validation = options.validation_data
+    if validation is not None:
+        validation = as_dataset(validation, "validation_data")
+        check_items(validation, "validation_data")
+    if loss_fn is None:
+        dataset = with_class_labels(dataset, "train_data")
+        if validation is not None:
+            validation = with_class_labels(validation, "validation_data")
+        loss_fn = nn.CrossEntropyLoss()
+    if validation is not options.validation_data:
+        options = options.replace(validation_data=validation)
+    return dataset, options, loss_fn
 
 
 def _as_options(options: Any) -> TrainingOptions:

@@ -119,3 +119,11 @@ def test_impossible_grid_values_are_rejected_before_any_run_starts(pool, data) -
     with pytest.raises(OptionsError, match="non-empty list"):
         nbscale.sweep(tiny_net, (train_x, train_y), None, {"max_epochs": []}, pool=pool)
     assert all(worker.state == "idle" for worker in pool.workers)
+
+
+def test_bad_inputs_to_a_run_on_the_pool_fail_in_the_notebook_before_anything_is_sent(data: tuple) -> None:
+    train, _ = data
+    with pytest.raises(OptionsError, match="model must be a torch nn.Module"):
+        nbscale.train_async(tiny_net, train)  # the function, not a network
+    with pytest.raises(OptionsError, match="train_data as a tuple must be"):
+        nbscale.sweep(tiny_net, (*train, train[1]), grid={"max_epochs": [1, 2]})

@@ -51,6 +51,7 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     # the notebook keeps output_fn, plots and the table; workers only train
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
     job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware)
+
     def on_event(rank: int, events: Any) -> None:
         channel.publish(events)
         if stop.requested:  # asked again: a stop asked while the pool started or the run was queued is lost there
@@ -171,7 +172,8 @@ def _pool_for(environment: str) -> Any:
 
 def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerError:
     """The error of a failed pool run, told from the rank(s) where it began: a rank that only stopped because
-    that rank tore the training group down is named without its traceback (gloo's 'Connection reset by peer')."""
+    the failing rank tore the training group down is named without its traceback (gloo's 'Connection reset by
+    peer')."""
     failures = error.failures
     origin = {rank: text for rank, text in failures.items() if not _tells_of_a_torn_down_group(text)} or failures
     if not origin:

@@ -27,10 +27,11 @@ def check_model(model: Any) -> None:
                            f"{type(model).__name__}: pass the network itself, not a function that builds one.")
 
 
-def check_items(dataset: Dataset, what: str) -> None:
-    """The first item of `dataset` must be an (input, label) pair whose input is a tensor or an array."""
+def check_items(dataset: Dataset, what: str) -> Any:
+    """The first item of `dataset` must be an (input, label) pair whose input is a tensor or an array; returns
+    that item (None for an empty dataset), so later checks need not read it again."""
     if len(dataset) == 0:  # type: ignore[arg-type]
-        return
+        return None
     item = dataset[0]
     if isinstance(item, dict):
         raise OptionsError(f"{what} yields dicts (keys {sorted(item)[:5]}), but training takes (input, label) "
@@ -42,13 +43,15 @@ def check_items(dataset: Dataset, what: str) -> None:
         raise OptionsError(f"{what} yields PIL images: give its dataset transform=torchvision.transforms.ToTensor() "
                            "(plus the resizing you need), or wrap it in nbscale.data.AugmentedImageDatastore("
                            f"output_size, {what}), which turns images into tensors.")
+    return item
 
 
-def with_class_labels(dataset: Dataset, what: str) -> Dataset:
+def with_class_labels(dataset: Dataset, what: str, first_item: Any) -> Dataset:
     """`dataset` with integer class labels, as the default loss (cross-entropy) needs.
 
     Whole-number float labels in an (inputs, labels) pair become int64 (numpy and pandas often give labels as
     float64); other float labels, which cross-entropy cannot take as class indices, are an OptionsError.
+    `first_item` is dataset[0] as check_items read it.
     """
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         inputs, labels = dataset.tensors
@@ -57,10 +60,10 @@ def with_class_labels(dataset: Dataset, what: str) -> Dataset:
                 raise _float_labels_error(what)
             return TensorDataset(inputs, labels.long())
         return dataset
-    if len(dataset) == 0:  # type: ignore[arg-type]
+    if first_item is None:
         return dataset
     try:
-        label = torch.as_tensor(dataset[0][1])
+        label = torch.as_tensor(first_item[1])
     except (TypeError, ValueError, RuntimeError):  # not a number: the loss will say what it needs
         return dataset
     if label.is_floating_point() and label.ndim == 0:

@@ -83,15 +83,15 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
     dataset = as_dataset(train_data)
     if len(dataset) == 0:
         raise OptionsError("train_data is empty: give it at least one sample.")
-    check_items(dataset, "train_data")
+    first_item = check_items(dataset, "train_data")
     validation = options.validation_data
     if validation is not None:
         validation = as_dataset(validation, "validation_data")
-        check_items(validation, "validation_data")
+        first_validation_item = check_items(validation, "validation_data")
     if loss_fn is None:
-        dataset = with_class_labels(dataset, "train_data")
+        dataset = with_class_labels(dataset, "train_data", first_item)
         if validation is not None:
-            validation = with_class_labels(validation, "validation_data")
+            validation = with_class_labels(validation, "validation_data", first_validation_item)
         loss_fn = nn.CrossEntropyLoss()
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)

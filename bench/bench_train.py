@@ -11,7 +11,8 @@ nbscale and its peer run interleaved, REPEATS times each, so a busy moment on th
 The table gives the best run of each (interference from other tenants only ever slows a run, so the best run is
 the least disturbed one, as timeit reports its minimum) and the ratio of medians beside it; every run's figure is
 printed too. Run: `python bench/bench_train.py`
-(BENCH_EPOCHS, BENCH_PARALLEL_EPOCHS and BENCH_REPEATS override the defaults). The in-process runs are long enough
+(BENCH_EPOCHS, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and BENCH_REPEATS
+override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows). The in-process runs are long enough
 (~10 s on 2 cores) for the progress figure to update during training, not only before and after it; the table
 says how many times it did.
 """
@@ -33,6 +34,10 @@ EPOCHS = int(os.environ.get("BENCH_EPOCHS", 150))  # in the notebook's process
 PARALLEL_EPOCHS = int(os.environ.get("BENCH_PARALLEL_EPOCHS", 40))  # on the pool and with hand-written DDP
 BATCH = 64
 REPEATS = int(os.environ.get("BENCH_REPEATS", 8))
+GPU_EPOCHS = int(os.environ.get("BENCH_GPU_EPOCHS", 50))  # the MLP on a GPU
+CONV_EPOCHS = int(os.environ.get("BENCH_CONV_EPOCHS", 10))  # the conv net on a GPU, single and mixed precision
+CONV_SIZE = int(os.environ.get("BENCH_CONV_SIZE", 64))  # its images' side (a multiple of 8)
+ROWS = os.environ.get("BENCH_ROWS", "cpu,parallel,gpu").split(",")  # which runs (gpu rows need a GPU)
 WORKERS = 2
 
 SETUP = f"""
@@ -56,7 +61,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 loss_fn = nn.CrossEntropyLoss()
 if {device}.type == "cuda": torch.cuda.synchronize()
 started = time.perf_counter(); images = 0
-for epoch in range(EPOCHS):
+for epoch in range({epochs}):
     order = torch.randperm(len({x}), device={device})
     for i in range(len({x}) // BATCH):
         index = order[i * BATCH:(i + 1) * BATCH]
@@ -84,17 +89,17 @@ GPU_SETUP = """
 gpu = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 Xg, Yg = X.to(gpu), Y.to(gpu)
 d_images = torch.nn.functional.interpolate(torch.tensor(d.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16,
-                                           size=32).repeat(4, 3, 1, 1)
+                                           size={size}).repeat(4, 3, 1, 1)
 conv_data = (d_images, Y.clone())
 def make_conv():
     torch.manual_seed(0)
     block = lambda i, o: nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
-    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(), nn.Linear(256 * 16, 10))
+    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(), nn.Linear(256 * {size} ** 2 // 64, 10))
 """
 
 NBSCALE_GPU = """
 options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, l2_regularization=0.0,
-    max_epochs=EPOCHS, mini_batch_size=BATCH, shuffle="every-epoch", plots="training-progress",
+    max_epochs={epochs}, mini_batch_size=BATCH, shuffle="every-epoch", plots="training-progress",
     verbose=False, execution_environment="{env}")
 net, info = nbscale.train(make_model(), (Xg, Yg), options)
 nbscale_gpu_rate = info.images_per_second
@@ -106,6 +111,17 @@ options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9,
 net, info = nbscale.train(make_conv(), conv_data, options)
 conv_rate = info.images_per_second
 """
+
+
+def _measured(kernel, code: str, name: str, timeout: float = 600) -> tuple[float, object]:  # noqa: ANN001
+    """Run `code` in the kernel and read the images/s it left in `name`; each run is told on stderr as it ends."""
+    started = time.perf_counter()
+    result = kernel.run(code, timeout=timeout)
+    if not result.ok:
+        raise RuntimeError(result.text)
+    value = _value(kernel, name)
+    print(f"{name}: {value:,.0f} images/s ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+    return value, result
 
 
 def _value(kernel, name: str) -> float:
@@ -179,49 +195,34 @@ def run() -> str:
     from tests.kernel_session import KernelSession
 
     kernel = KernelSession()
+    runs: dict[str, list[float]] = {}
+    updates: list[int] = []
     try:
         kernel.run("%load_ext nbscale")
         setup = kernel.run(SETUP)
         if not setup.ok:
             raise RuntimeError(setup.text)
-        hand, ours, wall, updates = [], [], [], []
-        for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
-            kernel.run(HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate"))
-            hand.append(_value(kernel, "hand_rate"))
-            result = kernel.run(NBSCALE.format(env="cpu", epochs="EPOCHS"), timeout=600)
-            if not result.ok:
-                raise RuntimeError(result.text)
-            updates.append(_updates_during_training(result))
-            ours.append(_value(kernel, "nbscale_rate"))
-            wall.append(_value(kernel, "nbscale_wall_rate"))
-        kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
-        parallel, ddp = [], []
-        for _ in range(REPEATS):  # interleaved too: the hand-written DDP runs while the pool idles
-            result = kernel.run(NBSCALE.format(env="parallel", epochs=PARALLEL_EPOCHS), timeout=300)
-            if not result.ok:
-                raise RuntimeError(result.text)
-            parallel.append(_value(kernel, "info.images_per_second"))
-            ddp.append(hand_ddp_rate())
-        kernel.run("pool.close()")
-        gpu_rows = _gpu_rows(kernel)
+        rows = []
+        if "cpu" in ROWS:
+            rows += _in_process_rows(kernel, runs, updates)
+        if "parallel" in ROWS:
+            rows += _parallel_rows(kernel, runs)
+        if "gpu" in ROWS:
+            rows += _gpu_rows(kernel, runs)
     finally:
         kernel.shutdown()
-    runs = {"hand": hand, "ours": ours, "parallel": parallel, "ddp": ddp, "wall": wall}
+    drawn = (f" With plots on, the progress figure updated {min(updates)} to {max(updates)} times during each "
+             "in-process run (besides the empty figure before it and the final one after it)." if updates else "")
     return "\n".join([
         "## Training (bench/bench_train.py)",
         "",
         f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs in the "
         f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs (ratio of medians "
-        f"beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}. With plots on, the progress figure "
-        f"updated {min(updates)} to {max(updates)} times during each in-process run (besides the empty figure "
-        "before it and the final one after it).",
+        f"beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
         "",
         "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians |",
         "|---|---:|---:|---:|---:|",
-        _row("CPU, notebook process, plots on, vs hand-written loop", ours, hand),
-        _row("same, end to end (setup, widgets, final figure included)", wall, hand),
-        _row(f"parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time)", parallel, ddp),
-        *gpu_rows,
+        *rows,
         "",
         "Every run (images/s): " + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}"
                                              for name, values in runs.items()),
@@ -229,30 +230,55 @@ def run() -> str:
     ])
 
 
-def _gpu_rows(kernel) -> list[str]:  # noqa: ANN001 - a tests.kernel_session.KernelSession
+def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:  # noqa: ANN001
+    """nbscale.train on the CPU in the kernel's process against the hand-written loop, interleaved."""
+    hand, ours, wall = runs.setdefault("hand", []), runs.setdefault("ours", []), runs.setdefault("wall", [])
+    for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
+        hand.append(_measured(kernel, HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate", epochs="EPOCHS"),
+                              "hand_rate")[0])
+        rate, result = _measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS"), "nbscale_rate")
+        ours.append(rate)
+        updates.append(_updates_during_training(result))
+        wall.append(_value(kernel, "nbscale_wall_rate"))
+    return [_row("CPU, notebook process, plots on, vs hand-written loop", ours, hand),
+            _row("same, end to end (setup, widgets, final figure included)", wall, hand)]
+
+
+def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+    """execution_environment="parallel" on 2 CPU workers against hand-written DDP, interleaved."""
+    kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
+    parallel, ddp = runs.setdefault("parallel", []), runs.setdefault("ddp", [])
+    for _ in range(REPEATS):  # interleaved too: the hand-written DDP runs while the pool idles
+        parallel.append(_measured(kernel, NBSCALE.format(env="parallel", epochs=PARALLEL_EPOCHS),
+                                  "info.images_per_second", timeout=300)[0])
+        ddp.append(hand_ddp_rate())
+    kernel.run("pool.close()")
+    return [_row(f"parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time)", parallel, ddp)]
+
+
+def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001 - a KernelSession
     """Rows for "gpu" vs the hand-written loop and "mixed" vs "single" (none without a GPU)."""
     on_cpu = os.environ.get("BENCH_GPU_ROWS_ON_CPU") == "1"
     if not (torch.cuda.is_available() or on_cpu):
         return []
-    setup = kernel.run(GPU_SETUP, timeout=300)
+    setup = kernel.run(GPU_SETUP.format(size=CONV_SIZE), timeout=300)
     if not setup.ok:
         raise RuntimeError(setup.text)
     env = "gpu" if torch.cuda.is_available() else "cpu"
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (code check only)"
-    hand, ours, single, mixed = [], [], [], []
-    conv_epochs = 1 if on_cpu else 5
+    hand, ours = runs.setdefault("hand gpu", []), runs.setdefault("ours gpu", [])
+    single, mixed = runs.setdefault("conv single", []), runs.setdefault("conv mixed", [])
+    conv_epochs, gpu_epochs = (1, 2) if on_cpu else (CONV_EPOCHS, GPU_EPOCHS)
     for _ in range(REPEATS):
-        hand_loop = HAND_WRITTEN.format(device="gpu", x="Xg", y="Yg", rate="hand_gpu_rate")
+        hand_loop = HAND_WRITTEN.format(device="gpu", x="Xg", y="Yg", rate="hand_gpu_rate",
+                                        epochs=gpu_epochs)
         for code, values, value in ((hand_loop, hand, "hand_gpu_rate"),
-                                    (NBSCALE_GPU.format(env=env), ours, "nbscale_gpu_rate"),
+                                    (NBSCALE_GPU.format(env=env, epochs=gpu_epochs), ours, "nbscale_gpu_rate"),
                                     (CONV.format(env=env, precision="single", epochs=conv_epochs), single, "conv_rate"),
                                     (CONV.format(env=env, precision="mixed", epochs=conv_epochs), mixed, "conv_rate")):
-            result = kernel.run(code, timeout=600)
-            if not result.ok:
-                raise RuntimeError(result.text)
-            values.append(_value(kernel, value))
-    return [_row(f"gpu ({name}), MLP as above, plots on, vs hand-written loop on the GPU", ours, hand),
-            _row(f"mixed vs single precision ({name}), conv net 64-128-256 on 32x32x3, mini-batch 256", mixed, single)]
+            values.append(_measured(kernel, code, value)[0])
+    return [_row(f"gpu ({name}), MLP as above, {GPU_EPOCHS} epochs, plots on, vs hand-written loop on the GPU", ours, hand),
+            _row(f"mixed vs single precision ({name}), conv net 64-128-256 on {CONV_SIZE}x{CONV_SIZE}x3, mini-batch 256", mixed, single)]
 
 
 def _updates_during_training(result) -> int:  # noqa: ANN001 - a tests.kernel_session.CellResult

@@ -23,6 +23,7 @@ from torch import nn
 from nbscale.outputs import main_output
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.layout import layout_restored, train_channels_last
 from nbscale.train.loading import make_batch_source
 from nbscale.train.options import TrainingOptions
 from nbscale.train.schedules import learn_rate_schedule
@@ -60,7 +61,7 @@ class LoopResult:
 
 def run_training(setup: LoopSetup) -> LoopResult:
     """Train `setup.model` in place; returns the output network's state and why training ended."""
-    with _cheap_garbage_collection():
+    with _cheap_garbage_collection(), layout_restored(setup.model):
         return _train(setup)
 
 
@@ -83,6 +84,7 @@ def _train(setup: LoopSetup) -> LoopResult:
     autocast_dtype, scaler = _precision(options.precision, device)
     # one context for every iteration (entered once each, never nested)
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
     clipping = not math.isinf(options.gradient_threshold)
     net: nn.Module = model
     if distributed:

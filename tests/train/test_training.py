@@ -284,3 +284,17 @@ def test_a_dataset_of_float_targets_trains_a_regression_on_the_exact_targets(pla
         assert set(info.training_accuracy) == {None} and info.final_validation_accuracy is None
         # rounded to integers the targets could not be fitted this closely
         assert info.final_validation_loss < 0.01, (vector, info.final_validation_loss)
+
+
+def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails() -> None:
+    from nbscale.train.layout import layout_restored
+
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
+    with pytest.raises(RuntimeError, match="failed on purpose"), layout_restored(conv):
+        conv.to(memory_format=torch.channels_last)  # as mixed precision on a GPU trains it
+        raise RuntimeError("failed on purpose")
+    assert conv[0].weight.is_contiguous()
+    chosen = conv.to(memory_format=torch.channels_last)  # a user's own choice is left alone
+    with layout_restored(chosen):
+        pass
+    assert not chosen[0].weight.is_contiguous()

@@ -1,0 +1,64 @@
+"""The memory layout a network trains in: channels_last for convolutions in mixed precision on a GPU.
+
+bf16/fp16 tensor cores convolve NHWC data; a network in the default NCHW layout pays for a transpose around every
+convolution, which takes most of what mixed precision gains (an H100, a conv net on 64x64 images: bf16 in NCHW
+1.03x fp32; bf16 in channels_last 1.85x fp32 in NCHW and 1.29x fp32 in channels_last; BENCHMARKS.md). A network
+that cannot run in channels_last (a `.view` of a convolution's output, say) is found by one forward pass on one
+sample before training and trains in NCHW as before; after training the weights go back to NCHW.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def train_channels_last(model: nn.Module, device: torch.device, autocast_dtype: Any, dataset: Any,
+                        autocast: contextlib.AbstractContextManager) -> bool:
+    """Put `model` in channels_last and return True where that speeds up its training and it runs so (tried on
+    the dataset's first sample)."""
+    if device.type != "cuda" or autocast_dtype is None or not _in_nchw(model):
+        return False
+    model.to(memory_format=torch.channels_last)
+    if _runs_on(model, dataset, device, autocast):
+        return True
+    model.to(memory_format=torch.contiguous_format)
+    return False
+
+
+@contextlib.contextmanager
+def layout_restored(model: nn.Module) -> Iterator[None]:
+    """Give the network back in NCHW where it came in so (when training ends or fails): code in the notebook may
+    `.view` its weights."""
+    came_in_nchw = _in_nchw(model)
+    try:
+        yield
+    finally:
+        if came_in_nchw and not _in_nchw(model):
+            model.to(memory_format=torch.contiguous_format)
+
+
+def _in_nchw(model: nn.Module) -> bool:
+    """True for a network with convolution weights (4-D), all in the default layout."""
+    weights = [p for p in model.parameters() if p.dim() == 4]
+    return bool(weights) and all(p.is_contiguous() for p in weights)
+
+
+def _runs_on(model: nn.Module, dataset: Any, device: torch.device, autocast: contextlib.AbstractContextManager) -> bool:
+    """True when a forward pass on the first sample works (in eval mode and without gradients: no state
+    changes)."""
+    was_training = model.training
+    model.eval()
+    try:
+        inputs = torch.as_tensor(dataset[0][0]).unsqueeze(0).to(device)
+        with torch.no_grad(), autocast:
+            model(inputs)
+        return True
+    except Exception:  # not this layout, or not a tensor input: train as before, where any real error shows
+        return False
+    finally:
+        model.train(was_training)

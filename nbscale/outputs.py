@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 
 def main_output(outputs: Any) -> Any:
     """`outputs` itself, or its `.logits` where the network returns a structure holding them.
@@ -12,5 +14,7 @@ def main_output(outputs: Any) -> Any:
     Hugging Face models return a ModelOutput with `.logits`; the loss, accuracy and predictions use the logits
     (auxiliary classifiers are not trained).
     """
+    if type(outputs) is torch.Tensor:  # the usual case, without getattr's failed lookup (an iteration's microsecond)
+        return outputs
     logits = getattr(outputs, "logits", None)
     return logits if logits is not None else outputs

@@ -9,8 +9,9 @@
    the CPU, only to check the code).
 nbscale and its peer run interleaved, REPEATS times each, so a busy moment on the (shared) machine hits both.
 The table gives the best run of each (interference from other tenants only ever slows a run, so the best run is
-the least disturbed one, as timeit reports its minimum) and the ratio of medians beside it; every run's figure is
-printed too. Run: `python bench/bench_train.py`
+the least disturbed one, as timeit reports its minimum), the ratio of medians, and the median of the pairs' ratios
+(each nbscale run over the peer run beside it: drift of the machine's load between pairs cancels out); every run's
+figure is printed too. Run: `python bench/bench_train.py`
 (BENCH_EPOCHS, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and BENCH_REPEATS
 override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows). The in-process runs are long enough
 (~10 s on 2 cores) for the progress figure to update during training, not only before and after it; the table
@@ -217,11 +218,11 @@ def run() -> str:
         "## Training (bench/bench_train.py)",
         "",
         f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs in the "
-        f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs (ratio of medians "
-        f"beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
+        f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs (ratios of medians "
+        f"and pairs beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
         "",
-        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians |",
-        "|---|---:|---:|---:|---:|",
+        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians | median pair ratio |",
+        "|---|---:|---:|---:|---:|---:|",
         *rows,
         "",
         "Every run (images/s): " + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}"
@@ -287,8 +288,9 @@ def _updates_during_training(result) -> int:  # noqa: ANN001 - a tests.kernel_se
 
 
 def _row(label: str, ours: list[float], peer: list[float]) -> str:
+    pairs = statistics.median(a / b for a, b in zip(ours, peer, strict=True))
     return (f"| {label} | {max(ours):,.0f} | {max(peer):,.0f} | {max(ours) / max(peer):.2f}x | "
-            f"{statistics.median(ours) / statistics.median(peer):.2f}x |")
+            f"{statistics.median(ours) / statistics.median(peer):.2f}x | {pairs:.2f}x |")
 
 
 if __name__ == "__main__":

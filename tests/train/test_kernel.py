@@ -37,6 +37,9 @@ val_data = val
 
 def test_kernel_interrupt_stops_at_the_end_of_the_iteration_and_keeps_the_net(kernel) -> None:
     assert kernel.run(SETUP).ok
+    # a first short run starts CUDA (seconds in a fresh kernel on a GPU machine, where "auto" trains on the GPU)
+    # and matplotlib, so the timed run below trains for most of its 4 seconds
+    assert kernel.run(LONG_CELL.replace("--epochs 5000", "--epochs 1")).ok
     result = kernel.run(LONG_CELL, interrupt_after=4.0, timeout=60)
     assert result.ok, result.text  # no KeyboardInterrupt traceback: the net so far is returned
     # the figure was shown empty, updated while training ran (at most a few times a second), and shown at the end

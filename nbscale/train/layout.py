@@ -18,16 +18,14 @@ from torch import nn
 
 
 def train_channels_last(model: nn.Module, device: torch.device, autocast_dtype: Any, dataset: Any,
-                        autocast: contextlib.AbstractContextManager) -> bool:
-    """Put `model` in channels_last and return True where that speeds up its training and it runs so (tried on
-    the dataset's first sample)."""
+                        autocast: contextlib.AbstractContextManager) -> None:
+    """Put `model` in channels_last where that speeds up its training and it runs so (tried on the dataset's
+    first sample); `layout_restored` puts it back."""
     if device.type != "cuda" or autocast_dtype is None or not _in_nchw(model):
-        return False
+        return
     model.to(memory_format=torch.channels_last)
-    if _runs_on(model, dataset, device, autocast):
-        return True
-    model.to(memory_format=torch.contiguous_format)
-    return False
+    if not _runs_on(model, dataset, device, autocast):
+        model.to(memory_format=torch.contiguous_format)
 
 
 @contextlib.contextmanager

@@ -151,7 +151,8 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
     combinations = grid_combinations(grid if grid is not None else {})
     run_options = [base.replace(**params) for params in combinations]  # every combination checked first
     models = [fresh_model(make_model) for _ in combinations]
-    checked_inputs(models[0], train_data, base, loss_fn)  # a bad input fails here, before a pool starts
+    # a bad input fails here, before a pool starts; the runs get the data as checked (labels converted once)
+    train_data = checked_inputs(models[0], train_data, base, loss_fn)[0]
     pool = pool if pool is not None else current_pool(start=True)
     runs = [train_async(model, train_data, opts, loss_fn=loss_fn, pool=pool, name=f"#{index + 1}", params=params)
             for index, (model, opts, params) in enumerate(zip(models, run_options, combinations, strict=True))]

@@ -12,19 +12,36 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Literal, get_args
 
 from nbscale.errors import OptionsError
 
-SOLVERS = ("sgdm", "adam", "adamw", "rmsprop")
-SHUFFLE_MODES = ("once", "never", "every-epoch")
-SCHEDULES = ("none", "piecewise", "cosine", "warmup-cosine")
-THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
-OUTPUT_NETWORKS = ("last-iteration", "best-validation")
-ENVIRONMENTS = ("auto", "cpu", "gpu", "multi-gpu", "parallel")
-PRECISIONS = ("single", "mixed")
-PLOTS = ("training-progress", "none")
-DATA_PLACEMENTS = ("auto", "stream", "device")
+Solver = Literal["sgdm", "adam", "adamw", "rmsprop"]
+ShuffleMode = Literal["once", "never", "every-epoch"]
+Schedule = Literal["none", "piecewise", "cosine", "warmup-cosine"]
+ThresholdMethod = Literal["l2norm", "global-l2norm", "absolute-value"]
+OutputNetwork = Literal["last-iteration", "best-validation"]
+Environment = Literal["auto", "cpu", "gpu", "multi-gpu", "parallel"]
+Precision = Literal["single", "mixed"]
+Plots = Literal["training-progress", "none"]
+DataPlacement = Literal["auto", "stream", "device"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+WorkerFailure = Literal["error", "restart"]
+LearnRateScaling = Literal["none", "linear"]
+
+SOLVERS: tuple[str, ...] = get_args(Solver)
+SHUFFLE_MODES: tuple[str, ...] = get_args(ShuffleMode)
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+THRESHOLD_METHODS: tuple[str, ...] = get_args(ThresholdMethod)
+OUTPUT_NETWORKS: tuple[str, ...] = get_args(OutputNetwork)
+ENVIRONMENTS: tuple[str, ...] = get_args(Environment)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+PLOTS: tuple[str, ...] = get_args(Plots)
+DATA_PLACEMENTS: tuple[str, ...] = get_args(DataPlacement)
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
+WORKER_FAILURES: tuple[str, ...] = get_args(WorkerFailure)
+LEARN_RATE_SCALINGS: tuple[str, ...] = get_args(LearnRateScaling)
+MAX_EPOCHS_LIMIT = 1_000_000  # more is a typo (1e23), not a plan: it would train until interrupted
 
 # MATLAB's solver-dependent defaults
 _DEFAULT_LEARN_RATE = {"sgdm": 0.01, "adam": 0.001, "adamw": 0.001, "rmsprop": 0.001}
@@ -41,7 +58,7 @@ class TrainingOptions:
     returns a changed copy.
     """
 
-    solver: str = "sgdm"
+    solver: Solver = "sgdm"
     initial_learn_rate: float | None = None  # None: 0.01 for sgdm, 0.001 otherwise (MATLAB's defaults)
     momentum: float = 0.9
     gradient_decay_factor: float = 0.9
@@ -49,31 +66,34 @@ class TrainingOptions:
     epsilon: float = 1e-8
     l2_regularization: float = 1e-4
     gradient_threshold: float = math.inf
-    gradient_threshold_method: str = "l2norm"
+    gradient_threshold_method: ThresholdMethod = "l2norm"
     max_epochs: int = 30
     mini_batch_size: int = 128
-    shuffle: str = "once"
-    learn_rate_schedule: str = "none"
+    shuffle: ShuffleMode = "once"
+    learn_rate_schedule: Schedule = "none"
     learn_rate_drop_factor: float = 0.1
     learn_rate_drop_period: int = 10
     validation_data: Any = None
     validation_frequency: int = 50
     validation_patience: float = math.inf
-    output_network: str = "last-iteration"
-    execution_environment: str = "auto"
+    output_network: OutputNetwork = "last-iteration"
+    execution_environment: Environment = "auto"
     worker_load: Sequence[float] | None = None
     dispatch_in_background: bool = False
-    precision: str = "single"
-    plots: str = "none"
+    precision: Precision = "single"
+    plots: Plots = "none"
     verbose: bool = True
     verbose_frequency: int = 50
     checkpoint_path: str | None = None
     checkpoint_frequency: int = 1
     output_fn: Callable[[Any], Any] | None = None
-    data_placement: str = "auto"
+    data_placement: DataPlacement = "auto"
+    compile: bool | CompileMode = False
+    on_worker_failure: WorkerFailure = "error"
+    learn_rate_scaling: LearnRateScaling = "none"
     _ready: bool = field(default=False, compare=False)
 
-    def __init__(self, solver: str = "sgdm", **options: Any) -> None:
+    def __init__(self, solver: Solver = "sgdm", **options: Any) -> None:
         names = field_names()
         for name in options:
             if name not in names:
@@ -237,6 +257,12 @@ def _optional_path(value: Any) -> str | None:
     return None if value is None or isinstance(value, (str, os.PathLike)) else "None or a folder path"
 
 
+def _compile(value: Any) -> str | None:
+    if isinstance(value, bool) or value in COMPILE_MODES:
+        return None
+    return "True, False, or a torch.compile mode: " + ", ".join(repr(m) for m in COMPILE_MODES)
+
+
 def _dataset(value: Any) -> str | None:
     is_array = hasattr(value, "shape") and hasattr(value, "dtype")  # inputs without labels
     odd_tuple = isinstance(value, tuple) and len(value) != 2
@@ -247,9 +273,11 @@ def _dataset(value: Any) -> str | None:
 
 
 def _worker_load(value: Any) -> str | None:
-    allowed = "None or a list of non-negative weights, one per worker, at least one positive"
+    allowed = "None or a list of non-negative weights, one per worker, at least one positive (e.g. [1, 2])"
     if value is None:
         return None
+    if isinstance(value, str | bytes):  # '12' would read as [1, 2]
+        return allowed
     try:
         weights = [float(w) for w in value]
     except (TypeError, ValueError):
@@ -268,7 +296,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "l2_regularization": _number(0),
     "gradient_threshold": _number(0, low_open=True, allow_inf=True),
     "gradient_threshold_method": _choice(THRESHOLD_METHODS),
-    "max_epochs": _number(1, integer=True),
+    "max_epochs": _number(1, MAX_EPOCHS_LIMIT, integer=True),
     "mini_batch_size": _number(1, integer=True),
     "shuffle": _choice(SHUFFLE_MODES),
     "learn_rate_schedule": _choice(SCHEDULES),
@@ -289,6 +317,9 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "checkpoint_frequency": _number(1, integer=True),
     "output_fn": _optional_callable,
     "data_placement": _choice(DATA_PLACEMENTS),
+    "compile": _compile,
+    "on_worker_failure": _choice(WORKER_FAILURES),
+    "learn_rate_scaling": _choice(LEARN_RATE_SCALINGS),
 }
 
 

@@ -22,16 +22,19 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Solver": ("solver", "momentum", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
                "l2_regularization", "gradient_threshold", "gradient_threshold_method"),
     "Learning rate": ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor",
-                      "learn_rate_drop_period"),
+                      "learn_rate_drop_period", "learn_rate_scaling"),
     "Data & batches": ("max_epochs", "mini_batch_size", "shuffle", "dispatch_in_background", "data_placement"),
     "Validation": ("validation_data", "validation_frequency", "validation_patience", "output_network"),
-    "Hardware": ("execution_environment", "worker_load", "precision"),
+    "Hardware": ("execution_environment", "worker_load", "precision", "compile", "on_worker_failure"),
     "Output": ("plots", "verbose", "verbose_frequency", "checkpoint_path", "checkpoint_frequency", "output_fn"),
 }
 _CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOLD_METHODS,
             "shuffle": rules.SHUFFLE_MODES, "learn_rate_schedule": rules.SCHEDULES,
             "output_network": rules.OUTPUT_NETWORKS, "precision": rules.PRECISIONS, "plots": rules.PLOTS,
-            "data_placement": rules.DATA_PLACEMENTS}
+            "data_placement": rules.DATA_PLACEMENTS, "on_worker_failure": rules.WORKER_FAILURES,
+            "learn_rate_scaling": rules.LEARN_RATE_SCALINGS}
+# compile: off, on (torch.compile's default mode), or a named mode
+_COMPILE_CHOICES = [("off", False), ("on", True), *((f"mode {mode!r}", mode) for mode in rules.COMPILE_MODES)]
 _INTEGERS = ("max_epochs", "mini_batch_size", "learn_rate_drop_period", "validation_frequency",
              "verbose_frequency", "checkpoint_frequency")  # all >= 1
 _FRACTIONS = {"momentum": 1.0, "learn_rate_drop_factor": 1.0}  # closed [0, 1]
@@ -98,6 +101,8 @@ class OptionsForm:
             return w.Dropdown(options=list(_CHOICES[name]), **common)
         if name == "execution_environment":
             return w.Dropdown(options=hardware_choices(), **common)
+        if name == "compile":
+            return w.Dropdown(options=_COMPILE_CHOICES, **common)
         if name in _INTEGERS:
             return w.BoundedIntText(min=1, max=10**9, **common)
         if name in _FRACTIONS:

@@ -70,8 +70,8 @@ def test_setting_the_solver_or_none_later_gives_the_solver_defaults_as_the_const
 def test_open_ended_ranges_do_not_offer_infinity_unless_it_is_allowed() -> None:
     with pytest.raises(OptionsError, match=r"initial_learn_rate must be a finite number > 0\.$"):
         TrainingOptions("sgdm", initial_learn_rate=math.inf)
-    with pytest.raises(OptionsError, match=r"max_epochs must be an integer >= 1\.$"):
-        TrainingOptions("sgdm", max_epochs=0)
+    with pytest.raises(OptionsError, match=r"mini_batch_size must be an integer >= 1\.$"):
+        TrainingOptions("sgdm", mini_batch_size=0)
     with pytest.raises(OptionsError, match=r"gradient_threshold must be a number > 0 or math.inf\.$"):
         TrainingOptions("sgdm", gradient_threshold=0)
 
@@ -123,3 +123,28 @@ def test_a_refused_change_leaves_the_options_as_they_were() -> None:
     with pytest.raises(OptionsError, match="validation_data"):
         options.output_network = "best-validation"
     assert options.output_network == "last-iteration"
+
+
+def test_a_typo_sized_epoch_count_is_refused_with_the_limit() -> None:
+    with pytest.raises(OptionsError, match=r"max_epochs=1e\+23 .* an integer in \[1, 1000000\]"):
+        TrainingOptions("sgdm", max_epochs=1e23)
+
+
+def test_worker_load_as_a_string_is_refused_not_read_digit_by_digit() -> None:
+    with pytest.raises(OptionsError, match=r"worker_load='12' is not allowed.*e\.g\. \[1, 2\]"):
+        TrainingOptions("sgdm", worker_load="12")
+
+
+def test_compile_takes_a_flag_or_a_torch_compile_mode() -> None:
+    assert TrainingOptions("sgdm", compile=True).compile is True
+    assert TrainingOptions("sgdm", compile="max-autotune").compile == "max-autotune"
+    with pytest.raises(OptionsError, match=r"compile must be True, False, or a torch.compile mode: 'default'"):
+        TrainingOptions("sgdm", compile="fast")
+
+
+@pytest.mark.parametrize(("name", "good", "bad"), [("on_worker_failure", "restart", "retry"),
+                                                   ("learn_rate_scaling", "linear", "sqrt")])
+def test_new_choice_fields_name_their_allowed_values(name: str, good: str, bad: str) -> None:
+    assert getattr(TrainingOptions("sgdm", **{name: good}), name) == good
+    with pytest.raises(OptionsError, match=rf"{name}='{bad}' is not allowed: {name} must be one of"):
+        TrainingOptions("sgdm", **{name: bad})

@@ -1,9 +1,10 @@
 """AugmentedImageDatastore (MATLAB's augmentedImageDatastore): colour conversion, augmentation, output size.
 
 Each item goes through the same three steps as in MATLAB: colour preprocessing, the augmenter's random
-transforms, then resizing or cropping to `output_size`. The steps are batch functions (`prepare_batch`), so
-the device-resident path runs exactly the same code on whole mini-batches on the GPU.
-A DataLoader fetching a mini-batch calls `__getitems__`, which augments the batch in one go.
+transforms, then resizing or cropping to `output_size`. The steps are batch functions (`draw` gives each image's
+random values, `apply` the transforms), so the device-resident path runs exactly the same code on whole
+mini-batches on the GPU, with random values drawn there. A DataLoader fetching a mini-batch calls
+`__getitems__`, which augments the batch in one go.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-from nbscale.data.augmenter import ImageAugmenter, crop_windows
+from nbscale.data.augmenter import DRAWS_PER_IMAGE, ImageAugmenter, gather_windows, whole_pixels
 from nbscale.data.datastore import ImageDatastore
 from nbscale.data.reading import to_float
 from nbscale.errors import DatastoreError
@@ -36,8 +37,12 @@ def convert_color(image: torch.Tensor, color_preprocessing: str) -> torch.Tensor
 
 
 def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """Resize or crop a float batch N x C x H x W to output_size; crops larger than the image pad with 0."""
+                draws: torch.Tensor | None = None) -> torch.Tensor:
+    """Resize or crop a float batch N x C x H x W to output_size; crops larger than the image pad with 0.
+
+    "randcrop" places each image's window by its two uniform numbers in `draws` (N x 2, any device; drawn here
+    when not given).
+    """
     height, width = output_size
     if tuple(images.shape[-2:]) == (height, width):
         return images
@@ -46,9 +51,12 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
     if mode == "centercrop":
         return TF.center_crop(images, [height, width])
     n, _, h, w = images.shape
-    top = torch.randint(min(0, h - height), max(0, h - height) + 1, (n,), generator=generator)
-    left = torch.randint(min(0, w - width), max(0, w - width) + 1, (n,), generator=generator)
-    return crop_windows(images, top, left, height, width)
+    if draws is None:
+        draws = torch.rand(n, 2, device=images.device)
+    draws = draws.to(images.device)
+    top = whole_pixels(draws[:, 0], min(0, h - height), max(0, h - height))
+    left = whole_pixels(draws[:, 1], min(0, w - width), max(0, w - width))
+    return gather_windows(images, top, left, height, width, pad=max(0, height - h, width - w))
 
 
 def _as_image_tensor(image: Any) -> torch.Tensor:
@@ -165,12 +173,24 @@ class AugmentedImageDatastore(Dataset):
             image = _as_image_tensor(image)
         return convert_color(image, self.color_preprocessing), label
 
-    def prepare_batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Augment and size a batch N x C x H x W of colour-converted images (float or integer pixels)."""
+    def draw(self, n: int, generator: torch.Generator | None = None,
+             device: torch.device | str | None = None) -> torch.Tensor:
+        """The random values of `n` images (augmentation, then a random crop's place), one row each, on `device`."""
+        return torch.rand(n, DRAWS_PER_IMAGE + 2, generator=generator, device=device)
+
+    def apply(self, images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+        """Augment and size a batch N x C x H x W of colour-converted images (float or integer pixels), each
+        image by its row of `draws` (from `draw`)."""
         images = to_float(images)
         if self.augmenter is not None:
-            images = self.augmenter.augment_batch(images, generator)
-        return fit_to_size(images, self.output_size, self.output_size_mode, generator)
+            images = self.augmenter.apply(images, draws[:, :DRAWS_PER_IMAGE])
+        return fit_to_size(images, self.output_size, self.output_size_mode, draws[:, DRAWS_PER_IMAGE:])
+
+    def prepare_batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Augment and size a batch N x C x H x W of colour-converted images, random values drawn from `generator`
+        (on its device) if given, else from the batch device's default generator."""
+        device = generator.device if generator is not None else images.device
+        return self.apply(images, self.draw(len(images), generator, device))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.source_item(index)

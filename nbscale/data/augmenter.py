@@ -2,9 +2,12 @@
 
 Every transform works on a whole batch N x C x H x W at once, with different random values per image, on
 whatever device the batch is on: the per-item path of a datastore calls it with N = 1, and the device-resident
-path calls it on full mini-batches on the GPU. Reflections and translations alone are exact pixel moves
-(one gather); rotation, scale or shear add a bilinear warp (`affine_grid` + `grid_sample`). Pixels that come
-from outside the image are 0, as in MATLAB.
+path calls it on full mini-batches on the GPU. The random values are drawn apart from the transform (`draw`
+gives one row of uniform numbers per image, on any device; `apply` turns them into pixel moves), so the
+device-resident path draws a whole epoch's values on the GPU at once and takes each batch's rows by index:
+no random value crosses from the CPU, and nothing waits for the GPU. Reflections and translations alone are
+exact pixel moves (one gather); rotation, scale or shear add a bilinear warp (`affine_grid` + `grid_sample`).
+Pixels that come from outside the image are 0, as in MATLAB.
 """
 
 from __future__ import annotations
@@ -17,17 +20,39 @@ import torch.nn.functional as F
 
 Range = tuple[float, float]
 
+# the columns of ImageAugmenter.draw's rows, each a uniform number in [0, 1)
+_FLIP_X, _FLIP_Y, _SHIFT_X, _SHIFT_Y, _ANGLE, _SCALE_X, _SCALE_Y, _SHEAR_X, _SHEAR_Y = range(9)
+DRAWS_PER_IMAGE = 9
 
-def crop_windows(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, height: int,
-                 width: int) -> torch.Tensor:
-    """Cut a height x width window from each image at its own (top, left); outside the image reads 0."""
-    n, _, h, w = images.shape
-    pad = max(0, int((-top).max()), int((-left).max()), int((top + height - h).max()), int((left + width - w).max()))
+
+def whole_pixels(uniform: torch.Tensor, low: int, high: int) -> torch.Tensor:
+    """Whole numbers uniform in [low, high] (int64) from uniform numbers in [0, 1)."""
+    return (uniform * (high - low + 1)).long().clamp_(max=high - low) + low
+
+
+def gather_windows(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, height: int, width: int,
+                   pad: int, flip_x: torch.Tensor | None = None, flip_y: torch.Tensor | None = None) -> torch.Tensor:
+    """Cut a height x width window from each image at its own (top, left), the image mirrored first where
+    flip_x / flip_y (N booleans) say; pixels outside the image read 0. One gather, no host synchronisation.
+
+    `pad` must be at least how far any window reaches outside its image (known from the ranges the offsets were
+    drawn from, so it is never read back from the device).
+    """
+    n, channels, h, w = images.shape
     padded = F.pad(images, (pad, pad, pad, pad)) if pad else images
-    rows = (top.to(images.device) + pad)[:, None] + torch.arange(height, device=images.device)
-    cols = (left.to(images.device) + pad)[:, None] + torch.arange(width, device=images.device)
-    batch = torch.arange(n, device=images.device)[:, None, None]
-    return padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2).contiguous()
+    rows = _sources(top, height, h, flip_y) + pad
+    cols = _sources(left, width, w, flip_x) + pad
+    index = (rows[:, :, None] * (w + 2 * pad) + cols[:, None, :]).view(n, 1, height * width)
+    out = padded.reshape(n, channels, -1).gather(2, index.expand(n, channels, height * width))
+    return out.view(n, channels, height, width)
+
+
+def _sources(start: torch.Tensor, length: int, size: int, flip: torch.Tensor | None) -> torch.Tensor:
+    """Positions in the (mirrored where `flip`) image of `length` pixels from each `start`: N x length."""
+    positions = start.to(torch.long)[:, None] + torch.arange(length, device=start.device)
+    if flip is not None:
+        positions = torch.where(flip[:, None], size - 1 - positions, positions)
+    return positions
 
 
 @dataclass(frozen=True)
@@ -83,69 +108,88 @@ class ImageAugmenter:
         return self.augment_batch(images, generator)
 
     def augment_batch(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Random transforms for a float batch N x C x H x W; random draws come from `generator` (CPU) if given."""
-        n = images.shape[0]
-        flip_x = self._coin(n, self.rand_x_reflection, generator)
-        flip_y = self._coin(n, self.rand_y_reflection, generator)
-        shift_x = self._whole_pixels(n, self.rand_x_translation, generator)
-        shift_y = self._whole_pixels(n, self.rand_y_translation, generator)
+        """Random transforms for a float batch N x C x H x W, drawn from `generator` (on its device) if given,
+        else from the batch device's default generator."""
+        device = generator.device if generator is not None else images.device
+        return self.apply(images, self.draw(len(images), generator, device))
+
+    @staticmethod
+    def draw(n: int, generator: torch.Generator | None = None,
+             device: torch.device | str | None = None) -> torch.Tensor:
+        """The random values of `n` images: an n x DRAWS_PER_IMAGE tensor of uniform numbers in [0, 1) on
+        `device` (one draw, whatever the options; `apply` gives them their meaning)."""
+        return torch.rand(n, DRAWS_PER_IMAGE, generator=generator, device=device)
+
+    def apply(self, images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+        """Transform each image of a float batch N x C x H x W by its row of `draws` (from `draw`, any device)."""
+        draws = draws.to(images.device)
         if self.warps:
-            return self._warp(images, flip_x, flip_y, shift_x, shift_y, generator)
-        if flip_x.any():
-            images = torch.where(flip_x.to(images.device)[:, None, None, None], images.flip(-1), images)
-        if flip_y.any():
-            images = torch.where(flip_y.to(images.device)[:, None, None, None], images.flip(-2), images)
-        if shift_x.any() or shift_y.any():
-            images = crop_windows(images, -shift_y, -shift_x, images.shape[-2], images.shape[-1])
-        return images
-
-    @staticmethod
-    def _coin(n: int, enabled: bool, generator: torch.Generator | None) -> torch.Tensor:
-        if not enabled:
-            return torch.zeros(n, dtype=torch.bool)
-        return torch.rand(n, generator=generator) < 0.5
-
-    @staticmethod
-    def _uniform(n: int, bounds: Range, generator: torch.Generator | None) -> torch.Tensor:
-        low, high = bounds
-        if low == high:
-            return torch.full((n,), low)
-        return low + (high - low) * torch.rand(n, generator=generator, dtype=torch.float64)
-
-    @staticmethod
-    def _whole_pixels(n: int, bounds: Range, generator: torch.Generator | None) -> torch.Tensor:
-        low, high = math.ceil(bounds[0]), math.floor(bounds[1])
-        if low >= high:
-            return torch.full((n,), low if low == high else 0, dtype=torch.long)
-        return torch.randint(low, high + 1, (n,), generator=generator)
-
-    def _warp(self, images: torch.Tensor, flip_x: torch.Tensor, flip_y: torch.Tensor, shift_x: torch.Tensor,
-              shift_y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+            return self._warp(images, draws)
         n, _, height, width = images.shape
-        angle = torch.deg2rad(self._uniform(n, self.rand_rotation, generator))
+        (low_x, high_x), (low_y, high_y) = self._pixel_range(self.rand_x_translation), \
+            self._pixel_range(self.rand_y_translation)
+        if not (self.rand_x_reflection or self.rand_y_reflection or low_x or high_x or low_y or high_y):
+            return images
+        # translation moves the image by (shift_x, shift_y): the window cut from it starts at minus the shift
+        top = -whole_pixels(draws[:, _SHIFT_Y], low_y, high_y)
+        left = -whole_pixels(draws[:, _SHIFT_X], low_x, high_x)
+        pad = max(abs(low_x), abs(high_x), abs(low_y), abs(high_y))
+        flip_x = draws[:, _FLIP_X] < 0.5 if self.rand_x_reflection else None
+        flip_y = draws[:, _FLIP_Y] < 0.5 if self.rand_y_reflection else None
+        return gather_windows(images, top, left, height, width, pad, flip_x, flip_y)
+
+    @staticmethod
+    def _pixel_range(bounds: Range) -> tuple[int, int]:
+        """The whole-pixel shifts within `bounds` as (low, high); (0, 0) when no whole pixel lies strictly apart."""
+        low, high = math.ceil(bounds[0]), math.floor(bounds[1])
+        if low > high:
+            return 0, 0
+        return low, high
+
+    @staticmethod
+    def _uniform(draws: torch.Tensor, bounds: Range) -> torch.Tensor:
+        low, high = bounds
+        return low + (high - low) * draws.to(torch.float64)
+
+    def _warp(self, images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+        n, _, height, width = images.shape
+        angle = torch.deg2rad(self._uniform(draws[:, _ANGLE], self.rand_rotation))
         if self.rand_scale != (1.0, 1.0):
-            scale_x = scale_y = self._uniform(n, self.rand_scale, generator)
+            scale_x = scale_y = self._uniform(draws[:, _SCALE_X], self.rand_scale)
         else:
-            scale_x = self._uniform(n, self.rand_x_scale, generator)
-            scale_y = self._uniform(n, self.rand_y_scale, generator)
-        shear_x = torch.tan(torch.deg2rad(self._uniform(n, self.rand_x_shear, generator)))
-        shear_y = torch.tan(torch.deg2rad(self._uniform(n, self.rand_y_shear, generator)))
-        one, zero = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+            scale_x = self._uniform(draws[:, _SCALE_X], self.rand_x_scale)
+            scale_y = self._uniform(draws[:, _SCALE_Y], self.rand_y_scale)
+        shear_x = torch.tan(torch.deg2rad(self._uniform(draws[:, _SHEAR_X], self.rand_x_shear)))
+        shear_y = torch.tan(torch.deg2rad(self._uniform(draws[:, _SHEAR_Y], self.rand_y_shear)))
+        (low_x, high_x), (low_y, high_y) = self._pixel_range(self.rand_x_translation), \
+            self._pixel_range(self.rand_y_translation)
+        shift = torch.stack([whole_pixels(draws[:, _SHIFT_X], low_x, high_x),
+                             whole_pixels(draws[:, _SHIFT_Y], low_y, high_y)], dim=-1).to(torch.float64)
+        one = torch.ones(n, dtype=torch.float64, device=images.device)
+        flip_x = torch.where(draws[:, _FLIP_X] < 0.5, -one, one) if self.rand_x_reflection else one
+        flip_y = torch.where(draws[:, _FLIP_Y] < 0.5, -one, one) if self.rand_y_reflection else one
+        zero = torch.zeros_like(one)
 
         def matrices(a: list[torch.Tensor]) -> torch.Tensor:
-            return torch.stack(a, dim=-1).reshape(n, 2, 2).to(torch.float64)
+            return torch.stack(a, dim=-1).reshape(n, 2, 2)
 
         # forward map in pixel coordinates centred on the image (y points down): reflect, scale, shear, rotate
-        reflect = matrices([torch.where(flip_x, -one, one), zero, zero, torch.where(flip_y, -one, one)])
+        reflect = matrices([flip_x, zero, zero, flip_y])
         scale = matrices([scale_x, zero, zero, scale_y])
         shear = matrices([one, shear_x, shear_y, one])
         rotate = matrices([torch.cos(angle), torch.sin(angle), -torch.sin(angle), torch.cos(angle)])
-        forward = rotate @ shear @ scale @ reflect
-        shift = torch.stack([shift_x, shift_y], dim=-1).to(torch.float64)
+        inverse = _inverse_2x2(rotate @ shear @ scale @ reflect)
         # affine_grid maps output to input coordinates, normalised to [-1, 1] (align_corners=False)
-        to_unit = torch.diag(torch.tensor([2.0 / width, 2.0 / height], dtype=torch.float64))
-        inverse = torch.linalg.inv(forward)
-        theta = torch.cat([to_unit @ inverse @ torch.linalg.inv(to_unit),
-                           -(to_unit @ inverse @ shift[:, :, None])], dim=2)
-        grid = F.affine_grid(theta.to(images.device, torch.float32), list(images.shape), align_corners=False)
+        to_unit = torch.tensor([2.0 / width, 2.0 / height], dtype=torch.float64, device=images.device)
+        linear = to_unit[:, None] * inverse / to_unit[None, :]
+        offset = -(to_unit[:, None] * (inverse @ shift[:, :, None]))
+        theta = torch.cat([linear, offset], dim=2).to(torch.float32)
+        grid = F.affine_grid(theta, list(images.shape), align_corners=False)
         return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def _inverse_2x2(matrices: torch.Tensor) -> torch.Tensor:
+    """Inverses of N x 2 x 2 matrices, written out (torch.linalg.inv checks for singular matrices on the host,
+    which waits for a GPU; these forward maps are never singular: scale factors are positive, shears < 90 degrees)."""
+    a, b, c, d = matrices[:, 0, 0], matrices[:, 0, 1], matrices[:, 1, 0], matrices[:, 1, 1]
+    return torch.stack([d, -b, -c, a], dim=-1).reshape(-1, 2, 2) / (a * d - b * c)[:, None, None]

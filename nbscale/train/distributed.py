@@ -2,7 +2,9 @@
 
 Every worker runs the same loop (`nbscale.train.loop`) on its share of each global mini-batch; the shares
 follow worker_load, and a worker with load 0 sits out (the others train in a torch.distributed subgroup).
-Gradients are averaged by DistributedDataParallel (gloo on CPU workers, NCCL on GPUs). The first worker with
+Gradients are averaged by DistributedDataParallel (gloo on CPU workers, NCCL on GPUs). Where one worker has all
+the work (a pool of one, or worker_load leaving the others out) it trains as the notebook's process would: no
+group, no DDP, no per-iteration collective. The first worker with
 work sends the training events to the notebook in small bunches, where they drive the same display, verbose
 table, output_fn and info as in-process training; it also writes the checkpoints and returns the trained
 weights, which are loaded into the notebook's model.
@@ -79,7 +81,8 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
 
     context = worker_context()
     active = tuple(rank for rank, count in enumerate(job.counts) if count > 0)
-    group = _training_group(active)  # every rank must take part in creating it
+    # every rank must take part in creating the group; one rank with work needs none (every rank knows that)
+    group = _training_group(active) if len(active) > 1 else None
     if context.rank not in active:
         return None
     is_main = context.rank == active[0]

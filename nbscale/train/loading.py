@@ -1,11 +1,12 @@
 """Mini-batches for the training loop: each epoch the loop hands over the sample indices of every iteration.
 
-Three ways to feed them, chosen by `data_placement`:
-- device-resident: the whole dataset sits as tensors on the training device (or in memory on the CPU) and a
-  batch is one `index_select` - no per-sample Python, like airbench's loader;
+Two ways to feed them, chosen by `data_placement`:
+- resident (nbscale.data.device_resident.DeviceResidentData): the whole dataset sits as tensors on the training
+  device (tensors too large for a GPU in host memory) and a batch is one `index_select` - no per-sample Python,
+  like airbench's loader;
 - stream: a torch DataLoader over any Dataset; `dispatch_in_background=True` reads in worker processes with
   pinned memory and prefetching;
-- "auto": device-resident when the data fits (a TensorDataset always does on the CPU), otherwise stream.
+- "auto": resident when the data fits (tensors always are), otherwise stream.
 On a pool every rank gets only its own share of each global mini-batch (see `split_batch`).
 """
 
@@ -27,8 +28,11 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class BatchSource(Protocol):
     description: str
 
-    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        """Yield one (inputs, labels) batch on the training device per index list."""
+    def __len__(self) -> int: ...
+
+    def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
+        """Yield one (inputs, labels) batch on the training device per row of sample indices (a 2-D tensor, or
+        1-D tensors); random augmentation of the pass is drawn from `seed` where the source draws it itself."""
         ...
 
 
@@ -124,45 +128,11 @@ def split_batch(batch_size: int, worker_load: Sequence[float] | None, world_size
     return counts
 
 
-class TensorBatches:
-    """Batches cut from tensors held in memory or on the device by one `index_select` each."""
-
-    def __init__(self, inputs: torch.Tensor, labels: torch.Tensor, device: torch.device, where: str) -> None:
-        self.inputs, self.labels, self.device = inputs, as_labels(labels), device
-        self.description = f"{where} tensors ({len(inputs)} samples)"
-
-    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        inputs, labels, device = self.inputs, self.labels, self.device
-        non_blocking, moves = device.type == "cuda", inputs.device != device
-        for indices in index_lists:
-            if inputs.device != indices.device:
-                indices = indices.to(inputs.device)
-            x, y = inputs.index_select(0, indices), labels.index_select(0, indices)
-            if moves:  # data held elsewhere (pinned memory for a GPU); a tensor already there is not touched (~2 us)
-                x, y = x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
-            yield x, y
-
-
-class ResidentBatches:
-    """Batches from nbscale.data's DeviceResidentData (augmentation runs on whole batches on the device)."""
-
-    def __init__(self, resident: Any) -> None:
-        self.resident = resident
-        self.description = getattr(resident, "description", "device-resident data")
-
-    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        if not index_lists:
-            return
-        indices = torch.cat([i.cpu() for i in index_lists])
-        for x, y in self.resident.batches(len(index_lists[0]), shuffle=False, indices=indices, drop_last=False):
-            yield x, as_labels(y)
-
-
 class _EpochBatchSampler:
     """A batch sampler whose index lists the loop replaces every epoch (so DataLoader workers persist)."""
 
     def __init__(self) -> None:
-        self.lists: Sequence[torch.Tensor] = []
+        self.lists: torch.Tensor | Sequence[torch.Tensor] = []
 
     def __iter__(self) -> Iterator[list[int]]:
         return (indices.tolist() for indices in self.lists)
@@ -175,6 +145,7 @@ class StreamBatches:
     """Batches read through a torch DataLoader, in background processes when asked."""
 
     def __init__(self, dataset: Dataset, device: torch.device, background: bool) -> None:
+        self.dataset = dataset
         self.sampler = _EpochBatchSampler()
         self.device = device
         workers = min(4, os.cpu_count() or 1) if background else 0
@@ -184,23 +155,19 @@ class StreamBatches:
         self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
             "streamed by a DataLoader"
 
-    def epoch(self, index_lists: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        self.sampler.lists = index_lists
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
+        self.sampler.lists = rows  # augmentation draws from the global generator, in the dataset's __getitem__
         non_blocking = self.device.type == "cuda"
         for x, y in self.loader:
             yield x.to(self.device, non_blocking=non_blocking), as_labels(y.to(self.device, non_blocking=non_blocking))
 
 
-def _tensors_fit(tensors: Sequence[torch.Tensor], device: torch.device) -> bool:
-    if device.type != "cuda":
-        return True
-    free, _ = torch.cuda.mem_get_info(device)
-    return sum(t.numel() * t.element_size() for t in tensors) < 0.5 * free
-
-
 def _has_class_labels(dataset: Dataset) -> bool:
-    """True when the first sample's label is one integer (a class index): the device-resident copy of
-    nbscale.data keeps labels as class indices, so float or vector targets (regression) are streamed instead."""
+    """True when the first sample's label is one integer (a class index). Other datasets (regression targets)
+    are streamed under "auto", as they always were; "device" makes them resident too."""
     try:
         item = dataset[0]
         label = torch.as_tensor(item[1])
@@ -213,24 +180,11 @@ def make_batch_source(dataset: Dataset, device: torch.device, placement: str, ba
     """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring."""
     if placement == "stream" or (placement == "auto" and background):
         return StreamBatches(dataset, device, background)
-    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
-        inputs, labels = dataset.tensors
-        if placement == "device" or _tensors_fit(dataset.tensors, device):
-            if device.type == "cuda":
-                return TensorBatches(inputs.to(device), labels.to(device), device, f"{device}-resident")
-            return TensorBatches(inputs, labels, device, "in-memory")
-        return TensorBatches(inputs.pin_memory() if torch.cuda.is_available() else inputs, labels, device,
-                             "pinned host")
-    try:
-        from nbscale.data.device_resident import DeviceResidentData, fits_on_device
-    except ImportError:
-        DeviceResidentData = fits_on_device = None  # noqa: N806 - nbscale.data may not be installed
-    if (DeviceResidentData is not None and _has_class_labels(dataset)
-            and (placement == "device" or fits_on_device(dataset, device))):
-        return ResidentBatches(DeviceResidentData(dataset, device))
-    if placement == "device":
-        items = [dataset[i] for i in range(len(dataset))]
-        inputs = torch.stack([torch.as_tensor(x) for x, _ in items]).to(device)
-        labels = as_labels(torch.stack([torch.as_tensor(y) for _, y in items])).to(device)
-        return TensorBatches(inputs, labels, device, f"{device}-resident")
+    from nbscale.data.device_resident import DeviceResidentData, fits_on_device, holds_tensors
+
+    if holds_tensors(dataset):  # tensors need no reading: on a GPU too small, batches go over one by one
+        too_big = device.type == "cuda" and placement != "device" and not fits_on_device(dataset, device)
+        return DeviceResidentData(dataset, device, keep_on_host=too_big)
+    if placement == "device" or (_has_class_labels(dataset) and fits_on_device(dataset, device)):
+        return DeviceResidentData(dataset, device)
     return StreamBatches(dataset, device, background)

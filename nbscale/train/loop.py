@@ -1,9 +1,12 @@
 """The training loop, the same in the notebook's process and on every pool worker.
 
-Reads top to bottom: setup (data, optimizer, schedule, resume), then per epoch, per iteration (forward,
-backward, clip, step, metrics, events, stop checks), validation, checkpoint. On a pool each rank trains on its
-share of every global mini-batch and gradients are averaged by DistributedDataParallel over the ranks that
-have work; the loss of rank r is weighted by its share so the update equals the single-process one.
+Reads top to bottom, like airbench: setup chooses every variant once (the data source, precision and loss
+scaling, channels_last, DistributedDataParallel on a pool, torch.compile, gradient clipping, how the figures are
+kept), then per epoch and per iteration the step itself (forward, loss, backward, clip, step), the bunched reads
+of the figures with the stop checks, validation, events, and a checkpoint per epoch.
+On a pool each rank trains on its share of every global mini-batch, and DDP's communication hook sums the
+gradients weighted by the ranks' shares (nbscale.train.figures), so the update equals the single-process one.
+A pool where one rank has all the work runs the loop as in one process: no DDP, no per-iteration collective.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from torch import nn
 
 from nbscale.outputs import main_output
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
+from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pending, PoolFigures, correct
 from nbscale.train.layout import layout_restored, train_channels_last
-from nbscale.train.loading import make_batch_source
+from nbscale.train.loading import BatchSource, make_batch_source
 from nbscale.train.options import TrainingOptions
 from nbscale.train.schedules import learn_rate_schedule
 
@@ -46,8 +51,8 @@ class LoopSetup:
     resume: dict[str, Any] | None = None
     counts: list[int] = field(default_factory=lambda: [0])  # samples per rank in each global batch
     rank: int = 0
-    group: Any = None  # torch.distributed group of the ranks with work; None in-process
-    is_main: bool = True  # writes checkpoints
+    group: Any = None  # torch.distributed group of the ranks with work, when more than one has work; else None
+    is_main: bool = True  # writes checkpoints and tells the user of a network that could not compile
     read_each_iteration: bool = False  # a listener needs every iteration's figures at once (output_fn)
 
 
@@ -61,41 +66,35 @@ class LoopResult:
 
 def run_training(setup: LoopSetup) -> LoopResult:
     """Train `setup.model` in place; returns the output network's state and why training ended."""
-    with _cheap_garbage_collection(), layout_restored(setup.model):
+    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_autotuned(setup.device):
         return _train(setup)
 
 
 def _train(setup: LoopSetup) -> LoopResult:
-    options, device = setup.options, setup.device
-    distributed = setup.group is not None
+    options, device, loss_fn = setup.options, setup.device, setup.loss_fn
 
-    # ---- setup ------------------------------------------------------------------------------------------------
+    # ---- setup: the data, the solver, and every variant, chosen once ------------------------------------------
     model = setup.model.to(device)
-    global_batch = sum(setup.counts)
+    data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background)
+    samples, global_batch = len(data), sum(setup.counts)
     offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
-    active = sum(1 for c in setup.counts if c > 0)
-    samples = len(setup.train_data)
     iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
     max_epochs = int(options.max_epochs)
     total_iterations = iterations_per_epoch * max_epochs
-    source = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background)
     optimizer = make_optimizer(model, options)
     rate = learn_rate_schedule(options, iterations_per_epoch)
-    autocast_dtype, scaler = _precision(options.precision, device)
-    # one context for every iteration (entered once each, never nested)
+    autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
-    clipping = not math.isinf(options.gradient_threshold)
     net: nn.Module = model
-    if distributed:
-        from torch.nn.parallel import DistributedDataParallel
-
-        net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
-                                      process_group=setup.group)
-        reducer = _MetricsWithGradients(setup.group)
-        net.register_comm_hook(None, reducer.hook)
-    # the loss of this rank is scaled so DDP's mean over `active` ranks is the mean over the global batch
-    loss_weight = local * active / global_batch
+    figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
+    if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
+        net, figures = _distributed(model, setup, local / global_batch)
+    if options.compile:
+        trial = _trial(data, _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
+                                          global_batch, offset, local)[:1], setup.seed, autocast, loss_fn)
+        net = compiled_network(net, options.compile, trial, model, device, warn=setup.is_main)
+    clip = _clipping(model, optimizer, scaler, options)
 
     epoch, iteration, history = 0, 0, []
     best = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
@@ -107,15 +106,8 @@ def _train(setup: LoopSetup) -> LoopResult:
                                   first_iteration=iteration + 1))
     setup.publish(list(history))  # a resumed run shows its whole history
 
-    validation = _Validator(setup, model, autocast_dtype, active) if setup.validation_data is not None else None
-    # Per-iteration figures stay where they are until read, and are read in bunches (every READ_INTERVAL
-    # seconds, at most READ_EVERY iterations): on a GPU a read waits for the GPU, and in one process the
-    # accuracy of a bunch is one computation instead of one per iteration. On a CPU pool every iteration is
-    # read; on a GPU pool every READ_EVERY iterations, the same on every rank. Figures are also read whenever
-    # an iteration needs them: validation, a stop request, the end of an epoch, or setup.read_each_iteration.
-    read_every = _read_every(device, setup)
-    pending: list[_Pending] = []
-    one = torch.ones((), device=device)
+    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
+    pending: list[Pending] = []
     # a resumed run goes on counting time and images from where its checkpoint ended
     start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
     images, stop_reason = (history[-1].images if history else 0), None
@@ -126,10 +118,9 @@ def _train(setup: LoopSetup) -> LoopResult:
     while epoch < max_epochs and stop_reason is None:
         epoch += 1
         order = epoch_order(options.shuffle, setup.seed, epoch, samples)
-        mine = [order[i * global_batch + offset: i * global_batch + offset + local]
-                for i in range(iterations_per_epoch)]
+        rows = _epoch_rows(order, iterations_per_epoch, global_batch, offset, local)
         model.train()
-        for step, (inputs, labels) in enumerate(source.epoch(mine), 1):
+        for step, (inputs, labels) in enumerate(data.epoch(rows, _epoch_seed(setup.seed, epoch)), 1):
             iteration += 1
             learn_rate = rate(iteration - 1)
             if learn_rate != optimizer_rate:
@@ -137,49 +128,29 @@ def _train(setup: LoopSetup) -> LoopResult:
                 for group in optimizer.param_groups:
                     group["lr"] = learn_rate * group.get("lr_factor", 1.0)
 
-            # forward, backward, clip, step
+            # the step: forward, loss, backward, clip, step
             with autocast:
                 outputs = main_output(net(inputs))
-                loss = setup.loss_fn(outputs, labels)
-            if distributed:  # summed over the ranks together with the last gradient bucket
-                with torch.no_grad():
-                    stop_flag = 1.0 if setup.stop_reason() else 0.0
-                    reducer.metrics = torch.stack([loss.detach().float() * len(labels),
-                                                   _correct(outputs, labels, device).float(), one * len(labels),
-                                                   one * stop_flag])
+                loss = loss_fn(outputs, labels)
+            kept = figures.keep(loss, outputs, labels)
             optimizer.zero_grad(set_to_none=True)
-            backward_loss = loss * loss_weight if distributed else loss
-            if scaler is not None:
-                scaler.scale(backward_loss).backward()
-                scaler.unscale_(optimizer)
-            else:
-                backward_loss.backward()
-            if clipping:
-                clip_gradients(model, options.gradient_threshold_method, options.gradient_threshold)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
+            scaler.scale(loss).backward()
+            clip()
+            scaler.step(optimizer)
+            scaler.update()
             images += global_batch
-            if distributed:
-                figures = reducer.take(setup.group)
-            else:  # the accuracy is worked out when read, for the whole bunch at once
-                figures = (loss, outputs, labels)
-            pending.append(_Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, figures))
+            pending.append(Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, kept))
 
-            # read the figures when this iteration needs them (see read_every above)
+            # read the figures in bunches, or when this iteration needs them (nbscale.train.figures)
             due = iteration == 1 or iteration % options.validation_frequency == 0 or iteration == total_iterations
-            asked = not distributed and setup.stop_reason() is not None
+            asked = figures.stop_asked()
             now = time.perf_counter()
-            if not (len(pending) >= read_every or asked or (validation is not None and due)
-                    or step == len(mine)  # the epoch's last: checkpoints need the figures
-                    or (not distributed and now - last_read >= READ_INTERVAL)):
+            if not (len(pending) >= figures.read_every or asked or (validation is not None and due)
+                    or step == len(rows)  # the epoch's last: checkpoints need the figures
+                    or now - last_read >= figures.interval):
                 continue
             last_read = now
-            readings, pending = _read(pending, distributed), []
-            if not distributed:
-                readings[-1].stops = asked
+            readings, pending = figures.read(pending, asked), []
 
             # stop checks (acted on at the end of the last iteration read; a non-finite loss ends the history
             # at its iteration), then validation, then events
@@ -213,7 +184,7 @@ def _train(setup: LoopSetup) -> LoopResult:
                                       validation_accuracy)
                 history.append(event)
                 setup.publish(event)
-                if stop_reason is None and not distributed:  # a listener (output_fn) may have asked just now
+                if stop_reason is None and figures.stop_asked():  # a listener (output_fn) may have asked just now
                     stop_reason = setup.stop_reason()
                 if not finite:
                     break
@@ -224,10 +195,10 @@ def _train(setup: LoopSetup) -> LoopResult:
         if (stop_reason is None and setup.is_main and options.checkpoint_path
                 and epoch % options.checkpoint_frequency == 0):
             save_checkpoint(options.checkpoint_path, epoch, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else None,
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
-                "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options), "samples": samples,
+                "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options),
+                "samples": len(setup.train_data),
             })
 
     # ---- the end ----------------------------------------------------------------------------------------------
@@ -271,93 +242,85 @@ def _cheap_garbage_collection() -> Iterator[None]:
 YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
-READ_EVERY = 25  # most iterations between reads of the figures, except on a CPU pool (see run_training)
-READ_INTERVAL = 0.2  # seconds between reads in the notebook's process, so the display stays live
+@contextlib.contextmanager
+def _cudnn_autotuned(device: torch.device) -> Iterator[None]:
+    """On a GPU, cuDNN times its convolution algorithms on the first batches and keeps the fastest (worth it:
+    training batches keep one shape), as a hand-written loop sets `cudnn.benchmark`; left alone where the user
+    asked for deterministic algorithms; restored afterwards."""
+    backends = torch.backends.cudnn
+    if device.type != "cuda" or backends.deterministic or backends.benchmark:
+        yield
+        return
+    backends.benchmark = True
+    try:
+        yield
+    finally:
+        backends.benchmark = False
 
 
-def _read_every(device: torch.device, setup: LoopSetup) -> int:
-    """Iterations between reads of the training figures (1: every iteration)."""
-    distributed_on_cpu = setup.group is not None and device.type == "cpu"
-    return 1 if distributed_on_cpu or setup.read_each_iteration else READ_EVERY
+def _read_every(setup: LoopSetup) -> int:
+    """Most iterations between reads of the figures in one process (1: every iteration, for output_fn)."""
+    return 1 if setup.read_each_iteration else READ_EVERY
 
 
-@dataclass
-class _Pending:
-    """An iteration whose figures may still be on the device."""
-
-    epoch: int
-    iteration: int
-    time: float
-    learn_rate: float
-    images: int
-    figures: Any  # (loss, outputs, labels) in one process (see _bunch_accuracy); on a pool [loss sum, correct,
-    # count, stops] summed over the ranks
+def _graphs(options: TrainingOptions) -> bool:
+    """True for torch.compile modes that replay CUDA graphs, whose outputs live only until the next replay."""
+    return options.compile in ("reduce-overhead", "max-autotune")
 
 
-@dataclass
-class _Reading:
-    epoch: int
-    iteration: int
-    time: float
-    learn_rate: float
-    images: int
-    training_loss: float
-    accuracy: float | None
-    stops: bool
+def _distributed(model: nn.Module, setup: LoopSetup, share: float) -> tuple[nn.Module, PoolFigures]:
+    """`model` in DistributedDataParallel over the ranks with work, and the figures that travel with its
+    gradients (nbscale.train.figures)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = setup.device
+    net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                  process_group=setup.group)
+    hook = CarryingHook(setup.group, share)
+    net.register_comm_hook(None, hook.reduce)
+    return net, PoolFigures(hook, setup.group, device, setup.stop_reason)
 
 
-@torch.no_grad()  # in one process the figures are the iterations' loss and outputs, not detached
-def _read(pending: list[_Pending], distributed: bool) -> list[_Reading]:
-    """The figures of the pending iterations, read from the device at once (one wait for a GPU)."""
-    if distributed:
-        rows = (torch.stack([p.figures for p in pending]) if len(pending) > 1 else pending[0].figures[None]).tolist()
-    else:
-        losses = torch.stack([p.figures[0].float() for p in pending])
-        rows = torch.stack([losses, _bunch_accuracy([p.figures[1:] for p in pending], losses.device)], 1).tolist()
-    readings = []
-    for p, row in zip(pending, rows, strict=True):
-        if distributed:
-            loss_sum, correct, count, stops = row
-        else:
-            (loss_sum, correct), count, stops = row, 1, 0.0  # the mean loss and the accuracy already
-        readings.append(_Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, loss_sum / count,
-                                 correct / count if correct >= 0 else None, stops > 0))
-    return readings
+def _epoch_rows(order: torch.Tensor, iterations: int, global_batch: int, offset: int, local: int) -> torch.Tensor:
+    """This rank's sample indices of each iteration of an epoch: iterations x local, from the epoch's order."""
+    if len(order) < global_batch:  # fewer samples than a mini-batch (unreadable files left out): one iteration
+        return order[offset: offset + local][None]
+    return order[: iterations * global_batch].view(iterations, global_batch)[:, offset: offset + local]
 
 
-class _MetricsWithGradients:
-    """DDP communication hook: averages gradient buckets like DDP's own all-reduce, and sums the iteration's
-    figures (`metrics`) with the last bucket, so a pool iteration needs one collective, not two."""
+def _epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of an epoch's random augmentation: a pure function, so resume and every rank draw the same."""
+    return (seed * 1_000_003 + epoch) % 2**62
 
-    def __init__(self, group: Any) -> None:
-        self.group, self.metrics, self.reduced = group, None, None
 
-    def hook(self, state, bucket):  # noqa: ANN001, ANN201 - DDP rejects annotations other than its own
-        gradients = bucket.buffer()
-        gradients.div_(torch.distributed.get_world_size(self.group))
-        carry = self.metrics is not None and bucket.is_last() and gradients.dtype == torch.float32
-        size = gradients.numel()
-        tensor = torch.cat([gradients, self.metrics]) if carry else gradients
-        if carry:
-            self.metrics = None
+def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: Any,
+           loss_fn: Callable[[Any, Any], torch.Tensor]) -> Callable[[nn.Module], None]:
+    """One forward and backward of a network on the first batch (whether a network compiles shows there)."""
+    def trial(candidate: nn.Module) -> None:
+        inputs, labels = next(iter(data.epoch(rows, seed)))
+        with autocast:
+            loss = loss_fn(main_output(candidate(inputs)), labels)
+        loss.backward()
 
-        def done(future: Any) -> torch.Tensor:
-            reduced = future.value()[0]
-            if not carry:
-                return reduced
-            self.reduced = reduced[size:]
-            return reduced[:size]
+    return trial
 
-        future = torch.distributed.all_reduce(tensor, group=self.group, async_op=True).get_future()
-        return future.then(done)
 
-    def take(self, group: Any) -> torch.Tensor:
-        """This iteration's summed figures (an all-reduce of their own when no bucket could carry them)."""
-        reduced, self.reduced = self.reduced, None
-        if reduced is None:
-            reduced, self.metrics = self.metrics, None
-            torch.distributed.all_reduce(reduced, group=group)
-        return reduced
+def _clipping(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+              options: TrainingOptions) -> Callable[[], None]:
+    """The gradient clipping of every iteration (MATLAB's gradient_threshold), or a function doing nothing."""
+    threshold, method = float(options.gradient_threshold), options.gradient_threshold_method
+    if math.isinf(threshold):
+        return _no_clipping
+
+    def clip() -> None:
+        scaler.unscale_(optimizer)  # clip the true gradients (does nothing without loss scaling)
+        clip_gradients(model, method, threshold)
+
+    return clip
+
+
+def _no_clipping() -> None:
+    pass
 
 
 def epoch_order(shuffle: str, seed: int, epoch: int, samples: int) -> torch.Tensor:
@@ -410,92 +373,73 @@ def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Op
 
 def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
     """MATLAB's gradient clipping: per-parameter L2 norm, global L2 norm, or element-wise absolute value."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
+    with_gradients = [p for p in model.parameters() if p.grad is not None]
+    if not with_gradients:
         return
     if method == "global-l2norm":
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.grad is not None], threshold)
+        torch.nn.utils.clip_grad_norm_(with_gradients, threshold)
     elif method == "absolute-value":
-        torch._foreach_clamp_min_(grads, -threshold)
-        torch._foreach_clamp_max_(grads, threshold)
-    else:  # "l2norm": each parameter's gradient on its own
+        torch.nn.utils.clip_grad_value_(with_gradients, threshold)
+    else:  # "l2norm": each parameter's gradient on its own (torch has no public per-tensor clip in one launch)
+        grads = [p.grad for p in with_gradients]
         norms = torch._foreach_norm(grads)
         factors = [torch.clamp(threshold / (n + 1e-12), max=1.0) for n in norms]
         torch._foreach_mul_(grads, factors)
 
 
 class _Validator:
-    """Loss and accuracy over the validation data; on a pool each rank takes every k-th sample."""
+    """Loss and accuracy over the validation data, with the plain network in eval mode (never the compiled one:
+    its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample."""
 
-    def __init__(self, setup: LoopSetup, model: nn.Module, autocast_dtype: Any, active: int) -> None:
+    def __init__(self, setup: LoopSetup, model: nn.Module, autocast_dtype: Any) -> None:
         from nbscale.train.loading import as_dataset
 
         self.setup, self.model, self.autocast_dtype = setup, model, autocast_dtype
         data = as_dataset(setup.validation_data, "validation_data")
+        active = sum(1 for c in setup.counts if c > 0)
         position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
         indices = torch.arange(position, len(data), active)
-        size = int(setup.options.mini_batch_size)
-        self.batches = list(torch.split(indices, size))
+        self.batches = list(torch.split(indices, int(setup.options.mini_batch_size)))
         self.source = make_batch_source(data, setup.device, setup.options.data_placement, False)
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float | None]:
         self.model.eval()
-        totals = torch.zeros(3, device=self.setup.device)
-        device_type = self.setup.device.type
-        for inputs, labels in self.source.epoch(self.batches):
-            with torch.autocast(device_type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+        device = self.setup.device
+        totals = torch.zeros(3, device=device)
+        # the same augmentation draws at every validation, so its figures compare over the run
+        for inputs, labels in self.source.epoch(self.batches, self.setup.seed):
+            with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 outputs = main_output(self.model(inputs))
                 loss = self.setup.loss_fn(outputs, labels)
             totals[0] += loss.float() * len(labels)
-            totals[1] += _correct(outputs, labels, self.setup.device)
+            totals[1] += correct(outputs, labels, device)
             totals[2] += len(labels)
         if self.setup.group is not None:
             torch.distributed.all_reduce(totals, group=self.setup.group)
-        loss_sum, correct, count = totals.tolist()
+        loss_sum, correct_count, count = totals.tolist()
         count = max(count, 1)
-        return loss_sum / count, (correct / count if correct >= 0 else None)
+        return loss_sum / count, (correct_count / count if correct_count >= 0 else None)
 
 
-def _are_class_scores(outputs: Any, labels: Any) -> bool:
-    """N x C scores for N integer labels: the case where an accuracy means something."""
-    return (isinstance(outputs, torch.Tensor) and isinstance(labels, torch.Tensor) and outputs.ndim == 2
-            and labels.ndim == 1 and not labels.is_floating_point())
-
-
-def _bunch_accuracy(scores: list[tuple[Any, Any]], device: torch.device) -> torch.Tensor:
-    """Accuracy (fraction correct) of each iteration's (outputs, labels) in a bunch, negative where they are
-    not class scores."""
-    if all(_are_class_scores(o, y) for o, y in scores) and len({o.shape for o, _ in scores}) == 1:
-        outputs, labels = torch.stack([o for o, _ in scores]), torch.stack([y for _, y in scores])
-        return (outputs.argmax(2) == labels).float().mean(1)
-    return torch.stack([_correct(o, y, device).float() / max(len(y), 1) for o, y in scores])
-
-
-def _correct(outputs: Any, labels: Any, device: torch.device) -> torch.Tensor:
-    """Correct predictions in the batch, or -1e9 (so the sum stays negative) when outputs are not class scores."""
-    if _are_class_scores(outputs, labels):
-        return (outputs.argmax(1) == labels).sum()  # an integer tensor; callers convert where they sum
-    return torch.full((), -1e9, device=device)
-
-
-def _precision(precision: str, device: torch.device) -> tuple[Any, Any]:
-    """(autocast dtype or None, GradScaler or None): bf16 where the GPU has it, else fp16 with loss scaling."""
-    if precision != "mixed":
-        return None, None
-    if device.type != "cuda":
+def _precision(precision: str, device: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScaler]:
+    """(autocast dtype or None, GradScaler): bf16 where the GPU has it, else fp16 with loss scaling; the scaler
+    is enabled only for fp16 (disabled, it passes the loss and the step through, as in nanoGPT)."""
+    if precision == "mixed" and device.type != "cuda":
         warnings.warn("precision='mixed' only speeds up GPUs; training on the CPU in single precision.",
                       RuntimeWarning, stacklevel=3)
-        return None, None
+    if precision != "mixed" or device.type != "cuda":
+        return None, torch.amp.GradScaler(device.type, enabled=False)
     if torch.cuda.is_bf16_supported():
-        return torch.bfloat16, None
+        return torch.bfloat16, torch.amp.GradScaler("cuda", enabled=False)
     return torch.float16, torch.amp.GradScaler("cuda")
 
 
-def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any, scaler: Any) -> tuple[int, int, list, dict]:
+def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any,
+             scaler: torch.amp.GradScaler) -> tuple[int, int, list, dict]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    if scaler is not None and state.get("scaler"):
+    if state.get("scaler") and scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])
     return state["epoch"], state["iteration"], list(state["history"]), dict(state["best"])

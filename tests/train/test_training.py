@@ -211,11 +211,12 @@ def test_gpu_and_mixed_precision_train_digits() -> None:
 def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop(monkeypatch) -> None:
     """On a GPU the loop reads the loss and accuracy every few iterations (no host sync per iteration); the
     history, validation, patience and the NaN stop must be what reading every iteration gives."""
+    import nbscale.train.figures as figures
     import nbscale.train.loop as loop
 
     def run(read_every: int, loss_fn=None) -> tuple[list[torch.Tensor], nbscale.TrainingInfo]:
-        monkeypatch.setattr(loop, "_read_every", lambda device, setup: read_every)
-        monkeypatch.setattr(loop, "READ_INTERVAL", math.inf)
+        monkeypatch.setattr(loop, "_read_every", lambda setup: read_every)
+        monkeypatch.setattr(figures, "READ_INTERVAL", math.inf)
         options = quiet(validation_data=VAL, validation_frequency=9, validation_patience=3, max_epochs=4)
         torch.manual_seed(3)
         net, info = nbscale.train(tiny_net(), TRAIN, options, loss_fn=loss_fn)

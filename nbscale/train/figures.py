@@ -1,0 +1,177 @@
+"""The training figures of each iteration (loss, accuracy, stop requests): kept while the loop runs, read in bunches.
+
+A read of a figure from a GPU waits for the GPU to finish everything queued, so the loop keeps each iteration's
+figures where they are and reads them together, chosen once in setup:
+- `LocalFigures`, in the notebook's process and on a pool where one rank has all the work: an iteration keeps
+  its loss, outputs and labels; a read stacks a whole bunch and works out the accuracies in one computation, at
+  most every READ_EVERY iterations or READ_INTERVAL seconds (so the display stays live).
+- `PoolFigures`, on a pool of several ranks with work: an iteration's loss sum, correct count, sample count and
+  stop flag are summed over the ranks by the same collective as the last gradient bucket (`CarryingHook`, DDP's
+  communication hook), so an iteration needs one collective, not two. Every rank reads at the same iterations:
+  every iteration on CPU workers (the collective waited already), every READ_EVERY on GPUs.
+Figures are also read whenever an iteration needs them (validation, the end of an epoch, a stop request).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+READ_EVERY = 25  # most iterations between reads, except on a CPU pool
+READ_INTERVAL = 0.2  # seconds between reads in one process, so the display stays live
+
+
+@dataclass
+class Pending:
+    """An iteration whose figures may still be on the device."""
+
+    epoch: int
+    iteration: int
+    time: float
+    learn_rate: float
+    images: int
+    figures: Any  # what Figures.keep returned
+
+
+@dataclass
+class Reading:
+    """An iteration's figures, read."""
+
+    epoch: int
+    iteration: int
+    time: float
+    learn_rate: float
+    images: int
+    training_loss: float
+    accuracy: float | None
+    stops: bool
+
+
+class LocalFigures:
+    """The figures of the only rank with work (see the module docstring)."""
+
+    def __init__(self, stop_reason: Callable[[], str | None], read_every: int, copy_outputs: bool) -> None:
+        self.stop_reason, self.read_every, self.interval = stop_reason, read_every, READ_INTERVAL
+        self.copy_outputs = copy_outputs  # CUDA graphs (torch.compile's "reduce-overhead") reuse output memory
+
+    def keep(self, loss: torch.Tensor, outputs: Any, labels: Any) -> Any:
+        """What to keep of this iteration (called before backward); nothing is computed until read."""
+        if self.copy_outputs and isinstance(outputs, torch.Tensor):
+            outputs = outputs.detach().clone()
+        return loss, outputs, labels
+
+    def stop_asked(self) -> bool:
+        """True when a stop was asked of this process (the Stop button, the interrupt, output_fn, the pool)."""
+        return self.stop_reason() is not None
+
+    @torch.no_grad()  # the figures are the iterations' loss and outputs, not detached
+    def read(self, pending: list[Pending], stop_asked: bool) -> list[Reading]:
+        """The figures of the pending iterations, read from the device at once (one wait for a GPU)."""
+        losses = torch.stack([p.figures[0].float() for p in pending])
+        accuracies = bunch_accuracy([p.figures[1:] for p in pending], losses.device)
+        rows = torch.stack([losses, accuracies], 1).tolist()
+        readings = [Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, loss,
+                            accuracy if accuracy >= 0 else None, False)
+                    for p, (loss, accuracy) in zip(pending, rows, strict=True)]
+        readings[-1].stops = stop_asked
+        return readings
+
+
+class PoolFigures:
+    """The figures of a pool's ranks with work, summed with the last gradient bucket (see the module docstring)."""
+
+    def __init__(self, hook: CarryingHook, group: Any, device: torch.device,
+                 stop_reason: Callable[[], str | None]) -> None:
+        self.hook, self.group, self.device, self.stop_reason = hook, group, device, stop_reason
+        self.read_every = 1 if device.type == "cpu" else READ_EVERY
+        self.interval = math.inf  # never by time: every rank must read at the same iterations
+        self.one = torch.ones((), device=device)
+
+    @torch.no_grad()
+    def keep(self, loss: torch.Tensor, outputs: Any, labels: Any) -> Carried:
+        """Hand this iteration's figures to the hook (called before backward, so the last bucket carries them)."""
+        stops = 1.0 if self.stop_reason() else 0.0
+        count = len(labels)
+        carried = Carried(torch.stack([loss.detach().float() * count, correct(outputs, labels, self.device).float(),
+                                       self.one * count, self.one * stops]))
+        self.hook.carried = carried
+        return carried
+
+    def stop_asked(self) -> bool:
+        return False  # a stop travels in the summed figures, so every rank stops at the same iteration
+
+    def read(self, pending: list[Pending], stop_asked: bool) -> list[Reading]:
+        summed = [p.figures.summed(self.group) for p in pending]
+        rows = (torch.stack(summed) if len(summed) > 1 else summed[0][None]).tolist()
+        return [Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, loss_sum / count,
+                        correct_count / count if correct_count >= 0 else None, stops > 0)
+                for p, (loss_sum, correct_count, count, stops) in zip(pending, rows, strict=True)]
+
+
+class Carried:
+    """One iteration's figures on their way through the gradient all-reduce."""
+
+    def __init__(self, figures: torch.Tensor) -> None:
+        self.figures, self.reduced = figures, None
+
+    def summed(self, group: Any) -> torch.Tensor:
+        """The figures summed over the ranks (an all-reduce of their own when no bucket could carry them)."""
+        if self.reduced is None:
+            torch.distributed.all_reduce(self.figures, group=group)
+            self.reduced = self.figures
+        return self.reduced
+
+
+class CarryingHook:
+    """DDP communication hook: sums each gradient bucket over the ranks, each rank's gradients weighted by its
+    share of the global mini-batch (so the sum is the gradient of the global mini-batch's mean loss, whatever the
+    shares), and carries the iteration's figures (`carried`) with the last bucket."""
+
+    def __init__(self, group: Any, share: float) -> None:
+        self.group, self.share = group, share
+        self.carried: Carried | None = None
+
+    def reduce(self, state, bucket):  # noqa: ANN001, ANN201 - DDP rejects annotations other than its own
+        gradients = bucket.buffer()
+        gradients.mul_(self.share)
+        carried = self.carried if bucket.is_last() and gradients.dtype == torch.float32 else None
+        size = gradients.numel()
+        tensor = torch.cat([gradients, carried.figures]) if carried is not None else gradients
+        if carried is not None:
+            self.carried = None
+
+        def done(future: Any) -> torch.Tensor:
+            reduced = future.value()[0]
+            if carried is None:
+                return reduced
+            carried.reduced = reduced[size:]
+            return reduced[:size]
+
+        future = torch.distributed.all_reduce(tensor, group=self.group, async_op=True).get_future()
+        return future.then(done)
+
+
+def are_class_scores(outputs: Any, labels: Any) -> bool:
+    """N x C scores for N integer labels: the case where an accuracy means something."""
+    return (isinstance(outputs, torch.Tensor) and isinstance(labels, torch.Tensor) and outputs.ndim == 2
+            and labels.ndim == 1 and not labels.is_floating_point())
+
+
+def bunch_accuracy(scores: list[tuple[Any, Any]], device: torch.device) -> torch.Tensor:
+    """Accuracy (fraction correct) of each iteration's (outputs, labels) in a bunch, negative where they are
+    not class scores."""
+    if all(are_class_scores(o, y) for o, y in scores) and len({o.shape for o, _ in scores}) == 1:
+        outputs, labels = torch.stack([o for o, _ in scores]), torch.stack([y for _, y in scores])
+        return (outputs.argmax(2) == labels).float().mean(1)
+    return torch.stack([correct(o, y, device).float() / max(len(y), 1) for o, y in scores])
+
+
+def correct(outputs: Any, labels: Any, device: torch.device) -> torch.Tensor:
+    """Correct predictions in the batch, or -1e9 (so the sum stays negative) when outputs are not class scores."""
+    if are_class_scores(outputs, labels):
+        return (outputs.argmax(1) == labels).sum()  # an integer tensor; callers convert where they sum
+    return torch.full((), -1e9, device=device)

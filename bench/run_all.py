@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SECTIONS = ["bench_pool", "bench_train", "bench_data", "bench_cluster"]
+SECTIONS = ["bench_pool", "bench_train", "bench_gpu", "bench_data", "bench_cluster"]  # bench_gpu: where CUDA is
 
 
 def machine() -> str:

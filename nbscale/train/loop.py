@@ -66,7 +66,7 @@ class LoopResult:
 
 def run_training(setup: LoopSetup) -> LoopResult:
     """Train `setup.model` in place; returns the output network's state and why training ended."""
-    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_autotuned(setup.device):
+    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_setting_restored():
         return _train(setup)
 
 
@@ -86,6 +86,7 @@ def _train(setup: LoopSetup) -> LoopResult:
     autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
+    _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     net: nn.Module = model
     figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
     if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
@@ -243,19 +244,20 @@ YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
 @contextlib.contextmanager
-def _cudnn_autotuned(device: torch.device) -> Iterator[None]:
-    """On a GPU, cuDNN times its convolution algorithms on the first batches and keeps the fastest (worth it:
-    training batches keep one shape), as a hand-written loop sets `cudnn.benchmark`; left alone where the user
-    asked for deterministic algorithms; restored afterwards."""
-    backends = torch.backends.cudnn
-    if device.type != "cuda" or backends.deterministic or backends.benchmark:
-        yield
-        return
-    backends.benchmark = True
+def _cudnn_setting_restored() -> Iterator[None]:
+    benchmark = torch.backends.cudnn.benchmark
     try:
         yield
     finally:
-        backends.benchmark = False
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def _autotune_convolutions(device: torch.device) -> None:
+    """On a GPU, cuDNN times its convolution algorithms on the first batches and keeps the fastest (worth it:
+    training batches keep one shape), as a hand-written loop sets `cudnn.benchmark`; left alone where the user
+    asked for deterministic algorithms. Restored after training (`_cudnn_setting_restored`)."""
+    if device.type == "cuda" and not torch.backends.cudnn.deterministic:
+        torch.backends.cudnn.benchmark = True
 
 
 def _read_every(setup: LoopSetup) -> int:

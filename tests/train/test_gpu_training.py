@@ -92,3 +92,29 @@ def test_mixed_precision_trains_conv_nets_channels_last_and_gives_them_back_in_n
     assert info.final_validation_accuracy >= 0.85
     _, info = nbscale.train(ViewsItsFeatures(), TRAIN, options(execution_environment="gpu", precision="mixed"))
     assert info.final_validation_accuracy >= 0.85  # trained in NCHW: .view needs it
+
+
+def test_an_augmented_epoch_on_the_gpu_waits_for_it_only_at_the_bunched_reads() -> None:
+    """Batches, augmentation draws and the step queue on the GPU without a host synchronisation: only the reads
+    of the figures (every 25 iterations, 0.2 s, or an epoch's end) wait for it. Per-batch index copies from
+    pageable memory or offsets read back to size a padding would make it wait every iteration."""
+    import warnings
+
+    from nbscale.data import AugmentedImageDatastore, ImageAugmenter
+
+    images = (TRAIN[0].view(-1, 1, 8, 8) * 255).to(torch.uint8).repeat(2, 3, 1, 1)
+    labels = TRAIN[1].repeat(2)
+    data = AugmentedImageDatastore((8, 8), torch.utils.data.TensorDataset(images, labels), ImageAugmenter(
+        rand_x_reflection=True, rand_x_translation=(-2, 2), rand_y_translation=(-2, 2)))
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 64, 10))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _, info = nbscale.train(model, data, options(execution_environment="gpu", validation_data=None,
+                                                         mini_batch_size=32, max_epochs=4))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    iterations = info.iteration[-1]
+    assert iterations == 4 * (3000 // 32) and len(waits) < iterations / 4, (len(waits), iterations)

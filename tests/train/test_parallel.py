@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from torch.utils.data import TensorDataset
 
 import nbscale
 from nbscale import PoolError, TrainingOptions, WorkerError
@@ -52,6 +53,40 @@ def test_worker_load_weights_the_split_and_zero_sits_out(pool: nbscale.Pool, loa
     net, info = trained(execution_environment="parallel", worker_load=load)
     assert same(alone, net)
     assert info.hardware.startswith("1 worker" if 0 in load else "2 workers")
+
+
+def test_augmented_images_train_on_the_pool_like_one_process(pool: nbscale.Pool) -> None:
+    """Each image's random reflection and shift depends on the run's seed, the epoch and the image, not on the
+    rank that takes it: the pool's update equals one process's."""
+    from nbscale.data import AugmentedImageDatastore, ImageAugmenter
+
+    images = TensorDataset(TRAIN[0].view(-1, 1, 8, 8), TRAIN[1])
+    augmented = AugmentedImageDatastore((8, 8), images, ImageAugmenter(
+        rand_x_reflection=True, rand_x_translation=(-1, 1), rand_y_translation=(-1, 1)))
+
+    def run(**fields: object) -> tuple[torch.nn.Module, nbscale.TrainingInfo]:
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Flatten(), tiny_net())
+        return nbscale.train(model, augmented, options(validation_data=None, shuffle="every-epoch", **fields))
+
+    (alone, _), (net, info) = run(), run(execution_environment="parallel")
+    assert same(alone, net) and "2 workers" in info.hardware
+
+
+def test_one_worker_with_all_the_work_trains_and_stops_like_one_process(pool: nbscale.Pool) -> None:
+    alone, _ = trained(max_epochs=2)
+    net, info = trained(execution_environment="parallel", worker_load=[0, 1], max_epochs=2)
+    assert same(alone, net) and info.hardware.startswith("1 worker (cpu")
+    _, info = trained(execution_environment="parallel", worker_load=[1, 0], max_epochs=50,
+                      output_fn=lambda info: info.iteration[-1] >= 5)
+    assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] < 50 * 23
+
+
+def test_compiled_training_on_the_pool_trains_like_eager_and_comes_back_plain(pool: nbscale.Pool) -> None:
+    eager, _ = trained(execution_environment="parallel", max_epochs=2)
+    net, info = trained(execution_environment="parallel", max_epochs=2, compile=True)
+    assert type(net) is torch.nn.Sequential and info.final_validation_accuracy >= 0.85
+    assert all(torch.allclose(p, q, atol=1e-4) for p, q in zip(eager.parameters(), net.parameters(), strict=True))
 
 
 def test_an_error_on_a_worker_names_the_rank(pool: nbscale.Pool) -> None:

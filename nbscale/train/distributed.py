@@ -12,6 +12,8 @@ weights, which are loaded into the notebook's model.
 
 from __future__ import annotations
 
+import gc
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +100,10 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
             rank=context.rank, group=group, is_main=is_main))
     except BaseException as error:
+        # let go of what holds the group (the failed step's frames, compiled code), so tearing it down below closes
+        # its connections: a gloo peer waits in its collective until they close (the traceback's text stays)
+        traceback.clear_frames(error.__traceback__)
+        _forget_compiled(job.options, always_collect=True)
         # the rank where the error began tears the group down, which wakes the others out of their collectives;
         # a rank woken that way only lets go of it (destroying it then can kill the process: gloo's threads are
         # still winding down)
@@ -110,7 +116,19 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     finally:
         if sender is not None:
             sender.flush()
+    _forget_compiled(job.options)
     return result if is_main else None
+
+
+def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> None:
+    """Drop torch.compile's caches after a compiled run: they hold the run's DistributedDataParallel wrapper,
+    with its gradient buckets and the training group, which a later failure must be able to tear down (a gloo
+    peer otherwise waits in its collective for the group's timeout). The next compiled run compiles again, from
+    inductor's cache on disk."""
+    if options.compile:
+        torch.compiler.reset()
+    if options.compile or always_collect:
+        gc.collect()  # the wrapper sits in reference cycles
 
 
 _GROUPS: dict[tuple[int, ...], Any] = {}

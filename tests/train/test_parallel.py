@@ -89,6 +89,21 @@ def test_compiled_training_on_the_pool_trains_like_eager_and_comes_back_plain(po
     assert all(torch.allclose(p, q, atol=1e-4) for p, q in zip(eager.parameters(), net.parameters(), strict=True))
 
 
+def test_a_compiled_run_failing_on_one_worker_is_reported_not_left_hanging(pool: nbscale.Pool) -> None:
+    def loss_fn(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from nbscale.pool.context import worker_context
+
+        if worker_context().rank == 1:
+            raise ValueError("broken loss on purpose")
+        return torch.nn.functional.cross_entropy(outputs, labels)
+
+    for compile_network in (True, False):  # failing while compiled, then eagerly after a compiled run
+        with pytest.raises(WorkerError, match="broken loss on purpose"):
+            nbscale.train(tiny_net(), TRAIN, options(execution_environment="parallel", compile=compile_network),
+                          loss_fn=loss_fn)
+    assert trained(execution_environment="parallel", max_epochs=1)[1].stop_reason  # the pool still works
+
+
 def test_an_error_on_a_worker_names_the_rank(pool: nbscale.Pool) -> None:
     def loss_fn(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         from nbscale.pool.context import worker_context

@@ -2,7 +2,7 @@
 
 `DeviceResidentData` is the one loader for data that fits, like airbench's loader:
 - tensors and TensorDatasets (and Subsets of them) are taken with whole-tensor operations, never item by item;
-- an ImageDatastore's files are decoded once, in threads, into one tensor (uint8 for 8-bit files: 4x less
+- an ImageDatastore's files are decoded once (in threads where that pays) into one tensor (uint8 for 8-bit files: 4x less
   memory than float32);
 - an AugmentedImageDatastore over either keeps its colour-converted source images and augments and sizes whole
   batches where they are, each image by its own random values, drawn there for a whole epoch at once;
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,14 +28,14 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from nbscale.data.augmented import AugmentedImageDatastore, convert_color, fit_to_size
 from nbscale.data.datastore import ImageDatastore
-from nbscale.data.reading import to_float
+from nbscale.data.reading import is_url, to_float
 from nbscale.errors import DatastoreError
 from nbscale.train.loading import as_labels
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Rows = torch.Tensor | Sequence[torch.Tensor]  # sample indices of each batch: a 2-D tensor, or 1-D tensors
 
-# decoding a file releases the GIL and reading one waits on I/O (a network store most of all): threads pay
+# reading a file from a network store waits on I/O: many threads pay there
 DECODE_THREADS = min(32, (os.cpu_count() or 1) + 4)
 
 
@@ -65,9 +66,17 @@ def _tensor_bytes(dataset: Any) -> int:
 
 
 def _available_bytes(device: torch.device) -> int:
+    """Free memory of a GPU, or the memory available on the host (free plus what the OS would reclaim from its file
+    cache: a long-running machine's free memory alone is often a small part of it)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # ipykernel brings psutil; without it, the free pages
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest 4 GiB
@@ -199,7 +208,7 @@ def _stored(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
             images, labels = convert_color(torch.as_tensor(images), augmented.color_preprocessing), labels.long()
         return images, labels, augmented is not None, 0
     if isinstance(source, ImageDatastore):
-        items = _read_in_threads(source, augmented)
+        items = _read_all(source, augmented)
     else:
         items = [_stored_item(dataset, index) for index in range(len(dataset))]  # type: ignore[arg-type]
     readable = [item for item in items if item is not None]
@@ -216,7 +225,10 @@ def _stored(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
     return torch.stack(images), as_labels(labels), decoded, skipped
 
 
-def _read_in_threads(source: ImageDatastore, augmented: AugmentedImageDatastore | None) -> list[Any]:
+def _read_all(source: ImageDatastore, augmented: AugmentedImageDatastore | None) -> list[Any]:
+    """Every file of `source` read and decoded (None where unreadable and skipped): in threads where that pays
+    (files on a network store, or images slow enough to decode), else one after the other (small local files
+    decode in tens of microseconds, less than handing them to a thread costs)."""
     def read(index: int) -> tuple[torch.Tensor, int] | None:
         raw, read_index = source.read_raw(index)
         if read_index != index:  # read_raw replaced an unreadable file by the next one: leave it out instead
@@ -224,8 +236,26 @@ def _read_in_threads(source: ImageDatastore, augmented: AugmentedImageDatastore 
         image = convert_color(raw, augmented.color_preprocessing) if augmented is not None else raw
         return image, source.label_index(index)
 
-    with ThreadPoolExecutor(DECODE_THREADS) as threads:
-        return list(threads.map(read, range(len(source))))
+    def read_range(indices: range) -> list[Any]:
+        return [read(index) for index in indices]
+
+    count = len(source)
+    started = time.perf_counter()
+    items = read_range(range(min(count, _PROBE_FILES)))
+    per_file = (time.perf_counter() - started) / max(len(items), 1)
+    rest = range(len(items), count)
+    remote = any(is_url(file) for file in source.files[:1])
+    if not rest or (per_file < _THREADED_DECODE_FROM and not remote):
+        return items + read_range(rest)
+    workers = DECODE_THREADS if remote else (os.cpu_count() or 1)
+    chunks = [rest[i:i + _FILES_PER_TASK] for i in range(0, len(rest), _FILES_PER_TASK)]
+    with ThreadPoolExecutor(workers) as threads:
+        return items + [item for chunk in threads.map(read_range, chunks) for item in chunk]
+
+
+_PROBE_FILES = 16  # read first, one after the other, to time a file
+_THREADED_DECODE_FROM = 150e-6  # seconds a file: slower files are decoded in threads
+_FILES_PER_TASK = 16
 
 
 def _stored_item(dataset: Dataset, index: int) -> tuple[torch.Tensor, Any] | None:

@@ -13,7 +13,8 @@ the least disturbed one, as timeit reports its minimum), the ratio of medians, a
 (each nbscale run over the peer run beside it: drift of the machine's load between pairs cancels out); every run's
 figure is printed too. Run: `python bench/bench_train.py`
 (BENCH_EPOCHS, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and BENCH_REPEATS
-override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows). The in-process runs are long enough
+override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "plots" (plots on vs none in the kernel) and
+"pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs are long enough
 (~10 s on 2 cores) for the progress figure to update during training, not only before and after it; the table
 says how many times it did.
 """
@@ -78,7 +79,7 @@ for epoch in range({epochs}):
 
 NBSCALE = """
 options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, l2_regularization=0.0,
-    max_epochs={epochs}, mini_batch_size=BATCH, shuffle="every-epoch", plots="training-progress",
+    max_epochs={epochs}, mini_batch_size=BATCH, shuffle="every-epoch", plots="{plots}",
     verbose=False, execution_environment="{env}")
 started = time.perf_counter()
 net, info = nbscale.train(make_model(), (X, Y), options)
@@ -206,8 +207,12 @@ def run() -> str:
         rows = []
         if "cpu" in ROWS:
             rows += _in_process_rows(kernel, runs, updates)
+        if "plots" in ROWS:
+            rows += _plot_rows(kernel, runs)
         if "parallel" in ROWS:
             rows += _parallel_rows(kernel, runs)
+        if "pool1" in ROWS:
+            rows += _one_worker_rows(kernel, runs)
         if "gpu" in ROWS:
             rows += _gpu_rows(kernel, runs)
     finally:
@@ -237,7 +242,7 @@ def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -
     for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
         hand.append(_measured(kernel, HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate", epochs="EPOCHS"),
                               "hand_rate")[0])
-        rate, result = _measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS"), "nbscale_rate")
+        rate, result = _measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots="training-progress"), "nbscale_rate")
         ours.append(rate)
         updates.append(_updates_during_training(result))
         wall.append(_value(kernel, "nbscale_wall_rate"))
@@ -245,12 +250,38 @@ def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -
             _row("same, end to end (setup, widgets, final figure included)", wall, hand)]
 
 
+def _plot_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+    """nbscale.train in the kernel's process with the progress figure and info panel against without them."""
+    shown, hidden = runs.setdefault("plots on", []), runs.setdefault("plots none", [])
+    for _ in range(REPEATS):
+        shown.append(_measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots="training-progress"),
+                               "nbscale_rate")[0])
+        hidden.append(_measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots="none"), "nbscale_rate")[0])
+    return [_row("CPU, notebook process, plots on vs plots none (the figure's and info panel's cost)", shown, hidden)]
+
+
+def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+    """execution_environment="parallel" on a pool of 1 CPU worker (all cores' threads) against in-process."""
+    kernel.run("pool = nbscale.Pool(1, cpu=True)", timeout=180)
+    one, alone = runs.setdefault("pool of 1", []), runs.setdefault("in-process", [])
+    one_wall, alone_wall = runs.setdefault("pool of 1, wall", []), runs.setdefault("in-process, wall", [])
+    for _ in range(REPEATS):
+        for env, loop, wall in (("parallel", one, one_wall), ("cpu", alone, alone_wall)):
+            loop.append(_measured(kernel, NBSCALE.format(env=env, epochs=PARALLEL_EPOCHS, plots="none"),
+                                  "nbscale_rate", timeout=300)[0])
+            wall.append(_value(kernel, "nbscale_wall_rate"))
+    kernel.run("pool.close()")
+    return [_row(f"parallel, pool of 1 CPU worker ({os.cpu_count()} threads) vs in-process, {PARALLEL_EPOCHS} "
+                 "epochs, plots none (training-loop time)", one, alone),
+            _row("same, whole calls (sending the job, start, weights back included)", one_wall, alone_wall)]
+
+
 def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
     """execution_environment="parallel" on 2 CPU workers against hand-written DDP, interleaved."""
     kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
     parallel, ddp = runs.setdefault("parallel", []), runs.setdefault("ddp", [])
     for _ in range(REPEATS):  # interleaved too: the hand-written DDP runs while the pool idles
-        parallel.append(_measured(kernel, NBSCALE.format(env="parallel", epochs=PARALLEL_EPOCHS),
+        parallel.append(_measured(kernel, NBSCALE.format(env="parallel", epochs=PARALLEL_EPOCHS, plots="training-progress"),
                                   "info.images_per_second", timeout=300)[0])
         ddp.append(hand_ddp_rate())
     kernel.run("pool.close()")

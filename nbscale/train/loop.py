@@ -91,9 +91,10 @@ def _train(setup: LoopSetup) -> LoopResult:
     figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
     if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
         net, figures = _distributed(model, setup, local / global_batch)
-    if options.compile:
-        trial = _trial(data, _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
-                                          global_batch, offset, local)[:1], setup.seed, autocast, loss_fn)
+    if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
+        first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
+                            global_batch, offset, local)[:1]
+        trial = _trial(data, first, setup.seed, autocast, loss_fn)
         net = compiled_network(net, options.compile, trial, model, device, warn=setup.is_main)
     clip = _clipping(model, optimizer, scaler, options)
 

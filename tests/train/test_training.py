@@ -137,6 +137,24 @@ def test_checkpoint_then_resume_equals_training_straight_through(tmp_path) -> No
     assert info.iteration == list(range(1, 4 * (1500 // 64) + 1))  # the history of the whole run
 
 
+def test_resume_with_augmented_images_equals_training_straight_through(tmp_path) -> None:
+    from nbscale.data import AugmentedImageDatastore, ImageAugmenter
+
+    images = torch.utils.data.TensorDataset(TRAIN[0].view(-1, 1, 8, 8), TRAIN[1])
+    data = AugmentedImageDatastore((8, 8), images, ImageAugmenter(rand_x_reflection=True, rand_x_translation=(-1, 1)))
+    options = quiet(max_epochs=3, shuffle="every-epoch", checkpoint_path=str(tmp_path))
+
+    def net(seed: int = 0) -> nn.Module:
+        return nn.Sequential(nn.Flatten(), tiny_net(seed))
+
+    torch.manual_seed(7)
+    straight, _ = nbscale.train(net(), data, options)
+    (tmp_path / "nbscale_checkpoint_epoch0003.pt").unlink()
+    (tmp_path / "nbscale_checkpoint_epoch0002.pt").unlink()  # as if it had stopped after epoch 1
+    resumed, _ = nbscale.train(net(seed=99), data, options, resume_from=tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(weights(straight), weights(resumed), strict=True))
+
+
 def test_resume_from_a_missing_checkpoint_says_so(tmp_path) -> None:
     with pytest.raises(OptionsError, match="no checkpoint"):
         nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=tmp_path)

@@ -18,14 +18,21 @@ from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 class Job:
     """A batch job (MATLAB's `batch` job): `.state`, `.log()`, `.result(name)`, `.wait()`, `.cancel()`.
 
-    Get one with `nbscale.jobs.get(id)` (any kernel, any time: the state lives in the job store) or from
-    `nbscale.jobs.submit(...)`.
+    Get one with `nbscale.jobs.get(id)` or `get(name=...)` (any kernel, any time: the state lives in the job
+    store), from `nbscale.jobs.list()`, or from `nbscale.jobs.submit(...)`.
     """
 
     def __init__(self, job_id: int, store: JobStore | None = None) -> None:
         self.store = store or JobStore()
         self.id = int(job_id)
         self.record()  # JobError now if there is no such job
+
+    @classmethod
+    def listed(cls, job_id: int, store: JobStore) -> Job:
+        """The Job of a record just read from `store` (not asked for again)."""
+        job = cls.__new__(cls)
+        job.store, job.id = store, job_id
+        return job
 
     def record(self) -> JobRecord:
         """The job's current row in the store."""
@@ -141,8 +148,14 @@ class Job:
             ) from None
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain, JSON-ready fields (for `list_jobs()` and the server extension)."""
+        """Plain, JSON-ready fields (as `nbscale.jobs.list_jobs()` gives them to the server extension)."""
         return _as_dict(self.record(), self.store)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and (other.id, other.store.root) == (self.id, self.store.root)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.store.root))
 
     def __repr__(self) -> str:
         record = self.record()

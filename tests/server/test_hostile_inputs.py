@@ -1,0 +1,95 @@
+"""The /nbscale/api/ endpoints under what a broken pool, a damaged store or a probing client sends them: every
+answer is strict JSON, unknown ids are 404s with a message, and one bad source never blanks the whole panel."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from nbscale.pool import registry
+from nbscale.server.handlers import json_text
+
+
+def _strict(body: bytes) -> dict:
+    """Parse as a browser's JSON.parse would: Infinity, -Infinity and NaN are errors there."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+async def _get(jp_fetch, *path: str) -> dict:
+    response = await jp_fetch("nbscale", "api", *path)
+    assert response.code == 200
+    return _strict(response.body)
+
+
+async def test_a_pool_publishing_infinite_or_nan_numbers_is_answered_as_strict_json(jp_fetch, pool_dir) -> None:
+    worker = {"rank": 0, "state": "idle", "memory_mb": math.nan}
+    registry.publish({"kernel_id": "abc", "size": 1, "idle_timeout": math.inf, "idle_for": -math.inf,
+                      "workers": [worker]})
+    assert "Infinity" in next(pool_dir.glob("*.json")).read_text()  # what the pool really wrote
+    try:
+        [pool] = (await _get(jp_fetch, "pools"))["pools"]
+    finally:
+        registry.withdraw()
+    assert (pool["idle_timeout"], pool["idle_for"], pool["workers"][0]["memory_mb"]) == (None, None, None)
+    assert pool["kernel_id"] == "abc"
+
+
+@pytest.mark.parametrize("content", ['["a", "list"]', '{"pid": "me", "heartbeat": "now"}', '"text"'])
+async def test_a_registry_file_no_pool_wrote_leaves_the_panel_working(jp_fetch, pool_dir, content) -> None:
+    pool_dir.mkdir(parents=True, exist_ok=True)
+    (pool_dir / "1.json").write_text(content)
+    answer = await _get(jp_fetch, "pools")
+    assert answer["pools"] == []
+    assert "error" not in answer or answer["error"].startswith("The pool registry cannot be read")
+    assert (await _get(jp_fetch, "jobs"))["available"] in (True, False)  # the panel's other parts answer
+
+
+@pytest.mark.parametrize("job_id", ["0", "99999999999999999999", "9" * 30, "9" * 5000, "18446744073709551616"])
+async def test_a_job_id_past_any_job_is_a_404_with_a_json_message(jp_fetch, tmp_path, monkeypatch, job_id) -> None:
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    for method, action in (("GET", "log"), ("POST", "cancel")):
+        with pytest.raises(HTTPClientError) as missing:
+            await jp_fetch("nbscale", "api", "jobs", job_id, action, method=method,
+                           body=b"{}" if method == "POST" else None)
+        assert missing.value.code == 404
+        message = _strict(missing.value.response.body)["message"]
+        assert message.startswith("There is no job ") and len(message) < 300
+
+
+async def test_a_damaged_job_store_is_named_while_pools_and_gpus_still_answer(jp_fetch, tmp_path, monkeypatch,
+                                                                              pool_dir) -> None:
+    import nbscale.jobs as jobs
+
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    store = jobs.JobStore()
+    store.create("one", None, str(tmp_path))
+    store.index_path.write_bytes(b"")
+    answer = await _get(jp_fetch, "jobs")
+    assert answer["jobs"] == [] and f"The job store index {store.index_path} is damaged" in answer["error"]
+    assert (await _get(jp_fetch, "pools"))["pools"] == []
+    assert "gpus" in await _get(jp_fetch, "gpus")
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_fetch("nbscale", "api", "jobs", "1", "log")
+    assert refused.value.code == 404 and "is damaged" in _strict(refused.value.response.body)["message"]
+
+
+async def test_a_job_id_with_leading_zeros_is_that_job(jp_fetch, tmp_path, monkeypatch) -> None:
+    import nbscale.jobs as jobs
+
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    store = jobs.JobStore()
+    job_id = store.create("one", None, str(tmp_path))
+    store.log_path(job_id).write_text("hello\n")
+    assert await _get(jp_fetch, "jobs", f"000{job_id}", "log") == {"id": job_id, "log": "hello\n", "truncated": False}
+
+
+def test_json_text_is_strict_json_whatever_it_is_given() -> None:
+    value = {"a": [math.inf, -math.inf, math.nan, 1.5, (2, math.nan)], "b": {"c": math.nan}, "d": object}
+    assert _strict(json_text(value).encode()) == {"a": [None, None, None, 1.5, [2, None]], "b": {"c": None},
+                                                  "d": str(object)}

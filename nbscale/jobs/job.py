@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -85,6 +86,10 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends (finished, failed or cancelled); False if `timeout` seconds pass first."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or math.isnan(timeout)):
+            raise JobError(f"job.wait(timeout=...) takes seconds (a number) or None to wait until the job ends, "
+                           f"not {timeout!r}.")
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
         while self.state in ACTIVE_STATES:
@@ -119,6 +124,8 @@ class Job:
 
         Raises JobError while the job runs, and for a name the cell did not assign (listing those it did).
         """
+        if not isinstance(name, str):
+            raise JobError(f"job.result(name) takes a variable's name as a string (like 'net'), not {name!r}.")
         record = self.record()
         if record.state in ACTIVE_STATES:
             raise JobError(

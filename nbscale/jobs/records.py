@@ -52,7 +52,8 @@ class JobRecord:
         if set(values) != set(COLUMNS):
             raise DamagedRecord(f"its fields are {sorted(values)}, not {list(COLUMNS)}")
         results, unpicklable = _json_field(values, "results"), _json_field(values, "unpicklable")
-        if not isinstance(results, list) or not all(isinstance(name, str) for name in results):
+        if not isinstance(results, list) or not all(isinstance(name, str) and name.isidentifier() for name in results):
+            # names become file names (results/<name>.pkl): '../x' must never pass
             raise DamagedRecord(f"results is {values['results']!r}, not a JSON list of variable names")
         if not isinstance(unpicklable, dict) or not all(isinstance(v, str) for v in unpicklable.values()):
             raise DamagedRecord(f"unpicklable is {values['unpicklable']!r}, not a JSON object of reasons")

@@ -106,6 +106,10 @@ class JobStore:
         except OSError as error:
             raise JobError(f"The job store folder {folder} cannot be used ({error.strerror or error}): point "
                            "NBSCALE_HOME at a folder you can write to.") from None
+        owner = self.root.stat().st_uid
+        if owner != os.getuid():  # its pickles (inputs, results) are unpickled here: they must be ours alone
+            raise JobError(f"The job store folder {self.root} belongs to another user (uid {owner}), who could put "
+                           "files there that run as you when read: point NBSCALE_HOME at a folder of your own.")
         self.index_path = self.root / INDEX_NAME
         try:
             self._open_index()

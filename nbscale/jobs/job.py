@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -77,12 +78,21 @@ class Job:
         """Variables the cell assigned and the job saved (filled in when the job ends)."""
         return self.record().results
 
-    def log(self) -> str:
-        """Everything the cell printed so far (stdout and stderr, in order), after a short header."""
+    def log(self, tail: int | None = None) -> str:
+        """Everything the cell printed so far (stdout and stderr, in order), after a short header; with `tail`,
+        only its last `tail` characters (read from the end of the file, however long the log has grown)."""
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise JobError(f"job.log(tail=...) takes a number of characters (>= 0) or None, not {tail!r}.")
         try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
+            with open(self.log_path, "rb") as file:
+                if tail is not None:
+                    file.seek(max(0, os.fstat(file.fileno()).st_size - 4 * tail))  # 4 bytes hold any character
+                text = file.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
             return ""
+        if tail is None:
+            return text
+        return text[-tail:] if tail else ""
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends (finished, failed or cancelled); False if `timeout` seconds pass first."""

@@ -118,7 +118,7 @@ class JobLogHandler(APIHandler):
     @tornado.web.authenticated
     async def get(self, job_id: str) -> None:
         jobs, number = _jobs_offering("get"), _job_number(job_id)
-        text = await asyncio.to_thread(lambda: _call_job(lambda: jobs.get(number).log()))
+        text = await asyncio.to_thread(lambda: _call_job(lambda: _log_end(jobs.get(number))))
         truncated = len(text) > LOG_TAIL_CHARS
         self.finish(json_text({"id": number, "log": text[-LOG_TAIL_CHARS:], "truncated": truncated}))
 
@@ -131,11 +131,29 @@ class JobCancelHandler(APIHandler):
         self.finish(json_text({"id": number, "cancelled": bool(cancelled)}))
 
 
+class UnknownEndpointHandler(APIHandler):
+    """Any other path under /nbscale/api/: a JSON 404 listing the endpoints (not Jupyter's HTML page)."""
+
+    @tornado.web.authenticated
+    def get(self, path: str) -> None:
+        shown = path if len(path) <= 60 else f"{path[:57]}..."
+        raise tornado.web.HTTPError(404, f"nbscale's server extension has no endpoint {shown!r}: it serves gpus, "
+                                         "pools, jobs, jobs/<id>/log and jobs/<id>/cancel (ids are job numbers).")
+
+    post = put = patch = delete = get
+
+
 def _jobs_offering(function: str) -> Any:
     jobs = jobs_module()
     if jobs is None or not callable(getattr(jobs, function, None)):
         raise tornado.web.HTTPError(404, f"nbscale.jobs offers no {function}() here.")
     return jobs
+
+
+def _log_end(job: Any) -> str:
+    """The last LOG_TAIL_CHARS + 1 characters (one more tells that it was cut), read from the end of the file:
+    a runaway job's log may be gigabytes."""
+    return job.log(tail=LOG_TAIL_CHARS + 1)
 
 
 def _job_number(text: str) -> int:
@@ -168,5 +186,6 @@ def setup_handlers(web_app: Any) -> None:
             (url_path_join(base, "jobs"), JobsHandler),
             (url_path_join(base, r"jobs/(\d+)/log"), JobLogHandler),
             (url_path_join(base, r"jobs/(\d+)/cancel"), JobCancelHandler),
+            (url_path_join(base, r"(.*)"), UnknownEndpointHandler),  # last: only what nothing above matched
         ],
     )

@@ -89,8 +89,9 @@ def test_bad_arguments_to_a_job_are_clear_errors() -> None:
     for call, words in [(lambda: job.result(["value"]), "takes a variable's name as a string"),
                         (lambda: job.result("../../inputs"), "did not assign '../../inputs'"),
                         (lambda: job.wait("soon"), "takes seconds (a number) or None"),
-                        (lambda: job.wait(math.nan), "not nan")]:
-        with pytest.raises(JobError, match=None) as caught:
+                        (lambda: job.wait(math.nan), "not nan"),
+                        (lambda: job.log(tail=-1), "takes a number of characters (>= 0) or None, not -1")]:
+        with pytest.raises(JobError) as caught:
             call()
         assert words in str(caught.value)
     assert job.wait(math.inf) and job.wait(-1)

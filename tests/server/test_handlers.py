@@ -101,7 +101,8 @@ def fake_jobs(monkeypatch):
     def get(job_id: int) -> types.SimpleNamespace:
         if job_id != 3:
             raise JobError(f"There is no job {job_id}.")
-        return types.SimpleNamespace(log=lambda: "epoch 1\n" + "x" * handlers.LOG_TAIL_CHARS + "\nepoch 2\n")
+        text = "epoch 1\n" + "x" * handlers.LOG_TAIL_CHARS + "\nepoch 2\n"
+        return types.SimpleNamespace(log=lambda tail=None: text if tail is None else text[-tail:])
 
     def cancel(job_id: int) -> bool:
         get(job_id)

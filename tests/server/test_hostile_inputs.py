@@ -93,3 +93,37 @@ def test_json_text_is_strict_json_whatever_it_is_given() -> None:
     value = {"a": [math.inf, -math.inf, math.nan, 1.5, (2, math.nan)], "b": {"c": math.nan}, "d": object}
     assert _strict(json_text(value).encode()) == {"a": [None, None, None, 1.5, [2, None]], "b": {"c": None},
                                                   "d": str(object)}
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "jobs/-1/log"), ("GET", "jobs/abc/log"),
+                                              ("GET", "jobs/1/log/extra"), ("GET", "jobs/%2e%2e/log"),
+                                              ("POST", "jobs/1/delete"), ("GET", "nothing")])
+async def test_a_path_no_endpoint_serves_is_a_json_404_naming_the_endpoints(jp_fetch, method, path) -> None:
+    with pytest.raises(HTTPClientError) as missing:
+        await jp_fetch("nbscale", "api", *path.split("/"), method=method, body=b"{}" if method == "POST" else None)
+    assert missing.value.code == 404
+    assert "serves gpus, pools, jobs, jobs/<id>/log and jobs/<id>/cancel" in _strict(missing.value.response.body)["message"]
+
+
+async def test_an_unknown_path_still_needs_the_token(jp_fetch) -> None:
+    with pytest.raises(HTTPClientError) as refused:
+        await jp_fetch("nbscale", "api", "nothing", headers={"Authorization": ""})
+    assert refused.value.code == 403
+
+
+async def test_a_huge_log_is_read_from_its_end_and_bad_utf8_is_replaced(jp_fetch, tmp_path, monkeypatch) -> None:
+    import nbscale.jobs as jobs
+    from nbscale.server.handlers import LOG_TAIL_CHARS
+
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    store = jobs.JobStore()
+    job_id = store.create("chatty", None, str(tmp_path))
+    with open(store.log_path(job_id), "wb") as log:  # 64 MiB of output, as a runaway print loop leaves it
+        log.write(b"start\n")
+        log.truncate(64 * 2**20)
+        log.seek(0, 2)
+        log.write(b"\xff\xfe not utf-8 \xe9\nthe end\n")
+    answer = await _get(jp_fetch, "jobs", str(job_id), "log")
+    assert answer["truncated"] and len(answer["log"]) == LOG_TAIL_CHARS
+    assert answer["log"].endswith("\ufffd\ufffd not utf-8 \ufffd\nthe end\n")
+    assert jobs.get(job_id).log(tail=8) == "the end\n" and jobs.get(job_id).log(tail=0) == ""

@@ -131,11 +131,42 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise OptionsError(f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
                                f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
                                f"({_PATTERN}) or its folder.") from None
-    if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "history"} <= state.keys():
-        raise OptionsError(f"{name} is not an nbscale training checkpoint: pass a file that checkpoint_path "
-                           f"received ({_PATTERN}), or its folder. (A file of weights alone loads with "
-                           "model.load_state_dict(torch.load(path)).)")
+    problem = _state_problem(state)
+    if problem:
+        raise OptionsError(f"{name} is not an nbscale training checkpoint ({problem}): pass a file that "
+                           f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone loads "
+                           "with model.load_state_dict(torch.load(path)).)")
     return state
+
+
+# what each entry of a checkpoint must be (a file of the right globals can still hold anything in them)
+_STATE_KINDS: dict[str, tuple[type, ...]] = {
+    "model": (dict,), "optimizer": (dict,), "epoch": (int,), "iteration": (int,), "seed": (int,),
+    "history": (list,), "best": (dict,), "rng": (torch.Tensor,),
+}
+_OPTIONAL_KINDS: dict[str, tuple[type, ...]] = {"options": (dict,), "samples": (int,), "scaler": (dict, type(None))}
+
+
+def _state_problem(state: Any) -> str | None:
+    """What makes `state` something other than a checkpoint save_checkpoint wrote, or None."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}"
+    missing = [key for key in _STATE_KINDS if key not in state]
+    if missing:
+        return f"it has no {', '.join(repr(key) for key in missing)}"
+    kinds = {**_STATE_KINDS, **{key: kind for key, kind in _OPTIONAL_KINDS.items() if key in state}}
+    for key, kind in kinds.items():
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            return f"its {key!r} is a {type(state[key]).__name__}"
+    if not all(isinstance(key, str) and isinstance(value, torch.Tensor) for key, value in state["model"].items()):
+        return "its 'model' is not a state_dict of tensors"
+    if not all(isinstance(entry, IterationDone) for entry in state["history"]):
+        return "its 'history' holds entries other than nbscale's"
+    if state["rng"].dtype != torch.uint8 or state["rng"].ndim != 1:
+        return "its 'rng' is not a random-number generator state"
+    if not {"state", "param_groups"} <= state["optimizer"].keys():
+        return "its 'optimizer' is not an optimizer's state_dict"
+    return None
 
 
 def refuse_untrusted(path: Path, name: str, folder: bool, sticky_ok: bool = False,

@@ -207,3 +207,29 @@ def test_a_checkpoint_refers_to_nothing_but_tensors_plain_values_and_history_ent
     assert "nbscale.train.events IterationDone" in names
     assert names <= {"torch._utils _rebuild_tensor_v2", "collections OrderedDict", "torch FloatStorage",
                      "torch ByteStorage", "torch LongStorage", "nbscale.train.events IterationDone"}, names
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"epoch": "2"}, "its 'epoch' is a str"),
+    ({"epoch": True}, "its 'epoch' is a bool"),
+    ({"model": [1, 2]}, "its 'model' is a list"),
+    ({"model": {"weight": 1.0}}, "its 'model' is not a state_dict of tensors"),
+    ({"history": ["iteration 1"]}, "its 'history' holds entries other than nbscale's"),
+    ({"rng": torch.zeros(3)}, "its 'rng' is not a random-number generator state"),
+    ({"optimizer": {}}, "its 'optimizer' is not an optimizer's state_dict"),
+    ({"options": ["sgdm"]}, "its 'options' is a list"),
+    ({"best": None}, "its 'best' is a NoneType"),
+    ({"seed": None, "samples": None}, "its 'seed' is a NoneType"),
+])
+def test_a_checkpoint_of_the_right_types_but_the_wrong_shape_is_refused(run_folder: Path, tmp_path: Path,
+                                                                         change: dict, words: str) -> None:
+    state = torch.load(checkpoint_file(run_folder, 2), weights_only=False)  # our own file: trusted here
+    bent = tmp_path / "bent.pt"
+    torch.save({**state, **change}, bent)
+    with pytest.raises(OptionsError) as caught:
+        nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3), resume_from=bent)
+    assert f"resume_from='{bent}' is not an nbscale training checkpoint ({words})" in str(caught.value)
+    del state["seed"]
+    torch.save(state, bent)
+    with pytest.raises(OptionsError, match=r"not an nbscale training checkpoint \(it has no 'seed'\)"):
+        nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3), resume_from=bent)

@@ -59,7 +59,7 @@ def submission(code: Any, name: Any, namespace: Any, cwd: Any, env: Any, cluster
                        f"{type(namespace).__name__}.")
     if cwd is not None and not isinstance(cwd, str | os.PathLike):
         raise JobError(f"submit(cwd=...) takes a folder path, not {type(cwd).__name__} {_shown(cwd)}.")
-    if cwd is not None and not os.path.isdir(cwd):
+    if cwd is not None and cluster is None and not os.path.isdir(cwd):  # a cluster's job runs in its node's folder
         raise JobError(f"submit(cwd={_shown(os.fspath(cwd))}): that folder does not exist; give the folder the "
                        "job should run in.")
     if env is not None and not isinstance(env, Mapping):

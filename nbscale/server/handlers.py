@@ -79,14 +79,34 @@ def jobs_module() -> ModuleType | None:
     return jobs if callable(getattr(jobs, "list_jobs", None)) else None
 
 
-class GpusHandler(APIHandler):
+class NotFound(tornado.web.HTTPError):
+    """A 404 whose JSON message is `message` as written (tornado doubles each % of an HTTPError's message)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(404)
+        self.message = message
+
+
+class NbscaleHandler(APIHandler):
+    """An APIHandler whose NotFound errors answer their message unchanged."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None))[1]
+        if isinstance(error, NotFound):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json_text({"message": error.message, "reason": None}))
+            return
+        super().write_error(status_code, **kwargs)
+
+
+class GpusHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         cache: GpuCache = self.settings["nbscale_gpu_cache"]
         self.finish(json_text(await cache.get()))
 
 
-class PoolsHandler(APIHandler):
+class PoolsHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         from nbscale.pool import registry
@@ -100,7 +120,7 @@ class PoolsHandler(APIHandler):
         self.finish(json_text({"pools": pools}))
 
 
-class JobsHandler(APIHandler):
+class JobsHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         from nbscale.errors import NbscaleError
@@ -114,7 +134,7 @@ class JobsHandler(APIHandler):
         self.finish(json_text({"jobs": listed, "available": jobs is not None}))
 
 
-class JobLogHandler(APIHandler):
+class JobLogHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self, job_id: str) -> None:
         jobs, number = _jobs_offering("get"), _job_number(job_id)
@@ -123,7 +143,7 @@ class JobLogHandler(APIHandler):
         self.finish(json_text({"id": number, "log": text[-LOG_TAIL_CHARS:], "truncated": truncated}))
 
 
-class JobCancelHandler(APIHandler):
+class JobCancelHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def post(self, job_id: str) -> None:
         jobs, number = _jobs_offering("cancel"), _job_number(job_id)
@@ -131,14 +151,14 @@ class JobCancelHandler(APIHandler):
         self.finish(json_text({"id": number, "cancelled": bool(cancelled)}))
 
 
-class UnknownEndpointHandler(APIHandler):
+class UnknownEndpointHandler(NbscaleHandler):
     """Any other path under /nbscale/api/: a JSON 404 listing the endpoints (not Jupyter's HTML page)."""
 
     @tornado.web.authenticated
     def get(self, path: str) -> None:
         shown = path if len(path) <= 60 else f"{path[:57]}..."
-        raise tornado.web.HTTPError(404, f"nbscale's server extension has no endpoint {shown!r}: it serves gpus, "
-                                         "pools, jobs, jobs/<id>/log and jobs/<id>/cancel (ids are job numbers).")
+        raise NotFound(f"nbscale's server extension has no endpoint {shown!r}: it serves gpus, pools, jobs, "
+                         "jobs/<id>/log and jobs/<id>/cancel (ids are job numbers).")
 
     post = put = patch = delete = get
 
@@ -146,7 +166,7 @@ class UnknownEndpointHandler(APIHandler):
 def _jobs_offering(function: str) -> Any:
     jobs = jobs_module()
     if jobs is None or not callable(getattr(jobs, function, None)):
-        raise tornado.web.HTTPError(404, f"nbscale.jobs offers no {function}() here.")
+        raise NotFound(f"nbscale.jobs offers no {function}() here.")
     return jobs
 
 
@@ -161,7 +181,7 @@ def _job_number(text: str) -> int:
     number = int(text) if len(text) <= 20 else None  # int() of 4300+ digits would raise, and no id is that long
     if number is None or not 1 <= number < 2**63:
         shown = text if len(text) <= 24 else f"{text[:21]}..."
-        raise tornado.web.HTTPError(404, f"There is no job {shown}: job ids are the numbers %jobs shows.")
+        raise NotFound(f"There is no job {shown}: job ids are the numbers %jobs shows.")
     return number
 
 
@@ -171,7 +191,7 @@ def _call_job(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except JobError as error:  # no such job: its message says so
-        raise tornado.web.HTTPError(404, str(error)) from None
+        raise NotFound(str(error)) from None
 
 
 def setup_handlers(web_app: Any) -> None:

@@ -59,7 +59,8 @@ async def test_a_job_id_past_any_job_is_a_404_with_a_json_message(jp_fetch, tmp_
                            body=b"{}" if method == "POST" else None)
         assert missing.value.code == 404
         message = _strict(missing.value.response.body)["message"]
-        assert message.startswith("There is no job ") and len(message) < 300
+        assert message.startswith("There is no job ") and message.endswith(" the numbers %jobs shows.")
+        assert len(message) < 300
 
 
 async def test_a_damaged_job_store_is_named_while_pools_and_gpus_still_answer(jp_fetch, tmp_path, monkeypatch,

@@ -167,10 +167,13 @@ class ImageDatastore(Dataset):
             counts[label] += 1
         return counts
 
-    def subset(self, indices: Iterable[int] | Iterable[bool] | torch.Tensor) -> ImageDatastore:
-        """A datastore of the items at `indices` (same classes, so label indices stay comparable).
+    def subset(self, indices: Iterable[int] | Iterable[bool] | torch.Tensor,
+               drop_unused_classes: bool = False) -> ImageDatastore:
+        """A datastore of the items at `indices`, with the same classes (label indices stay comparable).
 
-        `indices` are item numbers, or, as in MATLAB, a logical mask with one True/False per item.
+        `indices` are item numbers, or, as in MATLAB, a logical mask with one True/False per item. Classes left
+        without items stay (counted 0), as in MATLAB; drop_unused_classes=True removes them and renumbers the
+        labels (see `remove_unused_classes`), so a network with one output per remaining class can train on it.
         """
         values = list(indices.tolist() if hasattr(indices, "tolist") else indices)  # tensors and numpy arrays
         if values and all(isinstance(v, bool | np.bool_) for v in values):
@@ -183,7 +186,20 @@ class ImageDatastore(Dataset):
         if outside:
             raise DatastoreError(f"subset: indices {outside[:5]} are outside the {len(self)} items.")
         labels = [self.labels[i] for i in chosen] if self.labels is not None else None
-        return self._from_parts([self.files[i] for i in chosen], labels, list(self.classes), self.on_error)
+        chosen_part = self._from_parts([self.files[i] for i in chosen], labels, list(self.classes), self.on_error)
+        return chosen_part.remove_unused_classes() if drop_unused_classes else chosen_part
+
+    def remove_unused_classes(self) -> ImageDatastore:
+        """A datastore of the same items whose `classes` are only those with images (MATLAB's removecats).
+
+        The remaining classes keep their order and their label indices are renumbered 0..k-1, so item labels,
+        `classes` and `count_each_label()` agree. Returns a new datastore; this one is unchanged.
+        """
+        if self.labels is None:
+            raise DatastoreError("remove_unused_classes: this datastore has no labels (label_source='none').")
+        used = set(self.labels)
+        classes = [name for name in self.classes if name in used]
+        return self._from_parts(list(self.files), list(self.labels), classes, self.on_error)
 
     def shuffle(self, seed: int | None = None) -> ImageDatastore:
         """A datastore with the same items in a random order (reproducible with `seed`)."""
@@ -222,12 +238,11 @@ class ImageDatastore(Dataset):
         return tuple(self.subset(sorted(p) if not randomize else p) for p in parts)
 
     def preview(self, n: int = 16, columns: int | None = None) -> Any:
-        """A labelled montage of the first `n` images (a PIL image: it displays in a notebook)."""
-        from nbscale.data.montage import montage
+        """A labelled montage of `n` images taken in turn from each class (a PIL image: it displays in a notebook)."""
+        from nbscale.data.montage import montage, spread_over_classes
 
-        count = min(n, len(self))
         images, captions = [], []
-        for i in range(count):
+        for i in spread_over_classes(self.labels, min(n, len(self))):
             raw, read = self.read_raw(i)
             images.append(to_float(raw))
             captions.append(self.labels[read] if self.labels is not None else Path(self.files[read]).name)

@@ -55,7 +55,7 @@ def train(
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
         check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
-    seed = int(resume["seed"]) if resume is not None else int(torch.randint(2**31 - 1, (1,)).item())
+    seed = int(resume["seed"]) if resume is not None else draw_seed()
 
     info, stop = TrainingInfo(), StopSignal()
     channel = _listen(options, info, stop)
@@ -110,6 +110,11 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)
     return dataset, options, loss_fn
+
+
+def draw_seed() -> int:
+    """The seed of a run's data order, drawn from torch's random stream (so torch.manual_seed fixes it)."""
+    return int(torch.randint(2**31 - 1, (1,)).item())
 
 
 def _as_options(options: Any) -> TrainingOptions:

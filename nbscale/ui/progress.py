@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
-from nbscale.ui.progress_figure import ProgressFigure, smoothed
+from nbscale.ui.progress_figure import ProgressFigure, is_drop, smoothed
 
 
 class TrainingProgress:
@@ -26,7 +26,7 @@ class TrainingProgress:
         self.start: TrainingStarted | None = None
         self.columns: dict[str, list[float]] = {k: [] for k in (
             "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
-            "val_iteration", "val_loss", "val_accuracy")}
+            "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate")}
         self.last: IterationDone | None = None
         self.state = "Starting"
         self.next_draw = 0.0
@@ -67,6 +67,10 @@ class TrainingProgress:
             c["val_loss"].append(event.validation_loss)
             c["val_accuracy"].append(100.0 * event.validation_accuracy
                                      if event.validation_accuracy is not None else float("nan"))
+        if is_drop(c["learn_rate"][-2:], event.learn_rate):
+            c["drop_iteration"].append(event.iteration)
+            c["drop_rate"].append(event.learn_rate)
+        c["learn_rate"].append(event.learn_rate)
         self.last = event
 
     # ---- display ---------------------------------------------------------------------------------------------

@@ -168,22 +168,23 @@ def _last_layer(model: nn.Module) -> nn.Module | None:
     return module
 
 
-def label_range(dataset: Any, first_item: Any) -> tuple[int, int] | None:
+def label_range(dataset: Any, first_item: Any, ignore_index: int = -100) -> tuple[int, int] | None:
     """(smallest, largest) label index of `dataset`, read without reading its inputs, or None when unknown.
 
     Known for a TensorDataset of (inputs, labels), a datastore (`classes` and `labels` by name), a torchvision
     dataset (`targets`) and a torch Subset of one of them; other datasets give their first item's label.
+    Labels equal to `ignore_index` (cross-entropy skips them) are left out.
     """
     indices = _label_indices(dataset)
     if indices is None:
         try:
-            label = torch.as_tensor(first_item[1]) if first_item is not None else None
+            indices = torch.as_tensor(first_item[1])[None] if first_item is not None else None
         except (TypeError, ValueError, RuntimeError):
             return None
-        if label is None or label.ndim != 0 or label.is_floating_point():
-            return None
-        return int(label), int(label)
-    if indices.numel() == 0 or indices.is_floating_point() or indices.ndim != 1:
+    if indices is None or indices.ndim != 1 or indices.is_floating_point() or indices.is_complex():
+        return None
+    indices = indices[indices != ignore_index]
+    if indices.numel() == 0:
         return None
     return int(indices.min()), int(indices.max())
 
@@ -207,10 +208,12 @@ def _label_indices(dataset: Any) -> torch.Tensor | None:
     return None
 
 
-def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Dataset, Any]]) -> None:
+def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Dataset, Any]],
+                  ignore_index: int = -100) -> None:
     """The labels of every dataset in `data` ((name, dataset, first item) triples) must be class indices the
     network has outputs for, and datasets that name their classes must name the same ones (MATLAB checks the
-    class count against the output size too). OptionsError naming both counts and the fix."""
+    class count against the output size too). OptionsError naming both counts and the fix. Labels equal to the
+    loss's `ignore_index` are allowed."""
     found = network_outputs(model, first_item[0])
     named = [(what, list(getattr(dataset, "classes", None) or [])) for what, dataset, _ in data]
     named = [(what, classes) for what, classes in named if classes]
@@ -222,7 +225,7 @@ def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Datas
                            "the same classes (split them from one datastore; drop unused classes from both or from "
                            "neither).")
     for what, dataset, item in data:
-        labels = label_range(dataset, item)
+        labels = label_range(dataset, item, ignore_index)
         if labels is not None and labels[0] < 0:
             raise OptionsError(f"{what} has label {labels[0]}, but cross-entropy takes class indices 0, 1, ...: "
                                "give labelled data (an ImageDatastore with label_source='foldernames'), or pass "

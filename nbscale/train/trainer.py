@@ -104,7 +104,7 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
         labelled = [("train_data", dataset, first_item)]
         if validation is not None:
             labelled.append(("validation_data", validation, first_validation_item))
-        check_classes(model, first_item, labelled)
+        check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
     if loss_fn is None:
         loss_fn = nn.CrossEntropyLoss()
     if validation is not options.validation_data:

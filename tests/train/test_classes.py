@@ -172,3 +172,14 @@ def test_preview_takes_images_from_every_class(digit_files: ImageDatastore, tmp_
     assert len({tiles[:, 96 * k: 96 * (k + 1)].tobytes() for k in range(10)}) == 10
     augmented = AugmentedImageDatastore((8, 8), digit_files).preview(10, columns=10)
     assert np.array_equal(np.array(augmented), np.array(picture))
+
+
+def test_labels_the_loss_ignores_are_not_refused() -> None:
+    labels = TRAIN[1].clone()
+    labels[::7] = -100  # cross-entropy's ignore_index: padding, unlabelled items
+    nbscale.train(nn.Linear(64, 10), (TRAIN[0], labels), quiet(mini_batch_size=100))
+    labels[::7] = -1
+    nbscale.train(nn.Linear(64, 10), (TRAIN[0], labels), quiet(mini_batch_size=100),
+                  loss_fn=nn.CrossEntropyLoss(ignore_index=-1))
+    with pytest.raises(OptionsError, match="train_data has label -1"):
+        nbscale.train(nn.Linear(64, 10), (TRAIN[0], labels), quiet(mini_batch_size=100))

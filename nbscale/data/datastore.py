@@ -69,7 +69,7 @@ def _list_url(location: str, include_subfolders: bool) -> list[str]:
         import fsspec
     except ImportError as error:
         raise DatastoreError(f"ImageDatastore: reading {location!r} needs fsspec (and the filesystem's package, "
-                             "e.g. s3fs for s3://): pip install fsspec s3fs") from error
+                             "e.g. s3fs for s3://): pip install 'nbscale[s3]'") from error
     filesystem, root = fsspec.core.url_to_fs(location)
     if filesystem.isfile(root):
         return [location]

@@ -103,3 +103,24 @@ def test_a_smooth_schedule_is_not_marked_and_many_epochs_get_few_labels() -> Non
                                        "val_iteration", "val_loss", "val_accuracy")})
     labels = [t.get_text() for t in figure.figure.axes[0].child_axes[0].get_xticklabels()]
     assert 5 <= len(labels) <= 12 and labels[0] == "1"
+
+
+@pytest.mark.slow
+def test_a_train_cell_in_a_real_kernel_ends_with_the_matlab_style_figure(kernel) -> None:
+    import base64
+
+    from nbscale.ui.progress_figure import _COLOURS, _DROP
+
+    assert kernel.run("""
+import nbscale
+from tests.train.digits import digits, tiny_net
+(train_x, train_y), val = digits()
+opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=4, mini_batch_size=64, verbose=False,
+                               validation_data=val, validation_frequency=10, learn_rate_schedule="piecewise",
+                               learn_rate_drop_period=2, plots="training-progress")
+""").ok
+    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), opts)")
+    assert result.ok, result.text
+    last = base64.b64decode([d["image/png"] for d in result.displays if "image/png" in d][-1])
+    assert _pixels_near(last, _COLOURS["loss"][0], (0.08, 0.55, 0.98, 0.9)) > 100  # the raw loss shows
+    assert _pixels_near(last, _DROP, (0.08, 0.1, 0.98, 0.9)) > 50  # the drop after epoch 2 is marked

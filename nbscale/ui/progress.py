@@ -86,6 +86,7 @@ class TrainingProgress:
             self._click_route = _route_clicks_off_main_thread(self.button)
             if self._click_route is None:
                 _say_stop_needs_the_interrupt(self.button)
+            self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
         self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
         self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
@@ -129,7 +130,23 @@ class TrainingProgress:
                          + ("" if accuracy != accuracy else f", accuracy {accuracy:.2f}%")))
         return rows
 
+    def _close_when_the_cell_ends(self) -> None:
+        """A run that fails sends no TrainingDone: the cell's end removes the button and its subshell then."""
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            shell.events.register("post_run_cell", self._on_cell_end)
+            self._shell = shell
+
+    def _on_cell_end(self, _result: Any = None) -> None:
+        self._close_button()
+
     def _close_button(self) -> None:
+        shell = getattr(self, "_shell", None)
+        if shell is not None:
+            shell.events.unregister("post_run_cell", self._on_cell_end)
+            self._shell = None
         if self.button is not None:
             self.button.close()
             self.button = None

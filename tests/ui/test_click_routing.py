@@ -66,3 +66,21 @@ def test_outside_a_kernel_nothing_is_routed_and_the_stop_button_says_to_interrup
     assert _route_clicks_off_main_thread(button) is None
     _say_stop_needs_the_interrupt(button)
     assert isinstance(button, ipywidgets.Button) and button.disabled and "interrupt" in button.description
+
+
+def test_a_training_that_fails_removes_its_stop_button_and_subshell(kernel) -> None:
+    assert kernel.run("""
+import nbscale
+from tests.train.digits import digits, tiny_net
+(train_x, train_y), val = digits()
+def failing_loss(outputs, labels):
+    raise RuntimeError("the loss broke")
+""").ok
+    failed = kernel.run("""
+nbscale.train(tiny_net(), (train_x, train_y), nbscale.TrainingOptions("sgdm", max_epochs=1, verbose=False,
+              plots="training-progress"), loss_fn=failing_loss)
+""")
+    assert failed.error_value == "the loss broke"
+    assert {"text/plain": ""} in failed.displays  # the button was replaced by nothing
+    left = kernel.run("print(get_ipython().kernel.shell_channel_thread.manager.list_subshell())")
+    assert left.stdout.strip() == "[]", left.text

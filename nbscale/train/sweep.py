@@ -18,7 +18,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError
 from nbscale.train.options import TrainingOptions, field_names
-from nbscale.train.runs import TrainingRun, fresh_model, train_async
+from nbscale.train.runs import TrainingRun, fresh_model, seeded_model, train_async
 
 
 def grid_combinations(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -133,7 +133,7 @@ def _rank_key(run: TrainingRun) -> tuple[int, float]:
 def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, options: TrainingOptions | None = None,
           grid: dict[str, Sequence[Any]] | None = None, pool: Any = None,
           loss_fn: Callable[..., Any] | None = None, val_data: Any = None, wait: bool = True,
-          show: bool | None = None) -> SweepResult:
+          show: bool | None = None, seed: int | None = None) -> SweepResult:
     """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
 
     `make_model()` builds a fresh network per run (or pass a network: each run starts from a copy of it).
@@ -141,6 +141,12 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
     run starts (OptionsError). In a notebook a live figure compares the runs, with a Cancel button per run, and
     ends with the results table, best first. `wait=False` returns at once; `result.wait()` blocks later.
     Returns a SweepResult holding every run's net and info; failed runs keep their error (`run.error`).
+
+    `seed` (an int) makes the sweep reproducible: every run starts as `torch.manual_seed(seed); net =
+    make_model()` and draws its data order, augmentation and dropout as `nbscale.train(net, ...)` does next, so
+    all runs start from the same weights, the same seed gives the same results, and run k is reproduced by
+    `torch.manual_seed(seed); nbscale.train(make_model(), train_data, result[k].options)` on the same kind of
+    device. None: every run draws its own.
     """
     from nbscale.pool.pool import current_pool
     from nbscale.train.trainer import _as_options, _in_notebook, checked_inputs
@@ -150,12 +156,18 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
         base = base.replace(validation_data=val_data)
     combinations = grid_combinations(grid if grid is not None else {})
     run_options = [base.replace(**params) for params in combinations]  # every combination checked first
-    models = [fresh_model(make_model) for _ in combinations]
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise OptionsError(f"seed={seed!r} must be a whole number from 0 to 2**63 - 1 (as torch.manual_seed takes), "
+                           "or None for a different start in every run.")
+    seeded = [seeded_model(make_model, seed) for _ in combinations] if seed is not None else \
+        [(fresh_model(make_model), None) for _ in combinations]
+    models = [model for model, _ in seeded]
     # a bad input fails here, before a pool starts; the runs get the data as checked (labels converted once)
     train_data = checked_inputs(models[0], train_data, base, loss_fn)[0]
     pool = pool if pool is not None else current_pool(start=True)
-    runs = [train_async(model, train_data, opts, loss_fn=loss_fn, pool=pool, name=f"#{index + 1}", params=params)
-            for index, (model, opts, params) in enumerate(zip(models, run_options, combinations, strict=True))]
+    runs = [train_async(model, train_data, opts, loss_fn=loss_fn, pool=pool, name=f"#{index + 1}", params=params,
+                        seeded=start)
+            for index, ((model, start), opts, params) in enumerate(zip(seeded, run_options, combinations, strict=True))]
     result = SweepResult(runs)
     if show if show is not None else _in_notebook():
         from nbscale.ui.sweep_display import SweepDisplay

@@ -19,7 +19,14 @@ from torch import nn
 
 from nbscale.errors import OptionsError
 from nbscale.train.checkpoint import load_checkpoint
-from nbscale.train.checks import check_items, check_model, check_resume, with_class_labels
+from nbscale.train.checks import (
+    check_classes,
+    check_items,
+    check_model,
+    check_resume,
+    is_class_loss,
+    with_class_labels,
+)
 from nbscale.train.events import EventChannel, IterationDone, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset, split_batch
@@ -48,7 +55,7 @@ def train(
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
         check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
-    seed = int(resume["seed"]) if resume is not None else int(torch.randint(2**31 - 1, (1,)).item())
+    seed = int(resume["seed"]) if resume is not None else draw_seed()
 
     info, stop = TrainingInfo(), StopSignal()
     channel = _listen(options, info, stop)
@@ -77,7 +84,8 @@ def train(
 def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any) -> tuple[Any, TrainingOptions, Any]:
     """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.train.checks).
 
-    With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64.
+    With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64; with a
+    class loss (that one, CrossEntropyLoss, NLLLoss) the labels must fit the network's outputs (check_classes).
     """
     check_model(model)
     dataset = as_dataset(train_data)
@@ -92,10 +100,21 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
         dataset = with_class_labels(dataset, "train_data", first_item)
         if validation is not None:
             validation = with_class_labels(validation, "validation_data", first_validation_item)
+    if is_class_loss(loss_fn):  # labels are class indices: the network needs an output for each class
+        labelled = [("train_data", dataset, first_item)]
+        if validation is not None:
+            labelled.append(("validation_data", validation, first_validation_item))
+        check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
+    if loss_fn is None:
         loss_fn = nn.CrossEntropyLoss()
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)
     return dataset, options, loss_fn
+
+
+def draw_seed() -> int:
+    """The seed of a run's data order, drawn from torch's random stream (so torch.manual_seed fixes it)."""
+    return int(torch.randint(2**31 - 1, (1,)).item())
 
 
 def _as_options(options: Any) -> TrainingOptions:

@@ -45,7 +45,7 @@ def run_row(run: TrainingRun) -> dict[str, Any]:
     elapsed = f"{info.time[-1]:.2f} s" if info.time else ""
     return {
         "run": run.name,
-        "options": ", ".join(f"{k}={v}" for k, v in run.params.items()),
+        "options": _options_text(run),
         "state": run.state,
         "epoch": f"{info.epoch[-1]} of {info.max_epochs}" if info.epoch else "",
         "iteration": f"{info.iteration[-1]} of {total}" if info.iteration else "",
@@ -55,6 +55,28 @@ def run_row(run: TrainingRun) -> dict[str, Any]:
         "elapsed": elapsed,
         "error": _last_line(run.error) if run.state == "failed" else "",
     }
+
+
+# options that do not shape a run on one worker, or are no short value: left out of the options column
+_NOT_SHOWN = ("validation_data", "output_fn", "plots", "verbose", "verbose_frequency", "execution_environment",
+              "worker_load")
+_ALWAYS_SHOWN = ("solver", "initial_learn_rate", "mini_batch_size", "max_epochs")
+
+
+def _options_text(run: TrainingRun) -> str:
+    """What a run trains with: the grid's values for a sweep's run; for a single run (`nbscale.show(run)`),
+    the main options and every other one set away from its default."""
+    if run.params:
+        return ", ".join(f"{k}={v}" for k, v in run.params.items())
+    options = getattr(run, "options", None)
+    if options is None:
+        return ""
+    from nbscale.train.options import TrainingOptions, field_names
+
+    defaults = TrainingOptions(options.solver)
+    changed = [name for name in field_names() if name not in _ALWAYS_SHOWN + _NOT_SHOWN
+               and getattr(options, name) != getattr(defaults, name)]
+    return ", ".join(f"{name}={getattr(options, name)}" for name in (*_ALWAYS_SHOWN, *changed))
 
 
 class SweepTable:

@@ -52,6 +52,10 @@ def test_worker_load_weights_the_split_and_zero_sits_out(pool: nbscale.Pool, loa
     net, info = trained(execution_environment="parallel", worker_load=load)
     assert same(alone, net)
     assert info.hardware.startswith("1 worker" if 0 in load else "2 workers")
+    if 0 in load:  # the info panel says which worker sat out
+        assert info.hardware.endswith(f"; worker {load.index(0)} sits out (worker_load 0)")
+    else:
+        assert "sits out" not in info.hardware
 
 
 def test_an_error_on_a_worker_names_the_rank(pool: nbscale.Pool) -> None:

@@ -113,10 +113,8 @@ def sweep(
 
 def in_notebook() -> bool:
     """Whether this runs in a Jupyter kernel (where figures and widgets can show)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a dependency
-        return False
+    from IPython import get_ipython
+
     shell = get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
 

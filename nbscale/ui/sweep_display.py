@@ -90,16 +90,14 @@ class SweepDisplay:
         """Display the figure, the table and the buttons, and start redrawing as the runs train."""
         from IPython.display import display
 
-        box = self._button_box()
-        if box is not None:
-            self.buttons_handle = display(box, display_id=True)
-            from nbscale.ui.progress import _route_clicks_off_main_thread
+        from nbscale.ui.progress import _route_clicks_off_main_thread
 
-            for buttons in self.buttons.values():
-                for button in buttons:  # clicks are handled even while a blocking sweep holds the cell
-                    undo = _route_clicks_off_main_thread(button)
-                    if undo is not None:
-                        self._undo_routes.append(undo)
+        self.buttons_handle = display(self._button_box(), display_id=True)
+        for buttons in self.buttons.values():
+            for button in buttons:  # clicks are handled even while a blocking sweep holds the cell
+                undo = _route_clicks_off_main_thread(button)
+                if undo is not None:
+                    self._undo_routes.append(undo)
         self.table_handle = display(_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True,
                                     display_id=True)
         self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
@@ -122,7 +120,7 @@ class SweepDisplay:
                 started = time.perf_counter()
                 self.draw()
                 pause_until = time.perf_counter() + max(self.min_interval, 20 * (time.perf_counter() - started))
-                while time.perf_counter() < pause_until and not self.finished:  # draws take <= 5% of the time
+                while time.perf_counter() < pause_until and not self.finished:  # drawing takes at most a twentieth of the time
                     time.sleep(0.1)
         self.finish()
 
@@ -159,10 +157,7 @@ class SweepDisplay:
     # ---- buttons ---------------------------------------------------------------------------------------------
 
     def _button_box(self) -> Any:
-        try:
-            import ipywidgets
-        except ImportError:  # pragma: no cover - ipywidgets is a dependency
-            return None
+        import ipywidgets
         rows = []
         for run in self.runs:
             cancel = ipywidgets.Button(description=f"Cancel {run.name}", icon="times", button_style="warning",

@@ -1,19 +1,18 @@
 """nbscale: train PyTorch networks from a notebook on a CPU, a GPU, every GPU of a machine, or a cluster.
 
-`import nbscale` is cheap and starts nothing: no pool, no CUDA. The names that need torch (inference, sweeps,
-data, models) load it on first use, since importing torch takes seconds; editors see them all (TYPE_CHECKING).
+`import nbscale` is cheap and starts nothing: no pool, no CUDA. What needs torch (inference, train_async, the data
+and models packages) loads on first use, since importing torch takes seconds; so does the jobs package, which
+only %%batch and nbscale.jobs need. Editors see every name (the TYPE_CHECKING imports below).
 `%load_ext nbscale` registers the magics (`%pool`, `%%spmd`, `%%train`, `%gpu`, `%%batch`, `%jobs`).
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
 import nbscale.train as _train_package
-from nbscale import jobs
 from nbscale.errors import (
     DatastoreError,
     JobError,
@@ -37,7 +36,7 @@ from nbscale.ui.options_form import options_form
 from nbscale.ui.renderers import register_renderers
 
 if TYPE_CHECKING:
-    from nbscale import data, models
+    from nbscale import data, jobs, models
     from nbscale.inference import accuracy, activations, classify, confusion_chart, predict
     from nbscale.notebook import train
     from nbscale.train.runs import train_async
@@ -90,9 +89,9 @@ class _TrainPackage(types.ModuleType):
 
 
 _train_package.__class__ = _TrainPackage
-_train_package.__signature__ = inspect.signature(_train)  # type: ignore[attr-defined]
+_train_package.__wrapped__ = _train  # type: ignore[attr-defined]  # inspect.signature and `nbscale.train?` show its
 
-# names whose modules import torch: loaded on first use (PEP 562)
+# loaded on first use (PEP 562): these modules import torch
 _NEED_TORCH: dict[str, str] = {
     "classify": "nbscale.inference",
     "predict": "nbscale.inference",
@@ -101,13 +100,13 @@ _NEED_TORCH: dict[str, str] = {
     "confusion_chart": "nbscale.inference",
     "train_async": "nbscale.train.runs",
 }
-_SUBPACKAGES_NEEDING_TORCH = {"data", "models"}
+_SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _NEED_TORCH:
         return getattr(importlib.import_module(_NEED_TORCH[name]), name)
-    if name in _SUBPACKAGES_NEEDING_TORCH:
+    if name in _SUBPACKAGES_ON_FIRST_USE:
         return importlib.import_module(f"nbscale.{name}")
     raise AttributeError(f"module 'nbscale' has no attribute {name!r}")
 

@@ -1,8 +1,24 @@
-"""Argument types the magics share: comma-separated indices and KEY=VALUE environment pairs."""
+"""What the magics share: their line split as a shell would, comma-separated indices, KEY=VALUE pairs."""
 
 from __future__ import annotations
 
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+
 from nbscale.errors import NbscaleError, PoolError
+
+
+def parse_line(magic: Any, line: str) -> argparse.Namespace:
+    """`line` parsed with `magic`'s magic_arguments parser, split as a shell splits it: quotes group words and
+    are removed (`--env "GREETING=hello world"`), which IPython's own splitting keeps."""
+    try:
+        argv = shlex.split(line)
+    except ValueError as error:  # an unclosed quote
+        raise UsageError(f"{line.strip()!r}: {error}; close the quote.") from None
+    return magic.parser.parse_args(argv)
 
 
 def int_list(text: str) -> list[int]:

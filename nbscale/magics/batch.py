@@ -8,7 +8,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from nbscale import jobs
 from nbscale.cellvars import names_assigned
 from nbscale.errors import JobError
-from nbscale.magics.arguments import env_pairs
+from nbscale.magics.arguments import env_pairs, parse_line
 from nbscale.ui.jobs_table import JobsTable
 
 
@@ -30,7 +30,7 @@ class BatchMagics(Magics):
     @cell_magic
     def batch(self, line: str, cell: str) -> None:
         """Run the cell as a detached job that outlives this kernel; variables it reads are sent along."""
-        args = parse_argstring(self.batch, line)
+        args = parse_line(self.batch, line)
         job = jobs.submit(
             cell, name=args.name, pool=args.pool, namespace=self.shell.user_ns, env=env_pairs(args.env, JobError),
             cluster=args.cluster,

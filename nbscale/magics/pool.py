@@ -8,7 +8,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbscale.errors import PoolError
-from nbscale.magics.arguments import env_pairs, int_list
+from nbscale.magics.arguments import env_pairs, int_list, parse_line
 from nbscale.pool.pool import Pool, current_pool, take_shutdown_notice
 
 _ACTIONS = ("start", "status", "stop", "restart")
@@ -37,7 +37,7 @@ class PoolMagics(Magics):
     @line_magic
     def pool(self, line: str) -> Any:
         """Start, show, stop or restart the worker pool."""
-        args = parse_argstring(self.pool, line)
+        args = parse_line(self.pool, line)
         if args.action not in _ACTIONS:
             raise PoolError(f"Unknown %pool action {args.action!r}: use one of {', '.join(_ACTIONS)}.")
         if args.action != "start" and (args.n is not None or args.gpus is not None or args.cpu or args.cluster

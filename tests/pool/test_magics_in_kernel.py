@@ -69,7 +69,16 @@ def test_bad_input_gets_one_clear_line(kernel):
     assert "unrecognized arguments: --bogus" in kernel.run("%pool start --bogus").text
     assert "at least one worker" in kernel.run("%pool start 0").traceback
     assert "does not exist" in kernel.run("%pool start --gpus 9").traceback
-    kernel.run("%pool start 1 --cpu")
+    assert "--gpus lists no GPU: give indices such as --gpus 0,2" in kernel.run("%pool start --gpus ,").traceback
+    assert "between 0 and 525,600 minutes" in kernel.run("%pool start 1 --cpu --idle-timeout inf").traceback
+    assert "must be a number of minutes" in kernel.run("%pool start 1 --cpu --idle-timeout nan").traceback
+    assert "--idle-timeout x: give minutes as a number" in kernel.run("%pool start 1 --cpu --idle-timeout x").traceback
+    assert "holds a NUL byte" in kernel.run('%pool start 1 --cpu --env "TOKEN=a\x00b"').traceback
+    assert "100,000 workers is more than a pool can hold" in kernel.run("%pool start 100000").traceback
+    assert "No pool is running" in kernel.run("%pool status").stdout  # none of the above started one
+    assert "No closing quotation; close the quote" in kernel.run('%pool start 1 --cpu --env "GREETING=hello').text
+    assert kernel.run('%pool start 1 --cpu --env "GREETING=hello world"').ok  # quotes group words, as in a shell
+    assert "[0] hello world" in kernel.run("%%spmd\nimport os\nprint(os.environ['GREETING'])").stdout
     assert "already running" in kernel.run("%pool start 1 --cpu").traceback
     kernel.run("import threading\nlock = threading.Lock()")
     unpicklable = kernel.run("%%spmd\nprint(lock)")

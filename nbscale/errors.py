@@ -11,6 +11,10 @@ class PoolError(NbscaleError):
     """The worker pool cannot do what was asked (not started, already running, dead worker, bad flag)."""
 
 
+class UnsendableError(PoolError):
+    """A function or value cannot be sent to the workers (it cannot be pickled); the message names it."""
+
+
 class WorkerError(NbscaleError):
     """Code failed on one or more workers; the message holds each failing rank's traceback."""
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, overload
 
 from nbscale.errors import NbscaleError
+from nbscale.rendering import Rendered
 
 NO_DRIVER = "No GPU: the NVIDIA driver was not found on this machine."
 NO_NVML = "No GPU: nvidia-ml-py (pynvml) is not installed, so GPUs cannot be listed."
@@ -60,8 +61,9 @@ class GpuInfo:
         return asdict(self)
 
 
-class GpuList(Sequence[GpuInfo]):
-    """The GPUs of `gpus()`: a sequence of GpuInfo, shown as a table (HTML in notebooks, text elsewhere).
+class GpuList(Rendered, Sequence[GpuInfo]):
+    """The GPUs of `gpus()`: a sequence of GpuInfo, shown as a table (HTML in notebooks, text elsewhere; the
+    tables are nbscale.ui.gpu_table's).
 
     Empty when there is no GPU; `message` then says why in one line.
     """
@@ -86,16 +88,6 @@ class GpuList(Sequence[GpuInfo]):
     def to_dict(self) -> dict[str, Any]:
         """`{"gpus": [...], "message": str | None}`, what the Jupyter server extension serves."""
         return {"gpus": [gpu.to_dict() for gpu in self._items], "message": self.message}
-
-    def __repr__(self) -> str:
-        from nbscale.ui.gpu_table import gpu_text
-
-        return gpu_text(self)
-
-    def _repr_html_(self) -> str:
-        from nbscale.ui.gpu_table import gpu_html
-
-        return gpu_html(self)
 
 
 def gpus() -> GpuList:

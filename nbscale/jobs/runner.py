@@ -21,10 +21,10 @@ from typing import Any
 
 import cloudpickle
 
+from nbscale.cellvars import names_assigned
 from nbscale.jobs import process
 from nbscale.jobs.files import write_atomic
 from nbscale.jobs.store import JobStore
-from nbscale.pool.cellvars import names_assigned
 
 
 class CellFailed(Exception):

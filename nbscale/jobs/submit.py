@@ -11,12 +11,12 @@ from typing import Any
 
 import cloudpickle
 
+from nbscale.cellvars import names_read
 from nbscale.errors import JobError
 from nbscale.jobs import process, ray_jobs
 from nbscale.jobs.files import open_private, write_atomic
 from nbscale.jobs.job import Job
 from nbscale.jobs.store import JobStore
-from nbscale.pool.cellvars import names_read
 
 # IPython's bookkeeping names (history: _i, _ii, _i3, _3, _oh, ...): never sent
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___"})

@@ -1,4 +1,4 @@
-"""Which devices a pool's workers get: one per GPU, or CPU workers."""
+"""Which devices a local pool's workers get: one per GPU, or CPU workers."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 from nbscale.errors import PoolError
 
 MAX_DEFAULT_CPU_WORKERS = 4
+CPU_WORKERS_PER_CORE = 4  # each CPU worker is a process with its own torch: more per core only slows each down
 
 
 def visible_gpu_ids() -> list[str]:
@@ -20,12 +21,11 @@ def visible_gpu_ids() -> list[str]:
     return [gpu.uuid or str(gpu.nvml_index) for gpu in gpus()]
 
 
-def plan_devices(n: int | None, gpus: list[int] | None, cpu: bool) -> list[str | None]:
-    """One entry per worker: the CUDA_VISIBLE_DEVICES value of its GPU, or None for a CPU worker."""
-    if n is not None and (not isinstance(n, int) or n < 1):
-        raise PoolError(f"A pool needs at least one worker, not {n!r}: use %pool start N with N >= 1.")
-    if cpu and gpus:
-        raise PoolError("--cpu and --gpus contradict each other: give one of them.")
+def plan_devices(n: int | None, gpus: tuple[int, ...] | None, cpu: bool) -> list[str | None]:
+    """One entry per worker: the CUDA_VISIBLE_DEVICES value of its GPU, or None for a CPU worker.
+
+    `n`, `gpus` and `cpu` are checked PoolSettings fields; this checks them against the machine.
+    """
     visible = [] if cpu else visible_gpu_ids()
     if gpus:
         missing = [index for index in gpus if not 0 <= index < len(visible)]
@@ -35,8 +35,6 @@ def plan_devices(n: int | None, gpus: list[int] | None, cpu: bool) -> list[str |
                 f"GPU {', '.join(map(str, missing))} does not exist: this machine shows {have}. "
                 "Pick indices from %gpu, or start CPU workers with --cpu."
             )
-        if n is not None and n != len(gpus):
-            raise PoolError(f"--gpus lists {len(gpus)} GPUs but N is {n}: one worker runs per listed GPU.")
         return [visible[index] for index in gpus]
     if visible:
         if n is not None and n > len(visible):
@@ -45,4 +43,10 @@ def plan_devices(n: int | None, gpus: list[int] | None, cpu: bool) -> list[str |
                 "Use N <= the GPU count, or add --cpu for CPU workers."
             )
         return list(visible[: n or len(visible)])
-    return [None] * (n or min(os.cpu_count() or 1, MAX_DEFAULT_CPU_WORKERS))
+    cores = os.cpu_count() or 1
+    if n is not None and n > CPU_WORKERS_PER_CORE * cores:
+        raise PoolError(
+            f"{n} CPU workers on {cores} CPU cores: at most {CPU_WORKERS_PER_CORE * cores} ({CPU_WORKERS_PER_CORE} per "
+            "core) start here, each slower the more there are. Ask for fewer, or use --cluster for more machines."
+        )
+    return [None] * (n or min(cores, MAX_DEFAULT_CPU_WORKERS))

@@ -19,7 +19,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+
+from nbscale.pool.protocol import WorkerConfig
 
 _PR_SET_PDEATHSIG = 1
 
@@ -31,7 +32,7 @@ def _die_with_parent() -> None:
         pass  # not Linux: the channel's EOF still ends the worker
 
 
-def _fork_worker(config: dict[str, Any]) -> int:
+def _fork_worker(config: WorkerConfig) -> int:
     pid = os.fork()
     if pid:
         return pid
@@ -40,7 +41,7 @@ def _fork_worker(config: dict[str, Any]) -> int:
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.environ.update(config.get("env", {}))
+        os.environ.update(config.env)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         from nbscale.pool.worker import serve
@@ -73,7 +74,7 @@ def main() -> None:
 
     import nbscale.pool.worker  # noqa: F401 - and the worker code with torch.distributed
 
-    children = {_fork_worker(config) for config in request["workers"]}
+    children = {_fork_worker(WorkerConfig.from_json(config)) for config in request["workers"]}
 
     def watch_kernel() -> None:
         sys.stdin.read()  # returns at EOF: the pool was closed or the kernel is gone

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from platformdirs import user_config_path
+
 from nbscale.errors import PoolError
 
 BACKENDS = ("ray",)
@@ -42,11 +44,12 @@ class ClusterProfile:
 
 
 def profiles_path() -> Path:
+    """`$NBSCALE_PROFILES`, else profiles.toml in the user's config folder (`$XDG_CONFIG_HOME/nbscale`, by default
+    ~/.config/nbscale, on Linux)."""
     override = os.environ.get("NBSCALE_PROFILES")
     if override:
         return Path(override)
-    config_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
-    return config_home / "nbscale" / "profiles.toml"
+    return user_config_path("nbscale", appauthor=False) / "profiles.toml"
 
 
 def _looks_like_address(text: str) -> bool:

@@ -1,9 +1,9 @@
 """A pool worker: connects to the kernel, joins the torch.distributed group, and serves requests.
 
-Two threads: the receiver thread reads the channel and handles what must work while the worker is busy
-(Interrupt, RequestStop, StatusQuery, Shutdown, the kernel going away); the main thread runs requests one
-at a time from a queue, through a dispatch table over the protocol's message types.
-Run standalone as `python -m nbscale.pool.worker` with a JSON config line on stdin (the cluster backend),
+Two threads, each a dispatch table over the protocol's message types: the receiver thread reads the channel and
+handles what must work while the worker is busy (Interrupt, RequestStop, StatusQuery, Shutdown, the kernel going
+away) and queues the rest; the main thread runs the queued requests one at a time.
+Run standalone as `python -m nbscale.pool.worker` with a WorkerConfig's JSON line on stdin (the cluster backend),
 or forked from the local forkserver, which calls `serve(config)`.
 """
 
@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,7 +71,7 @@ class _StreamToKernel(io.TextIOBase):
 
 def _user_traceback(error: BaseException) -> str:
     """The traceback without nbscale's own frames and torch's module-call plumbing (nn.Module.__call__,
-    DistributedDataParallel's forward: ~10 frames a layer), so the user sees their cell's and model's lines."""
+    DistributedDataParallel's forward: several frames a layer), so the user sees their cell's and model's lines."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if not f.filename.startswith(_NBSCALE_DIR) and not f.filename.startswith(_TORCH_CALL_PLUMBING)]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
@@ -81,11 +82,11 @@ def _user_traceback(error: BaseException) -> str:
 class Worker:
     """The state of one worker process and its request handlers."""
 
-    def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
+    def __init__(self, channel: Channel, config: p.WorkerConfig) -> None:
         self.channel = channel
-        self.rank: int = config["rank"]
-        self.world_size: int = config["world_size"]
-        self.device = torch.device(config["device"])
+        self.rank = config.rank
+        self.world_size = config.world_size
+        self.device = torch.device(config.device)
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
         self.current_request: int | None = None
@@ -95,13 +96,21 @@ class Worker:
         self.context = WorkerContext(self.rank, self.world_size, self.device, socket.gethostname(), self._emit)
         set_worker_context(self.context)
         self.namespace: dict[str, Any] = {"__name__": "__spmd__", "torch": torch}
-        self.handlers = {
+        # requests, run one at a time on the main thread
+        self.handlers: dict[type, Callable[[Any], Any]] = {
             p.InitGroup: self.init_group,
             p.MakeGroup: self.make_group,
             p.RunCell: self.run_cell,
             p.Call: self.call,
             p.Push: self.push,
             p.Pull: self.pull,
+        }
+        # control messages, handled on the receiver thread at once, even while a request runs
+        self.urgent: dict[type, Callable[[Any], None]] = {
+            p.Interrupt: self.interrupt,
+            p.RequestStop: self.request_stop,
+            p.StatusQuery: self.report_status,
+            p.Shutdown: self.shut_down,
         }
 
     # ---- receiver thread ------------------------------------------------------------------------------------
@@ -116,23 +125,31 @@ class Worker:
                 continue
             except (EOFError, OSError):
                 os._exit(0)
-            if isinstance(message, p.Interrupt) and message.request_id is not None:
-                with self.request_lock:
-                    self.cancelled_requests.add(message.request_id)
-                    if self.current_request == message.request_id:
-                        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            elif isinstance(message, p.Interrupt):
-                if self.busy:
-                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            elif isinstance(message, p.RequestStop):
-                self.context._stop.set()
-            elif isinstance(message, p.StatusQuery):
-                self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory()))
-            elif isinstance(message, p.Shutdown):
-                os._exit(0)
+            handle = self.urgent.get(type(message))
+            if handle is not None:
+                handle(message)
             else:
                 self.busy = True  # set here so an Interrupt right after the request finds it busy
                 self.inbox.put(message)
+
+    def interrupt(self, message: p.Interrupt) -> None:
+        """KeyboardInterrupt in the main thread: for one request (pool.cancel), or whatever runs."""
+        if message.request_id is not None:
+            with self.request_lock:
+                self.cancelled_requests.add(message.request_id)
+                if self.current_request == message.request_id:
+                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        elif self.busy:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def request_stop(self, message: p.RequestStop) -> None:
+        self.context._stop.set()
+
+    def report_status(self, message: p.StatusQuery) -> None:
+        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory()))
+
+    def shut_down(self, message: p.Shutdown) -> None:
+        os._exit(0)
 
     def _refuse(self, unreadable: MessageUnreadable) -> None:
         """Fail a request this worker cannot unpickle (the kernel would otherwise wait for it forever)."""
@@ -207,12 +224,13 @@ class Worker:
             self.channel.send(p.Event(self.current_request, self.rank, payload))
 
     def init_group(self, message: p.InitGroup) -> None:
-        is_master = self.rank == 0
-        store = dist.TCPStore(
-            message.master_addr, message.master_port, message.world_size, is_master=is_master, wait_for_workers=False
-        )
-        if is_master:
+        if self.rank == 0:  # the store listens on master_addr only (loopback for a local pool), not on every interface
+            listening = _listen_on(message.master_addr)
+            store = dist.TCPStore(message.master_addr, listening.getsockname()[1], message.world_size, is_master=True,
+                                  wait_for_workers=False, master_listen_fd=listening.detach())
             self._emit({"store_port": store.port})
+        else:
+            store = dist.TCPStore(message.master_addr, message.master_port, message.world_size, is_master=False)
         options: dict[str, Any] = {}
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -262,13 +280,21 @@ class Worker:
         return {name: self.namespace[name] for name in message.names}
 
 
-def serve(config: dict[str, Any]) -> None:
+def _listen_on(host: str) -> socket.socket:
+    """A listening socket on `host` (a free port), for torch.distributed's store to take over."""
+    family, kind, protocol, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    listening = socket.socket(family, kind, protocol)
+    listening.bind(address)
+    listening.listen(socket.SOMAXCONN)
+    return listening
+
+
+def serve(config: p.WorkerConfig) -> None:
     """Connect, say hello, and serve until the kernel goes away (never returns normally)."""
-    threads = config.get("threads")
-    if threads:
-        torch.set_num_threads(int(threads))
-    channel = connect(tuple(config["address"]), bytes.fromhex(config["secret"]))
-    channel.same_machine = config.get("kernel_machine_id") == machine_id()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    channel = connect(config.kernel_address, bytes.fromhex(config.secret))
+    channel.same_machine = config.kernel_machine_id == machine_id()
     worker = Worker(channel, config)
     sys.stdout = _StreamToKernel(channel, worker.rank, "stdout")
     sys.stderr = _StreamToKernel(channel, worker.rank, "stderr")
@@ -282,8 +308,8 @@ def serve(config: dict[str, Any]) -> None:
 
 def main() -> None:
     """Entry point for `python -m nbscale.pool.worker` (config as one JSON line on stdin)."""
-    config = json.loads(sys.stdin.readline())
-    os.environ.update(config.get("env", {}))
+    config = p.WorkerConfig.from_json(json.loads(sys.stdin.readline()))
+    os.environ.update(config.env)
     serve(config)
 
 

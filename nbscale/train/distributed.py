@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.errors import OptionsError, PoolError, WorkerError
+from nbscale.errors import OptionsError, UnsendableError, WorkerError
 from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.loading import split_batch
@@ -64,10 +64,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
         results = pool.run(train_on_worker, job, on_event=on_event)
     except WorkerError as error:
         raise _training_failure(error, options) from None
-    except PoolError as error:
-        if "could not be sent" in str(error):
-            raise PoolError(_unsendable(job) or str(error)) from None
-        raise
+    except UnsendableError as error:
+        raise UnsendableError(_unsendable(job) or str(error)) from None
     finally:
         stop.on_request.remove(pool.request_stop)
     result = next(r for r in results if r is not None)

@@ -167,9 +167,9 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     random numbers that `nbscale.train` would after `torch.manual_seed(seeded.seed)` and building `model`.
     """
     from nbscale.pool.pool import current_pool
-    from nbscale.train.trainer import _as_options, checked_inputs
+    from nbscale.train.trainer import as_options, checked_inputs
 
-    train_data, options, loss_fn = checked_inputs(model, train_data, _as_options(options), loss_fn)
+    train_data, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
     pool = pool if pool is not None else current_pool(start=True)
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None

@@ -1,8 +1,8 @@
-"""`nbscale.train(model, train_data, options)`: trainNetwork for PyTorch.
+"""Training (trainNetwork for PyTorch), the core that `nbscale.train` calls (nbscale.notebook adds the displays).
 
-Sets up the event channel (info, plot, verbose table, output_fn), turns the kernel interrupt into a Stop at
-the end of the current iteration, then runs the loop in this process ("auto", "cpu", "gpu") or on the pool
-("parallel", "multi-gpu").
+Sets up the event channel (the info first, then the listeners it is given), turns the kernel interrupt into a
+Stop at the end of the current iteration, then runs the loop in this process ("auto", "cpu", "gpu") or on the
+pool ("parallel", "multi-gpu").
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +27,7 @@ from nbscale.train.checks import (
     is_class_loss,
     with_class_labels,
 )
-from nbscale.train.events import EventChannel, IterationDone, StopSignal
+from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset, split_batch
 from nbscale.train.loop import LoopSetup, run_training
@@ -42,23 +42,32 @@ def train(
     options: TrainingOptions | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     resume_from: str | os.PathLike[str] | None = None,
+    *,
+    listeners: Sequence[Callable[[Any], None]] = (),
+    stop: StopSignal | None = None,
+    info: TrainingInfo | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
 
     `loss_fn(outputs, labels)` must average over the batch (cross-entropy by default). `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
-    trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
-    at the end of the current iteration; `info.stop_reason` says which.
+    trained weights are copied back).
+    Every training event (nbscale.train.events) goes to `info` (made here when None), then to each of
+    `listeners` in order; nothing is shown or printed here. `stop` (made when None) is what the listeners and
+    the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
-    dataset, options, loss_fn = checked_inputs(model, train_data, _as_options(options), loss_fn)
+    dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
         check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
     seed = int(resume["seed"]) if resume is not None else draw_seed()
 
-    info, stop = TrainingInfo(), StopSignal()
-    channel = _listen(options, info, stop)
+    info = info if info is not None else TrainingInfo()
+    stop = stop if stop is not None else StopSignal()
+    channel = EventChannel()
+    for listener in (info.record, *listeners):  # info first: output_fn reads it
+        channel.subscribe(listener)
     with _interrupt_as_stop(stop):
         if options.execution_environment in ("parallel", "multi-gpu"):
             from nbscale.train.distributed import train_on_pool
@@ -117,7 +126,8 @@ def draw_seed() -> int:
     return int(torch.randint(2**31 - 1, (1,)).item())
 
 
-def _as_options(options: Any) -> TrainingOptions:
+def as_options(options: Any) -> TrainingOptions:
+    """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
     if options is None:
         return TrainingOptions("sgdm")
     if isinstance(options, TrainingOptions):
@@ -126,39 +136,6 @@ def _as_options(options: Any) -> TrainingOptions:
         return options.options
     raise OptionsError(f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), "
                        f"not {type(options).__name__}.")
-
-
-def _listen(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> EventChannel:
-    """The one event channel: info first (output_fn reads it), then plot, verbose table and output_fn."""
-    channel = EventChannel()
-    channel.subscribe(info.record)
-    if options.plots == "training-progress" and _in_notebook():
-        from nbscale.ui.progress import TrainingProgress
-
-        channel.subscribe(TrainingProgress(stop))
-    if options.verbose:
-        from nbscale.ui.verbose_table import VerboseTable
-
-        channel.subscribe(VerboseTable(options.verbose_frequency, stop))
-    if options.output_fn is not None:
-        output_fn = options.output_fn
-
-        def call_output_fn(event: Any) -> None:
-            if isinstance(event, IterationDone) and output_fn(info) is True:
-                stop.request("Stopped by output_fn")
-
-        channel.subscribe(call_output_fn)
-    return channel
-
-
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:  # pragma: no cover
-        return False
-    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 @contextlib.contextmanager

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from nbscale.gpu import GpuInfo, GpuList
+from nbscale.gpu import GpuInfo, GpuList
 
 COLUMNS = ("index", "name", "compute", "memory", "utilization", "temperature", "power", "processes")
 

@@ -17,14 +17,15 @@ TRAIN, VAL = digits()
 
 
 def _columns(info: nbscale.TrainingInfo) -> dict[str, list[float]]:
-    """The columns TrainingProgress keeps, filled from a finished run's info (as its listener would)."""
-    from nbscale.train.events import IterationDone
+    """The columns TrainingProgress keeps, from a finished run's events replayed to it as a listener (without
+    TrainingStarted it opens no display, so this runs outside a notebook)."""
+    from nbscale.train.events import IterationDone, StopSignal
 
-    progress = TrainingProgress(stop=None)  # type: ignore[arg-type]  # only its data side is used
+    progress = TrainingProgress(StopSignal())
     for row in zip(info.epoch, info.iteration, info.time, info.training_loss, info.training_accuracy,
                    info.learn_rate, info.validation_loss, info.validation_accuracy, strict=True):
         epoch, iteration, time, loss, accuracy, rate, val_loss, val_accuracy = row
-        progress._add(IterationDone(epoch, iteration, time, loss, accuracy, rate, 0, val_loss, val_accuracy))
+        progress(IterationDone(epoch, iteration, time, loss, accuracy, rate, 0, val_loss, val_accuracy))
     return progress.columns
 
 

@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from nbscale.errors import PoolError
-from nbscale.pool.backends.base import Backend
-from nbscale.pool.channel import ChannelListener, machine_id
+from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.devices import MAX_DEFAULT_CPU_WORKERS
 from nbscale.pool.profiles import ClusterProfile, resolve_cluster
+from nbscale.pool.protocol import WorkerConfig
+from nbscale.pool.settings import PoolSettings
 
 CONNECT_TIMEOUT_S = 30.0
 
 
-def make_cluster_backend(cluster: str, settings: dict[str, Any]) -> Backend:
+def make_cluster_backend(cluster: str) -> Backend:
     """The backend a --cluster value names (a profile or an address)."""
-    profile = resolve_cluster(cluster)
-    return RayBackend(profile, settings)
+    return RayBackend(resolve_cluster(cluster))
 
 
 class _Launcher:
@@ -36,12 +36,13 @@ class _Launcher:
         self.process: Any = None
 
     def launch(self, config: dict[str, Any]) -> tuple[str, int]:
+        """Start the worker with `config` (a WorkerConfig's JSON) on its stdin; returns (node address, pid)."""
         import subprocess
         import sys
 
         import ray
 
-        environment = {**os.environ, **config.pop("env", {}), "PYTHONUNBUFFERED": "1"}
+        environment = {**os.environ, **config["env"], "PYTHONUNBUFFERED": "1"}
         if config["device"] == "cpu":
             environment["CUDA_VISIBLE_DEVICES"] = ""
         self.process = subprocess.Popen([sys.executable, "-m", "nbscale.pool.worker"], stdin=subprocess.PIPE, env=environment)
@@ -61,14 +62,15 @@ class RayBackend(Backend):
 
     name = "ray"
 
-    def __init__(self, profile: ClusterProfile, settings: dict[str, Any]) -> None:
+    def __init__(self, profile: ClusterProfile) -> None:
         self.profile = profile
-        self.settings = settings
         self.actors: list[Any] = []
         self.node_addresses: list[str] = []
+        self.gpus_per_worker: float = 0
         self._connect()
-        self.kernel_address = self._kernel_address()
-        self.listen_host = "127.0.0.1" if self.kernel_address.startswith("127.") else "0.0.0.0"
+        self.kernel_host = self._kernel_address()
+        # the kernel's listener must be reachable from the cluster's nodes (it only accepts peers with the secret)
+        self.listen_host = "127.0.0.1" if self.kernel_host.startswith("127.") else "0.0.0.0"
 
     def _connect(self) -> None:
         import ray
@@ -103,16 +105,16 @@ class RayBackend(Backend):
 
         return ray.util.get_node_ip_address()
 
-    def _worker_count_and_gpus(self) -> tuple[int, float]:
+    def _worker_count_and_gpus(self, settings: PoolSettings) -> tuple[int, float]:
         import ray
 
         resources = ray.cluster_resources()
         gpus_per_worker = self.profile.gpus_per_worker
-        if self.settings.get("cpu"):
+        if settings.cpu:
             gpus_per_worker = 0
         elif not gpus_per_worker and resources.get("GPU", 0) >= 1:
             gpus_per_worker = 1
-        n = self.settings.get("n")
+        n = settings.n
         if n is None:
             n = int(resources.get("GPU", 0) // gpus_per_worker) if gpus_per_worker else MAX_DEFAULT_CPU_WORKERS
         if n < 1:
@@ -129,31 +131,24 @@ class RayBackend(Backend):
             )
         return n, gpus_per_worker
 
-    def plan_workers(self, listener: ChannelListener, secret: bytes) -> list[dict[str, Any]]:
-        """One worker config per actor; they connect to the kernel's address as seen from the cluster."""
-        n, gpus_per_worker = self._worker_count_and_gpus()
-        self.gpus_per_worker = gpus_per_worker
-        env = {**self.profile.env, **self.settings.get("env", {})}
-        return [
-            {
-                "address": [self.kernel_address, listener.address[1]],
-                "secret": secret.hex(),
-                "rank": rank,
-                "world_size": n,
-                "device": "cuda:0" if gpus_per_worker else "cpu",
-                "kernel_machine_id": machine_id(),
-                "env": env,
-                "threads": None if gpus_per_worker else 1,
-            }
-            for rank in range(n)
-        ]
+    def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
+        """One worker per Ray actor, with the profile's env under the pool's own --env."""
+        if settings.gpus is not None:
+            raise PoolError(
+                "--gpus picks GPUs of this machine; on a cluster pool Ray places the workers. Give N (and "
+                "gpus_per_worker in the profile) instead."
+            )
+        n, self.gpus_per_worker = self._worker_count_and_gpus(settings)
+        env = {**self.profile.env, **settings.env}
+        device = "cuda:0" if self.gpus_per_worker else "cpu"
+        return [WorkerSpec(device=device, env=env, threads=None if self.gpus_per_worker else 1) for _ in range(n)]
 
-    def start(self, worker_configs: list[dict[str, Any]]) -> None:
+    def start(self, configs: Sequence[WorkerConfig]) -> None:
         import ray
 
         actor_class = ray.remote(num_cpus=1, num_gpus=self.gpus_per_worker)(_Launcher)
-        self.actors = [actor_class.remote() for _ in worker_configs]
-        launched = [actor.launch.remote(dict(config)) for actor, config in zip(self.actors, worker_configs, strict=True)]
+        self.actors = [actor_class.remote() for _ in configs]
+        launched = [actor.launch.remote(config.to_json()) for actor, config in zip(self.actors, configs, strict=True)]
         ready, _ = ray.wait(launched, num_returns=len(launched), timeout=CONNECT_TIMEOUT_S)
         if len(ready) < len(launched):
             self.stop()
@@ -179,15 +174,9 @@ class RayBackend(Backend):
     def alive(self) -> bool:
         return True  # a worker that dies is noticed through its channel
 
-    def kill_worker(self, rank: int, pid: int) -> None:
-        import ray
-
-        if rank < len(self.actors):
-            ray.get(self.actors[rank].kill.remote(), timeout=5)
-
-    def master_address(self, master: Any) -> str:
-        """rank 0's node address, which every worker can reach for the torch.distributed store."""
-        return self.node_addresses[master.rank] if self.node_addresses else socket.gethostbyname(master.host)
+    def address(self, rank: int) -> str:
+        """The node address of worker `rank` (as Ray reports it), which every worker can reach."""
+        return self.node_addresses[rank]
 
     def describe(self) -> str:
         return f"ray at {self.profile.address}"

@@ -1,27 +1,51 @@
-"""Workers as processes on this machine, forked from a forkserver that imported torch once."""
+"""Workers as processes on this machine, forked from a forkserver that imported torch once.
+
+Everything a local pool listens on is bound to loopback: the kernel's listener, rank 0's torch.distributed store,
+and gloo's and NCCL's own sockets (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name the loopback interface unless the
+user set them).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
+import socket
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Sequence
 
-from nbscale.pool.backends.base import Backend
+from nbscale.pool.backends.base import Backend, WorkerSpec
+from nbscale.pool.devices import plan_devices
+from nbscale.pool.protocol import WorkerConfig
+from nbscale.pool.settings import PoolSettings
+
+LOOPBACK = "127.0.0.1"
 
 
 class LocalBackend(Backend):
     """Starts `python -m nbscale.pool.forkserver` and hands it every worker's config on stdin."""
 
     name = "local"
-    listen_host = "127.0.0.1"
+    listen_host = LOOPBACK
+    kernel_host = LOOPBACK
 
     def __init__(self) -> None:
         self._forkserver: subprocess.Popen[bytes] | None = None
 
-    def start(self, worker_configs: list[dict[str, Any]]) -> None:
+    def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
+        devices = plan_devices(settings.n, settings.gpus, settings.cpu)
+        cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
+        loopback = _loopback_sockets_env(settings.env)
+        return [
+            WorkerSpec(
+                device="cuda:0" if gpu is not None else "cpu",
+                env={**loopback, **settings.env, "CUDA_VISIBLE_DEVICES": gpu if gpu is not None else ""},
+                threads=None if gpu is not None else cpu_threads,
+            )
+            for gpu in devices
+        ]
+
+    def start(self, configs: Sequence[WorkerConfig]) -> None:
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
         environment.pop("CUDA_VISIBLE_DEVICES", None)  # each worker sets its own; the kernel's may be narrowed
         self._forkserver = subprocess.Popen(
@@ -32,7 +56,8 @@ class LocalBackend(Backend):
         )
         assert self._forkserver.stdin is not None
         # configs hold the pool secret and --env values: they travel on the pipe, never on a command line
-        self._forkserver.stdin.write(json.dumps({"workers": worker_configs}).encode() + b"\n")
+        request = {"workers": [config.to_json() for config in configs]}
+        self._forkserver.stdin.write(json.dumps(request).encode() + b"\n")
         self._forkserver.stdin.flush()
 
     def stop(self) -> None:
@@ -53,8 +78,18 @@ class LocalBackend(Backend):
     def alive(self) -> bool:
         return self._forkserver is not None and self._forkserver.poll() is None
 
-    def kill_worker(self, rank: int, pid: int) -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    def address(self, rank: int) -> str:
+        return LOOPBACK
+
+
+def _loopback_sockets_env(user_env: dict[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME naming the loopback interface, where neither the user's --env
+    nor the kernel's environment sets them (gloo otherwise binds the address the host name resolves to)."""
+    interface = next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
+    if interface is None:
+        return {}
+    return {
+        variable: interface
+        for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+        if variable not in user_env and variable not in os.environ
+    }

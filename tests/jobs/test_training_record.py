@@ -162,6 +162,18 @@ def test_stop_training_stops_a_jobs_training_at_an_iteration_end_and_the_job_kee
     assert job.stop_training() is False  # it has ended
 
 
+@pytest.mark.slow
+def test_a_training_on_the_jobs_own_pool_is_recorded_and_stops_from_the_monitor() -> None:
+    cell = TRAIN_CELL.replace("EPOCHS", "200").replace("verbose=False,", "verbose=False, execution_environment='parallel',")
+    job = jobs.submit(cell, pool=2, cwd=Path(__file__).parents[2])
+    wait_for_iterations(job, 20)
+    assert job.stop_training()
+    assert job.wait(60), job.log()
+    info = job.result("info")
+    assert info.stop_reason == "Stopped from the job monitor" and info.hardware.startswith("2 workers")
+    assert job.training_info().iteration == info.iteration
+
+
 def test_training_numbers_are_checked_with_a_clear_error() -> None:
     job = jobs.submit("x = 1", name="no training")
     assert job.wait(60)

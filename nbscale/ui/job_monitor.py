@@ -21,7 +21,7 @@ from typing import Any
 from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
-from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, StopSignal, TrainingDone
 from nbscale.ui.progress import TrainingProgress, _duration
 
 POLL_INTERVAL_S = 0.5
@@ -62,6 +62,7 @@ class JobMonitor:
         self.number = training if training is not None else (numbers[-1] if numbers else 1)
         self.reader: training_record.RecordReader | None = None
         self.progress: JobTrainingProgress | None = None
+        self.record = job.record()  # read once a step: state, name, error
         self.said = self._header_text("catching up")
         self.header = display(_line(self.said), raw=True, display_id=True)
 
@@ -75,14 +76,15 @@ class JobMonitor:
             self.say(f"Job {self.job.id}: the monitor stopped following: {type(error).__name__}: {error}")
 
     def step(self) -> bool:
-        active = self.job.state in ACTIVE_STATES  # first: whatever was recorded before the job ended is read below
+        self.record = self.job.record()
+        active = self.record.state in ACTIVE_STATES  # first: whatever was recorded before the job ended is read below
         while True:
             if self.reader is None:
                 path = training_record.record_path(self.job.folder, self.number)
                 if not path.exists():
                     break
                 self.reader = training_record.RecordReader(path)
-                self.progress = JobTrainingProgress(self.job, self.number)
+                self.progress = JobTrainingProgress(self.job, self.number, self.record.name)
             if not self._feed(self.reader.read_all()):
                 break
             if self.pinned:  # its training ended: nothing more to show
@@ -93,7 +95,7 @@ class JobMonitor:
             self._say_where(ended=False)
             return False
         if self.reader is not None and self.progress is not None:
-            self.progress.job_ended()
+            self.progress.job_ended(self.record.state, self.record.error)
         self._say_where(ended=True)
         return True
 
@@ -110,15 +112,15 @@ class JobMonitor:
 
     def _say_where(self, ended: bool) -> None:
         if ended:
-            self.say(self._header_text(self.job.state))
+            self.say(self._header_text(self.record.state))
         elif self.reader is None:
             self.say(self._header_text("waiting"))
         else:
             self.say(self._header_text("following"))
 
     def _header_text(self, how: str) -> str:
-        job = self.job
-        name = f" {job.name!r}" if job.name else ""
+        job, record = self.job, self.record
+        name = f" {record.name!r}" if record.name else ""
         count = len(job.trainings)
         number = self.progress.number if self.progress is not None and self.reader is None else self.number
         shown = f"training {number}" + (f" of {count}" if count >= number else "")
@@ -126,11 +128,11 @@ class JobMonitor:
             return f"Job {job.id}{name}: reading {shown}..."
         if how == "waiting":
             first = "its first training" if self.number == 1 else f"training {self.number}"
-            return f"Job {job.id}{name} is {job.state}: waiting for {first} to start (nbscale.train in the job)."
+            return f"Job {job.id}{name} is {record.state}: waiting for {first} to start (nbscale.train in the job)."
         if how == "following":
             return (f"Job {job.id}{name}, {shown}: following live until the job ends. Stop asks the job to stop "
                     "training at the end of its iteration and keep the network.")
-        error = f" ({job.error})" if job.error else ""
+        error = f" ({record.error})" if record.error else ""
         return f"Job {job.id}{name} {how}{error}: {shown} shown" + ("." if self.progress else "; it recorded none.")
 
     def say(self, text: str) -> None:
@@ -142,31 +144,32 @@ class JobMonitor:
 class JobTrainingProgress(TrainingProgress):
     """The in-notebook display, fed from a job's record: drawn once per poll, with the job in its info panel."""
 
-    def __init__(self, job: Any, number: int) -> None:
+    def __init__(self, job: Any, number: int, name: str | None) -> None:
         super().__init__(_MonitorStop(job, number), min_interval=math.inf)  # drawn by the monitor, not per event
         self.job, self.number = job, number
+        self.label = f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
         self.done: TrainingDone | None = None
 
     holds_the_cell = False  # the button stays once show()'s cell ends; the job's end removes it
+    stop_tooltip = ("Ask the job to stop training at the end of this iteration; it keeps the network trained so far "
+                    "(job.result)")
 
     def redraw(self) -> None:
         if self.done is None:
             self.state = "Stopping" if self.stop.requested else "Training"
         self._draw()
 
-    def job_ended(self) -> None:
+    def job_ended(self, state: str, error: str | None) -> None:
         """The job ended without this training's end (it failed, was cancelled, or its process died)."""
         if self.done is not None:
             return
-        error = f": {self.job.error}" if self.job.error else ""
-        self.state = f"Job {self.job.state}{error}"
+        self.state = f"Job {state}" + (f": {error}" if error else "")
         self._draw()
         self._close_button()
 
     def _info_rows(self) -> list[tuple[str, str]]:
         rows = super()._info_rows()
-        job = self.job
-        rows.insert(0, ("Job", f"{job.id}" + (f" {job.name!r}" if job.name else "") + f", training {self.number}"))
+        rows.insert(0, ("Job", self.label))
         start, last = self.start, self.last
         if start is not None and self.done is not None:
             rows = [(k, _duration(self.done.time_since_start) if k == "Elapsed" else v) for k, v in rows]
@@ -176,12 +179,6 @@ class JobTrainingProgress(TrainingProgress):
             rows.insert(rows.index(next(row for row in rows if row[0] == "Elapsed")) + 1,
                         ("Time left", f"about {_duration(left)}"))
         return rows
-
-    def _open(self, event: TrainingStarted) -> None:
-        super()._open(event)
-        if self.button is not None:
-            self.button.tooltip = ("Ask the job to stop training at the end of this iteration; it keeps the "
-                                   "network trained so far (job.result)")
 
 
 class _MonitorStop(StopSignal):

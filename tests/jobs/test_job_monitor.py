@@ -179,3 +179,30 @@ def test_a_restarted_kernel_shows_a_finished_jobs_full_history_and_picks_a_train
     assert missing.error_name == "JobError" and "It recorded trainings 1, 2." in missing.error_value
     no_id = kernel.run("%jobs show")
     assert no_id.error_name == "JobError" and "%jobs show 3" in no_id.error_value
+
+
+def test_jobs_show_wait_follows_in_the_cell_and_its_stop_button_works_while_the_cell_runs(kernel) -> None:
+    from tests.train.widget_click import run_and_click
+
+    job_id = submitted_id(kernel.run(TRAIN_CELL.replace("EPOCHS", "100")).stdout)
+    wait_for_iterations(job_id, 5)
+    shown = run_and_click(kernel, f"%jobs show {job_id} --wait", click_after=1.0, timeout=120)
+    assert shown.ok, shown.text
+    job = jobs.get(job_id)
+    assert job.state == "finished"  # --wait returned when the job ended
+    panels = [d["text/plain"] for d in shown.displays if d.get("text/plain", "").startswith("Job:")]
+    assert "State: Done: Stopped from the job monitor" in panels[-1]
+    assert job.result("info").stop_reason == "Stopped from the job monitor"
+
+
+def test_a_job_cancelled_mid_training_ends_the_display_with_its_state(kernel) -> None:
+    job_id = submitted_id(kernel.run(TRAIN_CELL.replace("EPOCHS", "100")).stdout)
+    wait_for_iterations(job_id, 5)
+    outputs = Outputs(kernel)
+    show = outputs.execute(f"%jobs show {job_id}")
+    outputs.wait_until(lambda: show in outputs.idle, 60, "%jobs show did not return")
+    assert jobs.cancel(job_id)
+    outputs.wait_until(lambda: any("State: Job cancelled" in p for p in outputs.info_panels(show)), 30,
+                       "the display did not say the job was cancelled")
+    outputs.wait_until(lambda: any(f"Job {job_id} 'digits' cancelled" in t for t in outputs.texts()), 30,
+                       "the header did not say the job was cancelled")

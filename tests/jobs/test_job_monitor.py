@@ -92,15 +92,14 @@ def wait_for_iterations(job_id: int, count: int, timeout: float = 120) -> None:
 
 
 def test_jobs_show_in_another_kernel_catches_up_then_follows_while_the_notebook_stays_usable(kernel) -> None:
-    submitted = kernel.run(TRAIN_CELL.replace("EPOCHS", "5"))
-    assert submitted.ok, submitted.text
-    job_id = submitted_id(submitted.stdout)
-    wait_for_iterations(job_id, 20)
-    recorded_before = len(jobs.get(job_id).training_info().iteration)
-
-    watcher = KernelSession()
+    watcher = KernelSession()  # started first, so that it shows the job while the job still trains
     try:
         watcher.run("%load_ext nbscale")
+        submitted = kernel.run(TRAIN_CELL.replace("EPOCHS", "5"))
+        assert submitted.ok, submitted.text
+        job_id = submitted_id(submitted.stdout)
+        wait_for_iterations(job_id, 20)
+        recorded_before = len(jobs.get(job_id).training_info().iteration)
         outputs = Outputs(watcher)
         show = outputs.execute(f"%jobs show {job_id}")
         outputs.wait_until(lambda: show in outputs.idle, 60, "%jobs show did not return")

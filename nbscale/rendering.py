@@ -19,6 +19,7 @@ class Renderer(NamedTuple):
 
 
 _renderers: dict[str, Renderer] = {}
+_viewers: dict[str, Callable[..., Any]] = {}
 
 
 def register(type_name: str, text: Callable[[Any], str], html: Callable[[Any], str] | None = None) -> None:
@@ -27,6 +28,20 @@ def register(type_name: str, text: Callable[[Any], str], html: Callable[[Any], s
     By name, so that registering does not import the class's module (and torch with it).
     """
     _renderers[type_name] = Renderer(text, html)
+
+
+def register_viewer(type_name: str, view: Callable[..., Any]) -> None:
+    """Show instances of `type_name` live in a notebook with `view(value, **options)` (e.g. `Job.show`)."""
+    _viewers[type_name] = view
+
+
+def show(value: object, **options: Any) -> Any:
+    """Display `value` with its registered viewer; RuntimeError when the ui layer registered none."""
+    kind = type(value)
+    view = _viewers.get(f"{kind.__module__}.{kind.__qualname__}")
+    if view is None:
+        raise RuntimeError(f"Nothing can display a {kind.__name__} here: import nbscale (its ui layer) first.")
+    return view(value, **options)
 
 
 def _renderer(value: object) -> Renderer | None:

@@ -1,7 +1,7 @@
 /**
  * Pure helpers that turn the server's JSON into what the status bar and the panel show.
  */
-import { IGpuInfo, IJob, IPoolState } from './types';
+import { IGpuInfo, IJob, IJobTraining, IPoolState } from './types';
 
 /** The pool of the kernel with this id, or null (no kernel, or that kernel runs no pool). */
 export function poolForKernel(
@@ -129,4 +129,34 @@ export function memoryFraction(gpu: IGpuInfo): number | null {
     return null;
   }
   return Math.min(1, Math.max(0, gpu.memory_used_mb / gpu.memory_total_mb));
+}
+
+/** Three significant digits: 0.23145 -> "0.231", 1234.5 -> "1230", 0.0001234 -> "1.23e-4"; "-" for null. */
+export function formatLoss(loss: number | null | undefined): string {
+  if (loss === null || loss === undefined || !isFinite(loss)) {
+    return '-';
+  }
+  const plain = String(Number(loss.toPrecision(3)));
+  return plain.length <= 6 ? plain : loss.toExponential(2);
+}
+
+/**
+ * A running job's training in one line: "epoch 3/10 · iteration 120/460 · loss 0.231 · 1 min 05 s left"
+ * ("training 2 · ..." first when the job has run more than one).
+ */
+export function trainingText(training: IJobTraining): string {
+  const parts = [
+    `epoch ${training.epoch ?? 0}/${training.max_epochs}`,
+    `iteration ${training.iteration ?? 0}/${training.total_iterations}`,
+    `loss ${formatLoss(training.loss)}`
+  ];
+  if (training.done) {
+    parts.push(training.stop_reason ?? 'done');
+  } else if (training.time_left_s !== null) {
+    parts.push(`${formatElapsed(training.time_left_s)} left`);
+  }
+  if (training.trainings > 1) {
+    parts.unshift(`training ${training.training}`);
+  }
+  return parts.join(' · ');
 }

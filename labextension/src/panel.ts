@@ -8,7 +8,8 @@ import {
   formatMemory,
   isActive,
   memoryFraction,
-  resultSnippet
+  resultSnippet,
+  trainingText
 } from './format';
 import { NbscaleModel } from './model';
 import { IGpuInfo, IJob, IPoolState } from './types';
@@ -58,18 +59,28 @@ export class NbscalePanel extends Widget {
     this.node.replaceChildren(
       h('header', { class: 'nbscale-Panel-header' }, 'nbscale'),
       error ?? '',
-      this._section('Pools', this._pools(model.pools)),
+      this._section('Pools', this._pools(model.pools), model.poolsError),
       this._section('GPUs', this._gpus(model.gpus.gpus, model.gpus.message)),
-      this._section('Jobs', this._jobs(model.jobs.jobs, model.jobs.available))
+      this._section(
+        'Jobs',
+        this._jobs(model.jobs.jobs, model.jobs.available),
+        model.jobs.error ?? null
+      )
     );
   }
 
-  private _section(title: string, body: HTMLElement): HTMLElement {
+  /** A titled section; `error` (the server could not read its source) shows above its body. */
+  private _section(
+    title: string,
+    body: HTMLElement,
+    error: string | null = null
+  ): HTMLElement {
     const name = title.toLowerCase();
     return h(
       'section',
       { class: `nbscale-Section nbscale-${name}`, 'data-section': name },
       h('h3', {}, title),
+      error ? h('div', { class: 'nbscale-Error' }, error) : null,
       body
     );
   }
@@ -219,7 +230,7 @@ export class NbscalePanel extends Widget {
           this._options.copySnippet(resultSnippet(job))
         )
       );
-      return h(
+      const row = h(
         'tr',
         { class: `nbscale-Job nbscale-state-${job.state}` },
         h('td', {}, String(job.id)),
@@ -228,8 +239,25 @@ export class NbscalePanel extends Widget {
         h('td', {}, formatElapsed(job.elapsed_s)),
         actions
       );
+      return job.training ? [row, this._training(job)] : [row];
     });
-    return table(head, rows);
+    return table(head, rows.flat());
+  }
+
+  /** The row under a running job: its training's epoch, iteration, last loss and time left, with a bar. */
+  private _training(job: IJob): HTMLElement {
+    const training = job.training!;
+    const text = trainingText(training);
+    const fraction =
+      training.total_iterations > 0
+        ? (training.iteration ?? 0) / training.total_iterations
+        : null;
+    const cell = h(
+      'td',
+      { colspan: '5', title: `%jobs show ${job.id} draws its live plot` },
+      bar(fraction, text, 'training')
+    );
+    return h('tr', { class: 'nbscale-Job-training' }, cell);
   }
 
   private _button(

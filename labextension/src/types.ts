@@ -30,6 +30,8 @@ export interface IPoolState {
 
 export interface IPoolsReply {
   pools: IPoolState[];
+  /** Why the pool registry cannot be read (the list is then empty), if it cannot. */
+  error?: string;
 }
 
 export interface IGpuProcess {
@@ -59,6 +61,24 @@ export interface IGpusReply {
   message: string | null;
 }
 
+/** Where a running job's latest training stands, from the events it records (nbscale.jobs.training_record). */
+export interface IJobTraining {
+  /** Its number in the job (1, 2, ...) and how many trainings the job has started. */
+  training: number;
+  trainings: number;
+  epoch: number | null;
+  max_epochs: number;
+  iteration: number | null;
+  total_iterations: number;
+  /** The last training loss; null before the first iteration, or when it is not finite. */
+  loss: number | null;
+  validation_loss: number | null;
+  /** Estimated from the time per iteration so far; 0 once done. */
+  time_left_s: number | null;
+  done: boolean;
+  stop_reason: string | null;
+}
+
 /** A batch job from nbscale.jobs.list_jobs(). */
 export interface IJob {
   id: number;
@@ -68,12 +88,16 @@ export interface IJob {
   elapsed_s: number | null;
   results?: string[];
   error?: string | null;
+  /** A running job's latest training; null for other jobs and before a training starts. */
+  training?: IJobTraining | null;
 }
 
 export interface IJobsReply {
   jobs: IJob[];
   /** False where nbscale.jobs is not installed. */
   available: boolean;
+  /** Why the job store cannot be read (the list is then empty), if it cannot. */
+  error?: string;
 }
 
 export interface IJobLogReply {

@@ -12,7 +12,7 @@ from typing import Any
 import cloudpickle
 
 from nbscale.errors import JobError
-from nbscale.jobs import process
+from nbscale.jobs import process, training_record
 from nbscale.jobs.files import append_text
 from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 
@@ -164,6 +164,58 @@ class Job:
                 + ")."
             ) from None
 
+    @property
+    def trainings(self) -> list[int]:
+        """The numbers (1, 2, ...) of the `nbscale.train` runs the job has started, in order."""
+        return training_record.trainings(self.folder)
+
+    def show(self, training: int | None = None, wait: bool = False) -> None:
+        """Display the live training-progress figure, info panel and Stop button of a training in this job.
+
+        Any kernel can watch, during the run or after it: the display catches up on what already happened,
+        then follows new iterations in the background (the notebook stays usable) until the training and the
+        job end; the next training the job starts is shown below it. `training` picks one run by number (see
+        `job.trainings`; default: the latest, or the first to start). `wait=True` follows in the cell instead,
+        returning when the job ends (the kernel interrupt stops following, not the job). Stop asks the job's
+        training to stop at the end of its iteration; the job goes on and saves the network as trained so far.
+        """
+        from nbscale import rendering
+
+        rendering.show(self, training=training, wait=wait)
+
+    def training_info(self, training: int | None = None) -> Any:
+        """A TrainingInfo of a training in this job (default: the latest), from what it recorded so far."""
+        from nbscale.train.info import TrainingInfo
+
+        info = TrainingInfo()
+        for event in training_record.RecordReader(self._record_path(training)).read_all():
+            info.record(event)
+        return info
+
+    def stop_training(self, training: int | None = None) -> bool:
+        """Ask a training in this job (default: the latest) to stop at the end of its current iteration, keeping
+        its network (what the monitor's Stop button does); False when the job has ended."""
+        path = self._record_path(training)
+        if self.state not in ACTIVE_STATES:
+            return False
+        training_record.request_stop(self.folder, int(path.stem))
+        return True
+
+    def _record_path(self, training: int | None) -> Path:
+        """The record of training `training` (default: the latest); JobError when there is none."""
+        if training is not None and (isinstance(training, bool) or not isinstance(training, int)):
+            raise JobError(f"training= takes a training's number (1, 2, ... as job.trainings lists them), "
+                           f"not {training!r}.")
+        numbers = self.trainings
+        if training is None and numbers:
+            training = numbers[-1]
+        if training is None or training not in numbers:
+            recorded = (f"It recorded trainings {', '.join(map(str, numbers))}." if numbers else
+                        "It has recorded no training yet: only nbscale.train runs inside a job are recorded.")
+            raise JobError(f"Job {self.id} has no training {training}. {recorded}" if training is not None
+                           else f"Job {self.id} ({self.state}) has no training to show. {recorded}")
+        return training_record.record_path(self.folder, training)
+
     def as_dict(self) -> dict[str, Any]:
         """Plain, JSON-ready fields (as `nbscale.jobs.list_jobs()` gives them to the server extension)."""
         return _as_dict(self.record(), self.store)
@@ -193,4 +245,13 @@ def _as_dict(record: JobRecord, store: JobStore) -> dict[str, Any]:
         "error": record.error,
         "results": list(record.results),
         "log_path": str(store.log_path(record.id)),
+        "training": _training_summary(record, store),
     }
+
+
+def _training_summary(record: JobRecord, store: JobStore) -> dict[str, Any] | None:
+    """A running job's latest training (epoch, iteration, loss, time left), from its record's ends; else None."""
+    if record.state != "running":
+        return None
+    found = training_record.summary(store.job_dir(record.id))
+    return found.as_dict() if found is not None else None

@@ -47,8 +47,18 @@ class BatchMagics(Magics):
         print("\n".join([*lines, "%jobs lists every job."]))
 
     @magic_arguments()
+    @argument("action", nargs="?", choices=["show"], help="show: the live training plot of job ID")
+    @argument("id", nargs="?", help="the job's id, as %%jobs lists it")
+    @argument("--training", type=int, metavar="N", help="which training of the job to show (default: the latest)")
+    @argument("--wait", action="store_true", help="follow in this cell until the job ends")
     @line_magic
-    def jobs(self, line: str) -> JobsTable:
-        """List the batch jobs in the store: id, name, state, started, elapsed."""
-        parse_argstring(self.jobs, line)
-        return JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root()))
+    def jobs(self, line: str) -> JobsTable | None:
+        """List the batch jobs in the store: id, name, state, started, elapsed; `%jobs show ID` shows the live
+        training-progress figure of a training inside job ID (job.show())."""
+        args = parse_argstring(self.jobs, line)
+        if args.action is None:
+            return JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root()))
+        if args.id is None:
+            raise JobError("%jobs show takes a job id: %jobs show 3 (%jobs lists the ids).")
+        jobs.get(args.id).show(training=args.training, wait=args.wait)
+        return None

@@ -2,7 +2,9 @@
 
 - `GET  gpus`              `{"gpus": [...], "message": str | None}`; NVML is read at most once a second.
 - `GET  pools`             `{"pools": [...]}`: the state every running pool publishes (`nbscale.pool.registry`).
-- `GET  jobs`              `{"jobs": [...], "available": bool}`: the batch-job store, where nbscale.jobs exists.
+- `GET  jobs`              `{"jobs": [...], "available": bool}`: the batch-job store, where nbscale.jobs exists; a
+                           running job's `training` (epoch, iteration, loss, time left) comes from the data-only
+                           events file its training records (nbscale.jobs.training_record), never a pickle.
 - `GET  jobs/<id>/log`     `{"id": int, "log": str, "truncated": bool}`: the end of a job's log.
 - `POST jobs/<id>/cancel`  `{"id": int, "cancelled": bool}`.
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError
+from nbscale.jobs.training_recorder import recorded_for_job_monitor
 from nbscale.train.checkpoint import load_checkpoint
 from nbscale.train.checks import (
     check_classes,
@@ -68,7 +69,8 @@ def train(
     channel = EventChannel()
     for listener in (info.record, *listeners):  # info first: output_fn reads it
         channel.subscribe(listener)
-    with _interrupt_as_stop(stop):
+    # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
+    with _interrupt_as_stop(stop), recorded_for_job_monitor(channel, stop):
         if options.execution_environment in ("parallel", "multi-gpu"):
             from nbscale.train.distributed import train_on_pool
 

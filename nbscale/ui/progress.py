@@ -21,6 +21,9 @@ from nbscale.ui.progress_figure import ProgressFigure, is_drop, smoothed
 class TrainingProgress:
     """Listener for the training event channel that draws the training-progress display."""
 
+    holds_the_cell = True  # training runs in the cell that shows it (a job monitor may follow from a thread)
+    stop_tooltip = "Stop training at the end of this iteration (the kernel interrupt does too)"
+
     def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.01) -> None:
         self.stop, self.min_interval, self.budget = stop, min_interval, budget
         self.start: TrainingStarted | None = None
@@ -80,13 +83,14 @@ class TrainingProgress:
 
         self.start = event
         self._wall_start = event.start_time
-        self.button = _stop_button(self.stop)
+        self.button = _stop_button(self.stop, self.stop_tooltip)
         if self.button is not None:
             self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
             self._click_route = _route_clicks_off_main_thread(self.button)
-            if self._click_route is None:
-                _say_stop_needs_the_interrupt(self.button)
-            self._close_when_the_cell_ends()
+            if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
+                if self._click_route is None:
+                    _say_stop_needs_the_interrupt(self.button)
+                self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
         self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
         self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
@@ -167,13 +171,12 @@ def _duration(seconds: float) -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}"
 
 
-def _stop_button(stop: StopSignal) -> Any:
+def _stop_button(stop: StopSignal, tooltip: str = TrainingProgress.stop_tooltip) -> Any:
     try:
         import ipywidgets
     except ImportError:  # pragma: no cover - ipywidgets is a dependency
         return None
-    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger",
-                               tooltip="Stop training at the end of this iteration (the kernel interrupt does too)")
+    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
 
     def on_click(_: Any) -> None:
         stop.request("Stopped by the Stop button")

@@ -10,12 +10,12 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from nbscale.rendering import register
+from nbscale.rendering import register, register_viewer
 
 
-def _lazy(module: str, function: str) -> Callable[[Any], str]:
-    def render(value: Any) -> str:
-        return getattr(importlib.import_module(module), function)(value)
+def _lazy(module: str, function: str) -> Callable[..., Any]:
+    def render(value: Any, **options: Any) -> Any:
+        return getattr(importlib.import_module(module), function)(value, **options)
 
     render.__name__ = function
     return render
@@ -30,3 +30,4 @@ def register_renderers() -> None:
              _lazy("nbscale.ui.sweep_display", "runs_table_text"), _lazy("nbscale.ui.sweep_display", "runs_table_html"))
     register("nbscale.train.sweep.SweepResult",
              _lazy("nbscale.ui.sweep_display", "sweep_result_text"), _lazy("nbscale.ui.sweep_display", "sweep_result_html"))
+    register_viewer("nbscale.jobs.job.Job", _lazy("nbscale.ui.job_monitor", "show_job"))

@@ -151,3 +151,32 @@ async def test_a_real_batch_job_is_listed_logged_and_cancelled(jp_fetch, tmp_pat
         "cancelled": True,
     }
     assert (await _json(jp_fetch, "jobs"))["jobs"][0]["state"] == "cancelled"
+
+
+@pytest.mark.slow
+async def test_a_running_jobs_training_is_listed_as_strict_json_with_epoch_iteration_loss_and_time_left(
+    jp_fetch, tmp_path, monkeypatch
+):
+    jobs = handlers.jobs_module()
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # a learn rate that makes the loss blow up: the training ends at a loss that is not finite
+    job = jobs.submit(
+        "import time, nbscale\nfrom tests.train.digits import digits, tiny_net\n(x, y), _ = digits()\n"
+        "opts = nbscale.TrainingOptions('sgdm', initial_learn_rate=1e12, max_epochs=3, mini_batch_size=32, verbose=False)\n"
+        "net, info = nbscale.train(tiny_net(), (x, y), opts)\nprint('trained', flush=True)\ntime.sleep(60)\n",
+        name="diverges", cwd=repo,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "trained" not in job.log():
+        assert time.monotonic() < deadline and job.state in ("queued", "running"), job.log()
+        await asyncio.sleep(0.2)
+    response = await jp_fetch("nbscale", "api", "jobs")
+    answer = json.loads(response.body, parse_constant=lambda name: pytest.fail(f"{name} is not strict JSON"))
+    [listed] = answer["jobs"]
+    training = listed["training"]
+    assert training["training"] == 1 and training["trainings"] == 1
+    assert (training["epoch"], training["max_epochs"], training["total_iterations"]) == (1, 3, 3 * 46)
+    assert training["loss"] is None  # not finite: null, never NaN
+    assert training["done"] and training["time_left_s"] == 0 and "Training loss is" in training["stop_reason"]
+    job.cancel()

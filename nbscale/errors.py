@@ -35,6 +35,11 @@ class DatastoreError(NbscaleError):
     """A datastore cannot read its files (missing folder, corrupt image, mismatched labels)."""
 
 
+class GpuError(NbscaleError):
+    """A GPU that does not exist was asked for, NVML failed while reading it, or the machine-wide GPU registry
+    (nbscale.gpu_reservations) cannot be used."""
+
+
 class JobError(NbscaleError):
     """A batch job cannot be found, started, or read."""
 

@@ -8,8 +8,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbscale.errors import PoolError
+from nbscale.gpu import gpus
 from nbscale.magics.arguments import env_pairs, int_list, parse_line
 from nbscale.pool.pool import Pool, current_pool, take_shutdown_notice
+from nbscale.ui.gpu_table import pool_gpus_note
 
 _ACTIONS = ("start", "status", "stop", "restart")
 
@@ -28,9 +30,11 @@ class PoolMagics(Magics):
 
     @magic_arguments()
     @argument("action", nargs="?", default="status", help="start | status | stop | restart (default: status)")
-    @argument("n", nargs="?", type=int, help="number of workers (default: one per GPU, else the CPU count, at most 4)")
+    @argument("n", nargs="?", type=int,
+              help="number of workers (default: one per free GPU, else the CPU count, at most 4)")
     @argument("--gpus", type=int_list, help="GPU indices to use, one worker each, e.g. 0,2")
     @argument("--cpu", action="store_true", help="use CPU workers even where GPUs exist")
+    @argument("--force", action="store_true", help="take GPUs another notebook holds too, sharing them")
     @argument("--cluster", help="a profile name from ~/.config/nbscale/profiles.toml, or ray://HOST:PORT")
     @argument("--idle-timeout", type=_minutes, default=30, help="minutes idle before the pool stops itself (0: never)")
     @argument("--env", nargs="+", action="extend", metavar="KEY=VALUE", help="environment variables for every worker")
@@ -41,21 +45,24 @@ class PoolMagics(Magics):
         if args.action not in _ACTIONS:
             raise PoolError(f"Unknown %pool action {args.action!r}: use one of {', '.join(_ACTIONS)}.")
         if args.action != "start" and (args.n is not None or args.gpus is not None or args.cpu or args.cluster
-                                       or args.env):
+                                       or args.env or args.force):
             raise PoolError(f"%pool {args.action} takes no N or flags; they belong to %pool start.")
         running = current_pool()
         if args.action == "start":
             pool = Pool(
                 args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster,
-                idle_timeout=args.idle_timeout, env=env_pairs(args.env),
+                idle_timeout=args.idle_timeout, env=env_pairs(args.env), force=args.force,
             )  # fmt: skip
-            print(f"Started {pool.size} {pool.kind.upper()} workers in {pool.start_seconds:.1f} s.")
+            # which GPUs it took, and who holds the others (this machine's GPUs: not for a cluster pool)
+            note = pool_gpus_note(gpus()) if pool.kind == "gpu" and args.cluster is None else "."
+            print(f"Started {pool.size} {pool.kind.upper()} workers in {pool.start_seconds:.1f} s{note}")
             return None
         if args.action == "restart":
             if running is None:
                 raise PoolError("No pool is running to restart: start one with %pool start.")
             running.restart()
-            print(f"Restarted {running.size} {running.kind.upper()} workers in {running.start_seconds:.1f} s.")
+            note = pool_gpus_note(gpus()) if running.kind == "gpu" and running.settings.cluster is None else "."
+            print(f"Restarted {running.size} {running.kind.upper()} workers in {running.start_seconds:.1f} s{note}")
             return None
         if running is None:
             print(_no_pool_line())

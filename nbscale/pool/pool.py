@@ -63,11 +63,13 @@ def take_shutdown_notice() -> str | None:
 class Pool:
     """A pool of worker processes in one torch.distributed group (parpool).
 
-    `Pool(n=None, gpus=None, cpu=False, cluster=None, idle_timeout=30, env=None)` starts the workers and
-    returns once every one has imported torch and joined the group. N defaults to the number of visible GPUs
-    (one worker each) or, without GPUs, the CPU count (at most 4). `idle_timeout` is in minutes (0: never).
-    `env` values are set on every worker and never shown. Use as a context manager, or call `close()`.
-    Raises PoolError for bad settings or when a pool is already running.
+    `Pool(n=None, gpus=None, cpu=False, cluster=None, idle_timeout=30, env=None, force=False)` starts the
+    workers and returns once every one has imported torch and joined the group. N defaults to the number of
+    free GPUs (one worker each; a GPU another process holds is not free, see nbscale.gpu_reservations) or,
+    without GPUs, the CPU count (at most 4). The pool holds its GPUs until it stops; `force=True` takes held
+    GPUs too, sharing them. `idle_timeout` is in minutes (0: never). `env` values are set on every worker and
+    never shown. Use as a context manager, or call `close()`.
+    Raises PoolError for bad settings, held GPUs, or when a pool is already running.
     """
 
     def __init__(
@@ -78,13 +80,14 @@ class Pool:
         cluster: str | None = None,
         idle_timeout: float = 30,
         env: dict[str, str] | None = None,
+        force: bool = False,
     ) -> None:
         if _current is not None and not _current.closed:
             raise PoolError(
                 f"A pool of {_current.size} workers is already running. Stop it first with %pool stop "
                 "(pool.close()), or get fresh workers with %pool restart."
             )
-        self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env)  # type: ignore[arg-type]
+        self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force)  # type: ignore[arg-type]
         self.closed = True
         self._start()
 

@@ -21,7 +21,8 @@ MAX_IDLE_TIMEOUT_MINUTES = 525_600  # a year; 0 means never
 @dataclass(frozen=True)
 class PoolSettings:
     """What a pool was asked for: `n` workers (None: the default size), `gpus` by index, `cpu` workers only,
-    a `cluster` profile or address, `idle_timeout` in minutes (0: never) and `env` for every worker.
+    a `cluster` profile or address, `idle_timeout` in minutes (0: never), `env` for every worker, and `force`:
+    take GPUs another process holds too (nbscale.gpu_reservations), sharing them.
 
     Construction checks every field; the values are normalised (`gpus` a tuple, `idle_timeout` a float).
     """
@@ -32,6 +33,7 @@ class PoolSettings:
     cluster: str | None = None
     idle_timeout: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)
+    force: bool = False
 
     def __post_init__(self) -> None:
         _check_n(self.n)
@@ -47,6 +49,12 @@ class PoolSettings:
                 f"cluster (--cluster) must be a profile name or an address such as 'ray://head:10001', not "
                 f"{self.cluster!r}."
             )
+        if not isinstance(self.force, bool):
+            raise PoolError(f"force (--force) must be True or False, not {self.force!r}.")
+        if self.force and (self.cpu or self.cluster is not None):
+            without = "--cpu starts no GPU worker" if self.cpu else "a cluster pool takes the GPUs Ray gives it"
+            raise PoolError(f"--force shares this machine's GPUs that another process holds; {without}, so leave "
+                            "--force out.")
         object.__setattr__(self, "idle_timeout", _checked_idle_timeout(self.idle_timeout))
         object.__setattr__(self, "env", _checked_env(self.env))
 

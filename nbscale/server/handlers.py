@@ -1,6 +1,9 @@
 """REST endpoints under `/nbscale/api/` for the JupyterLab panel; each an authenticated APIHandler returning JSON.
 
-- `GET  gpus`              `{"gpus": [...], "message": str | None}`; NVML is read at most once a second.
+- `GET  gpus`              `{"gpus": [...], "message": str | None}`; NVML and the machine-wide GPU registry are
+                           read at most once a second. Each GPU's `holders` (user, pid, purpose "pool" or
+                           "training", notebook, kernel_id, since) are the processes, any user's, that reserved
+                           it (nbscale.gpu_reservations).
 - `GET  pools`             `{"pools": [...]}`: the state every running pool publishes (`nbscale.pool.registry`).
 - `GET  jobs`              `{"jobs": [...], "available": bool}`: the batch-job store, where nbscale.jobs exists; a
                            running job's `training` (epoch, iteration, loss, time left) comes from the data-only

@@ -161,13 +161,16 @@ def _interrupt_as_stop(stop: StopSignal) -> Iterator[None]:
 
 
 def training_device(environment: str) -> torch.device:
-    """The device for "auto", "cpu" or "gpu" (the notebook's current GPU)."""
+    """The device for "auto", "cpu" or "gpu" (the notebook's current GPU, or a free one where another process
+    holds it: nbscale.gpu.training_gpu)."""
     if environment == "cpu" or (environment == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise OptionsError("execution_environment='gpu' but no CUDA GPU is visible to this kernel: use "
                            "execution_environment='auto' or 'cpu' (check the GPUs with %gpu).")
-    return torch.device("cuda", torch.cuda.current_device())
+    from nbscale.gpu import training_gpu  # reserves the GPU machine-wide (nbscale.gpu_reservations)
+
+    return torch.device("cuda", training_gpu(torch.cuda.current_device()))
 
 
 def describe_device(device: torch.device) -> str:

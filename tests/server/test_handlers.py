@@ -40,6 +40,25 @@ async def test_gpus_without_a_gpu_is_a_clear_no_gpu_answer_not_an_error(jp_fetch
     assert answer == {"gpus": [], "message": "No GPU: the NVIDIA driver was not found on this machine."}
 
 
+async def test_gpus_name_each_gpus_holder_from_the_machine_wide_registry(jp_fetch, monkeypatch, tmp_path):
+    """What the panel's GPUs section shows: another notebook's pool holds GPU 0 of two (stand-in NVML)."""
+    import pwd
+
+    from tests.gpu_holder import gpu_holder
+    from tests.nvml_probe import fake_pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(tmp_path))
+    with gpu_holder(["GPU-aaaa0-1111"], notebook="analysis.ipynb") as holder:
+        first, second = (await _json(jp_fetch, "gpus"))["gpus"]
+    [held] = first["holders"]
+    assert {key: held[key] for key in ("user", "pid", "purpose", "notebook")} == {
+        "user": pwd.getpwuid(os.geteuid()).pw_name, "pid": holder.pid, "purpose": "pool", "notebook": "analysis.ipynb"
+    }
+    assert second["holders"] == []
+
+
 async def test_gpu_cache_reads_nvml_once_per_max_age():
     reads = []
 

@@ -14,8 +14,9 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+from nbscale.gpu_reservations import GpuReservation
 from nbscale.pool.backends.base import Backend, WorkerSpec
-from nbscale.pool.devices import plan_devices
+from nbscale.pool.devices import reserve_devices
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
 
@@ -31,9 +32,11 @@ class LocalBackend(Backend):
 
     def __init__(self) -> None:
         self._forkserver: subprocess.Popen[bytes] | None = None
+        self._gpus: GpuReservation | None = None  # held from plan() until stop()
 
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
-        devices = plan_devices(settings.n, settings.gpus, settings.cpu)
+        plan = reserve_devices(settings.n, settings.gpus, settings.cpu, settings.force)
+        self._gpus, devices = plan.reservation, plan.devices
         cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
         loopback = _loopback_sockets_env(settings.env)
         return [
@@ -61,6 +64,13 @@ class LocalBackend(Backend):
         self._forkserver.stdin.flush()
 
     def stop(self) -> None:
+        try:
+            self._stop_forkserver()
+        finally:  # the GPUs are free once the workers on them are gone
+            if self._gpus is not None:
+                self._gpus.release()
+
+    def _stop_forkserver(self) -> None:
         if self._forkserver is None:
             return
         if self._forkserver.stdin is not None and not self._forkserver.stdin.closed:

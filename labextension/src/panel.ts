@@ -6,6 +6,7 @@ import {
   formatElapsed,
   formatIdleLeft,
   formatMemory,
+  gpuHoldersText,
   isActive,
   memoryFraction,
   resultSnippet,
@@ -26,7 +27,7 @@ export namespace NbscalePanel {
 }
 
 /**
- * The side panel: Pools (a workers table per pool), GPUs (utilization and memory bars), Jobs (state, elapsed,
+ * The side panel: Pools (a workers table per pool), GPUs (utilization and memory bars, who holds each), Jobs (state, elapsed,
  * log, cancel, the snippet that fetches a result). Its model polls only while the panel is visible.
  */
 export class NbscalePanel extends Widget {
@@ -184,6 +185,13 @@ export class NbscalePanel extends Widget {
             memoryFraction(gpu),
             `memory ${formatMemory(gpu.memory_used_mb)} / ${formatMemory(gpu.memory_total_mb)}`,
             'memory'
+          ),
+          h(
+            'div',
+            {
+              class: `nbscale-Gpu-holders${(gpu.holders ?? []).length ? '' : ' nbscale-Gpu-free'}`
+            },
+            gpuHoldersText(gpu, this._options.currentKernelId())
           )
         );
       })

@@ -40,6 +40,22 @@ export interface IGpuProcess {
   memory_used_mb: number | null;
 }
 
+/**
+ * A process holding a GPU in the machine-wide registry (nbscale.gpu_reservations): a pool's kernel or an
+ * in-notebook training, any user's. `user` is the reservation file's owner, so it cannot be faked.
+ */
+export interface IGpuHolder {
+  user: string;
+  uid: number;
+  pid: number | null;
+  purpose: 'pool' | 'training' | string;
+  /** The notebook's path where Jupyter named it, else null. */
+  notebook: string | null;
+  kernel_id: string | null;
+  /** Seconds since the epoch. */
+  since: number | null;
+}
+
 /** One GPU from NVML; `GET /nbscale/api/gpus` answers `{gpus: IGpuInfo[], message}`. */
 export interface IGpuInfo {
   index: number;
@@ -53,6 +69,8 @@ export interface IGpuInfo {
   power_w: number | null;
   power_limit_w: number | null;
   processes: IGpuProcess[];
+  /** Who reserved it, oldest first; empty when it is free (absent from servers before reservations). */
+  holders?: IGpuHolder[];
 }
 
 export interface IGpusReply {

@@ -5,6 +5,8 @@ import {
   formatIdleLeft,
   formatLoss,
   formatMemory,
+  gpuHoldersText,
+  holderText,
   isActive,
   meanUtilization,
   poolForKernel,
@@ -86,6 +88,28 @@ describe('statusText', () => {
     const gpuPool = pool('k', ['busy', 'busy', 'idle', 'idle'], 'gpu');
     const gpus = [gpu(0, 60, [100]), gpu(1, 66, [101]), gpu(2, 0, [999])];
     expect(statusText(gpuPool, gpus)).toBe('4 workers · 2 busy · GPU 63%');
+  });
+
+  it('uses the GPUs the pool reserved where the registry names them', () => {
+    const gpuPool = pool('k', ['busy'], 'gpu');
+    const reservedBy = (pid: number, purpose: string) => ({
+      user: 'me',
+      uid: 1000,
+      pid,
+      purpose,
+      notebook: null,
+      kernel_id: null,
+      since: 0
+    });
+    const gpus = [
+      { ...gpu(0, 90), holders: [reservedBy(7, 'pool')] },
+      { ...gpu(1, 40), holders: [reservedBy(4242, 'pool')] },
+      { ...gpu(2, 10), holders: [reservedBy(4242, 'training')] }
+    ];
+    expect(poolGpus(gpuPool, gpus).map(g => g.index)).toEqual([1]);
+    expect(statusText(gpuPool, gpus)).toBe('1 worker · 1 busy · GPU 40%');
+    expect(holderText(reservedBy(7, 'pool'))).toBe("me's pool · pid 7");
+    expect(gpuHoldersText(gpu(3, 0))).toBe('free');
   });
 
   it('uses every GPU when NVML lists no processes, and reports dead workers', () => {

@@ -217,6 +217,58 @@ describe('NbscalePanel', () => {
       'memory 20.0 GB / 80.0 GB'
     );
     expect(panel.node.querySelector('.nbscale-NoGpu')).toBeNull();
+    expect(panel.node.querySelector('.nbscale-Gpu-holders')?.textContent).toBe(
+      'free'
+    );
+  });
+
+  it('names who holds each GPU, marking the notebook in front', async () => {
+    const held = (index: number, holders: unknown[]) => ({
+      index,
+      nvml_index: index,
+      name: 'NVIDIA H100',
+      compute_capability: '9.0',
+      memory_used_mb: 0,
+      memory_total_mb: 81920,
+      utilization_percent: 0,
+      temperature_c: null,
+      power_w: null,
+      power_limit_w: null,
+      processes: [],
+      holders
+    });
+    const alice = {
+      user: 'alice',
+      uid: 1001,
+      pid: 4242,
+      purpose: 'pool',
+      notebook: 'analysis.ipynb',
+      kernel_id: 'kernel-x',
+      since: 0
+    };
+    const mine = {
+      ...alice,
+      user: 'me',
+      pid: 10,
+      purpose: 'training',
+      notebook: 'a.ipynb',
+      kernel_id: 'kernel-a'
+    };
+    const model = modelWith({
+      gpus: [held(0, [alice]), held(1, [mine]), held(2, [])],
+      message: null
+    });
+    const panel = panelFor(model, []);
+    await model.update();
+    MessageLoop.sendMessage(panel, Widget.Msg.UpdateRequest);
+    const lines = [...panel.node.querySelectorAll('.nbscale-Gpu-holders')].map(
+      line => line.textContent
+    );
+    expect(lines).toEqual([
+      "held by alice's pool · analysis.ipynb · pid 4242",
+      "held by me's training · this notebook · pid 10",
+      'free'
+    ]);
   });
 
   it("shows a running job's training under it: epoch, iteration, loss and time left", async () => {

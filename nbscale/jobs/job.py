@@ -12,7 +12,8 @@ from typing import Any
 import cloudpickle
 
 from nbscale.errors import JobError
-from nbscale.jobs import process, training_record
+from nbscale.jobs import training_record
+from nbscale.jobs.backends import backend_of
 from nbscale.jobs.files import append_text
 from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 
@@ -114,16 +115,9 @@ class Job:
         record = self.record()
         if not self.store.mark_cancelled(self.id):
             return False
-        from nbscale.jobs import ray_jobs
-
-        ray_job = ray_jobs.reference(self.folder)
-        if ray_job is not None:  # its process runs on Ray's node: Ray stops it and its process group
-            ray_jobs.stop(ray_job)
-        else:
-            if record.pid is None:  # the submitter was still starting it: the runner sees "cancelled" and leaves
-                record = self.record()
-            if record.pid is not None:
-                process.kill_group(record.pid, record.pid_started)
+        if record.pid is None:  # the submitter may have recorded the process since
+            record = self.record()
+        backend_of(self.folder).cancel(record, self.folder)
         append_text(
             self.log_path, f"\n[nbscale] job {self.id} cancelled {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         )

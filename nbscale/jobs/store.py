@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from nbscale.errors import JobError
-from nbscale.jobs import process
+from nbscale.jobs.backends import backend_of
 from nbscale.jobs.files import append_text, open_private, private_dir
 from nbscale.jobs.records import (
     ACTIVE_STATES,
@@ -347,23 +347,11 @@ class JobStore:
         """A queued/running job whose process is gone without writing its end state has failed."""
         if record.state not in ACTIVE_STATES:
             return record
-        from nbscale.jobs import ray_jobs
-
-        ray_job = ray_jobs.reference(self.job_dir(record.id))
-        if ray_job is not None:  # it runs wherever Ray put it: Ray, not a local pid, says whether it still runs
-            reason = ray_jobs.ended_without_state(self.job_dir(record.id), ray_job)
-            if reason is None:
-                return record
-        elif record.pid is not None:
-            if process.alive(record.pid, record.pid_started):
-                return record
-            # it may have written its end state between our read and the check
-            reason = "process died (killed, or the machine restarted) before the cell ended; see the log"
-        elif time.time() - record.submitted > NEVER_STARTED_S:
-            reason = "its process never started"
-        else:
+        job_dir = self.job_dir(record.id)
+        reason = backend_of(job_dir).vanished(record, job_dir, NEVER_STARTED_S)
+        if reason is None:
             return record
-        self.fail(record.id, reason)
+        self.fail(record.id, reason)  # only if still active: an end state written meanwhile stays
         return self._read("WHERE id = ?", (record.id,))[0]
 
     # ---- paths ----------------------------------------------------------------------------------------------

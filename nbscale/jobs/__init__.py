@@ -15,7 +15,6 @@ from __future__ import annotations
 import builtins
 import difflib
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +22,9 @@ from nbscale.errors import JobError
 from nbscale.jobs import arguments
 from nbscale.jobs.job import Job, _as_dict
 from nbscale.jobs.store import JobStore, default_root
-from nbscale.jobs.submit import submit as _submit
+from nbscale.jobs.submit import submit
 
 __all__ = ["Job", "JobStore", "cancel", "current_job_dir", "default_root", "get", "list", "list_jobs", "submit"]
-
-
-def submit(
-    code: str,
-    name: str | None = None,
-    pool: int | None = None,
-    namespace: Mapping[str, Any] | None = None,
-    cwd: str | os.PathLike[str] | None = None,
-    env: Mapping[str, str] | None = None,
-    store: JobStore | None = None,
-    cluster: str | None = None,
-) -> Job:
-    """Run `code` as a detached job (MATLAB's `batch`) and return its Job at once.
-
-    Variables of `namespace` (the notebook's) that the code reads before assigning are pickled into the job;
-    modules among them are imported there. With `pool=N` the job opens `nbscale.Pool(N)` as `pool` first and
-    closes it at the end. `cwd` (default: this process's) is where the job runs. `env` values are set in the
-    job's environment only, never written to the store or the log. `cluster` (a profile name or an address)
-    runs it as a Ray job on that cluster instead of a local process. Raises JobError for an argument of the
-    wrong kind, a syntax error, a variable that cannot be pickled, or a job that cannot start.
-    """
-    arguments.submission(code, name, namespace, cwd, env, cluster)
-    return _submit(code, name=name, pool=pool, namespace=namespace, cwd=cwd, env=env, store=store, cluster=cluster)
 
 
 def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:

@@ -14,6 +14,7 @@ import cloudpickle
 
 from nbscale.cellvars import names_read
 from nbscale.errors import JobError
+from nbscale.jobs import arguments
 from nbscale.jobs.backends import Launch, LaunchFailed, backend_for
 from nbscale.jobs.files import append_text, write_atomic
 from nbscale.jobs.job import Job
@@ -41,9 +42,10 @@ def submit(
     closes it at the end. `cwd` (default: this process's) is where the job runs. `env` values are set in the
     job's environment only, never written to the store or the log. `cluster` (a profile name or an address)
     runs it as a Ray job on that cluster instead of a local process; `nbscale.jobs.backends.cluster` says what
-    the cluster must share with this machine. Raises JobError for a syntax error, a
-    variable that cannot be pickled, or a job that cannot start.
+    the cluster must share with this machine. Raises JobError for an argument of the wrong kind, a syntax
+    error, a variable that cannot be pickled, or a job that cannot start.
     """
+    arguments.submission(code, name, namespace, cwd, env, cluster)
     try:
         compile(code, "<batch cell>", "exec")
     except SyntaxError as error:

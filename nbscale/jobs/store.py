@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from platformdirs import user_data_dir
+
 from nbscale.errors import JobError
 from nbscale.jobs.backends import backend_of
 from nbscale.jobs.files import append_text, open_private, private_dir
@@ -71,13 +73,7 @@ def default_root() -> Path:
     home = os.environ.get("NBSCALE_HOME")
     if home:
         return Path(home).expanduser() / "jobs"
-    try:
-        from platformdirs import user_data_dir
-
-        return Path(user_data_dir("nbscale", appauthor=False)) / "jobs"
-    except ImportError:
-        data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-        return Path(data_home) / "nbscale" / "jobs"
+    return Path(user_data_dir("nbscale", appauthor=False)) / "jobs"
 
 
 def _ranges(ids: list[int]) -> str:

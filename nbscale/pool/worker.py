@@ -18,9 +18,12 @@ import queue
 import signal
 import socket
 import sys
+import sysconfig
 import threading
+import time
 import traceback
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -31,10 +34,12 @@ from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.references import CompositeReference, ModuleReference
+from nbscale.pool.transport import announce_failures_here
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *parts)
                              for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py")))
+_LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
 
 
 class _StreamToKernel(io.TextIOBase):
@@ -89,7 +94,8 @@ class Worker:
         self.device = torch.device(config.device)
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
-        self.current_request: int | None = None
+        self.current_request: int | None = None  # the request the main thread runs (None between requests)
+        self._spot: tuple[tuple[int, int], float] | None = None  # the main thread's last seen spot, and since when
         self.cancelled_requests: set[int] = set()  # pool.cancel() reached them, maybe before they started
         self.request_lock = threading.Lock()  # current_request vs a targeted Interrupt
         self.groups: dict[tuple[int, ...], Any] = {}
@@ -146,7 +152,18 @@ class Worker:
         self.context._stop.set()
 
     def report_status(self, message: p.StatusQuery) -> None:
-        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory()))
+        """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
+        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot()))
+
+    def _main_thread_spot(self) -> tuple[str, float]:
+        frame = sys._current_frames().get(threading.main_thread().ident or 0) if self.current_request is not None else None
+        if frame is None:
+            self._spot = None
+            return "", 0.0
+        spot, now = (id(frame), frame.f_lasti), time.monotonic()
+        if self._spot is None or self._spot[0] != spot:
+            self._spot = (spot, now)
+        return _describe_spot(frame), now - self._spot[1]
 
     def shut_down(self, message: p.Shutdown) -> None:
         os._exit(0)
@@ -202,6 +219,7 @@ class Worker:
                     message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
                     (type(error).__module__, type(error).__qualname__),
                 )  # fmt: skip
+            self.current_request = None
             self.busy = not self.inbox.empty()
             try:
                 self._send_reply(reply)
@@ -280,6 +298,23 @@ class Worker:
         return {name: self.namespace[name] for name in message.names}
 
 
+def _describe_spot(frame: FrameType) -> str:
+    """Where a thread is, in the user's terms: 'line 4 of the cell (`lock.acquire()`)', and the library function it
+    is inside, if any ('..., inside all_reduce')."""
+    user = frame
+    while user is not None and not user.f_code.co_filename.startswith("<") and user.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        user = user.f_back
+    if user is None:
+        user = frame
+    filename = user.f_code.co_filename
+    place = "the cell" if filename.startswith("<spmd cell") else f"{os.path.basename(filename)} ({user.f_code.co_name})"
+    source = linecache.getline(filename, user.f_lineno).strip()
+    described = f"line {user.f_lineno} of {place}" + (f" (`{source}`)" if source else "")
+    if user is not frame:
+        described += f", inside {frame.f_code.co_name}"
+    return described
+
+
 def _listen_on(host: str) -> socket.socket:
     """A listening socket on `host` (a free port), for torch.distributed's store to take over."""
     family, kind, protocol, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
@@ -293,6 +328,7 @@ def serve(config: p.WorkerConfig) -> None:
     """Connect, say hello, and serve until the kernel goes away (never returns normally)."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    announce_failures_here(False)  # a full /dev/shm is said once, by the kernel, not by every worker
     channel = connect(config.kernel_address, bytes.fromhex(config.secret))
     channel.same_machine = config.kernel_machine_id == machine_id()
     worker = Worker(channel, config)
@@ -306,8 +342,22 @@ def serve(config: p.WorkerConfig) -> None:
         os._exit(0)
 
 
+def _exit_with_parent() -> None:
+    """Exit when the process that started us (a Ray actor) is gone: a lost actor or node takes its worker along,
+    instead of leaving it connected to the kernel with no one to account for it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="nbscale-watch-launcher", daemon=True).start()
+
+
 def main() -> None:
     """Entry point for `python -m nbscale.pool.worker` (config as one JSON line on stdin)."""
+    _exit_with_parent()
     config = p.WorkerConfig.from_json(json.loads(sys.stdin.readline()))
     os.environ.update(config.env)
     serve(config)

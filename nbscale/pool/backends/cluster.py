@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from nbscale.pool.settings import PoolSettings
 # machine; an address that cannot answer still fails at once or within this bound.
 DEFAULT_CONNECT_TIMEOUT_S = 120.0
 EXIT_STATUS_TIMEOUT_S = 3.0
+REACHABLE_TIMEOUT_S = 10.0  # the TCP handshake with the head: the OS answers it even when the head is busy
 
 
 def make_cluster_backend(cluster: str, connect_timeout: float | None = None) -> Backend:
@@ -98,6 +100,7 @@ class RayBackend(Backend):
 
         if ray.is_initialized():
             return
+        self._check_reachable()
         outcome: dict[str, Any] = {}
         deadline = time.monotonic() + self.connect_timeout
 
@@ -129,6 +132,20 @@ class RayBackend(Backend):
                 "(`ray status` there) and that this machine can reach the address; on a slow or loaded network allow "
                 "longer with --connect-timeout SECONDS (connect_timeout in the profile)."
             )
+
+    def _check_reachable(self) -> None:
+        """Fail at once where nothing listens at the address (Ray itself would retry until the timeout)."""
+        address = self.profile.address.removeprefix("ray://")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            return  # "auto", or a form Ray resolves itself
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=min(REACHABLE_TIMEOUT_S, self.connect_timeout)).close()
+        except OSError as error:
+            raise PoolError(
+                f"Could not reach the Ray cluster at {self.profile.address}: {error.strerror or error}. Check that its "
+                "head is running (`ray status` there) and that this machine can reach the address and port."
+            ) from None
 
     def _kernel_address(self) -> str:
         import ray
@@ -216,8 +233,10 @@ class RayBackend(Backend):
             returncode = ray.get(self.actors[rank].exit_status.remote(), timeout=EXIT_STATUS_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             return None
+        except ray.exceptions.ActorUnavailableError:
+            return f"went with its Ray actor, which cannot be reached: its {self.node(rank)} is down or unreachable"
         except ray.exceptions.RayActorError as error:
-            return f"went with its Ray actor on node {self.node(rank)}: {_first_line(error)}"
+            return f"went with its Ray actor on {self.node(rank)}, which died ({_first_line(error)})"
         return None if returncode is None else returncode_description(returncode)
 
     def node(self, rank: int) -> str | None:

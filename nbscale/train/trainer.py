@@ -36,6 +36,7 @@ from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset, split_batch
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
+from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
 STOP_GRACE_S = 3.0  # on the pool: how long the first interrupt waits for the end of the iteration
@@ -59,10 +60,13 @@ def train(
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
     trained weights are copied back).
     Every training event (nbscale.train.events) goes to `info` (made here when None), then to each of
-    `listeners` in order; nothing is shown or printed here. `stop` (made when None) is what the listeners and
+    `listeners` in order; nothing is shown here, and only the kernel interrupt and a pool restart
+    (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and
     the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
     dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
+    check_recovery_options(options)
+    restarts: list[str] = []
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
         check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
@@ -79,8 +83,14 @@ def train(
         if on_pool:
             from nbscale.train.distributed import train_on_pool
 
+            def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
+                return train_on_pool(model, dataset, options, loss_fn, seed, resume, events, stop)
+
             try:
-                result = train_on_pool(model, dataset, options, loss_fn, seed, resume, channel, stop)
+                if options.on_worker_failure == "restart":
+                    result, restarts = train_surviving_lost_workers(run, resume, seed, options, channel, stop)
+                else:
+                    result = run(resume, channel)
             except PoolInterrupted as interrupted:
                 if forced():
                     raise _forced_stop(interrupted, options) from None
@@ -99,6 +109,8 @@ def train(
                     f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={batch}: lower "
                     f"mini_batch_size, or try precision='mixed'. ({error})") from None
     info.stop_reason = stop.reason or result.stop_reason
+    if restarts:
+        info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
     return model, info
 
 

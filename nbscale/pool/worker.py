@@ -95,7 +95,8 @@ class Worker:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
         self.current_request: int | None = None  # the request the main thread runs (None between requests)
-        self._spot: tuple[tuple[int, int], float] | None = None  # the main thread's last seen spot, and since when
+        # the main thread's last seen spot and activity, and since when it has stood still there
+        self._spot: tuple[tuple[int, int], tuple[int, int] | None, float] | None = None
         self.cancelled_requests: set[int] = set()  # pool.cancel() reached them, maybe before they started
         self.request_lock = threading.Lock()  # current_request vs a targeted Interrupt
         self.groups: dict[tuple[int, ...], Any] = {}
@@ -156,14 +157,19 @@ class Worker:
         self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot()))
 
     def _main_thread_spot(self) -> tuple[str, float]:
-        frame = sys._current_frames().get(threading.main_thread().ident or 0) if self.current_request is not None else None
+        """Where the main thread is, and for how long it has stood still there: at the same instruction, and (where
+        /proc tells) without CPU time or wake-ups in between. A loop that sleeps or waits briefly at one line each
+        round is seen at the same instruction every time, but wakes up: that counts as moving."""
+        main = threading.main_thread()
+        frame = sys._current_frames().get(main.ident or 0) if self.current_request is not None else None
         if frame is None:
             self._spot = None
             return "", 0.0
-        spot, now = (id(frame), frame.f_lasti), time.monotonic()
-        if self._spot is None or self._spot[0] != spot:
-            self._spot = (spot, now)
-        return _describe_spot(frame), now - self._spot[1]
+        spot, activity, now = (id(frame), frame.f_lasti), _thread_activity(main.native_id), time.monotonic()
+        still = (self._spot is not None and self._spot[0] == spot
+                 and (activity is None or self._spot[1] is None or _idle_between(self._spot[1], activity)))
+        self._spot = (spot, activity, self._spot[2] if still and self._spot is not None else now)
+        return _describe_spot(frame), now - self._spot[2]
 
     def shut_down(self, message: p.Shutdown) -> None:
         os._exit(0)
@@ -296,6 +302,26 @@ class Worker:
         if missing:
             raise NameError(f"no variable named {', '.join(map(repr, missing))} on this worker")
         return {name: self.namespace[name] for name in message.names}
+
+
+def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
+    """(CPU clock ticks, context switches) of one thread of this process so far; None where /proc cannot tell."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/self/task/{native_id}/status") as handle:
+            switches = sum(int(line.split()[1]) for line in handle
+                           if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")))
+    except (OSError, IndexError, ValueError):
+        return None
+    return int(fields[11]) + int(fields[12]), switches  # utime + stime (stat's fields 14 and 15)
+
+
+def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:
+    """Whether a thread neither computed nor woke up (more than a couple of times) between two samples."""
+    return after[0] - before[0] <= 1 and after[1] - before[1] <= 2
 
 
 def _describe_spot(frame: FrameType) -> str:

@@ -175,3 +175,15 @@ def test_one_interrupt_of_a_pool_training_hung_in_a_collective_returns_within_10
     assert "Workers 0, 1 did not stop within 3 s (stuck in a collective" in cell.traceback
     assert "the pool was restarted with fresh workers" in cell.traceback
     assert set(_worker_pids(kernel)).isdisjoint(pids)
+
+
+def test_a_cell_that_keeps_meeting_in_collectives_and_sleeping_gets_no_stuck_note(kernel):
+    kernel.run("%pool start 2 --cpu")
+    # the same line (the sleep) every time the heartbeat looks, but the workers move on: that is progress
+    cell = kernel.run(
+        "%%spmd\nimport time\nend = time.time() + 26\n"
+        "while allreduce(torch.tensor([float(time.time() < end)])).item() == world_size:\n    time.sleep(0.01)\n",
+        timeout=90,
+    )
+    assert cell.ok, cell.text
+    assert "no progress" not in cell.text

@@ -161,9 +161,17 @@ class Pool:
 
     def _prepare_restart(self) -> None:
         """Begin starting a replacement (a local pool's forkserver imports torch) in case a restart follows."""
-        if self._spare is None:
-            self._spare = make_backend(self.settings)
-            self._spare.prepare()
+        if self._spare is not None:
+            return
+        try:
+            spare = make_backend(self.settings)
+        except Exception:  # noqa: BLE001 - only a head start: a restart that follows tries again and says why
+            return
+        self._spare = spare
+        try:
+            spare.prepare()
+        except Exception:  # noqa: BLE001 - as above
+            self._drop_spare()
 
     def _drop_spare(self) -> None:
         spare, self._spare = self._spare, None

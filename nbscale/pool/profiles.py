@@ -99,5 +99,7 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
         runtime_env=dict(entry.get("runtime_env", {})),
         job_address=str(entry.get("job_address", "")),
         job_python=str(entry.get("job_python", "")),
-        connect_timeout=checked_connect_timeout(entry.get("connect_timeout"), f"connect_timeout in profile {cluster!r} of {profiles_path()}"),
+        connect_timeout=checked_connect_timeout(
+            entry.get("connect_timeout"), f"connect_timeout in profile {cluster!r} of {profiles_path()}"
+        ),
     )

@@ -287,17 +287,17 @@ class Router:
         self.finish(request)
         stopped = self._stopped(stuck)
         if stopped:
-            reason = (f"{workers_named(stopped)} {'is a stopped process' if len(stopped) == 1 else 'are stopped processes'}"
-                      " (SIGSTOP or a debugger)")
+            processes = "is a stopped process" if len(stopped) == 1 else "are stopped processes"
+            reason = f"{workers_named(stopped)} {processes} (SIGSTOP or a debugger)"
         else:
-            reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, or in "
-                      "native code)")
+            reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
+                      "or in native code)")
         if restart is None:
             return f"{interrupted} {reason}."
         started = time.monotonic()
         restart.restart()
-        return (f"{interrupted} {reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
-                "variables on the workers are lost.")
+        return (f"{interrupted} {reason}, so the pool was restarted with fresh workers in "
+                f"{time.monotonic() - started:.1f} s; variables on the workers are lost.")
 
     def _stopped(self, ranks: Iterable[int]) -> list[int]:
         """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""
@@ -308,7 +308,6 @@ def workers_named(ranks: Iterable[int]) -> str:
     """'Worker 1' or 'Workers 0, 2'."""
     ranks = list(ranks)
     return f"Worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-
 
 
 

@@ -23,7 +23,7 @@ class WorkerHandle:
     device_memory_mb: float | None = None
     status_round: int = 0  # the last StatusQuery it answered
     last_heard: float = field(default_factory=time.monotonic)  # when its last message arrived (monotonic s)
-    receiving: bool = False  # a message from it is arriving now (a large one can take a while)
+    transferring: bool = False  # a message to or from it is on its way now (a large one can take a while)
     where: str = ""  # where its main thread runs a request, as its last heartbeat said
     still_s: float = 0.0  # for how long that spot had not changed
 

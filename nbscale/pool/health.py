@@ -27,7 +27,7 @@ STALL_NOTICE_S = 20.0
 def unresponsive(worker: WorkerHandle, now: float | None = None) -> bool:
     """True when a live worker has sent nothing for UNRESPONSIVE_S (a message arriving counts as an answer)."""
     now = time.monotonic() if now is None else now
-    return not worker.dead and not worker.receiving and now - worker.last_heard > UNRESPONSIVE_S
+    return not worker.dead and not worker.transferring and now - worker.last_heard > UNRESPONSIVE_S
 
 
 def process_state(worker: WorkerHandle) -> str | None:

@@ -85,15 +85,24 @@ class Router:
         frame = frame or serialise(message)
         request.frame = frame
         self.last_activity = time.monotonic()
+        ranks = list(ranks)
+        if all(self.workers[rank].channel.same_machine for rank in ranks) and frame.to_shared_memory():
+            frame.buffers = []  # no receiver needs them on the socket: free the copies (a GPU tensor's, say) now
         for rank in ranks:
             worker = self.workers[rank]
             with self.lock:
                 worker.outstanding += 1
                 worker.where, worker.still_s = "", 0.0  # a spot from the last request says nothing of this one
+            # a large message keeps the worker's receiver thread reading instead of answering the heartbeat: its
+            # transfer time does not count as silence
+            worker.transferring, began = True, time.monotonic()
             try:
                 worker.channel.send_frame(frame)
             except (OSError, ValueError):
                 self.worker_died(worker, "its connection closed")
+            finally:
+                worker.transferring = False
+                worker.last_heard = max(worker.last_heard, began)
 
     def tell(self, message: Any, ranks: Iterable[int] | None = None) -> None:
         """Send a control message (no reply expected) to the live workers among `ranks` (default: all)."""
@@ -116,7 +125,7 @@ class Router:
                 continue
             for connection in ready:
                 worker = live[connection]
-                worker.receiving = True  # the heartbeat does not count a large message's transfer time as silence
+                worker.transferring = True  # as in send_to: a large message's transfer time is not silence
                 try:
                     message = worker.channel.recv()
                 except MessageUnreadable as unreadable:
@@ -128,7 +137,7 @@ class Router:
                         self.worker_died(worker, self.death_description(worker))
                     continue
                 finally:
-                    worker.receiving = False
+                    worker.transferring = False
                     worker.last_heard = time.monotonic()
                 self._route(worker, message)
 

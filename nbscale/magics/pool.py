@@ -24,6 +24,14 @@ def _minutes(text: str) -> float:
         raise PoolError(f"--idle-timeout {text}: give minutes as a number, such as 30 (0 = never).") from None
 
 
+def _seconds(text: str) -> float:
+    """--connect-timeout's value as a number; PoolSettings says which numbers are allowed."""
+    try:
+        return float(text)
+    except ValueError:
+        raise PoolError(f"--connect-timeout {text}: give seconds as a number, such as 120.") from None
+
+
 @magics_class
 class PoolMagics(Magics):
     """The worker pool (parpool) and spmd cells."""
@@ -38,6 +46,8 @@ class PoolMagics(Magics):
     @argument("--cluster", help="a profile name from ~/.config/nbscale/profiles.toml, or ray://HOST:PORT")
     @argument("--idle-timeout", type=_minutes, default=30, help="minutes idle before the pool stops itself (0: never)")
     @argument("--env", nargs="+", action="extend", metavar="KEY=VALUE", help="environment variables for every worker")
+    @argument("--connect-timeout", type=_seconds, metavar="SECONDS",
+              help="with --cluster: seconds to reach the cluster and start its actors (default: the profile's, else 120)")
     @line_magic
     def pool(self, line: str) -> Any:
         """Start, show, stop or restart the worker pool."""
@@ -45,13 +55,14 @@ class PoolMagics(Magics):
         if args.action not in _ACTIONS:
             raise PoolError(f"Unknown %pool action {args.action!r}: use one of {', '.join(_ACTIONS)}.")
         if args.action != "start" and (args.n is not None or args.gpus is not None or args.cpu or args.cluster
-                                       or args.env or args.force):
+                                       or args.env or args.force or args.connect_timeout is not None):
             raise PoolError(f"%pool {args.action} takes no N or flags; they belong to %pool start.")
         running = current_pool()
         if args.action == "start":
             pool = Pool(
                 args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster,
                 idle_timeout=args.idle_timeout, env=env_pairs(args.env), force=args.force,
+                connect_timeout=args.connect_timeout,
             )  # fmt: skip
             # which GPUs it took, and who holds the others (this machine's GPUs: not for a cluster pool)
             note = pool_gpus_note(gpus()) if pool.kind == "gpu" and args.cluster is None else "."

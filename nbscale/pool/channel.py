@@ -19,7 +19,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from nbscale.pool.transport import Frame, bytes_buffer, deserialise, map_shared_memory, serialise
+from nbscale.pool.transport import (
+    Frame,
+    bytes_buffer,
+    deserialise,
+    map_shared_memory,
+    serialise,
+    warn_shared_memory_failure,
+)
 
 _GREETING = b"NBSCALE1"
 _CHALLENGE_BYTES = 32
@@ -104,18 +111,25 @@ class Channel:
     def send(self, message: Any) -> None:
         """Serialise and send one message (the receiver removes any shared-memory file)."""
         frame = serialise(message)
-        if self.same_machine:
-            frame.to_shared_memory()
-        self.send_frame(frame, receiver_unlinks=True)
+        try:
+            self.send_frame(frame, receiver_unlinks=True)
+        except (OSError, ValueError):
+            frame.release()  # the connection failed, so no receiver removes its files
+            raise
 
     def send_frame(self, frame: Frame, receiver_unlinks: bool = False) -> None:
-        """Send an already serialised frame (the same frame may go to many workers)."""
-        if frame.buffers and self.same_machine:
-            frame.to_shared_memory()
-        header = pickle.dumps((frame.shm_paths, frame.shm_sizes, len(frame.buffers), receiver_unlinks, frame.label))
+        """Send an already serialised frame (the same frame may go to many workers): large buffers as shared-memory
+        files to a peer on this machine, on the socket to one elsewhere or when shared memory is full.
+
+        Raises OSError or ValueError only when the connection fails.
+        """
+        shared = self.same_machine and frame.to_shared_memory()
+        paths, sizes = (frame.shm_paths, frame.shm_sizes) if shared else ((), ())
+        inline = [] if shared else frame.buffers
+        header = pickle.dumps((paths, sizes, len(inline), receiver_unlinks, frame.label, frame.shm_failure))
         with self._send_lock:
             self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
-            for buffer in frame.buffers:
+            for buffer in inline:
                 self.connection.send_bytes(buffer)
 
     def recv(self) -> Any:
@@ -125,16 +139,26 @@ class Channel:
         """
         data = self.connection.recv_bytes()
         (header_length,) = struct.unpack("!I", data[:4])
-        shm_paths, shm_sizes, inline_count, receiver_unlinks, label = pickle.loads(data[4 : 4 + header_length])
+        shm_paths, shm_sizes, inline_count, receiver_unlinks, label, shm_failure = pickle.loads(
+            data[4 : 4 + header_length]
+        )
+        if shm_failure is not None:  # the sender found shared memory full: the kernel says so once
+            warn_shared_memory_failure(shm_failure)
         body = data[4 + header_length :]
         buffers: list[Any] = []
+        unmappable: Exception | None = None
         if shm_paths:
-            buffers = map_shared_memory(shm_paths, shm_sizes)
+            try:
+                buffers = map_shared_memory(shm_paths, shm_sizes)
+            except Exception as error:  # noqa: BLE001 - a file gone or unreadable: this message is lost, not the channel
+                unmappable = error
             if receiver_unlinks:
                 for path in shm_paths:
                     Path(path).unlink(missing_ok=True)
         for _ in range(inline_count):
             buffers.append(bytes_buffer(self.connection.recv_bytes()))
+        if unmappable is not None:
+            raise MessageUnreadable(*label, unmappable)
         try:
             return deserialise(body, buffers)
         except Exception as error:  # noqa: BLE001 - any unpickling failure: a missing module, class or attribute

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from nbscale.pool.channel import Channel
 
@@ -21,6 +22,10 @@ class WorkerHandle:
     memory_mb: float | None = None
     device_memory_mb: float | None = None
     status_round: int = 0  # the last StatusQuery it answered
+    last_heard: float = field(default_factory=time.monotonic)  # when its last message arrived (monotonic s)
+    transferring: bool = False  # a message to or from it is on its way now (a large one can take a while)
+    where: str = ""  # where its main thread runs a request, as its last heartbeat said
+    still_s: float = 0.0  # for how long that spot had not changed
 
     @property
     def state(self) -> str:

@@ -1,4 +1,5 @@
-"""Watching a running pool: workers' memory, the published state (registry), and the idle timeout."""
+"""Watching a running pool: the workers' heartbeat (memory, and whether each still answers), the published state
+(registry), and the idle timeout."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ from typing import Any
 
 from nbscale.pool import protocol as p
 from nbscale.pool import registry
+from nbscale.pool.health import unresponsive, unresponsive_description
 from nbscale.pool.routing import Router
 
 STATUS_TIMEOUT_S = 1.0
+LAST_CHANCE_S = 2.0  # a silent worker is asked once more before it is given up
 
 
 class Monitor:
-    """A thread that, every registry.HEARTBEAT_S seconds, asks every worker for its memory, publishes the pool's
-    state, and calls `on_idle(reason)` once the pool was idle longer than `idle_timeout_s` (None: never)."""
+    """A thread that, every registry.HEARTBEAT_S seconds, asks every worker for its memory (the heartbeat), gives
+    up workers that stopped answering (nbscale.pool.health), publishes the pool's state, and calls `on_idle()`
+    once the pool was idle longer than `idle_timeout_s` (None: never)."""
 
     def __init__(
         self,
@@ -66,7 +70,22 @@ class Monitor:
                 self._on_idle()
                 return
             self.refresh_memory(wait=False)
+            self._give_up_silent_workers()
             self._publish()
+
+    def _give_up_silent_workers(self) -> None:
+        """Mark dead the workers silent for health.UNRESPONSIVE_S, after one last query (so a kernel that was itself
+        paused, whose workers' answers wait unread in its sockets, gives up no one)."""
+        silent = [w for w in self.router.workers if unresponsive(w)]
+        if not silent:
+            return
+        self.refresh_memory(wait=False)
+        deadline = time.monotonic() + LAST_CHANCE_S
+        while time.monotonic() < deadline and any(unresponsive(w) for w in silent):
+            time.sleep(0.05)
+        for worker in silent:
+            if unresponsive(worker) and not self.router.stopping.is_set():
+                self.router.worker_died(worker, unresponsive_description(worker))
 
     def _idle_soon(self) -> bool:
         return self.idle_timeout_s is not None and self.idle_timeout_s < 2 * registry.HEARTBEAT_S

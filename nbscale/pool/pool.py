@@ -19,17 +19,18 @@ from typing import Any
 from nbscale.errors import PoolError, UnsendableError, WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool import registry
+from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import next_request_id
-from nbscale.pool.routing import Router, workers_named
+from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell
 from nbscale.pool.startup import join_group, launch_workers, make_backend
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
-from nbscale.pool.transport import serialise
+from nbscale.pool.transport import remove_stale_files, serialise
 
 _current: Pool | None = None
 _last_shutdown_notice: str | None = None
@@ -63,12 +64,13 @@ def take_shutdown_notice() -> str | None:
 class Pool:
     """A pool of worker processes in one torch.distributed group (parpool).
 
-    `Pool(n=None, gpus=None, cpu=False, cluster=None, idle_timeout=30, env=None, force=False)` starts the
-    workers and returns once every one has imported torch and joined the group. N defaults to the number of
-    free GPUs (one worker each; a GPU another process holds is not free, see nbscale.gpu_reservations) or,
-    without GPUs, the CPU count (at most 4). The pool holds its GPUs until it stops; `force=True` takes held
-    GPUs too, sharing them. `idle_timeout` is in minutes (0: never). `env` values are set on every worker and
-    never shown. Use as a context manager, or call `close()`.
+    `Pool(n=None, gpus=None, cpu=False, cluster=None, idle_timeout=30, env=None, force=False,
+    connect_timeout=None)` starts the workers and returns once every one has imported torch and joined the group.
+    N defaults to the number of free GPUs (one worker each; a GPU another process holds is not free, see
+    nbscale.gpu_reservations) or, without GPUs, the CPU count (at most 4). The pool holds its GPUs until it stops;
+    `force=True` takes held GPUs too, sharing them. `idle_timeout` is in minutes (0: never). `env` values are set
+    on every worker and never shown. `connect_timeout` (cluster pools) is the seconds allowed to reach the cluster
+    and start its actors (default: the profile's, else 120). Use as a context manager, or call `close()`.
     Raises PoolError for bad settings, held GPUs, or when a pool is already running.
     """
 
@@ -81,29 +83,34 @@ class Pool:
         idle_timeout: float = 30,
         env: dict[str, str] | None = None,
         force: bool = False,
+        connect_timeout: float | None = None,
     ) -> None:
         if _current is not None and not _current.closed:
             raise PoolError(
                 f"A pool of {_current.size} workers is already running. Stop it first with %pool stop "
                 "(pool.close()), or get fresh workers with %pool restart."
             )
-        self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force)  # type: ignore[arg-type]
+        self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
         self.closed = True
+        self._spare: Backend | None = None  # a replacement prepared while interrupted workers get time to stop
         self._start()
 
     # ---- life cycle -----------------------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start(self, backend: Backend | None = None) -> None:
         global _current
         started = time.monotonic()
+        self.start_seconds: float | None = None
         self.generation = secrets.token_hex(4)  # Composites of an earlier start know they are stale
-        self.backend = make_backend(self.settings)
+        remove_stale_files()  # shared-memory files of kernels and workers killed mid-transfer
+        self.backend = backend or make_backend(self.settings)
         try:
             workers, self.rejected_connections = launch_workers(self.backend, self.settings)
         except BaseException:
             self.backend.stop()
             raise
         self.router = Router(workers)
+        self.router.exit_status = lambda worker: self.backend.exit_status(worker.rank, worker.pid)
         self.tasks = TaskQueue(self.router)
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
                                self.state, self._stop_idle)  # fmt: skip
@@ -126,6 +133,7 @@ class Pool:
         if self.closed:
             return
         self.closed = True
+        self._drop_spare()
         self.router.stopping.set()
         self.router.tell(p.Shutdown())
         self.backend.stop()
@@ -149,8 +157,28 @@ class Pool:
 
     def restart(self) -> None:
         """Fresh processes with the same size and settings (variables on the workers are lost)."""
+        spare, self._spare = self._spare, None
         self.close()
-        self._start()
+        self._start(spare)
+
+    def _prepare_restart(self) -> None:
+        """Begin starting a replacement (a local pool's forkserver imports torch) in case a restart follows."""
+        if self._spare is not None:
+            return
+        try:
+            spare = make_backend(self.settings)
+        except Exception:  # noqa: BLE001 - only a head start: a restart that follows tries again and says why
+            return
+        self._spare = spare
+        try:
+            spare.prepare()
+        except Exception:  # noqa: BLE001 - as above
+            self._drop_spare()
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.stop()
 
     def __enter__(self) -> Pool:
         return self
@@ -172,6 +200,11 @@ class Pool:
     @property
     def devices(self) -> list[str]:
         return [w.device for w in self.workers]
+
+    @property
+    def busy(self) -> bool:
+        """Whether a started pool's workers are running something (a cell, a call, a task, a training)."""
+        return not self.closed and self.start_seconds is not None and self.router.busy
 
     @property
     def kind(self) -> str:
@@ -210,7 +243,7 @@ class Pool:
         except Exception as error:
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
         request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
-        return self.router.wait(request, what, restart=self.restart)
+        return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
 
     def run(
         self,

@@ -185,9 +185,12 @@ class Failed:
 
 @dataclass(frozen=True)
 class StatusReport:
-    """Answer to StatusQuery."""
+    """Answer to StatusQuery (the heartbeat): memory, and where the main thread runs a request (`where`, empty
+    while idle) and for how many seconds it has stayed at that exact spot (`still_s`)."""
 
     request_id: int
     rank: int
     memory_mb: float
     device_memory_mb: float | None
+    where: str = ""
+    still_s: float = 0.0

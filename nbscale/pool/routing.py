@@ -9,10 +9,12 @@ marked dead, and every request waiting for it learns so at once.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_for_connections
 from typing import Any
 
@@ -20,12 +22,23 @@ from nbscale.errors import PoolInterrupted
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.handles import WorkerHandle
+from nbscale.pool.health import process_state, stall_notice, stalled
 from nbscale.pool.output import print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
-from nbscale.processes import pid_running
 
-INTERRUPT_GRACE_S = 5.0
+INTERRUPT_GRACE_S = 3.0
+PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
+
+
+@dataclass(frozen=True)
+class Restarter:
+    """How `wait` replaces workers that do not stop: `prepare` begins the slow part early (while they are given
+    their chance), `restart` replaces them, `cancel` drops what `prepare` began when they stopped after all."""
+
+    restart: Callable[[], None]
+    prepare: Callable[[], None] = lambda: None
+    cancel: Callable[[], None] = lambda: None
 
 
 class Router:
@@ -41,6 +54,8 @@ class Router:
         # set by the task queue: a reply of a task arrived; a worker may have become free
         self.on_task_reply: Callable[[Request, Any], None] = lambda request, item: None
         self.on_worker_free: Callable[[], None] = lambda: None
+        # set by the pool: how a worker's process ended, from its backend (None: unknown, or it still runs)
+        self.exit_status: Callable[[WorkerHandle], str | None] = lambda worker: None
 
     def start(self) -> None:
         threading.Thread(target=self._receive_forever, name="nbscale-pool-receiver", daemon=True).start()
@@ -70,14 +85,24 @@ class Router:
         frame = frame or serialise(message)
         request.frame = frame
         self.last_activity = time.monotonic()
+        ranks = list(ranks)
+        if all(self.workers[rank].channel.same_machine for rank in ranks) and frame.to_shared_memory():
+            frame.buffers = []  # no receiver needs them on the socket: free the copies (a GPU tensor's, say) now
         for rank in ranks:
             worker = self.workers[rank]
             with self.lock:
                 worker.outstanding += 1
+                worker.where, worker.still_s = "", 0.0  # a spot from the last request says nothing of this one
+            # a large message keeps the worker's receiver thread reading instead of answering the heartbeat: its
+            # transfer time does not count as silence
+            worker.transferring, began = True, time.monotonic()
             try:
                 worker.channel.send_frame(frame)
             except (OSError, ValueError):
                 self.worker_died(worker, "its connection closed")
+            finally:
+                worker.transferring = False
+                worker.last_heard = max(worker.last_heard, began)
 
     def tell(self, message: Any, ranks: Iterable[int] | None = None) -> None:
         """Send a control message (no reply expected) to the live workers among `ranks` (default: all)."""
@@ -100,6 +125,7 @@ class Router:
                 continue
             for connection in ready:
                 worker = live[connection]
+                worker.transferring = True  # as in send_to: a large message's transfer time is not silence
                 try:
                     message = worker.channel.recv()
                 except MessageUnreadable as unreadable:
@@ -108,8 +134,11 @@ class Router:
                         continue
                 except (EOFError, OSError, ValueError):
                     if not self.stopping.is_set():
-                        self.worker_died(worker, _death_description(worker))
+                        self.worker_died(worker, self.death_description(worker))
                     continue
+                finally:
+                    worker.transferring = False
+                    worker.last_heard = time.monotonic()
                 self._route(worker, message)
 
     def _route(self, worker: WorkerHandle, message: Any) -> None:
@@ -122,6 +151,7 @@ class Router:
             return
         if isinstance(message, p.StatusReport):
             worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb
+            worker.where, worker.still_s = message.where, message.still_s
             worker.status_round = message.request_id
             return
         with self.lock:
@@ -137,6 +167,20 @@ class Router:
             request.inbox.put(message)
         if isinstance(message, p.Done | p.Failed):
             self.on_worker_free()
+
+    def death_description(self, worker: WorkerHandle) -> str:
+        """How a worker whose connection closed ended: its exit status from the backend where it knows it."""
+        who = f"worker {worker.rank} (pid {worker.pid})"
+        try:
+            status = self.exit_status(worker)
+        except Exception:  # noqa: BLE001 - the backend could not tell: say what the kernel saw
+            status = None
+        if status is not None:
+            return f"{who} died: it {status}"
+        state = process_state(worker)
+        if state == "running":
+            return f"{who} closed its connection"
+        return f"{who} died"
 
     def worker_died(self, worker: WorkerHandle, description: str) -> None:
         """Mark `worker` dead and fail every request waiting for it."""
@@ -199,17 +243,25 @@ class Router:
         if request.frame is not None:
             request.frame.release()
 
-    def wait(self, request: Request, what: str, restart: Callable[[], None] | None) -> list[Any]:
+    def wait(self, request: Request, what: str, restart: Restarter | None) -> list[Any]:
         """Block until every rank answered; replies by rank. Raises the workers' WorkerError.
 
-        Ctrl-C / the kernel interrupt interrupts the workers and raises PoolInterrupted; workers that do not stop
-        within INTERRUPT_GRACE_S are replaced by calling `restart` (None: the caller stops the pool).
+        A worker that stops answering fails the request (the monitor gives it up); one whose main thread has not
+        moved for a while gets one note saying where it is. Ctrl-C / the kernel interrupt interrupts the workers
+        and raises PoolInterrupted; workers that do not stop within INTERRUPT_GRACE_S (or are stopped processes)
+        are replaced by calling `restart` (None: the caller stops the pool).
         """
+        noticed = False
         try:
             while request.waiting_for:
                 self.pump(request, timeout=0.25)
                 if any(self.workers[r].dead for r in request.failures):
                     break  # a worker died mid-request: the others may wait forever in a collective
+                if not noticed:
+                    stuck = stalled(self.workers[rank] for rank in request.waiting_for)
+                    if stuck:
+                        noticed = True
+                        print(stall_notice(stuck), file=sys.stderr, flush=True)
             self._drain_output(request)
         except KeyboardInterrupt:
             raise PoolInterrupted(self._interrupt(request, restart)) from None
@@ -219,12 +271,17 @@ class Router:
             raise request.error(what)
         return [request.replies[rank] for rank in request.ranks]
 
-    def _interrupt(self, request: Request, restart: Callable[[], None] | None) -> str:
+    def _interrupt(self, request: Request, restart: Restarter | None) -> str:
         """Interrupt the workers still running `request`; restart the pool if some do not stop. Says what happened."""
         pending = request.waiting_for
         self.tell(p.Interrupt(), pending)
-        deadline = time.monotonic() + INTERRUPT_GRACE_S
-        while request.waiting_for and time.monotonic() < deadline:
+        interrupted_at = time.monotonic()
+        prepared = False
+        while (request.waiting_for and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S
+               and not self._stopped(request.waiting_for)):
+            if restart is not None and not prepared and time.monotonic() > interrupted_at + PREPARE_AFTER_S:
+                restart.prepare()
+                prepared = True
             try:
                 self.pump(request, timeout=0.1)
             except KeyboardInterrupt:
@@ -233,15 +290,27 @@ class Router:
         stuck = request.waiting_for
         interrupted = f"Interrupted workers {', '.join(map(str, pending))}."
         if not stuck:
+            if prepared and restart is not None:
+                restart.cancel()
             return f"{interrupted} The pool is ready for the next cell."
         self.finish(request)
+        stopped = self._stopped(stuck)
+        if stopped:
+            processes = "is a stopped process" if len(stopped) == 1 else "are stopped processes"
+            reason = f"{workers_named(stopped)} {processes} (SIGSTOP or a debugger)"
+        else:
+            reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
+                      "or in native code)")
         if restart is None:
-            return f"{interrupted} {workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s."
-        restart()
-        return (
-            f"{interrupted} {workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s "
-            "(stuck in a collective?), so the pool was restarted with fresh workers; their variables are lost."
-        )
+            return f"{interrupted} {reason}."
+        started = time.monotonic()
+        restart.restart()
+        return (f"{interrupted} {reason}, so the pool was restarted with fresh workers in "
+                f"{time.monotonic() - started:.1f} s; variables on the workers are lost.")
+
+    def _stopped(self, ranks: Iterable[int]) -> list[int]:
+        """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""
+        return [rank for rank in ranks if process_state(self.workers[rank]) == "stopped"]
 
 
 def workers_named(ranks: Iterable[int]) -> str:
@@ -249,10 +318,6 @@ def workers_named(ranks: Iterable[int]) -> str:
     ranks = list(ranks)
     return f"Worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
-
-def _death_description(worker: WorkerHandle) -> str:
-    fate = "closed its connection" if pid_running(worker.pid) else "died"
-    return f"worker {worker.rank} (pid {worker.pid}) {fate}"
 
 
 def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:

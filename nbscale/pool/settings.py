@@ -16,13 +16,16 @@ from nbscale.errors import PoolError
 
 MAX_WORKERS = 512  # MATLAB's own ceiling for a local profile's NumWorkers
 MAX_IDLE_TIMEOUT_MINUTES = 525_600  # a year; 0 means never
+MAX_CONNECT_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
 class PoolSettings:
     """What a pool was asked for: `n` workers (None: the default size), `gpus` by index, `cpu` workers only,
-    a `cluster` profile or address, `idle_timeout` in minutes (0: never), `env` for every worker, and `force`:
-    take GPUs another process holds too (nbscale.gpu_reservations), sharing them.
+    a `cluster` profile or address, `idle_timeout` in minutes (0: never), `env` for every worker, `force`:
+    take GPUs another process holds too (nbscale.gpu_reservations), sharing them, and for a cluster pool
+    `connect_timeout`, the seconds allowed to reach the cluster and start its actors (None: the profile's, or
+    the default).
 
     Construction checks every field; the values are normalised (`gpus` a tuple, `idle_timeout` a float).
     """
@@ -34,6 +37,7 @@ class PoolSettings:
     idle_timeout: float = 30.0
     env: Mapping[str, str] = field(default_factory=dict)
     force: bool = False
+    connect_timeout: float | None = None
 
     def __post_init__(self) -> None:
         _check_n(self.n)
@@ -57,6 +61,12 @@ class PoolSettings:
                             "--force out.")
         object.__setattr__(self, "idle_timeout", _checked_idle_timeout(self.idle_timeout))
         object.__setattr__(self, "env", _checked_env(self.env))
+        object.__setattr__(self, "connect_timeout", checked_connect_timeout(self.connect_timeout, "connect_timeout"))
+        if self.connect_timeout is not None and self.cluster is None:
+            raise PoolError(
+                "connect_timeout (--connect-timeout) is for cluster pools: it bounds reaching the cluster given with "
+                "--cluster. A local pool has nothing to connect to; leave it out."
+            )
 
     @property
     def idle_timeout_s(self) -> float | None:
@@ -106,6 +116,18 @@ def _checked_idle_timeout(minutes: Any) -> float:
             f"{minutes!r}: use 0 for a pool that never stops by itself."
         )
     return float(minutes)
+
+
+def checked_connect_timeout(seconds: Any, name: str) -> float | None:
+    """`seconds` as a float between 1 and MAX_CONNECT_TIMEOUT_S (None stays None); PoolError naming `name`."""
+    if seconds is None:
+        return None
+    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds)
+            or not 1 <= seconds <= MAX_CONNECT_TIMEOUT_S):
+        raise PoolError(
+            f"{name} must be a number of seconds from 1 to {MAX_CONNECT_TIMEOUT_S:.0f}, such as 120, not {seconds!r}."
+        )
+    return float(seconds)
 
 
 def _checked_env(env: Any) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
 
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
@@ -32,7 +31,7 @@ def make_backend(settings: PoolSettings) -> Backend:
     if settings.cluster is not None:
         from nbscale.pool.backends.cluster import make_cluster_backend  # imports ray only for cluster pools
 
-        return make_cluster_backend(settings.cluster)
+        return make_cluster_backend(settings.cluster, settings.connect_timeout)
     from nbscale.pool.backends.local import LocalBackend
 
     return LocalBackend()
@@ -57,6 +56,10 @@ def launch_workers(backend: Backend, settings: PoolSettings) -> tuple[list[Worke
         ]
         backend.start(configs)
         workers = _accept_workers(listener, backend, len(configs))
+        for worker in workers:  # on a cluster, which node: several nodes may share one host name
+            node = backend.node(worker.rank)
+            if node:
+                worker.host = f"{worker.host} ({node})"
         return workers, len(listener.refused)
     finally:
         listener.close()  # no connection is accepted after start
@@ -114,7 +117,7 @@ def _refused_note(listener: ChannelListener) -> str:
     )
 
 
-def join_group(router: Router, backend: Backend, restart: Callable[[], None] | None = None) -> None:
+def join_group(router: Router, backend: Backend) -> None:
     """Form the torch.distributed group: NCCL (and gloo for CPU tensors) on GPU workers, gloo on CPU workers."""
     workers = router.workers
     size = len(workers)
@@ -132,4 +135,4 @@ def join_group(router: Router, backend: Backend, restart: Callable[[], None] | N
         request.ranks = tuple(range(size))
         join = p.InitGroup(init.request_id, group_backend, master_addr, found["store_port"], size)
         router.send_to(join, range(1, size), request)
-    router.wait(request, what=JOINING, restart=restart)
+    router.wait(request, what=JOINING, restart=None)

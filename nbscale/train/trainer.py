@@ -7,19 +7,22 @@ pool ("parallel", "multi-gpu").
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from nbscale.errors import OptionsError
+from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
-from nbscale.train.checkpoint import load_checkpoint
+from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
     check_classes,
     check_items,
@@ -33,8 +36,10 @@ from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset, split_batch
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
+from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
+STOP_GRACE_S = 3.0  # on the pool: how long the first interrupt waits for the end of the iteration
 
 
 def train(
@@ -55,10 +60,13 @@ def train(
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
     trained weights are copied back).
     Every training event (nbscale.train.events) goes to `info` (made here when None), then to each of
-    `listeners` in order; nothing is shown or printed here. `stop` (made when None) is what the listeners and
+    `listeners` in order; nothing is shown here, and only the kernel interrupt and a pool restart
+    (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and
     the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
     dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
+    check_recovery_options(options)
+    restarts: list[str] = []
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
         check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
@@ -70,11 +78,23 @@ def train(
     for listener in (info.record, *listeners):  # info first: output_fn reads it
         channel.subscribe(listener)
     # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
-    with _interrupt_as_stop(stop), recorded_for_job_monitor(channel, stop):
-        if options.execution_environment in ("parallel", "multi-gpu"):
+    on_pool = options.execution_environment in ("parallel", "multi-gpu")
+    with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
+        if on_pool:
             from nbscale.train.distributed import train_on_pool
 
-            result = train_on_pool(model, dataset, options, loss_fn, seed, resume, channel, stop)
+            def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
+                return train_on_pool(model, dataset, options, loss_fn, seed, resume, events, stop)
+
+            try:
+                if options.on_worker_failure == "restart":
+                    result, restarts = train_surviving_lost_workers(run, resume, seed, options, channel, stop)
+                else:
+                    result = run(resume, channel)
+            except PoolInterrupted as interrupted:
+                if forced():
+                    raise _forced_stop(interrupted, options) from None
+                raise
         else:
             device = training_device(options.execution_environment)
             batch = min(int(options.mini_batch_size), len(dataset))
@@ -89,6 +109,8 @@ def train(
                     f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={batch}: lower "
                     f"mini_batch_size, or try precision='mixed'. ({error})") from None
     info.stop_reason = stop.reason or result.stop_reason
+    if restarts:
+        info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
     return model, info
 
 
@@ -141,23 +163,71 @@ def as_options(options: Any) -> TrainingOptions:
 
 
 @contextlib.contextmanager
-def _interrupt_as_stop(stop: StopSignal) -> Iterator[None]:
-    """The first kernel interrupt (SIGINT) asks for a Stop at the end of the iteration; a second one raises
-    KeyboardInterrupt as usual, for a loop that no longer reaches the end of an iteration."""
+def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[], bool]]:
+    """The first kernel interrupt (SIGINT) asks for a Stop at the end of the iteration and says so; a second one
+    raises KeyboardInterrupt at once, for a loop that no longer reaches the end of an iteration.
+
+    On the pool the second step comes by itself: if the training has not stopped STOP_GRACE_S after the first
+    interrupt (a frozen worker, a hung collective), the interrupt is forced, and the pool interrupts its workers
+    and restarts those that do not stop. Yields a function that tells whether that happened.
+    """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: False
         return
+    lock = threading.Lock()
+    state = {"done": False, "forced": False}
+
+    def force_when_stuck() -> None:
+        from nbscale.pool.pool import current_pool
+
+        waited = 0.0  # counts only while the pool runs something: not while it is still starting
+        while waited < STOP_GRACE_S:
+            time.sleep(0.1)
+            if state["done"]:
+                return
+            pool = current_pool()
+            if pool is not None and pool.busy:
+                waited += 0.1
+        with lock:
+            if not state["done"]:
+                state["forced"] = True
+                _thread.interrupt_main()  # runs on_interrupt in the main thread, which raises KeyboardInterrupt
 
     def on_interrupt(signum: int, frame: Any) -> None:
+        if state["done"]:
+            return
         if stop.requested:
             raise KeyboardInterrupt
         stop.request(INTERRUPT_REASON)
+        if on_pool:
+            print(f"Stopping at the end of this iteration. If the pool has not stopped in {STOP_GRACE_S:.0f} s, its "
+                  "workers are interrupted (interrupt again to do that now).", file=sys.stderr, flush=True)
+            threading.Thread(target=force_when_stuck, name="nbscale-stop-grace", daemon=True).start()
+        else:
+            print("Stopping at the end of this iteration (interrupt again to stop at once).", file=sys.stderr,
+                  flush=True)
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        yield
+        yield lambda: state["forced"]
     finally:
+        with lock:
+            state["done"] = True
         signal.signal(signal.SIGINT, previous)
+
+
+def _forced_stop(interrupted: PoolInterrupted, options: TrainingOptions) -> PoolInterrupted:
+    """The PoolInterrupted of a pool training that did not stop at the end of its iteration in time."""
+    hint = ""
+    if options.checkpoint_path:
+        last = latest_checkpoint(options.checkpoint_path)
+        if last is not None:
+            hint = f" Continue from the last checkpoint with resume_from={str(options.checkpoint_path)!r} ({last})."
+    return PoolInterrupted(
+        f"Training did not stop at the end of its iteration within {STOP_GRACE_S:.0f} s of the interrupt. "
+        f"{interrupted} The network keeps the weights it had before this training (the trained ones were on the "
+        f"workers).{hint}"
+    )
 
 
 def training_device(environment: str) -> torch.device:

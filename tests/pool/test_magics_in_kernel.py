@@ -75,6 +75,9 @@ def test_bad_input_gets_one_clear_line(kernel):
     assert "--idle-timeout x: give minutes as a number" in kernel.run("%pool start 1 --cpu --idle-timeout x").traceback
     assert "holds a NUL byte" in kernel.run('%pool start 1 --cpu --env "TOKEN=a\x00b"').traceback
     assert "100,000 workers is more than a pool can hold" in kernel.run("%pool start 100000").traceback
+    assert "--connect-timeout soon: give seconds as a number" in kernel.run("%pool start --connect-timeout soon").traceback
+    assert "is for cluster pools" in kernel.run("%pool start 1 --cpu --connect-timeout 60").traceback
+    assert "takes no N or flags" in kernel.run("%pool restart --connect-timeout 60").traceback
     assert "No pool is running" in kernel.run("%pool status").stdout  # none of the above started one
     assert "No closing quotation; close the quote" in kernel.run('%pool start 1 --cpu --env "GREETING=hello').text
     assert kernel.run('%pool start 1 --cpu --env "GREETING=hello world"').ok  # quotes group words, as in a shell

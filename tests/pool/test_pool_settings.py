@@ -79,6 +79,11 @@ def test_stop_leaves_no_process():
         ({"n": 100_000}, r"100,000 workers is more than a pool can hold \(512\): ask for at most 512"),
         ({"env": {"TOKEN": "ab\0cd"}}, r"--env TOKEN: the variable's name or value holds a NUL byte"),
         ({"env": ["A=1"]}, r"env must be a dict of KEY: VALUE strings"),
+        ({"cluster": "ray://head:10001", "connect_timeout": 0},
+         r"connect_timeout must be a number of seconds from 1 to 3600, such as 120, not 0"),
+        ({"cluster": "ray://head:10001", "connect_timeout": float("inf")}, r"connect_timeout must be .*, not inf"),
+        ({"cluster": "ray://head:10001", "connect_timeout": "60"}, r"connect_timeout must be .*, not '60'"),
+        ({"connect_timeout": 60}, r"connect_timeout \(--connect-timeout\) is for cluster pools"),
     ],
 )
 def test_each_bad_setting_is_one_clear_error_naming_it_before_anything_starts(settings, message):

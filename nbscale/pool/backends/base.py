@@ -37,6 +37,10 @@ class Backend(ABC):
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
         """The workers to start, by rank; PoolError when the machine or cluster cannot hold them."""
 
+    def prepare(self) -> None:  # noqa: B027 - optional: most backends have nothing to begin early
+        """Begin what `start` needs that takes time (a restart prepares its replacement while the old workers are
+        given their chance to stop); `stop` undoes it."""
+
     @abstractmethod
     def start(self, configs: Sequence[WorkerConfig]) -> None:
         """Launch one worker per config (configs hold the secret: pass them on pipes, never command lines)."""
@@ -52,6 +56,15 @@ class Backend(ABC):
     @abstractmethod
     def address(self, rank: int) -> str:
         """The address at which the other workers reach worker `rank` (rank 0 serves the group's store there)."""
+
+    def exit_status(self, rank: int, pid: int) -> str | None:
+        """How worker `rank` (process `pid`) ended, in words ("was killed by SIGKILL", "exited with code 1"), as the
+        backend knows it; None when it does not know (or the worker still runs). May wait a moment for the news."""
+        return None
+
+    def node(self, rank: int) -> str | None:
+        """Which node of a cluster runs worker `rank`, for `status()` (None: this machine, nothing to add)."""
+        return None
 
     def describe(self) -> str:
         return self.name

@@ -2,31 +2,41 @@
 
 The actor only launches `python -m nbscale.pool.worker` beside itself (with the GPU Ray gave it) and watches
 it; the worker connects back to the kernel's authenticated listener exactly as a local worker does, so
-spmd cells, futures and training behave the same. Ray kills the actors when the kernel (the driver) exits,
-and each worker exits when its channel to the kernel closes.
+spmd cells, futures and training behave the same. Ray kills the actors when the kernel (the driver) exits;
+each worker exits when its channel to the kernel closes, and dies with its actor (a node lost takes its workers
+along, and the kernel learns how from the actor: `exit_status`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from nbscale.errors import PoolError
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.devices import MAX_DEFAULT_CPU_WORKERS
+from nbscale.pool.health import returncode_description
 from nbscale.pool.profiles import ClusterProfile, resolve_cluster
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
 
-CONNECT_TIMEOUT_S = 30.0
+# Reaching a cluster (Ray client's handshake, a fresh server process on the head) takes well over 30 s on a loaded
+# machine; an address that cannot answer still fails at once or within this bound.
+DEFAULT_CONNECT_TIMEOUT_S = 120.0
+EXIT_STATUS_TIMEOUT_S = 3.0
+REACHABLE_TIMEOUT_S = 10.0  # the TCP handshake with the head: the OS answers it even when the head is busy
 
 
-def make_cluster_backend(cluster: str) -> Backend:
-    """The backend a --cluster value names (a profile or an address)."""
-    return RayBackend(resolve_cluster(cluster))
+def make_cluster_backend(cluster: str, connect_timeout: float | None = None) -> Backend:
+    """The backend a --cluster value names (a profile or an address); `connect_timeout` (seconds) overrides the
+    profile's, which overrides DEFAULT_CONNECT_TIMEOUT_S."""
+    profile = resolve_cluster(cluster)
+    return RayBackend(profile, connect_timeout or profile.connect_timeout or DEFAULT_CONNECT_TIMEOUT_S)
 
 
 class _Launcher:
@@ -35,8 +45,8 @@ class _Launcher:
     def __init__(self) -> None:
         self.process: Any = None
 
-    def launch(self, config: dict[str, Any]) -> tuple[str, int]:
-        """Start the worker with `config` (a WorkerConfig's JSON) on its stdin; returns (node address, pid)."""
+    def launch(self, config: dict[str, Any]) -> tuple[str, int, str]:
+        """Start the worker with `config` (a WorkerConfig's JSON) on its stdin; returns (node address, pid, node id)."""
         import subprocess
         import sys
 
@@ -49,7 +59,18 @@ class _Launcher:
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(config).encode() + b"\n")
         self.process.stdin.close()
-        return ray.util.get_node_ip_address(), self.process.pid
+        return ray.util.get_node_ip_address(), self.process.pid, ray.get_runtime_context().get_node_id()
+
+    def exit_status(self) -> int | None:
+        """The worker's returncode (negative: the signal that killed it), None while it runs."""
+        import subprocess
+
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return None
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -62,10 +83,12 @@ class RayBackend(Backend):
 
     name = "ray"
 
-    def __init__(self, profile: ClusterProfile) -> None:
+    def __init__(self, profile: ClusterProfile, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.profile = profile
+        self.connect_timeout = connect_timeout
         self.actors: list[Any] = []
         self.node_addresses: list[str] = []
+        self.node_ids: list[str] = []
         self.gpus_per_worker: float = 0
         self._connect()
         self.kernel_host = self._kernel_address()
@@ -77,28 +100,52 @@ class RayBackend(Backend):
 
         if ray.is_initialized():
             return
+        self._check_reachable()
         outcome: dict[str, Any] = {}
+        deadline = time.monotonic() + self.connect_timeout
 
         def initialise() -> None:
-            try:
-                ray.init(
-                    address=self.profile.address,
-                    runtime_env=self.profile.runtime_env or None,
-                    log_to_driver=False,
-                    logging_level="ERROR",
-                )
-            except Exception as error:  # noqa: BLE001 - reported below
-                outcome["error"] = error
+            while True:
+                try:
+                    ray.init(
+                        address=self.profile.address,
+                        runtime_env=self.profile.runtime_env or None,
+                        log_to_driver=False,
+                        logging_level="ERROR",
+                    )
+                    return
+                except ConnectionError as error:  # Ray client gave up its own retries (about 30 s): try again in time
+                    if time.monotonic() > deadline - 5:
+                        outcome["error"] = error
+                        return
+                except Exception as error:  # noqa: BLE001 - reported below
+                    outcome["error"] = error
+                    return
 
         thread = threading.Thread(target=initialise, daemon=True)
         thread.start()
-        thread.join(CONNECT_TIMEOUT_S)
+        thread.join(self.connect_timeout)
         if thread.is_alive() or "error" in outcome:
-            reason = f": {outcome['error']}" if "error" in outcome else f" within {CONNECT_TIMEOUT_S:.0f} s"
+            reason = f": {outcome['error']}" if "error" in outcome else f" within {self.connect_timeout:.0f} s"
             raise PoolError(
                 f"Could not reach the Ray cluster at {self.profile.address}{reason}. Check that its head is running "
-                "(`ray status` there) and that this machine can reach the address."
+                "(`ray status` there) and that this machine can reach the address; on a slow or loaded network allow "
+                "longer with --connect-timeout SECONDS (connect_timeout in the profile)."
             )
+
+    def _check_reachable(self) -> None:
+        """Fail at once where nothing listens at the address (Ray itself would retry until the timeout)."""
+        address = self.profile.address.removeprefix("ray://")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            return  # "auto", or a form Ray resolves itself
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=min(REACHABLE_TIMEOUT_S, self.connect_timeout)).close()
+        except OSError as error:
+            raise PoolError(
+                f"Could not reach the Ray cluster at {self.profile.address}: {error.strerror or error}. Check that its "
+                "head is running (`ray status` there) and that this machine can reach the address and port."
+            ) from None
 
     def _kernel_address(self) -> str:
         import ray
@@ -149,14 +196,16 @@ class RayBackend(Backend):
         actor_class = ray.remote(num_cpus=1, num_gpus=self.gpus_per_worker)(_Launcher)
         self.actors = [actor_class.remote() for _ in configs]
         launched = [actor.launch.remote(config.to_json()) for actor, config in zip(self.actors, configs, strict=True)]
-        ready, _ = ray.wait(launched, num_returns=len(launched), timeout=CONNECT_TIMEOUT_S)
+        ready, _ = ray.wait(launched, num_returns=len(launched), timeout=self.connect_timeout)
         if len(ready) < len(launched):
             self.stop()
             raise PoolError(
-                f"Only {len(ready)} of {len(launched)} Ray actors started within {CONNECT_TIMEOUT_S:.0f} s: the cluster "
-                "may lack free CPUs/GPUs for them. See `ray status`."
+                f"Only {len(ready)} of {len(launched)} Ray actors started within {self.connect_timeout:.0f} s "
+                "(--connect-timeout): the cluster may lack free CPUs/GPUs for them. See `ray status`."
             )
-        self.node_addresses = [address for address, _pid in ray.get(launched)]
+        placed = ray.get(launched)
+        self.node_addresses = [address for address, _pid, _node in placed]
+        self.node_ids = [node for _address, _pid, node in placed]
 
     def stop(self) -> None:
         import ray
@@ -174,9 +223,36 @@ class RayBackend(Backend):
     def alive(self) -> bool:
         return True  # a worker that dies is noticed through its channel
 
+    def exit_status(self, rank: int, pid: int) -> str | None:
+        """From the worker's actor: its process's exit, or that the actor itself (its node) is gone."""
+        import ray
+
+        if rank >= len(self.actors):
+            return None
+        try:
+            returncode = ray.get(self.actors[rank].exit_status.remote(), timeout=EXIT_STATUS_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            return None
+        except ray.exceptions.ActorUnavailableError:
+            return f"went with its Ray actor, which cannot be reached: its {self.node(rank)} is down or unreachable"
+        except ray.exceptions.RayActorError as error:
+            return f"went with its Ray actor on {self.node(rank)}, which died ({_first_line(error)})"
+        return None if returncode is None else returncode_description(returncode)
+
+    def node(self, rank: int) -> str | None:
+        if rank >= len(self.node_ids):
+            return None
+        return f"node {self.node_ids[rank][:8]} at {self.node_addresses[rank]}"
+
     def address(self, rank: int) -> str:
         """The node address of worker `rank` (as Ray reports it), which every worker can reach."""
         return self.node_addresses[rank]
 
     def describe(self) -> str:
         return f"ray at {self.profile.address}"
+
+
+def _first_line(error: BaseException) -> str:
+    """Ray's actor errors run to many lines; the first says what happened."""
+    text = str(getattr(error, "error_msg", "") or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

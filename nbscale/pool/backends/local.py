@@ -12,15 +12,18 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 from nbscale.gpu_reservations import GpuReservation
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.devices import reserve_devices
+from nbscale.pool.health import exit_description
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
 
 LOOPBACK = "127.0.0.1"
+EXIT_REPORT_WAIT_S = 1.0  # a worker's connection closes a moment before the forkserver reaps it
 
 
 class LocalBackend(Backend):
@@ -33,6 +36,10 @@ class LocalBackend(Backend):
     def __init__(self) -> None:
         self._forkserver: subprocess.Popen[bytes] | None = None
         self._gpus: GpuReservation | None = None  # held from plan() until stop()
+        self._exits: dict[int, int] = {}  # pid -> wait status, as the forkserver reports them
+        self._exits_changed = threading.Condition()
+        self._status_fd = -1  # the forkserver's end of its report pipe (its number, as the forkserver sees it)
+        self._started = False  # whether the forkserver has its workers' configs
 
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
         plan = reserve_devices(settings.n, settings.gpus, settings.cpu, settings.force)
@@ -48,20 +55,55 @@ class LocalBackend(Backend):
             for gpu in devices
         ]
 
-    def start(self, configs: Sequence[WorkerConfig]) -> None:
+    def prepare(self) -> None:
+        """Start the forkserver, which imports torch while the kernel gets on (its workers come with `start`)."""
+        if self._forkserver is not None:
+            return
         environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
         environment.pop("CUDA_VISIBLE_DEVICES", None)  # each worker sets its own; the kernel's may be narrowed
-        self._forkserver = subprocess.Popen(
-            [sys.executable, "-m", "nbscale.pool.forkserver"],
-            stdin=subprocess.PIPE,
-            env=environment,
-            close_fds=True,
-        )
-        assert self._forkserver.stdin is not None
+        status_read, self._status_fd = os.pipe()
+        try:
+            self._forkserver = subprocess.Popen(
+                [sys.executable, "-m", "nbscale.pool.forkserver"],
+                stdin=subprocess.PIPE,
+                env=environment,
+                close_fds=True,
+                pass_fds=(self._status_fd,),
+            )
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(self._status_fd)  # the forkserver holds its own copy
+        threading.Thread(target=self._read_exits, args=(status_read,), name="nbscale-forkserver-exits", daemon=True).start()
+
+    def start(self, configs: Sequence[WorkerConfig]) -> None:
+        self.prepare()
+        assert self._forkserver is not None and self._forkserver.stdin is not None
         # configs hold the pool secret and --env values: they travel on the pipe, never on a command line
-        request = {"workers": [config.to_json() for config in configs]}
+        request = {"workers": [config.to_json() for config in configs], "status_fd": self._status_fd}
         self._forkserver.stdin.write(json.dumps(request).encode() + b"\n")
         self._forkserver.stdin.flush()
+        self._started = True
+
+    def _read_exits(self, descriptor: int) -> None:
+        """Collect the forkserver's reports of ended workers until it exits."""
+        with open(descriptor, "rb") as reports:
+            for line in reports:
+                try:
+                    report = json.loads(line)
+                    pid, status = int(report["pid"]), int(report["status"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                with self._exits_changed:
+                    self._exits[pid] = status
+                    self._exits_changed.notify_all()
+
+    def exit_status(self, rank: int, pid: int) -> str | None:
+        with self._exits_changed:
+            self._exits_changed.wait_for(lambda: pid in self._exits, timeout=EXIT_REPORT_WAIT_S)
+            status = self._exits.get(pid)
+        return None if status is None else exit_description(status)
 
     def stop(self) -> None:
         try:
@@ -73,6 +115,8 @@ class LocalBackend(Backend):
     def _stop_forkserver(self) -> None:
         if self._forkserver is None:
             return
+        if not self._started:  # prepared but never used: no worker to take down with it
+            self._forkserver.kill()
         if self._forkserver.stdin is not None and not self._forkserver.stdin.closed:
             try:
                 self._forkserver.stdin.close()  # the forkserver kills its workers and exits

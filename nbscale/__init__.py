@@ -1,69 +1,118 @@
 """nbscale: train PyTorch networks from a notebook on a CPU, a GPU, every GPU of a machine, or a cluster.
 
-`import nbscale` is cheap and starts nothing: the heavy parts (torch, the pool) load on first use.
+`import nbscale` is cheap and starts nothing: no pool, no CUDA. What needs torch (inference, train_async, the data
+and models packages) loads on first use, since importing torch takes seconds; so does the jobs package, which
+only %%batch and nbscale.jobs need. Editors see every name (the TYPE_CHECKING imports below).
 `%load_ext nbscale` registers the magics (`%pool`, `%%spmd`, `%%train`, `%gpu`, `%%batch`, `%jobs`).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import types
+from typing import TYPE_CHECKING, Any
 
+import nbscale.train as _train_package
 from nbscale.errors import (
     DatastoreError,
     JobError,
+    ModelError,
     NbscaleError,
     OptionsError,
     PoolError,
     PoolInterrupted,
+    UnsendableError,
     WorkerError,
 )
+from nbscale.gpu import GpuError, gpus, select_gpu
+from nbscale.notebook import sweep
+from nbscale.notebook import train as _train
+from nbscale.pool.composite import Composite
+from nbscale.pool.pool import Pool, current_pool
+from nbscale.train.info import TrainingInfo
+from nbscale.train.options import TrainingOptions
+from nbscale.ui.future_progress import show
+from nbscale.ui.options_form import options_form
+from nbscale.ui.renderers import register_renderers
+
+if TYPE_CHECKING:
+    from nbscale import data, jobs, models
+    from nbscale.inference import accuracy, activations, classify, confusion_chart, predict
+    from nbscale.notebook import train
+    from nbscale.train.runs import train_async
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it; loaded on first attribute access (PEP 562)
-_LAZY: dict[str, str] = {
-    "Pool": "nbscale.pool.pool",
-    "current_pool": "nbscale.pool.pool",
-    "Composite": "nbscale.pool.composite",
-    "TrainingOptions": "nbscale.train.options",
-    "train": "nbscale.train.trainer",
-    "TrainingInfo": "nbscale.train.info",
+__all__ = [
+    "Composite",
+    "DatastoreError",
+    "GpuError",
+    "JobError",
+    "ModelError",
+    "NbscaleError",
+    "OptionsError",
+    "Pool",
+    "PoolError",
+    "PoolInterrupted",
+    "TrainingInfo",
+    "TrainingOptions",
+    "UnsendableError",
+    "WorkerError",
+    "accuracy",
+    "activations",
+    "classify",
+    "confusion_chart",
+    "current_pool",
+    "data",
+    "gpus",
+    "jobs",
+    "load_ipython_extension",
+    "models",
+    "options_form",
+    "predict",
+    "select_gpu",
+    "show",
+    "sweep",
+    "train",
+    "train_async",
+    "unload_ipython_extension",
+]
+
+register_renderers()
+
+
+class _TrainPackage(types.ModuleType):
+    """`nbscale.train` is both the package nbscale.train and the function users call (nbscale.notebook.train)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _train(*args, **kwargs)
+
+
+_train_package.__class__ = _TrainPackage
+_train_package.__wrapped__ = _train  # type: ignore[attr-defined]  # inspect.signature and `nbscale.train?` show its
+
+# loaded on first use (PEP 562): these modules import torch
+_NEED_TORCH: dict[str, str] = {
     "classify": "nbscale.inference",
     "predict": "nbscale.inference",
     "activations": "nbscale.inference",
     "accuracy": "nbscale.inference",
     "confusion_chart": "nbscale.inference",
-    "options_form": "nbscale.ui.options_form",
-    "gpus": "nbscale.gpu",
-    "select_gpu": "nbscale.gpu",
-    "sweep": "nbscale.train.sweep",
     "train_async": "nbscale.train.runs",
-    "show": "nbscale.ui.future_progress",
 }
-_SUBMODULES = {"data", "models", "jobs", "pool", "train", "ui"}
-
-__all__ = [
-    "NbscaleError",
-    "PoolError",
-    "WorkerError",
-    "PoolInterrupted",
-    "OptionsError",
-    "DatastoreError",
-    "JobError",
-    "load_ipython_extension",
-    "unload_ipython_extension",
-    *_LAZY,
-    *sorted(_SUBMODULES),
-]
+_SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in _SUBMODULES:
+    if name in _NEED_TORCH:
+        return getattr(importlib.import_module(_NEED_TORCH[name]), name)
+    if name in _SUBPACKAGES_ON_FIRST_USE:
         return importlib.import_module(f"nbscale.{name}")
     raise AttributeError(f"module 'nbscale' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -83,4 +132,3 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": "nbscale.server"}]
-

@@ -11,6 +11,10 @@ class PoolError(NbscaleError):
     """The worker pool cannot do what was asked (not started, already running, dead worker, bad flag)."""
 
 
+class UnsendableError(PoolError):
+    """A function or value cannot be sent to the workers (it cannot be pickled); the message names it."""
+
+
 class WorkerError(NbscaleError):
     """Code failed on one or more workers; the message holds each failing rank's traceback."""
 
@@ -29,6 +33,11 @@ class OptionsError(NbscaleError, ValueError):
 
 class DatastoreError(NbscaleError):
     """A datastore cannot read its files (missing folder, corrupt image, mismatched labels)."""
+
+
+class GpuError(NbscaleError):
+    """A GPU that does not exist was asked for, NVML failed while reading it, or the machine-wide GPU registry
+    (nbscale.gpu_reservations) cannot be used."""
 
 
 class JobError(NbscaleError):

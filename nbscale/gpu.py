@@ -4,6 +4,9 @@
 why, in one line. Indices are the ones CUDA and torch use in this process: with `CUDA_VISIBLE_DEVICES=2,3`,
 GPU 0 is physical GPU 2 (`GpuInfo.nvml_index` keeps the physical one). NVML lists GPUs in PCI bus order; set
 `CUDA_DEVICE_ORDER=PCI_BUS_ID` where a machine mixes GPU models so that CUDA counts them the same way.
+
+Each GPU also lists its holders: the pools and in-notebook trainings of any user of the machine that reserved it
+(nbscale.gpu_reservations). Training on a GPU in the notebook reserves it for this process (`training_gpu`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, overload
 
-from nbscale.errors import NbscaleError
+from nbscale.errors import GpuError
+from nbscale.gpu_reservations import GpuHolder, GpuReservation, gpu_key, holders, reserve
+from nbscale.rendering import Rendered
 
 NO_DRIVER = "No GPU: the NVIDIA driver was not found on this machine."
 NO_NVML = "No GPU: nvidia-ml-py (pynvml) is not installed, so GPUs cannot be listed."
@@ -22,10 +27,7 @@ NO_DEVICE = "No GPU: the NVIDIA driver is loaded but sees no GPU."
 
 _MIB = 1024 * 1024
 _selected: int | None = None  # the index select_gpu() chose in this process
-
-
-class GpuError(NbscaleError):
-    """A GPU that does not exist was asked for, or NVML failed while reading it."""
+_training_reservations: dict[str, GpuReservation] = {}  # GPUs this process trained on, held until it exits
 
 
 @dataclass(frozen=True)
@@ -54,14 +56,25 @@ class GpuInfo:
     processes: tuple[GpuProcess, ...] = ()
     selected: bool = False
     uuid: str | None = None  # "GPU-...": names this GPU in CUDA_VISIBLE_DEVICES whatever CUDA_DEVICE_ORDER is
+    holders: tuple[GpuHolder, ...] = ()  # who reserved it (any user's pools and trainings), oldest first
+
+    @property
+    def device_id(self) -> str:
+        """This GPU in a worker's CUDA_VISIBLE_DEVICES: its UUID, else its NVML index."""
+        return self.uuid or str(self.nvml_index)
+
+    def held_by_others(self) -> tuple[GpuHolder, ...]:
+        """Its holders other than this process."""
+        return tuple(holder for holder in self.holders if not holder.this_process)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (processes as a list of dicts)."""
         return asdict(self)
 
 
-class GpuList(Sequence[GpuInfo]):
-    """The GPUs of `gpus()`: a sequence of GpuInfo, shown as a table (HTML in notebooks, text elsewhere).
+class GpuList(Rendered, Sequence[GpuInfo]):
+    """The GPUs of `gpus()`: a sequence of GpuInfo, shown as a table (HTML in notebooks, text elsewhere; the
+    tables are nbscale.ui.gpu_table's).
 
     Empty when there is no GPU; `message` then says why in one line.
     """
@@ -87,21 +100,12 @@ class GpuList(Sequence[GpuInfo]):
         """`{"gpus": [...], "message": str | None}`, what the Jupyter server extension serves."""
         return {"gpus": [gpu.to_dict() for gpu in self._items], "message": self.message}
 
-    def __repr__(self) -> str:
-        from nbscale.ui.gpu_table import gpu_text
-
-        return gpu_text(self)
-
-    def _repr_html_(self) -> str:
-        from nbscale.ui.gpu_table import gpu_html
-
-        return gpu_html(self)
-
 
 def gpus() -> GpuList:
     """Every GPU this process can use, read from NVML now (no CUDA context is created).
 
-    Never raises for a missing GPU, driver or library: the list is then empty and `.message` says why.
+    Never raises for a missing GPU, driver or library: the list is then empty and `.message` says why. Each
+    GPU's `holders` come from the machine-wide registry (empty where that cannot be read).
     """
     try:
         import pynvml
@@ -118,12 +122,17 @@ def gpus() -> GpuList:
         if not physical:
             hidden = os.environ.get("CUDA_VISIBLE_DEVICES", "")
             return GpuList([], f"No GPU visible: CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU of this machine.")
-        return GpuList([_read(pynvml, cuda_index, nvml_index) for cuda_index, nvml_index in enumerate(physical)])
+        found = [_read(pynvml, cuda_index, nvml_index) for cuda_index, nvml_index in enumerate(physical)]
     finally:
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+    try:
+        held = holders()
+    except (GpuError, OSError):  # an unusable registry: reserving says why; listing GPUs still works
+        held = {}
+    return GpuList([replace(gpu, holders=held.get(gpu_key(gpu.device_id), ())) for gpu in found])
 
 
 def select_gpu(index: int) -> GpuInfo:
@@ -152,6 +161,50 @@ def select_gpu(index: int) -> GpuInfo:
         )
     _selected = index
     return replace(available[index], selected=True)
+
+
+def training_gpu(current: int) -> int:
+    """The GPU (CUDA index) that training in this process uses, reserved for this process until it exits.
+
+    `current` is torch's current device. When another process holds it, training moves to a free GPU (made
+    torch's current device) and warns; it stays on a held GPU, with a warning, when no GPU is free or when the
+    notebook chose that one with `select_gpu`. Raises GpuError when the GPU registry folder cannot be used.
+    """
+    decided: dict[str, Any] = {}
+
+    def choose() -> list[str]:
+        found = gpus()
+        if not 0 <= current < len(found):  # NVML shows fewer GPUs than CUDA: nothing it could reserve
+            return []
+        others = found[current].held_by_others()
+        free = [gpu for gpu in found if not gpu.held_by_others()]
+        moved = bool(others and free and _selected != current)
+        target = free[0] if moved else found[current]
+        decided.update(target=target, others=others, moved=moved, free=bool(free))
+        key = gpu_key(target.device_id)
+        return [] if key in _training_reservations else [key]
+
+    reservation = reserve(choose, "training")
+    for key in reservation.gpus:
+        _training_reservations[key] = reservation
+    if "target" not in decided:
+        return current
+    target, others = decided["target"], decided["others"]
+    held = f"GPU {current} is held by {'; '.join(holder.describe() for holder in others)}"
+    if decided["moved"]:
+        warnings.warn(f"{held}: training on GPU {target.index} ({target.name}), which is free. To train on GPU "
+                      f"{current} anyway, select it first with %gpu {current} (nbscale.select_gpu({current})).",
+                      stacklevel=2)  # fmt: skip
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(target.index)
+        return int(target.index)
+    if others:
+        why = "you selected it" if _selected == current else "no GPU is free"
+        warnings.warn(f"{held}: training shares it ({why}), so both run slower and either may run out of GPU "
+                      "memory. %gpu shows each GPU's holders.", stacklevel=2)  # fmt: skip
+    return current
 
 
 def _init_failure(pynvml: Any, error: Exception) -> str:

@@ -193,29 +193,55 @@ class ConfusionChart:
         return buffer.getvalue()
 
 
-def _as_indices(values: Any, classes: list[str]) -> list[int]:
-    values = values.tolist() if isinstance(values, torch.Tensor) else list(values)
-    return [classes.index(v) if isinstance(v, str) else int(v) for v in values]
+def _labels(values: Any) -> torch.Tensor | list[Any]:
+    """Integer labels as an int64 tensor (tensors and numpy arrays are not turned into lists); names as a list."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return torch.from_numpy(values).reshape(-1).long()
+    if isinstance(values, torch.Tensor) and not values.is_floating_point() and not values.is_complex():
+        return values.reshape(-1).long().cpu()
+    values = values.tolist() if isinstance(values, torch.Tensor | np.ndarray) else list(values)
+    if values and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in values):
+        return torch.tensor([int(v) for v in values], dtype=torch.long)
+    return values
+
+
+def _as_indices(values: torch.Tensor | list[Any], names: list[str]) -> torch.Tensor:
+    if isinstance(values, torch.Tensor):
+        return values
+    position = {name: i for i, name in enumerate(names)}
+    return torch.tensor([position[v] if isinstance(v, str) else int(v) for v in values], dtype=torch.long)
 
 
 def confusion_chart(true: Any, pred: Any, classes: Sequence[str] | None = None) -> ConfusionChart:
     """A confusion chart of true vs predicted labels (names or indices); displays as a figure in a notebook."""
-    true_list = true.tolist() if isinstance(true, torch.Tensor) else list(true)
-    pred_list = pred.tolist() if isinstance(pred, torch.Tensor) else list(pred)
-    if len(true_list) != len(pred_list):
-        raise NbscaleError(f"confusion_chart: {len(true_list)} true labels but {len(pred_list)} predictions.")
+    true_labels, pred_labels = _labels(true), _labels(pred)
+    if len(true_labels) != len(pred_labels):
+        raise NbscaleError(f"confusion_chart: {len(true_labels)} true labels but {len(pred_labels)} predictions.")
     if classes is None:
-        values = set(true_list) | set(pred_list)
-        if len({isinstance(v, str) for v in values}) > 1:
-            raise NbscaleError("confusion_chart: the labels mix class names and class indices; pass classes= (for "
-                               "example ds.classes) to say which name each index stands for, or use names for both.")
-        classes = sorted(values) if all(isinstance(v, str) for v in values) else \
-            [str(i) for i in range(max(int(v) for v in values) + 1)] if values else []
+        both = [true_labels, pred_labels]
+        if all(isinstance(labels, torch.Tensor) for labels in both):
+            largest = max((int(labels.max()) for labels in both if labels.numel()), default=-1)
+            classes = [str(i) for i in range(largest + 1)]
+        else:
+            values = {v for labels in both for v in (labels.tolist() if isinstance(labels, torch.Tensor) else labels)}
+            if len({isinstance(v, str) for v in values}) > 1:
+                raise NbscaleError("confusion_chart: the labels mix class names and class indices; pass classes= (for "
+                                   "example ds.classes) to say which name each index stands for, or use names for "
+                                   "both.")
+            classes = sorted(values) if all(isinstance(v, str) for v in values) else \
+                [str(i) for i in range(max(int(v) for v in values) + 1)] if values else []
     names = [str(c) for c in classes]
-    unknown = {v for v in true_list + pred_list if isinstance(v, str) and v not in names}
+    known = set(names)
+    unknown = {v for labels in (true_labels, pred_labels) if not isinstance(labels, torch.Tensor)
+               for v in labels if isinstance(v, str) and v not in known}
     if unknown:
         raise NbscaleError(f"confusion_chart: labels {sorted(unknown)} are not among classes {names}.")
-    matrix = torch.zeros(len(names), len(names), dtype=torch.long)
-    for t, p in zip(_as_indices(true_list, names), _as_indices(pred_list, names), strict=True):
-        matrix[t, p] += 1
+    true_indices, pred_indices = _as_indices(true_labels, names), _as_indices(pred_labels, names)
+    count = len(names)
+    for indices in (true_indices, pred_indices):
+        if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= count):
+            raise NbscaleError(f"confusion_chart: label index {int(indices.max()) if int(indices.max()) >= count else int(indices.min())} "
+                               f"is outside the {count} classes {names[:10]}: pass classes= with every class.")
+    # one pass over the labels in C: the cell (t, p) is entry t * count + p
+    matrix = torch.bincount(true_indices * count + pred_indices, minlength=count * count).reshape(count, count)
     return ConfusionChart(matrix, names)

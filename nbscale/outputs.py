@@ -14,7 +14,7 @@ def main_output(outputs: Any) -> Any:
     Hugging Face models return a ModelOutput with `.logits`; the loss, accuracy and predictions use the logits
     (auxiliary classifiers are not trained).
     """
-    if type(outputs) is torch.Tensor:  # the usual case, without getattr's failed lookup (an iteration's microsecond)
+    if type(outputs) is torch.Tensor:  # the usual case, without getattr's failed lookup on every iteration
         return outputs
     logits = getattr(outputs, "logits", None)
     return logits if logits is not None else outputs

@@ -7,15 +7,13 @@ pynvml that answers the way NVML does on a two-GPU machine.
 from __future__ import annotations
 
 import sys
-import types
-from collections import namedtuple
 
 import pytest
 
 import nbscale
 from nbscale import gpu as gpu_module
 from nbscale.errors import NbscaleError
-from tests.nvml_probe import nvml_works
+from tests.nvml_probe import fake_pynvml, nvml_works
 
 needs_no_driver = pytest.mark.skipif(nvml_works(), reason="this machine has an NVIDIA driver")
 
@@ -41,53 +39,13 @@ def test_gpus_without_pynvml_says_so(monkeypatch):
     assert nbscale.gpus().message == gpu_module.NO_NVML
 
 
-# --- a stand-in for pynvml on a machine with two GPUs -------------------------------------------------------------
-
-Memory = namedtuple("Memory", "total free used")
-Utilization = namedtuple("Utilization", "gpu memory")
-Process = namedtuple("Process", "pid usedGpuMemory")
-
-
-def _fake_pynvml(count: int = 2) -> types.ModuleType:
-    fake = types.ModuleType("pynvml")
-
-    class NVMLError(Exception):
-        pass
-
-    class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's own names
-        pass
-
-    fake.NVMLError = NVMLError
-    fake.NVMLError_LibraryNotFound = type("NVMLError_LibraryNotFound", (NVMLError,), {})
-    fake.NVMLError_DriverNotLoaded = type("NVMLError_DriverNotLoaded", (NVMLError,), {})
-    fake.NVML_TEMPERATURE_GPU = 0
-    fake.nvmlInit = lambda: None
-    fake.nvmlShutdown = lambda: None
-    fake.nvmlDeviceGetCount = lambda: count
-    fake.nvmlDeviceGetHandleByIndex = lambda index: index
-    fake.nvmlDeviceGetUUID = lambda handle: f"GPU-aaaa{handle}-1111"
-    fake.nvmlDeviceGetName = lambda handle: b"NVIDIA H100 80GB HBM3" if handle == 0 else "NVIDIA A100-SXM4-40GB"
-    fake.nvmlDeviceGetCudaComputeCapability = lambda handle: (9, 0) if handle == 0 else (8, 0)
-    fake.nvmlDeviceGetMemoryInfo = lambda handle: Memory(80 * 2**30, 70 * 2**30, 10 * 2**30)
-    fake.nvmlDeviceGetUtilizationRates = lambda handle: Utilization(63 if handle == 0 else 0, 10)
-    fake.nvmlDeviceGetTemperature = lambda handle, sensor: 41 + handle
-
-    def power(handle: int) -> int:
-        if handle == 1:
-            raise NVMLError_NotSupported("Not Supported")
-        return 312_500
-
-    fake.nvmlDeviceGetPowerUsage = power
-    fake.nvmlDeviceGetEnforcedPowerLimit = power
-    fake.nvmlDeviceGetComputeRunningProcesses = lambda handle: [Process(4242, 2 * 2**30)] if handle == 0 else []
-    fake.nvmlDeviceGetGraphicsRunningProcesses = lambda handle: [Process(4242, 2 * 2**30)] if handle == 0 else []
-    fake.nvmlSystemGetProcessName = lambda pid: b"python"
-    return fake
+# --- a stand-in for pynvml on a machine with two GPUs (tests/fake_nvml) -------------------------------------------
 
 
 @pytest.fixture
-def two_gpus(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml())
+def two_gpus(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(tmp_path))  # no other test's or notebook's reservations
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(gpu_module, "_selected", None)
 

@@ -115,3 +115,20 @@ def test_classify_a_trained_network_on_held_out_digits(tmp_path: Path) -> None:
     labels, _ = nbscale.classify(net, test)
     assert sum(a == b for a, b in zip(labels, test.labels, strict=True)) / len(test) > 0.9
     assert nbscale.accuracy(net, test) > 0.9
+
+
+def test_confusion_chart_of_100k_labels_counts_each_pair_like_a_loop() -> None:
+    generator = torch.Generator().manual_seed(0)
+    true = torch.randint(0, 10, (100_000,), generator=generator)
+    predicted = torch.where(torch.rand(100_000, generator=generator) < 0.8, true,
+                            torch.randint(0, 10, (100_000,), generator=generator))
+    expected = torch.zeros(10, 10, dtype=torch.long)
+    for t, p in zip(true.tolist(), predicted.tolist(), strict=True):
+        expected[t, p] += 1
+    names = [str(i) for i in range(10)]
+    for given in ((true, predicted), (true.numpy(), predicted.numpy()), (true.tolist(), predicted.tolist()),
+                  ([names[i] for i in true.tolist()], [names[i] for i in predicted.tolist()])):
+        chart = nbscale.confusion_chart(*given)
+        assert torch.equal(chart.matrix, expected) and chart.classes == names
+    with pytest.raises(NbscaleError, match="label index 10 is outside the 10 classes"):
+        nbscale.confusion_chart(torch.tensor([0, 10]), torch.tensor([0, 1]), classes=names)

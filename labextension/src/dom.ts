@@ -20,7 +20,7 @@ export function h<K extends keyof HTMLElementTagNameMap>(
 export function bar(
   fraction: number | null,
   label: string,
-  kind: 'utilization' | 'memory'
+  kind: 'utilization' | 'memory' | 'training'
 ): HTMLElement {
   const fill = h('div', { class: 'nbscale-Bar-fill' });
   fill.style.width = `${Math.round(Math.max(0, Math.min(1, fraction ?? 0)) * 100)}%`;

@@ -1,7 +1,7 @@
 /**
  * Pure helpers that turn the server's JSON into what the status bar and the panel show.
  */
-import { IGpuInfo, IJob, IPoolState } from './types';
+import { IGpuHolder, IGpuInfo, IJob, IJobTraining, IPoolState } from './types';
 
 /** The pool of the kernel with this id, or null (no kernel, or that kernel runs no pool). */
 export function poolForKernel(
@@ -19,8 +19,8 @@ export function countState(pool: IPoolState, state: string): number {
 }
 
 /**
- * The GPUs a pool computes on: those whose NVML process list holds one of its workers.
- * Where NVML lists no processes (containers often hide them), every GPU of a GPU pool.
+ * The GPUs a pool computes on: those its kernel reserved, else those whose NVML process list holds one of its
+ * workers. Where neither says (a cluster pool, and NVML lists no processes), every GPU of a GPU pool.
  */
 export function poolGpus(
   pool: IPoolState,
@@ -28,6 +28,14 @@ export function poolGpus(
 ): IGpuInfo[] {
   if (pool.kind !== 'gpu') {
     return [];
+  }
+  const reserved = gpus.filter(gpu =>
+    (gpu.holders ?? []).some(
+      holder => holder.pid === pool.pid && holder.purpose === 'pool'
+    )
+  );
+  if (reserved.length > 0) {
+    return reserved;
   }
   const pids = new Set(pool.workers.map(worker => worker.pid));
   const used = gpus.filter(gpu =>
@@ -129,4 +137,67 @@ export function memoryFraction(gpu: IGpuInfo): number | null {
     return null;
   }
   return Math.min(1, Math.max(0, gpu.memory_used_mb / gpu.memory_total_mb));
+}
+
+/** Three significant digits: 0.23145 -> "0.231", 1234.5 -> "1230", 0.0001234 -> "1.23e-4"; "-" for null. */
+export function formatLoss(loss: number | null | undefined): string {
+  if (loss === null || loss === undefined || !isFinite(loss)) {
+    return '-';
+  }
+  const plain = String(Number(loss.toPrecision(3)));
+  return plain.length <= 6 ? plain : loss.toExponential(2);
+}
+
+/**
+ * A running job's training in one line: "epoch 3/10 · iteration 120/460 · loss 0.231 · 1 min 05 s left"
+ * ("training 2 · ..." first when the job has run more than one).
+ */
+export function trainingText(training: IJobTraining): string {
+  const parts = [
+    `epoch ${training.epoch ?? 0}/${training.max_epochs}`,
+    `iteration ${training.iteration ?? 0}/${training.total_iterations}`,
+    `loss ${formatLoss(training.loss)}`
+  ];
+  if (training.done) {
+    parts.push(training.stop_reason ?? 'done');
+  } else if (training.time_left_s !== null) {
+    parts.push(`${formatElapsed(training.time_left_s)} left`);
+  }
+  if (training.trainings > 1) {
+    parts.unshift(`training ${training.training}`);
+  }
+  return parts.join(' · ');
+}
+
+/**
+ * Who holds a GPU: "alice's pool · analysis.ipynb · pid 4242"; the notebook in front is "this notebook".
+ */
+export function holderText(
+  holder: IGpuHolder,
+  currentKernelId: string | null = null
+): string {
+  const what = ['pool', 'training'].includes(holder.purpose)
+    ? `${holder.user}'s ${holder.purpose}`
+    : holder.user;
+  const isCurrent =
+    currentKernelId !== null && holder.kernel_id === currentKernelId;
+  const where = isCurrent
+    ? 'this notebook'
+    : (holder.notebook ??
+      (holder.kernel_id ? `kernel ${holder.kernel_id.slice(0, 8)}` : null));
+  return [what, where, holder.pid !== null ? `pid ${holder.pid}` : null]
+    .filter(Boolean)
+    .join(' · ');
+}
+
+/** "held by alice's pool · a.ipynb · pid 4242" (each holder, oldest first), or "free". */
+export function gpuHoldersText(
+  gpu: IGpuInfo,
+  currentKernelId: string | null = null
+): string {
+  const holders = gpu.holders ?? [];
+  if (holders.length === 0) {
+    return 'free';
+  }
+  return `held by ${holders.map(holder => holderText(holder, currentKernelId)).join('; ')}`;
 }

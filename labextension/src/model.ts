@@ -57,6 +57,11 @@ export class NbscaleModel implements IDisposable {
     return this._pools;
   }
 
+  /** Why the server could not read the pool registry at the last refresh, or null. */
+  get poolsError(): string | null {
+    return this._poolsError;
+  }
+
   get gpus(): IGpusReply {
     return this._gpus;
   }
@@ -88,6 +93,7 @@ export class NbscaleModel implements IDisposable {
         this._want('jobs') ? this._fetchJson<IJobsReply>('jobs') : null
       ]);
       this._pools = pools ? pools.pools : this._pools;
+      this._poolsError = pools ? (pools.error ?? null) : this._poolsError;
       this._gpus = gpus ?? this._gpus;
       this._jobs = jobs ?? this._jobs;
       this._error = null;
@@ -119,5 +125,6 @@ export class NbscaleModel implements IDisposable {
   private _jobs: IJobsReply = { jobs: [], available: false };
   private _poll: Poll;
   private _pools: IPoolState[] = [];
+  private _poolsError: string | null = null;
   private _resources: readonly Resource[];
 }

@@ -6,9 +6,11 @@ import {
   formatElapsed,
   formatIdleLeft,
   formatMemory,
+  gpuHoldersText,
   isActive,
   memoryFraction,
-  resultSnippet
+  resultSnippet,
+  trainingText
 } from './format';
 import { NbscaleModel } from './model';
 import { IGpuInfo, IJob, IPoolState } from './types';
@@ -25,7 +27,7 @@ export namespace NbscalePanel {
 }
 
 /**
- * The side panel: Pools (a workers table per pool), GPUs (utilization and memory bars), Jobs (state, elapsed,
+ * The side panel: Pools (a workers table per pool), GPUs (utilization and memory bars, who holds each), Jobs (state, elapsed,
  * log, cancel, the snippet that fetches a result). Its model polls only while the panel is visible.
  */
 export class NbscalePanel extends Widget {
@@ -58,18 +60,28 @@ export class NbscalePanel extends Widget {
     this.node.replaceChildren(
       h('header', { class: 'nbscale-Panel-header' }, 'nbscale'),
       error ?? '',
-      this._section('Pools', this._pools(model.pools)),
+      this._section('Pools', this._pools(model.pools), model.poolsError),
       this._section('GPUs', this._gpus(model.gpus.gpus, model.gpus.message)),
-      this._section('Jobs', this._jobs(model.jobs.jobs, model.jobs.available))
+      this._section(
+        'Jobs',
+        this._jobs(model.jobs.jobs, model.jobs.available),
+        model.jobs.error ?? null
+      )
     );
   }
 
-  private _section(title: string, body: HTMLElement): HTMLElement {
+  /** A titled section; `error` (the server could not read its source) shows above its body. */
+  private _section(
+    title: string,
+    body: HTMLElement,
+    error: string | null = null
+  ): HTMLElement {
     const name = title.toLowerCase();
     return h(
       'section',
       { class: `nbscale-Section nbscale-${name}`, 'data-section': name },
       h('h3', {}, title),
+      error ? h('div', { class: 'nbscale-Error' }, error) : null,
       body
     );
   }
@@ -173,6 +185,13 @@ export class NbscalePanel extends Widget {
             memoryFraction(gpu),
             `memory ${formatMemory(gpu.memory_used_mb)} / ${formatMemory(gpu.memory_total_mb)}`,
             'memory'
+          ),
+          h(
+            'div',
+            {
+              class: `nbscale-Gpu-holders${(gpu.holders ?? []).length ? '' : ' nbscale-Gpu-free'}`
+            },
+            gpuHoldersText(gpu, this._options.currentKernelId())
           )
         );
       })
@@ -219,7 +238,7 @@ export class NbscalePanel extends Widget {
           this._options.copySnippet(resultSnippet(job))
         )
       );
-      return h(
+      const row = h(
         'tr',
         { class: `nbscale-Job nbscale-state-${job.state}` },
         h('td', {}, String(job.id)),
@@ -228,8 +247,25 @@ export class NbscalePanel extends Widget {
         h('td', {}, formatElapsed(job.elapsed_s)),
         actions
       );
+      return job.training ? [row, this._training(job)] : [row];
     });
-    return table(head, rows);
+    return table(head, rows.flat());
+  }
+
+  /** The row under a running job: its training's epoch, iteration, last loss and time left, with a bar. */
+  private _training(job: IJob): HTMLElement {
+    const training = job.training!;
+    const text = trainingText(training);
+    const fraction =
+      training.total_iterations > 0
+        ? (training.iteration ?? 0) / training.total_iterations
+        : null;
+    const cell = h(
+      'td',
+      { colspan: '5', title: `%jobs show ${job.id} draws its live plot` },
+      bar(fraction, text, 'training')
+    );
+    return h('tr', { class: 'nbscale-Job-training' }, cell);
   }
 
   private _button(

@@ -30,12 +30,30 @@ export interface IPoolState {
 
 export interface IPoolsReply {
   pools: IPoolState[];
+  /** Why the pool registry cannot be read (the list is then empty), if it cannot. */
+  error?: string;
 }
 
 export interface IGpuProcess {
   pid: number;
   name: string | null;
   memory_used_mb: number | null;
+}
+
+/**
+ * A process holding a GPU in the machine-wide registry (nbscale.gpu_reservations): a pool's kernel or an
+ * in-notebook training, any user's. `user` is the reservation file's owner, so it cannot be faked.
+ */
+export interface IGpuHolder {
+  user: string;
+  uid: number;
+  pid: number | null;
+  purpose: 'pool' | 'training' | string;
+  /** The notebook's path where Jupyter named it, else null. */
+  notebook: string | null;
+  kernel_id: string | null;
+  /** Seconds since the epoch. */
+  since: number | null;
 }
 
 /** One GPU from NVML; `GET /nbscale/api/gpus` answers `{gpus: IGpuInfo[], message}`. */
@@ -51,12 +69,32 @@ export interface IGpuInfo {
   power_w: number | null;
   power_limit_w: number | null;
   processes: IGpuProcess[];
+  /** Who reserved it, oldest first; empty when it is free (absent from servers before reservations). */
+  holders?: IGpuHolder[];
 }
 
 export interface IGpusReply {
   gpus: IGpuInfo[];
   /** Why there is no GPU ("No GPU: the NVIDIA driver was not found on this machine."), else null. */
   message: string | null;
+}
+
+/** Where a running job's latest training stands, from the events it records (nbscale.jobs.training_record). */
+export interface IJobTraining {
+  /** Its number in the job (1, 2, ...) and how many trainings the job has started. */
+  training: number;
+  trainings: number;
+  epoch: number | null;
+  max_epochs: number;
+  iteration: number | null;
+  total_iterations: number;
+  /** The last training loss; null before the first iteration, or when it is not finite. */
+  loss: number | null;
+  validation_loss: number | null;
+  /** Estimated from the time per iteration so far; 0 once done. */
+  time_left_s: number | null;
+  done: boolean;
+  stop_reason: string | null;
 }
 
 /** A batch job from nbscale.jobs.list_jobs(). */
@@ -68,12 +106,16 @@ export interface IJob {
   elapsed_s: number | null;
   results?: string[];
   error?: string | null;
+  /** A running job's latest training; null for other jobs and before a training starts. */
+  training?: IJobTraining | null;
 }
 
 export interface IJobsReply {
   jobs: IJob[];
   /** False where nbscale.jobs is not installed. */
   available: boolean;
+  /** Why the job store cannot be read (the list is then empty), if it cannot. */
+  error?: string;
 }
 
 export interface IJobLogReply {

@@ -3,13 +3,17 @@ import { describe, expect, it } from 'vitest';
 import {
   formatElapsed,
   formatIdleLeft,
+  formatLoss,
   formatMemory,
+  gpuHoldersText,
+  holderText,
   isActive,
   meanUtilization,
   poolForKernel,
   poolGpus,
   resultSnippet,
-  statusText
+  statusText,
+  trainingText
 } from '../src/format';
 import { IGpuInfo, IPoolState, IWorkerState } from '../src/types';
 
@@ -86,6 +90,28 @@ describe('statusText', () => {
     expect(statusText(gpuPool, gpus)).toBe('4 workers · 2 busy · GPU 63%');
   });
 
+  it('uses the GPUs the pool reserved where the registry names them', () => {
+    const gpuPool = pool('k', ['busy'], 'gpu');
+    const reservedBy = (pid: number, purpose: string) => ({
+      user: 'me',
+      uid: 1000,
+      pid,
+      purpose,
+      notebook: null,
+      kernel_id: null,
+      since: 0
+    });
+    const gpus = [
+      { ...gpu(0, 90), holders: [reservedBy(7, 'pool')] },
+      { ...gpu(1, 40), holders: [reservedBy(4242, 'pool')] },
+      { ...gpu(2, 10), holders: [reservedBy(4242, 'training')] }
+    ];
+    expect(poolGpus(gpuPool, gpus).map(g => g.index)).toEqual([1]);
+    expect(statusText(gpuPool, gpus)).toBe('1 worker · 1 busy · GPU 40%');
+    expect(holderText(reservedBy(7, 'pool'))).toBe("me's pool · pid 7");
+    expect(gpuHoldersText(gpu(3, 0))).toBe('free');
+  });
+
   it('uses every GPU when NVML lists no processes, and reports dead workers', () => {
     const gpuPool = pool('k', ['busy', 'dead'], 'gpu');
     expect(statusText(gpuPool, [gpu(0, 10), gpu(1, 30)])).toBe(
@@ -127,5 +153,48 @@ describe('formatting', () => {
     );
     expect(isActive(job)).toBe(false);
     expect(isActive({ ...job, state: 'running' })).toBe(true);
+  });
+
+  it("writes a running job's training: epoch, iteration, last loss, time left", () => {
+    const training = {
+      training: 1,
+      trainings: 1,
+      epoch: 3,
+      max_epochs: 10,
+      iteration: 120,
+      total_iterations: 460,
+      loss: 0.23145,
+      validation_loss: null,
+      time_left_s: 65.4,
+      done: false,
+      stop_reason: null
+    };
+    expect(trainingText(training)).toBe(
+      'epoch 3/10 · iteration 120/460 · loss 0.231 · 1 min 05 s left'
+    );
+    expect(
+      trainingText({
+        ...training,
+        training: 2,
+        trainings: 2,
+        done: true,
+        time_left_s: 0,
+        stop_reason: 'Stopped from the job monitor'
+      })
+    ).toBe(
+      'training 2 · epoch 3/10 · iteration 120/460 · loss 0.231 · Stopped from the job monitor'
+    );
+    expect(
+      trainingText({
+        ...training,
+        epoch: null,
+        iteration: null,
+        loss: null,
+        time_left_s: null
+      })
+    ).toBe('epoch 0/10 · iteration 0/460 · loss -');
+    expect(formatLoss(1234.5)).toBe('1230');
+    expect(formatLoss(0.0001234)).toBe('1.23e-4');
+    expect(formatLoss(null)).toBe('-');
   });
 });

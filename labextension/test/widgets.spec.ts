@@ -51,15 +51,32 @@ const jobs: IJob[] = [
     state: 'running',
     started: null,
     elapsed_s: 12,
-    results: []
+    results: [],
+    training: {
+      training: 1,
+      trainings: 1,
+      epoch: 2,
+      max_epochs: 4,
+      iteration: 50,
+      total_iterations: 200,
+      loss: 0.5,
+      validation_loss: null,
+      time_left_s: 30,
+      done: false,
+      stop_reason: null
+    }
   }
 ];
 
-function modelWith(gpus: unknown): NbscaleModel {
+function modelWith(
+  gpus: unknown,
+  overrides: Record<string, unknown> = {}
+): NbscaleModel {
   const replies: Record<string, unknown> = {
     pools: { pools: [pool] },
     gpus,
-    jobs: { jobs, available: true }
+    jobs: { jobs, available: true },
+    ...overrides
   };
   const fetchJson = (async (endPoint: string) =>
     replies[endPoint]) as FetchJson;
@@ -200,5 +217,99 @@ describe('NbscalePanel', () => {
       'memory 20.0 GB / 80.0 GB'
     );
     expect(panel.node.querySelector('.nbscale-NoGpu')).toBeNull();
+    expect(panel.node.querySelector('.nbscale-Gpu-holders')?.textContent).toBe(
+      'free'
+    );
+  });
+
+  it('names who holds each GPU, marking the notebook in front', async () => {
+    const held = (index: number, holders: unknown[]) => ({
+      index,
+      nvml_index: index,
+      name: 'NVIDIA H100',
+      compute_capability: '9.0',
+      memory_used_mb: 0,
+      memory_total_mb: 81920,
+      utilization_percent: 0,
+      temperature_c: null,
+      power_w: null,
+      power_limit_w: null,
+      processes: [],
+      holders
+    });
+    const alice = {
+      user: 'alice',
+      uid: 1001,
+      pid: 4242,
+      purpose: 'pool',
+      notebook: 'analysis.ipynb',
+      kernel_id: 'kernel-x',
+      since: 0
+    };
+    const mine = {
+      ...alice,
+      user: 'me',
+      pid: 10,
+      purpose: 'training',
+      notebook: 'a.ipynb',
+      kernel_id: 'kernel-a'
+    };
+    const model = modelWith({
+      gpus: [held(0, [alice]), held(1, [mine]), held(2, [])],
+      message: null
+    });
+    const panel = panelFor(model, []);
+    await model.update();
+    MessageLoop.sendMessage(panel, Widget.Msg.UpdateRequest);
+    const lines = [...panel.node.querySelectorAll('.nbscale-Gpu-holders')].map(
+      line => line.textContent
+    );
+    expect(lines).toEqual([
+      "held by alice's pool · analysis.ipynb · pid 4242",
+      "held by me's training · this notebook · pid 10",
+      'free'
+    ]);
+  });
+
+  it("shows a running job's training under it: epoch, iteration, loss and time left", async () => {
+    const model = modelWith(noGpu);
+    const panel = panelFor(model, []);
+    await model.update();
+    MessageLoop.sendMessage(panel, Widget.Msg.UpdateRequest);
+    const rows = [...panel.node.querySelectorAll('tbody tr')].filter(row =>
+      row.closest('.nbscale-jobs')
+    );
+    expect(rows.map(row => row.className)).toEqual([
+      'nbscale-Job nbscale-state-running',
+      'nbscale-Job-training',
+      'nbscale-Job nbscale-state-finished'
+    ]);
+    expect(rows[1].textContent).toBe(
+      'epoch 2/4 · iteration 50/200 · loss 0.5 · 30 s left'
+    );
+    const fill = rows[1].querySelector('.nbscale-Bar-fill') as HTMLElement;
+    expect(fill.style.width).toBe('25%');
+  });
+
+  it('shows the error the server gives when it cannot read the pools or the jobs', async () => {
+    const model = modelWith(noGpu, {
+      pools: { pools: [], error: 'The pool registry cannot be read: bad file' },
+      jobs: {
+        jobs: [],
+        available: true,
+        error: 'The job store index jobs.sqlite is damaged: move it aside.'
+      }
+    });
+    const panel = panelFor(model, []);
+    await model.update();
+    MessageLoop.sendMessage(panel, Widget.Msg.UpdateRequest);
+    const errorIn = (section: string) =>
+      panel.node.querySelector(`.nbscale-${section} .nbscale-Error`)
+        ?.textContent;
+    expect(errorIn('pools')).toBe('The pool registry cannot be read: bad file');
+    expect(errorIn('jobs')).toBe(
+      'The job store index jobs.sqlite is damaged: move it aside.'
+    );
+    expect(errorIn('gpus')).toBeUndefined();
   });
 });

@@ -141,8 +141,22 @@ class AugmentedImageDatastore(Dataset):
         return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
                                        self.output_size_mode)
 
-    def subset(self, indices: Any) -> AugmentedImageDatastore:
-        return self._with(self.ds.subset(indices))  # type: ignore[attr-defined]
+    def subset(self, indices: Any, drop_unused_classes: bool = False) -> AugmentedImageDatastore:
+        """The items at `indices` (numbers or a logical mask); see ImageDatastore.subset."""
+        chosen = self._underlying("subset").subset(indices)
+        return self._with(chosen).remove_unused_classes() if drop_unused_classes else self._with(chosen)
+
+    def remove_unused_classes(self) -> AugmentedImageDatastore:
+        """The same items with only the classes that have images, labels renumbered (MATLAB's removecats)."""
+        return self._with(self._underlying("remove_unused_classes").remove_unused_classes())
+
+    def _underlying(self, operation: str) -> Any:
+        if not hasattr(self.ds, operation):
+            raise DatastoreError(f"AugmentedImageDatastore.{operation} needs a datastore with {operation} "
+                                 f"underneath (an ImageDatastore); this one wraps a {type(self.ds).__name__}: "
+                                 "select the items of that dataset first (e.g. torch.utils.data.Subset) and wrap "
+                                 "the result.")
+        return self.ds
 
     def shuffle(self, seed: int | None = None) -> AugmentedImageDatastore:
         return self._with(self.ds.shuffle(seed))  # type: ignore[attr-defined]
@@ -205,11 +219,10 @@ class AugmentedImageDatastore(Dataset):
         return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
 
     def preview(self, n: int = 16, columns: int | None = None) -> Any:
-        """A labelled montage of the first `n` items as training sees them (augmented, sized)."""
-        from nbscale.data.montage import montage
+        """A labelled montage of `n` items as training sees them (augmented, sized), taken in turn from each class."""
+        from nbscale.data.montage import montage, spread_over_classes
 
-        count = min(n, len(self))
-        items = [self[i] for i in range(count)]
+        items = [self[i] for i in spread_over_classes(self.labels, min(n, len(self)))]
         classes = self.classes
         captions = [classes[label] if 0 <= label < len(classes) else str(label) for _, label in items]
         return montage([image for image, _ in items], captions, columns=columns)

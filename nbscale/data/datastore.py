@@ -33,9 +33,31 @@ def _list_local(location: Path, include_subfolders: bool) -> list[str]:
     if not location.is_dir():
         raise DatastoreError(f"ImageDatastore: the folder {str(location)!r} does not exist. Check the path "
                              f"(it is read relative to {os.getcwd()!r}).")
-    found = location.rglob("*") if include_subfolders else location.iterdir()
-    # hidden files and folders (.ipynb_checkpoints, macOS's ._name.png twins) are not part of the data
-    return [str(p) for p in found if p.is_file() and not _hidden(p.relative_to(location))]
+    if not include_subfolders:
+        return [str(p) for p in location.iterdir() if p.is_file() and not _hidden(p.relative_to(location))]
+    return _walk(location)
+
+
+def _walk(location: Path) -> list[str]:
+    """Every file under `location`, following symbolic links to folders (as MATLAB's imageDatastore does).
+
+    A file keeps the path through the link, so a linked class folder is labelled by the link's name. A link to
+    a folder that holds it (a loop) is not entered again, so link loops end.
+    """
+    files: list[str] = []
+    above: dict[str, frozenset[tuple[int, int]]] = {}  # each folder's ancestors, as (device, inode)
+    for folder, subfolders, names in os.walk(location, followlinks=True):
+        status = os.stat(folder)
+        identity, ancestors = (status.st_dev, status.st_ino), above.pop(folder, frozenset())
+        if identity in ancestors:
+            subfolders[:] = []
+            continue
+        # hidden files and folders (.ipynb_checkpoints, macOS's ._name.png twins) are not part of the data
+        subfolders[:] = sorted(name for name in subfolders if not _hidden(Path(name)))
+        above.update({os.path.join(folder, name): ancestors | {identity} for name in subfolders})
+        files += [os.path.join(folder, name) for name in names
+                  if not _hidden(Path(name)) and os.path.isfile(os.path.join(folder, name))]
+    return files
 
 
 def _hidden(relative: Path) -> bool:
@@ -47,7 +69,7 @@ def _list_url(location: str, include_subfolders: bool) -> list[str]:
         import fsspec
     except ImportError as error:
         raise DatastoreError(f"ImageDatastore: reading {location!r} needs fsspec (and the filesystem's package, "
-                             "e.g. s3fs for s3://): pip install fsspec s3fs") from error
+                             "e.g. s3fs for s3://): pip install 'nbscale[s3]'") from error
     filesystem, root = fsspec.core.url_to_fs(location)
     if filesystem.isfile(root):
         return [location]
@@ -55,6 +77,24 @@ def _list_url(location: str, include_subfolders: bool) -> list[str]:
         raise DatastoreError(f"ImageDatastore: the folder {location!r} does not exist or cannot be listed.")
     paths = filesystem.find(root) if include_subfolders else filesystem.ls(root, detail=False)
     return [filesystem.unstrip_protocol(p) for p in paths if not filesystem.isdir(p)]
+
+
+def _no_images(locations: Sequence[Any], extensions: tuple[str, ...], include_subfolders: bool) -> str:
+    """Why no image was found, and the fix that applies: other extensions, subfolders, or broken links."""
+    places = [os.fspath(p) for p in locations]
+    message = f"ImageDatastore: no image files with extensions {list(extensions)} in {places}"
+    local = [Path(p).expanduser() for p in places if not is_url(p) and Path(p).expanduser().is_dir()]
+    entries = [entry for folder in local for entry in (folder.rglob("*") if include_subfolders else folder.iterdir())]
+    broken = [entry for entry in entries if entry.is_symlink() and not entry.exists()]
+    others = sorted({entry.suffix.lower() or entry.name for entry in entries if entry.is_file()})
+    if broken:
+        return (f"{message}. {len(broken)} symbolic link(s) there point nowhere (e.g. {str(broken[0])!r} -> "
+                f"{os.readlink(broken[0])!r}): fix or remove them.")
+    if not include_subfolders and any(entry.is_dir() for entry in entries):
+        return f"{message}, and include_subfolders=False: the images may be in its subfolders (include_subfolders=True)."
+    if others:
+        return f"{message}; its files are {others[:8]}: pass file_extensions= to read those."
+    return f"{message}: the folder has no files (include_subfolders={include_subfolders}). Check the path."
 
 
 def _parent_name(file: str) -> str:
@@ -86,9 +126,7 @@ class ImageDatastore(Dataset):
                 _list_local(Path(place).expanduser(), include_subfolders)
             files += sorted(f for f in listed if f.lower().endswith(extensions))
         if not files:
-            raise DatastoreError(f"ImageDatastore: no image files with extensions {list(extensions)} in "
-                                 f"{[os.fspath(p) for p in locations]} (include_subfolders={include_subfolders}). "
-                                 "Check the folder, or pass file_extensions=.")
+            raise DatastoreError(_no_images(locations, extensions, include_subfolders))
         labels = [_parent_name(f) for f in files] if label_source == "foldernames" else None
         classes = sorted(set(labels)) if labels is not None else []
         self._setup(files, labels, classes, on_error)
@@ -167,10 +205,13 @@ class ImageDatastore(Dataset):
             counts[label] += 1
         return counts
 
-    def subset(self, indices: Iterable[int] | Iterable[bool] | torch.Tensor) -> ImageDatastore:
-        """A datastore of the items at `indices` (same classes, so label indices stay comparable).
+    def subset(self, indices: Iterable[int] | Iterable[bool] | torch.Tensor,
+               drop_unused_classes: bool = False) -> ImageDatastore:
+        """A datastore of the items at `indices`, with the same classes (label indices stay comparable).
 
-        `indices` are item numbers, or, as in MATLAB, a logical mask with one True/False per item.
+        `indices` are item numbers, or, as in MATLAB, a logical mask with one True/False per item. Classes left
+        without items stay (counted 0), as in MATLAB; drop_unused_classes=True removes them and renumbers the
+        labels (see `remove_unused_classes`), so a network with one output per remaining class can train on it.
         """
         values = list(indices.tolist() if hasattr(indices, "tolist") else indices)  # tensors and numpy arrays
         if values and all(isinstance(v, bool | np.bool_) for v in values):
@@ -183,7 +224,20 @@ class ImageDatastore(Dataset):
         if outside:
             raise DatastoreError(f"subset: indices {outside[:5]} are outside the {len(self)} items.")
         labels = [self.labels[i] for i in chosen] if self.labels is not None else None
-        return self._from_parts([self.files[i] for i in chosen], labels, list(self.classes), self.on_error)
+        chosen_part = self._from_parts([self.files[i] for i in chosen], labels, list(self.classes), self.on_error)
+        return chosen_part.remove_unused_classes() if drop_unused_classes else chosen_part
+
+    def remove_unused_classes(self) -> ImageDatastore:
+        """A datastore of the same items whose `classes` are only those with images (MATLAB's removecats).
+
+        The remaining classes keep their order and their label indices are renumbered 0..k-1, so item labels,
+        `classes` and `count_each_label()` agree. Returns a new datastore; this one is unchanged.
+        """
+        if self.labels is None:
+            raise DatastoreError("remove_unused_classes: this datastore has no labels (label_source='none').")
+        used = set(self.labels)
+        classes = [name for name in self.classes if name in used]
+        return self._from_parts(list(self.files), list(self.labels), classes, self.on_error)
 
     def shuffle(self, seed: int | None = None) -> ImageDatastore:
         """A datastore with the same items in a random order (reproducible with `seed`)."""
@@ -222,12 +276,11 @@ class ImageDatastore(Dataset):
         return tuple(self.subset(sorted(p) if not randomize else p) for p in parts)
 
     def preview(self, n: int = 16, columns: int | None = None) -> Any:
-        """A labelled montage of the first `n` images (a PIL image: it displays in a notebook)."""
-        from nbscale.data.montage import montage
+        """A labelled montage of `n` images taken in turn from each class (a PIL image: it displays in a notebook)."""
+        from nbscale.data.montage import montage, spread_over_classes
 
-        count = min(n, len(self))
         images, captions = [], []
-        for i in range(count):
+        for i in spread_over_classes(self.labels, min(n, len(self))):
             raw, read = self.read_raw(i)
             images.append(to_float(raw))
             captions.append(self.labels[read] if self.labels is not None else Path(self.files[read]).name)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 from PIL import Image, ImageDraw
@@ -29,3 +29,22 @@ def montage(images: Sequence[torch.Tensor], captions: Sequence[str], columns: in
         sheet.paste(tile, (left + (TILE - tile.width) // 2, top + (TILE - tile.height) // 2))
         draw.text((left + 3, top + TILE + 1), str(caption)[:16], fill="black")
     return sheet
+
+
+def spread_over_classes(labels: Sequence[Hashable] | None, n: int) -> list[int]:
+    """The indices of `n` items taken in turn from each class (the first of each class, then the second...).
+
+    A montage of the first n items of a datastore sorted by folder shows one class only; this shows them all.
+    Without labels: the first n items.
+    """
+    if labels is None:
+        return list(range(n))
+    members: dict[Hashable, list[int]] = {}
+    for index, label in enumerate(labels):
+        members.setdefault(label, []).append(index)
+    chosen: list[int] = []
+    for round_ in range(max((len(m) for m in members.values()), default=0)):
+        chosen += [group[round_] for group in members.values() if round_ < len(group)]
+        if len(chosen) >= n:
+            break
+    return chosen[:n]

@@ -1,27 +1,29 @@
 """Reading one image file (local path or fsspec URL) into a uint8/uint16 C x H x W tensor with 1 or 3 channels.
 
-torchvision's `decode_image` does the decoding (PNG, JPEG, GIF, WebP); Pillow covers the few formats it
-lacks (BMP, TIFF). Alpha channels are dropped and palette (indexed) images expanded to their colours: networks see grayscale
-(1 channel) or colour (3).
+TorchCodec's `decode_image` does the decoding (PNG, JPEG, GIF, WebP; no FFmpeg needed for images): torchvision
+0.29 deprecated its own image decoders in its favour. Where torchcodec is missing or cannot load (a platform
+without its wheels), torchvision's decoders are used, and their DeprecationWarning is left alone (Python shows
+it only where the user asks for such warnings): nbscale never changes the process's warning filters. Pillow
+covers the few formats neither has (BMP, TIFF). Alpha channels are dropped and palette (indexed) images expanded
+to their colours: networks see grayscale (1 channel) or colour (3).
 """
 
 from __future__ import annotations
 
 import io
-import warnings
 
 import numpy as np
 import torch
-from torchvision.io import ImageReadMode, decode_image
+
+try:
+    from torchcodec.decoders import decode_image as _torchcodec_decode
+except (ImportError, OSError, RuntimeError):  # not installed, or its library does not load here
+    _torchcodec_decode = None
 
 _PILLOW_ONLY = (".bmp", ".tif", ".tiff")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_PALETTE = 3  # IHDR colour type of an indexed (palette) PNG
-
-# torchvision 0.29 warns on every decode that TorchCodec will take over image decoding; until it does, the
-# decoders work and the warning only floods test and worker logs.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                        category=DeprecationWarning)
+DECODER = "torchcodec" if _torchcodec_decode is not None else "torchvision"
 
 
 def is_url(location: str) -> bool:
@@ -52,14 +54,24 @@ def decode(data: bytes, file: str) -> torch.Tensor:
     else:
         # UNCHANGED would give a palette PNG's colour indices as one gray channel; expand them to colour instead
         palette = data[:8] == _PNG_SIGNATURE and len(data) > 25 and data[25] == _PNG_PALETTE
-        mode = ImageReadMode.RGB if palette else ImageReadMode.UNCHANGED
-        image = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=mode)
+        image = _decode_encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), "RGB" if palette else "UNCHANGED")
+        if image.ndim == 4:  # an animated GIF or WebP: its first frame
+            image = image[0]
     channels = image.shape[0]
     if channels == 2:  # gray + alpha
         return image[:1]
     if channels == 4:  # RGB + alpha
         return image[:3]
     return image
+
+
+def _decode_encoded(data: torch.Tensor, mode: str) -> torch.Tensor:
+    """Decode with torchcodec (16-bit PNGs stay uint16), else with torchvision's deprecated decoders."""
+    if _torchcodec_decode is not None:
+        return _torchcodec_decode(data, mode=mode, output_dtype="auto")
+    from torchvision.io import ImageReadMode, decode_image
+
+    return decode_image(data, mode=ImageReadMode[mode])
 
 
 def read_image(file: str) -> torch.Tensor:

@@ -3,6 +3,8 @@
 ```python
 job = nbscale.jobs.submit("net = train()", name="long run", pool=2, namespace=globals())
 nbscale.jobs.get(job.id).wait(); job.result("net")
+nbscale.jobs.get(name="long run")          # the newest job of that name
+[(j.id, j.name, j.state) for j in nbscale.jobs.list()]
 ```
 `%%batch` and `%jobs` are the magic forms. State, logs and results live in the job store (`$NBSCALE_HOME/jobs`
 or the user's data folder), so jobs outlive kernel restarts and closed notebooks.
@@ -10,23 +12,44 @@ or the user's data folder), so jobs outlive kernel restarts and closed notebooks
 
 from __future__ import annotations
 
+import builtins
+import difflib
 import os
 from pathlib import Path
 from typing import Any
 
+from nbscale.errors import JobError
+from nbscale.jobs import arguments
 from nbscale.jobs.job import Job, _as_dict
 from nbscale.jobs.store import JobStore, default_root
 from nbscale.jobs.submit import submit
 
-__all__ = ["Job", "JobStore", "cancel", "current_job_dir", "default_root", "get", "list_jobs", "submit"]
+__all__ = ["Job", "JobStore", "cancel", "current_job_dir", "default_root", "get", "list", "list_jobs", "submit"]
 
 
-def get(job_id: int | str) -> Job:
-    """The job with this id (as shown by `%jobs`); JobError if the store has none."""
-    return Job(_job_id(job_id))
+def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:
+    """The job with this id (as `%jobs` shows it), or the newest job named `name`; JobError if there is none."""
+    if (job_id is None) == (name is None):
+        raise JobError("nbscale.jobs.get() takes a job id (get(3)) or a name (get(name='long run')), one of them.")
+    if name is None:
+        return Job(arguments.job_id(job_id))
+    store = JobStore()
+    named = store.named(arguments.job_name(name))
+    if not named:
+        close = difflib.get_close_matches(name, sorted({r.name for r in store.all() if r.name}), n=3)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise JobError(f"There is no job named {name!r} in the job store at {store.root}.{hint} %jobs lists the "
+                       "jobs with their names.")
+    return Job(named[-1].id, store)
 
 
-def list_jobs() -> list[dict[str, Any]]:
+def list() -> builtins.list[Job]:  # noqa: A001 (nbscale.jobs.list(), as the API names it)
+    """Every job in the store as a Job (`.id`, `.name`, `.state`, ...), oldest first."""
+    store = JobStore()
+    return [Job.listed(record.id, store) for record in store.all()]
+
+
+def list_jobs() -> builtins.list[dict[str, Any]]:
     """Every job as a plain dict, oldest first: id, name, state, started (ISO time or None), elapsed_s,
     pool, error, results (saved variable names), log_path. JSON-ready (the server extension returns it)."""
     store = JobStore()
@@ -42,12 +65,3 @@ def current_job_dir() -> Path | None:
     """Inside a batch job, its private folder (where a training run keeps its checkpoints); else None."""
     folder = os.environ.get("NBSCALE_JOB_DIR")
     return Path(folder) if folder else None
-
-
-def _job_id(job_id: int | str) -> int:
-    try:
-        return int(job_id)
-    except (TypeError, ValueError):
-        from nbscale.errors import JobError
-
-        raise JobError(f"A job id is a number as %jobs shows it (like 3), not {job_id!r}.") from None

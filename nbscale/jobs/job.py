@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -10,7 +12,8 @@ from typing import Any
 import cloudpickle
 
 from nbscale.errors import JobError
-from nbscale.jobs import process
+from nbscale.jobs import training_record
+from nbscale.jobs.backends import backend_of
 from nbscale.jobs.files import append_text
 from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 
@@ -18,14 +21,21 @@ from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 class Job:
     """A batch job (MATLAB's `batch` job): `.state`, `.log()`, `.result(name)`, `.wait()`, `.cancel()`.
 
-    Get one with `nbscale.jobs.get(id)` (any kernel, any time: the state lives in the job store) or from
-    `nbscale.jobs.submit(...)`.
+    Get one with `nbscale.jobs.get(id)` or `get(name=...)` (any kernel, any time: the state lives in the job
+    store), from `nbscale.jobs.list()`, or from `nbscale.jobs.submit(...)`.
     """
 
     def __init__(self, job_id: int, store: JobStore | None = None) -> None:
         self.store = store or JobStore()
         self.id = int(job_id)
         self.record()  # JobError now if there is no such job
+
+    @classmethod
+    def listed(cls, job_id: int, store: JobStore) -> Job:
+        """The Job of a record just read from `store` (not asked for again)."""
+        job = cls.__new__(cls)
+        job.store, job.id = store, job_id
+        return job
 
     def record(self) -> JobRecord:
         """The job's current row in the store."""
@@ -69,15 +79,28 @@ class Job:
         """Variables the cell assigned and the job saved (filled in when the job ends)."""
         return self.record().results
 
-    def log(self) -> str:
-        """Everything the cell printed so far (stdout and stderr, in order), after a short header."""
+    def log(self, tail: int | None = None) -> str:
+        """Everything the cell printed so far (stdout and stderr, in order), after a short header; with `tail`,
+        only its last `tail` characters (read from the end of the file, however long the log has grown)."""
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise JobError(f"job.log(tail=...) takes a number of characters (>= 0) or None, not {tail!r}.")
         try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
+            with open(self.log_path, "rb") as file:
+                if tail is not None:
+                    file.seek(max(0, os.fstat(file.fileno()).st_size - 4 * tail))  # 4 bytes hold any character
+                text = file.read().decode("utf-8", errors="replace")
         except FileNotFoundError:
             return ""
+        if tail is None:
+            return text
+        return text[-tail:] if tail else ""
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends (finished, failed or cancelled); False if `timeout` seconds pass first."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or math.isnan(timeout)):
+            raise JobError(f"job.wait(timeout=...) takes seconds (a number) or None to wait until the job ends, "
+                           f"not {timeout!r}.")
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
         while self.state in ACTIVE_STATES:
@@ -92,16 +115,9 @@ class Job:
         record = self.record()
         if not self.store.mark_cancelled(self.id):
             return False
-        from nbscale.jobs import ray_jobs
-
-        ray_job = ray_jobs.reference(self.folder)
-        if ray_job is not None:  # its process runs on Ray's node: Ray stops it and its process group
-            ray_jobs.stop(ray_job)
-        else:
-            if record.pid is None:  # the submitter was still starting it: the runner sees "cancelled" and leaves
-                record = self.record()
-            if record.pid is not None:
-                process.kill_group(record.pid, record.pid_started)
+        if record.pid is None:  # the submitter may have recorded the process since
+            record = self.record()
+        backend_of(self.folder).cancel(record, self.folder)
         append_text(
             self.log_path, f"\n[nbscale] job {self.id} cancelled {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         )
@@ -112,6 +128,8 @@ class Job:
 
         Raises JobError while the job runs, and for a name the cell did not assign (listing those it did).
         """
+        if not isinstance(name, str):
+            raise JobError(f"job.result(name) takes a variable's name as a string (like 'net'), not {name!r}.")
         record = self.record()
         if record.state in ACTIVE_STATES:
             raise JobError(
@@ -140,9 +158,67 @@ class Job:
                 + ")."
             ) from None
 
+    @property
+    def trainings(self) -> list[int]:
+        """The numbers (1, 2, ...) of the `nbscale.train` runs the job has started, in order."""
+        return training_record.trainings(self.folder)
+
+    def show(self, training: int | None = None, wait: bool = False) -> None:
+        """Display the live training-progress figure, info panel and Stop button of a training in this job.
+
+        Any kernel can watch, during the run or after it: the display catches up on what already happened,
+        then follows new iterations in the background (the notebook stays usable) until the training and the
+        job end; the next training the job starts is shown below it. `training` picks one run by number (see
+        `job.trainings`; default: the latest, or the first to start). `wait=True` follows in the cell instead,
+        returning when the job ends (the kernel interrupt stops following, not the job). Stop asks the job's
+        training to stop at the end of its iteration; the job goes on and saves the network as trained so far.
+        """
+        from nbscale import rendering
+
+        rendering.show(self, training=training, wait=wait)
+
+    def training_info(self, training: int | None = None) -> Any:
+        """A TrainingInfo of a training in this job (default: the latest), from what it recorded so far."""
+        from nbscale.train.info import TrainingInfo
+
+        info = TrainingInfo()
+        for event in training_record.RecordReader(self._record_path(training)).read_all():
+            info.record(event)
+        return info
+
+    def stop_training(self, training: int | None = None) -> bool:
+        """Ask a training in this job (default: the latest) to stop at the end of its current iteration, keeping
+        its network (what the monitor's Stop button does); False when the job has ended."""
+        path = self._record_path(training)
+        if self.state not in ACTIVE_STATES:
+            return False
+        training_record.request_stop(self.folder, int(path.stem))
+        return True
+
+    def _record_path(self, training: int | None) -> Path:
+        """The record of training `training` (default: the latest); JobError when there is none."""
+        if training is not None and (isinstance(training, bool) or not isinstance(training, int)):
+            raise JobError(f"training= takes a training's number (1, 2, ... as job.trainings lists them), "
+                           f"not {training!r}.")
+        numbers = self.trainings
+        if training is None and numbers:
+            training = numbers[-1]
+        if training is None or training not in numbers:
+            recorded = (f"It recorded trainings {', '.join(map(str, numbers))}." if numbers else
+                        "It has recorded no training yet: only nbscale.train runs inside a job are recorded.")
+            raise JobError(f"Job {self.id} has no training {training}. {recorded}" if training is not None
+                           else f"Job {self.id} ({self.state}) has no training to show. {recorded}")
+        return training_record.record_path(self.folder, training)
+
     def as_dict(self) -> dict[str, Any]:
-        """Plain, JSON-ready fields (for `list_jobs()` and the server extension)."""
+        """Plain, JSON-ready fields (as `nbscale.jobs.list_jobs()` gives them to the server extension)."""
         return _as_dict(self.record(), self.store)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and (other.id, other.store.root) == (self.id, self.store.root)
+
+    def __hash__(self) -> int:
+        return hash((self.id, self.store.root))
 
     def __repr__(self) -> str:
         record = self.record()
@@ -163,4 +239,13 @@ def _as_dict(record: JobRecord, store: JobStore) -> dict[str, Any]:
         "error": record.error,
         "results": list(record.results),
         "log_path": str(store.log_path(record.id)),
+        "training": _training_summary(record, store),
     }
+
+
+def _training_summary(record: JobRecord, store: JobStore) -> dict[str, Any] | None:
+    """A running job's latest training (epoch, iteration, loss, time left), from its record's ends; else None."""
+    if record.state != "running":
+        return None
+    found = training_record.summary(store.job_dir(record.id))
+    return found.as_dict() if found is not None else None

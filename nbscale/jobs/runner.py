@@ -21,10 +21,10 @@ from typing import Any
 
 import cloudpickle
 
-from nbscale.jobs import process
+from nbscale.cellvars import names_assigned
+from nbscale.jobs.backends.local import start_time
 from nbscale.jobs.files import write_atomic
 from nbscale.jobs.store import JobStore
-from nbscale.pool.cellvars import names_assigned
 
 
 class CellFailed(Exception):
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     store = JobStore(job_dir.parent)
     os.umask(0o077)  # whatever the job writes (checkpoints included) is the user's alone
     pid = os.getpid()
-    if not store.mark_running(job_id, pid, process.start_time(pid)):
+    if not store.mark_running(job_id, pid, start_time(pid)):  # whichever backend started it, it is a process here
         print(f"[nbscale] job {job_id} was cancelled before it started.", flush=True)
         return 0
     record = store.get(job_id)

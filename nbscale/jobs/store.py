@@ -7,7 +7,13 @@ if still running), so a runner that ends as it is cancelled cannot undo the canc
 leaves the last committed state. Nothing secret is stored: environment values never reach this file.
 
 Job folder: `cell.py` (the code), `inputs.pkl` (variables and modules sent from the notebook), `log.txt`
-(everything the cell printed), `results/<name>.pkl` (each variable the cell assigned).
+(everything the cell printed), `results/<name>.pkl` (each variable the cell assigned), `record.json` (the
+job's row, rewritten with each state change).
+
+A damaged index (not SQLite, emptied while job folders exist, another table layout, a field of the wrong type)
+is refused with a JobError that names the file and how to recover: moved aside, the index is rebuilt from the
+job folders' `record.json` on the next use. A job id is never handed out twice: a new job's id is past every
+id in the index and every job folder on disk, and its folder is created (never reused) before the job exists.
 """
 
 from __future__ import annotations
@@ -18,17 +24,30 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nbscale.errors import JobError
-from nbscale.jobs import process
-from nbscale.jobs.files import append_text, open_private, private_dir
+from platformdirs import user_data_dir
 
-ACTIVE_STATES = ("queued", "running")
-END_STATES = ("finished", "failed", "cancelled")
+from nbscale.errors import JobError
+from nbscale.jobs.backends import backend_of
+from nbscale.jobs.files import append_text, open_private, private_dir
+from nbscale.jobs.records import (
+    ACTIVE_STATES,
+    COLUMNS,
+    END_STATES,
+    LARGEST_ID,
+    DamagedRecord,
+    JobRecord,
+    mirror,
+    recovered,
+)
+
+__all__ = ["ACTIVE_STATES", "END_STATES", "JobRecord", "JobStore", "default_root"]
+
 NEVER_STARTED_S = 120.0  # a queued job with no process after this long was never launched
+INDEX_NAME = "jobs.sqlite"
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -54,60 +73,101 @@ def default_root() -> Path:
     home = os.environ.get("NBSCALE_HOME")
     if home:
         return Path(home).expanduser() / "jobs"
-    try:
-        from platformdirs import user_data_dir
-
-        return Path(user_data_dir("nbscale", appauthor=False)) / "jobs"
-    except ImportError:
-        data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-        return Path(data_home) / "nbscale" / "jobs"
+    return Path(user_data_dir("nbscale", appauthor=False)) / "jobs"
 
 
-@dataclass(frozen=True)
-class JobRecord:
-    """One row of the index, as read."""
-
-    id: int
-    name: str | None
-    state: str
-    submitted: float
-    started: float | None
-    finished: float | None
-    pid: int | None
-    pid_started: float | None
-    pool: int | None
-    cwd: str
-    error: str | None
-    results: tuple[str, ...]
-    unpicklable: dict[str, str]
-
-    @classmethod
-    def from_row(cls, row: sqlite3.Row) -> JobRecord:
-        values = dict(row)
-        values["results"] = tuple(json.loads(values["results"]))
-        values["unpicklable"] = json.loads(values["unpicklable"])
-        return cls(**values)
-
-    @property
-    def elapsed_s(self) -> float | None:
-        """Seconds run so far (or in all, once ended); None before it starts."""
-        if self.started is None:
-            return None
-        return max(0.0, (self.finished or time.time()) - self.started)
+def _ranges(ids: list[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3, 7' (at most five runs shown)."""
+    runs: list[list[int]] = []
+    for job_id in ids:
+        if runs and job_id == runs[-1][1] + 1:
+            runs[-1][1] = job_id
+        else:
+            runs.append([job_id, job_id])
+    shown = [f"{a}-{b}" if b > a else str(a) for a, b in runs[:5]]
+    return ", ".join(shown) + (", ..." if len(runs) > 5 else "")
 
 
 class JobStore:
-    """The store at `root` (default: `default_root()`), created 0700 on first use."""
+    """The store at `root` (default: `default_root()`), created 0700 on first use.
+
+    Raises JobError when the index is damaged (saying how to recover) or cannot be read. A missing index
+    beside job folders is rebuilt from them.
+    """
 
     def __init__(self, root: Path | str | None = None) -> None:
-        self.root = private_dir(Path(root) if root is not None else default_root())
-        self.index_path = self.root / "jobs.sqlite"
-        if not self.index_path.exists():
-            os.close(open_private(self.index_path, append=True))  # 0600 before SQLite writes a byte
-        with self._transaction() as connection:
-            connection.execute(_SCHEMA)
+        folder = Path(root) if root is not None else default_root()
+        try:
+            self.root = private_dir(folder)
+        except OSError as error:
+            raise JobError(f"The job store folder {folder} cannot be used ({error.strerror or error}): point "
+                           "NBSCALE_HOME at a folder you can write to.") from None
+        owner = self.root.stat().st_uid
+        if owner != os.getuid():  # its pickles (inputs, results) are unpickled here: they must be ours alone
+            raise JobError(f"The job store folder {self.root} belongs to another user (uid {owner}), who could put "
+                           "files there that run as you when read: point NBSCALE_HOME at a folder of your own.")
+        self.index_path = self.root / INDEX_NAME
+        try:
+            self._open_index()
+        except OSError as error:  # the index is a folder, unreadable, or the disk failed
+            raise JobError(f"The job store index {self.index_path} cannot be read ({error.strerror or error}): "
+                           "check the file and the folder's permissions, or point NBSCALE_HOME at another "
+                           "folder.") from None
 
     # ---- the index ----------------------------------------------------------------------------------------
+
+    def _open_index(self) -> None:
+        """Check the index before any use; create it (empty) or rebuild it (from the folders) when missing."""
+        try:
+            size = self.index_path.stat().st_size
+        except FileNotFoundError:
+            size = None
+        folders = self.job_ids_on_disk()
+        if size is None and folders:
+            self._rebuild(folders)
+        elif size is None:
+            os.close(open_private(self.index_path, append=True))  # 0600 before SQLite writes a byte
+        elif size == 0 and folders:
+            raise self._damaged(f"it is empty (0 bytes) while job folders {_ranges(folders)} exist beside it")
+        elif size > 0:
+            with open(self.index_path, "rb") as index:
+                start = index.read(len(_SQLITE_HEADER))
+            if start != _SQLITE_HEADER:
+                raise self._damaged(f"it is not an SQLite database (it starts with {start[:16]!r})")
+        columns = self._columns()
+        if not columns:
+            with self._transaction() as connection:
+                connection.execute(_SCHEMA)
+        elif columns != COLUMNS:
+            raise self._damaged(f"its jobs table has the columns {list(columns)}, not {list(COLUMNS)}")
+        else:
+            self._read()  # every row checked: one the store never wrote means the file is not to be trusted
+
+    def _columns(self) -> tuple[str, ...]:
+        connection = sqlite3.connect(self.index_path, timeout=30)
+        try:
+            return tuple(row[1] for row in connection.execute("PRAGMA table_info(jobs)"))
+        except sqlite3.DatabaseError as error:
+            raise self._database_error(error, "read") from None
+        finally:
+            connection.close()
+
+    def _damaged(self, what: str) -> JobError:
+        return JobError(
+            f"The job store index {self.index_path} is damaged: {what}. nbscale does not use it, so that no job's "
+            f"id or folder is handed out again. Move it aside (mv '{self.index_path}' "
+            f"'{self.index_path}.damaged'): the next use rebuilds the index from the job folders in {self.root} "
+            "(each keeps its job's record in record.json)."
+        )
+
+    def _database_error(self, error: sqlite3.DatabaseError, doing: str) -> JobError:
+        """A JobError for an SQLite error: damage (the file's content) or the environment (locks, disk, rights)."""
+        if not isinstance(error, sqlite3.OperationalError):  # "file is not a database", "malformed", ...
+            return self._damaged(str(error))
+        return JobError(
+            f"The job store index {self.index_path} cannot be {doing}: {error}. Check the disk and the folder's "
+            "permissions, or point NBSCALE_HOME at another folder."
+        )
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -123,15 +183,12 @@ class JobStore:
                 raise
             connection.execute("COMMIT")
         except sqlite3.DatabaseError as error:
-            raise JobError(
-                f"The job store index {self.index_path} cannot be written: {error}. Check the disk and the "
-                "folder's permissions, or point NBSCALE_HOME at another folder."
-            ) from None
+            raise self._database_error(error, "written") from None
         finally:
             connection.close()
 
     def _update(self, job_id: int, states: tuple[str, ...], **fields: Any) -> bool:
-        """Set `fields` on job `job_id` if its state is one of `states`; whether it was."""
+        """Set `fields` on job `job_id` if its state is one of `states` (and mirror it); whether it was."""
         assignments = ", ".join(f"{column} = ?" for column in fields)
         marks = ", ".join("?" for _ in states)
         with self._transaction() as connection:
@@ -139,18 +196,76 @@ class JobStore:
                 f"UPDATE jobs SET {assignments} WHERE id = ? AND state IN ({marks})",
                 (*fields.values(), job_id, *states),
             )
-            return cursor.rowcount == 1
+            if cursor.rowcount != 1:
+                return False
+            self._mirror(connection, job_id)
+        return True
+
+    def _mirror(self, connection: sqlite3.Connection, job_id: int) -> None:
+        """Copy the job's row into its folder, inside the transaction that changed it (so copies keep its order)."""
+        row = connection.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        mirror(self.job_dir(job_id), self._record(row))
+
+    def _rebuild(self, job_ids: list[int]) -> None:
+        """A new index holding the record of every job folder, put in place only if no index appeared meanwhile."""
+        temporary = self.root / f".{INDEX_NAME}.rebuild-{os.getpid()}"
+        temporary.unlink(missing_ok=True)
+        os.close(open_private(temporary))
+        try:
+            connection = sqlite3.connect(temporary)
+            try:
+                connection.execute(_SCHEMA)
+                for job_id in job_ids:
+                    values = recovered(self.job_dir(job_id), job_id).as_columns()
+                    connection.execute(f"INSERT INTO jobs ({', '.join(COLUMNS)}) VALUES "
+                                       f"({', '.join('?' for _ in COLUMNS)})", [values[c] for c in COLUMNS])
+                connection.commit()
+            finally:
+                connection.close()
+            try:
+                os.link(temporary, self.index_path)  # never over an index another process made meanwhile
+            except FileExistsError:
+                pass
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def job_ids_on_disk(self) -> list[int]:
+        """The ids of the job folders in the store, ascending (folders named by a job number)."""
+        ids = []
+        for entry in os.scandir(self.root):
+            if entry.name.isdigit() and entry.name.isascii() and entry.is_dir(follow_symlinks=False):
+                job_id = int(entry.name)
+                if 1 <= job_id <= LARGEST_ID:
+                    ids.append(job_id)
+        return sorted(ids)
 
     def create(self, name: str | None, pool: int | None, cwd: str) -> int:
-        """Add a queued job and make its private folder; returns its id."""
+        """Add a queued job and make its private folder; returns its id.
+
+        The id is past every id the index has given (deleted rows included) and every job folder on disk, and
+        its folder is new: an existing folder is never reused.
+        """
+        if name is not None and not isinstance(name, str):
+            raise JobError(f"A job's name is a string (or None), not {type(name).__name__} {name!r}.")
         with self._transaction() as connection:
-            cursor = connection.execute(
-                "INSERT INTO jobs (name, state, submitted, pool, cwd) VALUES (?, 'queued', ?, ?, ?)",
-                (name, time.time(), pool, cwd),
+            given = connection.execute(
+                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0), "
+                "coalesce((SELECT max(id) FROM jobs), 0))"
+            ).fetchone()[0]
+            job_id = max(given, *self.job_ids_on_disk(), 0) + 1
+            while True:
+                try:
+                    self.job_dir(job_id).mkdir(mode=0o700)
+                    break
+                except FileExistsError:  # made by something else since we listed: never reuse it
+                    job_id += 1
+            connection.execute(
+                "INSERT INTO jobs (id, name, state, submitted, pool, cwd) VALUES (?, ?, 'queued', ?, ?, ?)",
+                (job_id, name, time.time(), pool, cwd),
             )
-            job_id = int(cursor.lastrowid or 0)
-        private_dir(self.job_dir(job_id))
-        private_dir(self.job_dir(job_id) / "results")
+            private_dir(self.job_dir(job_id))
+            private_dir(self.job_dir(job_id) / "results")
+            self._mirror(connection, job_id)
         return job_id
 
     def set_process(self, job_id: int, pid: int, pid_started: float | None) -> None:
@@ -191,20 +306,34 @@ class JobStore:
         try:
             rows = connection.execute(f"SELECT * FROM jobs {where} ORDER BY id", parameters).fetchall()
         except sqlite3.DatabaseError as error:
-            raise JobError(f"The job store index {self.index_path} cannot be read: {error}.") from None
+            raise self._database_error(error, "read") from None
         finally:
             connection.close()
-        return [JobRecord.from_row(row) for row in rows]
+        return [self._record(row) for row in rows]
+
+    def _record(self, row: sqlite3.Row) -> JobRecord:
+        try:
+            return JobRecord.from_fields(dict(row))
+        except DamagedRecord as damage:
+            raise self._damaged(f"the row of job {row['id']!r} is not one nbscale wrote ({damage})") from None
 
     def get(self, job_id: int) -> JobRecord:
         """The job's record, with a vanished process noticed; JobError if there is no such job."""
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= LARGEST_ID:
+            shown = repr(job_id) if len(repr(job_id)) <= 40 else f"{repr(job_id)[:37]}..."
+            raise JobError(f"There is no job {shown} in the job store at {self.root}: job ids are the numbers "
+                           "%jobs (nbscale.jobs.list()) shows.")
         records = self._read("WHERE id = ?", (job_id,))
         if not records:
             raise JobError(
-                f"There is no job {job_id} in the job store at {self.root}. %jobs (nbscale.jobs.list_jobs()) "
+                f"There is no job {job_id} in the job store at {self.root}. %jobs (nbscale.jobs.list()) "
                 "lists the jobs there; NBSCALE_HOME selects another store."
             )
         return self._notice_death(records[0])
+
+    def named(self, name: str) -> list[JobRecord]:
+        """The jobs named `name`, oldest first, with vanished processes noticed."""
+        return [self._notice_death(record) for record in self._read("WHERE name = ?", (name,))]
 
     def all(self) -> list[JobRecord]:
         """Every job, oldest first, with vanished processes noticed."""
@@ -214,23 +343,11 @@ class JobStore:
         """A queued/running job whose process is gone without writing its end state has failed."""
         if record.state not in ACTIVE_STATES:
             return record
-        from nbscale.jobs import ray_jobs
-
-        ray_job = ray_jobs.reference(self.job_dir(record.id))
-        if ray_job is not None:  # it runs wherever Ray put it: Ray, not a local pid, says whether it still runs
-            reason = ray_jobs.ended_without_state(self.job_dir(record.id), ray_job)
-            if reason is None:
-                return record
-        elif record.pid is not None:
-            if process.alive(record.pid, record.pid_started):
-                return record
-            # it may have written its end state between our read and the check
-            reason = "process died (killed, or the machine restarted) before the cell ended; see the log"
-        elif time.time() - record.submitted > NEVER_STARTED_S:
-            reason = "its process never started"
-        else:
+        job_dir = self.job_dir(record.id)
+        reason = backend_of(job_dir).vanished(record, job_dir, NEVER_STARTED_S)
+        if reason is None:
             return record
-        self.fail(record.id, reason)
+        self.fail(record.id, reason)  # only if still active: an end state written meanwhile stays
         return self._read("WHERE id = ?", (record.id,))[0]
 
     # ---- paths ----------------------------------------------------------------------------------------------

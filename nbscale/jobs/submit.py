@@ -1,4 +1,5 @@
-"""Submitting a cell as a batch job: check it, pickle what it reads from the notebook, start its process."""
+"""Submitting a cell as a batch job: check it, pickle what it reads from the notebook, start its runner through
+the backend that runs it (nbscale.jobs.backends: this machine, or a Ray cluster)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from typing import Any
 
 import cloudpickle
 
+from nbscale.cellvars import names_read
 from nbscale.errors import JobError
-from nbscale.jobs import process, ray_jobs
-from nbscale.jobs.files import open_private, write_atomic
+from nbscale.jobs import arguments
+from nbscale.jobs.backends import Launch, LaunchFailed, backend_for
+from nbscale.jobs.files import append_text, write_atomic
 from nbscale.jobs.job import Job
 from nbscale.jobs.store import JobStore
-from nbscale.pool.cellvars import names_read
 
 # IPython's bookkeeping names (history: _i, _ii, _i3, _3, _oh, ...): never sent
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___"})
@@ -39,10 +41,11 @@ def submit(
     modules among them are imported there. With `pool=N` the job opens `nbscale.Pool(N)` as `pool` first and
     closes it at the end. `cwd` (default: this process's) is where the job runs. `env` values are set in the
     job's environment only, never written to the store or the log. `cluster` (a profile name or an address)
-    runs it as a Ray job on that cluster instead of a local process; `nbscale.jobs.ray_jobs` says what the
-    cluster must share with this machine. Raises JobError for a syntax error, a
-    variable that cannot be pickled, or a job that cannot start.
+    runs it as a Ray job on that cluster instead of a local process; `nbscale.jobs.backends.cluster` says what
+    the cluster must share with this machine. Raises JobError for an argument of the wrong kind, a syntax
+    error, a variable that cannot be pickled, or a job that cannot start.
     """
+    arguments.submission(code, name, namespace, cwd, env, cluster)
     try:
         compile(code, "<batch cell>", "exec")
     except SyntaxError as error:
@@ -60,27 +63,15 @@ def submit(
     job_dir = store.job_dir(job_id)
     write_atomic(job_dir / "cell.py", code.encode("utf-8"))
     write_atomic(job_dir / "inputs.pkl", inputs)
-    log = open_private(store.log_path(job_id))
-    if cluster is not None:
-        os.write(log, _header(job_id, name, pool, directory).encode("utf-8"))
-        os.close(log)
-        try:
-            ray_jobs.submit_ray_job(job_dir, job_id, cluster, directory, environment, pool)
-        except JobError as error:
-            store.fail(job_id, f"it could not be submitted to Ray: {error}")
-            raise
-        return Job(job_id, store)
+    log = store.log_path(job_id)
+    append_text(log, _header(job_id, name, pool, directory))
     try:
-        os.write(log, _header(job_id, name, pool, directory).encode("utf-8"))
-        pid, pid_started = process.spawn_runner(job_dir, log, directory, environment)
-    except OSError as error:
-        store.fail(job_id, f"its process could not start: {error}")
-        raise JobError(
-            f"Job {job_id} could not start its process: {error}. Check that {directory} exists."
-        ) from None
-    finally:
-        os.close(log)
-    store.set_process(job_id, pid, pid_started)
+        runner = backend_for(cluster).launch(Launch(job_id, job_dir, log, directory, environment, pool))
+    except LaunchFailed as failure:
+        store.fail(job_id, failure.reason)
+        raise JobError(str(failure)) from None
+    if runner is not None:  # a process on this machine: the store follows it by pid
+        store.set_process(job_id, *runner)
     return Job(job_id, store)
 
 

@@ -6,22 +6,10 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbscale import jobs
+from nbscale.cellvars import names_assigned
 from nbscale.errors import JobError
-from nbscale.pool.cellvars import names_assigned
+from nbscale.magics.arguments import env_pairs, parse_line
 from nbscale.ui.jobs_table import JobsTable
-
-
-def env_pairs(pairs: list[str] | None) -> dict[str, str]:
-    """['KEY=VALUE', ...] -> dict; the values go to the job's environment only and are never printed."""
-    env: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise JobError(
-                f"--env takes KEY=VALUE pairs; {key or pair!r} has no '='. Example: --env AWS_PROFILE=dev"
-            )
-        env[key] = value
-    return env
 
 
 @magics_class
@@ -42,9 +30,9 @@ class BatchMagics(Magics):
     @cell_magic
     def batch(self, line: str, cell: str) -> None:
         """Run the cell as a detached job that outlives this kernel; variables it reads are sent along."""
-        args = parse_argstring(self.batch, line)
+        args = parse_line(self.batch, line)
         job = jobs.submit(
-            cell, name=args.name, pool=args.pool, namespace=self.shell.user_ns, env=env_pairs(args.env),
+            cell, name=args.name, pool=args.pool, namespace=self.shell.user_ns, env=env_pairs(args.env, JobError),
             cluster=args.cluster,
         )
         named = f" {args.name!r}" if args.name else ""
@@ -59,8 +47,18 @@ class BatchMagics(Magics):
         print("\n".join([*lines, "%jobs lists every job."]))
 
     @magic_arguments()
+    @argument("action", nargs="?", choices=["show"], help="show: the live training plot of job ID")
+    @argument("id", nargs="?", help="the job's id, as %%jobs lists it")
+    @argument("--training", type=int, metavar="N", help="which training of the job to show (default: the latest)")
+    @argument("--wait", action="store_true", help="follow in this cell until the job ends")
     @line_magic
-    def jobs(self, line: str) -> JobsTable:
-        """List the batch jobs in the store: id, name, state, started, elapsed."""
-        parse_argstring(self.jobs, line)
-        return JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root()))
+    def jobs(self, line: str) -> JobsTable | None:
+        """List the batch jobs in the store: id, name, state, started, elapsed; `%jobs show ID` shows the live
+        training-progress figure of a training inside job ID (job.show())."""
+        args = parse_argstring(self.jobs, line)
+        if args.action is None:
+            return JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root()))
+        if args.id is None:
+            raise JobError("%jobs show takes a job id: %jobs show 3 (%jobs lists the ids).")
+        jobs.get(args.id).show(training=args.training, wait=args.wait)
+        return None

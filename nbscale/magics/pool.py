@@ -8,29 +8,28 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbscale.errors import PoolError
-from nbscale.pool import pool as pool_module
-from nbscale.pool.pool import Pool, current_pool
+from nbscale.gpu import gpus
+from nbscale.magics.arguments import env_pairs, int_list, parse_line
+from nbscale.pool.pool import Pool, current_pool, take_shutdown_notice
+from nbscale.ui.gpu_table import pool_gpus_note
 
 _ACTIONS = ("start", "status", "stop", "restart")
 
 
-def int_list(text: str) -> list[int]:
-    """'0,2' -> [0, 2] (for --gpus and --targets)."""
+def _minutes(text: str) -> float:
+    """--idle-timeout's value as a number; PoolSettings says which numbers are allowed."""
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return float(text)
     except ValueError:
-        raise PoolError(f"{text!r} is not a comma-separated list of indices like 0,2.") from None
+        raise PoolError(f"--idle-timeout {text}: give minutes as a number, such as 30 (0 = never).") from None
 
 
-def env_pairs(pairs: list[str] | None) -> dict[str, str]:
-    """['KEY=VALUE', ...] -> dict; the values are never printed."""
-    env: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise PoolError(f"--env takes KEY=VALUE pairs; {key or pair!r} has no '='. Example: --env NCCL_DEBUG=INFO")
-        env[key] = value
-    return env
+def _seconds(text: str) -> float:
+    """--connect-timeout's value as a number; PoolSettings says which numbers are allowed."""
+    try:
+        return float(text)
+    except ValueError:
+        raise PoolError(f"--connect-timeout {text}: give seconds as a number, such as 120.") from None
 
 
 @magics_class
@@ -39,33 +38,42 @@ class PoolMagics(Magics):
 
     @magic_arguments()
     @argument("action", nargs="?", default="status", help="start | status | stop | restart (default: status)")
-    @argument("n", nargs="?", type=int, help="number of workers (default: one per GPU, else the CPU count, at most 4)")
+    @argument("n", nargs="?", type=int,
+              help="number of workers (default: one per free GPU, else the CPU count, at most 4)")
     @argument("--gpus", type=int_list, help="GPU indices to use, one worker each, e.g. 0,2")
     @argument("--cpu", action="store_true", help="use CPU workers even where GPUs exist")
+    @argument("--force", action="store_true", help="take GPUs another notebook holds too, sharing them")
     @argument("--cluster", help="a profile name from ~/.config/nbscale/profiles.toml, or ray://HOST:PORT")
-    @argument("--idle-timeout", type=float, default=30, help="minutes idle before the pool stops itself (0: never)")
+    @argument("--idle-timeout", type=_minutes, default=30, help="minutes idle before the pool stops itself (0: never)")
     @argument("--env", nargs="+", action="extend", metavar="KEY=VALUE", help="environment variables for every worker")
+    @argument("--connect-timeout", type=_seconds, metavar="SECONDS",
+              help="with --cluster: seconds to reach the cluster and start its actors (default: the profile's, else 120)")
     @line_magic
     def pool(self, line: str) -> Any:
         """Start, show, stop or restart the worker pool."""
-        args = parse_argstring(self.pool, line)
+        args = parse_line(self.pool, line)
         if args.action not in _ACTIONS:
             raise PoolError(f"Unknown %pool action {args.action!r}: use one of {', '.join(_ACTIONS)}.")
-        if args.action != "start" and (args.n is not None or args.gpus or args.cpu or args.cluster or args.env):
+        if args.action != "start" and (args.n is not None or args.gpus is not None or args.cpu or args.cluster
+                                       or args.env or args.force or args.connect_timeout is not None):
             raise PoolError(f"%pool {args.action} takes no N or flags; they belong to %pool start.")
         running = current_pool()
         if args.action == "start":
             pool = Pool(
                 args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster,
-                idle_timeout=args.idle_timeout, env=env_pairs(args.env),
+                idle_timeout=args.idle_timeout, env=env_pairs(args.env), force=args.force,
+                connect_timeout=args.connect_timeout,
             )  # fmt: skip
-            print(f"Started {pool.size} {pool.kind.upper()} workers in {pool.start_seconds:.1f} s.")
+            # which GPUs it took, and who holds the others (this machine's GPUs: not for a cluster pool)
+            note = pool_gpus_note(gpus()) if pool.kind == "gpu" and args.cluster is None else "."
+            print(f"Started {pool.size} {pool.kind.upper()} workers in {pool.start_seconds:.1f} s{note}")
             return None
         if args.action == "restart":
             if running is None:
                 raise PoolError("No pool is running to restart: start one with %pool start.")
             running.restart()
-            print(f"Restarted {running.size} {running.kind.upper()} workers in {running.start_seconds:.1f} s.")
+            note = pool_gpus_note(gpus()) if running.kind == "gpu" and running.settings.cluster is None else "."
+            print(f"Restarted {running.size} {running.kind.upper()} workers in {running.start_seconds:.1f} s{note}")
             return None
         if running is None:
             print(_no_pool_line())
@@ -84,7 +92,7 @@ class PoolMagics(Magics):
         args = parse_argstring(self.spmd, line)
         pool = current_pool()
         if pool is None:
-            notice = pool_module._take_shutdown_notice()
+            notice = take_shutdown_notice()
             print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
             pool = Pool()
         # the magic line stays line 1, so traceback line numbers match the cell as the notebook shows it
@@ -92,5 +100,5 @@ class PoolMagics(Magics):
 
 
 def _no_pool_line() -> str:
-    notice = pool_module._take_shutdown_notice()
+    notice = take_shutdown_notice()
     return f"{notice + ' ' if notice else ''}No pool is running. Start one with %pool start [N]."

@@ -6,8 +6,14 @@ layers with `requires_grad=False`; `learn_rates.param_groups(model, base_lr)` tu
 
 from __future__ import annotations
 
-from nbscale.models.learn_rates import param_groups, set_learn_rate_factor
+from nbscale.models.learn_rates import (
+    learn_rate_factors,
+    param_groups,
+    set_learn_rate_factor,
+    set_learn_rate_factors,
+)
 from nbscale.models.pretrained import pretrained
 from nbscale.models.transfer import classification_layer, transfer
 
-__all__ = ["pretrained", "transfer", "classification_layer", "param_groups", "set_learn_rate_factor"]
+__all__ = ["pretrained", "transfer", "classification_layer", "param_groups", "set_learn_rate_factor",
+           "set_learn_rate_factors", "learn_rate_factors"]

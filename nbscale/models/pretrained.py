@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
-import pickle
+import sys
 from pathlib import Path
 
 import torch
@@ -12,10 +13,24 @@ import torchvision
 from torch import nn
 
 from nbscale.errors import ModelError
+from nbscale.safe_load import RefusedPickle, load_restricted
 
-# a whole pickled network (torch.save(model, path)) may be unpickled when it refers to nothing but these
-_NETWORK_GLOBALS = ("torch.nn.modules.", "torchvision.models.", "torchvision.ops.", "functools.partial",
-                    "builtins.set", "collections.OrderedDict")
+# modules whose layer classes (nn.Module subclasses defined there) a whole saved network may refer to
+_LAYER_MODULES = ("torch.nn.modules.", "torchvision.models.", "torchvision.ops.")
+# the other globals torchvision's networks hold: quantization stubs, detection helpers, norm_layer partials
+_NETWORK_EXTRAS = (
+    ("functools", "partial"),
+    ("torch.ao.nn.quantized.modules.functional_modules", "FloatFunctional"),
+    ("torch.ao.quantization.stubs", "DeQuantStub"),
+    ("torch.ao.quantization.stubs", "QuantStub"),
+    ("torchvision.models.detection._utils", "BalancedPositiveNegativeSampler"),
+    ("torchvision.models.detection._utils", "BoxCoder"),
+    ("torchvision.models.detection._utils", "BoxLinearCoder"),
+    ("torchvision.models.detection._utils", "Matcher"),
+    ("torchvision.models.detection._utils", "SSDMatcher"),
+    ("torchvision.models.optical_flow.raft", "_pass_through_h"),
+    ("torchvision.ops.boxes", "box_iou"),
+)
 # prefixes that DistributedDataParallel / DataParallel and torch.compile add to every parameter name
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
@@ -39,21 +54,36 @@ def _strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.T
     return state
 
 
+@functools.cache
+def network_globals() -> dict[tuple[str, str], object]:
+    """The exact (module, name) pairs a whole saved network may refer to, besides what torch needs for tensors:
+    every layer class of torch.nn and torchvision's networks and ops, and the few helpers they hold."""
+    import torchvision.models.detection  # noqa: F401 (imported by torchvision.models; named for the reader)
+    import torchvision.models.optical_flow  # noqa: F401
+
+    found: dict[tuple[str, str], object] = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith(_LAYER_MODULES):
+            continue
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, nn.Module) and value.__module__ == module_name:
+                found[(value.__module__, value.__qualname__)] = value
+    for module_name, name in _NETWORK_EXTRAS:
+        found[(module_name, name)] = getattr(sys.modules[module_name], name)
+    return found
+
+
 def _load(path: Path) -> object:
-    """torch.load a weights file: tensors only, or a whole pickled network made of torch/torchvision layers."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
+    """torch.load a weights file with torch's weights-only unpickler: tensors and plain values, or a whole
+    network whose every global is one of network_globals(); anything else is refused without running."""
+    with open(path, "rb") as stream:
         try:
-            needed = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:
-            raise error from None
-        others = [name for name in needed if not name.startswith(_NETWORK_GLOBALS)]
-        if others:
-            raise ModelError(f"pretrained: {str(path)!r} is a pickle that refers to {others[:5]}, which nbscale does "
-                             "not unpickle. If you trust the file, load it yourself with torch.load(path, "
-                             "weights_only=False), or save model.state_dict() instead.") from error
-        return torch.load(path, map_location="cpu", weights_only=False)  # torch and torchvision layers only
+            return load_restricted(stream, network_globals())
+        except RefusedPickle as refused:
+            raise ModelError(f"pretrained: {str(path)!r} is a pickle that {refused.describe()}, which nbscale "
+                             "does not unpickle (it loads tensors, and whole networks made of torch.nn and "
+                             "torchvision layers only). If you trust the file, load it yourself with "
+                             "torch.load(path, weights_only=False), or save model.state_dict() instead.") from None
 
 
 def pretrained(name: str, weights: str | os.PathLike | None = "DEFAULT", **kwargs: object) -> nn.Module:

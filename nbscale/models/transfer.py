@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from torch import nn
 
 from nbscale.errors import ModelError
-from nbscale.models.learn_rates import FACTORS_ATTRIBUTE, learn_rate_factors
+from nbscale.models.learn_rates import (
+    FACTORS_ATTRIBUTE,
+    _checked_factor,
+    matching_layers,
+    parameter_factors,
+    set_learn_rate_factors,
+)
 
 TRUNK = "trunk"  # freeze="trunk": every layer but the new one
 
@@ -56,16 +62,21 @@ def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
     setattr(parent, child, layer)
 
 
-def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float = 10.0,
+def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapping[str, float] = 10.0,
              freeze: str | Iterable[str] | None = None) -> nn.Module:
     """Give `model` a new last classification layer with `num_classes` outputs; returns the same model.
 
-    The new layer learns `learn_rate_factor` times the base learn rate (see nbscale.models.learn_rates).
-    `freeze` names layers whose weights stay fixed: a layer name or list of names from
+    `learn_rate_factor`: a number, how many times the base learn rate the new layer learns; or a dict of layer
+    names or glob patterns to factors (`{"layer4.*": 2, "fc": 10}`), applied in order (a later one wins), the
+    new layer keeping 10 unless one names it (see nbscale.models.learn_rates). `freeze` names layers whose
+    weights stay fixed, whatever their factor: a layer name, glob pattern, or list of them from
     `model.named_modules()` (e.g. ["conv1", "layer1"]), or "trunk" for every layer but the new one.
+    `nbscale.models.learn_rate_factors(model)` lists the outcome.
     """
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ModelError(f"transfer: num_classes must be a positive whole number, not {num_classes!r}.")
+    head_factor = 10.0 if isinstance(learn_rate_factor, Mapping) else _checked_factor(
+        learn_rate_factor, "transfer(..., learn_rate_factor=...)")
     head_name = classification_layer(model)
     old = model.get_submodule(head_name)
     new = _new_layer(old, num_classes)
@@ -82,18 +93,22 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float = 10.0
         frozen += [name for name, _ in model.named_modules() if name and head_name.startswith(name + ".")]
         frozen_parameters = [p for n, p in model.named_parameters() if not n.startswith(head_name + ".")]
     else:
-        frozen = [freeze] if isinstance(freeze, str) else list(freeze or [])
-        unknown = [name for name in frozen if name not in modules]
+        named = [freeze] if isinstance(freeze, str) else list(freeze or [])
+        unknown = [name for name in named if not isinstance(name, str) or name not in modules
+                   and not any(c in name for c in "*?[")]
         if unknown:
             raise ModelError(f"transfer: freeze names layers the model does not have: {unknown}. Its top-level "
                              f"layers are {[n for n, _ in model.named_children()]}; or pass freeze='trunk'.")
+        frozen = list(dict.fromkeys(layer for name in named for layer in matching_layers(model, name)))
         frozen_parameters = [p for name in frozen for p in modules[name].parameters()]
-    for parameter in frozen_parameters:
-        parameter.requires_grad_(False)
 
-    factors = {n: f for n, f in learn_rate_factors(model).items() if not n.startswith(head_name + ".")}
+    factors = {n: f for n, f in parameter_factors(model).items() if not n.startswith(head_name + ".")}
     for name, _ in new.named_parameters():
-        factors[f"{head_name}.{name}"] = float(learn_rate_factor)
+        factors[f"{head_name}.{name}"] = head_factor
     setattr(model, FACTORS_ATTRIBUTE, factors)
+    if isinstance(learn_rate_factor, Mapping):
+        set_learn_rate_factors(model, learn_rate_factor)
+    for parameter in frozen_parameters:  # last: a frozen layer stays fixed whatever factor a pattern gave it
+        parameter.requires_grad_(False)
     model.nbscale_frozen_layers = tuple(frozen)
     return model

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import pickle
+import queue
 import secrets
 import socket
 import struct
@@ -18,11 +19,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from nbscale.pool.transport import Frame, bytes_buffer, deserialise, map_shared_memory, serialise
+from nbscale.pool.transport import (
+    Frame,
+    bytes_buffer,
+    deserialise,
+    map_shared_memory,
+    serialise,
+    warn_shared_memory_failure,
+)
 
 _GREETING = b"NBSCALE1"
 _CHALLENGE_BYTES = 32
 HANDSHAKE_TIMEOUT_S = 10.0
+MAX_CONCURRENT_HANDSHAKES = 256
 
 
 def machine_id() -> str:
@@ -102,18 +111,25 @@ class Channel:
     def send(self, message: Any) -> None:
         """Serialise and send one message (the receiver removes any shared-memory file)."""
         frame = serialise(message)
-        if self.same_machine:
-            frame.to_shared_memory()
-        self.send_frame(frame, receiver_unlinks=True)
+        try:
+            self.send_frame(frame, receiver_unlinks=True)
+        except (OSError, ValueError):
+            frame.release()  # the connection failed, so no receiver removes its files
+            raise
 
     def send_frame(self, frame: Frame, receiver_unlinks: bool = False) -> None:
-        """Send an already serialised frame (the same frame may go to many workers)."""
-        if frame.buffers and self.same_machine:
-            frame.to_shared_memory()
-        header = pickle.dumps((frame.shm_paths, frame.shm_sizes, len(frame.buffers), receiver_unlinks, frame.label))
+        """Send an already serialised frame (the same frame may go to many workers): large buffers as shared-memory
+        files to a peer on this machine, on the socket to one elsewhere or when shared memory is full.
+
+        Raises OSError or ValueError only when the connection fails.
+        """
+        shared = self.same_machine and frame.to_shared_memory()
+        paths, sizes = (frame.shm_paths, frame.shm_sizes) if shared else ((), ())
+        inline = [] if shared else frame.buffers
+        header = pickle.dumps((paths, sizes, len(inline), receiver_unlinks, frame.label, frame.shm_failure))
         with self._send_lock:
             self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
-            for buffer in frame.buffers:
+            for buffer in inline:
                 self.connection.send_bytes(buffer)
 
     def recv(self) -> Any:
@@ -123,16 +139,26 @@ class Channel:
         """
         data = self.connection.recv_bytes()
         (header_length,) = struct.unpack("!I", data[:4])
-        shm_paths, shm_sizes, inline_count, receiver_unlinks, label = pickle.loads(data[4 : 4 + header_length])
+        shm_paths, shm_sizes, inline_count, receiver_unlinks, label, shm_failure = pickle.loads(
+            data[4 : 4 + header_length]
+        )
+        if shm_failure is not None:  # the sender found shared memory full: the kernel says so once
+            warn_shared_memory_failure(shm_failure)
         body = data[4 + header_length :]
         buffers: list[Any] = []
+        unmappable: Exception | None = None
         if shm_paths:
-            buffers = map_shared_memory(shm_paths, shm_sizes)
+            try:
+                buffers = map_shared_memory(shm_paths, shm_sizes)
+            except Exception as error:  # noqa: BLE001 - a file gone or unreadable: this message is lost, not the channel
+                unmappable = error
             if receiver_unlinks:
                 for path in shm_paths:
                     Path(path).unlink(missing_ok=True)
         for _ in range(inline_count):
             buffers.append(bytes_buffer(self.connection.recv_bytes()))
+        if unmappable is not None:
+            raise MessageUnreadable(*label, unmappable)
         try:
             return deserialise(body, buffers)
         except Exception as error:  # noqa: BLE001 - any unpickling failure: a missing module, class or attribute
@@ -149,29 +175,75 @@ class Channel:
 
 
 class ChannelListener:
-    """The kernel's listening socket; `accept` returns only authenticated channels."""
+    """The kernel's listening socket; `next_channel` returns only authenticated channels.
+
+    Every connection is authenticated on a thread of its own, so a peer that connects and says nothing (or
+    garbage) delays no worker; it is closed after at most HANDSHAKE_TIMEOUT_S and counted in `refused`.
+    """
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1") -> None:
         self._secret = secret
         self._socket = socket.create_server((host, 0), backlog=128)
+        self._socket.settimeout(0.2)  # so the accept thread notices close()
         self.address: tuple[str, int] = self._socket.getsockname()[:2]
+        self._ready: queue.Queue[Channel] = queue.Queue()
+        self._handshakes = threading.BoundedSemaphore(MAX_CONCURRENT_HANDSHAKES)
+        self._lock = threading.Lock()
+        self._closed = False
+        self.refused: list[str] = []  # why each refused peer was refused
+        threading.Thread(target=self._accept_forever, name="nbscale-pool-listener", daemon=True).start()
 
-    def accept(self, timeout: float) -> Channel:
-        """Wait up to `timeout` s for a peer; raises AuthenticationError for one without the secret."""
-        self._socket.settimeout(timeout)
-        peer, _ = self._socket.accept()
-        peer.settimeout(None)
-        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = Connection(peer.detach())
+    def next_channel(self, timeout: float) -> Channel:
+        """The next authenticated channel; raises TimeoutError when none arrives within `timeout` s."""
         try:
-            authenticate_client(connection, self._secret)
-        except (AuthenticationError, OSError, EOFError):
-            connection.close()
-            raise
-        return Channel(connection)
+            return self._ready.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def _accept_forever(self) -> None:
+        while not self._closed:
+            try:
+                peer, _ = self._socket.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            if not self._handshakes.acquire(blocking=False):
+                peer.close()
+                self._refuse(f"more than {MAX_CONCURRENT_HANDSHAKES} connections were handshaking at once")
+                continue
+            threading.Thread(target=self._handshake, args=(peer,), name="nbscale-pool-handshake", daemon=True).start()
+
+    def _handshake(self, peer: socket.socket) -> None:
+        try:
+            peer.settimeout(None)
+            peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connection = Connection(peer.detach())
+            try:
+                authenticate_client(connection, self._secret)
+            except (AuthenticationError, OSError, EOFError) as error:
+                connection.close()
+                self._refuse(str(error) or type(error).__name__)
+                return
+            with self._lock:
+                if self._closed:
+                    connection.close()
+                    return
+                self._ready.put(Channel(connection))
+        finally:
+            self._handshakes.release()
+
+    def _refuse(self, reason: str) -> None:
+        with self._lock:
+            self.refused.append(reason)
 
     def close(self) -> None:
+        """Stop listening; channels not yet taken with `next_channel` are closed."""
+        with self._lock:
+            self._closed = True
         self._socket.close()
+        while not self._ready.empty():
+            self._ready.get_nowait().close()
 
 
 def connect(address: tuple[str, int], secret: bytes, timeout: float = 30.0) -> Channel:

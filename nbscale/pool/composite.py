@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 from nbscale.errors import PoolError
 
-if TYPE_CHECKING:
-    from nbscale.pool.pool import Pool
+
+class CompositeSource(Protocol):
+    """What a Composite needs of its pool (nbscale.Pool is one)."""
+
+    closed: bool
+    generation: str  # changes when the pool restarts: the old values are gone
+
+    def pull(self, name: str, targets: Iterable[int] | None = None) -> list[Any]: ...
+
+    def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None: ...
 
 
 class Composite:
@@ -17,13 +25,13 @@ class Composite:
     Used in a later spmd cell, each worker simply uses its own value again: nothing is transferred.
     """
 
-    def __init__(self, pool: Pool, key: str, ranks: tuple[int, ...]) -> None:
+    def __init__(self, pool: CompositeSource, key: str, ranks: tuple[int, ...]) -> None:
         self._pool = pool
         self._generation = pool.generation
         self.key = key
         self.ranks = ranks
 
-    def _live_pool(self) -> Pool:
+    def _live_pool(self) -> CompositeSource:
         pool = self._pool
         if pool.closed or pool.generation != self._generation:
             raise PoolError(
@@ -51,8 +59,8 @@ class Composite:
     def __iter__(self) -> Iterator[Any]:
         return iter(self[:])
 
-    def belongs_to(self, pool: Pool) -> bool:
-        return pool is self._pool and pool.generation == self._generation and not pool.closed
+    def belongs_to(self, pool: object) -> bool:
+        return pool is self._pool and self._pool.generation == self._generation and not self._pool.closed
 
     def __repr__(self) -> str:
         return (

@@ -5,9 +5,15 @@ start about as fast as one `python -c "import torch"`. The forkserver is a fresh
 the kernel), so whatever the notebook did with CUDA cannot leak into workers: forking is safe because nothing
 here has touched CUDA. Each worker sets its own CUDA_VISIBLE_DEVICES before any CUDA call.
 
-Protocol: the kernel writes one JSON line on stdin ({"workers": [worker configs]}) and keeps stdin open.
-When stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits. Workers
-also die with the forkserver (PR_SET_PDEATHSIG) and exit when their channel to the kernel closes.
+The kernel may start it early (LocalBackend.prepare: a restart's replacement, prepared while the old workers get
+their chance to stop), so it imports torch first and only then reads its request.
+
+Protocol: the kernel writes one JSON line on stdin ({"workers": [worker configs], "status_fd": N}) and keeps
+stdin open. When stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits.
+Workers also die with the forkserver (PR_SET_PDEATHSIG), which exits when the kernel does, and exit when their
+channel to the kernel closes.
+Each worker that ends is reported on the pipe `status_fd` as one JSON line {"pid": P, "status": S} (os.wait's
+status), so the kernel can say how a worker died (killed by SIGKILL, exited with code 1) rather than guess.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+
+from nbscale.pool.protocol import WorkerConfig
 
 _PR_SET_PDEATHSIG = 1
 
@@ -31,16 +38,18 @@ def _die_with_parent() -> None:
         pass  # not Linux: the channel's EOF still ends the worker
 
 
-def _fork_worker(config: dict[str, Any]) -> int:
+def _fork_worker(config: WorkerConfig, status_fd: int | None) -> int:
     pid = os.fork()
     if pid:
         return pid
     try:
+        if status_fd is not None:
+            os.close(status_fd)  # the forkserver's report pipe is not the worker's
         os.setsid()  # our own process group: a terminal's Ctrl-C or a killpg of the kernel does not hit us
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.environ.update(config.get("env", {}))
+        os.environ.update(config.env)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         from nbscale.pool.worker import serve
@@ -65,15 +74,35 @@ def _kill_all(children: set[int]) -> None:
             pass
 
 
+def _exit_with_the_kernel() -> None:
+    """Exit (and so take every worker along: they die with us) as soon as the kernel that started us is gone.
+
+    Not PR_SET_PDEATHSIG: for a process started from a thread, that fires when the thread ends, and a pool may be
+    started from any thread of the kernel.
+    """
+    kernel = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == kernel:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="nbscale-watch-kernel", daemon=True).start()
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
-    request = json.loads(sys.stdin.readline())
-    import torch  # noqa: F401 - the expensive import, paid once for every worker
+    _exit_with_the_kernel()
+    import torch  # noqa: F401 - the expensive import, paid once for every worker (before the request: see prepare)
 
     import nbscale.pool.worker  # noqa: F401 - and the worker code with torch.distributed
 
-    children = {_fork_worker(config) for config in request["workers"]}
+    line = sys.stdin.readline()
+    if not line:  # the kernel let this forkserver go unused
+        return
+    request = json.loads(line)
+    status_fd = request.get("status_fd")
+    children = {_fork_worker(WorkerConfig.from_json(config), status_fd) for config in request["workers"]}
 
     def watch_kernel() -> None:
         sys.stdin.read()  # returns at EOF: the pool was closed or the kernel is gone
@@ -83,11 +112,22 @@ def main() -> None:
     threading.Thread(target=watch_kernel, daemon=True).start()
     while children:
         try:
-            pid, _ = os.wait()
+            pid, status = os.wait()
         except ChildProcessError:
             break
         children.discard(pid)
+        _report(status_fd, pid, status)
     time.sleep(0.1)
+
+
+def _report(status_fd: int | None, pid: int, status: int) -> None:
+    """Tell the kernel how worker `pid` ended (it may have gone already: then nobody needs to know)."""
+    if status_fd is None:
+        return
+    try:
+        os.write(status_fd, json.dumps({"pid": pid, "status": status}).encode() + b"\n")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

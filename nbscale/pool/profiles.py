@@ -9,6 +9,7 @@ env = { NCCL_SOCKET_IFNAME = "eth0" }
 runtime_env = { pip = ["torchvision"] }
 job_address = "http://head.example.org:8265"   # Ray's job server, for %%batch --cluster (this is the default)
 job_python = "/shared/venv/bin/python"         # the Python that runs batch jobs there (default: the kernel's)
+connect_timeout = 180                          # seconds to reach the cluster and start the pool's actors
 ```
 `%pool start 16 --cluster lab` uses it; `--cluster ray://HOST:PORT` (or `HOST:PORT`) needs no profile.
 `NBSCALE_PROFILES` overrides the file's path.
@@ -22,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from platformdirs import user_config_path
+
 from nbscale.errors import PoolError
+from nbscale.pool.settings import checked_connect_timeout
 
 BACKENDS = ("ray",)
 
@@ -39,14 +43,16 @@ class ClusterProfile:
     runtime_env: dict[str, Any] = field(default_factory=dict)
     job_address: str = ""
     job_python: str = ""
+    connect_timeout: float | None = None  # seconds; None: the pool's default
 
 
 def profiles_path() -> Path:
+    """`$NBSCALE_PROFILES`, else profiles.toml in the user's config folder (`$XDG_CONFIG_HOME/nbscale`, by default
+    ~/.config/nbscale, on Linux)."""
     override = os.environ.get("NBSCALE_PROFILES")
     if override:
         return Path(override)
-    config_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
-    return config_home / "nbscale" / "profiles.toml"
+    return user_config_path("nbscale", appauthor=False) / "profiles.toml"
 
 
 def _looks_like_address(text: str) -> bool:
@@ -93,4 +99,7 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
         runtime_env=dict(entry.get("runtime_env", {})),
         job_address=str(entry.get("job_address", "")),
         job_python=str(entry.get("job_python", "")),
+        connect_timeout=checked_connect_timeout(
+            entry.get("connect_timeout"), f"connect_timeout in profile {cluster!r} of {profiles_path()}"
+        ),
     )

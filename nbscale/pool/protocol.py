@@ -6,15 +6,49 @@ proved it holds the pool's secret. `request_id` ties replies (Output, Event, Don
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+# ---- the worker's start-up configuration ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What one worker needs to start: where the kernel listens, the pool's secret, its rank, device and env.
+
+    Travels as one JSON line on a pipe to the forkserver or the Ray launcher, never on a command line: it holds
+    the secret and the --env values. `threads` caps torch's CPU threads (None: torch's default).
+    """
+
+    kernel_address: tuple[str, int]
+    secret: str  # hex
+    rank: int
+    world_size: int
+    device: str  # "cpu" or "cuda:0" (each GPU worker sees only its own GPU)
+    kernel_machine_id: str
+    env: dict[str, str] = field(default_factory=dict)
+    threads: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WorkerConfig:
+        return cls(**{**data, "kernel_address": tuple(data["kernel_address"])})
+
+    def encode(self) -> bytes:
+        """One JSON line (what `python -m nbscale.pool.worker` reads on stdin)."""
+        return json.dumps(self.to_json()).encode() + b"\n"
+
 
 # ---- kernel -> worker ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class InitGroup:
-    """Join the torch.distributed group; rank 0 (master_port 0) opens the store and reports its port."""
+    """Join the torch.distributed group; rank 0 (master_port 0) opens the store on `master_addr` only and reports
+    its port (as an Event `{"store_port": port}`)."""
 
     request_id: int
     backend: str
@@ -151,9 +185,12 @@ class Failed:
 
 @dataclass(frozen=True)
 class StatusReport:
-    """Answer to StatusQuery."""
+    """Answer to StatusQuery (the heartbeat): memory, and where the main thread runs a request (`where`, empty
+    while idle) and for how many seconds it has stayed at that exact spot (`still_s`)."""
 
     request_id: int
     rank: int
     memory_mb: float
     device_memory_mb: float | None
+    where: str = ""
+    still_s: float = 0.0

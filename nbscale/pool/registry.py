@@ -34,14 +34,18 @@ def _own_file() -> Path:
 
 
 def publish(state: dict[str, Any]) -> None:
-    """Atomically write this process's pool state (plus pid and heartbeat time)."""
+    """Atomically write this process's pool state (plus pid and heartbeat time).
+
+    Raises ValueError for a number JSON cannot hold (NaN, infinity): readers never see one.
+    """
     folder = registry_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     record = {**state, "pid": os.getpid(), "heartbeat": time.time()}
+    text = json.dumps(record, allow_nan=False)
     temporary = folder / f".{os.getpid()}.json.tmp"
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        json.dump(record, handle)
+        handle.write(text)
     os.replace(temporary, _own_file())
 
 
@@ -53,6 +57,21 @@ def withdraw() -> None:
         pass
 
 
+def kernel_id() -> str | None:
+    """The Jupyter kernel id of this process (from its connection file), or None outside a kernel."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        name = os.path.basename(get_connection_file())
+    except Exception:  # noqa: BLE001 - not a kernel, or ipykernel cannot tell
+        return None
+    return name[len("kernel-") : -len(".json")] if name.startswith("kernel-") and name.endswith(".json") else None
+
+
+def _refuse_non_finite(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
 def read_all(stale_after_s: float = STALE_AFTER_S) -> list[dict[str, Any]]:
     """Every live pool's state; files of dead processes or stale heartbeats are removed on the way."""
     folder = registry_dir()
@@ -62,7 +81,7 @@ def read_all(stale_after_s: float = STALE_AFTER_S) -> list[dict[str, Any]]:
     now = time.time()
     for path in sorted(folder.glob("*.json")):
         try:
-            record = json.loads(path.read_text())
+            record = json.loads(path.read_text(), parse_constant=_refuse_non_finite)
         except (OSError, ValueError):
             continue
         fresh = now - float(record.get("heartbeat", 0)) <= stale_after_s

@@ -2,17 +2,21 @@
 
 Large buffers (tensors and numpy arrays of at least `OUT_OF_BAND_BYTES`) leave the pickle stream. Between
 processes on one machine they travel through one file in shared memory (`/dev/shm`, mode 0600) that every
-receiver copies from once; between machines they follow the pickle on the socket. One `Frame` can be sent to
+receiver copies from once; between machines, or when shared memory is full, they follow the pickle on the socket. One `Frame` can be sent to
 many workers: it is serialised and written once, and every receiver maps it copy-on-write (no copy at all
 until a receiver writes to it).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
+import re
 import secrets
+import stat
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -21,33 +25,62 @@ from typing import Any
 
 import cloudpickle
 
+from nbscale.processes import pid_running
+
 OUT_OF_BAND_BYTES = 256 * 1024
 
 
-def _shared_memory_dir() -> Path:
+SHARED_MEMORY_DIR_VARIABLE = "NBSCALE_SHM_DIR"  # another folder for the files (tests point it at a small tmpfs)
+_FILE_NAME = re.compile(r"nbscale-(\d+)-[0-9a-f]{16}")
+_warned_full: set[str] = set()
+_announce_failures = True
+
+
+def shared_memory_dir() -> Path:
+    """Where out-of-band buffers go: `$NBSCALE_SHM_DIR`, else /dev/shm, else the temporary folder."""
+    override = os.environ.get(SHARED_MEMORY_DIR_VARIABLE)
+    if override:
+        return Path(override)
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-@dataclass
-class Frame:
-    """A serialised message: the pickle, plus its large buffers either inline or as shared-memory files."""
+def remove_stale_files(directory: Path | None = None) -> int:
+    """Delete this user's nbscale shared-memory files whose writer is gone (a kernel or worker killed
+    mid-transfer leaves its files behind until reboot); returns how many. Files of running processes, of other
+    users, and anything that is not a plain file are left alone."""
+    directory = directory or shared_memory_dir()
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        match = _FILE_NAME.fullmatch(entry.name)
+        if match is None:
+            continue
+        try:
+            details = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(details.st_mode) or details.st_uid != os.getuid() or pid_running(int(match[1])):
+            continue
+        try:
+            os.unlink(entry.path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
-    body: bytes
-    buffers: list[memoryview]
-    shm_paths: tuple[str, ...] = ()
-    shm_sizes: tuple[int, ...] = ()
-    # (message type, request_id, rank), readable even when the body cannot be unpickled at the other end
-    label: tuple[str, int | None, int | None] = ("", None, None)
 
-    def to_shared_memory(self) -> None:
-        """Write each buffer to its own shared-memory file (mode 0600: readable by this user only)."""
-        if not self.buffers or self.shm_paths:
-            return
-        paths, sizes = [], []
-        for buffer in self.buffers:
-            path = _shared_memory_dir() / f"nbscale-{os.getpid()}-{secrets.token_hex(8)}"
+def _write_files(buffers: list[memoryview], directory: Path) -> list[str]:
+    """One new 0600 file per buffer; on any failure every file begun here is removed before the error rises."""
+    paths: list[str] = []
+    try:
+        for buffer in buffers:
+            path = directory / f"nbscale-{os.getpid()}-{secrets.token_hex(8)}"
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            paths.append(str(path))
             try:
                 view = memoryview(buffer).cast("B")
                 written = 0
@@ -55,10 +88,76 @@ class Frame:
                     written += os.write(descriptor, view[written:])
             finally:
                 os.close(descriptor)
-            paths.append(str(path))
-            sizes.append(len(view))
-        self.shm_paths, self.shm_sizes = tuple(paths), tuple(sizes)
-        self.buffers = []
+    except BaseException:
+        for path in paths:
+            Path(path).unlink(missing_ok=True)
+        raise
+    return paths
+
+
+def warn_shared_memory_failure(failure: tuple[str, int, str]) -> None:
+    """Say once per process and folder why large values stopped going through shared memory.
+
+    `failure` is (folder, bytes, cause) as `Frame.shm_failure` holds it. Workers do not print it: their frames carry
+    it to the kernel, which says it once for the whole pool (see `announce_failures_here`).
+    """
+    directory, size, cause = failure
+    if not _announce_failures or directory in _warned_full:
+        return
+    _warned_full.add(directory)
+    print(
+        f"Warning: nbscale could not write a {size / 2**20:.1f} MiB transfer to shared memory in {directory} "
+        f"({cause}), so large values go through the pool's sockets instead (slower). Free space there "
+        f"(`df -h {directory}`) or make it larger (a container's --shm-size).",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def announce_failures_here(announce: bool) -> None:
+    """Whether this process prints shared-memory failures (the kernel does; workers leave it to the kernel)."""
+    global _announce_failures
+    _announce_failures = announce
+
+
+@dataclass
+class Frame:
+    """A serialised message: the pickle, plus its large buffers, also written to shared-memory files once a
+    receiver on this machine needs them (the buffers stay for receivers elsewhere)."""
+
+    body: bytes
+    buffers: list[memoryview]
+    shm_paths: tuple[str, ...] = ()
+    shm_sizes: tuple[int, ...] = ()
+    # (message type, request_id, rank), readable even when the body cannot be unpickled at the other end
+    label: tuple[str, int | None, int | None] = ("", None, None)
+    # (folder, bytes, cause) when shared memory could not hold the buffers: they go on the socket
+    shm_failure: tuple[str, int, str] | None = None
+
+    def to_shared_memory(self) -> bool:
+        """Write each buffer to its own shared-memory file (mode 0600: readable by this user only), once.
+
+        Returns False when there are no buffers or shared memory cannot hold them (full, or not writable): then
+        no file is left behind, the cause is printed once per process, and the buffers go on the socket.
+        A full folder is first cleared of this user's stale files (remove_stale_files) and tried again.
+        """
+        if self.shm_paths or not self.buffers or self.shm_failure:
+            return bool(self.shm_paths)
+        directory = shared_memory_dir()
+        try:
+            try:
+                paths = _write_files(self.buffers, directory)
+            except OSError as error:
+                if error.errno not in (errno.ENOSPC, errno.EDQUOT) or not remove_stale_files(directory):
+                    raise
+                paths = _write_files(self.buffers, directory)
+        except OSError as error:
+            self.shm_failure = (str(directory), sum(memoryview(b).nbytes for b in self.buffers), error.strerror or str(error))
+            warn_shared_memory_failure(self.shm_failure)
+            return False
+        self.shm_paths = tuple(paths)
+        self.shm_sizes = tuple(memoryview(b).nbytes for b in self.buffers)
+        return True
 
     def release(self) -> None:
         """Delete the shared-memory files once every receiver has mapped them."""

@@ -1,9 +1,9 @@
 """A pool worker: connects to the kernel, joins the torch.distributed group, and serves requests.
 
-Two threads: the receiver thread reads the channel and handles what must work while the worker is busy
-(Interrupt, RequestStop, StatusQuery, Shutdown, the kernel going away); the main thread runs requests one
-at a time from a queue, through a dispatch table over the protocol's message types.
-Run standalone as `python -m nbscale.pool.worker` with a JSON config line on stdin (the cluster backend),
+Two threads, each a dispatch table over the protocol's message types: the receiver thread reads the channel and
+handles what must work while the worker is busy (Interrupt, RequestStop, StatusQuery, Shutdown, the kernel going
+away) and queues the rest; the main thread runs the queued requests one at a time.
+Run standalone as `python -m nbscale.pool.worker` with a WorkerConfig's JSON line on stdin (the cluster backend),
 or forked from the local forkserver, which calls `serve(config)`.
 """
 
@@ -18,8 +18,12 @@ import queue
 import signal
 import socket
 import sys
+import sysconfig
 import threading
+import time
 import traceback
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -30,10 +34,12 @@ from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.references import CompositeReference, ModuleReference
+from nbscale.pool.transport import announce_failures_here
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *parts)
                              for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py")))
+_LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
 
 
 class _StreamToKernel(io.TextIOBase):
@@ -70,7 +76,7 @@ class _StreamToKernel(io.TextIOBase):
 
 def _user_traceback(error: BaseException) -> str:
     """The traceback without nbscale's own frames and torch's module-call plumbing (nn.Module.__call__,
-    DistributedDataParallel's forward: ~10 frames a layer), so the user sees their cell's and model's lines."""
+    DistributedDataParallel's forward: several frames a layer), so the user sees their cell's and model's lines."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if not f.filename.startswith(_NBSCALE_DIR) and not f.filename.startswith(_TORCH_CALL_PLUMBING)]
     lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
@@ -81,27 +87,37 @@ def _user_traceback(error: BaseException) -> str:
 class Worker:
     """The state of one worker process and its request handlers."""
 
-    def __init__(self, channel: Channel, config: dict[str, Any]) -> None:
+    def __init__(self, channel: Channel, config: p.WorkerConfig) -> None:
         self.channel = channel
-        self.rank: int = config["rank"]
-        self.world_size: int = config["world_size"]
-        self.device = torch.device(config["device"])
+        self.rank = config.rank
+        self.world_size = config.world_size
+        self.device = torch.device(config.device)
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
-        self.current_request: int | None = None
+        self.current_request: int | None = None  # the request the main thread runs (None between requests)
+        # the main thread's last seen spot and activity, and since when it has stood still there
+        self._spot: tuple[tuple[int, int], tuple[int, int] | None, float] | None = None
         self.cancelled_requests: set[int] = set()  # pool.cancel() reached them, maybe before they started
         self.request_lock = threading.Lock()  # current_request vs a targeted Interrupt
         self.groups: dict[tuple[int, ...], Any] = {}
         self.context = WorkerContext(self.rank, self.world_size, self.device, socket.gethostname(), self._emit)
         set_worker_context(self.context)
         self.namespace: dict[str, Any] = {"__name__": "__spmd__", "torch": torch}
-        self.handlers = {
+        # requests, run one at a time on the main thread
+        self.handlers: dict[type, Callable[[Any], Any]] = {
             p.InitGroup: self.init_group,
             p.MakeGroup: self.make_group,
             p.RunCell: self.run_cell,
             p.Call: self.call,
             p.Push: self.push,
             p.Pull: self.pull,
+        }
+        # control messages, handled on the receiver thread at once, even while a request runs
+        self.urgent: dict[type, Callable[[Any], None]] = {
+            p.Interrupt: self.interrupt,
+            p.RequestStop: self.request_stop,
+            p.StatusQuery: self.report_status,
+            p.Shutdown: self.shut_down,
         }
 
     # ---- receiver thread ------------------------------------------------------------------------------------
@@ -116,23 +132,47 @@ class Worker:
                 continue
             except (EOFError, OSError):
                 os._exit(0)
-            if isinstance(message, p.Interrupt) and message.request_id is not None:
-                with self.request_lock:
-                    self.cancelled_requests.add(message.request_id)
-                    if self.current_request == message.request_id:
-                        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            elif isinstance(message, p.Interrupt):
-                if self.busy:
-                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            elif isinstance(message, p.RequestStop):
-                self.context._stop.set()
-            elif isinstance(message, p.StatusQuery):
-                self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory()))
-            elif isinstance(message, p.Shutdown):
-                os._exit(0)
+            handle = self.urgent.get(type(message))
+            if handle is not None:
+                handle(message)
             else:
                 self.busy = True  # set here so an Interrupt right after the request finds it busy
                 self.inbox.put(message)
+
+    def interrupt(self, message: p.Interrupt) -> None:
+        """KeyboardInterrupt in the main thread: for one request (pool.cancel), or whatever runs."""
+        if message.request_id is not None:
+            with self.request_lock:
+                self.cancelled_requests.add(message.request_id)
+                if self.current_request == message.request_id:
+                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        elif self.busy:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    def request_stop(self, message: p.RequestStop) -> None:
+        self.context._stop.set()
+
+    def report_status(self, message: p.StatusQuery) -> None:
+        """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
+        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot()))
+
+    def _main_thread_spot(self) -> tuple[str, float]:
+        """Where the main thread is, and for how long it has stood still there: at the same instruction, and (where
+        /proc tells) without CPU time or wake-ups in between. A loop that sleeps or waits briefly at one line each
+        round is seen at the same instruction every time, but wakes up: that counts as moving."""
+        main = threading.main_thread()
+        frame = sys._current_frames().get(main.ident or 0) if self.current_request is not None else None
+        if frame is None:
+            self._spot = None
+            return "", 0.0
+        spot, activity, now = (id(frame), frame.f_lasti), _thread_activity(main.native_id), time.monotonic()
+        still = (self._spot is not None and self._spot[0] == spot
+                 and (activity is None or self._spot[1] is None or _idle_between(self._spot[1], activity)))
+        self._spot = (spot, activity, self._spot[2] if still and self._spot is not None else now)
+        return _describe_spot(frame), now - self._spot[2]
+
+    def shut_down(self, message: p.Shutdown) -> None:
+        os._exit(0)
 
     def _refuse(self, unreadable: MessageUnreadable) -> None:
         """Fail a request this worker cannot unpickle (the kernel would otherwise wait for it forever)."""
@@ -185,6 +225,7 @@ class Worker:
                     message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
                     (type(error).__module__, type(error).__qualname__),
                 )  # fmt: skip
+            self.current_request = None
             self.busy = not self.inbox.empty()
             try:
                 self._send_reply(reply)
@@ -207,12 +248,13 @@ class Worker:
             self.channel.send(p.Event(self.current_request, self.rank, payload))
 
     def init_group(self, message: p.InitGroup) -> None:
-        is_master = self.rank == 0
-        store = dist.TCPStore(
-            message.master_addr, message.master_port, message.world_size, is_master=is_master, wait_for_workers=False
-        )
-        if is_master:
+        if self.rank == 0:  # the store listens on master_addr only (loopback for a local pool), not on every interface
+            listening = _listen_on(message.master_addr)
+            store = dist.TCPStore(message.master_addr, listening.getsockname()[1], message.world_size, is_master=True,
+                                  wait_for_workers=False, master_listen_fd=listening.detach())
             self._emit({"store_port": store.port})
+        else:
+            store = dist.TCPStore(message.master_addr, message.master_port, message.world_size, is_master=False)
         options: dict[str, Any] = {}
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -262,13 +304,59 @@ class Worker:
         return {name: self.namespace[name] for name in message.names}
 
 
-def serve(config: dict[str, Any]) -> None:
+def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
+    """(CPU clock ticks, context switches) of one thread of this process so far; None where /proc cannot tell."""
+    if native_id is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{native_id}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        with open(f"/proc/self/task/{native_id}/status") as handle:
+            switches = sum(int(line.split()[1]) for line in handle
+                           if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")))
+    except (OSError, IndexError, ValueError):
+        return None
+    return int(fields[11]) + int(fields[12]), switches  # utime + stime (stat's fields 14 and 15)
+
+
+def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:
+    """Whether a thread neither computed nor woke up (more than a couple of times) between two samples."""
+    return after[0] - before[0] <= 1 and after[1] - before[1] <= 2
+
+
+def _describe_spot(frame: FrameType) -> str:
+    """Where a thread is, in the user's terms: 'line 4 of the cell (`lock.acquire()`)', and the library function it
+    is inside, if any ('..., inside all_reduce')."""
+    user = frame
+    while user is not None and not user.f_code.co_filename.startswith("<") and user.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        user = user.f_back
+    if user is None:
+        user = frame
+    filename = user.f_code.co_filename
+    place = "the cell" if filename.startswith("<spmd cell") else f"{os.path.basename(filename)} ({user.f_code.co_name})"
+    source = linecache.getline(filename, user.f_lineno).strip()
+    described = f"line {user.f_lineno} of {place}" + (f" (`{source}`)" if source else "")
+    if user is not frame:
+        described += f", inside {frame.f_code.co_name}"
+    return described
+
+
+def _listen_on(host: str) -> socket.socket:
+    """A listening socket on `host` (a free port), for torch.distributed's store to take over."""
+    family, kind, protocol, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    listening = socket.socket(family, kind, protocol)
+    listening.bind(address)
+    listening.listen(socket.SOMAXCONN)
+    return listening
+
+
+def serve(config: p.WorkerConfig) -> None:
     """Connect, say hello, and serve until the kernel goes away (never returns normally)."""
-    threads = config.get("threads")
-    if threads:
-        torch.set_num_threads(int(threads))
-    channel = connect(tuple(config["address"]), bytes.fromhex(config["secret"]))
-    channel.same_machine = config.get("kernel_machine_id") == machine_id()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    announce_failures_here(False)  # a full /dev/shm is said once, by the kernel, not by every worker
+    channel = connect(config.kernel_address, bytes.fromhex(config.secret))
+    channel.same_machine = config.kernel_machine_id == machine_id()
     worker = Worker(channel, config)
     sys.stdout = _StreamToKernel(channel, worker.rank, "stdout")
     sys.stderr = _StreamToKernel(channel, worker.rank, "stderr")
@@ -280,10 +368,24 @@ def serve(config: dict[str, Any]) -> None:
         os._exit(0)
 
 
+def _exit_with_parent() -> None:
+    """Exit when the process that started us (a Ray actor) is gone: a lost actor or node takes its worker along,
+    instead of leaving it connected to the kernel with no one to account for it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="nbscale-watch-launcher", daemon=True).start()
+
+
 def main() -> None:
     """Entry point for `python -m nbscale.pool.worker` (config as one JSON line on stdin)."""
-    config = json.loads(sys.stdin.readline())
-    os.environ.update(config.get("env", {}))
+    _exit_with_parent()
+    config = p.WorkerConfig.from_json(json.loads(sys.stdin.readline()))
+    os.environ.update(config.env)
     serve(config)
 
 

@@ -1,18 +1,28 @@
 """REST endpoints under `/nbscale/api/` for the JupyterLab panel; each an authenticated APIHandler returning JSON.
 
-- `GET  gpus`              `{"gpus": [...], "message": str | None}`; NVML is read at most once a second.
+- `GET  gpus`              `{"gpus": [...], "message": str | None}`; NVML and the machine-wide GPU registry are
+                           read at most once a second. Each GPU's `holders` (user, pid, purpose "pool" or
+                           "training", notebook, kernel_id, since) are the processes, any user's, that reserved
+                           it (nbscale.gpu_reservations).
 - `GET  pools`             `{"pools": [...]}`: the state every running pool publishes (`nbscale.pool.registry`).
-- `GET  jobs`              `{"jobs": [...], "available": bool}`: the batch-job store, where nbscale.jobs exists.
+- `GET  jobs`              `{"jobs": [...], "available": bool}`: the batch-job store, where nbscale.jobs exists; a
+                           running job's `training` (epoch, iteration, loss, time left) comes from the data-only
+                           events file its training records (nbscale.jobs.training_record), never a pickle.
 - `GET  jobs/<id>/log`     `{"id": int, "log": str, "truncated": bool}`: the end of a job's log.
 - `POST jobs/<id>/cancel`  `{"id": int, "cancelled": bool}`.
 
-Jupyter's token or cookie auth applies to every handler (403 without it), and XSRF to the POST.
+Jupyter's token or cookie auth applies to every handler (403 without it), and XSRF to the POST. Every answer is
+strict JSON (`json_text`): a number that is not finite, which a pool may publish (an idle timeout of inf), is
+sent as null, since one `Infinity` would make the browser's JSON.parse fail for every notebook's panel. A
+pools or jobs list that cannot be read is answered as an empty list with an `error` (the panel's other parts
+keep working); an unknown job id is a 404 with a JSON message.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -24,6 +34,21 @@ from jupyter_server.utils import url_path_join
 
 GPU_MAX_AGE_S = 1.0
 LOG_TAIL_CHARS = 200_000
+
+
+def json_text(value: Any) -> str:
+    """Strict JSON (RFC 8259) of `value`: non-finite floats become null, anything else unknown its str()."""
+    return json.dumps(_finite(value), allow_nan=False, default=str)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 class GpuCache:
@@ -59,52 +84,110 @@ def jobs_module() -> ModuleType | None:
     return jobs if callable(getattr(jobs, "list_jobs", None)) else None
 
 
-class GpusHandler(APIHandler):
+class NotFound(tornado.web.HTTPError):
+    """A 404 whose JSON message is `message` as written (tornado doubles each % of an HTTPError's message)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(404)
+        self.message = message
+
+
+class NbscaleHandler(APIHandler):
+    """An APIHandler whose NotFound errors answer their message unchanged."""
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info", (None, None))[1]
+        if isinstance(error, NotFound):
+            self.set_header("Content-Type", "application/json")
+            self.finish(json_text({"message": error.message, "reason": None}))
+            return
+        super().write_error(status_code, **kwargs)
+
+
+class GpusHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         cache: GpuCache = self.settings["nbscale_gpu_cache"]
-        self.finish(json.dumps(await cache.get()))
+        self.finish(json_text(await cache.get()))
 
 
-class PoolsHandler(APIHandler):
+class PoolsHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
         from nbscale.pool import registry
 
-        pools = await asyncio.to_thread(registry.read_all)  # also removes the files of dead or silent pools
-        self.finish(json.dumps({"pools": pools}))
+        try:
+            pools = await asyncio.to_thread(registry.read_all)  # also removes the files of dead or silent pools
+        except Exception as error:  # a file no pool wrote: the rest of the panel keeps working
+            self.log.warning("nbscale: cannot read the pool registry: %s", error)
+            self.finish(json_text({"pools": [], "error": f"The pool registry cannot be read: {error}"}))
+            return
+        self.finish(json_text({"pools": pools}))
 
 
-class JobsHandler(APIHandler):
+class JobsHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self) -> None:
+        from nbscale.errors import NbscaleError
+
         jobs = jobs_module()
-        listed = await asyncio.to_thread(jobs.list_jobs) if jobs else []
-        self.finish(json.dumps({"jobs": listed, "available": jobs is not None}))
+        try:
+            listed = await asyncio.to_thread(jobs.list_jobs) if jobs else []
+        except NbscaleError as error:  # a damaged job store: its message says what and how to recover
+            self.finish(json_text({"jobs": [], "available": True, "error": str(error)}))
+            return
+        self.finish(json_text({"jobs": listed, "available": jobs is not None}))
 
 
-class JobLogHandler(APIHandler):
+class JobLogHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def get(self, job_id: str) -> None:
-        jobs = _jobs_offering("get")
-        text = await asyncio.to_thread(lambda: _call_job(lambda: jobs.get(int(job_id)).log()))
+        jobs, number = _jobs_offering("get"), _job_number(job_id)
+        text = await asyncio.to_thread(lambda: _call_job(lambda: _log_end(jobs.get(number))))
         truncated = len(text) > LOG_TAIL_CHARS
-        self.finish(json.dumps({"id": int(job_id), "log": text[-LOG_TAIL_CHARS:], "truncated": truncated}))
+        self.finish(json_text({"id": number, "log": text[-LOG_TAIL_CHARS:], "truncated": truncated}))
 
 
-class JobCancelHandler(APIHandler):
+class JobCancelHandler(NbscaleHandler):
     @tornado.web.authenticated
     async def post(self, job_id: str) -> None:
-        jobs = _jobs_offering("cancel")
-        cancelled = await asyncio.to_thread(lambda: _call_job(lambda: jobs.cancel(int(job_id))))
-        self.finish(json.dumps({"id": int(job_id), "cancelled": bool(cancelled)}))
+        jobs, number = _jobs_offering("cancel"), _job_number(job_id)
+        cancelled = await asyncio.to_thread(lambda: _call_job(lambda: jobs.cancel(number)))
+        self.finish(json_text({"id": number, "cancelled": bool(cancelled)}))
+
+
+class UnknownEndpointHandler(NbscaleHandler):
+    """Any other path under /nbscale/api/: a JSON 404 listing the endpoints (not Jupyter's HTML page)."""
+
+    @tornado.web.authenticated
+    def get(self, path: str) -> None:
+        shown = path if len(path) <= 60 else f"{path[:57]}..."
+        raise NotFound(f"nbscale's server extension has no endpoint {shown!r}: it serves gpus, pools, jobs, "
+                         "jobs/<id>/log and jobs/<id>/cancel (ids are job numbers).")
+
+    post = put = patch = delete = get
 
 
 def _jobs_offering(function: str) -> Any:
     jobs = jobs_module()
     if jobs is None or not callable(getattr(jobs, function, None)):
-        raise tornado.web.HTTPError(404, f"nbscale.jobs offers no {function}() here.")
+        raise NotFound(f"nbscale.jobs offers no {function}() here.")
     return jobs
+
+
+def _log_end(job: Any) -> str:
+    """The last LOG_TAIL_CHARS + 1 characters (one more tells that it was cut), read from the end of the file:
+    a runaway job's log may be gigabytes."""
+    return job.log(tail=LOG_TAIL_CHARS + 1)
+
+
+def _job_number(text: str) -> int:
+    """The id in the URL (digits, by the route); 404 past any id a job store gives (SQLite's 64-bit INTEGER)."""
+    number = int(text) if len(text) <= 20 else None  # int() of 4300+ digits would raise, and no id is that long
+    if number is None or not 1 <= number < 2**63:
+        shown = text if len(text) <= 24 else f"{text[:21]}..."
+        raise NotFound(f"There is no job {shown}: job ids are the numbers %jobs shows.")
+    return number
 
 
 def _call_job(action: Callable[[], Any]) -> Any:
@@ -113,7 +196,7 @@ def _call_job(action: Callable[[], Any]) -> Any:
     try:
         return action()
     except JobError as error:  # no such job: its message says so
-        raise tornado.web.HTTPError(404, str(error)) from None
+        raise NotFound(str(error)) from None
 
 
 def setup_handlers(web_app: Any) -> None:
@@ -128,5 +211,6 @@ def setup_handlers(web_app: Any) -> None:
             (url_path_join(base, "jobs"), JobsHandler),
             (url_path_join(base, r"jobs/(\d+)/log"), JobLogHandler),
             (url_path_join(base, r"jobs/(\d+)/cancel"), JobCancelHandler),
+            (url_path_join(base, r"(.*)"), UnknownEndpointHandler),  # last: only what nothing above matched
         ],
     )

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.errors import OptionsError, PoolError, WorkerError
+from nbscale.errors import OptionsError, UnsendableError, WorkerError
 from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.loading import split_batch
@@ -51,7 +51,9 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     counts = split_batch(min(int(options.mini_batch_size), len(dataset)), options.worker_load, pool.size)
     backend = "NCCL" if pool.kind == "gpu" else "gloo"
     used = [device for device, count in zip(pool.devices, counts, strict=True) if count > 0]
-    hardware = f"{len(used)} worker{'s' * (len(used) != 1)} ({', '.join(used)}; {backend})"
+    idle = [str(rank) for rank, count in enumerate(counts) if count == 0]  # MATLAB's WorkerLoad 0: the worker sits out
+    hardware = f"{len(used)} worker{'s' * (len(used) != 1)} ({', '.join(used)}; {backend})" + (
+        f"; worker{'s' * (len(idle) > 1)} {', '.join(idle)} sit{'s' * (len(idle) == 1)} out (worker_load 0)" if idle else "")
     # the notebook keeps output_fn, plots and the table; workers only train
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
     job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware)
@@ -66,10 +68,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
         results = pool.run(train_on_worker, job, on_event=on_event)
     except WorkerError as error:
         raise _training_failure(error, options) from None
-    except PoolError as error:
-        if "could not be sent" in str(error):
-            raise PoolError(_unsendable(job) or str(error)) from None
-        raise
+    except UnsendableError as error:
+        raise UnsendableError(_unsendable(job) or str(error)) from None
     finally:
         stop.on_request.remove(pool.request_stop)
     result = next(r for r in results if r is not None)

@@ -23,7 +23,7 @@ class TrainingStarted:
     first_iteration: int = 1  # > 1 when resumed
 
 
-@dataclass  # not frozen: made every iteration, and a frozen dataclass is ~4x slower to make (slots would refuse old checkpoints)
+@dataclass  # not frozen: made every iteration, and a frozen one sets each field through object.__setattr__ (slots would refuse old checkpoints)
 class IterationDone:
     """Sent after every iteration; validation figures only on iterations that validated."""
 

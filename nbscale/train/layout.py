@@ -1,8 +1,7 @@
 """The memory layout a network trains in: channels_last for convolutions in mixed precision on a GPU.
 
 bf16/fp16 tensor cores convolve NHWC data; a network in the default NCHW layout pays for a transpose around every
-convolution, which takes most of what mixed precision gains (an H100, a conv net on 64x64 images: bf16 in NCHW
-1.03x fp32; bf16 in channels_last 1.85x fp32 in NCHW and 1.29x fp32 in channels_last; BENCHMARKS.md). A network
+convolution, which takes most of what mixed precision gains (BENCHMARKS.md measures it on an H100). A network
 that cannot run in channels_last (a `.view` of a convolution's output, say) is found by one forward pass on one
 sample before training and trains in NCHW as before; after training the weights go back to NCHW.
 """

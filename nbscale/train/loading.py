@@ -13,7 +13,7 @@ On a pool every rank gets only its own share of each global mini-batch (see `spl
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +55,11 @@ def as_dataset(data: Any, what: str = "train_data") -> Dataset:
     if isinstance(data, torch.Tensor | np.ndarray | str | bytes):
         raise OptionsError(f"{what} is a single {type(data).__name__}, without labels: give (inputs, labels), or a "
                            "torch Dataset yielding (input, label).")
+    if isinstance(data, Mapping):  # its __getitem__ takes keys, not sample indices
+        keys = [repr(key) for key in list(data)[:4]]
+        pair = f"({what}[{keys[0]}], {what}[{keys[1]}])" if len(keys) >= 2 else "(inputs, labels)"
+        raise OptionsError(f"{what} is a {type(data).__name__} (keys {', '.join(keys) or 'none'}), not samples: give "
+                           f"(inputs, labels) as a tuple, e.g. {pair}, or a torch Dataset yielding (input, label).")
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         return data
     raise OptionsError(f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, "

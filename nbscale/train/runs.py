@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,6 +40,8 @@ class TrainingRun(Future):
         super().__init__()
         self.name = name
         self.params = dict(params or {})
+        self.options: TrainingOptions | None = None  # what the run trains with
+        self.seed: int | None = None  # the sweep's seed, for a seeded run
         self.info = TrainingInfo()
         self.net: nn.Module | None = None
         self.error: str | None = None
@@ -127,34 +130,64 @@ class TrainingRun(Future):
         return f"<TrainingRun {self.name} ({params}) {self.state}>" if params else f"<TrainingRun {self.name} {self.state}>"
 
 
+@dataclass(frozen=True)
+class SeededStart:
+    """Where a seeded run's random numbers start: as in `torch.manual_seed(seed); model = make_model()`, then
+    `nbscale.train(model, ...)`, which draws `data_order_seed` and goes on from `random_state`."""
+
+    seed: int
+    data_order_seed: int
+    random_state: torch.Tensor  # torch's CPU generator after building the model and drawing data_order_seed
+
+
+def seeded_model(make_model: Callable[[], nn.Module] | nn.Module, seed: int) -> tuple[nn.Module, SeededStart]:
+    """The network `torch.manual_seed(seed); make_model()` builds, and where its run's random numbers start.
+
+    The caller's random stream is left as it was.
+    """
+    from nbscale.train.trainer import draw_seed
+
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        model = fresh_model(make_model)
+        data_order_seed = draw_seed()
+        return model, SeededStart(seed, data_order_seed, torch.get_rng_state())
+
+
 def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | None = None,
                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, pool: Any = None,
-                name: str = "run", params: dict[str, Any] | None = None) -> TrainingRun:
+                name: str = "run", params: dict[str, Any] | None = None,
+                seeded: SeededStart | None = None) -> TrainingRun:
     """Train `model` on one free worker of `pool` (default: the current pool, started if none runs).
 
     Returns at once with a `TrainingRun` (a Future of `(net, info)`); `nbscale.show(run)` draws its progress live
     without blocking the notebook. The run trains a copy of `model` on its worker's device; the notebook's model
     is left untouched. `options.execution_environment`, `worker_load`, `plots` and `verbose` do not apply (one
-    run, one worker); `output_fn` runs on the worker.
+    run, one worker); `output_fn` runs on the worker. `seeded` (from `seeded_model`) makes the run draw the
+    random numbers that `nbscale.train` would after `torch.manual_seed(seeded.seed)` and building `model`.
     """
     from nbscale.pool.pool import current_pool
-    from nbscale.train.trainer import _as_options, checked_inputs
+    from nbscale.train.trainer import as_options, checked_inputs
 
-    train_data, options, loss_fn = checked_inputs(model, train_data, _as_options(options), loss_fn)
+    train_data, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
     pool = pool if pool is not None else current_pool(start=True)
     run = TrainingRun(name, params)
+    run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False)
-    task = pool.submit_with_events(train_on_worker, run._on_event, model, train_data, worker_options, loss_fn)
+    task = pool.submit_with_events(train_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
+                                   seeded)
     run._attach(pool, task)
     return run
 
 
 def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
-                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None) -> tuple[nn.Module, TrainingInfo]:
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+                    seeded: SeededStart | None = None) -> tuple[nn.Module, TrainingInfo]:
     """What the worker runs: the training loop on this worker's device, events sent to the notebook."""
     from nbscale.pool.context import worker_context
     from nbscale.train.loading import as_dataset, split_batch
     from nbscale.train.loop import LoopSetup, run_training
+    from nbscale.train.trainer import draw_seed
 
     context = worker_context()
     dataset = as_dataset(train_data)
@@ -176,10 +209,13 @@ def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
     device = context.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if seeded is not None:  # as after torch.manual_seed(seed), which seeds the GPUs too, and building the model
+        torch.cuda.manual_seed_all(seeded.seed)
+        torch.set_rng_state(seeded.random_state)
     try:
         result = run_training(LoopSetup(
             model=model, train_data=dataset, options=options, loss_fn=loss_fn or nn.CrossEntropyLoss(),
-            device=device, seed=int(torch.randint(2**31 - 1, (1,)).item()),
+            device=device, seed=seeded.data_order_seed if seeded is not None else draw_seed(),
             hardware=f"worker {context.rank} ({device})", publish=publish, stop_reason=stop,
             validation_data=options.validation_data,
             counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1)))

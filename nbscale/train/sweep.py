@@ -1,8 +1,8 @@
 """`nbscale.sweep`: train one network per combination of option values, each on its own pool worker.
 
-MATLAB's "Train multiple networks in parallel" (parfeval per network, one figure that compares them). Every
-combination is checked before any run starts; runs queue for free workers; a failing run shows its error while
-the others keep going; cancelling a run frees its worker for the next one.
+MATLAB's "Train multiple networks in parallel" (parfeval per network). Every combination is checked before any
+run starts; runs queue for free workers; a failing run keeps its error while the others keep going; cancelling a
+run frees its worker for the next one. The figure that compares the runs is nbscale.notebook's (it adds it).
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any
 from torch import nn
 
 from nbscale.errors import OptionsError
+from nbscale.rendering import Rendered
 from nbscale.train.options import TrainingOptions, field_names
-from nbscale.train.runs import TrainingRun, fresh_model, train_async
+from nbscale.train.run_table import RunsTable, ranked
+from nbscale.train.runs import TrainingRun, fresh_model, seeded_model, train_async
 
 
 def grid_combinations(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -40,12 +42,16 @@ def run_name(params: dict[str, Any]) -> str:
     return ", ".join(f"{name}={value}" for name, value in params.items())
 
 
-class SweepResult:
-    """Every run of a sweep: `runs` (TrainingRun futures), `nets`, `infos`, `best`, `table()`, `cancel(i)`."""
+class SweepResult(Rendered):
+    """Every run of a sweep: `runs` (TrainingRun futures), `nets`, `infos`, `best`, `table()`, `cancel(i)`.
 
-    def __init__(self, runs: list[TrainingRun]) -> None:
+    Shows as its results table, best first. `on_end` holds callables called once `wait()` saw every run end.
+    """
+
+    def __init__(self, runs: list[TrainingRun], pool: Any) -> None:
         self.runs = runs
-        self.display: Any = None
+        self.pool = pool
+        self.on_end: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self.runs)
@@ -76,7 +82,7 @@ class SweepResult:
     def ranked(self) -> list[TrainingRun]:
         """Runs best first: by final validation accuracy where runs have one, else by final training loss;
         failed, cancelled and unfinished runs last."""
-        return sorted(self.runs, key=_rank_key)
+        return ranked(self.runs)
 
     def cancel(self, index: int | None = None) -> None:
         """Cancel run `index` (queued or running; its worker takes the next run), or every run not yet ended."""
@@ -97,15 +103,14 @@ class SweepResult:
         except KeyboardInterrupt:
             self.cancel()
             wait_for_futures(self.runs, timeout=10)
-        if self.display is not None and self.done:
-            self.display.finish()
+        if self.done:
+            for callback in self.on_end:
+                callback()
         return self
 
-    def table(self) -> Any:
+    def table(self) -> RunsTable:
         """The results table, best first (HTML in notebooks, text elsewhere)."""
-        from nbscale.ui.sweep_display import SweepTable
-
-        return SweepTable(self.ranked())
+        return RunsTable("Results (best first)", tuple(self.ranked()))
 
     def to_dataframe(self) -> Any:
         """The results table as a pandas DataFrame (needs pandas)."""
@@ -113,55 +118,46 @@ class SweepResult:
 
         return pd.DataFrame(self.table().rows())
 
-    def __repr__(self) -> str:
-        return repr(self.table())
-
-    def _repr_html_(self) -> str:
-        return self.table()._repr_html_()
-
-
-def _rank_key(run: TrainingRun) -> tuple[int, float]:
-    if run.state != "done":
-        return (2, 0.0)
-    accuracy = run.info.final_validation_accuracy
-    if accuracy is not None:
-        return (0, -accuracy)
-    loss = run.info.training_loss[-1] if run.info.training_loss else float("inf")
-    return (1, loss)
-
 
 def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, options: TrainingOptions | None = None,
           grid: dict[str, Sequence[Any]] | None = None, pool: Any = None,
           loss_fn: Callable[..., Any] | None = None, val_data: Any = None, wait: bool = True,
-          show: bool | None = None) -> SweepResult:
+          seed: int | None = None) -> SweepResult:
     """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
 
     `make_model()` builds a fresh network per run (or pass a network: each run starts from a copy of it).
     `pool` defaults to the current pool (one is started if none runs). Every combination is checked before any
-    run starts (OptionsError). In a notebook a live figure compares the runs, with a Cancel button per run, and
-    ends with the results table, best first. `wait=False` returns at once; `result.wait()` blocks later.
-    Returns a SweepResult holding every run's net and info; failed runs keep their error (`run.error`).
+    run starts (OptionsError). `wait=False` returns at once; `result.wait()` blocks later. Shows nothing: the
+    live figure is nbscale.sweep's (nbscale.notebook). Returns a SweepResult holding every run's net and info;
+    failed runs keep their error (`run.error`).
+
+    `seed` (an int) makes the sweep reproducible: every run starts as `torch.manual_seed(seed); net =
+    make_model()` and draws its data order, augmentation and dropout as `nbscale.train(net, ...)` does next, so
+    all runs start from the same weights, the same seed gives the same results, and run k is reproduced by
+    `torch.manual_seed(seed); nbscale.train(make_model(), train_data, result[k].options)` on the same kind of
+    device. None: every run draws its own.
     """
     from nbscale.pool.pool import current_pool
-    from nbscale.train.trainer import _as_options, _in_notebook, checked_inputs
+    from nbscale.train.trainer import as_options, checked_inputs
 
-    base = _as_options(options)
+    base = as_options(options)
     if val_data is not None:
         base = base.replace(validation_data=val_data)
     combinations = grid_combinations(grid if grid is not None else {})
     run_options = [base.replace(**params) for params in combinations]  # every combination checked first
-    models = [fresh_model(make_model) for _ in combinations]
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise OptionsError(f"seed={seed!r} must be a whole number from 0 to 2**63 - 1 (as torch.manual_seed takes), "
+                           "or None for a different start in every run.")
+    seeded = [seeded_model(make_model, seed) for _ in combinations] if seed is not None else \
+        [(fresh_model(make_model), None) for _ in combinations]
+    models = [model for model, _ in seeded]
     # a bad input fails here, before a pool starts; the runs get the data as checked (labels converted once)
     train_data = checked_inputs(models[0], train_data, base, loss_fn)[0]
     pool = pool if pool is not None else current_pool(start=True)
-    runs = [train_async(model, train_data, opts, loss_fn=loss_fn, pool=pool, name=f"#{index + 1}", params=params)
-            for index, (model, opts, params) in enumerate(zip(models, run_options, combinations, strict=True))]
-    result = SweepResult(runs)
-    if show if show is not None else _in_notebook():
-        from nbscale.ui.sweep_display import SweepDisplay
-
-        result.display = SweepDisplay(runs, title=f"Sweep of {len(runs)} runs on {pool.size} workers")
-        result.display.show()
+    runs = [train_async(model, train_data, opts, loss_fn=loss_fn, pool=pool, name=f"#{index + 1}", params=params,
+                        seeded=start)
+            for index, ((model, start), opts, params) in enumerate(zip(seeded, run_options, combinations, strict=True))]
+    result = SweepResult(runs, pool)
     if wait:
         result.wait()
     return result

@@ -1,32 +1,45 @@
-"""`nbscale.train(model, train_data, options)`: trainNetwork for PyTorch.
+"""Training (trainNetwork for PyTorch), the core that `nbscale.train` calls (nbscale.notebook adds the displays).
 
-Sets up the event channel (info, plot, verbose table, output_fn), turns the kernel interrupt into a Stop at
-the end of the current iteration, then runs the loop in this process ("auto", "cpu", "gpu") or on the pool
-("parallel", "multi-gpu").
+Sets up the event channel (the info first, then the listeners it is given), turns the kernel interrupt into a
+Stop at the end of the current iteration, then runs the loop in this process ("auto", "cpu", "gpu") or on the
+pool ("parallel", "multi-gpu").
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from nbscale.errors import OptionsError
-from nbscale.train.checkpoint import load_checkpoint
-from nbscale.train.checks import check_items, check_model, check_resume, with_class_labels
-from nbscale.train.events import EventChannel, IterationDone, StopSignal
+from nbscale.errors import OptionsError, PoolInterrupted
+from nbscale.jobs.training_recorder import recorded_for_job_monitor
+from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
+from nbscale.train.checks import (
+    check_classes,
+    check_items,
+    check_model,
+    check_resume,
+    is_class_loss,
+    with_class_labels,
+)
+from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset, split_batch
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
+from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
+STOP_GRACE_S = 3.0  # on the pool: how long the first interrupt waits for the end of the iteration
 
 
 def train(
@@ -35,28 +48,53 @@ def train(
     options: TrainingOptions | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     resume_from: str | os.PathLike[str] | None = None,
+    *,
+    listeners: Sequence[Callable[[Any], None]] = (),
+    stop: StopSignal | None = None,
+    info: TrainingInfo | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
 
     `loss_fn(outputs, labels)` must average over the batch (cross-entropy by default). `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
-    trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
-    at the end of the current iteration; `info.stop_reason` says which.
+    trained weights are copied back).
+    Every training event (nbscale.train.events) goes to `info` (made here when None), then to each of
+    `listeners` in order; nothing is shown here, and only the kernel interrupt and a pool restart
+    (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and
+    the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
-    dataset, options, loss_fn = checked_inputs(model, train_data, _as_options(options), loss_fn)
+    dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
+    check_recovery_options(options)
+    restarts: list[str] = []
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
         check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
-    seed = int(resume["seed"]) if resume is not None else int(torch.randint(2**31 - 1, (1,)).item())
+    seed = int(resume["seed"]) if resume is not None else draw_seed()
 
-    info, stop = TrainingInfo(), StopSignal()
-    channel = _listen(options, info, stop)
-    with _interrupt_as_stop(stop):
-        if options.execution_environment in ("parallel", "multi-gpu"):
+    info = info if info is not None else TrainingInfo()
+    stop = stop if stop is not None else StopSignal()
+    channel = EventChannel()
+    for listener in (info.record, *listeners):  # info first: output_fn reads it
+        channel.subscribe(listener)
+    # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
+    on_pool = options.execution_environment in ("parallel", "multi-gpu")
+    with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
+        if on_pool:
             from nbscale.train.distributed import train_on_pool
 
-            result = train_on_pool(model, dataset, options, loss_fn, seed, resume, channel, stop)
+            def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
+                return train_on_pool(model, dataset, options, loss_fn, seed, resume, events, stop)
+
+            try:
+                if options.on_worker_failure == "restart":
+                    result, restarts = train_surviving_lost_workers(run, resume, seed, options, channel, stop)
+                else:
+                    result = run(resume, channel)
+            except PoolInterrupted as interrupted:
+                if forced():
+                    raise _forced_stop(interrupted, options) from None
+                raise
         else:
             device = training_device(options.execution_environment)
             batch = min(int(options.mini_batch_size), len(dataset))
@@ -71,13 +109,16 @@ def train(
                     f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={batch}: lower "
                     f"mini_batch_size, or try precision='mixed'. ({error})") from None
     info.stop_reason = stop.reason or result.stop_reason
+    if restarts:
+        info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
     return model, info
 
 
 def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any) -> tuple[Any, TrainingOptions, Any]:
     """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.train.checks).
 
-    With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64.
+    With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64; with a
+    class loss (that one, CrossEntropyLoss, NLLLoss) the labels must fit the network's outputs (check_classes).
     """
     check_model(model)
     dataset = as_dataset(train_data)
@@ -92,13 +133,25 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
         dataset = with_class_labels(dataset, "train_data", first_item)
         if validation is not None:
             validation = with_class_labels(validation, "validation_data", first_validation_item)
+    if is_class_loss(loss_fn):  # labels are class indices: the network needs an output for each class
+        labelled = [("train_data", dataset, first_item)]
+        if validation is not None:
+            labelled.append(("validation_data", validation, first_validation_item))
+        check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
+    if loss_fn is None:
         loss_fn = nn.CrossEntropyLoss()
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)
     return dataset, options, loss_fn
 
 
-def _as_options(options: Any) -> TrainingOptions:
+def draw_seed() -> int:
+    """The seed of a run's data order, drawn from torch's random stream (so torch.manual_seed fixes it)."""
+    return int(torch.randint(2**31 - 1, (1,)).item())
+
+
+def as_options(options: Any) -> TrainingOptions:
+    """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
     if options is None:
         return TrainingOptions("sgdm")
     if isinstance(options, TrainingOptions):
@@ -109,67 +162,85 @@ def _as_options(options: Any) -> TrainingOptions:
                        f"not {type(options).__name__}.")
 
 
-def _listen(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> EventChannel:
-    """The one event channel: info first (output_fn reads it), then plot, verbose table and output_fn."""
-    channel = EventChannel()
-    channel.subscribe(info.record)
-    if options.plots == "training-progress" and _in_notebook():
-        from nbscale.ui.progress import TrainingProgress
-
-        channel.subscribe(TrainingProgress(stop))
-    if options.verbose:
-        from nbscale.ui.verbose_table import VerboseTable
-
-        channel.subscribe(VerboseTable(options.verbose_frequency, stop))
-    if options.output_fn is not None:
-        output_fn = options.output_fn
-
-        def call_output_fn(event: Any) -> None:
-            if isinstance(event, IterationDone) and output_fn(info) is True:
-                stop.request("Stopped by output_fn")
-
-        channel.subscribe(call_output_fn)
-    return channel
-
-
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:  # pragma: no cover
-        return False
-    return shell is not None and getattr(shell, "kernel", None) is not None
-
-
 @contextlib.contextmanager
-def _interrupt_as_stop(stop: StopSignal) -> Iterator[None]:
-    """The first kernel interrupt (SIGINT) asks for a Stop at the end of the iteration; a second one raises
-    KeyboardInterrupt as usual, for a loop that no longer reaches the end of an iteration."""
+def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[], bool]]:
+    """The first kernel interrupt (SIGINT) asks for a Stop at the end of the iteration and says so; a second one
+    raises KeyboardInterrupt at once, for a loop that no longer reaches the end of an iteration.
+
+    On the pool the second step comes by itself: if the training has not stopped STOP_GRACE_S after the first
+    interrupt (a frozen worker, a hung collective), the interrupt is forced, and the pool interrupts its workers
+    and restarts those that do not stop. Yields a function that tells whether that happened.
+    """
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: False
         return
+    lock = threading.Lock()
+    state = {"done": False, "forced": False}
+
+    def force_when_stuck() -> None:
+        from nbscale.pool.pool import current_pool
+
+        waited = 0.0  # counts only while the pool runs something: not while it is still starting
+        while waited < STOP_GRACE_S:
+            time.sleep(0.1)
+            if state["done"]:
+                return
+            pool = current_pool()
+            if pool is not None and pool.busy:
+                waited += 0.1
+        with lock:
+            if not state["done"]:
+                state["forced"] = True
+                _thread.interrupt_main()  # runs on_interrupt in the main thread, which raises KeyboardInterrupt
 
     def on_interrupt(signum: int, frame: Any) -> None:
+        if state["done"]:
+            return
         if stop.requested:
             raise KeyboardInterrupt
         stop.request(INTERRUPT_REASON)
+        if on_pool:
+            print(f"Stopping at the end of this iteration. If the pool has not stopped in {STOP_GRACE_S:.0f} s, its "
+                  "workers are interrupted (interrupt again to do that now).", file=sys.stderr, flush=True)
+            threading.Thread(target=force_when_stuck, name="nbscale-stop-grace", daemon=True).start()
+        else:
+            print("Stopping at the end of this iteration (interrupt again to stop at once).", file=sys.stderr,
+                  flush=True)
 
     previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        yield
+        yield lambda: state["forced"]
     finally:
+        with lock:
+            state["done"] = True
         signal.signal(signal.SIGINT, previous)
 
 
+def _forced_stop(interrupted: PoolInterrupted, options: TrainingOptions) -> PoolInterrupted:
+    """The PoolInterrupted of a pool training that did not stop at the end of its iteration in time."""
+    hint = ""
+    if options.checkpoint_path:
+        last = latest_checkpoint(options.checkpoint_path)
+        if last is not None:
+            hint = f" Continue from the last checkpoint with resume_from={str(options.checkpoint_path)!r} ({last})."
+    return PoolInterrupted(
+        f"Training did not stop at the end of its iteration within {STOP_GRACE_S:.0f} s of the interrupt. "
+        f"{interrupted} The network keeps the weights it had before this training (the trained ones were on the "
+        f"workers).{hint}"
+    )
+
+
 def training_device(environment: str) -> torch.device:
-    """The device for "auto", "cpu" or "gpu" (the notebook's current GPU)."""
+    """The device for "auto", "cpu" or "gpu" (the notebook's current GPU, or a free one where another process
+    holds it: nbscale.gpu.training_gpu)."""
     if environment == "cpu" or (environment == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise OptionsError("execution_environment='gpu' but no CUDA GPU is visible to this kernel: use "
                            "execution_environment='auto' or 'cpu' (check the GPUs with %gpu).")
-    return torch.device("cuda", torch.cuda.current_device())
+    from nbscale.gpu import training_gpu  # reserves the GPU machine-wide (nbscale.gpu_reservations)
+
+    return torch.device("cuda", training_gpu(torch.cuda.current_device()))
 
 
 def describe_device(device: torch.device) -> str:

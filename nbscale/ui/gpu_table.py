@@ -1,14 +1,13 @@
-"""The `%gpu` table: plain text in a terminal, an HTML table with memory and utilization bars in notebooks."""
+"""The `%gpu` table: plain text in a terminal, an HTML table with memory and utilization bars in notebooks; and
+the line `%pool start` adds about the GPUs it took and those others hold."""
 
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from nbscale.gpu import GpuInfo, GpuList
+from nbscale.gpu import GpuInfo, GpuList
 
-COLUMNS = ("index", "name", "compute", "memory", "utilization", "temperature", "power", "processes")
+COLUMNS = ("index", "name", "compute", "memory", "utilization", "temperature", "power", "holder", "processes")
 
 
 def _cells(gpu: GpuInfo) -> dict[str, str]:
@@ -32,6 +31,7 @@ def _cells(gpu: GpuInfo) -> dict[str, str]:
         "utilization": "-" if gpu.utilization_percent is None else f"{gpu.utilization_percent}%",
         "temperature": "-" if gpu.temperature_c is None else f"{gpu.temperature_c} C",
         "power": power,
+        "holder": "; ".join(holder.describe() for holder in gpu.holders) or "free",
         "processes": processes or "none",
     }
 
@@ -76,3 +76,13 @@ def gpu_html(gpus: GpuList) -> str:
     return (
         f"<div class='nbscale-gpus'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}</div>"
     )
+
+
+def pool_gpus_note(gpus: GpuList) -> str:
+    """" on GPU 0, 2. Held by others: GPU 1 by bob's pool (notebook b.ipynb, pid 77)." for the GPUs this process's
+    pool reserved and the holders of the others (or of the same ones, where --force shared them)."""
+    taken = [str(gpu.index) for gpu in gpus if any(h.this_process and h.purpose == "pool" for h in gpu.holders)]
+    held = [f"GPU {gpu.index} by {' and '.join(h.describe() for h in gpu.held_by_others())}"
+            for gpu in gpus if gpu.held_by_others()]  # fmt: skip
+    note = f" on GPU {', '.join(taken)}." if taken else "."
+    return note + (f" Held by others: {'; '.join(held)}." if held else "")

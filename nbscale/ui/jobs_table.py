@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,23 +38,24 @@ def _started(iso: str | None) -> str:
 
 @dataclass
 class JobsTable:
-    """A snapshot of the job store: one row per job, from `nbscale.jobs.list_jobs()`."""
+    """A snapshot of the job store: one row per job, from `nbscale.jobs.list_jobs()` or `nbscale.jobs.list()`."""
 
     store: str
     rows: list[dict[str, Any]]
 
     @classmethod
-    def from_jobs(cls, jobs: list[dict[str, Any]], store: str) -> JobsTable:
-        rows = [
-            {
-                "id": job["id"],
-                "name": job["name"] or "",
-                "state": job["state"],
-                "started": _started(job["started"]),
-                "elapsed": format_elapsed(job["elapsed_s"]),
-            }
-            for job in jobs
-        ]
+    def from_jobs(cls, jobs: Iterable[Mapping[str, Any] | Any], store: str) -> JobsTable:
+        """The table of `jobs`: the dicts of list_jobs(), or Job objects (each read once, through as_dict())."""
+        rows = []
+        for job in jobs:
+            fields = job if isinstance(job, Mapping) else job.as_dict()
+            rows.append({
+                "id": fields["id"],
+                "name": fields["name"] or "",
+                "state": fields["state"],
+                "started": _started(fields["started"]),
+                "elapsed": format_elapsed(fields["elapsed_s"]),
+            })
         return cls(store, rows)
 
     @property

@@ -42,6 +42,8 @@ _FLOATS = ("initial_learn_rate", "gradient_decay_factor", "squared_gradient_deca
            "l2_regularization")  # open bounds: checked by the rules, shown inline
 _INFINITE = ("gradient_threshold", "validation_patience")  # a number or "inf"
 _FLAGS = ("dispatch_in_background", "verbose")
+_SCHEDULE_FIELDS = ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor", "learn_rate_drop_period",
+                    "max_epochs", "learn_rate_scaling")  # what the schedule preview draws from
 _NONE = "None"
 _KEPT = "(value given in options)"
 # %%train's own flags and the field each sets; `%%train` without --options starts from _TRAIN_BASE
@@ -81,6 +83,10 @@ class OptionsForm:
         self.summary = w.HTML()
         self.line = w.HTML()
         self.workers_note = w.HTML()
+        # the learn-rate schedule drawn as the fields change (nbscale.ui.schedule_preview)
+        self.schedule_image = w.Image(format="png", layout=w.Layout(width="352px"))
+        self.schedule_note = w.HTML()
+        self._schedule_shown: tuple[Any, ...] | None = None
         tabs = w.Tab(children=[self._group(title, names) for title, names in GROUPS.items()])
         for index, title in enumerate(GROUPS):
             tabs.set_title(index, title)
@@ -133,6 +139,8 @@ class OptionsForm:
             rows.append(w.HBox([shown, self.messages[name]]))
             if name == "worker_load":
                 rows.append(self.workers_note)
+        if title == "Learning rate":
+            rows.append(w.VBox([self.schedule_image, self.schedule_note]))
         return w.VBox(rows)
 
     def _notebook_names(self, accept: Callable[[Any], bool]) -> list[str]:
@@ -276,6 +284,32 @@ class OptionsForm:
             name = self.bind_to or "form"
             self.line.value = f"Train with: <code>{html.escape(self.magic_line(name))}</code>"
         self._enable()
+        self._preview_schedule()
+
+    def _preview_schedule(self) -> None:
+        """Redraw the schedule plot when a field it depends on changed (and says what is wrong, if one is)."""
+        values = {name: self.widgets[name].value for name in _SCHEDULE_FIELDS}
+        shown = tuple(values.items())
+        if shown == self._schedule_shown:
+            return
+        self._schedule_shown = shown
+        wrong = [name for name in _SCHEDULE_FIELDS if name in self.errors]
+        try:
+            if wrong:
+                raise OptionsError(f"Fix {', '.join(wrong)} to see the learn-rate schedule.")
+            options = TrainingOptions("sgdm", **values)
+        except OptionsError as error:
+            self.schedule_image.layout.display = "none"
+            self.schedule_note.value = f"<i>{html.escape(str(error))}</i>"
+            return
+        from nbscale.ui.schedule_preview import schedule_png
+
+        self.schedule_image.value = schedule_png(options)
+        self.schedule_image.layout.display = ""
+        scaled = (" With learn_rate_scaling='linear', training scales these rates with its global mini-batch."
+                  if options.learn_rate_scaling == "linear" else "")
+        self.schedule_note.value = ("<i>The learn rate per epoch. The iterations per epoch depend on the data, "
+                                    f"known when training starts, so the curve is drawn against epochs.{scaled}</i>")
 
     def _enable(self) -> None:
         """Grey out what the other choices make irrelevant (the values stay and are still checked)."""

@@ -16,18 +16,21 @@ import time
 from typing import Any
 
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
-from nbscale.ui.progress_figure import ProgressFigure, smoothed
+from nbscale.ui.progress_figure import ProgressFigure, is_drop, smoothed
 
 
 class TrainingProgress:
     """Listener for the training event channel that draws the training-progress display."""
+
+    holds_the_cell = True  # training runs in the cell that shows it (a job monitor may follow from a thread)
+    stop_tooltip = "Stop training at the end of this iteration (the kernel interrupt does too)"
 
     def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.005) -> None:
         self.stop, self.min_interval, self.budget = stop, min_interval, budget
         self.start: TrainingStarted | None = None
         self.columns: dict[str, list[float]] = {k: [] for k in (
             "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
-            "val_iteration", "val_loss", "val_accuracy")}
+            "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate")}
         self.last: IterationDone | None = None
         self.state = "Starting"
         self.next_draw = 0.0
@@ -68,6 +71,10 @@ class TrainingProgress:
             c["val_loss"].append(event.validation_loss)
             c["val_accuracy"].append(100.0 * event.validation_accuracy
                                      if event.validation_accuracy is not None else float("nan"))
+        if is_drop(c["learn_rate"][-2:], event.learn_rate):
+            c["drop_iteration"].append(event.iteration)
+            c["drop_rate"].append(event.learn_rate)
+        c["learn_rate"].append(event.learn_rate)
         self.last = event
 
     # ---- display ---------------------------------------------------------------------------------------------
@@ -77,10 +84,14 @@ class TrainingProgress:
 
         self.start = event
         self._wall_start = event.start_time
-        self.button = _stop_button(self.stop)
+        self.button = _stop_button(self.stop, self.stop_tooltip)
         if self.button is not None:
             self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
             self._click_route = _route_clicks_off_main_thread(self.button)
+            if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
+                if self._click_route is None:
+                    _say_stop_needs_the_interrupt(self.button)
+                self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
         self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
         self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
@@ -124,7 +135,23 @@ class TrainingProgress:
                          + ("" if accuracy != accuracy else f", accuracy {accuracy:.2f}%")))
         return rows
 
+    def _close_when_the_cell_ends(self) -> None:
+        """A run that fails sends no TrainingDone: the cell's end removes the button and its subshell then."""
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            shell.events.register("post_run_cell", self._on_cell_end)
+            self._shell = shell
+
+    def _on_cell_end(self, _result: Any = None) -> None:
+        self._close_button()
+
     def _close_button(self) -> None:
+        shell = getattr(self, "_shell", None)
+        if shell is not None:
+            shell.events.unregister("post_run_cell", self._on_cell_end)
+            self._shell = None
         if self.button is not None:
             self.button.close()
             self.button = None
@@ -145,13 +172,12 @@ def _duration(seconds: float) -> str:
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}"
 
 
-def _stop_button(stop: StopSignal) -> Any:
+def _stop_button(stop: StopSignal, tooltip: str = TrainingProgress.stop_tooltip) -> Any:
     try:
         import ipywidgets
     except ImportError:  # pragma: no cover - ipywidgets is a dependency
         return None
-    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger",
-                               tooltip="Stop training at the end of this iteration (the kernel interrupt does too)")
+    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
 
     def on_click(_: Any) -> None:
         stop.request("Stopped by the Stop button")
@@ -163,30 +189,16 @@ def _stop_button(stop: StopSignal) -> Any:
 
 
 def _route_clicks_off_main_thread(button: Any) -> Any:
-    """Have the button's clicks handled while the cell still runs; returns an undo function, or None.
+    """Have the button's clicks handled while the cell still runs (nbscale.ui.click_routing); returns an undo
+    function, or None where clicks wait for the end of the cell."""
+    from nbscale.ui.click_routing import route_clicks_off_main_thread
 
-    A running cell blocks the kernel's main thread, so widget messages wait until it ends. ipykernel 7 can
-    route a comm's messages to a subshell, which has its own thread: create one and point the button's comm
-    at it. Without subshells the button works after the cell only; the kernel interrupt always works.
-    """
-    try:
-        from IPython import get_ipython
+    return route_clicks_off_main_thread(button)
 
-        kernel = get_ipython().kernel
-        if not getattr(kernel, "_supports_kernel_subshells", False) or button.comm is None:
-            return None
-        pair = kernel.shell_channel_thread.manager.control_to_shell_channel
-        pair.from_socket.send_json({"type": "create"})
-        reply = pair.from_socket.recv_json()
-        subshell_id = reply.get("subshell_id")
-        if not subshell_id:
-            return None
-        button.comm._reply_subshell_id = subshell_id
 
-        def undo() -> None:
-            pair.from_socket.send_json({"type": "delete", "subshell_id": subshell_id})
-            pair.from_socket.recv_json()
-
-        return undo
-    except Exception:
-        return None
+def _say_stop_needs_the_interrupt(button: Any) -> None:
+    """Training holds the cell to its end, so a button whose clicks wait for the cell's end cannot stop it."""
+    button.disabled = True
+    button.description = "Stop: interrupt the kernel"
+    button.tooltip = ("This kernel handles clicks only after the cell (in-cell clicks need ipykernel >= 7.4 with "
+                      "subshells): interrupt the kernel to stop at the end of the current iteration.")

@@ -1,11 +1,15 @@
-"""The training-progress figure: accuracy and loss panels with raw, smoothed and validation curves.
+"""The training-progress figure, as MATLAB's: accuracy and loss panels with raw, smoothed and validation
+curves, each panel with its legend, epochs as alternating shaded bands labelled along the top, and learn-rate
+drops marked where they happen.
 
-Drawn with matplotlib's Agg canvas (no pyplot, no GUI) and blitted: the axes, ticks, grid, epoch marks and
-legend are drawn once into a cached background, and an update only pastes that background and draws the six
-curves onto it. The axes keep fixed limits (iterations 0..total, accuracy 0..100, loss 0..a margin above the
-highest loss seen) so the background stays valid. The loss axis, fitted to the first losses and refitted when a
-loss leaves it, is cached apart: a refit redraws only that axis onto the background without it. That makes an
-update ~6 ms (~10 ms with a refit), instead of the ~50 ms a full matplotlib draw of the same figure takes.
+Drawn with matplotlib's Agg canvas (no pyplot, no GUI) and blitted: the axes, ticks, grid, epoch bands and
+labels, learn-rate marks and legends are drawn once into a cached background, and an update only pastes that
+background and draws the six curves onto it. The axes keep fixed limits (iterations 0..total, accuracy 0..100,
+loss 0..a margin above the highest loss seen) so the background stays valid. The loss axis, fitted to the
+first losses and refitted when a loss leaves it, is cached apart: a refit redraws only that axis onto the
+background without it. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
+piecewise schedule does; smooth schedules change every iteration and are not marked) redraws the background
+once. An update stays a paste and six curves, several times cheaper than a full matplotlib draw.
 """
 
 from __future__ import annotations
@@ -15,34 +19,44 @@ import math
 from typing import Any
 
 _PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps its lowest and highest point
-_MAX_EPOCH_MARKS = 100
+_MAX_EPOCH_BANDS = 100  # beyond: a light line every k-th epoch
+_MAX_EPOCH_LABELS = 12
+_MAX_DROP_LABELS = 12
 _LOSS_MARGIN = 1.15  # the loss axis' top, as a factor of the highest loss seen
 SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn over the raw curves
 
+# MATLAB's colours: a light raw curve (opaque, so it shows on a white or shaded background) under a darker
+# smoothed one; validation in black
+_COLOURS = {"accuracy": ("#80bfe6", "#0072bd"), "loss": ("#f4b183", "#d95319")}
+_BAND = "#f0f0f0"
+_DROP = "#6a3d9a"
+
 
 class ProgressFigure:
-    """Two panels (accuracy, loss) over the whole run's iterations, with epoch marks."""
+    """Two panels (accuracy, loss) over the whole run's iterations, with epoch bands and learn-rate marks."""
 
     def __init__(self, total_iterations: int, iterations_per_epoch: int) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
         self.figure = Figure(figsize=(9, 5.2), dpi=72)
-        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.97, bottom=0.09, hspace=0.08)  # no layout engine
+        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.09, hspace=0.1)  # no layout engine
         self.canvas = FigureCanvasAgg(self.figure)
         accuracy_axes, loss_axes = self.figure.subplots(2, 1, sharex=True)
         self.panels: list[tuple[Any, str, Any, Any, Any]] = []
-        for axes, key, label, colour in ((accuracy_axes, "accuracy", "Accuracy (%)", "tab:blue"),
-                                         (loss_axes, "loss", "Loss", "tab:orange")):
-            raw, = axes.plot([], [], color=colour, alpha=0.3, linewidth=0.8, label="training", animated=True)
-            smooth, = axes.plot([], [], color=colour, linewidth=1.6, label="training (smoothed)", animated=True)
-            validation, = axes.plot([], [], "o--", color="black", markersize=3.5, linewidth=1, label="validation",
+        for axes, key, label in ((accuracy_axes, "accuracy", "Accuracy (%)"), (loss_axes, "loss", "Loss")):
+            light, dark = _COLOURS[key]
+            raw, = axes.plot([], [], color=light, linewidth=1.0, label="Training", animated=True)
+            smooth, = axes.plot([], [], color=dark, linewidth=1.8, label="Training (smoothed)", animated=True)
+            validation, = axes.plot([], [], "o--", color="black", markersize=4, linewidth=1, label="Validation",
                                     animated=True)
             axes.set_ylabel(label)
-            axes.grid(alpha=0.25)
+            axes.grid(alpha=0.3)
             _mark_epochs(axes, total_iterations, iterations_per_epoch)
+            # in the background: text is the costly part to draw
+            axes.legend(loc="lower right" if key == "accuracy" else "center right", fontsize=8, framealpha=0.9)
             self.panels.append((axes, key, raw, smooth, validation))
-        accuracy_axes.legend(loc="lower right", fontsize=8)  # in the background: text is the costly part to draw
+        _label_epochs(accuracy_axes, total_iterations, iterations_per_epoch)
         accuracy_axes.set_ylim(0, 100)
         loss_axes.set_xlabel("Iteration")
         loss_axes.set_xlim(0, max(total_iterations, 1))
@@ -50,6 +64,7 @@ class ProgressFigure:
         self.loss_fitted = False  # (0, 1) is a guess until the first losses set the scale
         loss_axes.set_ylim(0.0, 1.0)
         loss_axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
+        self.drops_marked = 0
         self.background_without_loss_axis: Any = None
         self.background: Any = None  # the one above with the loss axis drawn at its current limits
 
@@ -62,6 +77,7 @@ class ProgressFigure:
             smooth_line.set_data(*_thinned(x, c[f"{key}_smooth"]))
             validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
         self._fit_limits(c)
+        self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
         if self.background_without_loss_axis is None:
             self.canvas.draw()  # everything but the animated curves and loss axis
             self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
@@ -93,6 +109,29 @@ class ProgressFigure:
             self.background_without_loss_axis = self.background = None
 
 
+    def _mark_drops(self, iterations: list[float], rates: list[float]) -> None:
+        """A dashed line across both panels where the learn rate dropped, labelled with the new rate (the first
+        _MAX_DROP_LABELS); new marks go into the background, which is then redrawn once."""
+        if len(iterations) <= self.drops_marked:
+            return
+        for index in range(self.drops_marked, len(iterations)):
+            where = iterations[index] - 0.5  # between the last iteration at the old rate and the first at the new
+            for axes, *_ in self.panels:
+                axes.axvline(where, color=_DROP, linestyle="--", linewidth=1.0, zorder=1)
+            if index < _MAX_DROP_LABELS:
+                self.loss_axes.annotate(f"learn rate {rates[index]:.3g}", (where, 1.0), xycoords=("data", "axes fraction"),
+                                        xytext=(3, -3), textcoords="offset points", ha="left", va="top",
+                                        fontsize=7.5, color=_DROP, rotation=90)
+        self.drops_marked = len(iterations)
+        self.background_without_loss_axis = self.background = None
+
+
+def is_drop(rates: list[float], rate: float) -> bool:
+    """Whether `rate`, coming after `rates`, is a learn-rate drop worth a mark: lower than the rate before,
+    which had stayed put (piecewise schedules); smooth schedules, which change every iteration, are not marked."""
+    return len(rates) >= 2 and rate < rates[-1] and rates[-1] == rates[-2]
+
+
 def smoothed(previous: float | None, value: float) -> float:
     """The next point of a smoothed curve (it restarts after a NaN, e.g. an iteration without accuracy)."""
     if previous is None or previous != previous:
@@ -101,12 +140,32 @@ def smoothed(previous: float | None, value: float) -> float:
 
 
 def _mark_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -> None:
-    """A light line at each epoch's end (every k-th epoch when there are more than _MAX_EPOCH_MARKS)."""
+    """Every other epoch shaded, as MATLAB marks epochs (a light line every k-th epoch when there are more than
+    _MAX_EPOCH_BANDS)."""
     epochs = total_iterations // max(iterations_per_epoch, 1)
-    step = max(1, math.ceil(epochs / _MAX_EPOCH_MARKS))
+    if 1 < epochs <= _MAX_EPOCH_BANDS:
+        for epoch in range(1, epochs, 2):  # the 2nd, 4th, ... epoch
+            axes.axvspan(epoch * iterations_per_epoch + 0.5, min(epoch + 1, epochs) * iterations_per_epoch + 0.5,
+                         color=_BAND, linewidth=0, zorder=0)
+        return
+    step = max(1, math.ceil(epochs / _MAX_EPOCH_BANDS))
     marks = [epoch * iterations_per_epoch + 0.5 for epoch in range(step, epochs, step)]
     if marks:  # one collection for every mark, not one artist each
         axes.vlines(marks, 0, 1, transform=axes.get_xaxis_transform(), color="0.85", linewidth=0.8, zorder=0)
+
+
+def _label_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -> None:
+    """Epoch numbers along the top of the figure, at each epoch's middle (every k-th when there are many)."""
+    epochs = total_iterations // max(iterations_per_epoch, 1)
+    if epochs < 1:
+        return
+    step = max(1, math.ceil(epochs / _MAX_EPOCH_LABELS))
+    shown = list(range(1, epochs + 1, step))
+    top = axes.secondary_xaxis("top")
+    top.set_xticks([(epoch - 0.5) * iterations_per_epoch + 0.5 for epoch in shown], [str(e) for e in shown],
+                   fontsize=8)
+    top.tick_params(length=0, pad=2)
+    top.set_xlabel("Epoch", fontsize=9, labelpad=2)
 
 
 def _png(canvas: Any) -> bytes:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from nbscale.train.run_table import RunsTable, last_line, ranked
 from nbscale.train.runs import TrainingRun
 from nbscale.ui.progress_figure import smoothed
 from nbscale.ui.table import html_table, text_table
@@ -25,70 +26,43 @@ _STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "fa
 _ENDED = ("done", "failed", "cancelled")
 
 
-def _percent(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:.2f}%"
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    columns = list(rows[0]) if rows else ["run"]
+    return [c for c in columns if c != "error" or any(r["error"] for r in rows)]
 
 
-def _number(value: float | None) -> str:
-    return "" if value is None else f"{value:.4f}"
+def runs_table_text(table: RunsTable) -> str:
+    """The table as aligned text, each failed run's traceback below it."""
+    rows = table.rows()
+    text = text_table(table.title, _columns(rows), rows)
+    for run in table.runs:
+        if run.state == "failed":
+            text += f"\n\n{run.name} failed:\n{run.error}"
+    return text
 
 
-def _last_line(error: str | None) -> str:
-    lines = [line for line in (error or "").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
+def runs_table_html(table: RunsTable) -> str:
+    """The table as HTML, each failed run's traceback folded below it."""
+    rows = table.rows()
+    body = f"<b>{html.escape(table.title)}</b>" + html_table(_columns(rows), rows, _STATE_COLOURS)
+    for run in table.runs:
+        if run.state == "failed":
+            body += (f"<details><summary>{html.escape(run.name)} failed: {html.escape(last_line(run.error))}"
+                     f"</summary><pre>{html.escape(run.error or '')}</pre></details>")
+    return body
 
 
-def run_row(run: TrainingRun) -> dict[str, Any]:
-    """One table row: what a run is doing or how it ended."""
-    info = run.info
-    total = info.max_epochs * info.iterations_per_epoch
-    elapsed = f"{info.time[-1]:.2f} s" if info.time else ""
-    return {
-        "run": run.name,
-        "options": ", ".join(f"{k}={v}" for k, v in run.params.items()),
-        "state": run.state,
-        "epoch": f"{info.epoch[-1]} of {info.max_epochs}" if info.epoch else "",
-        "iteration": f"{info.iteration[-1]} of {total}" if info.iteration else "",
-        "training loss": _number(info.training_loss[-1] if info.training_loss else None),
-        "training accuracy": _percent(info.training_accuracy[-1] if info.training_accuracy else None),
-        "validation accuracy": _percent(info.final_validation_accuracy),
-        "elapsed": elapsed,
-        "error": _last_line(run.error) if run.state == "failed" else "",
-    }
+def sweep_result_text(result: Any) -> str:
+    """A SweepResult shows as its results table."""
+    return runs_table_text(result.table())
 
 
-class SweepTable:
-    """Runs as a table (in the order given): text in a terminal, HTML in notebooks, failures' tracebacks below."""
+def sweep_result_html(result: Any) -> str:
+    return runs_table_html(result.table())
 
-    def __init__(self, runs: Sequence[TrainingRun], title: str = "Results (best first)") -> None:
-        self.runs, self.title = list(runs), title
 
-    def rows(self) -> list[dict[str, Any]]:
-        return [run_row(run) for run in self.runs]
-
-    def _columns(self, rows: list[dict[str, Any]]) -> list[str]:
-        columns = list(rows[0]) if rows else ["run"]
-        return [c for c in columns if c != "error" or any(r["error"] for r in rows)]
-
-    def __repr__(self) -> str:
-        rows = self.rows()
-        text = text_table(self.title, self._columns(rows), rows)
-        for run in self.runs:
-            if run.state == "failed":
-                text += f"\n\n{run.name} failed:\n{run.error}"
-        return text
-
-    def _repr_html_(self) -> str:
-        rows = self.rows()
-        body = f"<b>{html.escape(self.title)}</b>" + html_table(self._columns(rows), rows, _STATE_COLOURS)
-        for run in self.runs:
-            if run.state == "failed":
-                body += (f"<details><summary>{html.escape(run.name)} failed: {html.escape(_last_line(run.error))}"
-                         f"</summary><pre>{html.escape(run.error or '')}</pre></details>")
-        return body
-
-    def bundle(self) -> dict[str, str]:
-        return {"text/html": self._repr_html_(), "text/plain": repr(self)}
+def _bundle(table: RunsTable) -> dict[str, str]:
+    return {"text/html": runs_table_html(table), "text/plain": runs_table_text(table)}
 
 
 class SweepDisplay:
@@ -116,17 +90,15 @@ class SweepDisplay:
         """Display the figure, the table and the buttons, and start redrawing as the runs train."""
         from IPython.display import display
 
-        box = self._button_box()
-        if box is not None:
-            self.buttons_handle = display(box, display_id=True)
-            from nbscale.ui.progress import _route_clicks_off_main_thread
+        from nbscale.ui.progress import _route_clicks_off_main_thread
 
-            for buttons in self.buttons.values():
-                for button in buttons:  # clicks are handled even while a blocking sweep holds the cell
-                    undo = _route_clicks_off_main_thread(button)
-                    if undo is not None:
-                        self._undo_routes.append(undo)
-        self.table_handle = display(SweepTable(self.runs, self.title or "Runs").bundle(), raw=True,
+        self.buttons_handle = display(self._button_box(), display_id=True)
+        for buttons in self.buttons.values():
+            for button in buttons:  # clicks are handled even while a blocking sweep holds the cell
+                undo = _route_clicks_off_main_thread(button)
+                if undo is not None:
+                    self._undo_routes.append(undo)
+        self.table_handle = display(_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True,
                                     display_id=True)
         self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
                                      display_id=True)
@@ -148,7 +120,7 @@ class SweepDisplay:
                 started = time.perf_counter()
                 self.draw()
                 pause_until = time.perf_counter() + max(self.min_interval, 20 * (time.perf_counter() - started))
-                while time.perf_counter() < pause_until and not self.finished:  # draws take <= 5% of the time
+                while time.perf_counter() < pause_until and not self.finished:  # drawing takes at most a twentieth of the time
                     time.sleep(0.1)
         self.finish()
 
@@ -158,7 +130,7 @@ class SweepDisplay:
             if self.finished or self.figure_handle is None:
                 return
             self._update_buttons()
-            self.table_handle.update(SweepTable(self.runs, self.title or "Runs").bundle(), raw=True)
+            self.table_handle.update(_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True)
             if any(run.info.iteration for run in self.runs):
                 self.figure_handle.update({"image/png": self.png(), "text/plain": "<sweep figure>"}, raw=True)
 
@@ -170,11 +142,9 @@ class SweepDisplay:
             self.finished = True
             if any(run.info.iteration for run in self.runs):
                 self.figure_handle.update({"image/png": self.png(), "text/plain": "<sweep figure>"}, raw=True)
-            from nbscale.train.sweep import _rank_key
-
-            ranked = sorted(self.runs, key=_rank_key) if len(self.runs) > 1 else self.runs
+            runs = ranked(self.runs) if len(self.runs) > 1 else self.runs
             title = "Results (best first)" if len(self.runs) > 1 else "Result"
-            self.table_handle.update(SweepTable(ranked, title).bundle(), raw=True)
+            self.table_handle.update(_bundle(RunsTable(title, tuple(runs))), raw=True)
             for buttons in self.buttons.values():
                 for button in buttons:
                     button.close()
@@ -187,10 +157,7 @@ class SweepDisplay:
     # ---- buttons ---------------------------------------------------------------------------------------------
 
     def _button_box(self) -> Any:
-        try:
-            import ipywidgets
-        except ImportError:  # pragma: no cover - ipywidgets is a dependency
-            return None
+        import ipywidgets
         rows = []
         for run in self.runs:
             cancel = ipywidgets.Button(description=f"Cancel {run.name}", icon="times", button_style="warning",

@@ -67,7 +67,7 @@ def test_file_extensions_and_subfolders_select_files(digits_folder: Path, tmp_pa
     assert len(ImageDatastore(digits_folder, file_extensions=["png"])) == 1797
     with pytest.raises(DatastoreError, match=r"no image files with extensions \['.jpg'\]"):
         ImageDatastore(digits_folder, file_extensions="jpg")
-    with pytest.raises(DatastoreError, match="no image files"):
+    with pytest.raises(DatastoreError, match="include_subfolders=False: the images may be in its subfolders"):
         ImageDatastore(digits_folder, include_subfolders=False)  # the PNGs are all in subfolders
     one_class = ImageDatastore(digits_folder / "3", label_source="none")
     assert len(one_class) == 183 and one_class.labels is None and one_class[0][1] == -1
@@ -87,6 +87,36 @@ def test_hidden_files_and_folders_are_not_images_or_classes(tmp_path: Path) -> N
     assert len(ImageDatastore(checkpoints)) == 1  # a hidden folder named on purpose is read
 
 
+def test_symlinked_class_folders_are_followed_and_link_loops_end(tmp_path: Path) -> None:
+    store = write_digits_pngs(tmp_path / "store", classes=[3, 4, 5], limit_per_class=4)
+    data = tmp_path / "data"
+    data.mkdir()
+    for digit in ("3", "4"):
+        (data / f"digit{digit}").symlink_to(store / digit, target_is_directory=True)  # class folders are links
+    (data / "digit5").mkdir()
+    (data / "digit5" / "back-up").symlink_to(data, target_is_directory=True)  # a loop back to the top
+    (data / "digit5" / "one.png").symlink_to(next((store / "5").glob("*.png")))  # a linked file
+    ds = ImageDatastore(data)
+    assert ds.classes == ["digit3", "digit4", "digit5"]  # labelled by the links' names, as in MATLAB
+    assert ds.count_each_label() == {"digit3": 4, "digit4": 4, "digit5": 1}
+    assert ds[0][0].shape == (1, 8, 8)
+
+
+def test_no_images_says_why_without_wrong_advice(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "cats").symlink_to(tmp_path / "moved-away", target_is_directory=True)
+    with pytest.raises(DatastoreError) as caught:
+        ImageDatastore(broken)
+    assert "symbolic link(s) there point nowhere" in str(caught.value) and "moved-away" in str(caught.value)
+    assert "file_extensions" not in str(caught.value)
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "notes.txt").write_text("not an image")
+    with pytest.raises(DatastoreError, match=r"its files are \['.txt'\]: pass file_extensions="):
+        ImageDatastore(texts)
+
+
 def test_missing_and_empty_folders_name_the_path(tmp_path: Path) -> None:
     with pytest.raises(DatastoreError, match="does not exist") as missing:
         ImageDatastore(tmp_path / "nowhere")
@@ -94,7 +124,7 @@ def test_missing_and_empty_folders_name_the_path(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatastoreError, match="no image files") as empty:
         ImageDatastore(tmp_path / "empty")
-    assert "empty" in str(empty.value)
+    assert "empty" in str(empty.value) and "the folder has no files" in str(empty.value)
 
 
 def test_split_each_label_keeps_the_proportion_of_every_label(digits_folder: Path) -> None:

@@ -130,3 +130,17 @@ def test_ray_job_whose_job_server_is_unreachable_stays_active_and_can_be_cancell
     assert [record["state"] for record in jobs.list_jobs()] == ["queued"]
     assert time.monotonic() - started < 5
     assert job.cancel() and job.state == "cancelled"
+
+
+def test_a_training_in_a_ray_job_is_recorded_for_the_job_monitor_and_stops_from_it(job_server):
+    from tests.jobs.test_training_record import TRAIN_CELL, wait_for_iterations
+
+    job = jobs.submit(TRAIN_CELL.replace("EPOCHS", "50"), cluster=job_server, cwd=Path(__file__).parents[2])
+    wait_for_iterations(job, 5, timeout=WAIT_S)
+    assert jobs.list_jobs()[-1]["training"]["iteration"] >= 5
+    assert job.stop_training()
+    assert job.wait(WAIT_S), job.log()
+    assert job.state == "finished", job.log()
+    info = job.result("info")
+    assert info.stop_reason == "Stopped from the job monitor" and info.iteration[-1] < 50 * 46
+    assert job.training_info().iteration == info.iteration

@@ -27,3 +27,13 @@ def test_pool_starts_and_restarts_after_the_notebook_used_cuda(kernel):
     cell = kernel.run("%%spmd\nprint(torch.cuda.is_available(), torch.ones(1, device=device).item())")
     assert cell.ok and "[0] True 1.0" in cell.stdout
     assert "re-initialize CUDA" not in cell.text
+
+
+def test_a_gpu_pool_reserves_its_gpus_until_it_stops(kernel):
+    started = kernel.run("%pool start 1")
+    assert started.ok and started.stdout.startswith("Started 1 GPU workers") and " on GPU " in started.stdout
+    held = kernel.run("import nbscale, os\nprint([h.pid == os.getpid() for g in nbscale.gpus() for h in g.holders])")
+    assert "True" in held.stdout, held.text
+    kernel.run("%pool stop")
+    after = kernel.run("print([h.pid == os.getpid() for g in nbscale.gpus() for h in g.holders])")
+    assert "True" not in after.stdout, after.text

@@ -25,6 +25,11 @@ def _running(pids: list[int]) -> list[int]:
     return alive
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[2])
+
+
 def test_spmd_cell_reads_notebook_variables_and_returns_composites(kernel):
     assert kernel.run("%pool start 2 --cpu").stdout.startswith("Started 2 CPU workers")
     kernel.run("import torch\nweights = torch.ones(3) * 5")
@@ -64,11 +69,23 @@ def test_bad_input_gets_one_clear_line(kernel):
     assert "unrecognized arguments: --bogus" in kernel.run("%pool start --bogus").text
     assert "at least one worker" in kernel.run("%pool start 0").traceback
     assert "does not exist" in kernel.run("%pool start --gpus 9").traceback
-    kernel.run("%pool start 1 --cpu")
+    assert "--gpus lists no GPU: give indices such as --gpus 0,2" in kernel.run("%pool start --gpus ,").traceback
+    assert "between 0 and 525,600 minutes" in kernel.run("%pool start 1 --cpu --idle-timeout inf").traceback
+    assert "must be a number of minutes" in kernel.run("%pool start 1 --cpu --idle-timeout nan").traceback
+    assert "--idle-timeout x: give minutes as a number" in kernel.run("%pool start 1 --cpu --idle-timeout x").traceback
+    assert "holds a NUL byte" in kernel.run('%pool start 1 --cpu --env "TOKEN=a\x00b"').traceback
+    assert "100,000 workers is more than a pool can hold" in kernel.run("%pool start 100000").traceback
+    assert "--connect-timeout soon: give seconds as a number" in kernel.run("%pool start --connect-timeout soon").traceback
+    assert "is for cluster pools" in kernel.run("%pool start 1 --cpu --connect-timeout 60").traceback
+    assert "takes no N or flags" in kernel.run("%pool restart --connect-timeout 60").traceback
+    assert "No pool is running" in kernel.run("%pool status").stdout  # none of the above started one
+    assert "No closing quotation; close the quote" in kernel.run('%pool start 1 --cpu --env "GREETING=hello').text
+    assert kernel.run('%pool start 1 --cpu --env "GREETING=hello world"').ok  # quotes group words, as in a shell
+    assert "[0] hello world" in kernel.run("%%spmd\nimport os\nprint(os.environ['GREETING'])").stdout
     assert "already running" in kernel.run("%pool start 1 --cpu").traceback
     kernel.run("import threading\nlock = threading.Lock()")
     unpicklable = kernel.run("%%spmd\nprint(lock)")
-    assert unpicklable.error_name == "PoolError" and "Variable 'lock'" in unpicklable.traceback
+    assert unpicklable.error_name == "UnsendableError" and "Variable 'lock'" in unpicklable.traceback
 
 
 def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
@@ -119,8 +136,9 @@ def test_every_worker_exits_when_the_kernel_dies():
     session = KernelSession()
     session.run("%load_ext nbscale\nimport nbscale")
     session.run("%pool start 2 --cpu")
-    shown = session.run("p = nbscale.current_pool()\nprint(*[w.pid for w in p.workers], p.backend._forkserver.pid)")
-    pids = [int(pid) for pid in shown.stdout.split()]
+    shown = session.run("p = nbscale.current_pool()\nprint(*[w.pid for w in p.workers])")
+    workers = [int(pid) for pid in shown.stdout.split()]
+    pids = [*workers, _parent(workers[0])]  # and the forkserver they were forked from
     assert len(_running(pids)) == 3
     session.kill()
     deadline = time.monotonic() + 10

@@ -59,3 +59,60 @@ def test_stop_leaves_no_process():
     pool.close()
     alive = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, pids))], capture_output=True, text=True)
     assert alive.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"idle_timeout": "x"}, r"idle_timeout \(--idle-timeout\) must be a number of minutes, such as 30 \(0 = never\), not 'x'"),
+        ({"idle_timeout": float("nan")}, r"idle_timeout \(--idle-timeout\) must be a number of minutes"),
+        ({"idle_timeout": float("inf")}, r"between 0 and 525,600 minutes \(a year\), not inf: use 0 for a pool that never"),
+        ({"idle_timeout": 1e300}, r"between 0 and 525,600 minutes"),
+        ({"idle_timeout": -1}, r"between 0 and 525,600 minutes"),
+        ({"gpus": "0"}, r"gpus must be a list of GPU indices such as \[0, 2\] \(--gpus 0,2\), not '0'"),
+        ({"gpus": [0.5]}, r"gpus must list GPU indices"),
+        ({"gpus": []}, r"--gpus lists no GPU: give indices such as --gpus 0,2 \(see %gpu\), or --cpu"),
+        ({"gpus": [0, 0]}, r"--gpus lists GPU 0 twice"),
+        ({"cluster": 123}, r"cluster \(--cluster\) must be a profile name or an address such as 'ray://head:10001', not 123"),
+        ({"n": 2.5}, r"N \(the number of workers\) must be a whole number such as 4, not 2.5"),
+        ({"n": True}, r"N \(the number of workers\) must be a whole number"),
+        ({"n": 100_000}, r"100,000 workers is more than a pool can hold \(512\): ask for at most 512"),
+        ({"env": {"TOKEN": "ab\0cd"}}, r"--env TOKEN: the variable's name or value holds a NUL byte"),
+        ({"env": ["A=1"]}, r"env must be a dict of KEY: VALUE strings"),
+        ({"cluster": "ray://head:10001", "connect_timeout": 0},
+         r"connect_timeout must be a number of seconds from 1 to 3600, such as 120, not 0"),
+        ({"cluster": "ray://head:10001", "connect_timeout": float("inf")}, r"connect_timeout must be .*, not inf"),
+        ({"cluster": "ray://head:10001", "connect_timeout": "60"}, r"connect_timeout must be .*, not '60'"),
+        ({"connect_timeout": 60}, r"connect_timeout \(--connect-timeout\) is for cluster pools"),
+    ],
+)
+def test_each_bad_setting_is_one_clear_error_naming_it_before_anything_starts(settings, message):
+    with pytest.raises(PoolError, match=message):
+        nbscale.Pool(**settings)
+    assert nbscale.current_pool() is None
+
+
+def test_more_cpu_workers_than_four_per_core_are_refused_with_the_limit():
+    import os
+
+    cores = os.cpu_count() or 1
+    with pytest.raises(PoolError, match=rf"{4 * cores + 1} CPU workers on {cores} CPU cores: at most {4 * cores}"):
+        nbscale.Pool(4 * cores + 1, cpu=True)
+
+
+def test_a_published_state_never_holds_a_number_json_cannot(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from nbscale.pool import registry
+
+    monkeypatch.setenv("NBSCALE_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(ValueError):
+        registry.publish({"idle_timeout_left_s": float("inf")})
+    folder = registry.registry_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    written_by_hand = f'{{"pid": {os.getpid()}, "heartbeat": {time.time()}, "idle_timeout_left_s": Infinity}}'
+    (folder / f"{os.getpid()}.json").write_text(written_by_hand)
+    assert registry.read_all() == []  # a file another version wrote with Infinity is never served
+    registry.publish({"idle_timeout_left_s": 60.0})
+    assert json.loads((folder / f"{os.getpid()}.json").read_text())["idle_timeout_left_s"] == 60.0

@@ -40,7 +40,7 @@ def test_spmd_and_futures_on_ray_actors(ray_head):
 
         os.kill(namespace["pid"][1], signal.SIGKILL)
         time.sleep(0.5)
-        with pytest.raises(WorkerError, match="(?i)worker 1 .pid"):
+        with pytest.raises(WorkerError, match=r"[Ww]orker 1 \(pid \d+\) died: it was killed by SIGKILL"):
             pool.spmd("print(rank)")
         pool.restart()
         assert pool.run(lambda: "back") == ["back", "back"]
@@ -76,10 +76,28 @@ def test_unknown_profile_names_the_file(tmp_path, monkeypatch):
         nbscale.Pool(2, cluster="nowhere")
 
 
-def test_unreachable_cluster_answers_within_30_s():
+def test_an_address_where_nothing_listens_answers_at_once():
     code = "import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:9')\nexcept nbscale.PoolError as e:\n    print(e)"
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                             env={**os.environ, **LOOPBACK_ENV})  # fmt: skip
-    assert time.monotonic() - started < 45
-    assert "Could not reach the Ray cluster at 127.0.0.1:9" in result.stdout
+    assert time.monotonic() - started < 20  # the interpreter's start and imports; the refusal itself is instant
+    assert "Could not reach the Ray cluster at 127.0.0.1:9: Connection refused" in result.stdout
+
+
+def test_a_cluster_that_answers_too_slowly_fails_after_the_connect_timeout_naming_the_option():
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts TCP, never speaks Ray: a head too busy to answer
+    port = silent.getsockname()[1]
+    code = (f"import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:{port}', connect_timeout=5)\n"
+            "except nbscale.PoolError as e:\n    print(e)")
+    started = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, **LOOPBACK_ENV})  # fmt: skip
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 25
+    assert f"Could not reach the Ray cluster at 127.0.0.1:{port} within 5 s" in result.stdout
+    assert "--connect-timeout SECONDS (connect_timeout in the profile)" in result.stdout

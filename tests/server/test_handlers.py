@@ -40,6 +40,25 @@ async def test_gpus_without_a_gpu_is_a_clear_no_gpu_answer_not_an_error(jp_fetch
     assert answer == {"gpus": [], "message": "No GPU: the NVIDIA driver was not found on this machine."}
 
 
+async def test_gpus_name_each_gpus_holder_from_the_machine_wide_registry(jp_fetch, monkeypatch, tmp_path):
+    """What the panel's GPUs section shows: another notebook's pool holds GPU 0 of two (stand-in NVML)."""
+    import pwd
+
+    from tests.gpu_holder import gpu_holder
+    from tests.nvml_probe import fake_pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(tmp_path))
+    with gpu_holder(["GPU-aaaa0-1111"], notebook="analysis.ipynb") as holder:
+        first, second = (await _json(jp_fetch, "gpus"))["gpus"]
+    [held] = first["holders"]
+    assert {key: held[key] for key in ("user", "pid", "purpose", "notebook")} == {
+        "user": pwd.getpwuid(os.geteuid()).pw_name, "pid": holder.pid, "purpose": "pool", "notebook": "analysis.ipynb"
+    }
+    assert second["holders"] == []
+
+
 async def test_gpu_cache_reads_nvml_once_per_max_age():
     reads = []
 
@@ -101,7 +120,8 @@ def fake_jobs(monkeypatch):
     def get(job_id: int) -> types.SimpleNamespace:
         if job_id != 3:
             raise JobError(f"There is no job {job_id}.")
-        return types.SimpleNamespace(log=lambda: "epoch 1\n" + "x" * handlers.LOG_TAIL_CHARS + "\nepoch 2\n")
+        text = "epoch 1\n" + "x" * handlers.LOG_TAIL_CHARS + "\nepoch 2\n"
+        return types.SimpleNamespace(log=lambda tail=None: text if tail is None else text[-tail:])
 
     def cancel(job_id: int) -> bool:
         get(job_id)
@@ -150,3 +170,32 @@ async def test_a_real_batch_job_is_listed_logged_and_cancelled(jp_fetch, tmp_pat
         "cancelled": True,
     }
     assert (await _json(jp_fetch, "jobs"))["jobs"][0]["state"] == "cancelled"
+
+
+@pytest.mark.slow
+async def test_a_running_jobs_training_is_listed_as_strict_json_with_epoch_iteration_loss_and_time_left(
+    jp_fetch, tmp_path, monkeypatch
+):
+    jobs = handlers.jobs_module()
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # a learn rate that makes the loss blow up: the training ends at a loss that is not finite
+    job = jobs.submit(
+        "import time, nbscale\nfrom tests.train.digits import digits, tiny_net\n(x, y), _ = digits()\n"
+        "opts = nbscale.TrainingOptions('sgdm', initial_learn_rate=1e12, max_epochs=3, mini_batch_size=32, verbose=False)\n"
+        "net, info = nbscale.train(tiny_net(), (x, y), opts)\nprint('trained', flush=True)\ntime.sleep(60)\n",
+        name="diverges", cwd=repo,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while "trained" not in job.log():
+        assert time.monotonic() < deadline and job.state in ("queued", "running"), job.log()
+        await asyncio.sleep(0.2)
+    response = await jp_fetch("nbscale", "api", "jobs")
+    answer = json.loads(response.body, parse_constant=lambda name: pytest.fail(f"{name} is not strict JSON"))
+    [listed] = answer["jobs"]
+    training = listed["training"]
+    assert training["training"] == 1 and training["trainings"] == 1
+    assert (training["epoch"], training["max_epochs"], training["total_iterations"]) == (1, 3, 3 * 46)
+    assert training["loss"] is None  # not finite: null, never NaN
+    assert training["done"] and training["time_left_s"] == 0 and "Training loss is" in training["stop_reason"]
+    job.cancel()

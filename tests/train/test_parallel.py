@@ -53,6 +53,10 @@ def test_worker_load_weights_the_split_and_zero_sits_out(pool: nbscale.Pool, loa
     net, info = trained(execution_environment="parallel", worker_load=load)
     assert same(alone, net)
     assert info.hardware.startswith("1 worker" if 0 in load else "2 workers")
+    if 0 in load:  # the info panel says which worker sat out
+        assert info.hardware.endswith(f"; worker {load.index(0)} sits out (worker_load 0)")
+    else:
+        assert "sits out" not in info.hardware
 
 
 def test_augmented_images_train_on_the_pool_like_one_process(pool: nbscale.Pool) -> None:

@@ -127,3 +127,67 @@ def test_bad_inputs_to_a_run_on_the_pool_fail_in_the_notebook_before_anything_is
         nbscale.train_async(tiny_net, train)  # the function, not a network
     with pytest.raises(OptionsError, match="train_data as a tuple must be"):
         nbscale.sweep(tiny_net, (*train, train[1]), grid={"max_epochs": [1, 2]})
+
+
+def dropout_net() -> nn.Module:
+    """A network whose training draws random numbers (dropout) besides its initial weights."""
+    return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 10))
+
+
+def train_seeded(seed: int, options: nbscale.TrainingOptions, data: tuple) -> tuple[dict, list[float]]:
+    """MATLAB's `rng(seed); trainNetwork(...)` in one process: what a seeded parfor iteration runs."""
+    torch.manual_seed(seed)
+    net, info = nbscale.train(dropout_net(), data, options)
+    return net.state_dict(), info.training_loss
+
+
+def test_sweeps_with_the_same_seed_give_the_same_runs_and_each_run_is_a_seeded_train(pool, data) -> None:
+    (train_x, train_y), val = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False,
+                                      execution_environment="cpu", shuffle="every-epoch")
+    grid = {"initial_learn_rate": [0.05, 0.2]}
+    first = nbscale.sweep(dropout_net, (train_x, train_y), options, grid, pool=pool, val_data=val, seed=7)
+    torch.manual_seed(123)  # the notebook's own random stream does not matter
+    again = nbscale.sweep(dropout_net, (train_x, train_y), options, grid, pool=pool, val_data=val, seed=7)
+    other = nbscale.sweep(dropout_net, (train_x, train_y), options, grid, pool=pool, val_data=val, seed=8)
+    for a, b, c in zip(first.runs, again.runs, other.runs, strict=True):
+        assert a.info.training_loss == b.info.training_loss != c.info.training_loss
+        assert a.info.final_validation_accuracy == b.info.final_validation_accuracy
+        assert all(torch.equal(p, q) for p, q in zip(a.net.parameters(), b.net.parameters(), strict=True))
+    assert first.best.params == again.best.params and first.best.seed == 7
+    # run k is `torch.manual_seed(seed); nbscale.train(make_model(), data, run.options)`: on a worker (a seeded
+    # parfor iteration) and in the notebook
+    best = first.best
+    on_worker = pool.submit(train_seeded, 7, best.options, (train_x, train_y)).result(timeout=120)
+    in_notebook = train_seeded(7, best.options, (train_x, train_y))
+    weights, losses = on_worker  # the same process kind, thread count included: the same bits
+    assert losses == best.info.training_loss
+    assert all(torch.equal(weights[name], value) for name, value in best.net.state_dict().items())
+    weights, losses = in_notebook  # another thread count sums in another order: the last bits may differ
+    assert losses == pytest.approx(best.info.training_loss, rel=1e-5)
+    assert all(torch.allclose(weights[name], value, atol=1e-6) for name, value in best.net.state_dict().items())
+    with pytest.raises(OptionsError, match="seed=-1 must be a whole number"):
+        nbscale.sweep(dropout_net, (train_x, train_y), options, grid, pool=pool, seed=-1)
+
+
+def small_cnn() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Dropout(0.2), nn.Linear(512, 10))
+
+
+def train_augmented_seeded(seed: int, options: nbscale.TrainingOptions, data: object) -> list[float]:
+    torch.manual_seed(seed)
+    return nbscale.train(small_cnn(), data, options)[1].training_loss
+
+
+def test_a_seeded_sweep_on_augmented_png_files_is_a_seeded_train(pool, tmp_path) -> None:
+    from nbscale.data import AugmentedImageDatastore, ImageAugmenter, ImageDatastore
+    from tests.datasets import write_digits_pngs
+
+    files = ImageDatastore(write_digits_pngs(tmp_path / "digits", limit_per_class=30))
+    augmented = AugmentedImageDatastore((8, 8), files, augmenter=ImageAugmenter(
+        rand_x_translation=(-2, 2), rand_y_translation=(-2, 2), rand_rotation=(-10, 10)))
+    options = nbscale.TrainingOptions("adam", max_epochs=2, mini_batch_size=30, verbose=False,
+                                      execution_environment="cpu", initial_learn_rate=0.01)
+    result = nbscale.sweep(small_cnn, augmented, options, {"initial_learn_rate": [0.01]}, pool=pool, seed=3)
+    run = result.runs[0]
+    assert pool.submit(train_augmented_seeded, 3, run.options, augmented).result(timeout=120) == run.info.training_loss

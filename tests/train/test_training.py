@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,10 +215,18 @@ def test_streamed_and_background_data_train_like_in_memory_tensors() -> None:
 def test_bad_training_data_is_an_options_error() -> None:
     with pytest.raises(OptionsError, match="train_data"):
         nbscale.train(tiny_net(), [1, 2, 3][0], quiet())
-    with pytest.raises(OptionsError, match="no CUDA GPU") if not torch.cuda.is_available() else pytest.raises(Exception):
-        if torch.cuda.is_available():
-            raise RuntimeError("skip")
-        nbscale.train(tiny_net(), TRAIN, quiet(execution_environment="gpu"))
+
+
+def test_gpu_training_where_no_gpu_is_visible_names_the_fix() -> None:
+    """In a process that sees no GPU (CUDA_VISIBLE_DEVICES="" hides any this machine has)."""
+    code = ("import nbscale\nfrom tests.train.digits import digits, tiny_net\n"
+            "options = nbscale.TrainingOptions('sgdm', execution_environment='gpu', verbose=False)\n"
+            "try:\n    nbscale.train(tiny_net(), digits()[0], options)\n"
+            "except nbscale.OptionsError as error:\n    print(error)\n")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, cwd=Path(__file__).parents[2])
+    assert "execution_environment='gpu' but no CUDA GPU is visible to this kernel: use execution_environment='auto' " \
+           "or 'cpu'" in shown.stdout, shown.stdout + shown.stderr
 
 
 @pytest.mark.gpu
@@ -226,35 +238,37 @@ def test_gpu_and_mixed_precision_train_digits() -> None:
         assert "cuda" in info.hardware and info.final_validation_accuracy >= 0.85
 
 
-def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop(monkeypatch) -> None:
-    """On a GPU the loop reads the loss and accuracy every few iterations (no host sync per iteration); the
-    history, validation, patience and the NaN stop must be what reading every iteration gives."""
-    import nbscale.train.figures as figures
-    import nbscale.train.loop as loop
+def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop() -> None:
+    """The loop reads the loss and accuracy in bunches (no host sync per iteration), unless a listener needs every
+    iteration's figures at once, as output_fn does: both must give the same history, validation, patience and
+    NaN stop."""
 
-    def run(read_every: int, loss_fn=None) -> tuple[list[torch.Tensor], nbscale.TrainingInfo]:
-        monkeypatch.setattr(loop, "_read_every", lambda setup: read_every)
-        monkeypatch.setattr(figures, "READ_INTERVAL", math.inf)
-        options = quiet(validation_data=VAL, validation_frequency=9, validation_patience=3, max_epochs=4)
+    def run(every_iteration: bool, loss_fn=None) -> tuple[list[torch.Tensor], nbscale.TrainingInfo]:
+        seen: list[int] = []
+        options = quiet(validation_data=VAL, validation_frequency=9, validation_patience=3, max_epochs=4,
+                        output_fn=(lambda info: seen.append(info.iteration[-1])) if every_iteration else None)
         torch.manual_seed(3)
         net, info = nbscale.train(tiny_net(), TRAIN, options, loss_fn=loss_fn)
+        if every_iteration:
+            assert seen == info.iteration  # output_fn saw each iteration's figures as it ended
         return weights(net), info
 
-    (every, info_every), (bunched, info_bunched) = run(1), run(7)
+    (every, info_every), (bunched, info_bunched) = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(every, bunched, strict=True))
     for column in ("epoch", "iteration", "training_loss", "training_accuracy", "validation_loss",
                    "validation_accuracy", "learn_rate"):
         assert getattr(info_every, column) == getattr(info_bunched, column), column
     assert info_every.stop_reason == info_bunched.stop_reason
 
-    def nan_at_12(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        nan_at_12.calls += torch.is_grad_enabled()  # training calls only, not validation's
-        return nn.functional.cross_entropy(outputs, labels) * (math.nan if nan_at_12.calls == 12 else 1.0)
+    for every_iteration in (True, False):
+        def nan_at_12(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            nan_at_12.calls += torch.is_grad_enabled()  # training calls only, not validation's
+            return nn.functional.cross_entropy(outputs, labels) * (math.nan if nan_at_12.calls == 12 else 1.0)
 
-    nan_at_12.calls = 0
-    with pytest.warns(RuntimeWarning, match="iteration 12"):
-        _, info = run(5, nan_at_12)
-    assert info.iteration[-1] == 12 and "nan at iteration 12" in info.stop_reason
+        nan_at_12.calls = 0
+        with pytest.warns(RuntimeWarning, match="iteration 12"):
+            _, info = run(every_iteration, nan_at_12)
+        assert info.iteration[-1] == 12 and "nan at iteration 12" in info.stop_reason
 
 
 def test_labels_as_a_list_numpy_array_column_or_narrow_integers_train_like_int64_tensors() -> None:
@@ -305,15 +319,35 @@ def test_a_dataset_of_float_targets_trains_a_regression_on_the_exact_targets(pla
         assert info.final_validation_loss < 0.01, (vector, info.final_validation_loss)
 
 
-def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails() -> None:
-    from nbscale.train.layout import layout_restored
+def _conv_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
 
-    conv = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
-    with pytest.raises(RuntimeError, match="failed on purpose"), layout_restored(conv):
-        conv.to(memory_format=torch.channels_last)  # as mixed precision on a GPU trains it
-        raise RuntimeError("failed on purpose")
-    assert conv[0].weight.is_contiguous()
-    chosen = conv.to(memory_format=torch.channels_last)  # a user's own choice is left alone
-    with layout_restored(chosen):
-        pass
-    assert not chosen[0].weight.is_contiguous()
+
+IMAGES = (TRAIN[0].reshape(-1, 1, 8, 8), TRAIN[1])
+
+
+@pytest.mark.parametrize("environment", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails(environment: str) -> None:
+    """Mixed precision on a GPU trains convolutions in channels_last; the network still comes back in the
+    layout it came in (code in the notebook may `.view` its weights), also when training raised."""
+    options = quiet(max_epochs=1, execution_environment=environment, precision="mixed" if environment == "gpu"
+                    else "single")
+
+    def fails_at_iteration_3(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        fails_at_iteration_3.calls += 1
+        if fails_at_iteration_3.calls == 3:
+            raise RuntimeError("failed on purpose")
+        return nn.functional.cross_entropy(outputs.float(), labels)
+
+    fails_at_iteration_3.calls = 0
+    conv = _conv_net()
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        nbscale.train(conv, IMAGES, options, loss_fn=fails_at_iteration_3)
+    assert conv[2].weight.is_contiguous()  # 8 channels in: NCHW and channels_last differ
+    trained, _ = nbscale.train(_conv_net(), IMAGES, options)
+    assert trained[2].weight.is_contiguous()
+    chosen = _conv_net().to(memory_format=torch.channels_last)  # a user's own choice is left alone
+    assert not chosen[2].weight.is_contiguous()
+    trained, _ = nbscale.train(chosen, IMAGES, options)
+    assert trained[2].weight.is_contiguous(memory_format=torch.channels_last)

@@ -16,7 +16,7 @@ CAPTURE = """
 import torch, nbscale, nbscale.train.trainer as trainer
 captured = []
 real_train = trainer.train
-trainer.train = lambda model, data, options, loss_fn=None: (captured.append(options), (model, None))[1]
+trainer.train = lambda model, data, options, loss_fn=None, *rest, **keywords: (captured.append(options), (model, None))[1]
 """
 CELL_BODY = "\nmodel = torch.nn.Linear(64, 10)\ntrain_data = (torch.zeros(8, 64), torch.zeros(8, dtype=torch.long))\n"
 

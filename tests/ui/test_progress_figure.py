@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 from torch import nn
 
@@ -14,14 +17,15 @@ TRAIN, VAL = digits()
 
 
 def _columns(info: nbscale.TrainingInfo) -> dict[str, list[float]]:
-    """The columns TrainingProgress keeps, filled from a finished run's info (as its listener would)."""
-    from nbscale.train.events import IterationDone
+    """The columns TrainingProgress keeps, from a finished run's events replayed to it as a listener (without
+    TrainingStarted it opens no display, so this runs outside a notebook)."""
+    from nbscale.train.events import IterationDone, StopSignal
 
-    progress = TrainingProgress(stop=None)  # type: ignore[arg-type]  # only its data side is used
+    progress = TrainingProgress(StopSignal())
     for row in zip(info.epoch, info.iteration, info.time, info.training_loss, info.training_accuracy,
                    info.learn_rate, info.validation_loss, info.validation_accuracy, strict=True):
         epoch, iteration, time, loss, accuracy, rate, val_loss, val_accuracy = row
-        progress._add(IterationDone(epoch, iteration, time, loss, accuracy, rate, 0, val_loss, val_accuracy))
+        progress(IterationDone(epoch, iteration, time, loss, accuracy, rate, 0, val_loss, val_accuracy))
     return progress.columns
 
 
@@ -40,3 +44,84 @@ def test_loss_axis_fits_a_regression_whose_loss_stays_far_below_one() -> None:
     assert png.startswith(b"\x89PNG")
     low, high = figure.loss_axes.get_ylim()
     assert low == 0.0 and max(info.training_loss) <= high < 2 * max(info.training_loss)
+
+
+def _pixels_near(png: bytes, colour: str, box: tuple[float, float, float, float]) -> int:
+    """How many pixels of the figure's `box` (fractions left, top, right, bottom) have about `colour`."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+    height, width, _ = image.shape
+    left, top, right, bottom = box
+    region = image[int(top * height):int(bottom * height), int(left * width):int(right * width)]
+    target = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+    return int((np.abs(region - target).max(axis=2) <= 12).sum())
+
+
+def test_the_figure_shows_raw_loss_legends_epoch_labels_and_learn_rate_drops_as_matlab_does() -> None:
+    from nbscale.ui.progress_figure import _COLOURS, _DROP
+
+    options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=8, mini_batch_size=32,
+                                      verbose=False, validation_data=VAL, validation_frequency=20,
+                                      learn_rate_schedule="piecewise", learn_rate_drop_period=3,
+                                      learn_rate_drop_factor=0.2)
+    torch.manual_seed(0)
+    _, info = nbscale.train(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), TRAIN, options)
+    columns = _columns(info)
+    per_epoch = info.iterations_per_epoch
+    # the learn rate dropped after epochs 3 and 6: marked there, with the new rate
+    assert columns["drop_iteration"] == [3 * per_epoch + 1, 6 * per_epoch + 1]
+    assert columns["drop_rate"] == pytest.approx([0.01, 0.002])
+    figure = ProgressFigure(len(info.iteration), per_epoch)
+    png = figure.render(columns)
+    accuracy_axes, loss_axes = figure.figure.axes[:2]
+    for axes in (accuracy_axes, loss_axes):  # both panels say what each curve is
+        assert [t.get_text() for t in axes.get_legend().get_texts()] == ["Training", "Training (smoothed)",
+                                                                         "Validation"]
+    epoch_axis = next(child for child in accuracy_axes.child_axes)
+    assert epoch_axis.get_xlabel() == "Epoch"
+    assert [t.get_text() for t in epoch_axis.get_xticklabels()] == [str(e) for e in range(1, 9)]
+    assert [t.get_text() for t in loss_axes.texts] == ["learn rate 0.01", "learn rate 0.002"]
+    # the raw loss is drawn opaque in MATLAB's light orange, so it shows: many of its pixels in the loss panel
+    assert _pixels_near(png, _COLOURS["loss"][0], (0.08, 0.55, 0.98, 0.9)) > 300
+    assert _pixels_near(png, _DROP, (0.08, 0.1, 0.98, 0.9)) > 100
+    # an update after the drops are marked draws only the curves (the background is cached again)
+    figure.render(columns)
+    assert figure.background is not None and figure.drops_marked == 2
+
+
+def test_a_smooth_schedule_is_not_marked_and_many_epochs_get_few_labels() -> None:
+    from nbscale.ui.progress_figure import is_drop
+
+    rates = [0.1 * 0.5 * (1 + math.cos(math.pi * i / 50)) for i in range(50)]  # cosine: changes every iteration
+    assert not any(is_drop(rates[max(0, i - 2):i], rate) for i, rate in enumerate(rates))
+    assert is_drop([0.1, 0.1], 0.01) and not is_drop([0.1], 0.01) and not is_drop([0.01, 0.01], 0.1)
+    figure = ProgressFigure(5000 * 3, 3)
+    figure.render({key: [] for key in ("iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
+                                       "val_iteration", "val_loss", "val_accuracy")})
+    labels = [t.get_text() for t in figure.figure.axes[0].child_axes[0].get_xticklabels()]
+    assert 5 <= len(labels) <= 12 and labels[0] == "1"
+
+
+@pytest.mark.slow
+def test_a_train_cell_in_a_real_kernel_ends_with_the_matlab_style_figure(kernel) -> None:
+    import base64
+
+    from nbscale.ui.progress_figure import _COLOURS, _DROP
+
+    assert kernel.run("""
+import nbscale
+from tests.train.digits import digits, tiny_net
+(train_x, train_y), val = digits()
+opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=4, mini_batch_size=64, verbose=False,
+                               validation_data=val, validation_frequency=10, learn_rate_schedule="piecewise",
+                               learn_rate_drop_period=2, plots="training-progress")
+""").ok
+    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), opts)")
+    assert result.ok, result.text
+    last = base64.b64decode([d["image/png"] for d in result.displays if "image/png" in d][-1])
+    assert _pixels_near(last, _COLOURS["loss"][0], (0.08, 0.55, 0.98, 0.9)) > 100  # the raw loss shows
+    assert _pixels_near(last, _DROP, (0.08, 0.1, 0.98, 0.9)) > 50  # the drop after epoch 2 is marked

@@ -44,6 +44,10 @@ print("the cell returned while", run.name, "trains")
 """)
     assert started.ok and "the cell returned while run trains" in started.stdout, started.text
     assert any(WIDGET_VIEW in d for d in started.displays)  # Stop / Cancel
+    # the table's options column says what the run trains with (a single run has no grid values)
+    tables = [d["text/plain"] for d in started.displays if "text/html" in d and "options" in d.get("text/plain", "")]
+    assert tables
+    assert "solver=sgdm, initial_learn_rate=0.01, mini_batch_size=500, max_epochs=3000" in tables[0], tables[0]
     meanwhile = kernel.run("""
 while not run.info.iteration: time.sleep(0.1)
 print(1 + 1, run.state)

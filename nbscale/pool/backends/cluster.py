@@ -2,8 +2,9 @@
 
 The actor only launches `python -m nbscale.pool.worker` beside itself (with the GPU Ray gave it) and watches
 it; the worker connects back to the kernel's authenticated listener exactly as a local worker does, so
-spmd cells, futures and training behave the same. Ray kills the actors when the kernel (the driver) exits,
-and each worker exits when its channel to the kernel closes.
+spmd cells, futures and training behave the same. Ray kills the actors when the kernel (the driver) exits;
+each worker exits when its channel to the kernel closes, and dies with its actor (a node lost takes its workers
+along, and the kernel learns how from the actor: `exit_status`).
 """
 
 from __future__ import annotations
@@ -12,21 +13,30 @@ import json
 import os
 import socket
 import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
 from nbscale.errors import PoolError
-from nbscale.pool.backends.base import Backend
-from nbscale.pool.channel import ChannelListener, machine_id
+from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.devices import MAX_DEFAULT_CPU_WORKERS
+from nbscale.pool.health import returncode_description
 from nbscale.pool.profiles import ClusterProfile, resolve_cluster
+from nbscale.pool.protocol import WorkerConfig
+from nbscale.pool.settings import PoolSettings
 
-CONNECT_TIMEOUT_S = 30.0
+# Reaching a cluster (Ray client's handshake, a fresh server process on the head) takes well over 30 s on a loaded
+# machine; an address that cannot answer still fails at once or within this bound.
+DEFAULT_CONNECT_TIMEOUT_S = 120.0
+EXIT_STATUS_TIMEOUT_S = 3.0
+REACHABLE_TIMEOUT_S = 10.0  # the TCP handshake with the head: the OS answers it even when the head is busy
 
 
-def make_cluster_backend(cluster: str, settings: dict[str, Any]) -> Backend:
-    """The backend a --cluster value names (a profile or an address)."""
+def make_cluster_backend(cluster: str, connect_timeout: float | None = None) -> Backend:
+    """The backend a --cluster value names (a profile or an address); `connect_timeout` (seconds) overrides the
+    profile's, which overrides DEFAULT_CONNECT_TIMEOUT_S."""
     profile = resolve_cluster(cluster)
-    return RayBackend(profile, settings)
+    return RayBackend(profile, connect_timeout or profile.connect_timeout or DEFAULT_CONNECT_TIMEOUT_S)
 
 
 class _Launcher:
@@ -35,20 +45,32 @@ class _Launcher:
     def __init__(self) -> None:
         self.process: Any = None
 
-    def launch(self, config: dict[str, Any]) -> tuple[str, int]:
+    def launch(self, config: dict[str, Any]) -> tuple[str, int, str]:
+        """Start the worker with `config` (a WorkerConfig's JSON) on its stdin; returns (node address, pid, node id)."""
         import subprocess
         import sys
 
         import ray
 
-        environment = {**os.environ, **config.pop("env", {}), "PYTHONUNBUFFERED": "1"}
+        environment = {**os.environ, **config["env"], "PYTHONUNBUFFERED": "1"}
         if config["device"] == "cpu":
             environment["CUDA_VISIBLE_DEVICES"] = ""
         self.process = subprocess.Popen([sys.executable, "-m", "nbscale.pool.worker"], stdin=subprocess.PIPE, env=environment)
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(config).encode() + b"\n")
         self.process.stdin.close()
-        return ray.util.get_node_ip_address(), self.process.pid
+        return ray.util.get_node_ip_address(), self.process.pid, ray.get_runtime_context().get_node_id()
+
+    def exit_status(self) -> int | None:
+        """The worker's returncode (negative: the signal that killed it), None while it runs."""
+        import subprocess
+
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            return None
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -61,58 +83,85 @@ class RayBackend(Backend):
 
     name = "ray"
 
-    def __init__(self, profile: ClusterProfile, settings: dict[str, Any]) -> None:
+    def __init__(self, profile: ClusterProfile, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.profile = profile
-        self.settings = settings
+        self.connect_timeout = connect_timeout
         self.actors: list[Any] = []
         self.node_addresses: list[str] = []
+        self.node_ids: list[str] = []
+        self.gpus_per_worker: float = 0
         self._connect()
-        self.kernel_address = self._kernel_address()
-        self.listen_host = "127.0.0.1" if self.kernel_address.startswith("127.") else "0.0.0.0"
+        self.kernel_host = self._kernel_address()
+        # the kernel's listener must be reachable from the cluster's nodes (it only accepts peers with the secret)
+        self.listen_host = "127.0.0.1" if self.kernel_host.startswith("127.") else "0.0.0.0"
 
     def _connect(self) -> None:
         import ray
 
         if ray.is_initialized():
             return
+        self._check_reachable()
         outcome: dict[str, Any] = {}
+        deadline = time.monotonic() + self.connect_timeout
 
         def initialise() -> None:
-            try:
-                ray.init(
-                    address=self.profile.address,
-                    runtime_env=self.profile.runtime_env or None,
-                    log_to_driver=False,
-                    logging_level="ERROR",
-                )
-            except Exception as error:  # noqa: BLE001 - reported below
-                outcome["error"] = error
+            while True:
+                try:
+                    ray.init(
+                        address=self.profile.address,
+                        runtime_env=self.profile.runtime_env or None,
+                        log_to_driver=False,
+                        logging_level="ERROR",
+                    )
+                    return
+                except ConnectionError as error:  # Ray client gave up its own retries (about 30 s): try again in time
+                    if time.monotonic() > deadline - 5:
+                        outcome["error"] = error
+                        return
+                except Exception as error:  # noqa: BLE001 - reported below
+                    outcome["error"] = error
+                    return
 
         thread = threading.Thread(target=initialise, daemon=True)
         thread.start()
-        thread.join(CONNECT_TIMEOUT_S)
+        thread.join(self.connect_timeout)
         if thread.is_alive() or "error" in outcome:
-            reason = f": {outcome['error']}" if "error" in outcome else f" within {CONNECT_TIMEOUT_S:.0f} s"
+            reason = f": {outcome['error']}" if "error" in outcome else f" within {self.connect_timeout:.0f} s"
             raise PoolError(
                 f"Could not reach the Ray cluster at {self.profile.address}{reason}. Check that its head is running "
-                "(`ray status` there) and that this machine can reach the address."
+                "(`ray status` there) and that this machine can reach the address; on a slow or loaded network allow "
+                "longer with --connect-timeout SECONDS (connect_timeout in the profile)."
             )
+
+    def _check_reachable(self) -> None:
+        """Fail at once where nothing listens at the address (Ray itself would retry until the timeout)."""
+        address = self.profile.address.removeprefix("ray://")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            return  # "auto", or a form Ray resolves itself
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=min(REACHABLE_TIMEOUT_S, self.connect_timeout)).close()
+        except OSError as error:
+            raise PoolError(
+                f"Could not reach the Ray cluster at {self.profile.address}: {error.strerror or error}. Check that its "
+                "head is running (`ray status` there) and that this machine can reach the address and port."
+            ) from None
 
     def _kernel_address(self) -> str:
         import ray
 
         return ray.util.get_node_ip_address()
 
-    def _worker_count_and_gpus(self) -> tuple[int, float]:
+    def _worker_count_and_gpus(self, settings: PoolSettings) -> tuple[int, float]:
         import ray
 
         resources = ray.cluster_resources()
         gpus_per_worker = self.profile.gpus_per_worker
-        if self.settings.get("cpu"):
+        if settings.cpu:
             gpus_per_worker = 0
         elif not gpus_per_worker and resources.get("GPU", 0) >= 1:
             gpus_per_worker = 1
-        n = self.settings.get("n")
+        n = settings.n
         if n is None:
             n = int(resources.get("GPU", 0) // gpus_per_worker) if gpus_per_worker else MAX_DEFAULT_CPU_WORKERS
         if n < 1:
@@ -129,39 +178,34 @@ class RayBackend(Backend):
             )
         return n, gpus_per_worker
 
-    def plan_workers(self, listener: ChannelListener, secret: bytes) -> list[dict[str, Any]]:
-        """One worker config per actor; they connect to the kernel's address as seen from the cluster."""
-        n, gpus_per_worker = self._worker_count_and_gpus()
-        self.gpus_per_worker = gpus_per_worker
-        env = {**self.profile.env, **self.settings.get("env", {})}
-        return [
-            {
-                "address": [self.kernel_address, listener.address[1]],
-                "secret": secret.hex(),
-                "rank": rank,
-                "world_size": n,
-                "device": "cuda:0" if gpus_per_worker else "cpu",
-                "kernel_machine_id": machine_id(),
-                "env": env,
-                "threads": None if gpus_per_worker else 1,
-            }
-            for rank in range(n)
-        ]
+    def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
+        """One worker per Ray actor, with the profile's env under the pool's own --env."""
+        if settings.gpus is not None:
+            raise PoolError(
+                "--gpus picks GPUs of this machine; on a cluster pool Ray places the workers. Give N (and "
+                "gpus_per_worker in the profile) instead."
+            )
+        n, self.gpus_per_worker = self._worker_count_and_gpus(settings)
+        env = {**self.profile.env, **settings.env}
+        device = "cuda:0" if self.gpus_per_worker else "cpu"
+        return [WorkerSpec(device=device, env=env, threads=None if self.gpus_per_worker else 1) for _ in range(n)]
 
-    def start(self, worker_configs: list[dict[str, Any]]) -> None:
+    def start(self, configs: Sequence[WorkerConfig]) -> None:
         import ray
 
         actor_class = ray.remote(num_cpus=1, num_gpus=self.gpus_per_worker)(_Launcher)
-        self.actors = [actor_class.remote() for _ in worker_configs]
-        launched = [actor.launch.remote(dict(config)) for actor, config in zip(self.actors, worker_configs, strict=True)]
-        ready, _ = ray.wait(launched, num_returns=len(launched), timeout=CONNECT_TIMEOUT_S)
+        self.actors = [actor_class.remote() for _ in configs]
+        launched = [actor.launch.remote(config.to_json()) for actor, config in zip(self.actors, configs, strict=True)]
+        ready, _ = ray.wait(launched, num_returns=len(launched), timeout=self.connect_timeout)
         if len(ready) < len(launched):
             self.stop()
             raise PoolError(
-                f"Only {len(ready)} of {len(launched)} Ray actors started within {CONNECT_TIMEOUT_S:.0f} s: the cluster "
-                "may lack free CPUs/GPUs for them. See `ray status`."
+                f"Only {len(ready)} of {len(launched)} Ray actors started within {self.connect_timeout:.0f} s "
+                "(--connect-timeout): the cluster may lack free CPUs/GPUs for them. See `ray status`."
             )
-        self.node_addresses = [address for address, _pid in ray.get(launched)]
+        placed = ray.get(launched)
+        self.node_addresses = [address for address, _pid, _node in placed]
+        self.node_ids = [node for _address, _pid, node in placed]
 
     def stop(self) -> None:
         import ray
@@ -179,15 +223,36 @@ class RayBackend(Backend):
     def alive(self) -> bool:
         return True  # a worker that dies is noticed through its channel
 
-    def kill_worker(self, rank: int, pid: int) -> None:
+    def exit_status(self, rank: int, pid: int) -> str | None:
+        """From the worker's actor: its process's exit, or that the actor itself (its node) is gone."""
         import ray
 
-        if rank < len(self.actors):
-            ray.get(self.actors[rank].kill.remote(), timeout=5)
+        if rank >= len(self.actors):
+            return None
+        try:
+            returncode = ray.get(self.actors[rank].exit_status.remote(), timeout=EXIT_STATUS_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            return None
+        except ray.exceptions.ActorUnavailableError:
+            return f"went with its Ray actor, which cannot be reached: its {self.node(rank)} is down or unreachable"
+        except ray.exceptions.RayActorError as error:
+            return f"went with its Ray actor on {self.node(rank)}, which died ({_first_line(error)})"
+        return None if returncode is None else returncode_description(returncode)
 
-    def master_address(self, master: Any) -> str:
-        """rank 0's node address, which every worker can reach for the torch.distributed store."""
-        return self.node_addresses[master.rank] if self.node_addresses else socket.gethostbyname(master.host)
+    def node(self, rank: int) -> str | None:
+        if rank >= len(self.node_ids):
+            return None
+        return f"node {self.node_ids[rank][:8]} at {self.node_addresses[rank]}"
+
+    def address(self, rank: int) -> str:
+        """The node address of worker `rank` (as Ray reports it), which every worker can reach."""
+        return self.node_addresses[rank]
 
     def describe(self) -> str:
         return f"ray at {self.profile.address}"
+
+
+def _first_line(error: BaseException) -> str:
+    """Ray's actor errors run to many lines; the first says what happened."""
+    text = str(getattr(error, "error_msg", "") or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,4 +1,4 @@
-"""How a job's process is started, told apart from a dead one, and killed.
+"""Jobs as processes on this machine: how a job's process is started, told apart from a dead one, and killed.
 
 A job runs as `python -m nbscale.jobs.runner <job folder>` in a new session (`start_new_session=True`): its own
 process group, no controlling terminal, so neither the kernel's death, a restart, nor a Ctrl-C in a terminal
@@ -18,12 +18,52 @@ import threading
 import time
 from pathlib import Path
 
+from nbscale.jobs.backends.base import JobBackend, Launch, LaunchFailed
+from nbscale.jobs.files import open_private
+from nbscale.jobs.records import JobRecord
 from nbscale.processes import pid_running
 
 try:
     import psutil
 except ImportError:  # ipykernel brings psutil; without it, liveness falls back to kill(pid, 0)
     psutil = None
+
+
+class LocalJobBackend(JobBackend):
+    """The runner as a detached process here; the store follows it by pid and start time."""
+
+    name = "local"
+
+    def launch(self, launch: Launch) -> tuple[int, float | None]:
+        try:
+            log = open_private(launch.log, append=True)
+        except OSError as error:
+            raise LaunchFailed(f"Job {launch.job_id} could not open its log {launch.log}: {error}.",
+                               f"its log could not be opened: {error}") from None  # fmt: skip
+        try:
+            return spawn_runner(launch.job_dir, log, launch.cwd, launch.env)
+        except OSError as error:
+            raise LaunchFailed(
+                f"Job {launch.job_id} could not start its process: {error}. Check that {launch.cwd} exists.",
+                f"its process could not start: {error}",
+            ) from None
+        finally:
+            os.close(log)
+
+    def vanished(self, record: JobRecord, job_dir: Path, launch_timeout_s: float) -> str | None:
+        if record.pid is not None:
+            if alive(record.pid, record.pid_started):
+                return None
+            # it may have written its end state between the store's read and this check: the store's
+            # state change is conditional on the job still being active
+            return "process died (killed, or the machine restarted) before the cell ended; see the log"
+        if time.time() - record.submitted > launch_timeout_s:
+            return "its process never started"
+        return None
+
+    def cancel(self, record: JobRecord, job_dir: Path) -> None:
+        if record.pid is not None:  # no pid: the submitter was still starting it, and the runner sees "cancelled"
+            kill_group(record.pid, record.pid_started)
 
 
 def spawn_runner(

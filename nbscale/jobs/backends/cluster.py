@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from nbscale.errors import JobError
+from nbscale.jobs.backends.base import JobBackend, Launch, LaunchFailed
 from nbscale.jobs.files import append_text, write_atomic
+from nbscale.jobs.records import JobRecord
 from nbscale.pool.profiles import ClusterProfile, resolve_cluster
 
 RAY_JOB_FILE = "ray_job.json"
@@ -47,6 +49,33 @@ class RayJobReference:
 
     job_address: str
     submission_id: str
+
+
+class RayJobBackend(JobBackend):
+    """The runner as a Ray job (submit with the `cluster` it goes to; follow and cancel from its job folder)."""
+
+    name = "ray"
+
+    def __init__(self, cluster: str | None = None) -> None:
+        self.cluster = cluster  # where launch() submits (a profile or an address); following a job needs none
+
+    def launch(self, launch: Launch) -> None:
+        assert self.cluster is not None, "backend_for(cluster) makes the Ray backend that launches"
+        try:
+            submit_ray_job(launch.job_dir, launch.job_id, self.cluster, launch.cwd, launch.env, launch.pool)
+        except JobError as error:
+            raise LaunchFailed(str(error), f"it could not be submitted to Ray: {error}") from None
+
+    def vanished(self, record: JobRecord, job_dir: Path, launch_timeout_s: float) -> str | None:
+        # it runs wherever Ray put it: Ray, not a local pid, says whether it still runs; a job waiting for the
+        # cluster's resources is PENDING there for as long as it takes
+        ref = reference(job_dir)
+        return ended_without_state(job_dir, ref) if ref is not None else None
+
+    def cancel(self, record: JobRecord, job_dir: Path) -> None:
+        ref = reference(job_dir)
+        if ref is not None:  # Ray stops its process group on whatever node runs it
+            stop(ref)
 
 
 def job_server_address(profile: ClusterProfile) -> str:

@@ -1,0 +1,46 @@
+"""What the magics share: their line split as a shell would, comma-separated indices, KEY=VALUE pairs."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from nbscale.errors import NbscaleError, PoolError
+
+
+def parse_line(magic: Any, line: str) -> argparse.Namespace:
+    """`line` parsed with `magic`'s magic_arguments parser, split as a shell splits it: quotes group words and
+    are removed (`--env "GREETING=hello world"`), which IPython's own splitting keeps."""
+    try:
+        argv = shlex.split(line)
+    except ValueError as error:  # an unclosed quote
+        raise UsageError(f"{line.strip()!r}: {error}; close the quote.") from None
+    return magic.parser.parse_args(argv)
+
+
+def int_list(text: str) -> list[int]:
+    """'0,2' -> [0, 2] (for --gpus and --targets); ',' -> [] (the caller says an empty list is no good)."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise PoolError(f"{text!r} is not a comma-separated list of indices like 0,2.") from None
+
+
+def env_pairs(pairs: list[str] | None, error: type[NbscaleError] = PoolError) -> dict[str, str]:
+    """['KEY=VALUE', ...] -> dict, for --env of %pool start and %%batch; the values are never printed.
+
+    Raises `error` for a pair without '=' or a name or value holding a NUL byte.
+    """
+    env: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise error(f"--env takes KEY=VALUE pairs; {key or pair!r} has no '='. Example: --env NCCL_DEBUG=INFO")
+        if "\0" in pair:
+            raise error(f"--env {key.replace(chr(0), '?')}: the variable's name or value holds a NUL byte, which no "
+                        "environment variable can hold. Remove it.")
+        env[key] = value
+    return env

@@ -1,0 +1,229 @@
+"""nbscale's Python API as users call it: the core's training and sweeps with their displays attached.
+
+The core (nbscale.train) trains and emits events to the listeners it is given; this layer adds the listeners a
+user asked for through the options: the training-progress plot (in notebooks), the verbose table and output_fn.
+`%%train` only parses its line and calls `train_cell` here. The torch-heavy core and the ui modules load on
+first use, so importing nbscale stays cheap.
+"""
+
+from __future__ import annotations
+
+import keyword
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nbscale.cellvars import names_bound
+from nbscale.errors import NbscaleError, OptionsError
+from nbscale.train.events import IterationDone, StopSignal
+from nbscale.train.info import TrainingInfo
+from nbscale.train.options import TrainingOptions
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from nbscale.train.sweep import SweepResult
+
+CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "make_model")
+
+
+def train(
+    model: nn.Module,
+    train_data: Any,
+    options: TrainingOptions | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[nn.Module, TrainingInfo]:
+    """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
+
+    `loss_fn(outputs, labels)` must average over the batch (cross-entropy by default). `resume_from` is a
+    checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
+    with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
+    trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
+    at the end of the current iteration; `info.stop_reason` says which.
+    """
+    from nbscale.train import trainer
+
+    options = trainer.as_options(options)
+    info, stop = TrainingInfo(), StopSignal()
+    listeners = training_listeners(options, info, stop)
+    return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop, info=info)
+
+
+def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> list[Callable[[Any], None]]:
+    """The listeners `options` ask for, in order: the plot (in a notebook), the verbose table, output_fn.
+
+    `info` records each event before them (output_fn reads it); `stop` is the run's StopSignal.
+    """
+    listeners: list[Callable[[Any], None]] = []
+    if options.plots == "training-progress" and in_notebook():
+        from nbscale.ui.progress import TrainingProgress
+
+        listeners.append(TrainingProgress(stop))
+    if options.verbose:
+        from nbscale.ui.verbose_table import VerboseTable
+
+        listeners.append(VerboseTable(options.verbose_frequency, stop))
+    if options.output_fn is not None:
+        output_fn = options.output_fn
+
+        def call_output_fn(event: Any) -> None:
+            if isinstance(event, IterationDone) and output_fn(info) is True:
+                stop.request("Stopped by output_fn")
+
+        listeners.append(call_output_fn)
+    return listeners
+
+
+def sweep(
+    make_model: Callable[[], nn.Module] | nn.Module,
+    train_data: Any,
+    options: TrainingOptions | None = None,
+    grid: dict[str, Sequence[Any]] | None = None,
+    pool: Any = None,
+    loss_fn: Callable[..., Any] | None = None,
+    val_data: Any = None,
+    wait: bool = True,
+    show: bool | None = None,
+    seed: int | None = None,
+) -> SweepResult:
+    """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
+
+    `make_model()` builds a fresh network per run (or pass a network: each run starts from a copy of it).
+    `pool` defaults to the current pool (one is started if none runs). Every combination is checked before any
+    run starts (OptionsError). In a notebook (or with `show=True`) a live figure compares the runs, with a Cancel
+    button per run, and ends with the results table, best first. `wait=False` returns at once; `result.wait()`
+    blocks later. Returns a SweepResult holding every run's net and info; failed runs keep their error.
+    `seed` makes the runs reproducible (see nbscale.train.sweep.sweep).
+    """
+    from nbscale.train.sweep import sweep as start_sweep
+
+    result = start_sweep(make_model, train_data, options, grid, pool=pool, loss_fn=loss_fn, val_data=val_data,
+                         wait=False, seed=seed)
+    if show if show is not None else in_notebook():
+        from nbscale.ui.sweep_display import SweepDisplay
+
+        display = SweepDisplay(result.runs, title=f"Sweep of {len(result.runs)} runs on {result.pool.size} workers")
+        display.show()
+        result.on_end.append(display.finish)
+    if wait:
+        result.wait()
+    return result
+
+
+def in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (where figures and widgets can show)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+# ---- %%train ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CellTraining:
+    """What a `%%train` line asks for: each flag, None where it was not given. Names are checked here."""
+
+    options: str | None = None  # a notebook variable holding TrainingOptions or an options form
+    environment: str | None = None
+    epochs: int | None = None
+    batch_size: int | None = None
+    learn_rate: float | None = None
+    solver: str | None = None
+    plots: bool = True
+    verbose: bool = True
+    net: str = "net"
+    info: str = "info"
+    sweep: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for flag, name in (("--net", self.net), ("--info", self.info)):
+            if not name.isidentifier():
+                raise OptionsError(f"{flag} {name}: the name for the result must be a Python identifier, such as "
+                                   f"{flag} trained.")
+            if keyword.iskeyword(name):
+                raise OptionsError(f"{flag} {name}: {name!r} is a Python keyword, which no variable can be named; "
+                                   f"pick another name, such as {flag} trained.")
+        if self.net == self.info:
+            raise OptionsError(f"--net and --info both name {self.net!r}: the info would replace the network. "
+                               "Give them different names, such as --net net --info info.")
+
+
+def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
+    """Run `cell` in the notebook, then train its `model` on its `train_data` (and `val_data`): `%%train`.
+
+    The cell must define `model` and `train_data` (with --sweep, `make_model` may stand for `model`); it may
+    define `val_data` and `loss_fn`. Only what this cell assigns counts, not what earlier cells left. Flags
+    override the options; afterwards the network and the info are notebook variables (`request.net`,
+    `request.info`), and with --sweep every run is in `sweep_result`.
+    """
+    namespace = shell.user_ns
+    before = {name: namespace[name] for name in CELL_NAMES if name in namespace}
+    outcome = shell.run_cell(cell)
+    if not outcome.success:  # its traceback is shown above; the cell must still fail (Run All stops here)
+        raise NbscaleError("The %%train cell raised the error above, so nothing was trained.")
+    # only what this cell defined counts: a val_data or loss_fn left from an earlier cell must not leak in
+    defined = _assigned_names(shell, cell) | {
+        name for name in CELL_NAMES if name in namespace and namespace[name] is not before.get(name)}
+    del before  # the earlier values (an old network) are not kept alive through training
+    values = {name: namespace[name] for name in CELL_NAMES if name in defined and name in namespace}
+    sweeping = bool(request.sweep) and callable(values.get("make_model"))
+    needed = ("train_data",) if sweeping else ("model", "train_data")
+    missing = [name for name in needed if name not in values]
+    if missing:
+        earlier = [name for name in missing if name in namespace]
+        plural = len(earlier) > 1
+        note = (f" ({' and '.join(earlier)} from an earlier cell {'are' if plural else 'is'} not used: assign "
+                f"{'them' if plural else 'it'} in this cell)" if earlier else "")
+        raise OptionsError(f"The %%train cell must define {' and '.join(missing)}{note}; it may define "
+                           "val_data and loss_fn too.")
+    options = _cell_options(request, namespace, values.get("val_data"))
+    if request.sweep:
+        from nbscale.train.sweep import parse_grid
+
+        make_model = values.get("make_model")
+        result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
+                       parse_grid(request.sweep), loss_fn=values.get("loss_fn"))
+        namespace["sweep_result"] = result
+        if result.best is not None:
+            namespace[request.net], namespace[request.info] = result.best.net, result.best.info
+        return
+    net, info = train(values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"))
+    namespace[request.net], namespace[request.info] = net, info
+
+
+def _assigned_names(shell: Any, cell: str) -> set[str]:
+    """The CELL_NAMES the cell's code binds in the notebook (`x = x`, `def loss_fn`, imports count; names bound
+    inside functions and classes do not)."""
+    try:
+        return names_bound(shell.transform_cell(cell)) & set(CELL_NAMES)
+    except SyntaxError:
+        return set()
+
+
+def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: Any) -> TrainingOptions:
+    """The options of --options (or the defaults, with the training-progress plot), with the flags applied."""
+    if request.options is not None:
+        if request.options not in namespace:
+            raise OptionsError(f"--options {request.options}: no notebook variable named {request.options!r}.")
+        base = namespace[request.options]
+        base = getattr(base, "options", base)  # an options form carries its TrainingOptions
+        if not isinstance(base, TrainingOptions):
+            raise OptionsError(f"--options {request.options}: {request.options} is a {type(base).__name__}, not "
+                               "TrainingOptions or an options form.")
+    else:
+        base = TrainingOptions(request.solver or "sgdm", plots="training-progress")
+    flags = {"execution_environment": request.environment, "max_epochs": request.epochs,
+             "mini_batch_size": request.batch_size, "initial_learn_rate": request.learn_rate, "solver": request.solver}
+    changes: dict[str, Any] = {field: value for field, value in flags.items() if value is not None}
+    if not request.plots:
+        changes["plots"] = "none"
+    if not request.verbose:
+        changes["verbose"] = False
+    if val_data is not None:  # the cell's own val_data wins over the options'
+        changes["validation_data"] = val_data
+    return base.replace(**changes) if changes else base

@@ -1,0 +1,334 @@
+"""Message routing and blocking waits: every reply a worker sends reaches the request it answers.
+
+One receiver thread reads every worker's channel. Output goes to the blocking request in the foreground (whose
+caller prints it) or straight to the notebook; replies of a blocking request go to its inbox, which the caller's
+thread reads in `wait`; replies of a task (`pool.submit`) go to the task queue. A worker whose channel closes is
+marked dead, and every request waiting for it learns so at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import wait as wait_for_connections
+from typing import Any
+
+from nbscale.errors import PoolInterrupted
+from nbscale.pool import protocol as p
+from nbscale.pool.channel import MessageUnreadable
+from nbscale.pool.handles import WorkerHandle
+from nbscale.pool.health import process_state, stall_notice, stalled
+from nbscale.pool.output import print_output
+from nbscale.pool.requests import Request, WorkerDied
+from nbscale.pool.transport import Frame, serialise
+
+INTERRUPT_GRACE_S = 3.0
+PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
+
+
+@dataclass(frozen=True)
+class Restarter:
+    """How `wait` replaces workers that do not stop: `prepare` begins the slow part early (while they are given
+    their chance), `restart` replaces them, `cancel` drops what `prepare` began when they stopped after all."""
+
+    restart: Callable[[], None]
+    prepare: Callable[[], None] = lambda: None
+    cancel: Callable[[], None] = lambda: None
+
+
+class Router:
+    """Sends requests to workers and routes what comes back; `wait` blocks the caller until a request ends."""
+
+    def __init__(self, workers: list[WorkerHandle]) -> None:
+        self.workers = workers
+        self.requests: dict[int, Request] = {}
+        self.lock = threading.RLock()
+        self.foreground: Request | None = None
+        self.last_activity = time.monotonic()
+        self.stopping = threading.Event()
+        # set by the task queue: a reply of a task arrived; a worker may have become free
+        self.on_task_reply: Callable[[Request, Any], None] = lambda request, item: None
+        self.on_worker_free: Callable[[], None] = lambda: None
+        # set by the pool: how a worker's process ended, from its backend (None: unknown, or it still runs)
+        self.exit_status: Callable[[WorkerHandle], str | None] = lambda worker: None
+
+    def start(self) -> None:
+        threading.Thread(target=self._receive_forever, name="nbscale-pool-receiver", daemon=True).start()
+
+    # ---- sending ------------------------------------------------------------------------------------------------
+
+    def send(
+        self,
+        message: Any,
+        ranks: tuple[int, ...],
+        foreground: bool = False,
+        on_event: Callable[[int, Any], None] | None = None,
+        future: Future[Any] | None = None,
+        frame: Frame | None = None,
+    ) -> Request:
+        """Send `message` to `ranks` as a new request (`foreground`: its caller will `wait` for it)."""
+        request = Request(message.request_id, ranks, on_event=on_event, future=future)
+        with self.lock:
+            self.requests[request.request_id] = request
+            if foreground:
+                self.foreground = request
+        self.send_to(message, ranks, request, frame)
+        return request
+
+    def send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None = None) -> None:
+        """Send (more of) a request to `ranks`."""
+        frame = frame or serialise(message)
+        request.frame = frame
+        self.last_activity = time.monotonic()
+        ranks = list(ranks)
+        if all(self.workers[rank].channel.same_machine for rank in ranks) and frame.to_shared_memory():
+            frame.buffers = []  # no receiver needs them on the socket: free the copies (a GPU tensor's, say) now
+        for rank in ranks:
+            worker = self.workers[rank]
+            with self.lock:
+                worker.outstanding += 1
+                worker.where, worker.still_s = "", 0.0  # a spot from the last request says nothing of this one
+            # a large message keeps the worker's receiver thread reading instead of answering the heartbeat: its
+            # transfer time does not count as silence
+            worker.transferring, began = True, time.monotonic()
+            try:
+                worker.channel.send_frame(frame)
+            except (OSError, ValueError):
+                self.worker_died(worker, "its connection closed")
+            finally:
+                worker.transferring = False
+                worker.last_heard = max(worker.last_heard, began)
+
+    def tell(self, message: Any, ranks: Iterable[int] | None = None) -> None:
+        """Send a control message (no reply expected) to the live workers among `ranks` (default: all)."""
+        wanted = None if ranks is None else set(ranks)
+        for worker in self.workers:
+            if wanted is None or worker.rank in wanted:
+                worker.send_quietly(message)
+
+    # ---- receiving ----------------------------------------------------------------------------------------------
+
+    def _receive_forever(self) -> None:
+        """Route every incoming message to its request; notice dead workers."""
+        while not self.stopping.is_set():
+            live = {w.channel.connection: w for w in self.workers if not w.dead}
+            if not live:
+                return
+            try:
+                ready = wait_for_connections(list(live), timeout=0.5)
+            except (OSError, ValueError):
+                continue
+            for connection in ready:
+                worker = live[connection]
+                worker.transferring = True  # as in send_to: a large message's transfer time is not silence
+                try:
+                    message = worker.channel.recv()
+                except MessageUnreadable as unreadable:
+                    message = _unreadable_reply(worker.rank, unreadable)
+                    if message is None:
+                        continue
+                except (EOFError, OSError, ValueError):
+                    if not self.stopping.is_set():
+                        self.worker_died(worker, self.death_description(worker))
+                    continue
+                finally:
+                    worker.transferring = False
+                    worker.last_heard = time.monotonic()
+                self._route(worker, message)
+
+    def _route(self, worker: WorkerHandle, message: Any) -> None:
+        if isinstance(message, p.Output):
+            foreground = self.foreground
+            if foreground is not None:
+                foreground.inbox.put(message)
+            else:
+                print_output(message)
+            return
+        if isinstance(message, p.StatusReport):
+            worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb
+            worker.where, worker.still_s = message.where, message.still_s
+            worker.status_round = message.request_id
+            return
+        with self.lock:
+            request = self.requests.get(message.request_id)
+            if isinstance(message, p.Done | p.Failed):
+                worker.outstanding = max(0, worker.outstanding - 1)
+                self.last_activity = time.monotonic()
+        if request is None:
+            return
+        if request.future is not None:
+            self.on_task_reply(request, message)
+        else:
+            request.inbox.put(message)
+        if isinstance(message, p.Done | p.Failed):
+            self.on_worker_free()
+
+    def death_description(self, worker: WorkerHandle) -> str:
+        """How a worker whose connection closed ended: its exit status from the backend where it knows it."""
+        who = f"worker {worker.rank} (pid {worker.pid})"
+        try:
+            status = self.exit_status(worker)
+        except Exception:  # noqa: BLE001 - the backend could not tell: say what the kernel saw
+            status = None
+        if status is not None:
+            return f"{who} died: it {status}"
+        state = process_state(worker)
+        if state == "running":
+            return f"{who} closed its connection"
+        return f"{who} died"
+
+    def worker_died(self, worker: WorkerHandle, description: str) -> None:
+        """Mark `worker` dead and fail every request waiting for it."""
+        with self.lock:
+            if worker.dead:
+                return
+            worker.dead = description
+            worker.outstanding = 0
+            waiting = [r for r in self.requests.values() if worker.rank in r.waiting_for]
+        worker.channel.close()
+        for request in waiting:
+            self._deliver(request, WorkerDied(worker.rank, f"{description}. Run %pool restart for fresh workers."))
+        self.on_worker_free()
+
+    def fail_everything(self, reason: str) -> None:
+        """End every request in flight with `reason` (the pool stopped)."""
+        with self.lock:
+            requests, self.requests = list(self.requests.values()), {}
+        for request in requests:
+            for rank in request.waiting_for:
+                self._deliver(request, WorkerDied(rank, reason))
+
+    def _deliver(self, request: Request, item: Any) -> None:
+        if request.future is not None:
+            self.on_task_reply(request, item)
+        else:
+            request.inbox.put(item)
+
+    @property
+    def busy(self) -> bool:
+        """Whether any worker is running a request."""
+        return any(w.outstanding for w in self.workers)
+
+    # ---- blocking requests --------------------------------------------------------------------------------------
+
+    def pump(self, request: Request, timeout: float) -> None:
+        """Handle one item of a blocking request's inbox: print output, pass on events, note replies."""
+        try:
+            item = request.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return
+        if isinstance(item, p.Output):
+            print_output(item)
+        elif isinstance(item, p.Event):
+            if request.on_event is not None:
+                request.on_event(item.rank, item.payload)
+        else:
+            request.record(item)
+
+    def _drain_output(self, request: Request) -> None:
+        while not request.inbox.empty():
+            self.pump(request, timeout=0)
+
+    def finish(self, request: Request) -> None:
+        """Forget a request that ended (its shared-memory files go too)."""
+        with self.lock:
+            self.requests.pop(request.request_id, None)
+            if self.foreground is request:
+                self.foreground = None
+        if request.frame is not None:
+            request.frame.release()
+
+    def wait(self, request: Request, what: str, restart: Restarter | None) -> list[Any]:
+        """Block until every rank answered; replies by rank. Raises the workers' WorkerError.
+
+        A worker that stops answering fails the request (the monitor gives it up); one whose main thread has not
+        moved for a while gets one note saying where it is. Ctrl-C / the kernel interrupt interrupts the workers
+        and raises PoolInterrupted; workers that do not stop within INTERRUPT_GRACE_S (or are stopped processes)
+        are replaced by calling `restart` (None: the caller stops the pool).
+        """
+        noticed = False
+        try:
+            while request.waiting_for:
+                self.pump(request, timeout=0.25)
+                if any(self.workers[r].dead for r in request.failures):
+                    break  # a worker died mid-request: the others may wait forever in a collective
+                if not noticed:
+                    stuck = stalled(self.workers[rank] for rank in request.waiting_for)
+                    if stuck:
+                        noticed = True
+                        print(stall_notice(stuck), file=sys.stderr, flush=True)
+            self._drain_output(request)
+        except KeyboardInterrupt:
+            raise PoolInterrupted(self._interrupt(request, restart)) from None
+        finally:
+            self.finish(request)
+        if request.failures:
+            raise request.error(what)
+        return [request.replies[rank] for rank in request.ranks]
+
+    def _interrupt(self, request: Request, restart: Restarter | None) -> str:
+        """Interrupt the workers still running `request`; restart the pool if some do not stop. Says what happened."""
+        pending = request.waiting_for
+        self.tell(p.Interrupt(), pending)
+        interrupted_at = time.monotonic()
+        prepared = False
+        while (request.waiting_for and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S
+               and not self._stopped(request.waiting_for)):
+            if restart is not None and not prepared and time.monotonic() > interrupted_at + PREPARE_AFTER_S:
+                restart.prepare()
+                prepared = True
+            try:
+                self.pump(request, timeout=0.1)
+            except KeyboardInterrupt:
+                break
+        self._drain_output(request)
+        stuck = request.waiting_for
+        interrupted = f"Interrupted workers {', '.join(map(str, pending))}."
+        if not stuck:
+            if prepared and restart is not None:
+                restart.cancel()
+            return f"{interrupted} The pool is ready for the next cell."
+        self.finish(request)
+        stopped = self._stopped(stuck)
+        if stopped:
+            processes = "is a stopped process" if len(stopped) == 1 else "are stopped processes"
+            reason = f"{workers_named(stopped)} {processes} (SIGSTOP or a debugger)"
+        else:
+            reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
+                      "or in native code)")
+        if restart is None:
+            return f"{interrupted} {reason}."
+        started = time.monotonic()
+        restart.restart()
+        return (f"{interrupted} {reason}, so the pool was restarted with fresh workers in "
+                f"{time.monotonic() - started:.1f} s; variables on the workers are lost.")
+
+    def _stopped(self, ranks: Iterable[int]) -> list[int]:
+        """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""
+        return [rank for rank in ranks if process_state(self.workers[rank]) == "stopped"]
+
+
+def workers_named(ranks: Iterable[int]) -> str:
+    """'Worker 1' or 'Workers 0, 2'."""
+    ranks = list(ranks)
+    return f"Worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+
+def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:
+    """What to route in place of a worker's message the notebook cannot unpickle (None: nothing)."""
+    if unreadable.kind in ("Done", "Failed") and unreadable.request_id is not None:
+        return p.Failed(
+            unreadable.request_id, rank, type(unreadable.error).__name__,
+            f"its result could not be read in the notebook ({unreadable}). A value sent back from a worker must "
+            "load here too: its class must be importable in the notebook, not only on the workers.",
+            "",
+        )  # fmt: skip
+    if unreadable.kind == "Event":
+        return p.Output(rank, "stderr", f"an event from this worker could not be read in the notebook ({unreadable})\n")
+    return None

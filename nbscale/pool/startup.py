@@ -1,0 +1,138 @@
+"""Starting a pool: plan its workers, launch them through the backend, accept their authenticated connections,
+and join them into one torch.distributed group.
+
+The kernel listens on a fresh port with a fresh 256-bit secret; every worker gets both in its WorkerConfig (on a
+pipe), connects back, proves it holds the secret, and says hello (rank, pid, host, device). The listener closes
+once every worker has connected. Then rank 0 opens the group's store on the address its backend names, and the
+others join it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from nbscale.errors import PoolError
+from nbscale.pool import protocol as p
+from nbscale.pool.backends.base import Backend
+from nbscale.pool.channel import Channel, ChannelListener, machine_id
+from nbscale.pool.handles import WorkerHandle
+from nbscale.pool.requests import next_request_id
+from nbscale.pool.routing import Router
+from nbscale.pool.settings import PoolSettings
+
+START_TIMEOUT_S = 120.0
+HELLO_TIMEOUT_S = 30.0
+JOINING = "Joining the torch.distributed group"
+
+
+def make_backend(settings: PoolSettings) -> Backend:
+    """The backend that starts this pool's workers: a Ray cluster for `cluster`, else processes here."""
+    if settings.cluster is not None:
+        from nbscale.pool.backends.cluster import make_cluster_backend  # imports ray only for cluster pools
+
+        return make_cluster_backend(settings.cluster, settings.connect_timeout)
+    from nbscale.pool.backends.local import LocalBackend
+
+    return LocalBackend()
+
+
+def launch_workers(backend: Backend, settings: PoolSettings) -> tuple[list[WorkerHandle], int]:
+    """Start the workers and wait until each connected: (handles by rank, connections refused meanwhile).
+
+    Raises PoolError when the launcher exits or START_TIMEOUT_S passes first; the caller stops the backend.
+    """
+    secret = secrets.token_bytes(32)
+    listener = ChannelListener(secret, host=backend.listen_host)
+    try:
+        specs = backend.plan(settings)
+        configs = [
+            p.WorkerConfig(
+                kernel_address=(backend.kernel_host, listener.address[1]), secret=secret.hex(), rank=rank,
+                world_size=len(specs), device=spec.device, kernel_machine_id=machine_id(), env=spec.env,
+                threads=spec.threads,
+            )  # fmt: skip
+            for rank, spec in enumerate(specs)
+        ]
+        backend.start(configs)
+        workers = _accept_workers(listener, backend, len(configs))
+        for worker in workers:  # on a cluster, which node: several nodes may share one host name
+            node = backend.node(worker.rank)
+            if node:
+                worker.host = f"{worker.host} ({node})"
+        return workers, len(listener.refused)
+    finally:
+        listener.close()  # no connection is accepted after start
+
+
+def _accept_workers(listener: ChannelListener, backend: Backend, count: int) -> list[WorkerHandle]:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    handles: dict[int, WorkerHandle] = {}
+    while len(handles) < count:
+        if time.monotonic() > deadline:
+            raise PoolError(
+                f"Only {len(handles)} of {count} workers connected within {START_TIMEOUT_S:.0f} s."
+                f"{_refused_note(listener)}"
+            )
+        if not backend.alive():
+            raise PoolError(
+                f"The workers' launcher ({backend.describe()}) exited before every worker connected "
+                f"({len(handles)} of {count}); see the kernel's log for its error.{_refused_note(listener)}"
+            )
+        try:
+            channel = listener.next_channel(timeout=0.25)
+        except TimeoutError:
+            continue
+        handle = _hello(channel, count)
+        if handle is None or handle.rank in handles:
+            channel.close()
+            continue
+        handles[handle.rank] = handle
+    return [handles[rank] for rank in sorted(handles)]
+
+
+def _hello(channel: Channel, count: int) -> WorkerHandle | None:
+    """The worker behind an authenticated channel, from its Hello (None: no valid Hello in time)."""
+    if not channel.connection.poll(HELLO_TIMEOUT_S):
+        return None
+    try:
+        hello = channel.recv()
+    except Exception:  # noqa: BLE001 - a peer with the secret that sent no Hello: not one of ours
+        return None
+    if not isinstance(hello, p.Hello) or not 0 <= hello.rank < count:
+        return None
+    channel.same_machine = hello.machine_id == machine_id()
+    return WorkerHandle(hello.rank, hello.pid, hello.host, hello.device, channel)
+
+
+def _refused_note(listener: ChannelListener) -> str:
+    refused = list(listener.refused)
+    if not refused:
+        return ""
+    plural = len(refused) > 1
+    return (
+        f" Meanwhile {len(refused)} connection{'s' if plural else ''} to the pool's port {listener.address[1]} "
+        f"{'were' if plural else 'was'} refused, not being from a worker ({refused[-1]}): another program connected "
+        "to it."
+    )
+
+
+def join_group(router: Router, backend: Backend) -> None:
+    """Form the torch.distributed group: NCCL (and gloo for CPU tensors) on GPU workers, gloo on CPU workers."""
+    workers = router.workers
+    size = len(workers)
+    group_backend = "cuda:nccl,cpu:gloo" if all(w.device.startswith("cuda") for w in workers) else "gloo"
+    master_addr = backend.address(0)
+    found: dict[str, int] = {}
+    init = p.InitGroup(next_request_id(), group_backend, master_addr, 0, size)
+    request = router.send(init, (0,), foreground=True, on_event=lambda rank, event: found.update(event))
+    while "store_port" not in found and not request.failures:
+        router.pump(request, timeout=0.05)
+    if request.failures:
+        router.finish(request)
+        raise request.error(JOINING)
+    if size > 1:
+        request.ranks = tuple(range(size))
+        join = p.InitGroup(init.request_id, group_backend, master_addr, found["store_port"], size)
+        router.send_to(join, range(1, size), request)
+    router.wait(request, what=JOINING, restart=None)

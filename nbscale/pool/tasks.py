@@ -1,0 +1,121 @@
+"""The futures queue (parfeval): tasks from `pool.submit` wait for an idle worker, run there, and complete
+their `concurrent.futures.Future`.
+
+A task is serialised once when submitted. A queued task can be cancelled and never runs; a running one is
+interrupted on its worker (`pool.cancel`), which is then free for the next task.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from nbscale.errors import PoolError, UnsendableError
+from nbscale.pool import protocol as p
+from nbscale.pool.requests import Request, next_request_id
+from nbscale.pool.routing import Router
+from nbscale.pool.transport import Frame, serialise
+
+
+class TaskQueue:
+    """Tasks waiting for a free worker, and the futures of the ones running."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.lock = router.lock
+        self.queued: deque[tuple[Future[Any], p.Call, Frame]] = deque()
+        self._events: dict[int, Callable[[int, Any], None]] = {}  # request id -> on_event of a queued task
+        self._cancelled: set[int] = set()  # request ids of running tasks interrupted by cancel()
+        router.on_task_reply = self._complete
+        router.on_worker_free = self.dispatch
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], on_event: Callable[[int, Any], None] | None
+    ) -> Future[Any]:
+        """Queue `fn(*args, **kwargs)`; raises UnsendableError when it cannot be serialised."""
+        future: Future[Any] = Future()
+        message = p.Call(next_request_id(), fn, args, kwargs)
+        try:
+            frame = serialise(message)
+        except Exception as error:
+            raise UnsendableError(f"{getattr(fn, '__name__', 'the function')} could not be sent to the workers: {error}") from None
+        with self.lock:
+            self.queued.append((future, message, frame))
+            if on_event is not None:
+                self._events[message.request_id] = on_event
+        self.dispatch()
+        return future
+
+    def dispatch(self) -> None:
+        """Start queued tasks on idle workers."""
+        with self.lock:
+            while self.queued:
+                idle = [w for w in self.router.workers if not w.dead and w.outstanding == 0]
+                if not idle:
+                    return
+                future, message, frame = self.queued.popleft()
+                on_event = self._events.pop(message.request_id, None)
+                if not future.set_running_or_notify_cancel():
+                    frame.release()
+                    continue
+                self.router.send(message, (idle[0].rank,), future=future, frame=frame, on_event=on_event)
+
+    def cancel(self, future: Future[Any]) -> bool:
+        """Cancel a queued task, or interrupt a running one; False when it had already finished."""
+        if future.cancel():
+            return True
+        with self.lock:  # held while sending, so no next task reaches that worker before the Interrupt
+            request = self._request_of(future)
+            if request is None or future.done():
+                return False
+            self._cancelled.add(request.request_id)
+            self.router.tell(p.Interrupt(request.request_id), request.waiting_for)
+        return True
+
+    def ranks_running_tasks(self, ranks: Iterable[int]) -> list[int]:
+        """Which of `ranks` are running a task."""
+        with self.lock:
+            running = {rank for r in self.router.requests.values() if r.future is not None for rank in r.waiting_for}
+        return sorted(running.intersection(ranks))
+
+    def ranks_of(self, future: Future[Any]) -> list[int]:
+        """The worker running a task (empty while it is queued or once it ended)."""
+        with self.lock:
+            request = self._request_of(future)
+            return request.waiting_for if request is not None else []
+
+    def fail_queued(self, reason: str) -> None:
+        """Fail every task still waiting for a worker (the pool stopped)."""
+        with self.lock:
+            tasks, self.queued = list(self.queued), deque()
+            self._events.clear()
+        for future, _, frame in tasks:
+            frame.release()
+            if future.set_running_or_notify_cancel():
+                future.set_exception(PoolError(f"The task did not run: {reason}."))
+
+    def _request_of(self, future: Future[Any]) -> Request | None:
+        """The running request of a task's future (None when it is queued or done); call with the lock held."""
+        return next((r for r in self.router.requests.values() if r.future is future), None)
+
+    def _complete(self, request: Request, item: Any) -> None:
+        """A task's event, reply, or its worker's death (on the receiver thread)."""
+        if isinstance(item, p.Event):
+            if request.on_event is not None:
+                request.on_event(item.rank, item.payload)
+            return
+        request.record(item)
+        self.router.finish(request)
+        future = request.future
+        assert future is not None
+        if future.done():
+            return
+        if request.request_id in self._cancelled:
+            self._cancelled.discard(request.request_id)
+            future.set_exception(CancelledError(f"Cancelled with pool.cancel(); worker {request.ranks[0]} is free."))
+        elif request.failures:
+            future.set_exception(request.error("The task"))
+        else:
+            future.set_result(request.replies[request.ranks[0]])

@@ -1,0 +1,73 @@
+"""Reading torch files without running code from them: torch's weights-only unpickler plus an exact allow-list.
+
+`torch.load(weights_only=True)` builds tensors and plain values only; `allowed` adds exact (module, name)
+pairs, never a prefix. A file that refers to anything else raises `RefusedPickle` naming it, and nothing of it
+runs. Used for checkpoints (nbscale.train.checkpoint) and weights files (nbscale.models.pretrained).
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections.abc import Mapping
+from typing import IO, Any
+
+import torch
+
+# torch's refusal names the global in one of these phrases (its message is otherwise advice to load unsafely)
+_NAMED = re.compile(r"GLOBAL (\S+) (?:was not an allowed global|whose module)|unrecognized function (.+?)(?: which|$)",
+                    re.M)
+
+
+# how torch's unpickler words a refusal (other failures are files it cannot parse)
+_REFUSALS = ("Unsupported global", "Trying to load unsupported GLOBAL", "Can only create new object",
+             "Trying to call reduce", "Can only build", "Can only append")
+
+
+class RefusedPickle(Exception):
+    """The file refers to globals outside the allow-list (or asks for an operation torch refuses)."""
+
+    def __init__(self, names: list[str], detail: str) -> None:
+        super().__init__(detail)
+        self.names = names
+        self.detail = detail
+
+    def describe(self) -> str:
+        """'refers to [...]' or what torch's unpickler refused, in one line."""
+        return f"refers to {self.names[:5]}" if self.names else self.detail
+
+
+def load_restricted(stream: IO[bytes], allowed: Mapping[tuple[str, str], object]) -> Any:
+    """torch.load `stream` (an open binary file, seekable) onto the CPU with exactly `allowed` as extra globals.
+
+    Raises RefusedPickle without running anything from the file when it refers to other globals; other
+    errors (not a torch file, truncated) as torch raises them.
+    """
+    pairs = [(value, f"{module}.{name}") for (module, name), value in allowed.items()]
+    try:
+        with torch.serialization.safe_globals(pairs):
+            return torch.load(stream, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        names, detail = _refused_names(stream, allowed, error), _detail(error)
+        if names or detail.startswith(_REFUSALS):
+            raise RefusedPickle(names, detail) from None
+        raise pickle.UnpicklingError(f"not a torch file, or a damaged one: {detail}") from None
+
+
+def _refused_names(stream: IO[bytes], allowed: Mapping[tuple[str, str], object],
+                   error: Exception) -> list[str]:
+    known = {f"{module}.{name}" for module, name in allowed}
+    try:
+        stream.seek(0)
+        listed = torch.serialization.get_unsafe_globals_in_checkpoint(stream)
+    except Exception:  # not in the zip format (a bare pickle): take the name from torch's refusal
+        listed = [next(part for part in found if part) for found in _NAMED.findall(str(error))]
+    return [name for name in listed if name not in known]
+
+
+def _detail(error: Exception) -> str:
+    """What torch's unpickler refused, without its advice (load unsafely, or allow-list what was refused)."""
+    text = str(error)
+    _, found, after = text.partition("WeightsUnpickler error:")
+    detail = (after if found else text).strip().split("\n\n")[0].strip() or text.strip()
+    return " ".join(detail.split(". Please use")[0].split())

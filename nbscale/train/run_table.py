@@ -1,0 +1,96 @@
+"""Training runs on the pool as a table of plain values: one row per run, and the order best first.
+
+What `SweepResult.table()` and `to_dataframe()` return and what the sweep's live display shows
+(nbscale.ui.sweep_display renders a RunsTable as text or HTML).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from nbscale.rendering import Rendered
+from nbscale.train.options import TrainingOptions, field_names
+from nbscale.train.runs import TrainingRun
+
+
+def rank_key(run: TrainingRun) -> tuple[int, float]:
+    """Sorts runs best first: by final validation accuracy where runs have one, else by final training loss;
+    failed, cancelled and unfinished runs last."""
+    if run.state != "done":
+        return (2, 0.0)
+    accuracy = run.info.final_validation_accuracy
+    if accuracy is not None:
+        return (0, -accuracy)
+    loss = run.info.training_loss[-1] if run.info.training_loss else float("inf")
+    return (1, loss)
+
+
+def ranked(runs: Iterable[TrainingRun]) -> list[TrainingRun]:
+    """`runs` best first (see `rank_key`)."""
+    return sorted(runs, key=rank_key)
+
+
+def run_row(run: TrainingRun) -> dict[str, Any]:
+    """One table row: what a run is doing or how it ended."""
+    info = run.info
+    total = info.max_epochs * info.iterations_per_epoch
+    elapsed = f"{info.time[-1]:.2f} s" if info.time else ""
+    return {
+        "run": run.name,
+        "options": _options_text(run),
+        "state": run.state,
+        "epoch": f"{info.epoch[-1]} of {info.max_epochs}" if info.epoch else "",
+        "iteration": f"{info.iteration[-1]} of {total}" if info.iteration else "",
+        "training loss": _number(info.training_loss[-1] if info.training_loss else None),
+        "training accuracy": _percent(info.training_accuracy[-1] if info.training_accuracy else None),
+        "validation accuracy": _percent(info.final_validation_accuracy),
+        "elapsed": elapsed,
+        "error": last_line(run.error) if run.state == "failed" else "",
+    }
+
+
+@dataclass(frozen=True, repr=False)
+class RunsTable(Rendered):
+    """Runs in the order given, under a title; `rows()` are their current rows."""
+
+    title: str
+    runs: tuple[TrainingRun, ...]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [run_row(run) for run in self.runs]
+
+
+# options that do not shape a run on one worker, or are no short value: left out of the options column
+_NOT_SHOWN = ("validation_data", "output_fn", "plots", "verbose", "verbose_frequency", "execution_environment",
+              "worker_load")
+_ALWAYS_SHOWN = ("solver", "initial_learn_rate", "mini_batch_size", "max_epochs")
+
+
+def _options_text(run: TrainingRun) -> str:
+    """What a run trains with: the grid's values for a sweep's run; for a single run (`nbscale.show(run)`),
+    the main options and every other one set away from its default."""
+    if run.params:
+        return ", ".join(f"{k}={v}" for k, v in run.params.items())
+    options = getattr(run, "options", None)
+    if options is None:
+        return ""
+    defaults = TrainingOptions(options.solver)
+    changed = [name for name in field_names() if name not in _ALWAYS_SHOWN + _NOT_SHOWN
+               and getattr(options, name) != getattr(defaults, name)]
+    return ", ".join(f"{name}={getattr(options, name)}" for name in (*_ALWAYS_SHOWN, *changed))
+
+
+def last_line(error: str | None) -> str:
+    """The last non-empty line of an error's text (its exception line)."""
+    lines = [line for line in (error or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _percent(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.2f}%"
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"

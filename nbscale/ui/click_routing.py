@@ -1,0 +1,84 @@
+"""Widget clicks handled while a cell still runs: the comm's messages go to a kernel subshell (ipykernel >= 7.4).
+
+A running cell blocks the kernel's main thread, so a widget's messages (a Stop button's click) wait until it
+ends. ipykernel 7 has subshells (JEP 91), each with its own thread, and ipykernel 7.4 routes a comm's incoming
+messages to the subshell named by the comm's `_reply_subshell_id`. So: ask the kernel for a subshell with a
+`create_subshell_request` on its own control channel (the public protocol, from a client in this process), and
+point the widgets' comms at it. `_reply_subshell_id` is ipykernel's private attribute: tests/ui/test_click_routing.py
+fails when ipykernel changes it, and pyproject requires the versions where it works. Anywhere else (an older
+kernel, another kernel, no kernel) nothing is routed and the caller is told so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+SUBSHELLS = "kernel subshells"  # the kernel_info feature that names subshell support (JEP 91)
+
+
+def route_clicks_off_main_thread(*widgets: Any) -> Callable[[], None] | None:
+    """Have the widgets' messages handled in a new subshell while the cell runs; returns an undo function
+    (it deletes the subshell), or None where clicks can only be handled after the cell."""
+    kernel = _kernel()
+    comms = [widget.comm for widget in widgets if getattr(widget, "comm", None) is not None]
+    if kernel is None or not comms or SUBSHELLS not in kernel.kernel_info.get("supported_features", []):
+        return None
+    try:
+        client = _control_client()
+    except Exception:  # no connection file (an embedded kernel): nothing to route through
+        return None
+    try:
+        subshell_id = _request(client, "create_subshell_request", {}).get("subshell_id")
+    except Exception:
+        client.stop_channels()
+        return None
+    if not subshell_id:
+        client.stop_channels()
+        return None
+    for comm in comms:
+        comm._reply_subshell_id = subshell_id  # read by ipykernel >= 7.4 for every incoming comm message
+
+    def undo() -> None:
+        for comm in comms:
+            comm._reply_subshell_id = None
+        try:
+            _request(client, "delete_subshell_request", {"subshell_id": subshell_id})
+        except Exception:  # the kernel is shutting down: its subshells go with it
+            pass
+        finally:
+            client.stop_channels()
+
+    return undo
+
+
+def _kernel() -> Any:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return None
+    shell = get_ipython()
+    return getattr(shell, "kernel", None) if shell is not None else None
+
+
+def _control_client() -> Any:
+    """A client of this kernel's control channel, from its connection file."""
+    from ipykernel.connect import get_connection_info
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient()
+    client.load_connection_info(get_connection_info(unpack=True))
+    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+    return client
+
+
+def _request(client: Any, kind: str, content: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:
+    """Send a control request and return its reply's content (the control thread answers at once)."""
+    message = client.session.msg(kind, content)
+    client.control_channel.send(message)
+    while True:
+        reply = client.control_channel.get_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
+            if reply["content"].get("status", "ok") != "ok":
+                raise RuntimeError(reply["content"].get("evalue", f"{kind} failed"))
+            return reply["content"]

@@ -1,0 +1,21 @@
+"""%%train's line as a user types it in a real kernel: bad result names are one clear line, nothing trains."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CELL = "\nimport torch\nmodel = torch.nn.Linear(4, 2)\ntrain_data = (torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))\n"
+
+
+def test_result_names_that_cannot_be_variables_are_refused_before_the_cell_runs(kernel):
+    keyword = kernel.run("%%train --net class" + CELL)
+    assert keyword.error_name == "OptionsError"
+    assert "--net class: 'class' is a Python keyword" in keyword.traceback and "--net trained" in keyword.traceback
+    same = kernel.run("%%train --net net --info net" + CELL)
+    assert same.error_name == "OptionsError"
+    assert "--net and --info both name 'net'" in same.traceback and "different names" in same.traceback
+    not_a_name = kernel.run("%%train --info 2x" + CELL)
+    assert "--info 2x: the name for the result must be a Python identifier" in not_a_name.traceback
+    assert kernel.run("print('model' in dir(), 'net' in dir())").stdout.split() == ["False", "False"]

@@ -1,0 +1,118 @@
+"""TrainingOptions(on_worker_failure="restart"): pool training that survives a lost worker by itself."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import nbscale
+from nbscale.errors import OptionsError, WorkerError
+from nbscale.train.checkpoint import checkpoint_file
+from tests.train.digits import digits, tiny_net
+
+ITERATIONS_PER_EPOCH = 1500 // 64
+
+
+def _options(folder: Path | None, **changes) -> nbscale.TrainingOptions:
+    (_, _), validation = digits()
+    settings = dict(initial_learn_rate=0.1, mini_batch_size=64, max_epochs=8, validation_data=validation,
+                    execution_environment="parallel", plots="none", verbose=False,
+                    checkpoint_path=str(folder) if folder else None, on_worker_failure="restart")
+    return nbscale.TrainingOptions("sgdm", **{**settings, **changes})
+
+
+def test_restart_without_a_checkpoint_path_is_refused_naming_it_before_training():
+    (train_x, train_y), _ = digits()
+    with pytest.raises(OptionsError, match=r"on_worker_failure='restart' resumes from the last checkpoint, so it "
+                                           r"needs checkpoint_path"):
+        nbscale.train(tiny_net(), (train_x, train_y), _options(None))
+    with pytest.raises(OptionsError, match=r"execution_environment is 'cpu': train on the pool"):
+        nbscale.train(tiny_net(), (train_x, train_y), _options(Path("unused"), execution_environment="cpu"))
+    assert nbscale.current_pool() is None  # refused before any pool started
+
+
+@pytest.fixture
+def pool():
+    with nbscale.Pool(2, cpu=True) as running:
+        yield running
+
+
+def _written(path: Path, since: float) -> bool:
+    try:
+        return path.stat().st_mtime >= since
+    except FileNotFoundError:
+        return False
+
+
+def _kill_when(path: Path, pid: int, deadline_s: float = 120, how: int = signal.SIGKILL) -> threading.Thread:
+    """Send `how` to `pid` as soon as `path` is written from now on (a checkpoint written mid-training)."""
+    since = time.time()
+
+    def watch() -> None:
+        end = time.monotonic() + deadline_s
+        while not _written(path, since) and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(pid, how)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_from_its_checkpoint(pool, tmp_path, capfd):
+    (train_x, train_y), _ = digits()
+    lost_pid = pool.workers[1].pid
+    _kill_when(checkpoint_file(tmp_path, 3), lost_pid)
+    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12))
+
+    assert info.stop_reason.startswith("Max epochs completed (after 1 restart: restart 1 after iteration ")
+    assert f"worker 1 (pid {lost_pid}) died: it was killed by SIGKILL" in info.stop_reason
+    assert "resumed from the checkpoint of epoch 3" in info.stop_reason
+    # one continuous history: every iteration once, in order, to the last one
+    assert info.iteration == list(range(1, 12 * ITERATIONS_PER_EPOCH + 1))
+    assert info.final_validation_accuracy > 0.85
+    assert lost_pid not in [w.pid for w in pool.workers] and all(w.state == "idle" for w in pool.workers)
+    said = capfd.readouterr().err
+    assert "Training lost a worker (worker 1 (pid" in said and "Restarting the pool and resuming from the checkpoint " \
+        "of epoch 3 (on_worker_failure='restart', restart 1 of at most 3)" in said
+
+
+def test_a_checkpoint_of_an_earlier_run_in_the_folder_is_never_resumed_from(pool, tmp_path):
+    (train_x, train_y), _ = digits()
+    earlier = _options(tmp_path, max_epochs=5, on_worker_failure="error")
+    nbscale.train(tiny_net(seed=1), (train_x, train_y), earlier)  # leaves epochs 1..5 of another run
+    _kill_when(checkpoint_file(tmp_path, 1), pool.workers[0].pid)
+    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=3))
+    assert "resumed from the checkpoint of epoch 1" in info.stop_reason  # this run's own, not the earlier epoch 5
+    assert info.iteration == list(range(1, 3 * ITERATIONS_PER_EPOCH + 1))
+
+
+def test_a_failure_of_the_code_itself_is_raised_not_restarted(pool, tmp_path):
+    (train_x, train_y), _ = digits()
+
+    def loss_fn(outputs, labels):
+        raise ValueError("a bug in the loss")
+
+    pids = [w.pid for w in pool.workers]
+    with pytest.raises(WorkerError, match="a bug in the loss"):
+        nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path), loss_fn=loss_fn)
+    assert [w.pid for w in pool.workers] == pids  # no restart: it would only fail again
+
+
+@pytest.mark.slow
+def test_a_frozen_worker_is_given_up_by_the_heartbeat_and_training_resumes_without_it(pool, tmp_path):
+    (train_x, train_y), _ = digits()
+    frozen_pid = pool.workers[1].pid
+    _kill_when(checkpoint_file(tmp_path, 2), frozen_pid, how=signal.SIGSTOP)
+    started = time.monotonic()
+    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12))
+    print(f"trained, with the frozen worker replaced, in {time.monotonic() - started:.1f} s")
+    assert f"worker 1 (pid {frozen_pid}) stopped answering for 20 s: its process is stopped" in info.stop_reason
+    assert "resumed from the checkpoint of epoch 2" in info.stop_reason
+    assert info.iteration == list(range(1, 12 * ITERATIONS_PER_EPOCH + 1))
+    assert frozen_pid not in [w.pid for w in pool.workers]

@@ -1,0 +1,86 @@
+"""Widget clicks reach the kernel while a cell runs (a subshell takes the comm's messages), in a real kernel.
+
+The routing leans on ipykernel's private `comm._reply_subshell_id` (ipykernel >= 7.4): these tests fail, in
+seconds, when an ipykernel release changes it, instead of a Stop button that silently waits for the cell's end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.train.widget_click import run_and_click
+
+pytestmark = pytest.mark.slow
+
+WAIT_FOR_A_CLICK = """
+import time
+import ipywidgets
+from IPython.display import display
+from nbscale.ui.progress import _route_clicks_off_main_thread
+
+clicks = []
+button = ipywidgets.Button(description="Click me")
+button.on_click(lambda _: clicks.append(time.monotonic()))
+display(button)
+undo = _route_clicks_off_main_thread(button)
+deadline = time.monotonic() + 20
+while not clicks and time.monotonic() < deadline:  # the cell holds the main thread, as training does
+    time.sleep(0.02)
+print("routed" if undo is not None else "not routed", "clicked" if clicks else "not clicked")
+undo and undo()
+"""
+
+
+def test_a_click_is_handled_while_the_cell_still_runs(kernel) -> None:
+    result = run_and_click(kernel, WAIT_FOR_A_CLICK, click_after=0.5, timeout=60)
+    assert result.ok, result.text
+    assert result.stdout.split() == ["routed", "clicked"]
+
+
+def test_the_subshell_exists_while_routed_and_is_deleted_after(kernel) -> None:
+    result = kernel.run("""
+import ipywidgets
+from IPython.display import display
+from nbscale.ui.progress import _route_clicks_off_main_thread
+
+kernel = get_ipython().kernel
+button = ipywidgets.Button()
+display(button)
+undo = _route_clicks_off_main_thread(button)
+route = button.comm._reply_subshell_for(None, None)  # where ipykernel sends the comm's incoming messages
+print(route is not None and route in kernel.shell_channel_thread.manager.list_subshell())
+undo()
+print(kernel.shell_channel_thread.manager.list_subshell())
+""")
+    assert result.ok, result.text
+    assert result.stdout.splitlines() == ["True", "[]"]
+
+
+def test_outside_a_kernel_nothing_is_routed_and_the_stop_button_says_to_interrupt() -> None:
+    import ipywidgets
+
+    from nbscale.train.events import StopSignal
+    from nbscale.ui.progress import _route_clicks_off_main_thread, _say_stop_needs_the_interrupt, _stop_button
+
+    button = _stop_button(StopSignal())
+    assert _route_clicks_off_main_thread(button) is None
+    _say_stop_needs_the_interrupt(button)
+    assert isinstance(button, ipywidgets.Button) and button.disabled and "interrupt" in button.description
+
+
+def test_a_training_that_fails_removes_its_stop_button_and_subshell(kernel) -> None:
+    assert kernel.run("""
+import nbscale
+from tests.train.digits import digits, tiny_net
+(train_x, train_y), val = digits()
+def failing_loss(outputs, labels):
+    raise RuntimeError("the loss broke")
+""").ok
+    failed = kernel.run("""
+nbscale.train(tiny_net(), (train_x, train_y), nbscale.TrainingOptions("sgdm", max_epochs=1, verbose=False,
+              plots="training-progress"), loss_fn=failing_loss)
+""")
+    assert failed.error_value == "the loss broke"
+    assert {"text/plain": ""} in failed.displays  # the button was replaced by nothing
+    left = kernel.run("print(get_ipython().kernel.shell_channel_thread.manager.list_subshell())")
+    assert left.stdout.strip() == "[]", left.text

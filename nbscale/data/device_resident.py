@@ -28,9 +28,9 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from nbscale.data.augmented import AugmentedImageDatastore, convert_color, fit_to_size
 from nbscale.data.datastore import ImageDatastore
+from nbscale.data.labels import as_labels
 from nbscale.data.reading import is_url, to_float
 from nbscale.errors import DatastoreError
-from nbscale.train.loading import as_labels
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Rows = torch.Tensor | Sequence[torch.Tensor]  # sample indices of each batch: a 2-D tensor, or 1-D tensors

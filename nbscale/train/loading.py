@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from nbscale.data.labels import as_labels
 from nbscale.errors import OptionsError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -73,16 +74,6 @@ def _is_pair(data: Any) -> bool:
         return len(data) == 2 and all(_array_like(part) for part in data)
     return (isinstance(data, list) and len(data) == 2
             and all(isinstance(part, torch.Tensor | np.ndarray) and part.ndim > 0 for part in data))
-
-
-def as_labels(labels: torch.Tensor) -> torch.Tensor:
-    """Integer labels as an int64 vector (cross-entropy refuses int32 and friends, and a column of labels, N x 1,
-    as numpy and pandas often give them); other labels unchanged."""
-    if labels.dtype in (torch.int8, torch.int16, torch.int32, torch.uint8):
-        labels = labels.long()
-    if labels.dtype == torch.int64 and labels.ndim == 2 and labels.shape[1] == 1:
-        labels = labels[:, 0]
-    return labels
 
 
 def _array_like(part: Any) -> bool:

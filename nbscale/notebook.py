@@ -139,8 +139,12 @@ class CellTraining:
     net: str = "net"
     info: str = "info"
     sweep: tuple[str, ...] = ()
+    seed: int | None = None  # the sweep's seed
 
     def __post_init__(self) -> None:
+        if self.seed is not None and not self.sweep:
+            raise OptionsError("--seed sets the seed of a sweep's runs, so it needs --sweep. For one run, call "
+                               "torch.manual_seed(N) in the cell before building the model.")
         for flag, name in (("--net", self.net), ("--info", self.info)):
             if not name.isidentifier():
                 raise OptionsError(f"{flag} {name}: the name for the result must be a Python identifier, such as "
@@ -187,7 +191,7 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
 
         make_model = values.get("make_model")
         result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
-                       parse_grid(request.sweep), loss_fn=values.get("loss_fn"))
+                       parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed)
         namespace["sweep_result"] = result
         if result.best is not None:
             namespace[request.net], namespace[request.info] = result.best.net, result.best.info

@@ -25,6 +25,7 @@ class TrainMagics(Magics):
     @argument("--info", default="info", metavar="NAME", help="variable for the training info (default: info)")
     @argument("--sweep", action="append", metavar='"FIELD=V1,V2"',
               help="train one network per value, each on its own pool worker; repeat for a grid (nbscale.sweep)")
+    @argument("--seed", type=int, metavar="N", help="with --sweep: every run starts from this seed (nbscale.sweep's seed)")
     @cell_magic
     def train(self, line: str, cell: str) -> None:
         """Run the cell in the notebook, then train its `model` on its `train_data` (and `val_data`).
@@ -37,6 +38,6 @@ class TrainMagics(Magics):
         request = CellTraining(
             options=args.options, environment=args.env, epochs=args.epochs, batch_size=args.batch_size,
             learn_rate=args.lr, solver=args.solver, plots=not args.no_plots, verbose=not args.quiet, net=args.net,
-            info=args.info, sweep=tuple(args.sweep or ()),
+            info=args.info, sweep=tuple(args.sweep or ()), seed=args.seed,
         )  # fmt: skip
         train_cell(self.shell, cell, request)

@@ -60,3 +60,22 @@ while not view.finished: time.sleep(0.1)
 print(details.stop_reason, run.state, len(view.png()) > 1000)
 """, timeout=90)
     assert stopped.stdout.strip() == "Stopped on request done True", stopped.text
+
+
+def test_train_magic_sweep_with_a_seed_repeats_its_results_and_seed_needs_a_sweep(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    cell = """%%train --sweep "initial_learn_rate=0.05,0.2" --seed 3 --epochs 1 --no-plots --quiet
+def make_model():
+    return tiny_net()
+train_data = (train_x, train_y)
+val_data = val
+"""
+    first = kernel.run(cell, timeout=180)
+    assert first.ok, first.text
+    assert kernel.run("first = [i.final_validation_loss for i in sweep_result.infos]").ok
+    second = kernel.run(cell, timeout=180)
+    assert second.ok, second.text
+    same = kernel.run("print(first == [i.final_validation_loss for i in sweep_result.infos])")
+    assert same.stdout.strip() == "True", same.text
+    alone = kernel.run("%%train --seed 3\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n")
+    assert alone.error_name == "OptionsError" and "needs --sweep" in alone.error_value, alone.text

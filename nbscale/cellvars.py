@@ -39,7 +39,7 @@ class _ReadBeforeAssign(ast.NodeVisitor):
             self.visit(node.value)
         self.visit(node.target)
 
-    def visit_For(self, node: ast.For) -> None:
+    def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         self.visit(node.iter)
         self.visit(node.target)
         for statement in node.body + node.orelse:

@@ -135,7 +135,7 @@ class AugmentedImageDatastore(Dataset):
         return getattr(self.ds, "labels", None)
 
     def count_each_label(self) -> dict[str, int]:
-        return self.ds.count_each_label()  # type: ignore[attr-defined]
+        return self._underlying("count_each_label").count_each_label()
 
     def _with(self, ds: Dataset) -> AugmentedImageDatastore:
         return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
@@ -159,11 +159,11 @@ class AugmentedImageDatastore(Dataset):
         return self.ds
 
     def shuffle(self, seed: int | None = None) -> AugmentedImageDatastore:
-        return self._with(self.ds.shuffle(seed))  # type: ignore[attr-defined]
+        return self._with(self._underlying("shuffle").shuffle(seed))
 
     def split_each_label(self, *fractions: float, randomize: bool = False,
                          seed: int | None = None) -> tuple[AugmentedImageDatastore, ...]:
-        parts = self.ds.split_each_label(*fractions, randomize=randomize, seed=seed)  # type: ignore[attr-defined]
+        parts = self._underlying("split_each_label").split_each_label(*fractions, randomize=randomize, seed=seed)
         return tuple(self._with(part) for part in parts)
 
     def __repr__(self) -> str:

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test chromium bench lint clean
+.PHONY: venv demo test chromium bench lint typecheck clean
 
 $(STAMP): pyproject.toml constraints.txt labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,9 +29,13 @@ chromium:
 bench: venv
 	$(PY) bench/run_all.py --write BENCHMARKS.md
 
-lint: venv
+lint: typecheck
 	$(VENV)/bin/ruff check nbscale tests bench examples
 	cd labextension && npm run lint
 
+# mypy over nbscale/, settings in pyproject.toml ([tool.mypy])
+typecheck: venv
+	$(VENV)/bin/mypy
+
 clean:
-	rm -rf $(VENV) build dist .pytest_cache
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache

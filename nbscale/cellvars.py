@@ -39,7 +39,7 @@ class _ReadBeforeAssign(ast.NodeVisitor):
             self.visit(node.value)
         self.visit(node.target)
 
-    def visit_For(self, node: ast.For) -> None:
+    def visit_For(self, node: ast.For | ast.AsyncFor) -> None:
         self.visit(node.iter)
         self.visit(node.target)
         for statement in node.body + node.orelse:
@@ -87,8 +87,8 @@ class _ReadBeforeAssign(ast.NodeVisitor):
         for statement in node.body:
             self.visit(statement)
 
-    def _visit_comprehension(self, node: ast.AST) -> None:
-        generators: list[ast.comprehension] = node.generators  # type: ignore[attr-defined]
+    def _visit_comprehension(self, node: ast.ListComp | ast.SetComp | ast.DictComp | ast.GeneratorExp) -> None:
+        generators = node.generators
         scope = {n.id for g in generators for n in ast.walk(g.target) if isinstance(n, ast.Name)}
         self.visit(generators[0].iter)
         self.local_scopes.append(scope)

@@ -64,7 +64,7 @@ def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.
         what = f"a tuple of {len(data)} items" if isinstance(data, tuple) else type(data).__name__
         raise NbscaleError(f"data must be a torch Dataset, a tensor, or an (inputs, labels) pair of tensors, "
                            f"not {what}.")
-    for batch in DataLoader(data, batch_size=batch_size, shuffle=False):  # type: ignore[arg-type]
+    for batch in DataLoader(data, batch_size=batch_size, shuffle=False):
         if isinstance(batch, list | tuple) and len(batch) >= 2:
             yield batch[0], torch.as_tensor(batch[1])
         else:
@@ -219,8 +219,8 @@ def confusion_chart(true: Any, pred: Any, classes: Sequence[str] | None = None) 
         raise NbscaleError(f"confusion_chart: {len(true_labels)} true labels but {len(pred_labels)} predictions.")
     if classes is None:
         both = [true_labels, pred_labels]
-        if all(isinstance(labels, torch.Tensor) for labels in both):
-            largest = max((int(labels.max()) for labels in both if labels.numel()), default=-1)
+        if isinstance(true_labels, torch.Tensor) and isinstance(pred_labels, torch.Tensor):
+            largest = max((int(labels.max()) for labels in (true_labels, pred_labels) if labels.numel()), default=-1)
             classes = [str(i) for i in range(largest + 1)]
         else:
             values = {v for labels in both for v in (labels.tolist() if isinstance(labels, torch.Tensor) else labels)}

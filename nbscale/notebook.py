@@ -18,7 +18,7 @@ from nbscale.cellvars import names_bound
 from nbscale.errors import NbscaleError, OptionsError
 from nbscale.train.events import IterationDone, StopSignal
 from nbscale.train.info import TrainingInfo
-from nbscale.train.options import TrainingOptions
+from nbscale.train.options import Environment, Solver, TrainingOptions
 
 if TYPE_CHECKING:
     import torch
@@ -129,11 +129,11 @@ class CellTraining:
     """What a `%%train` line asks for: each flag, None where it was not given. Names are checked here."""
 
     options: str | None = None  # a notebook variable holding TrainingOptions or an options form
-    environment: str | None = None
+    environment: Environment | None = None
     epochs: int | None = None
     batch_size: int | None = None
     learn_rate: float | None = None
-    solver: str | None = None
+    solver: Solver | None = None
     plots: bool = True
     verbose: bool = True
     net: str = "net"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import torch
@@ -37,13 +37,14 @@ class RefusedPickle(Exception):
         return f"refers to {self.names[:5]}" if self.names else self.detail
 
 
-def load_restricted(stream: IO[bytes], allowed: Mapping[tuple[str, str], object]) -> Any:
+def load_restricted(stream: IO[bytes], allowed: Mapping[tuple[str, str], Callable[..., Any]]) -> Any:
     """torch.load `stream` (an open binary file, seekable) onto the CPU with exactly `allowed` as extra globals.
 
     Raises RefusedPickle without running anything from the file when it refers to other globals; other
     errors (not a torch file, truncated) as torch raises them.
     """
-    pairs = [(value, f"{module}.{name}") for (module, name), value in allowed.items()]
+    pairs: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+        (value, f"{module}.{name}") for (module, name), value in allowed.items()]
     try:
         with torch.serialization.safe_globals(pairs):
             return torch.load(stream, map_location="cpu", weights_only=True)
@@ -54,7 +55,7 @@ def load_restricted(stream: IO[bytes], allowed: Mapping[tuple[str, str], object]
         raise pickle.UnpicklingError(f"not a torch file, or a damaged one: {detail}") from None
 
 
-def _refused_names(stream: IO[bytes], allowed: Mapping[tuple[str, str], object],
+def _refused_names(stream: IO[bytes], allowed: Mapping[tuple[str, str], Callable[..., Any]],
                    error: Exception) -> list[str]:
     known = {f"{module}.{name}" for module, name in allowed}
     try:

@@ -99,7 +99,7 @@ class AugmentedImageDatastore(Dataset):
 
     def __init__(self, output_size: int | Sequence[int], ds: Dataset, augmenter: ImageAugmenter | None = None,
                  color_preprocessing: str = "none", output_size_mode: str = "resize") -> None:
-        size = (output_size, output_size) if isinstance(output_size, int) else tuple(int(s) for s in output_size)
+        size = [output_size, output_size] if isinstance(output_size, int) else [int(s) for s in output_size]
         if color_preprocessing not in COLOR_PREPROCESSING:
             raise DatastoreError(f"AugmentedImageDatastore: color_preprocessing={color_preprocessing!r} is not one "
                                  f"of {COLOR_PREPROCESSING}.")
@@ -115,7 +115,7 @@ class AugmentedImageDatastore(Dataset):
         if augmenter is not None and not isinstance(augmenter, ImageAugmenter):
             raise DatastoreError("AugmentedImageDatastore: augmenter must be an ImageAugmenter, not "
                                  f"{type(augmenter).__name__}.")
-        self.output_size: tuple[int, int] = size  # type: ignore[assignment]
+        self.output_size: tuple[int, int] = (size[0], size[1])
         self.ds = ds
         self.augmenter = augmenter
         self.color_preprocessing = color_preprocessing
@@ -135,7 +135,7 @@ class AugmentedImageDatastore(Dataset):
         return getattr(self.ds, "labels", None)
 
     def count_each_label(self) -> dict[str, int]:
-        return self.ds.count_each_label()  # type: ignore[attr-defined]
+        return self._underlying("count_each_label").count_each_label()
 
     def _with(self, ds: Dataset) -> AugmentedImageDatastore:
         return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
@@ -159,11 +159,11 @@ class AugmentedImageDatastore(Dataset):
         return self.ds
 
     def shuffle(self, seed: int | None = None) -> AugmentedImageDatastore:
-        return self._with(self.ds.shuffle(seed))  # type: ignore[attr-defined]
+        return self._with(self._underlying("shuffle").shuffle(seed))
 
     def split_each_label(self, *fractions: float, randomize: bool = False,
                          seed: int | None = None) -> tuple[AugmentedImageDatastore, ...]:
-        parts = self.ds.split_each_label(*fractions, randomize=randomize, seed=seed)  # type: ignore[attr-defined]
+        parts = self._underlying("split_each_label").split_each_label(*fractions, randomize=randomize, seed=seed)
         return tuple(self._with(part) for part in parts)
 
     def __repr__(self) -> str:
@@ -174,6 +174,7 @@ class AugmentedImageDatastore(Dataset):
     # --- torch Dataset -------------------------------------------------------------------------------
 
     def __len__(self) -> int:
+        # torch's Dataset declares no __len__; datastores have one
         return len(self.ds)  # type: ignore[arg-type]
 
     def source_item(self, index: int) -> tuple[torch.Tensor, int]:

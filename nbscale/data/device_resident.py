@@ -61,7 +61,8 @@ def whole_tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def _tensor_bytes(dataset: Any) -> int:
     if isinstance(dataset, Subset):
-        return _tensor_bytes(dataset.dataset) * len(dataset) // max(len(dataset.dataset), 1)
+        # torch's Dataset declares no __len__; tensors have one
+        return _tensor_bytes(dataset.dataset) * len(dataset) // max(len(dataset.dataset), 1)  # type: ignore[arg-type]
     return sum(t.numel() * t.element_size() for t in dataset.tensors)
 
 
@@ -88,6 +89,7 @@ def estimated_bytes(dataset: Dataset) -> int:
     source = dataset.ds if isinstance(dataset, AugmentedImageDatastore) else dataset
     if holds_tensors(source):
         return _tensor_bytes(source)
+    # torch's Dataset declares no __len__; the trainer checked it
     count = len(dataset)  # type: ignore[arg-type]
     if count == 0:
         return 0
@@ -98,7 +100,7 @@ def estimated_bytes(dataset: Dataset) -> int:
 def fits_on_device(dataset: Dataset, device: torch.device, budget_fraction: float = 0.5) -> bool:
     """True when the resident dataset takes at most `budget_fraction` of the device's free memory (RAM on CPU)."""
     try:
-        len(dataset)  # type: ignore[arg-type]
+        len(dataset)  # type: ignore[arg-type]  # torch's Dataset declares no __len__; this checks it
     except TypeError:
         return False  # an IterableDataset cannot be indexed
     return estimated_bytes(dataset) <= budget_fraction * _available_bytes(torch.device(device))
@@ -133,15 +135,16 @@ class DeviceResidentData:
     def epoch(self, rows: Rows, seed: int) -> Iterator[Batch]:
         """One batch per row of sample indices (the rows go to the data's device in one copy); an augmented
         dataset's random values for the pass are drawn at once from `seed`, each image's by its index."""
-        images, labels, home = self.images, self.labels, self.images.device
+        images, labels, home, augmented = self.images, self.labels, self.images.device, self.augmented
         take = _take if home == self.device else functools.partial(_take_pinned, device=self.device)
         draws = None
-        if self.augmented is not None:
-            draws = self.augmented.draw(len(self), self._draws_generator.manual_seed(seed), home)
+        if augmented is not None:
+            assert self._draws_generator is not None  # made with self.augmented
+            draws = augmented.draw(len(self), self._draws_generator.manual_seed(seed), home)
         for index in _on_device(rows, home):
             inputs, targets = take(images, index), take(labels, index)
-            if draws is not None:
-                inputs = self.augmented.apply(inputs, take(draws, index))
+            if augmented is not None and draws is not None:
+                inputs = augmented.apply(inputs, take(draws, index))
             elif self.decoded:
                 inputs = to_float(inputs)
             yield inputs, targets
@@ -210,6 +213,7 @@ def _stored(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
     if isinstance(source, ImageDatastore):
         items = _read_all(source, augmented)
     else:
+        # torch's Dataset declares no __len__; the trainer checked it
         items = [_stored_item(dataset, index) for index in range(len(dataset))]  # type: ignore[arg-type]
     readable = [item for item in items if item is not None]
     skipped = len(items) - len(readable)
@@ -217,12 +221,12 @@ def _stored(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
         warnings.warn(f"Left out {skipped} unreadable image(s) of {len(items)} (on_error='skip').", stacklevel=4)
     if not readable:
         raise DatastoreError("DeviceResidentData: the dataset has no readable items.")
-    images = _common_size([image for image, _ in readable], dataset)
-    if len({image.dtype for image in images}) > 1:
-        images = [to_float(image) for image in images]
+    pictures = _common_size([image for image, _ in readable], dataset)
+    if len({picture.dtype for picture in pictures}) > 1:
+        pictures = [to_float(picture) for picture in pictures]
     labels = torch.stack([torch.as_tensor(label) for _, label in readable])
     decoded = isinstance(source, ImageDatastore) or augmented is not None
-    return torch.stack(images), as_labels(labels), decoded, skipped
+    return torch.stack(pictures), as_labels(labels), decoded, skipped
 
 
 def _read_all(source: ImageDatastore, augmented: AugmentedImageDatastore | None) -> list[Any]:

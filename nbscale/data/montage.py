@@ -24,7 +24,7 @@ def montage(images: Sequence[torch.Tensor], captions: Sequence[str], columns: in
         tile = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
         scale = TILE / max(tile.size)
         tile = tile.resize((max(1, round(tile.width * scale)), max(1, round(tile.height * scale))),
-                           Image.NEAREST if scale >= 2 else Image.BILINEAR)
+                           Image.Resampling.NEAREST if scale >= 2 else Image.Resampling.BILINEAR)
         left, top = (k % columns) * TILE, (k // columns) * (TILE + CAPTION_HEIGHT)
         sheet.paste(tile, (left + (TILE - tile.width) // 2, top + (TILE - tile.height) // 2))
         draw.text((left + 3, top + TILE + 1), str(caption)[:16], fill="black")

@@ -11,10 +11,13 @@ to their colours: networks see grayscale (1 channel) or colour (3).
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import torch
 
+_torchcodec_decode: Callable[..., torch.Tensor] | None
 try:
     from torchcodec.decoders import decode_image as _torchcodec_decode
 except (ImportError, OSError, RuntimeError):  # not installed, or its library does not load here
@@ -47,8 +50,8 @@ def decode(data: bytes, file: str) -> torch.Tensor:
         from PIL import Image
 
         with Image.open(io.BytesIO(data)) as picture:
-            picture = picture.convert("L" if picture.mode in ("1", "L", "LA", "I;16") else "RGB")
-            array = np.asarray(picture)
+            converted = picture.convert("L" if picture.mode in ("1", "L", "LA", "I;16") else "RGB")
+            array = np.asarray(converted)
         image = torch.from_numpy(array.copy())
         image = image[None] if image.ndim == 2 else image.permute(2, 0, 1)
     else:
@@ -65,7 +68,7 @@ def decode(data: bytes, file: str) -> torch.Tensor:
     return image
 
 
-def _decode_encoded(data: torch.Tensor, mode: str) -> torch.Tensor:
+def _decode_encoded(data: torch.Tensor, mode: Literal["RGB", "UNCHANGED"]) -> torch.Tensor:
     """Decode with torchcodec (16-bit PNGs stay uint16), else with torchvision's deprecated decoders."""
     if _torchcodec_decode is not None:
         return _torchcodec_decode(data, mode=mode, output_dtype="auto")

@@ -82,7 +82,8 @@ def decode(line: bytes) -> Event | None:
         data = json.loads(line)
     except ValueError:
         return None
-    kind = _EVENT_TYPES.get(data.get("event")) if isinstance(data, dict) else None
+    name = data.get("event") if isinstance(data, dict) else None
+    kind = _EVENT_TYPES.get(name) if isinstance(name, str) else None  # a list or dict name is unhashable
     if kind is None:
         return None
     values: dict[str, Any] = {}

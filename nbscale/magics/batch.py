@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -15,6 +16,8 @@ from nbscale.ui.jobs_table import JobsTable
 @magics_class
 class BatchMagics(Magics):
     """Batch jobs (MATLAB's `batch`): cells that run detached and are collected later."""
+
+    shell: InteractiveShell  # registered with the kernel's shell (Magics allows None)
 
     @magic_arguments()
     @argument("--name", help="a name to tell the job apart in %%jobs")

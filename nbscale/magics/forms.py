@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -13,6 +14,8 @@ from nbscale.errors import OptionsError
 @magics_class
 class FormMagics(Magics):
     """Forms that edit training options."""
+
+    shell: InteractiveShell  # registered with the kernel's shell (Magics allows None)
 
     @magic_arguments()
     @argument("name", metavar="NAME", help="the notebook variable that holds the TrainingOptions")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -35,6 +36,8 @@ def _seconds(text: str) -> float:
 @magics_class
 class PoolMagics(Magics):
     """The worker pool (parpool) and spmd cells."""
+
+    shell: InteractiveShell  # registered with the kernel's shell (Magics allows None)
 
     @magic_arguments()
     @argument("action", nargs="?", default="status", help="start | status | stop | restart (default: status)")

@@ -6,7 +6,9 @@ import difflib
 import functools
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torchvision
@@ -43,7 +45,7 @@ def _unwrap_state_dict(loaded: object) -> dict[str, torch.Tensor] | None:
             if isinstance(loaded.get(key), dict):
                 return _strip_wrapper_prefixes(loaded[key])
         if all(isinstance(v, torch.Tensor) for v in loaded.values()):
-            return _strip_wrapper_prefixes(loaded)  # type: ignore[arg-type]
+            return _strip_wrapper_prefixes(loaded)
     return None
 
 
@@ -55,13 +57,13 @@ def _strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.T
 
 
 @functools.cache
-def network_globals() -> dict[tuple[str, str], object]:
+def network_globals() -> dict[tuple[str, str], Callable[..., Any]]:
     """The exact (module, name) pairs a whole saved network may refer to, besides what torch needs for tensors:
     every layer class of torch.nn and torchvision's networks and ops, and the few helpers they hold."""
     import torchvision.models.detection  # noqa: F401 (imported by torchvision.models; named for the reader)
     import torchvision.models.optical_flow  # noqa: F401
 
-    found: dict[tuple[str, str], object] = {}
+    found: dict[tuple[str, str], Callable[..., Any]] = {}
     for module_name, module in list(sys.modules.items()):
         if module is None or not module_name.startswith(_LAYER_MODULES):
             continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 from torch import nn
 
@@ -47,7 +48,7 @@ def _is_class_scoring_conv(layer: nn.Module) -> bool:
     return isinstance(layer, nn.Conv2d) and layer.kernel_size == (1, 1) and layer.groups == 1
 
 
-def _new_layer(old: nn.Module, num_classes: int) -> nn.Module:
+def _new_layer(old: nn.Linear | nn.Conv2d, num_classes: int) -> nn.Module:
     """A freshly initialised layer like `old` (Linear or 1 x 1 Conv2d) with `num_classes` outputs."""
     if isinstance(old, nn.Conv2d):
         new: nn.Module = nn.Conv2d(old.in_channels, num_classes, kernel_size=1, bias=old.bias is not None)
@@ -78,11 +79,11 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
     head_factor = 10.0 if isinstance(learn_rate_factor, Mapping) else _checked_factor(
         learn_rate_factor, "transfer(..., learn_rate_factor=...)")
     head_name = classification_layer(model)
-    old = model.get_submodule(head_name)
+    old = cast(nn.Linear | nn.Conv2d, model.get_submodule(head_name))  # classification_layer names only these
     new = _new_layer(old, num_classes)
     _replace(model, head_name, new)
     if isinstance(getattr(model, "num_classes", None), int):  # SqueezeNet keeps its class count
-        model.num_classes = num_classes
+        setattr(model, "num_classes", num_classes)  # noqa: B010 - nn.Module types attributes as tensors or modules
 
     modules = dict(model.named_modules())
     if freeze == TRUNK:
@@ -110,5 +111,5 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
         set_learn_rate_factors(model, learn_rate_factor)
     for parameter in frozen_parameters:  # last: a frozen layer stays fixed whatever factor a pattern gave it
         parameter.requires_grad_(False)
-    model.nbscale_frozen_layers = tuple(frozen)
+    setattr(model, "nbscale_frozen_layers", tuple(frozen))  # noqa: B010 - as above
     return model

@@ -139,6 +139,7 @@ class Channel:
         """
         data = self.connection.recv_bytes()
         (header_length,) = struct.unpack("!I", data[:4])
+        label: tuple[str, int | None, int | None]  # Frame.label: the message's kind, request_id and rank
         shm_paths, shm_sizes, inline_count, receiver_unlinks, label, shm_failure = pickle.loads(
             data[4 : 4 + header_length]
         )

@@ -6,13 +6,14 @@ goes through the object collectives. Shapes may differ between ranks for gather/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
-_PYTHON_REDUCERS = {"sum": sum, "max": max, "min": min, "mean": lambda values: sum(values) / len(values)}
+_PYTHON_REDUCERS: dict[str, Callable[[list[Any]], Any]] = {"sum": sum, "max": max, "min": min, "mean": lambda values: sum(values) / len(values)}
 
 
 class Collectives:
@@ -29,7 +30,7 @@ class Collectives:
 
     def broadcast(self, value: Any = None, src: int = 0) -> Any:
         """Rank `src`'s value on every rank (others may pass None)."""
-        holder = [self._describe(value) if dist.get_rank() == src else None]
+        holder: list[Any] = [self._describe(value) if dist.get_rank() == src else None]
         dist.broadcast_object_list(holder, src=src, group=self.group)
         description = holder[0]
         if description[0] == "tensor":

@@ -79,8 +79,8 @@ def plan_devices(
         asked = [found[index] for index in gpus]
         held = [gpu for gpu in asked if gpu.held_by_others()]
         if held and not force:
-            free = [str(gpu.index) for gpu in found if not gpu.held_by_others()]
-            pick = f"Pick free GPUs (free now: {', '.join(free)})" if free else "Wait until one is released"
+            free_now = [str(gpu.index) for gpu in found if not gpu.held_by_others()]
+            pick = f"Pick free GPUs (free now: {', '.join(free_now)})" if free_now else "Wait until one is released"
             raise PoolError(
                 f"{_held(held)}. {pick}, or add --force (force=True) to share {'it' if len(held) == 1 else 'them'} "
                 "anyway; %gpu shows each GPU's holders."

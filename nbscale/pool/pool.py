@@ -90,8 +90,9 @@ class Pool:
                 f"A pool of {_current.size} workers is already running. Stop it first with %pool stop "
                 "(pool.close()), or get fresh workers with %pool restart."
             )
+        # PoolSettings checks and normalises what users pass: gpus any iterable, env None
         self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
-        self.closed = True
+        self.closed: bool = True
         self._spare: Backend | None = None  # a replacement prepared while interrupted workers get time to stop
         self._start()
 

@@ -76,7 +76,8 @@ class Request:
         original = classes.pop() if len(classes) == 1 else None
         if original is not None:
             try:
-                return _worker_error_class(original)(message, failures)
+                # a class is hashable; mypy checks Exception's instance __hash__ against Hashable instead
+                return _worker_error_class(original)(message, failures)  # type: ignore[arg-type]
             except Exception:  # noqa: BLE001 - an exception class whose constructor wants other arguments
                 pass
         return WorkerError(message, failures)

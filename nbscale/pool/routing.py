@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_connections
-from typing import Any
+from typing import Any, cast
 
 from nbscale.errors import PoolInterrupted
 from nbscale.pool import protocol as p
@@ -120,7 +121,8 @@ class Router:
             if not live:
                 return
             try:
-                ready = wait_for_connections(list(live), timeout=0.5)
+                # wait returns some of the connections it was given
+                ready = cast(list[Connection], wait_for_connections(list(live), timeout=0.5))
             except (OSError, ValueError):
                 continue
             for connection in ready:

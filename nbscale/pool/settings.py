@@ -79,9 +79,9 @@ def _check_n(n: Any) -> None:
         return
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise PoolError(f"N (the number of workers) must be a whole number such as 4, not {n!r}.")
-    if n < 1:
+    if int(n) < 1:  # int(): numbers.Integral declares no comparisons
         raise PoolError(f"A pool needs at least one worker, not {n!r}: use %pool start N with N >= 1.")
-    if n > MAX_WORKERS:
+    if int(n) > MAX_WORKERS:
         raise PoolError(
             f"{n:,} workers is more than a pool can hold ({MAX_WORKERS}): ask for at most {MAX_WORKERS}, "
             "or train on a cluster pool of fewer, larger workers."
@@ -110,7 +110,7 @@ def _checked_idle_timeout(minutes: Any) -> float:
         raise PoolError(
             f"idle_timeout (--idle-timeout) must be a number of minutes, such as 30 (0 = never), not {minutes!r}."
         )
-    if not 0 <= minutes <= MAX_IDLE_TIMEOUT_MINUTES:
+    if not 0 <= float(minutes) <= MAX_IDLE_TIMEOUT_MINUTES:  # float(): numbers.Real declares no 0 <= x
         raise PoolError(
             f"idle_timeout (--idle-timeout) must be between 0 and {MAX_IDLE_TIMEOUT_MINUTES:,} minutes (a year), not "
             f"{minutes!r}: use 0 for a pool that never stops by itself."
@@ -123,7 +123,7 @@ def checked_connect_timeout(seconds: Any, name: str) -> float | None:
     if seconds is None:
         return None
     if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds)
-            or not 1 <= seconds <= MAX_CONNECT_TIMEOUT_S):
+            or not 1 <= float(seconds) <= MAX_CONNECT_TIMEOUT_S):
         raise PoolError(
             f"{name} must be a number of seconds from 1 to {MAX_CONNECT_TIMEOUT_S:.0f}, such as 120, not {seconds!r}."
         )

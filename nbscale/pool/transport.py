@@ -89,8 +89,8 @@ def _write_files(buffers: list[memoryview], directory: Path) -> list[str]:
             finally:
                 os.close(descriptor)
     except BaseException:
-        for path in paths:
-            Path(path).unlink(missing_ok=True)
+        for begun in paths:
+            Path(begun).unlink(missing_ok=True)
         raise
     return paths
 

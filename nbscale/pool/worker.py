@@ -145,9 +145,9 @@ class Worker:
             with self.request_lock:
                 self.cancelled_requests.add(message.request_id)
                 if self.current_request == message.request_id:
-                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                    _interrupt_main_thread()
         elif self.busy:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            _interrupt_main_thread()
 
     def request_stop(self, message: p.RequestStop) -> None:
         self.context._stop.set()
@@ -319,6 +319,13 @@ def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
     return int(fields[11]) + int(fields[12]), switches  # utime + stime (stat's fields 14 and 15)
 
 
+def _interrupt_main_thread() -> None:
+    """SIGINT to the main thread, which runs the requests: KeyboardInterrupt there, even in a blocking call."""
+    main = threading.main_thread().ident
+    assert main is not None  # the main thread has always started
+    signal.pthread_kill(main, signal.SIGINT)
+
+
 def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:
     """Whether a thread neither computed nor woke up (more than a couple of times) between two samples."""
     return after[0] - before[0] <= 1 and after[1] - before[1] <= 2
@@ -327,7 +334,7 @@ def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:
 def _describe_spot(frame: FrameType) -> str:
     """Where a thread is, in the user's terms: 'line 4 of the cell (`lock.acquire()`)', and the library function it
     is inside, if any ('..., inside all_reduce')."""
-    user = frame
+    user: FrameType | None = frame
     while user is not None and not user.f_code.co_filename.startswith("<") and user.f_code.co_filename.startswith(_LIBRARY_DIRS):
         user = user.f_back
     if user is None:

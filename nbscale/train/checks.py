@@ -30,6 +30,7 @@ def check_model(model: Any) -> None:
 def check_items(dataset: Dataset, what: str) -> Any:
     """The first item of `dataset` must be an (input, label) pair whose input is a tensor or an array; returns
     that item (None for an empty dataset), so later checks need not read it again."""
+    # torch's Dataset declares no __len__; as_dataset checked it
     if len(dataset) == 0:  # type: ignore[arg-type]
         return None
     with torch.random.fork_rng(devices=[]):  # reading an augmented item draws numbers: the run's stream stays as it was

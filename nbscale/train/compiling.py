@@ -17,21 +17,25 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Literal, cast
 
 import torch
 from torch import nn
 
+from nbscale.train.options import CompileMode
+
 Trial = Callable[[nn.Module], None]  # one forward and backward of a candidate network on a batch
 
 
-def compiled_network(net: nn.Module, mode: bool | str, trial: Trial, model: nn.Module, device: torch.device,
-                     warn: bool) -> nn.Module:
+def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: Trial, model: nn.Module,
+                     device: torch.device, warn: bool) -> nn.Module:
     """`net` compiled in `mode` (True: torch.compile's default) where that works, else `net` itself.
 
     `trial` runs the candidate once (see the module docstring); `model` is the module whose buffers the trial
     must leave as they were; `warn` says whether this process tells the user (one rank of a pool does).
     """
-    compiled = torch.compile(net, mode=None if mode is True else mode, dynamic=False)
+    # a module in, an OptimizedModule (an nn.Module) out
+    compiled = cast(nn.Module, torch.compile(net, mode=None if mode is True else mode, dynamic=False))
     try:
         with _untouched(model, device):
             trial(compiled)

@@ -116,7 +116,8 @@ class Carried:
     """One iteration's figures on their way through the gradient all-reduce."""
 
     def __init__(self, figures: torch.Tensor) -> None:
-        self.figures, self.reduced = figures, None
+        self.figures = figures
+        self.reduced: torch.Tensor | None = None
 
     def summed(self, group: Any) -> torch.Tensor:
         """The figures summed over the ranks (an all-reduce of their own when no bucket could carry them)."""

@@ -152,6 +152,7 @@ class StreamBatches:
             "streamed by a DataLoader"
 
     def __len__(self) -> int:
+        # torch's Dataset declares no __len__; as_dataset checked it
         return len(self.dataset)  # type: ignore[arg-type]
 
     def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:

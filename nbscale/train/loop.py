@@ -98,8 +98,9 @@ def _train(setup: LoopSetup) -> LoopResult:
         net = compiled_network(net, options.compile, trial, model, device, warn=setup.is_main)
     clip = _clipping(model, optimizer, scaler, options)
 
-    epoch, iteration, history = 0, 0, []
-    best = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
+    epoch, iteration = 0, 0
+    history: list[IterationDone] = []
+    best: dict[str, Any] = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
     if setup.resume is not None:
         epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler)
     if setup.is_main and options.checkpoint_path:
@@ -384,7 +385,7 @@ def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
     elif method == "absolute-value":
         torch.nn.utils.clip_grad_value_(with_gradients, threshold)
     else:  # "l2norm": each parameter's gradient on its own (torch has no public per-tensor clip in one launch)
-        grads = [p.grad for p in with_gradients]
+        grads = [p.grad for p in with_gradients if p.grad is not None]  # all are; this narrows the type
         norms = torch._foreach_norm(grads)
         factors = [torch.clamp(threshold / (n + 1e-12), max=1.0) for n in norms]
         torch._foreach_mul_(grads, factors)
@@ -401,7 +402,8 @@ class _Validator:
         data = as_dataset(setup.validation_data, "validation_data")
         active = sum(1 for c in setup.counts if c > 0)
         position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
-        indices = torch.arange(position, len(data), active)
+        # torch's Dataset declares no __len__; as_dataset checked it
+        indices = torch.arange(position, len(data), active)  # type: ignore[arg-type]
         self.batches = list(torch.split(indices, int(setup.options.mini_batch_size)))
         self.source = make_batch_source(data, setup.device, setup.options.data_placement, False)
 
@@ -439,7 +441,7 @@ def _precision(precision: str, device: torch.device) -> tuple[torch.dtype | None
 
 
 def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any,
-             scaler: torch.amp.GradScaler) -> tuple[int, int, list, dict]:
+             scaler: torch.amp.GradScaler) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     if state.get("scaler") and scaler.is_enabled():

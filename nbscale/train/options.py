@@ -47,6 +47,8 @@ MAX_EPOCHS_LIMIT = 1_000_000  # more is a typo (1e23), not a plan: it would trai
 _DEFAULT_LEARN_RATE = {"sgdm": 0.01, "adam": 0.001, "adamw": 0.001, "rmsprop": 0.001}
 _DEFAULT_SQUARED_DECAY = {"sgdm": 0.999, "adam": 0.999, "adamw": 0.999, "rmsprop": 0.9}
 _SOLVER_DEFAULTS = {"initial_learn_rate": _DEFAULT_LEARN_RATE, "squared_gradient_decay_factor": _DEFAULT_SQUARED_DECAY}
+# the default of those fields: None, which construction and assignment replace by the solver's float
+_SOLVER_DEFAULT: Any = None
 
 
 @dataclass(init=False, repr=False, eq=False)
@@ -59,10 +61,10 @@ class TrainingOptions:
     """
 
     solver: Solver = "sgdm"
-    initial_learn_rate: float | None = None  # None: 0.01 for sgdm, 0.001 otherwise (MATLAB's defaults)
+    initial_learn_rate: float = _SOLVER_DEFAULT  # None: 0.01 for sgdm, 0.001 otherwise (MATLAB's defaults)
     momentum: float = 0.9
     gradient_decay_factor: float = 0.9
-    squared_gradient_decay_factor: float | None = None  # None: 0.9 for rmsprop, 0.999 otherwise
+    squared_gradient_decay_factor: float = _SOLVER_DEFAULT  # None: 0.9 for rmsprop, 0.999 otherwise
     epsilon: float = 1e-8
     l2_regularization: float = 1e-4
     gradient_threshold: float = math.inf

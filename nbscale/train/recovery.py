@@ -91,7 +91,7 @@ def train_surviving_lost_workers(
         except WorkerError:
             pool = current_pool()
             lost = [worker for worker in pool.workers if worker.dead] if pool is not None else []
-            if not lost or stop.requested or len(notes) >= MAX_RESTARTS:
+            if pool is None or not lost or stop.requested or len(notes) >= MAX_RESTARTS:
                 raise
             checkpoint = _this_runs_checkpoint(options, seed, began)
             where = f"the checkpoint of epoch {checkpoint[1]}" if checkpoint else "the start (no checkpoint yet)"
@@ -101,7 +101,7 @@ def train_surviving_lost_workers(
             print(f"Training lost a worker ({losses}). Restarting the pool and resuming from {where} "
                   f"(on_worker_failure='restart', restart {len(notes) + 1} of at most {MAX_RESTARTS}).",
                   file=sys.stderr, flush=True)
-            pool.restart()  # type: ignore[union-attr] - lost workers mean a pool
+            pool.restart()
             resume = load_checkpoint(checkpoint[0]) if checkpoint else resume
             notes.append(note)
 

@@ -218,7 +218,8 @@ def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
             device=device, seed=seeded.data_order_seed if seeded is not None else draw_seed(),
             hardware=f"worker {context.rank} ({device})", publish=publish, stop_reason=stop,
             validation_data=options.validation_data,
-            counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1)))
+            # torch's Dataset declares no __len__; as_dataset checked it
+            counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1)))  # type: ignore[arg-type]
     finally:
         sender.flush()
     info.stop_reason = info.stop_reason or result.stop_reason

@@ -163,11 +163,11 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
     return result
 
 
-def parse_grid(specs: Sequence[str]) -> dict[str, list[Any]]:
+def parse_grid(specs: Sequence[str]) -> dict[str, Sequence[Any]]:
     """A grid from `%%train --sweep` texts: ["initial_learn_rate=0.01,0.1", "solver=sgdm,adam"]."""
     import ast
 
-    grid: dict[str, list[Any]] = {}
+    grid: dict[str, Sequence[Any]] = {}
     for spec in specs:
         name, equals, values = spec.strip().strip("\"'").partition("=")  # IPython keeps the quotes
         name = name.strip()

@@ -122,7 +122,8 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
     """
     check_model(model)
     dataset = as_dataset(train_data)
-    if len(dataset) == 0:
+    # torch's Dataset declares no __len__; as_dataset checked it
+    if len(dataset) == 0:  # type: ignore[arg-type]
         raise OptionsError("train_data is empty: give it at least one sample.")
     first_item = check_items(dataset, "train_data")
     validation = options.validation_data

@@ -67,7 +67,8 @@ def _control_client() -> Any:
     from jupyter_client import BlockingKernelClient
 
     client = BlockingKernelClient()
-    client.load_connection_info(get_connection_info(unpack=True))
+    # unpack=True gives the dict (typed as str | dict), and load_connection_info takes it (typed as a TypedDict)
+    client.load_connection_info(get_connection_info(unpack=True))  # type: ignore[arg-type]
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     return client
 

@@ -212,7 +212,7 @@ def _kernel_shell() -> Any:
 def _outputs_to_this_cell(shell: Any) -> Any:
     """A function that, run in another thread, sends that thread's displays as outputs of the running cell
     (ipykernel >= 7 keeps each thread's parent message apart; without it they go to the latest cell)."""
-    publisher = getattr(shell, "display_pub", None)
+    publisher: Any = getattr(shell, "display_pub", None)
     parent = getattr(publisher, "parent_header", None)
 
     def pin() -> None:

@@ -32,6 +32,7 @@ class TrainingProgress:
             "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
             "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate")}
         self.last: IterationDone | None = None
+        self.done: TrainingDone | None = None
         self.state = "Starting"
         self.next_draw = 0.0
         self.figure_handle: Any = None

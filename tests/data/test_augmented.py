@@ -105,6 +105,13 @@ def test_split_and_shuffle_keep_the_augmentation_and_it_pickles_small(digits_fol
     assert len(pickle.dumps(train)) < 120 * len(train)
 
 
+@pytest.mark.parametrize("operation", ["count_each_label", "shuffle", "split_each_label"])
+def test_datastore_operations_on_a_wrapped_plain_dataset_are_errors_naming_the_operation(operation: str) -> None:
+    augmented = AugmentedImageDatastore(8, torch.utils.data.TensorDataset(torch.rand(4, 1, 8, 8), torch.arange(4)))
+    with pytest.raises(DatastoreError, match=f"needs a datastore with {operation} underneath"):
+        getattr(augmented, operation)(*([0.5] if operation == "split_each_label" else []))
+
+
 def test_wrong_options_are_errors_naming_them(digits_folder: Path) -> None:
     source = ImageDatastore(digits_folder / "0")
     with pytest.raises(DatastoreError, match="color_preprocessing"):

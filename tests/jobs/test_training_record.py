@@ -46,7 +46,7 @@ def test_events_round_trip_as_strict_json_lines_with_non_finite_losses_kept() ->
     b'{"event": "TrainingStarted", "max_epochs": true, "iterations_per_epoch": 1, "mini_batch_size": 1, '
     b'"hardware": "x", "start_time": 1}',
     b'{"event": "os.system", "command": "rm -rf /"}',
-    b'["IterationDone"]', b"not json", b'{"event": "IterationDone", "epoch": 1',
+    b'["IterationDone"]', b'{"event": ["IterationDone"]}', b"not json", b'{"event": "IterationDone", "epoch": 1',
 ])
 def test_a_line_that_is_not_an_event_is_skipped(line: bytes) -> None:
     assert training_record.decode(line) is None

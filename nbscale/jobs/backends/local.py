@@ -18,15 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from nbscale.jobs.backends.base import JobBackend, Launch, LaunchFailed
 from nbscale.jobs.files import open_private
 from nbscale.jobs.records import JobRecord
-from nbscale.processes import pid_running
-
-try:
-    import psutil
-except ImportError:  # ipykernel brings psutil; without it, liveness falls back to kill(pid, 0)
-    psutil = None
 
 
 class LocalJobBackend(JobBackend):
@@ -92,8 +88,6 @@ def spawn_runner(
 
 def start_time(pid: int) -> float | None:
     """The process's start time (seconds since the epoch), or None when unknown."""
-    if psutil is None:
-        return None
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
@@ -102,8 +96,6 @@ def start_time(pid: int) -> float | None:
 
 def alive(pid: int, started: float | None) -> bool:
     """Whether process `pid` still runs and is the one that started at `started` (not a reused pid)."""
-    if psutil is None:
-        return pid_running(pid)
     try:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:

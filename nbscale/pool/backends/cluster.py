@@ -10,6 +10,7 @@ along, and the kernel learns how from the actor: `exit_status`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -111,7 +112,7 @@ class RayBackend(Backend):
                         address=self.profile.address,
                         runtime_env=self.profile.runtime_env or None,
                         log_to_driver=False,
-                        logging_level="ERROR",
+                        logging_level=logging.ERROR,
                     )
                     return
                 except ConnectionError as error:  # Ray client gave up its own retries (about 30 s): try again in time

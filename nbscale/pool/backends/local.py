@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from nbscale.gpu_reservations import GpuReservation
 from nbscale.pool.backends.base import Backend, WorkerSpec
@@ -136,7 +136,7 @@ class LocalBackend(Backend):
         return LOOPBACK
 
 
-def _loopback_sockets_env(user_env: dict[str, str]) -> dict[str, str]:
+def _loopback_sockets_env(user_env: Mapping[str, str]) -> dict[str, str]:
     """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME naming the loopback interface, where neither the user's --env
     nor the kernel's environment sets them (gloo otherwise binds the address the host name resolves to)."""
     interface = next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)

@@ -55,13 +55,24 @@ class TrainingInfo:
 
     @property
     def final_validation_loss(self) -> float | None:
-        """The last validation loss computed (None without validation data)."""
-        return next((v for v in reversed(self.validation_loss) if v is not None), None)
+        """The validation loss of the returned network (None without validation data): see `_returned_networks`."""
+        return self._returned_networks(self.validation_loss)
 
     @property
     def final_validation_accuracy(self) -> float | None:
-        """The last validation accuracy computed (None without validation data)."""
-        return next((v for v in reversed(self.validation_accuracy) if v is not None), None)
+        """The validation accuracy of the returned network (None without validation data or class scores)."""
+        return self._returned_networks(self.validation_accuracy)
+
+    def _returned_networks(self, figures: list[float | None]) -> float | None:
+        """The figure validated at `output_network_iteration` (the returned network's: with output_network=
+        "best-validation" an earlier iteration's), else the last one computed (a run ended by a non-finite loss
+        does not validate its last iteration)."""
+        iteration = self.output_network_iteration
+        if iteration and self.iteration and self.iteration[-1] >= iteration:
+            index = len(self.iteration) - 1 - (self.iteration[-1] - iteration)  # iterations are consecutive
+            if 0 <= index and self.iteration[index] == iteration and self.validation_loss[index] is not None:
+                return figures[index]
+        return next((v for v in reversed(figures) if v is not None), None)
 
     def history(self) -> dict[str, list[Any]]:
         """The per-iteration history as columns."""

@@ -392,7 +392,8 @@ def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
 
 class _Validator:
     """Loss and accuracy over the validation data, with the plain network in eval mode (never the compiled one:
-    its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample."""
+    its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample,
+    with the main rank's buffers (the network the user gets back: see `_take_main_ranks_buffers`)."""
 
     def __init__(self, setup: LoopSetup, model: nn.Module, autocast_dtype: Any) -> None:
         from nbscale.train.loading import as_dataset
@@ -407,6 +408,8 @@ class _Validator:
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float | None]:
+        if self.setup.group is not None:
+            _take_main_ranks_buffers(self.model, self.setup.group)
         self.model.eval()
         device = self.setup.device
         totals = torch.zeros(3, device=device)
@@ -423,6 +426,18 @@ class _Validator:
         loss_sum, correct_count, count = totals.tolist()
         count = max(count, 1)
         return loss_sum / count, (correct_count / count if correct_count >= 0 else None)
+
+
+def _take_main_ranks_buffers(model: nn.Module, group: Any) -> None:
+    """Every rank's buffers (BatchNorm's running statistics) become the main rank's, in place.
+
+    Each rank's running statistics follow its own share of the data, while the network returned (and written to
+    checkpoints) is the main rank's: validating with these makes the figures those of the returned network.
+    Training is unchanged, since DistributedDataParallel itself broadcasts the main rank's buffers at the start of
+    every forward pass (broadcast_buffers).
+    """
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, group=group, group_src=0)  # the group's rank 0 is the main rank
 
 
 def _precision(precision: str, device: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScaler]:

@@ -32,6 +32,7 @@ class TrainingProgress:
             "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
             "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate")}
         self.last: IterationDone | None = None
+        self.done: TrainingDone | None = None
         self.state = "Starting"
         self.next_draw = 0.0
         self.figure_handle: Any = None
@@ -130,10 +131,20 @@ class TrainingProgress:
                      ("Learn rate", f"{last.learn_rate:.3g}"),
                      ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s")]
         if self.columns["val_iteration"]:
-            accuracy = self.columns["val_accuracy"][-1]
-            rows.append(("Validation", f"loss {self.columns['val_loss'][-1]:.4f}"
-                         + ("" if accuracy != accuracy else f", accuracy {accuracy:.2f}%")))
+            rows.append(self._validation_row())
         return rows
+
+    def _validation_row(self) -> tuple[str, str]:
+        """The last validation figures; once done, those of the returned network (with output_network=
+        "best-validation" an earlier iteration's), as `info.final_validation_loss/accuracy` are."""
+        c, index, note = self.columns, -1, ""
+        done = self.done
+        if done is not None and done.output_network_iteration in c["val_iteration"][:-1]:
+            index = c["val_iteration"].index(done.output_network_iteration)
+            note = f" (the returned network, iteration {done.output_network_iteration})"
+        accuracy = c["val_accuracy"][index]
+        return ("Validation", f"loss {c['val_loss'][index]:.4f}"
+                + ("" if accuracy != accuracy else f", accuracy {accuracy:.2f}%") + note)
 
     def _close_when_the_cell_ends(self) -> None:
         """A run that fails sends no TrainingDone: the cell's end removes the button and its subshell then."""

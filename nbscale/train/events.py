@@ -50,7 +50,20 @@ class TrainingDone:
     images_per_second: float
 
 
-Event = TrainingStarted | IterationDone | TrainingDone
+@dataclass(frozen=True)
+class TrainingRestarted:
+    """Sent when a lost worker restarted the pool (on_worker_failure="restart") and training resumes.
+
+    The next iterations are `resumed_after + 1, ...`, recomputed from that checkpoint (0: from the start); the
+    listeners have seen up to `lost_after`, and are sent only the iterations after it.
+    """
+
+    resumed_after: int
+    lost_after: int
+    description: str  # one line: which restart, what was lost, where training resumed
+
+
+Event = TrainingStarted | IterationDone | TrainingDone | TrainingRestarted
 
 
 class StopSignal:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, TrainingDone, TrainingRestarted, TrainingStarted
 
 _COLUMNS = ("epoch", "iteration", "time", "training_loss", "training_accuracy", "validation_loss",
             "validation_accuracy", "learn_rate")
@@ -33,6 +33,7 @@ class TrainingInfo:
     output_network_iteration: int = 0
     max_epochs: int = 0
     iterations_per_epoch: int = 0
+    restarts: list[str] = field(default_factory=list)  # one line per pool restart (on_worker_failure="restart")
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -52,6 +53,8 @@ class TrainingInfo:
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second
             self.output_network_iteration = event.output_network_iteration
+        elif isinstance(event, TrainingRestarted):
+            self.restarts.append(event.description)
 
     @property
     def final_validation_loss(self) -> float | None:

@@ -13,9 +13,10 @@ loop almost nothing.
 from __future__ import annotations
 
 import time
+from html import escape
 from typing import Any
 
-from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingRestarted, TrainingStarted
 from nbscale.ui.progress_figure import ProgressFigure, is_drop, smoothed
 
 
@@ -30,7 +31,9 @@ class TrainingProgress:
         self.start: TrainingStarted | None = None
         self.columns: dict[str, list[float]] = {k: [] for k in (
             "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
-            "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate")}
+            "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate",
+            "restart_iteration")}
+        self.restarts: list[str] = []
         self.last: IterationDone | None = None
         self.done: TrainingDone | None = None
         self.state = "Starting"
@@ -58,6 +61,11 @@ class TrainingProgress:
             self.done = event
             self._draw()
             self._close_button()
+        elif isinstance(event, TrainingRestarted):
+            self.columns["restart_iteration"].append(event.resumed_after)
+            self.restarts.append(event.description)
+            self.state = "Restarted after a lost worker"
+            self._draw()
 
     # ---- data ------------------------------------------------------------------------------------------------
 
@@ -110,8 +118,8 @@ class TrainingProgress:
 
     def _info_bundle(self) -> dict[str, str]:
         rows = self._info_rows()
-        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{k}</b></td>"
-                       f"<td style='text-align:left'>{v}</td></tr>" for k, v in rows)
+        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
+                       f"<td style='text-align:left'>{escape(v)}</td></tr>" for k, v in rows)
         text = "\n".join(f"{k}: {v}" for k, v in rows)
         return {"text/html": f"<table style='font-size:12px'>{html}</table>", "text/plain": text}
 
@@ -132,6 +140,8 @@ class TrainingProgress:
                      ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s")]
         if self.columns["val_iteration"]:
             rows.append(self._validation_row())
+        if self.restarts:
+            rows.append(("Restarts", "; ".join(self.restarts)))
         return rows
 
     def _validation_row(self) -> tuple[str, str]:

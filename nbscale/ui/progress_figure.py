@@ -1,6 +1,6 @@
 """The training-progress figure, as MATLAB's: accuracy and loss panels with raw, smoothed and validation
 curves, each panel with its legend, epochs as alternating shaded bands labelled along the top, and learn-rate
-drops marked where they happen.
+drops and restarts after a lost worker marked where they happen.
 
 Drawn with matplotlib's Agg canvas (no pyplot, no GUI) and blitted: the axes, ticks, grid, epoch bands and
 labels, learn-rate marks and legends are drawn once into a cached background, and an update only pastes that
@@ -30,6 +30,7 @@ SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn ov
 _COLOURS = {"accuracy": ("#80bfe6", "#0072bd"), "loss": ("#f4b183", "#d95319")}
 _BAND = "#f0f0f0"
 _DROP = "#6a3d9a"
+_RESTART = "#c00000"
 
 
 class ProgressFigure:
@@ -65,6 +66,7 @@ class ProgressFigure:
         loss_axes.set_ylim(0.0, 1.0)
         loss_axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
         self.drops_marked = 0
+        self.restarts_marked = 0
         self.background_without_loss_axis: Any = None
         self.background: Any = None  # the one above with the loss axis drawn at its current limits
 
@@ -78,6 +80,7 @@ class ProgressFigure:
             validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
         self._fit_limits(c)
         self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
+        self._mark_restarts(c.get("restart_iteration", []))
         if self.background_without_loss_axis is None:
             self.canvas.draw()  # everything but the animated curves and loss axis
             self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
@@ -123,6 +126,22 @@ class ProgressFigure:
                                         xytext=(3, -3), textcoords="offset points", ha="left", va="top",
                                         fontsize=7.5, color=_DROP, rotation=90)
         self.drops_marked = len(iterations)
+        self.background_without_loss_axis = self.background = None
+
+
+    def _mark_restarts(self, iterations: list[float]) -> None:
+        """A dash-dot line across both panels where training resumed after a lost worker (on_worker_failure=
+        "restart"), labelled "restart N": the iterations after it were trained again from that checkpoint."""
+        if len(iterations) <= self.restarts_marked:
+            return
+        for index in range(self.restarts_marked, len(iterations)):
+            where = iterations[index] + 0.5  # after the checkpoint's last iteration
+            for axes, *_ in self.panels:
+                axes.axvline(where, color=_RESTART, linestyle="-.", linewidth=1.2, zorder=1)
+            self.panels[0][0].annotate(f"restart {index + 1}", (where, 0.0), xycoords=("data", "axes fraction"),
+                                       xytext=(3, 3), textcoords="offset points", ha="left", va="bottom",
+                                       fontsize=7.5, color=_RESTART, rotation=90)
+        self.restarts_marked = len(iterations)
         self.background_without_loss_axis = self.background = None
 
 

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, UnsendableError, WorkerError
+from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, StopSignal
-from nbscale.train.loading import split_batch
 from nbscale.train.loop import LoopResult, LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
 
@@ -48,7 +48,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
                   resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal) -> LoopResult:
     """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
     pool = _pool_for(options.execution_environment)
-    counts = split_batch(min(int(options.mini_batch_size), len(dataset)), options.worker_load, pool.size)
+    check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
+    counts = batch_counts(options, len(dataset), pool.size)  # for "auto", which workers have work
     backend = "NCCL" if pool.kind == "gpu" else "gloo"
     used = [device for device, count in zip(pool.devices, counts, strict=True) if count > 0]
     idle = [str(rank) for rank, count in enumerate(counts) if count == 0]  # MATLAB's WorkerLoad 0: the worker sits out
@@ -109,6 +110,10 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         # still winding down)
         _abort(active, destroy=not _woken_by_a_peer(error))
         if isinstance(error, torch.OutOfMemoryError):
+            if job.options.mini_batch_size == "auto":
+                raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with mini_batch_size="
+                                   "'auto' (its probe left too little memory for the rest of training): give "
+                                   f"mini_batch_size a number below the one it chose. {error}") from None
             raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with "
                                f"{job.counts[context.rank]} samples per iteration: lower mini_batch_size "
                                f"(now {sum(job.counts)}). {error}") from None

@@ -34,6 +34,9 @@ class TrainingInfo:
     max_epochs: int = 0
     iterations_per_epoch: int = 0
     restarts: list[str] = field(default_factory=list)  # one line per pool restart (on_worker_failure="restart")
+    mini_batch_size: int = 0  # the global mini-batch trained with (mini_batch_size="auto" settled)
+    initial_learn_rate: float | None = None  # the rate trained with (learn_rate_scaling applied)
+    choices: str = ""  # what "auto" and learn_rate_scaling chose, and why ("" when nothing was chosen)
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -49,6 +52,8 @@ class TrainingInfo:
         elif isinstance(event, TrainingStarted):
             self.hardware = event.hardware
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
+            self.mini_batch_size, self.initial_learn_rate = event.mini_batch_size, event.initial_learn_rate
+            self.choices = event.choices
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second

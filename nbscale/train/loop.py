@@ -12,6 +12,7 @@ A pool where one rank has all the work runs the loop as in one process: no DDP, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import time
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from nbscale.outputs import main_output
+from nbscale.train.batch_fitting import gpu_probe, no_probe, settle, smallest_over, untouched
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
@@ -71,11 +73,19 @@ def run_training(setup: LoopSetup) -> LoopResult:
 
 
 def _train(setup: LoopSetup) -> LoopResult:
-    options, device, loss_fn = setup.options, setup.device, setup.loss_fn
+    device, loss_fn = setup.device, setup.loss_fn
 
     # ---- setup: the data, the solver, and every variant, chosen once ------------------------------------------
     model = setup.model.to(device)
-    data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background)
+    data = make_batch_source(setup.train_data, device, setup.options.data_placement,
+                             setup.options.dispatch_in_background)
+    autocast_dtype, scaler = _precision(setup.options.precision, device)  # the scaler scales fp16 losses, else passes
+    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
+    _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
+    # mini_batch_size="auto" (a probe of the GPU, with the data in place) and learn_rate_scaling, settled
+    setup, chosen = _settled(setup, model, data, autocast)
+    options = setup.options
     samples, global_batch = len(data), sum(setup.counts)
     offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
     iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
@@ -83,10 +93,6 @@ def _train(setup: LoopSetup) -> LoopResult:
     total_iterations = iterations_per_epoch * max_epochs
     optimizer = make_optimizer(model, options)
     rate = learn_rate_schedule(options, iterations_per_epoch)
-    autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
-    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
-    _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     net: nn.Module = model
     figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
     if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
@@ -105,7 +111,8 @@ def _train(setup: LoopSetup) -> LoopResult:
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
     setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
-                                  first_iteration=iteration + 1))
+                                  first_iteration=iteration + 1, initial_learn_rate=float(options.initial_learn_rate),
+                                  choices=chosen))
     setup.publish(list(history))  # a resumed run shows its whole history
 
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
@@ -261,6 +268,19 @@ def _autotune_convolutions(device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
 
 
+def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: Any) -> tuple[LoopSetup, str]:
+    """`setup` with mini_batch_size="auto" and learn_rate_scaling settled (nbscale.train.batch_fitting), and what
+    was chosen and why ("" when nothing was)."""
+    options, device = setup.options, setup.device
+    if options.mini_batch_size != "auto" and options.learn_rate_scaling == "none":
+        return setup, ""
+    probe = (gpu_probe(model, data, options, setup.loss_fn, device, autocast, setup.seed) if device.type == "cuda"
+             else no_probe)
+    with untouched(model, device) if options.mini_batch_size == "auto" else contextlib.nullcontext():
+        choices = settle(options, setup.counts, len(data), setup.resume, probe, smallest_over(setup.group, device))
+    return dataclasses.replace(setup, options=choices.options, counts=choices.counts), choices.said
+
+
 def _read_every(setup: LoopSetup) -> int:
     """Most iterations between reads of the figures in one process (1: every iteration, for output_fn)."""
     return 1 if setup.read_each_iteration else READ_EVERY
@@ -403,7 +423,7 @@ class _Validator:
         active = sum(1 for c in setup.counts if c > 0)
         position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
         indices = torch.arange(position, len(data), active)
-        self.batches = list(torch.split(indices, int(setup.options.mini_batch_size)))
+        self.batches = list(torch.split(indices, max(setup.counts)))  # a rank's training batch fits, so this does
         self.source = make_batch_source(data, setup.device, setup.options.data_placement, False)
 
     @torch.no_grad()

@@ -133,6 +133,8 @@ class TrainingProgress:
                 ("Elapsed", _duration(time.time() - start.start_time)),
                 ("Hardware", start.hardware),
                 ("Mini-batch size", str(start.mini_batch_size))]
+        if start.choices:  # mini_batch_size="auto", learn_rate_scaling: what was chosen and why
+            rows.append(("Chosen", start.choices))
         if last is not None:
             rows += [("Epoch", f"{last.epoch} of {start.max_epochs}"),
                      ("Iteration", f"{last.iteration} of {total}"),

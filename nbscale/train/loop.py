@@ -229,11 +229,11 @@ def _cheap_garbage_collection() -> Iterator[None]:
     """Keep the garbage collector's passes short and rare while training runs; restored afterwards.
 
     - The objects that exist before training are frozen out of full passes: a notebook's heap (matplotlib,
-      pandas, a kernel's history) is often half a million objects, and a full pass over them took ~0.2 s at a
-      random iteration. A heap the user froze is left as it is.
+      pandas, a kernel's history) is often large, and a full pass over it stalls a random iteration. A heap the
+      user froze is left as it is.
     - The youngest generation is collected every YOUNG_COLLECTION_THRESHOLD new objects instead of 700: each
       iteration makes a few objects that live on (its history entry), and frequent young passes kept scanning
-      them (~4 us an iteration, ~1% of a small network's iteration on a CPU).
+      them, a cost paid every iteration that shows on a small network.
     """
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], YOUNG_COLLECTION_THRESHOLD), *threshold[1:])
@@ -357,15 +357,12 @@ def epoch_order(shuffle: str, seed: int, epoch: int, samples: int) -> torch.Tens
 def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Optimizer:
     """The solver over the model's trainable parameters; biases get no L2 (MATLAB's BiasL2Factor 0).
 
-    Per-layer learn-rate factors and frozen layers come from nbscale.models.learn_rates when it is present.
+    Per-layer learn-rate factors and frozen layers come from nbscale.models.learn_rates.
     """
-    base = float(options.initial_learn_rate)
-    try:
-        from nbscale.models.learn_rates import param_groups
+    from nbscale.models.learn_rates import param_groups  # here: the nbscale.models package loads torchvision
 
-        groups = param_groups(model, base)
-    except ImportError:
-        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": base}]
+    base = float(options.initial_learn_rate)
+    groups = param_groups(model, base)
     names = {id(p): name for name, p in model.named_parameters()}
     l2 = float(options.l2_regularization)
     split: list[dict[str, Any]] = []

@@ -459,11 +459,9 @@ def _field_named_in(message: str) -> str:
 
 
 def _looks_like_data(value: Any) -> bool:
-    try:
-        from torch import Tensor
-        from torch.utils.data import Dataset
-    except ImportError:  # pragma: no cover
-        return False
+    from torch import Tensor
+    from torch.utils.data import Dataset
+
     if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Tensor) for v in value):
         return True
     return isinstance(value, Dataset)
@@ -474,12 +472,9 @@ def _is_user_function(value: Any) -> bool:
 
 
 def _shell() -> Any:
-    try:
-        from IPython import get_ipython
+    from IPython import get_ipython
 
-        return get_ipython()
-    except ImportError:  # pragma: no cover
-        return None
+    return get_ipython()
 
 
 def _user_namespace() -> dict[str, Any]:

@@ -6,8 +6,7 @@ is an HTML output updated the same way. Only the Stop button is a widget; it is 
 
 The figure is built and first shown (empty) before the first iteration. Updates are rate-limited twice: at most
 every `min_interval` seconds, and never more than `budget` of the elapsed time (a slow draw pushes the next one
-back; with the per-event bookkeeping, under 1% of the loop's time at 150k images/s), so the plot costs the training
-loop almost nothing.
+back), so the plot, with its per-event bookkeeping, costs the training loop almost nothing.
 """
 
 from __future__ import annotations
@@ -94,13 +93,12 @@ class TrainingProgress:
         self.start = event
         self._wall_start = event.start_time
         self.button = _stop_button(self.stop, self.stop_tooltip)
-        if self.button is not None:
-            self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
-            self._click_route = _route_clicks_off_main_thread(self.button)
-            if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
-                if self._click_route is None:
-                    _say_stop_needs_the_interrupt(self.button)
-                self._close_when_the_cell_ends()
+        self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
+        self._click_route = _route_clicks_off_main_thread(self.button)
+        if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
+            if self._click_route is None:
+                _say_stop_needs_the_interrupt(self.button)
+            self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
         self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
         self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
@@ -196,10 +194,8 @@ def _duration(seconds: float) -> str:
 
 
 def _stop_button(stop: StopSignal, tooltip: str = TrainingProgress.stop_tooltip) -> Any:
-    try:
-        import ipywidgets
-    except ImportError:  # pragma: no cover - ipywidgets is a dependency
-        return None
+    import ipywidgets
+
     button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
 
     def on_click(_: Any) -> None:

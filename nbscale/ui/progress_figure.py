@@ -9,7 +9,7 @@ loss 0..a margin above the highest loss seen) so the background stays valid. The
 first losses and refitted when a loss leaves it, is cached apart: a refit redraws only that axis onto the
 background without it. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
 piecewise schedule does; smooth schedules change every iteration and are not marked) redraws the background
-once. An update stays a paste and six curves, several times cheaper than a full matplotlib draw.
+once. An update stays a paste and six curves, much cheaper than a full matplotlib draw.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def _label_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -
 
 
 def _png(canvas: Any) -> bytes:
-    """The canvas as an RGB PNG, compressed lightly (several times faster than the default, a little larger)."""
+    """The canvas as an RGB PNG, compressed lightly (faster than the default level, a little larger)."""
     from PIL import Image
 
     width, height = canvas.get_width_height()
@@ -199,7 +199,7 @@ def _png(canvas: Any) -> bytes:
 
 
 def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tuple[Any, Any]:
-    """At most ~2 points per bucket: each keeps its lowest and highest point, so spikes stay visible."""
+    """At most two points per bucket: each keeps its lowest and highest point, so spikes stay visible."""
     if len(y) <= 2 * buckets:
         return x, y
     import numpy as np

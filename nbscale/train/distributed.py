@@ -12,6 +12,7 @@ weights, which are loaded into the notebook's model.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import traceback
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, UnsendableError, WorkerError
+from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, StopSignal
@@ -179,6 +181,13 @@ def _ignore(event: Any) -> None:
     pass
 
 
+def multi_gpu_pool_settings() -> PoolSettings:
+    """The pool "multi-gpu" starts when none runs: `%pool start` without arguments, one worker per free GPU (GPUs
+    another notebook or process holds are left alone, as nbscale.pool.devices plans; every GPU held is an error
+    naming the holders)."""
+    return PoolSettings()
+
+
 def _pool_for(environment: str) -> Any:
     from nbscale.pool.pool import Pool, current_pool
 
@@ -193,7 +202,12 @@ def _pool_for(environment: str) -> Any:
     if not torch.cuda.is_available():
         raise OptionsError("execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' "
                            "(CPU workers) or 'cpu'.")
-    return Pool(gpus=list(range(torch.cuda.device_count())))
+    pool = Pool(**dataclasses.asdict(multi_gpu_pool_settings()))
+    if pool.kind != "gpu":  # CUDA sees a GPU that NVML, which pools plan from, does not list
+        pool.close()
+        raise OptionsError("execution_environment='multi-gpu' found no GPU to start a worker on (NVML lists none; "
+                           "%gpu shows what it sees): train with execution_environment='gpu' instead.")
+    return pool
 
 
 def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerError:

@@ -131,7 +131,7 @@ class CellTraining:
     options: str | None = None  # a notebook variable holding TrainingOptions or an options form
     environment: Environment | None = None
     epochs: int | None = None
-    batch_size: int | None = None
+    batch_size: int | str | None = None  # a number, or "auto"
     learn_rate: float | None = None
     solver: Solver | None = None
     plots: bool = True

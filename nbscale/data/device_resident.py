@@ -72,16 +72,9 @@ def _available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        import psutil
+    import psutil
 
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # ipykernel brings psutil; without it, the free pages
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not POSIX: assume a modest 4 GiB
-        return 4 * 2**30
+    return int(psutil.virtual_memory().available)
 
 
 def estimated_bytes(dataset: Dataset) -> int:
@@ -231,8 +224,8 @@ def _stored(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
 
 def _read_all(source: ImageDatastore, augmented: AugmentedImageDatastore | None) -> list[Any]:
     """Every file of `source` read and decoded (None where unreadable and skipped): in threads where that pays
-    (files on a network store, or images slow enough to decode), else one after the other (small local files
-    decode in tens of microseconds, less than handing them to a thread costs)."""
+    (files on a network store, or images slow enough to decode), else one after the other (a small local file
+    decodes in less time than handing it to a thread costs)."""
     def read(index: int) -> tuple[torch.Tensor, int] | None:
         raw, read_index = source.read_raw(index)
         if read_index != index:  # read_raw replaced an unreadable file by the next one: leave it out instead

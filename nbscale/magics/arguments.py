@@ -21,6 +21,17 @@ def parse_line(magic: Any, line: str) -> argparse.Namespace:
     return magic.parser.parse_args(argv)
 
 
+def batch_size(text: str) -> int | str:
+    """--batch-size: a whole number, or 'auto' (mini_batch_size="auto", fitted to GPU memory)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or auto (e.g. --batch-size 128, "
+                                         "--batch-size auto)") from None
+
+
 def int_list(text: str) -> list[int]:
     """'0,2' -> [0, 2] (for --gpus and --targets); ',' -> [] (the caller says an empty list is no good)."""
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from nbscale.magics.arguments import batch_size
 from nbscale.notebook import CellTraining, train_cell
 
 
@@ -16,7 +17,7 @@ class TrainMagics(Magics):
     @argument("--options", metavar="NAME", help="a notebook variable holding TrainingOptions or an options form")
     @argument("--env", choices=["auto", "cpu", "gpu", "multi-gpu", "parallel"], help="execution_environment")
     @argument("--epochs", type=int, metavar="N", help="max_epochs")
-    @argument("--batch-size", type=int, metavar="B", help="mini_batch_size")
+    @argument("--batch-size", type=batch_size, metavar="B", help="mini_batch_size: a number, or auto (GPUs)")
     @argument("--lr", type=float, metavar="LR", help="initial_learn_rate")
     @argument("--solver", choices=["sgdm", "adam", "adamw", "rmsprop"], help="the solver")
     @argument("--no-plots", action="store_true", help="no training-progress display")

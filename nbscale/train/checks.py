@@ -79,15 +79,15 @@ def _float_labels_error(what: str) -> OptionsError:
                         "regression targets.")
 
 
-def check_resume(checkpoint: dict[str, Any], model: nn.Module, solver: str, mini_batch_size: int, samples: int,
-                 path: Any) -> None:
+def check_resume(checkpoint: dict[str, Any], model: nn.Module, solver: str, mini_batch_size: int | None,
+                 samples: int, path: Any) -> None:
     """A run resumed from `checkpoint` must train the same network with the same solver, mini-batch and data, so
-    that it continues the same schedule (max_epochs may change)."""
+    that it continues the same schedule (max_epochs may change). `mini_batch_size` None ("auto"): the checkpoint's."""
     name = f"resume_from={os.fspath(path)!r}"
     saved = checkpoint.get("options", {})
     differences = [f"{field}={saved[field]!r} there, {value!r} here"
                    for field, value in (("solver", solver), ("mini_batch_size", mini_batch_size))
-                   if field in saved and saved[field] != value]
+                   if field in saved and value is not None and saved[field] != value]
     if "samples" in checkpoint and checkpoint["samples"] != samples:
         differences.append(f"train_data of {checkpoint['samples']} samples there, {samples} here")
     if differences:

@@ -12,6 +12,7 @@ weights, which are loaded into the notebook's model.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import traceback
 from dataclasses import dataclass
@@ -21,9 +22,10 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, UnsendableError, WorkerError
+from nbscale.pool.settings import PoolSettings
+from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, StopSignal
-from nbscale.train.loading import split_batch
 from nbscale.train.loop import LoopResult, LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
 
@@ -48,7 +50,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
                   resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal) -> LoopResult:
     """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
     pool = _pool_for(options.execution_environment)
-    counts = split_batch(min(int(options.mini_batch_size), len(dataset)), options.worker_load, pool.size)
+    check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
+    counts = batch_counts(options, len(dataset), pool.size)  # for "auto", which workers have work
     backend = "NCCL" if pool.kind == "gpu" else "gloo"
     used = [device for device, count in zip(pool.devices, counts, strict=True) if count > 0]
     idle = [str(rank) for rank, count in enumerate(counts) if count == 0]  # MATLAB's WorkerLoad 0: the worker sits out
@@ -109,6 +112,10 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         # still winding down)
         _abort(active, destroy=not _woken_by_a_peer(error))
         if isinstance(error, torch.OutOfMemoryError):
+            if job.options.mini_batch_size == "auto":
+                raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with mini_batch_size="
+                                   "'auto' (its probe left too little memory for the rest of training): give "
+                                   f"mini_batch_size a number below the one it chose. {error}") from None
             raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with "
                                f"{job.counts[context.rank]} samples per iteration: lower mini_batch_size "
                                f"(now {sum(job.counts)}). {error}") from None
@@ -174,6 +181,13 @@ def _ignore(event: Any) -> None:
     pass
 
 
+def multi_gpu_pool_settings() -> PoolSettings:
+    """The pool "multi-gpu" starts when none runs: `%pool start` without arguments, one worker per free GPU (GPUs
+    another notebook or process holds are left alone, as nbscale.pool.devices plans; every GPU held is an error
+    naming the holders)."""
+    return PoolSettings()
+
+
 def _pool_for(environment: str) -> Any:
     from nbscale.pool.pool import Pool, current_pool
 
@@ -188,7 +202,12 @@ def _pool_for(environment: str) -> Any:
     if not torch.cuda.is_available():
         raise OptionsError("execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' "
                            "(CPU workers) or 'cpu'.")
-    return Pool(gpus=list(range(torch.cuda.device_count())))
+    pool = Pool(**dataclasses.asdict(multi_gpu_pool_settings()))
+    if pool.kind != "gpu":  # CUDA sees a GPU that NVML, which pools plan from, does not list
+        pool.close()
+        raise OptionsError("execution_environment='multi-gpu' found no GPU to start a worker on (NVML lists none; "
+                           "%gpu shows what it sees): train with execution_environment='gpu' instead.")
+    return pool
 
 
 def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerError:

@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TrainingStarted:
-    """Sent once before the first iteration."""
+    """Sent once before the first iteration; `mini_batch_size` is the global mini-batch trained with."""
 
     max_epochs: int
     iterations_per_epoch: int
@@ -21,6 +21,8 @@ class TrainingStarted:
     hardware: str
     start_time: float  # time.time()
     first_iteration: int = 1  # > 1 when resumed
+    initial_learn_rate: float | None = None  # the rate used (learn_rate_scaling applied)
+    choices: str = ""  # what mini_batch_size="auto" and learn_rate_scaling chose, and why; "" when nothing
 
 
 @dataclass  # not frozen: made every iteration, and a frozen one sets each field through object.__setattr__ (slots would refuse old checkpoints)
@@ -50,7 +52,20 @@ class TrainingDone:
     images_per_second: float
 
 
-Event = TrainingStarted | IterationDone | TrainingDone
+@dataclass(frozen=True)
+class TrainingRestarted:
+    """Sent when a lost worker restarted the pool (on_worker_failure="restart") and training resumes.
+
+    The next iterations are `resumed_after + 1, ...`, recomputed from that checkpoint (0: from the start); the
+    listeners have seen up to `lost_after`, and are sent only the iterations after it.
+    """
+
+    resumed_after: int
+    lost_after: int
+    description: str  # one line: which restart, what was lost, where training resumed
+
+
+Event = TrainingStarted | IterationDone | TrainingDone | TrainingRestarted
 
 
 class StopSignal:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, TrainingDone, TrainingRestarted, TrainingStarted
 
 _COLUMNS = ("epoch", "iteration", "time", "training_loss", "training_accuracy", "validation_loss",
             "validation_accuracy", "learn_rate")
@@ -33,6 +33,10 @@ class TrainingInfo:
     output_network_iteration: int = 0
     max_epochs: int = 0
     iterations_per_epoch: int = 0
+    restarts: list[str] = field(default_factory=list)  # one line per pool restart (on_worker_failure="restart")
+    mini_batch_size: int = 0  # the global mini-batch trained with (mini_batch_size="auto" settled)
+    initial_learn_rate: float | None = None  # the rate trained with (learn_rate_scaling applied)
+    choices: str = ""  # what "auto" and learn_rate_scaling chose, and why ("" when nothing was chosen)
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -48,20 +52,35 @@ class TrainingInfo:
         elif isinstance(event, TrainingStarted):
             self.hardware = event.hardware
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
+            self.mini_batch_size, self.initial_learn_rate = event.mini_batch_size, event.initial_learn_rate
+            self.choices = event.choices
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second
             self.output_network_iteration = event.output_network_iteration
+        elif isinstance(event, TrainingRestarted):
+            self.restarts.append(event.description)
 
     @property
     def final_validation_loss(self) -> float | None:
-        """The last validation loss computed (None without validation data)."""
-        return next((v for v in reversed(self.validation_loss) if v is not None), None)
+        """The validation loss of the returned network (None without validation data): see `_returned_networks`."""
+        return self._returned_networks(self.validation_loss)
 
     @property
     def final_validation_accuracy(self) -> float | None:
-        """The last validation accuracy computed (None without validation data)."""
-        return next((v for v in reversed(self.validation_accuracy) if v is not None), None)
+        """The validation accuracy of the returned network (None without validation data or class scores)."""
+        return self._returned_networks(self.validation_accuracy)
+
+    def _returned_networks(self, figures: list[float | None]) -> float | None:
+        """The figure validated at `output_network_iteration` (the returned network's: with output_network=
+        "best-validation" an earlier iteration's), else the last one computed (a run ended by a non-finite loss
+        does not validate its last iteration)."""
+        iteration = self.output_network_iteration
+        if iteration and self.iteration and self.iteration[-1] >= iteration:
+            index = len(self.iteration) - 1 - (self.iteration[-1] - iteration)  # iterations are consecutive
+            if 0 <= index and self.iteration[index] == iteration and self.validation_loss[index] is not None:
+                return figures[index]
+        return next((v for v in reversed(figures) if v is not None), None)
 
     def history(self) -> dict[str, list[Any]]:
         """The per-iteration history as columns."""

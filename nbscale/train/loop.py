@@ -12,6 +12,7 @@ A pool where one rank has all the work runs the loop as in one process: no DDP, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import math
 import time
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from nbscale.outputs import main_output
+from nbscale.train.batch_fitting import gpu_probe, no_probe, settle, smallest_over, untouched
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
@@ -71,11 +73,19 @@ def run_training(setup: LoopSetup) -> LoopResult:
 
 
 def _train(setup: LoopSetup) -> LoopResult:
-    options, device, loss_fn = setup.options, setup.device, setup.loss_fn
+    device, loss_fn = setup.device, setup.loss_fn
 
     # ---- setup: the data, the solver, and every variant, chosen once ------------------------------------------
     model = setup.model.to(device)
-    data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background)
+    data = make_batch_source(setup.train_data, device, setup.options.data_placement,
+                             setup.options.dispatch_in_background)
+    autocast_dtype, scaler = _precision(setup.options.precision, device)  # the scaler scales fp16 losses, else passes
+    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+    train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
+    _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
+    # mini_batch_size="auto" (a probe of the GPU, with the data in place) and learn_rate_scaling, settled
+    setup, chosen = _settled(setup, model, data, autocast)
+    options = setup.options
     samples, global_batch = len(data), sum(setup.counts)
     offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
     iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
@@ -83,10 +93,6 @@ def _train(setup: LoopSetup) -> LoopResult:
     total_iterations = iterations_per_epoch * max_epochs
     optimizer = make_optimizer(model, options)
     rate = learn_rate_schedule(options, iterations_per_epoch)
-    autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
-    autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
-    _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     net: nn.Module = model
     figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
     if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
@@ -106,7 +112,8 @@ def _train(setup: LoopSetup) -> LoopResult:
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
     setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
-                                  first_iteration=iteration + 1))
+                                  first_iteration=iteration + 1, initial_learn_rate=float(options.initial_learn_rate),
+                                  choices=chosen))
     setup.publish(list(history))  # a resumed run shows its whole history
 
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
@@ -223,11 +230,11 @@ def _cheap_garbage_collection() -> Iterator[None]:
     """Keep the garbage collector's passes short and rare while training runs; restored afterwards.
 
     - The objects that exist before training are frozen out of full passes: a notebook's heap (matplotlib,
-      pandas, a kernel's history) is often half a million objects, and a full pass over them took ~0.2 s at a
-      random iteration. A heap the user froze is left as it is.
+      pandas, a kernel's history) is often large, and a full pass over it stalls a random iteration. A heap the
+      user froze is left as it is.
     - The youngest generation is collected every YOUNG_COLLECTION_THRESHOLD new objects instead of 700: each
       iteration makes a few objects that live on (its history entry), and frequent young passes kept scanning
-      them (~4 us an iteration, ~1% of a small network's iteration on a CPU).
+      them, a cost paid every iteration that shows on a small network.
     """
     threshold = gc.get_threshold()
     gc.set_threshold(max(threshold[0], YOUNG_COLLECTION_THRESHOLD), *threshold[1:])
@@ -260,6 +267,19 @@ def _autotune_convolutions(device: torch.device) -> None:
     asked for deterministic algorithms. Restored after training (`_cudnn_setting_restored`)."""
     if device.type == "cuda" and not torch.backends.cudnn.deterministic:
         torch.backends.cudnn.benchmark = True
+
+
+def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: Any) -> tuple[LoopSetup, str]:
+    """`setup` with mini_batch_size="auto" and learn_rate_scaling settled (nbscale.train.batch_fitting), and what
+    was chosen and why ("" when nothing was)."""
+    options, device = setup.options, setup.device
+    if options.mini_batch_size != "auto" and options.learn_rate_scaling == "none":
+        return setup, ""
+    probe = (gpu_probe(model, data, options, setup.loss_fn, device, autocast, setup.seed) if device.type == "cuda"
+             else no_probe)
+    with untouched(model, device) if options.mini_batch_size == "auto" else contextlib.nullcontext():
+        choices = settle(options, setup.counts, len(data), setup.resume, probe, smallest_over(setup.group, device))
+    return dataclasses.replace(setup, options=choices.options, counts=choices.counts), choices.said
 
 
 def _read_every(setup: LoopSetup) -> int:
@@ -338,15 +358,12 @@ def epoch_order(shuffle: str, seed: int, epoch: int, samples: int) -> torch.Tens
 def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Optimizer:
     """The solver over the model's trainable parameters; biases get no L2 (MATLAB's BiasL2Factor 0).
 
-    Per-layer learn-rate factors and frozen layers come from nbscale.models.learn_rates when it is present.
+    Per-layer learn-rate factors and frozen layers come from nbscale.models.learn_rates.
     """
-    base = float(options.initial_learn_rate)
-    try:
-        from nbscale.models.learn_rates import param_groups
+    from nbscale.models.learn_rates import param_groups  # here: the nbscale.models package loads torchvision
 
-        groups = param_groups(model, base)
-    except ImportError:
-        groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": base}]
+    base = float(options.initial_learn_rate)
+    groups = param_groups(model, base)
     names = {id(p): name for name, p in model.named_parameters()}
     l2 = float(options.l2_regularization)
     split: list[dict[str, Any]] = []
@@ -393,7 +410,8 @@ def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
 
 class _Validator:
     """Loss and accuracy over the validation data, with the plain network in eval mode (never the compiled one:
-    its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample."""
+    its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample,
+    with the main rank's buffers (the network the user gets back: see `_take_main_ranks_buffers`)."""
 
     def __init__(self, setup: LoopSetup, model: nn.Module, autocast_dtype: Any) -> None:
         from nbscale.train.loading import as_dataset
@@ -404,11 +422,13 @@ class _Validator:
         position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
         # torch's Dataset declares no __len__; as_dataset checked it
         indices = torch.arange(position, len(data), active)  # type: ignore[arg-type]
-        self.batches = list(torch.split(indices, int(setup.options.mini_batch_size)))
+        self.batches = list(torch.split(indices, max(setup.counts)))  # a rank's training batch fits, so this does
         self.source = make_batch_source(data, setup.device, setup.options.data_placement, False)
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float | None]:
+        if self.setup.group is not None:
+            _take_main_ranks_buffers(self.model, self.setup.group)
         self.model.eval()
         device = self.setup.device
         totals = torch.zeros(3, device=device)
@@ -425,6 +445,18 @@ class _Validator:
         loss_sum, correct_count, count = totals.tolist()
         count = max(count, 1)
         return loss_sum / count, (correct_count / count if correct_count >= 0 else None)
+
+
+def _take_main_ranks_buffers(model: nn.Module, group: Any) -> None:
+    """Every rank's buffers (BatchNorm's running statistics) become the main rank's, in place.
+
+    Each rank's running statistics follow its own share of the data, while the network returned (and written to
+    checkpoints) is the main rank's: validating with these makes the figures those of the returned network.
+    Training is unchanged, since DistributedDataParallel itself broadcasts the main rank's buffers at the start of
+    every forward pass (broadcast_buffers).
+    """
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer, group=group, group_src=0)  # the group's rank 0 is the main rank
 
 
 def _precision(precision: str, device: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScaler]:

@@ -28,6 +28,7 @@ DataPlacement = Literal["auto", "stream", "device"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 WorkerFailure = Literal["error", "restart"]
 LearnRateScaling = Literal["none", "linear"]
+AutoBatch = Literal["auto"]
 
 SOLVERS: tuple[str, ...] = get_args(Solver)
 SHUFFLE_MODES: tuple[str, ...] = get_args(ShuffleMode)
@@ -70,7 +71,7 @@ class TrainingOptions:
     gradient_threshold: float = math.inf
     gradient_threshold_method: ThresholdMethod = "l2norm"
     max_epochs: int = 30
-    mini_batch_size: int = 128
+    mini_batch_size: int | AutoBatch = 128  # "auto": fitted to the GPUs' memory (nbscale.train.batch_fitting)
     shuffle: ShuffleMode = "once"
     learn_rate_schedule: Schedule = "none"
     learn_rate_drop_factor: float = 0.1
@@ -93,6 +94,7 @@ class TrainingOptions:
     compile: bool | CompileMode = False
     on_worker_failure: WorkerFailure = "error"
     learn_rate_scaling: LearnRateScaling = "none"
+    learn_rate_reference_batch: int = 128  # "linear": initial_learn_rate is the rate for a global mini-batch of this
     _ready: bool = field(default=False, compare=False)
 
     def __init__(self, solver: Solver = "sgdm", **options: Any) -> None:
@@ -274,6 +276,12 @@ def _dataset(value: Any) -> str | None:
     return "None, a torch Dataset, or a tuple (inputs, labels) of tensors or arrays"
 
 
+def _mini_batch_size(value: Any) -> str | None:
+    if isinstance(value, str) and value == "auto":
+        return None
+    return None if _number(1, integer=True)(value) is None else "an integer >= 1, or 'auto' (fitted to GPU memory)"
+
+
 def _worker_load(value: Any) -> str | None:
     allowed = "None or a list of non-negative weights, one per worker, at least one positive (e.g. [1, 2])"
     if value is None:
@@ -299,7 +307,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "gradient_threshold": _number(0, low_open=True, allow_inf=True),
     "gradient_threshold_method": _choice(THRESHOLD_METHODS),
     "max_epochs": _number(1, MAX_EPOCHS_LIMIT, integer=True),
-    "mini_batch_size": _number(1, integer=True),
+    "mini_batch_size": _mini_batch_size,
     "shuffle": _choice(SHUFFLE_MODES),
     "learn_rate_schedule": _choice(SCHEDULES),
     "learn_rate_drop_factor": _number(0, 1),
@@ -322,11 +330,12 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "compile": _compile,
     "on_worker_failure": _choice(WORKER_FAILURES),
     "learn_rate_scaling": _choice(LEARN_RATE_SCALINGS),
+    "learn_rate_reference_batch": _number(1, integer=True),
 }
 
 
 _INTEGER_FIELDS = frozenset(("max_epochs", "mini_batch_size", "learn_rate_drop_period", "validation_frequency",
-                             "verbose_frequency", "checkpoint_frequency"))
+                             "verbose_frequency", "checkpoint_frequency", "learn_rate_reference_batch"))
 _FLAG_FIELDS = frozenset(("dispatch_in_background", "verbose"))
 
 
@@ -339,6 +348,8 @@ def _check(name: str, value: Any) -> Any:
         raise OptionsError(f"TrainingOptions.{name}={_short(value)} is not allowed: {name} must be {allowed}.")
     if name in _FLAG_FIELDS:
         return bool(value)
+    if name == "mini_batch_size" and isinstance(value, str):  # "auto", checked above
+        return value
     if name in _INTEGER_FIELDS or (name == "validation_patience" and math.isfinite(value)):
         return int(value)
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):

@@ -7,8 +7,8 @@ worker that still runs) is raised as usual: restarting would only repeat it.
 
 The listeners see one continuous run: the resumed attempt's replay of what they already saw (its TrainingStarted,
 the checkpoint's history, and the iterations between the checkpoint and the loss, which resume recomputes
-exactly) is not passed on again. What happened is said when it happens (a line on stderr) and in
-`info.stop_reason` at the end.
+exactly) is not passed on again. What happened is said when it happens: a line on stderr and a TrainingRestarted
+event (`info.restarts`, a mark in the progress figure), and in `info.stop_reason` at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from nbscale.errors import OptionsError, WorkerError
 from nbscale.train.checkpoint import checkpoint_file, load_checkpoint
-from nbscale.train.events import EventChannel, IterationDone, StopSignal, TrainingStarted
+from nbscale.train.events import EventChannel, IterationDone, StopSignal, TrainingRestarted, TrainingStarted
 from nbscale.train.options import TrainingOptions
 
 MAX_RESTARTS = 3
@@ -104,6 +104,8 @@ def train_surviving_lost_workers(
             pool.restart()
             resume = load_checkpoint(checkpoint[0]) if checkpoint else resume
             notes.append(note)
+            resumed_after = int(resume["iteration"]) if resume is not None else 0
+            channel.publish(TrainingRestarted(resumed_after, continuation.last_iteration, note))
 
 
 def _this_runs_checkpoint(options: TrainingOptions, seed: int, began: float) -> tuple[Path, int] | None:

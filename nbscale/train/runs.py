@@ -167,13 +167,15 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     random numbers that `nbscale.train` would after `torch.manual_seed(seeded.seed)` and building `model`.
     """
     from nbscale.pool.pool import current_pool
+    from nbscale.train.batch_fitting import check_auto_batch_device
     from nbscale.train.trainer import as_options, checked_inputs
 
     train_data, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
     pool = pool if pool is not None else current_pool(start=True)
+    check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
-    worker_options = options.replace(plots="none", verbose=False)
+    worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
     task = pool.submit_with_events(train_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
                                    seeded)
     run._attach(pool, task)
@@ -185,7 +187,8 @@ def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
                     seeded: SeededStart | None = None) -> tuple[nn.Module, TrainingInfo]:
     """What the worker runs: the training loop on this worker's device, events sent to the notebook."""
     from nbscale.pool.context import worker_context
-    from nbscale.train.loading import as_dataset, split_batch
+    from nbscale.train.batch_fitting import batch_counts
+    from nbscale.train.loading import as_dataset
     from nbscale.train.loop import LoopSetup, run_training
     from nbscale.train.trainer import draw_seed
 
@@ -219,7 +222,7 @@ def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
             hardware=f"worker {context.rank} ({device})", publish=publish, stop_reason=stop,
             validation_data=options.validation_data,
             # torch's Dataset declares no __len__; as_dataset checked it
-            counts=split_batch(min(int(options.mini_batch_size), len(dataset)), None, 1)))  # type: ignore[arg-type]
+            counts=batch_counts(options, len(dataset), 1)))  # type: ignore[arg-type]
     finally:
         sender.flush()
     info.stop_reason = info.stop_reason or result.stop_reason

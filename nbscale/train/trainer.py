@@ -22,6 +22,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
+from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
     check_classes,
@@ -33,7 +34,7 @@ from nbscale.train.checks import (
 )
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
-from nbscale.train.loading import as_dataset, split_batch
+from nbscale.train.loading import as_dataset
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
@@ -69,7 +70,8 @@ def train(
     restarts: list[str] = []
     resume = load_checkpoint(resume_from) if resume_from is not None else None
     if resume is not None:
-        check_resume(resume, model, options.solver, int(options.mini_batch_size), len(dataset), resume_from)
+        batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
+        check_resume(resume, model, options.solver, batch, len(dataset), resume_from)
     seed = int(resume["seed"]) if resume is not None else draw_seed()
 
     info = info if info is not None else TrainingInfo()
@@ -97,16 +99,18 @@ def train(
                 raise
         else:
             device = training_device(options.execution_environment)
-            batch = min(int(options.mini_batch_size), len(dataset))
+            check_auto_batch_device(options, device.type == "cuda", "the CPU")
             try:
                 result = run_training(LoopSetup(
                     model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
                     hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
-                    validation_data=options.validation_data, resume=resume, counts=split_batch(batch, None, 1),
-                    read_each_iteration=options.output_fn is not None))
+                    validation_data=options.validation_data, resume=resume,
+                    counts=batch_counts(options, len(dataset), 1), read_each_iteration=options.output_fn is not None))
             except torch.OutOfMemoryError as error:  # re-raised without its frames, which hold the GPU's tensors
+                tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
+                    "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset)))
                 raise torch.OutOfMemoryError(
-                    f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={batch}: lower "
+                    f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
                     f"mini_batch_size, or try precision='mixed'. ({error})") from None
     info.stop_reason = stop.reason or result.stop_reason
     if restarts:

@@ -53,10 +53,8 @@ def route_clicks_off_main_thread(*widgets: Any) -> Callable[[], None] | None:
 
 
 def _kernel() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a dependency
-        return None
+    from IPython import get_ipython
+
     shell = get_ipython()
     return getattr(shell, "kernel", None) if shell is not None else None
 

@@ -201,10 +201,8 @@ def _line(text: str) -> dict[str, str]:
 
 
 def _kernel_shell() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a dependency
-        return None
+    from IPython import get_ipython
+
     shell = get_ipython()
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 

@@ -22,7 +22,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Solver": ("solver", "momentum", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
                "l2_regularization", "gradient_threshold", "gradient_threshold_method"),
     "Learning rate": ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor",
-                      "learn_rate_drop_period", "learn_rate_scaling"),
+                      "learn_rate_drop_period", "learn_rate_scaling", "learn_rate_reference_batch"),
     "Data & batches": ("max_epochs", "mini_batch_size", "shuffle", "dispatch_in_background", "data_placement"),
     "Validation": ("validation_data", "validation_frequency", "validation_patience", "output_network"),
     "Hardware": ("execution_environment", "worker_load", "precision", "compile", "on_worker_failure"),
@@ -35,15 +35,15 @@ _CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOL
             "learn_rate_scaling": rules.LEARN_RATE_SCALINGS}
 # compile: off, on (torch.compile's default mode), or a named mode
 _COMPILE_CHOICES = [("off", False), ("on", True), *((f"mode {mode!r}", mode) for mode in rules.COMPILE_MODES)]
-_INTEGERS = ("max_epochs", "mini_batch_size", "learn_rate_drop_period", "validation_frequency",
-             "verbose_frequency", "checkpoint_frequency")  # all >= 1
+_INTEGERS = ("max_epochs", "learn_rate_drop_period", "validation_frequency", "verbose_frequency",
+             "checkpoint_frequency", "learn_rate_reference_batch")  # all >= 1
 _FRACTIONS = {"momentum": 1.0, "learn_rate_drop_factor": 1.0}  # closed [0, 1]
 _FLOATS = ("initial_learn_rate", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
            "l2_regularization")  # open bounds: checked by the rules, shown inline
 _INFINITE = ("gradient_threshold", "validation_patience")  # a number or "inf"
 _FLAGS = ("dispatch_in_background", "verbose")
 _SCHEDULE_FIELDS = ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor", "learn_rate_drop_period",
-                    "max_epochs", "learn_rate_scaling")  # what the schedule preview draws from
+                    "max_epochs", "learn_rate_scaling", "learn_rate_reference_batch")  # what the preview draws from
 _NONE = "None"
 _KEPT = "(value given in options)"
 # %%train's own flags and the field each sets; `%%train` without --options starts from _TRAIN_BASE
@@ -117,6 +117,8 @@ class OptionsForm:
             return w.FloatText(**common)
         if name in _INFINITE:
             return w.Text(placeholder="a number, or inf", **common)
+        if name == "mini_batch_size":
+            return w.Text(placeholder="a whole number, or auto (GPUs)", **common)
         if name in _FLAGS:
             return w.Checkbox(indent=False, **{k: v for k, v in common.items() if k != "layout"})
         if name == "checkpoint_path":
@@ -163,6 +165,8 @@ class OptionsForm:
         widget = self.widgets[name]
         if name in _INFINITE:
             widget.value = "inf" if value == math.inf else _format(value)
+        elif name == "mini_batch_size":
+            widget.value = str(value)
         elif name == "checkpoint_path":
             widget.value = "" if value is None else str(value)
         elif name in ("validation_data", "output_fn"):
@@ -192,6 +196,9 @@ class OptionsForm:
             value = widget.value
             if name in _INFINITE:
                 value = _parse_number(value)
+            elif name == "mini_batch_size":  # a whole number or "auto"; anything else is shown as wrong
+                text = value.strip().lower()
+                value = text if text == "auto" else _parse_number(text) if text else None
             elif name == "checkpoint_path":
                 value = value.strip() or None
             elif name in ("validation_data", "output_fn"):
@@ -245,6 +252,8 @@ class OptionsForm:
             try:
                 if field in _INFINITE and value is None:
                     raise OptionsError(f"TrainingOptions.{field}: write a number or inf.")
+                if field == "mini_batch_size" and value is None:
+                    raise OptionsError("TrainingOptions.mini_batch_size: write a whole number, or auto.")
                 rules._check(field, value)
             except OptionsError as error:
                 errors[field] = str(error)
@@ -306,8 +315,8 @@ class OptionsForm:
 
         self.schedule_image.value = schedule_png(options)
         self.schedule_image.layout.display = ""
-        scaled = (" With learn_rate_scaling='linear', training scales these rates with its global mini-batch."
-                  if options.learn_rate_scaling == "linear" else "")
+        scaled = (" With learn_rate_scaling='linear', training scales these rates by its global mini-batch / "
+                  f"{options.learn_rate_reference_batch}." if options.learn_rate_scaling == "linear" else "")
         self.schedule_note.value = ("<i>The learn rate per epoch. The iterations per epoch depend on the data, "
                                     f"known when training starts, so the curve is drawn against epochs.{scaled}</i>")
 
@@ -450,11 +459,9 @@ def _field_named_in(message: str) -> str:
 
 
 def _looks_like_data(value: Any) -> bool:
-    try:
-        from torch import Tensor
-        from torch.utils.data import Dataset
-    except ImportError:  # pragma: no cover
-        return False
+    from torch import Tensor
+    from torch.utils.data import Dataset
+
     if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Tensor) for v in value):
         return True
     return isinstance(value, Dataset)
@@ -465,12 +472,9 @@ def _is_user_function(value: Any) -> bool:
 
 
 def _shell() -> Any:
-    try:
-        from IPython import get_ipython
+    from IPython import get_ipython
 
-        return get_ipython()
-    except ImportError:  # pragma: no cover
-        return None
+    return get_ipython()
 
 
 def _user_namespace() -> dict[str, Any]:

@@ -6,16 +6,16 @@ is an HTML output updated the same way. Only the Stop button is a widget; it is 
 
 The figure is built and first shown (empty) before the first iteration. Updates are rate-limited twice: at most
 every `min_interval` seconds, and never more than `budget` of the elapsed time (a slow draw pushes the next one
-back; with the per-event bookkeeping, under 1% of the loop's time at 150k images/s), so the plot costs the training
-loop almost nothing.
+back), so the plot, with its per-event bookkeeping, costs the training loop almost nothing.
 """
 
 from __future__ import annotations
 
 import time
+from html import escape
 from typing import Any
 
-from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingRestarted, TrainingStarted
 from nbscale.ui.progress_figure import ProgressFigure, is_drop, smoothed
 
 
@@ -30,7 +30,9 @@ class TrainingProgress:
         self.start: TrainingStarted | None = None
         self.columns: dict[str, list[float]] = {k: [] for k in (
             "iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
-            "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate")}
+            "val_iteration", "val_loss", "val_accuracy", "learn_rate", "drop_iteration", "drop_rate",
+            "restart_iteration")}
+        self.restarts: list[str] = []
         self.last: IterationDone | None = None
         self.done: TrainingDone | None = None
         self.state = "Starting"
@@ -58,6 +60,11 @@ class TrainingProgress:
             self.done = event
             self._draw()
             self._close_button()
+        elif isinstance(event, TrainingRestarted):
+            self.columns["restart_iteration"].append(event.resumed_after)
+            self.restarts.append(event.description)
+            self.state = "Restarted after a lost worker"
+            self._draw()
 
     # ---- data ------------------------------------------------------------------------------------------------
 
@@ -86,13 +93,12 @@ class TrainingProgress:
         self.start = event
         self._wall_start = event.start_time
         self.button = _stop_button(self.stop, self.stop_tooltip)
-        if self.button is not None:
-            self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
-            self._click_route = _route_clicks_off_main_thread(self.button)
-            if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
-                if self._click_route is None:
-                    _say_stop_needs_the_interrupt(self.button)
-                self._close_when_the_cell_ends()
+        self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
+        self._click_route = _route_clicks_off_main_thread(self.button)
+        if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
+            if self._click_route is None:
+                _say_stop_needs_the_interrupt(self.button)
+            self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
         self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
         self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
@@ -110,8 +116,8 @@ class TrainingProgress:
 
     def _info_bundle(self) -> dict[str, str]:
         rows = self._info_rows()
-        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{k}</b></td>"
-                       f"<td style='text-align:left'>{v}</td></tr>" for k, v in rows)
+        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
+                       f"<td style='text-align:left'>{escape(v)}</td></tr>" for k, v in rows)
         text = "\n".join(f"{k}: {v}" for k, v in rows)
         return {"text/html": f"<table style='font-size:12px'>{html}</table>", "text/plain": text}
 
@@ -125,16 +131,30 @@ class TrainingProgress:
                 ("Elapsed", _duration(time.time() - start.start_time)),
                 ("Hardware", start.hardware),
                 ("Mini-batch size", str(start.mini_batch_size))]
+        if start.choices:  # mini_batch_size="auto", learn_rate_scaling: what was chosen and why
+            rows.append(("Chosen", start.choices))
         if last is not None:
             rows += [("Epoch", f"{last.epoch} of {start.max_epochs}"),
                      ("Iteration", f"{last.iteration} of {total}"),
                      ("Learn rate", f"{last.learn_rate:.3g}"),
                      ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s")]
         if self.columns["val_iteration"]:
-            accuracy = self.columns["val_accuracy"][-1]
-            rows.append(("Validation", f"loss {self.columns['val_loss'][-1]:.4f}"
-                         + ("" if accuracy != accuracy else f", accuracy {accuracy:.2f}%")))
+            rows.append(self._validation_row())
+        if self.restarts:
+            rows.append(("Restarts", "; ".join(self.restarts)))
         return rows
+
+    def _validation_row(self) -> tuple[str, str]:
+        """The last validation figures; once done, those of the returned network (with output_network=
+        "best-validation" an earlier iteration's), as `info.final_validation_loss/accuracy` are."""
+        c, index, note = self.columns, -1, ""
+        done = self.done
+        if done is not None and done.output_network_iteration in c["val_iteration"][:-1]:
+            index = c["val_iteration"].index(done.output_network_iteration)
+            note = f" (the returned network, iteration {done.output_network_iteration})"
+        accuracy = c["val_accuracy"][index]
+        return ("Validation", f"loss {c['val_loss'][index]:.4f}"
+                + ("" if accuracy != accuracy else f", accuracy {accuracy:.2f}%") + note)
 
     def _close_when_the_cell_ends(self) -> None:
         """A run that fails sends no TrainingDone: the cell's end removes the button and its subshell then."""
@@ -174,10 +194,8 @@ def _duration(seconds: float) -> str:
 
 
 def _stop_button(stop: StopSignal, tooltip: str = TrainingProgress.stop_tooltip) -> Any:
-    try:
-        import ipywidgets
-    except ImportError:  # pragma: no cover - ipywidgets is a dependency
-        return None
+    import ipywidgets
+
     button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
 
     def on_click(_: Any) -> None:

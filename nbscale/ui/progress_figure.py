@@ -1,6 +1,6 @@
 """The training-progress figure, as MATLAB's: accuracy and loss panels with raw, smoothed and validation
 curves, each panel with its legend, epochs as alternating shaded bands labelled along the top, and learn-rate
-drops marked where they happen.
+drops and restarts after a lost worker marked where they happen.
 
 Drawn with matplotlib's Agg canvas (no pyplot, no GUI) and blitted: the axes, ticks, grid, epoch bands and
 labels, learn-rate marks and legends are drawn once into a cached background, and an update only pastes that
@@ -9,7 +9,7 @@ loss 0..a margin above the highest loss seen) so the background stays valid. The
 first losses and refitted when a loss leaves it, is cached apart: a refit redraws only that axis onto the
 background without it. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
 piecewise schedule does; smooth schedules change every iteration and are not marked) redraws the background
-once. An update stays a paste and six curves, several times cheaper than a full matplotlib draw.
+once. An update stays a paste and six curves, much cheaper than a full matplotlib draw.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn ov
 _COLOURS = {"accuracy": ("#80bfe6", "#0072bd"), "loss": ("#f4b183", "#d95319")}
 _BAND = "#f0f0f0"
 _DROP = "#6a3d9a"
+_RESTART = "#c00000"
 
 
 class ProgressFigure:
@@ -65,6 +66,7 @@ class ProgressFigure:
         loss_axes.set_ylim(0.0, 1.0)
         loss_axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
         self.drops_marked = 0
+        self.restarts_marked = 0
         self.background_without_loss_axis: Any = None
         self.background: Any = None  # the one above with the loss axis drawn at its current limits
 
@@ -78,6 +80,7 @@ class ProgressFigure:
             validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
         self._fit_limits(c)
         self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
+        self._mark_restarts(c.get("restart_iteration", []))
         if self.background_without_loss_axis is None:
             self.canvas.draw()  # everything but the animated curves and loss axis
             self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
@@ -126,6 +129,22 @@ class ProgressFigure:
         self.background_without_loss_axis = self.background = None
 
 
+    def _mark_restarts(self, iterations: list[float]) -> None:
+        """A dash-dot line across both panels where training resumed after a lost worker (on_worker_failure=
+        "restart"), labelled "restart N": the iterations after it were trained again from that checkpoint."""
+        if len(iterations) <= self.restarts_marked:
+            return
+        for index in range(self.restarts_marked, len(iterations)):
+            where = iterations[index] + 0.5  # after the checkpoint's last iteration
+            for axes, *_ in self.panels:
+                axes.axvline(where, color=_RESTART, linestyle="-.", linewidth=1.2, zorder=1)
+            self.panels[0][0].annotate(f"restart {index + 1}", (where, 0.0), xycoords=("data", "axes fraction"),
+                                       xytext=(3, 3), textcoords="offset points", ha="left", va="bottom",
+                                       fontsize=7.5, color=_RESTART, rotation=90)
+        self.restarts_marked = len(iterations)
+        self.background_without_loss_axis = self.background = None
+
+
 def is_drop(rates: list[float], rate: float) -> bool:
     """Whether `rate`, coming after `rates`, is a learn-rate drop worth a mark: lower than the rate before,
     which had stayed put (piecewise schedules); smooth schedules, which change every iteration, are not marked."""
@@ -169,7 +188,7 @@ def _label_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -
 
 
 def _png(canvas: Any) -> bytes:
-    """The canvas as an RGB PNG, compressed lightly (several times faster than the default, a little larger)."""
+    """The canvas as an RGB PNG, compressed lightly (faster than the default level, a little larger)."""
     from PIL import Image
 
     width, height = canvas.get_width_height()
@@ -180,7 +199,7 @@ def _png(canvas: Any) -> bytes:
 
 
 def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tuple[Any, Any]:
-    """At most ~2 points per bucket: each keeps its lowest and highest point, so spikes stay visible."""
+    """At most two points per bucket: each keeps its lowest and highest point, so spikes stay visible."""
     if len(y) <= 2 * buckets:
         return x, y
     import numpy as np

@@ -25,7 +25,8 @@ class VerboseTable:
         if isinstance(event, TrainingStarted):
             self.total = event.max_epochs * event.iterations_per_epoch
             rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
-            self._print(f"Training on {event.hardware}.", rule, self._row(_HEADER), rule)
+            chosen = [f"Chosen: {event.choices}."] if event.choices else []  # "auto", learn_rate_scaling
+            self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(_HEADER), rule)
         elif isinstance(event, IterationDone):
             self.last = event
             due = event.iteration == 1 or event.iteration % self.frequency == 0 or event.iteration == self.total

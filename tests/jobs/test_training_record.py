@@ -15,7 +15,14 @@ import nbscale.jobs as jobs
 from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.training_recorder import TrainingRecorder, recorded_for_job_monitor
-from nbscale.train.events import EventChannel, IterationDone, StopSignal, TrainingDone, TrainingStarted
+from nbscale.train.events import (
+    EventChannel,
+    IterationDone,
+    StopSignal,
+    TrainingDone,
+    TrainingRestarted,
+    TrainingStarted,
+)
 
 STARTED = TrainingStarted(max_epochs=2, iterations_per_epoch=5, mini_batch_size=32, hardware="CPU", start_time=1.0e9)
 
@@ -28,13 +35,15 @@ def iteration(i: int, loss: float = 1.0, validation: float | None = None) -> Ite
 
 def test_events_round_trip_as_strict_json_lines_with_non_finite_losses_kept() -> None:
     events = [STARTED, iteration(1, loss=math.nan), iteration(2, loss=math.inf, validation=-math.inf),
-              TrainingDone("Max epochs completed", 2, 10, 5.0, 10, 64.0)]
+              TrainingDone("Max epochs completed", 2, 10, 5.0, 10, 64.0),
+              TrainingRestarted(5, 7, "restart 1 after iteration 7: worker 1 died; resumed from the checkpoint of "
+                                      "epoch 1")]
     lines = [training_record.encode(event) for event in events]
     for line in lines:
         assert line.endswith(b"\n") and line.count(b"\n") == 1
         json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not strict JSON"))
     decoded = [training_record.decode(line) for line in lines]
-    assert decoded[0] == STARTED and decoded[3] == events[3]
+    assert decoded[0] == STARTED and decoded[3] == events[3] and decoded[4] == events[4]  # the monitor marks restarts
     assert math.isnan(decoded[1].training_loss) and decoded[2].training_loss == math.inf
     assert decoded[2].validation_loss == -math.inf and decoded[2].validation_accuracy == 0.75
 

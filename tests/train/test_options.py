@@ -30,6 +30,8 @@ def test_misspelt_field_suggests_the_right_name() -> None:
     ("shuffle", "sometimes", "'every-epoch'"),
     ("learn_rate_schedule", "linear", "'warmup-cosine'"),
     ("mini_batch_size", 0, "integer"),
+    ("mini_batch_size", "big", "an integer >= 1, or 'auto' (fitted to GPU memory)"),
+    ("learn_rate_reference_batch", 0, "integer"),
     ("max_epochs", 2.5, "integer"),
     ("execution_environment", "tpu", "'multi-gpu'"),
     ("gradient_threshold_method", "l1", "'global-l2norm'"),
@@ -70,7 +72,8 @@ def test_setting_the_solver_or_none_later_gives_the_solver_defaults_as_the_const
 def test_open_ended_ranges_do_not_offer_infinity_unless_it_is_allowed() -> None:
     with pytest.raises(OptionsError, match=r"initial_learn_rate must be a finite number > 0\.$"):
         TrainingOptions("sgdm", initial_learn_rate=math.inf)
-    with pytest.raises(OptionsError, match=r"mini_batch_size must be an integer >= 1\.$"):
+    with pytest.raises(OptionsError, match=r"mini_batch_size must be an integer >= 1, or 'auto' \(fitted to GPU "
+                                           r"memory\)\.$"):
         TrainingOptions("sgdm", mini_batch_size=0)
     with pytest.raises(OptionsError, match=r"gradient_threshold must be a number > 0 or math.inf\.$"):
         TrainingOptions("sgdm", gradient_threshold=0)

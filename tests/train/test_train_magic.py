@@ -19,3 +19,12 @@ def test_result_names_that_cannot_be_variables_are_refused_before_the_cell_runs(
     not_a_name = kernel.run("%%train --info 2x" + CELL)
     assert "--info 2x: the name for the result must be a Python identifier" in not_a_name.traceback
     assert kernel.run("print('model' in dir(), 'net' in dir())").stdout.split() == ["False", "False"]
+
+
+def test_batch_size_auto_reaches_the_options_and_is_refused_on_the_cpu_naming_the_fix(kernel):
+    refused = kernel.run("%%train --batch-size auto --env cpu" + CELL)
+    assert refused.error_name == "OptionsError"
+    assert "mini_batch_size='auto' fits the mini-batch to GPU memory, but this run trains on the CPU: give a " \
+           "number" in refused.traceback
+    wrong = kernel.run("%%train --batch-size lots" + CELL)
+    assert "UsageError: argument --batch-size: 'lots' is not a whole number or auto" in wrong.stderr

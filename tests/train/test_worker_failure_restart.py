@@ -73,6 +73,11 @@ def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_fro
     assert info.stop_reason.startswith("Max epochs completed (after 1 restart: restart 1 after iteration ")
     assert f"worker 1 (pid {lost_pid}) died: it was killed by SIGKILL" in info.stop_reason
     assert "resumed from the checkpoint of epoch 3" in info.stop_reason
+    # info.restarts: one line per restart, the same that stop_reason ends with
+    assert len(info.restarts) == 1 and info.restarts[0] in info.stop_reason
+    assert info.restarts[0].startswith("restart 1 after iteration ")
+    assert f"worker 1 (pid {lost_pid}) died: it was killed by SIGKILL" in info.restarts[0]
+    assert info.restarts[0].endswith("; resumed from the checkpoint of epoch 3")
     # one continuous history: every iteration once, in order, to the last one
     assert info.iteration == list(range(1, 12 * ITERATIONS_PER_EPOCH + 1))
     assert info.final_validation_accuracy > 0.85
@@ -85,7 +90,8 @@ def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_fro
 def test_a_checkpoint_of_an_earlier_run_in_the_folder_is_never_resumed_from(pool, tmp_path):
     (train_x, train_y), _ = digits()
     earlier = _options(tmp_path, max_epochs=5, on_worker_failure="error")
-    nbscale.train(tiny_net(seed=1), (train_x, train_y), earlier)  # leaves epochs 1..5 of another run
+    _, quiet = nbscale.train(tiny_net(seed=1), (train_x, train_y), earlier)  # leaves epochs 1..5 of another run
+    assert quiet.restarts == []
     _kill_when(checkpoint_file(tmp_path, 1), pool.workers[0].pid)
     net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=3))
     assert "resumed from the checkpoint of epoch 1" in info.stop_reason  # this run's own, not the earlier epoch 5
@@ -116,3 +122,36 @@ def test_a_frozen_worker_is_given_up_by_the_heartbeat_and_training_resumes_witho
     assert "resumed from the checkpoint of epoch 2" in info.stop_reason
     assert info.iteration == list(range(1, 12 * ITERATIONS_PER_EPOCH + 1))
     assert frozen_pid not in [w.pid for w in pool.workers]
+
+
+@pytest.mark.slow
+def test_a_restart_is_marked_in_the_progress_figure_and_named_in_the_info_panel(kernel, tmp_path):
+    import base64
+
+    from nbscale.ui.progress_figure import _RESTART
+    from tests.ui.test_progress_figure import _pixels_near
+
+    assert kernel.run(f"""
+import nbscale
+from pathlib import Path
+from nbscale.train.checkpoint import checkpoint_file
+from tests.train.digits import digits
+from tests.train.test_worker_failure_restart import _kill_when, _options, tiny_net
+(train_x, train_y), _ = digits()
+pool = nbscale.Pool(2, cpu=True)
+folder = Path({str(tmp_path)!r})
+opts = _options(folder, max_epochs=8, plots="training-progress")
+_kill_when(checkpoint_file(folder, 3), pool.workers[1].pid)
+""").ok
+    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), opts)", timeout=240)
+    assert result.ok, result.text
+    restarts = kernel.run("print(info.restarts)").stdout
+    assert "restart 1 after iteration" in restarts and "resumed from the checkpoint of epoch 3" in restarts
+    panel = [d["text/plain"] for d in result.displays if d.get("text/plain", "").startswith("State:")][-1]
+    assert "\nRestarts: restart 1 after iteration " in panel and "resumed from the checkpoint of epoch 3" in panel
+    figure = base64.b64decode([d["image/png"] for d in result.displays if "image/png" in d][-1])
+    # a line across both panels where training resumed (the end of epoch 3 of 8), labelled "restart 1"
+    resumed_at = 3 / 8
+    band = (0.08 + 0.9 * resumed_at - 0.03, 0.05, 0.08 + 0.9 * resumed_at + 0.03, 0.95)
+    assert _pixels_near(figure, _RESTART, band) > 100
+    assert _pixels_near(figure, _RESTART, (0.08, 0.05, 0.08 + 0.9 * resumed_at - 0.05, 0.95)) == 0

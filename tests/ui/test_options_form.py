@@ -36,7 +36,7 @@ def test_form_values_become_options_and_the_magic_line_round_trips_through_train
 w = form.widgets
 w["solver"].value = "adam"
 w["max_epochs"].value = 3
-w["mini_batch_size"].value = 64
+w["mini_batch_size"].value = "64"
 w["initial_learn_rate"].value = 0.02
 w["verbose"].value = False
 w["execution_environment"].value = "cpu"
@@ -55,6 +55,27 @@ print(o.solver, o.max_epochs, o.mini_batch_size, o.initial_learn_rate, o.verbose
     check = kernel.run("print(captured[0] == captured[1].replace(learn_rate_schedule='none', gradient_threshold="
                        "float('inf')), captured[1] == form.options, captured[1].gradient_threshold)")
     assert check.stdout.split() == ["True", "True", "2.5"], check.text
+
+
+def test_the_mini_batch_size_box_takes_auto_and_the_magic_line_passes_it_on(kernel) -> None:
+    assert kernel.run(CAPTURE + "form = nbscale.options_form(show=False)").ok
+    result = kernel.run("""
+w = form.widgets
+w["mini_batch_size"].value = "auto"
+w["learn_rate_scaling"].value = "linear"
+w["learn_rate_reference_batch"].value = 256
+print(form.valid, form.options.mini_batch_size, form.options.learn_rate_reference_batch)
+w["mini_batch_size"].value = "lots"
+print("mini_batch_size" in form.errors, "write a whole number, or auto" in form.messages["mini_batch_size"].value)
+w["mini_batch_size"].value = "auto"
+w["learn_rate_scaling"].value = "none"
+w["learn_rate_reference_batch"].value = 128
+""")
+    assert result.stdout.split() == ["True", "auto", "256", "True", "True"], result.text
+    line = _magic_line(kernel)
+    assert line == "%%train --batch-size auto"
+    assert kernel.run(line + CELL_BODY).ok
+    assert kernel.run("print(captured[0].mini_batch_size)").stdout.strip() == "auto"
 
 
 def test_impossible_values_are_shown_inline_and_stop_train_before_a_run(kernel) -> None:

@@ -41,7 +41,9 @@ def test_a_wrong_schedule_field_hides_the_plot_and_says_which_to_fix() -> None:
     form.widgets["initial_learn_rate"].value = 0.01
     assert form.schedule_image.layout.display == ""
     form.widgets["learn_rate_scaling"].value = "linear"
-    assert "scales these rates with its global mini-batch" in form.schedule_note.value
+    assert "scales these rates by its global mini-batch / 128." in form.schedule_note.value
+    form.widgets["learn_rate_reference_batch"].value = 256
+    assert "scales these rates by its global mini-batch / 256." in form.schedule_note.value
 
 
 def test_every_schedule_draws_even_for_long_runs() -> None:

@@ -21,6 +21,8 @@ class TrainingStarted:
     hardware: str
     start_time: float  # time.time()
     first_iteration: int = 1  # > 1 when resumed
+    prepare_seconds: float = 0.0  # reading the data before the first iteration (not in the training's time)
+    data_placement: str = ""  # where the training data are held, as the info panel says it
 
 
 @dataclass  # not frozen: made every iteration, and a frozen one sets each field through object.__setattr__ (slots would refuse old checkpoints)
@@ -50,7 +52,18 @@ class TrainingDone:
     images_per_second: float
 
 
-Event = TrainingStarted | IterationDone | TrainingDone
+@dataclass(frozen=True)
+class PreparingData:
+    """Sent while the data are read before training: `done` of `total` `unit` ("files" or "items") of `what`
+    ("training data" or "validation data"); first with done 0, last with done == total."""
+
+    what: str
+    done: int
+    total: int
+    unit: str = "items"
+
+
+Event = TrainingStarted | IterationDone | TrainingDone | PreparingData
 
 
 class StopSignal:

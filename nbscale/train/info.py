@@ -33,6 +33,8 @@ class TrainingInfo:
     output_network_iteration: int = 0
     max_epochs: int = 0
     iterations_per_epoch: int = 0
+    prepare_seconds: float = 0.0  # reading the data before training: not in `time` nor in images_per_second
+    data_placement: str = ""  # where the training data were held (resident on the device, or streamed)
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -48,6 +50,7 @@ class TrainingInfo:
         elif isinstance(event, TrainingStarted):
             self.hardware = event.hardware
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
+            self.prepare_seconds, self.data_placement = event.prepare_seconds, event.data_placement
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second

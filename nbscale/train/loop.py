@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbscale.data.preparing import Progress, Readers
 from nbscale.outputs import main_output
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.compiling import compiled_network
-from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
 from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pending, PoolFigures, correct
 from nbscale.train.layout import layout_restored, train_channels_last
-from nbscale.train.loading import BatchSource, make_batch_source
+from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.options import TrainingOptions
 from nbscale.train.schedules import learn_rate_schedule
 
@@ -73,9 +74,18 @@ def run_training(setup: LoopSetup) -> LoopResult:
 def _train(setup: LoopSetup) -> LoopResult:
     options, device, loss_fn = setup.options, setup.device, setup.loss_fn
 
-    # ---- setup: the data, the solver, and every variant, chosen once ------------------------------------------
+    # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
+    # before the clock starts: info.prepare_seconds, not training time --------------------------------------------
+    preparing = time.perf_counter()
     model = setup.model.to(device)
-    data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background)
+    autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
+    readers = _readers(setup)
+    data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background,
+                             readers=readers, progress=_progress(setup, "training data"))
+    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
+    prepare_seconds = time.perf_counter() - preparing
+
+    # ---- setup: the solver, and every variant, chosen once ----------------------------------------------------
     samples, global_batch = len(data), sum(setup.counts)
     offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
     iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
@@ -83,9 +93,8 @@ def _train(setup: LoopSetup) -> LoopResult:
     total_iterations = iterations_per_epoch * max_epochs
     optimizer = make_optimizer(model, options)
     rate = learn_rate_schedule(options, iterations_per_epoch)
-    autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
+    train_channels_last(model, device, autocast_dtype, _first_input(data, setup.seed), autocast)  # undone by layout_restored
     _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     net: nn.Module = model
     figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
@@ -105,10 +114,10 @@ def _train(setup: LoopSetup) -> LoopResult:
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
     setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
-                                  first_iteration=iteration + 1))
+                                  first_iteration=iteration + 1, prepare_seconds=prepare_seconds,
+                                  data_placement=_placement(data, readers)))
     setup.publish(list(history))  # a resumed run shows its whole history
 
-    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
     pending: list[Pending] = []
     # a resumed run goes on counting time and images from where its checkpoint ended
     start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
@@ -261,6 +270,42 @@ def _autotune_convolutions(device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
 
 
+def _readers(setup: LoopSetup) -> Readers | None:
+    """On a pool with several ranks with work: those ranks, which read the training data together (each a block
+    of it, then they share what they read: nbscale.data.preparing); else None."""
+    if setup.group is None:
+        return None
+    active = [rank for rank, count in enumerate(setup.counts) if count > 0]
+    return Readers(active.index(setup.rank), len(active), setup.group, setup.device)
+
+
+def _progress(setup: LoopSetup, what: str) -> Progress:
+    """Counts the items of `what` this process reads before training, told as PreparingData events."""
+    data = setup.train_data if what == "training data" else setup.validation_data
+    unit = "files" if getattr(data, "files", None) else "items"
+
+    def report(done: int, total: int) -> None:
+        setup.publish(PreparingData(what, done, total, unit))
+
+    return Progress(report)
+
+
+def _placement(data: BatchSource, readers: Readers | None) -> str:
+    """Where the training data are held, for the info panel (`info.data_placement`)."""
+    if readers is None or not isinstance(data, StreamBatches):
+        return data.description
+    return f"{data.description} on each of {readers.count} workers, each reading its share of every mini-batch"
+
+
+def _first_input(data: BatchSource, seed: int) -> Callable[[], torch.Tensor]:
+    """The first sample's input as a batch of one, from where the data are held (no file is read again)."""
+    def first() -> torch.Tensor:
+        inputs, _ = next(iter(data.epoch(torch.zeros((1, 1), dtype=torch.long), seed)))
+        return inputs
+
+    return first
+
+
 def _read_every(setup: LoopSetup) -> int:
     """Most iterations between reads of the figures in one process (1: every iteration, for output_fn)."""
     return 1 if setup.read_each_iteration else READ_EVERY
@@ -401,9 +446,14 @@ class _Validator:
         data = as_dataset(setup.validation_data, "validation_data")
         active = sum(1 for c in setup.counts if c > 0)
         position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
-        indices = torch.arange(position, len(data), active)
-        self.batches = list(torch.split(indices, int(setup.options.mini_batch_size)))
-        self.source = make_batch_source(data, setup.device, setup.options.data_placement, False)
+        # each rank reads and holds only the samples it validates
+        rows = torch.arange(position, len(data), active) if active > 1 else None
+        self.source: BatchSource | None = None
+        self.batches: list[torch.Tensor] = []
+        if rows is None or len(rows):
+            self.source = make_batch_source(data, setup.device, setup.options.data_placement, False, rows=rows,
+                                            progress=_progress(setup, "validation data"))
+            self.batches = list(torch.split(torch.arange(len(self.source)), int(setup.options.mini_batch_size)))
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float | None]:
@@ -411,7 +461,7 @@ class _Validator:
         device = self.setup.device
         totals = torch.zeros(3, device=device)
         # the same augmentation draws at every validation, so its figures compare over the run
-        for inputs, labels in self.source.epoch(self.batches, self.setup.seed):
+        for inputs, labels in self.source.epoch(self.batches, self.setup.seed) if self.source is not None else ():
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 outputs = main_output(self.model(inputs))
                 loss = self.setup.loss_fn(outputs, labels)

@@ -183,8 +183,8 @@ def _preparing_only(sender: EventBunches) -> Callable[[Any], None]:
 
 
 class _PreparingTotals:
-    """In the notebook: the ranks' PreparingData added up into one event for the display (each rank reads its own
-    share of the data)."""
+    """In the notebook: the ranks' PreparingData added up into one event for the display (each rank counts the
+    items of its own share, of all the items)."""
 
     def __init__(self) -> None:
         self.ranks: dict[str, dict[int, PreparingData]] = {}
@@ -198,8 +198,7 @@ class _PreparingTotals:
     def _total(self, rank: int, event: PreparingData) -> PreparingData:
         latest = self.ranks.setdefault(event.what, {})
         latest[rank] = event
-        return PreparingData(event.what, sum(e.done for e in latest.values()), sum(e.total for e in latest.values()),
-                             event.unit)
+        return PreparingData(event.what, sum(e.done for e in latest.values()), event.total, event.unit)
 
 
 def _pool_for(environment: str) -> Any:

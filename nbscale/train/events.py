@@ -55,7 +55,8 @@ class TrainingDone:
 @dataclass(frozen=True)
 class PreparingData:
     """Sent while the data are read before training: `done` of `total` `unit` ("files" or "items") of `what`
-    ("training data" or "validation data"); first with done 0, last with done == total."""
+    ("training data" or "validation data") are read. On a pool each rank counts the items it reads (its share),
+    of the `total` they all read, and the notebook adds the ranks' counts up; the last count reaches `total`."""
 
     what: str
     done: int

@@ -81,7 +81,7 @@ def _train(setup: LoopSetup) -> LoopResult:
     autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
     readers = _readers(setup)
     data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background,
-                             readers=readers, progress=_progress(setup, "training data"))
+                             readers=readers, progress=_progress(setup, "training data", setup.train_data))
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
     prepare_seconds = time.perf_counter() - preparing
 
@@ -279,13 +279,14 @@ def _readers(setup: LoopSetup) -> Readers | None:
     return Readers(active.index(setup.rank), len(active), setup.group, setup.device)
 
 
-def _progress(setup: LoopSetup, what: str) -> Progress:
-    """Counts the items of `what` this process reads before training, told as PreparingData events."""
-    data = setup.train_data if what == "training data" else setup.validation_data
+def _progress(setup: LoopSetup, what: str, data: Any) -> Progress:
+    """Counts the items of `data` this process reads before training, told as PreparingData events: done by this
+    process, of all the items (on a pool the notebook adds the ranks' counts up)."""
     unit = "files" if getattr(data, "files", None) else "items"
+    whole = len(data)
 
     def report(done: int, total: int) -> None:
-        setup.publish(PreparingData(what, done, total, unit))
+        setup.publish(PreparingData(what, done, whole, unit))
 
     return Progress(report)
 
@@ -452,7 +453,7 @@ class _Validator:
         self.batches: list[torch.Tensor] = []
         if rows is None or len(rows):
             self.source = make_batch_source(data, setup.device, setup.options.data_placement, False, rows=rows,
-                                            progress=_progress(setup, "validation data"))
+                                            progress=_progress(setup, "validation data", data))
             self.batches = list(torch.split(torch.arange(len(self.source)), int(setup.options.mini_batch_size)))
 
     @torch.no_grad()

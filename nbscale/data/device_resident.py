@@ -7,6 +7,9 @@
 - an AugmentedImageDatastore over either keeps its colour-converted source images and augments and sizes whole
   batches where they are, each image by its own random values, drawn there for a whole epoch at once;
 - any other Dataset is read item by item, once.
+On a pool the ranks read a dataset together (nbscale.data.preparing.Readers): each reads and decodes a block of
+the items and they exchange the tensors, so each file is read once in all; a rank may also hold only some rows
+(its share of the validation data). `residence` decides whether "auto" keeps a dataset resident.
 The tensors sit on the training device; on a GPU, tensors too large for it stay in host memory and each batch
 is gathered into pinned memory and copied over without making the host wait. Each epoch the sample order goes
 to the device once, and nothing in an epoch waits for the device. `make_batch_source` (nbscale.train.loading)
@@ -294,8 +297,10 @@ def _stored(dataset: Dataset, rows: Sequence[int] | None, readers: Readers | Non
     kept = [index for index, item in zip(indices, items, strict=True) if item is not None]
     readable = [item for item in items if item is not None]
     shape = _Shape.of(readable, skipped=len(items) - len(readable))
-    if readers is not None:
-        shape = _Shape.merged(readers.exchange(shape))
+    counts = [len(readable)]
+    if readers is not None:  # the ranks agree on what the rows look like before they exchange them
+        shapes = readers.exchange(shape)
+        shape, counts = _Shape.merged(shapes), [each.count for each in shapes]
     if shape.skipped and (readers is None or readers.position == 0):
         warnings.warn(f"Left out {shape.skipped} unreadable image(s) of {shape.skipped + shape.count} "
                       "(on_error='skip').", stacklevel=4)
@@ -303,7 +308,6 @@ def _stored(dataset: Dataset, rows: Sequence[int] | None, readers: Readers | Non
         raise DatastoreError("DeviceResidentData: the dataset has no readable items.")
     images, labels = shape.stack(readable, dataset)
     if readers is not None:
-        counts = readers.exchange(len(readable))
         images, labels = readers.gather_rows(images, counts), readers.gather_rows(labels, counts)
     decoded = isinstance(source, ImageDatastore) or augmented is not None
     origin = torch.as_tensor(kept, dtype=torch.long) if rows is not None and readers is None else None
@@ -424,9 +428,11 @@ def _read_files(source: ImageDatastore, augmented: AugmentedImageDatastore | Non
     remote = any(is_url(source.files[index]) for index in indices[:1])
     if per_file < _THREADED_DECODE_FROM and not remote:
         return items + _counted(map(read_range, chunks), progress)
-    workers = DECODE_THREADS if remote else (os.cpu_count() or 1)
-    with ThreadPoolExecutor(workers) as threads:
+    threads = ThreadPoolExecutor(DECODE_THREADS if remote else (os.cpu_count() or 1))
+    try:
         return items + _counted(threads.map(read_range, chunks), progress)
+    finally:  # after an error or an interrupt, the files not begun are not read
+        threads.shutdown(wait=False, cancel_futures=True)
 
 
 def _counted(chunks: Iterator[list[Any]], progress: Progress) -> list[Any]:

@@ -7,7 +7,9 @@ Two ways to feed them, chosen by `data_placement`:
 - stream: a torch DataLoader over any Dataset; `dispatch_in_background=True` reads in worker processes with
   pinned memory and prefetching;
 - "auto": resident when the data fits (tensors always are), otherwise stream.
-On a pool every rank gets only its own share of each global mini-batch (see `split_batch`).
+On a pool every rank gets only its own share of each global mini-batch (see `split_batch`); resident training data
+are read once by the ranks together (`readers`: each reads a block and they exchange them), and each rank's
+validation data are its own share (`rows`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 - an AugmentedImageDatastore over either keeps its colour-converted source images and augments and sizes whole
   batches where they are, each image by its own random values, drawn there for a whole epoch at once;
 - any other Dataset is read item by item, once.
-On a pool the ranks read a dataset together (nbscale.data.preparing.Readers): each reads and decodes a block of
+On a pool the ranks read a dataset together (nbscale.train.preparing.Readers): each reads and decodes a block of
 the items and they exchange the tensors, so each file is read once in all; a rank may also hold only some rows
 (its share of the validation data). `residence` decides whether "auto" keeps a dataset resident.
 The tensors sit on the training device; on a GPU, tensors too large for it stay in host memory and each batch
@@ -32,10 +32,10 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from nbscale.data.augmented import AugmentedImageDatastore, convert_color, fit_to_size
 from nbscale.data.datastore import ImageDatastore
-from nbscale.data.labels import as_labels
-from nbscale.data.preparing import Progress, Readers
 from nbscale.data.reading import is_url, to_float
 from nbscale.errors import DatastoreError
+from nbscale.train.labels import as_labels
+from nbscale.train.preparing import Progress, Readers
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Rows = torch.Tensor | Sequence[torch.Tensor]  # sample indices of each batch: a 2-D tensor, or 1-D tensors
@@ -124,7 +124,8 @@ def residence(dataset: Dataset, device: torch.device, *, rows: Sequence[int] | N
     if holds_tensors(source):  # nothing to read, so nothing to agree on: each rank judges its own memory
         share = len(rows) / max(count, 1) if rows is not None else 1.0
         return _tensor_bytes(source) * share <= budget_fraction * _available_bytes(torch.device(device)), {}
-    estimate, first = None, {}
+    estimate: int | None = None
+    first: dict[int, Any] = {}
     if readers is None or readers.position == 0:
         indices = readers.block(count) if readers is not None else (rows if rows is not None else range(count))
         estimate, first = _probe(dataset, indices, count if readers is not None else len(indices))
@@ -170,7 +171,7 @@ class DeviceResidentData:
                  first: dict[int, Any] | None = None) -> None:
         """`rows` holds only those items of `dataset` (a pool rank's share of the validation data); `readers`
         reads the whole dataset together with the pool's other ranks, each reading a block of it
-        (nbscale.data.preparing); `progress` counts the items read; `first` holds items already read, as
+        (nbscale.train.preparing); `progress` counts the items read; `first` holds items already read, as
         {index: item} (what `residence` read to decide)."""
         self.device = torch.device(device)
         self.augmented = dataset if isinstance(dataset, AugmentedImageDatastore) else None

@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from nbscale.data.labels import as_labels
-from nbscale.data.preparing import Progress, Readers
 from nbscale.errors import OptionsError
+from nbscale.train.labels import as_labels
+from nbscale.train.preparing import Progress, Readers
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -165,12 +165,12 @@ class StreamBatches:
 
 
 def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *,
-                      rows: Sequence[int] | None = None, readers: Readers | None = None,
+                      rows: Sequence[int] | torch.Tensor | None = None, readers: Readers | None = None,
                       progress: Progress | None = None) -> BatchSource:
     """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring.
 
     `rows` keeps only those items (a pool rank's share of the validation data: batches then index into them);
-    `readers` reads resident data once across a pool's ranks, each reading a block (nbscale.data.preparing);
+    `readers` reads resident data once across a pool's ranks, each reading a block (nbscale.train.preparing);
     `progress` counts the items read before training.
     """
     rows = [int(row) for row in rows] if rows is not None else None

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.data.preparing import Progress, Readers
 from nbscale.outputs import main_output
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.compiling import compiled_network
@@ -32,6 +31,7 @@ from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pendin
 from nbscale.train.layout import layout_restored, train_channels_last
 from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.options import TrainingOptions
+from nbscale.train.preparing import Progress, Readers
 from nbscale.train.schedules import learn_rate_schedule
 
 
@@ -272,7 +272,7 @@ def _autotune_convolutions(device: torch.device) -> None:
 
 def _readers(setup: LoopSetup) -> Readers | None:
     """On a pool with several ranks with work: those ranks, which read the training data together (each a block
-    of it, then they share what they read: nbscale.data.preparing); else None."""
+    of it, then they share what they read: nbscale.train.preparing); else None."""
     if setup.group is None:
         return None
     active = [rank for rank, count in enumerate(setup.counts) if count > 0]

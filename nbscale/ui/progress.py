@@ -91,10 +91,14 @@ class TrainingProgress:
             self._preparing_since = time.time()
         self.preparing = event
         self.state = "Preparing data"
+        now = time.perf_counter()
         if self.info_handle is None:
             self._open_panel()
-        else:
+        elif now >= self.next_draw or event.done >= event.total:  # at most every min_interval, and each part's end
             self.info_handle.update(self._info_bundle(), raw=True)
+        else:
+            return
+        self.next_draw = now + self.min_interval
 
     def _open(self, event: TrainingStarted) -> None:
         from IPython.display import display

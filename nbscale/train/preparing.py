@@ -47,12 +47,13 @@ class Readers:
         dist.all_gather_object(values, value, group=self.group)
         return values
 
-    def gather_rows(self, rows: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def gather_rows(self, rows: torch.Tensor, counts: list[int],
+                    chunk_bytes: int = GATHER_CHUNK_BYTES) -> torch.Tensor:
         """Every rank's `rows` (rank r has counts[r] of them, each of the same shape and dtype everywhere) as one
         tensor on `device`, in rank order.
 
-        Sent as bytes (gloo does not take every dtype), in chunks of at most GATHER_CHUNK_BYTES per rank, straight
-        into the result: where every block but the last is full, the result is a view, not a copy.
+        Sent as bytes (gloo does not take every dtype), in chunks of at most `chunk_bytes` per rank, straight into
+        the result: where every block but the last is full, the result is a view, not a copy.
         """
         import torch.distributed as dist
 
@@ -63,8 +64,8 @@ class Readers:
         mine[: len(rows)] = rows.to(self.device)
         send, receive = _bytes_of(mine), _bytes_of(gathered)
         block = send.numel()
-        for start in range(0, block, GATHER_CHUNK_BYTES):
-            end = min(block, start + GATHER_CHUNK_BYTES)
+        for start in range(0, block, chunk_bytes):
+            end = min(block, start + chunk_bytes)
             outputs = [receive[rank * block + start: rank * block + end] for rank in range(self.count)]
             dist.all_gather(outputs, send[start:end], group=self.group)
         del mine, send

@@ -13,6 +13,7 @@ import torch
 import nbscale
 from nbscale import TrainingOptions, WorkerError
 from nbscale.data import AugmentedImageDatastore, ImageAugmenter, ImageDatastore
+from nbscale.train.preparing import Readers
 from tests.datasets import write_digits_pngs
 
 pytestmark = pytest.mark.slow
@@ -94,3 +95,29 @@ def test_an_unreadable_file_in_the_second_workers_block_is_named_and_nothing_han
     (folder / "9" / "zz-broken.png").unlink()
     _, info = trained(ImageDatastore(folder), None, execution_environment="parallel")
     assert info.stop_reason == "Max epochs completed"  # the pool still works
+
+
+def _gathered_on_worker(counts: list[int], dtype: torch.dtype, chunk_bytes: int) -> tuple[str, torch.Tensor]:
+    from nbscale.pool.context import worker_context
+
+    rank = worker_context().rank
+    rows = (torch.arange(counts[rank] * 6).view(-1, 2, 3) + 1000 * rank).to(dtype)
+    gathered = Readers(rank, 2, None, torch.device("cpu")).gather_rows(rows, counts, chunk_bytes=chunk_bytes)
+    return str(gathered.dtype), gathered.long()  # torch cannot unpickle a uint16 tensor
+
+
+@pytest.mark.parametrize("counts", [[5, 4], [4, 4], [3, 5], [0, 2]])
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.float16, torch.int64])
+def test_workers_gather_every_rank_rows_in_rank_order_in_small_chunks(pool: nbscale.Pool, counts: list[int],
+                                                                      dtype: torch.dtype) -> None:
+    expected = torch.cat([(torch.arange(count * 6).view(-1, 2, 3) + 1000 * rank).to(dtype).long()
+                          for rank, count in enumerate(counts)])
+    for kind, result in pool.run(_gathered_on_worker, counts, dtype, 7):  # 7 bytes at a time: many collectives
+        assert kind == str(dtype) and torch.equal(result, expected)
+
+
+def test_each_reader_takes_one_block_and_the_blocks_cover_every_item_once() -> None:
+    blocks = [Readers(position, 3, None, torch.device("cpu")).block(403) for position in range(3)]
+    assert blocks == [range(0, 135), range(135, 270), range(270, 403)]
+    assert [Readers(position, 4, None, torch.device("cpu")).block(2) for position in range(4)] == [
+        range(0, 1), range(1, 2), range(2, 2), range(2, 2)]

@@ -76,9 +76,9 @@ def _train(setup: LoopSetup) -> LoopResult:
 
     # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
     # before the clock starts: info.prepare_seconds, not training time --------------------------------------------
-    preparing = time.perf_counter()
     model = setup.model.to(device)
     autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
+    preparing = time.perf_counter()
     readers = _readers(setup)
     data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background,
                              readers=readers, progress=_progress(setup, "training data", setup.train_data))

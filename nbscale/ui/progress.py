@@ -55,7 +55,8 @@ class TrainingProgress:
                 spent = time.perf_counter() - now
                 self.next_draw = time.perf_counter() + max(self.min_interval, spent / self.budget)
         elif isinstance(event, PreparingData):
-            self._prepare(event)
+            if self.start is None:  # a pool restarted mid-run (on_worker_failure="restart") reads its data again
+                self._prepare(event)
         elif isinstance(event, TrainingStarted):
             self._open(event)
         elif isinstance(event, TrainingDone):

@@ -34,7 +34,7 @@ class VerboseTable:
 
     def __call__(self, event: Any) -> None:
         if isinstance(event, PreparingData):
-            if self.preparing:
+            if self.preparing and not self.total:  # not amid the table (a pool restarted mid-run reads again)
                 self._print_preparing(event)
         elif isinstance(event, TrainingStarted):
             self.total = event.max_epochs * event.iterations_per_epoch

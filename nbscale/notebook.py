@@ -58,14 +58,15 @@ def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopS
     `info` records each event before them (output_fn reads it); `stop` is the run's StopSignal.
     """
     listeners: list[Callable[[Any], None]] = []
-    if options.plots == "training-progress" and in_notebook():
+    plot = options.plots == "training-progress" and in_notebook()
+    if plot:
         from nbscale.ui.progress import TrainingProgress
 
         listeners.append(TrainingProgress(stop))
     if options.verbose:
         from nbscale.ui.verbose_table import VerboseTable
 
-        listeners.append(VerboseTable(options.verbose_frequency, stop))
+        listeners.append(VerboseTable(options.verbose_frequency, stop, preparing=not plot))
     if options.output_fn is not None:
         output_fn = options.output_fn
 

@@ -75,8 +75,9 @@ def _list_url(location: str, include_subfolders: bool) -> list[str]:
         return [location]
     if not filesystem.isdir(root):
         raise DatastoreError(f"ImageDatastore: the folder {location!r} does not exist or cannot be listed.")
-    paths = filesystem.find(root) if include_subfolders else filesystem.ls(root, detail=False)
-    return [filesystem.unstrip_protocol(p) for p in paths if not filesystem.isdir(p)]
+    # the listing says which entries are files: asking the store about each one would cost a request per object
+    entries = filesystem.find(root, detail=True).values() if include_subfolders else filesystem.ls(root, detail=True)
+    return [filesystem.unstrip_protocol(entry["name"]) for entry in entries if entry.get("type") != "directory"]
 
 
 def _no_images(locations: Sequence[Any], extensions: tuple[str, ...], include_subfolders: bool) -> str:

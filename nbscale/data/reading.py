@@ -35,11 +35,14 @@ def is_url(location: str) -> bool:
 
 
 def read_bytes(file: str) -> bytes:
+    """The bytes of a local file or an fsspec URL. A URL is fetched with one request, a range from byte 0: opening
+    it as a file, or reading it whole with s3fs (which decides whether to fetch it in parallel parts), first asks
+    the store for its size, one more request (a HEAD on S3) per file."""
     if is_url(file):
         import fsspec
 
-        with fsspec.open(file, "rb") as stream:
-            return stream.read()
+        filesystem, path = fsspec.core.url_to_fs(file)
+        return bytes(filesystem.cat_file(path, start=0))
     with open(file, "rb") as stream:
         return stream.read()
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from nbscale.jobs.files import FILE_MODE, private_dir
 from nbscale.jobs.training_record import FOLDER, MONITOR_STOP_REASON, encode, stop_path
-from nbscale.train.events import EventChannel, StopSignal
+from nbscale.train.events import EventChannel, PreparingData, StopSignal
 
 JOB_DIR_VARIABLE = "NBSCALE_JOB_DIR"
 FLUSH_INTERVAL_S = 0.5
@@ -61,6 +61,8 @@ class TrainingRecorder:
         self._thread.start()
 
     def __call__(self, event: Any) -> None:
+        if isinstance(event, PreparingData):  # a record starts with TrainingStarted; it holds the preparation's time
+            return
         self.queue.append(event)
 
     def _run(self) -> None:

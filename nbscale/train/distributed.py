@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ from nbscale.errors import OptionsError, UnsendableError, WorkerError
 from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
-from nbscale.train.events import EventChannel, StopSignal
+from nbscale.train.events import EventChannel, PreparingData, StopSignal
 from nbscale.train.loop import LoopResult, LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
 
@@ -61,8 +62,10 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
     job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware)
 
+    preparing = _PreparingTotals()
+
     def on_event(rank: int, events: Any) -> None:
-        channel.publish(events)
+        channel.publish(preparing.combined(rank, events))
         if stop.requested:  # asked again: a stop asked while the pool started or the run was queued is lost there
             pool.request_stop()
 
@@ -91,14 +94,14 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     if context.rank not in active:
         return None
     is_main = context.rank == active[0]
-    sender = EventBunches(context.emit, _EMIT_INTERVAL) if is_main else None
+    sender = EventBunches(context.emit, _EMIT_INTERVAL)
     device = context.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
     try:
         result = run_training(LoopSetup(
             model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn, device=device,
-            seed=job.seed, hardware=job.hardware, publish=sender.send if sender else _ignore,
+            seed=job.seed, hardware=job.hardware, publish=sender.send if is_main else _preparing_only(sender),
             stop_reason=lambda: "Stopped on request" if context.stop_requested else None,
             validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
             rank=context.rank, group=group, is_main=is_main))
@@ -121,8 +124,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
                                f"(now {sum(job.counts)}). {error}") from None
         raise
     finally:
-        if sender is not None:
-            sender.flush()
+        sender.flush()
     _forget_compiled(job.options)
     return result if is_main else None
 
@@ -177,8 +179,33 @@ def _tells_of_a_torn_down_group(text: str) -> bool:
     return "Connection reset by peer" in text or "Connection closed by peer" in text
 
 
-def _ignore(event: Any) -> None:
-    pass
+def _preparing_only(sender: EventBunches) -> Callable[[Any], None]:
+    """What a rank other than the first sends: only how far it read its share of the data (the notebook adds
+    the ranks up: _PreparingTotals)."""
+    def publish(event: Any) -> None:
+        if isinstance(event, PreparingData):
+            sender.send(event)
+
+    return publish
+
+
+class _PreparingTotals:
+    """In the notebook: the ranks' PreparingData added up into one event for the display (each rank counts the
+    items of its own share, of all the items)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[str, dict[int, PreparingData]] = {}
+
+    def combined(self, rank: int, events: Any) -> Any:
+        """`events` (one or a bunch) with each PreparingData replaced by the sum over the ranks so far."""
+        if not isinstance(events, list):
+            return self.combined(rank, [events])[0]
+        return [self._total(rank, event) if isinstance(event, PreparingData) else event for event in events]
+
+    def _total(self, rank: int, event: PreparingData) -> PreparingData:
+        latest = self.ranks.setdefault(event.what, {})
+        latest[rank] = event
+        return PreparingData(event.what, sum(e.done for e in latest.values()), event.total, event.unit)
 
 
 def multi_gpu_pool_settings() -> PoolSettings:

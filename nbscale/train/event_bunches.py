@@ -6,11 +6,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nbscale.train.events import TrainingDone, TrainingStarted
+from nbscale.train.events import PreparingData, TrainingDone, TrainingStarted
 
 
 class EventBunches:
-    """Buffers events and emits them as one list every `interval` seconds; start and end go at once."""
+    """Buffers events and emits them as one list every `interval` seconds; start, end and PreparingData go at once."""
 
     def __init__(self, emit: Callable[[Any], None], interval: float) -> None:
         self.emit, self.interval = emit, interval
@@ -20,7 +20,8 @@ class EventBunches:
     def send(self, event: Any) -> None:
         self.buffer.extend(event if isinstance(event, list) else [event])
         now = time.perf_counter()
-        if isinstance(event, TrainingStarted | TrainingDone) or now - self.last >= self.interval:
+        # start, end and reading progress (sent at most every 0.25 s, and its last count must not wait) go at once
+        if isinstance(event, TrainingStarted | TrainingDone | PreparingData) or now - self.last >= self.interval:
             self.flush()
             self.last = now
 

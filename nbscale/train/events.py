@@ -23,6 +23,8 @@ class TrainingStarted:
     first_iteration: int = 1  # > 1 when resumed
     initial_learn_rate: float | None = None  # the rate used (learn_rate_scaling applied)
     choices: str = ""  # what mini_batch_size="auto" and learn_rate_scaling chose, and why; "" when nothing
+    prepare_seconds: float = 0.0  # reading the data before the first iteration (not in the training's time)
+    data_placement: str = ""  # where the training data are held, as the info panel says it
 
 
 @dataclass  # not frozen: made every iteration, and a frozen one sets each field through object.__setattr__ (slots would refuse old checkpoints)
@@ -65,7 +67,19 @@ class TrainingRestarted:
     description: str  # one line: which restart, what was lost, where training resumed
 
 
-Event = TrainingStarted | IterationDone | TrainingDone | TrainingRestarted
+@dataclass(frozen=True)
+class PreparingData:
+    """Sent while the data are read before training: `done` of `total` `unit` ("files" or "items") of `what`
+    ("training data" or "validation data") are read. On a pool each rank counts the items it reads (its share),
+    of the `total` they all read, and the notebook adds the ranks' counts up; the last count reaches `total`."""
+
+    what: str
+    done: int
+    total: int
+    unit: str = "items"
+
+
+Event = TrainingStarted | IterationDone | TrainingDone | TrainingRestarted | PreparingData
 
 
 class StopSignal:

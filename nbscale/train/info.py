@@ -37,6 +37,8 @@ class TrainingInfo:
     mini_batch_size: int = 0  # the global mini-batch trained with (mini_batch_size="auto" settled)
     initial_learn_rate: float | None = None  # the rate trained with (learn_rate_scaling applied)
     choices: str = ""  # what "auto" and learn_rate_scaling chose, and why ("" when nothing was chosen)
+    prepare_seconds: float = 0.0  # reading the data before training: not in `time` nor in images_per_second
+    data_placement: str = ""  # where the training data were held (resident on the device, or streamed)
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -54,6 +56,7 @@ class TrainingInfo:
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
             self.mini_batch_size, self.initial_learn_rate = event.mini_batch_size, event.initial_learn_rate
             self.choices = event.choices
+            self.prepare_seconds, self.data_placement = event.prepare_seconds, event.data_placement
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second

@@ -9,21 +9,21 @@ sample before training and trains in NCHW as before; after training the weights 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 
-def train_channels_last(model: nn.Module, device: torch.device, autocast_dtype: Any, dataset: Any,
-                        autocast: contextlib.AbstractContextManager) -> None:
-    """Put `model` in channels_last where that speeds up its training and it runs so (tried on the dataset's
-    first sample); `layout_restored` puts it back."""
+def train_channels_last(model: nn.Module, device: torch.device, autocast_dtype: Any,
+                        first_input: Callable[[], torch.Tensor], autocast: contextlib.AbstractContextManager) -> None:
+    """Put `model` in channels_last where that speeds up its training and it runs so (tried on `first_input()`,
+    a batch of one sample); `layout_restored` puts it back."""
     if device.type != "cuda" or autocast_dtype is None or not _in_nchw(model):
         return
     model.to(memory_format=torch.channels_last)
-    if not _runs_on(model, dataset, device, autocast):
+    if not _runs_on(model, first_input, device, autocast):
         model.to(memory_format=torch.contiguous_format)
 
 
@@ -45,13 +45,14 @@ def _in_nchw(model: nn.Module) -> bool:
     return bool(weights) and all(p.is_contiguous() for p in weights)
 
 
-def _runs_on(model: nn.Module, dataset: Any, device: torch.device, autocast: contextlib.AbstractContextManager) -> bool:
+def _runs_on(model: nn.Module, first_input: Callable[[], torch.Tensor], device: torch.device,
+             autocast: contextlib.AbstractContextManager) -> bool:
     """True when a forward pass on the first sample works (in eval mode and without gradients: no state
     changes)."""
     was_training = model.training
     model.eval()
     try:
-        inputs = torch.as_tensor(dataset[0][0]).unsqueeze(0).to(device)
+        inputs = first_input().to(device)
         with torch.no_grad(), autocast:
             model(inputs)
         return True

@@ -7,7 +7,9 @@ Two ways to feed them, chosen by `data_placement`:
 - stream: a torch DataLoader over any Dataset; `dispatch_in_background=True` reads in worker processes with
   pinned memory and prefetching;
 - "auto": resident when the data fits (tensors always are), otherwise stream.
-On a pool every rank gets only its own share of each global mini-batch (see `split_batch`).
+On a pool every rank gets only its own share of each global mini-batch (see `split_batch`); resident training data
+are read once by the ranks together (`readers`: each reads a block and they exchange them), and each rank's
+validation data are its own share (`rows`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from nbscale.data.labels import as_labels
 from nbscale.errors import OptionsError
+from nbscale.train.labels import as_labels
+from nbscale.train.preparing import Progress, Readers
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -162,26 +165,31 @@ class StreamBatches:
             yield x.to(self.device, non_blocking=non_blocking), as_labels(y.to(self.device, non_blocking=non_blocking))
 
 
-def _has_class_labels(dataset: Dataset) -> bool:
-    """True when the first sample's label is one integer (a class index). Other datasets (regression targets)
-    are streamed under "auto", as they always were; "device" makes them resident too."""
-    try:
-        item = dataset[0]
-        label = torch.as_tensor(item[1])
-    except Exception:  # not an (input, label) pair, or a label that is no number: let the other paths decide
-        return False
-    return label.ndim == 0 and not label.is_floating_point() and not label.is_complex() and label.dtype != torch.bool
+def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *,
+                      rows: Sequence[int] | torch.Tensor | None = None, readers: Readers | None = None,
+                      progress: Progress | None = None) -> BatchSource:
+    """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring.
 
-
-def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool) -> BatchSource:
-    """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring."""
+    `rows` keeps only those items (a pool rank's share of the validation data: batches then index into them);
+    `readers` reads resident data once across a pool's ranks, each reading a block (nbscale.train.preparing);
+    `progress` counts the items read before training.
+    """
+    rows = [int(row) for row in rows] if rows is not None else None
     if placement == "stream" or (placement == "auto" and background):
-        return StreamBatches(dataset, device, background)
-    from nbscale.data.device_resident import DeviceResidentData, fits_on_device, holds_tensors
+        return StreamBatches(_part(dataset, rows), device, background)
+    from nbscale.data.device_resident import DeviceResidentData, fits_on_device, holds_tensors, residence
 
     if holds_tensors(dataset):  # tensors need no reading: on a GPU too small, batches go over one by one
-        too_big = device.type == "cuda" and placement != "device" and not fits_on_device(dataset, device)
-        return DeviceResidentData(dataset, device, keep_on_host=too_big)
-    if placement == "device" or (_has_class_labels(dataset) and fits_on_device(dataset, device)):
-        return DeviceResidentData(dataset, device)
-    return StreamBatches(dataset, device, background)
+        part = _part(dataset, rows)
+        too_big = device.type == "cuda" and placement != "device" and not fits_on_device(part, device)
+        return DeviceResidentData(part, device, keep_on_host=too_big)
+    first: dict[int, Any] = {}
+    if placement != "device":
+        resident, first = residence(dataset, device, rows=rows, readers=readers)
+        if not resident:
+            return StreamBatches(_part(dataset, rows), device, background)
+    return DeviceResidentData(dataset, device, rows=rows, readers=readers, progress=progress, first=first)
+
+
+def _part(dataset: Dataset, rows: list[int] | None) -> Dataset:
+    return dataset if rows is None else Subset(dataset, rows)

@@ -28,11 +28,12 @@ from nbscale.outputs import main_output
 from nbscale.train.batch_fitting import gpu_probe, no_probe, settle, smallest_over, untouched
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.compiling import compiled_network
-from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
 from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pending, PoolFigures, correct
 from nbscale.train.layout import layout_restored, train_channels_last
-from nbscale.train.loading import BatchSource, make_batch_source
+from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.options import TrainingOptions
+from nbscale.train.preparing import Progress, Readers
 from nbscale.train.schedules import learn_rate_schedule
 
 
@@ -75,17 +76,27 @@ def run_training(setup: LoopSetup) -> LoopResult:
 def _train(setup: LoopSetup) -> LoopResult:
     device, loss_fn = setup.device, setup.loss_fn
 
-    # ---- setup: the data, the solver, and every variant, chosen once ------------------------------------------
+    # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
+    # before the clock starts: info.prepare_seconds, not training time --------------------------------------------
     model = setup.model.to(device)
-    data = make_batch_source(setup.train_data, device, setup.options.data_placement,
-                             setup.options.dispatch_in_background)
-    autocast_dtype, scaler = _precision(setup.options.precision, device)  # the scaler scales fp16 losses, else passes
+    options = setup.options
+    autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
+    preparing = time.perf_counter()
+    readers = _readers(setup)
+    data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background,
+                             readers=readers, progress=_progress(setup, "training data", setup.train_data))
+    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
+    prepare_seconds = time.perf_counter() - preparing
+
+    # ---- setup: the solver, and every variant, chosen once ----------------------------------------------------
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    train_channels_last(model, device, autocast_dtype, setup.train_data, autocast)  # layout_restored undoes it
+    train_channels_last(model, device, autocast_dtype, _first_input(data, setup.seed), autocast)  # undone by layout_restored
     _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     # mini_batch_size="auto" (a probe of the GPU, with the data in place) and learn_rate_scaling, settled
     setup, chosen = _settled(setup, model, data, autocast)
     options = setup.options
+    if validation is not None:
+        validation.split(max(setup.counts))  # a rank's training batch fits, so this does
     samples, global_batch = len(data), sum(setup.counts)
     offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
     iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
@@ -113,10 +124,10 @@ def _train(setup: LoopSetup) -> LoopResult:
         prepare_folder(options.checkpoint_path)
     setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
                                   first_iteration=iteration + 1, initial_learn_rate=float(options.initial_learn_rate),
-                                  choices=chosen))
+                                  choices=chosen, prepare_seconds=prepare_seconds,
+                                  data_placement=_placement(data, readers)))
     setup.publish(list(history))  # a resumed run shows its whole history
 
-    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
     pending: list[Pending] = []
     # a resumed run goes on counting time and images from where its checkpoint ended
     start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
@@ -282,6 +293,43 @@ def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: An
     return dataclasses.replace(setup, options=choices.options, counts=choices.counts), choices.said
 
 
+def _readers(setup: LoopSetup) -> Readers | None:
+    """On a pool with several ranks with work: those ranks, which read the training data together (each a block
+    of it, then they share what they read: nbscale.train.preparing); else None."""
+    if setup.group is None:
+        return None
+    active = [rank for rank, count in enumerate(setup.counts) if count > 0]
+    return Readers(active.index(setup.rank), len(active), setup.group, setup.device)
+
+
+def _progress(setup: LoopSetup, what: str, data: Any) -> Progress:
+    """Counts the items of `data` this process reads before training, told as PreparingData events: done by this
+    process, of all the items (on a pool the notebook adds the ranks' counts up)."""
+    unit = "files" if getattr(data, "files", None) else "items"
+    whole = len(data)
+
+    def report(done: int, total: int) -> None:
+        setup.publish(PreparingData(what, done, whole, unit))
+
+    return Progress(report)
+
+
+def _placement(data: BatchSource, readers: Readers | None) -> str:
+    """Where the training data are held, for the info panel (`info.data_placement`)."""
+    if readers is None or not isinstance(data, StreamBatches):
+        return data.description
+    return f"{data.description} on each of {readers.count} workers, each reading its share of every mini-batch"
+
+
+def _first_input(data: BatchSource, seed: int) -> Callable[[], torch.Tensor]:
+    """The first sample's input as a batch of one, from where the data are held (no file is read again)."""
+    def first() -> torch.Tensor:
+        inputs, _ = next(iter(data.epoch(torch.zeros((1, 1), dtype=torch.long), seed)))
+        return inputs
+
+    return first
+
+
 def _read_every(setup: LoopSetup) -> int:
     """Most iterations between reads of the figures in one process (1: every iteration, for output_fn)."""
     return 1 if setup.read_each_iteration else READ_EVERY
@@ -420,10 +468,19 @@ class _Validator:
         data = as_dataset(setup.validation_data, "validation_data")
         active = sum(1 for c in setup.counts if c > 0)
         position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
+        # each rank reads and holds only the samples it validates
         # torch's Dataset declares no __len__; as_dataset checked it
-        indices = torch.arange(position, len(data), active)  # type: ignore[arg-type]
-        self.batches = list(torch.split(indices, max(setup.counts)))  # a rank's training batch fits, so this does
-        self.source = make_batch_source(data, setup.device, setup.options.data_placement, False)
+        rows = torch.arange(position, len(data), active) if active > 1 else None  # type: ignore[arg-type]
+        self.source: BatchSource | None = None
+        self.batches: list[torch.Tensor] = []
+        if rows is None or len(rows):
+            self.source = make_batch_source(data, setup.device, setup.options.data_placement, False, rows=rows,
+                                            progress=_progress(setup, "validation data", data))
+
+    def split(self, batch: int) -> None:
+        """Validate in batches of `batch` samples (once the training's mini-batch is settled)."""
+        if self.source is not None:
+            self.batches = list(torch.split(torch.arange(len(self.source)), batch))
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float | None]:
@@ -433,7 +490,7 @@ class _Validator:
         device = self.setup.device
         totals = torch.zeros(3, device=device)
         # the same augmentation draws at every validation, so its figures compare over the run
-        for inputs, labels in self.source.epoch(self.batches, self.setup.seed):
+        for inputs, labels in self.source.epoch(self.batches, self.setup.seed) if self.source is not None else ():
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 outputs = main_output(self.model(inputs))
                 loss = self.setup.loss_fn(outputs, labels)

@@ -47,6 +47,7 @@ def run_row(run: TrainingRun) -> dict[str, Any]:
         "training accuracy": _percent(info.training_accuracy[-1] if info.training_accuracy else None),
         "validation accuracy": _percent(info.final_validation_accuracy),
         "elapsed": elapsed,
+        "data prepared in": f"{info.prepare_seconds:.2f} s" if info.data_placement else "",
         "error": last_line(run.error) if run.state == "failed" else "",
     }
 

@@ -2,7 +2,9 @@
 
 The figure (nbscale.ui.progress_figure) is a PNG that replaces the previous one through a display handle, so
 the last figure stays in the saved notebook as a plain image/png and shows in nbconvert's HTML. The info panel
-is an HTML output updated the same way. Only the Stop button is a widget; it is closed at the end.
+is an HTML output updated the same way. Only the Stop button is a widget; it is closed at the end. While the data
+are read before training (PreparingData events), the button and the info panel show already, with the count of
+files read; the panel then says where the data are held and how long reading them took.
 
 The figure is built and first shown (empty) before the first iteration. Updates are rate-limited twice: at most
 every `min_interval` seconds, and never more than `budget` of the elapsed time (a slow draw pushes the next one
@@ -15,7 +17,14 @@ import time
 from html import escape
 from typing import Any
 
-from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingRestarted, TrainingStarted
+from nbscale.train.events import (
+    IterationDone,
+    PreparingData,
+    StopSignal,
+    TrainingDone,
+    TrainingRestarted,
+    TrainingStarted,
+)
 from nbscale.ui.progress_figure import ProgressFigure, is_drop, smoothed
 
 
@@ -39,6 +48,8 @@ class TrainingProgress:
         self.next_draw = 0.0
         self.figure_handle: Any = None
         self.info_handle: Any = None
+        self.preparing: PreparingData | None = None  # how far reading the data before training has come
+        self._preparing_since = 0.0
         self.button: Any = None
         self._click_route: Any = None
         self._figure: ProgressFigure | None = None
@@ -53,6 +64,9 @@ class TrainingProgress:
                 self._draw()
                 spent = time.perf_counter() - now
                 self.next_draw = time.perf_counter() + max(self.min_interval, spent / self.budget)
+        elif isinstance(event, PreparingData):
+            if self.start is None:  # a pool restarted mid-run (on_worker_failure="restart") reads its data again
+                self._prepare(event)
         elif isinstance(event, TrainingStarted):
             self._open(event)
         elif isinstance(event, TrainingDone):
@@ -87,11 +101,36 @@ class TrainingProgress:
 
     # ---- display ---------------------------------------------------------------------------------------------
 
+    def _prepare(self, event: PreparingData) -> None:
+        """Reading the data before training: the panel shows how far it has come (opened at the first count)."""
+        if self.preparing is None:
+            self._preparing_since = time.time()
+        self.preparing = event
+        self.state = "Preparing data"
+        now = time.perf_counter()
+        if self.info_handle is None:
+            self._open_panel()
+        elif now >= self.next_draw or event.done >= event.total:  # at most every min_interval, and each part's end
+            self.info_handle.update(self._info_bundle(), raw=True)
+        else:
+            return
+        self.next_draw = now + self.min_interval
+
     def _open(self, event: TrainingStarted) -> None:
         from IPython.display import display
 
         self.start = event
         self._wall_start = event.start_time
+        if self.info_handle is None:
+            self._open_panel()
+        self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
+        self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
+        self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
+
+    def _open_panel(self) -> None:
+        """The Stop button and the info panel (the figure follows below them once training starts)."""
+        from IPython.display import display
+
         self.button = _stop_button(self.stop, self.stop_tooltip)
         self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
         self._click_route = _route_clicks_off_main_thread(self.button)
@@ -100,9 +139,6 @@ class TrainingProgress:
                 _say_stop_needs_the_interrupt(self.button)
             self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
-        self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
-        self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
-        self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
 
     def _draw(self) -> None:
         if self.figure_handle is None:
@@ -124,7 +160,12 @@ class TrainingProgress:
     def _info_rows(self) -> list[tuple[str, str]]:
         start, last = self.start, self.last
         if start is None:
-            return [("State", self.state)]
+            rows = [("State", self.state)]
+            if self.preparing is not None:
+                p = self.preparing
+                rows += [("Preparing data", f"{p.what}: {p.done:,} of {p.total:,} {p.unit}"),
+                         ("Preparation", _duration(time.time() - self._preparing_since))]
+            return rows
         total = start.max_epochs * start.iterations_per_epoch
         rows = [("State", self.state),
                 ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.start_time))),
@@ -133,6 +174,9 @@ class TrainingProgress:
                 ("Mini-batch size", str(start.mini_batch_size))]
         if start.choices:  # mini_batch_size="auto", learn_rate_scaling: what was chosen and why
             rows.append(("Chosen", start.choices))
+        if start.data_placement:  # where the data are held, and the time reading them took (not in Elapsed)
+            rows += [("Data", start.data_placement),
+                     ("Preparation", f"{start.prepare_seconds:.1f} s, before training (not in Elapsed)")]
         if last is not None:
             rows += [("Epoch", f"{last.epoch} of {start.max_epochs}"),
                      ("Iteration", f"{last.iteration} of {total}"),

@@ -1,11 +1,16 @@
-"""verbose=True: MATLAB's progress table, one row every verbose_frequency iterations and on validation."""
+"""verbose=True: MATLAB's progress table, one row every verbose_frequency iterations and on validation.
+
+Above it, where the data are held and how long reading them took; while they are read, where no training-progress
+display shows it, a line counting the files read, rewritten in place.
+"""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any, TextIO
 
-from nbscale.train.events import IterationDone, StopSignal, TrainingDone, TrainingStarted
+from nbscale.train.events import IterationDone, PreparingData, StopSignal, TrainingDone, TrainingStarted
 
 _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
            "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
@@ -14,17 +19,31 @@ _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validat
 class VerboseTable:
     """Listener for the training event channel that prints the verbose table."""
 
-    def __init__(self, frequency: int, stop: StopSignal | None = None, stream: TextIO | None = None) -> None:
+    def __init__(self, frequency: int, stop: StopSignal | None = None, stream: TextIO | None = None,
+                 preparing: bool = False) -> None:
+        """`preparing`: show how far reading the data before training has come, on one line rewritten in place
+        (where no training-progress display shows it)."""
         self.frequency, self.stop, self.stream = int(frequency), stop, stream
+        self.preparing = preparing
+        self.preparing_line = ""
+        self.next_preparing = 0.0
         self.total = 0
         self.last: IterationDone | None = None
         self.last_printed = 0
         self.widths = [max(len(h), 9) for h in _HEADER]
 
     def __call__(self, event: Any) -> None:
-        if isinstance(event, TrainingStarted):
+        if isinstance(event, PreparingData):
+            if self.preparing and not self.total:  # not amid the table (a pool restarted mid-run reads again)
+                self._print_preparing(event)
+        elif isinstance(event, TrainingStarted):
             self.total = event.max_epochs * event.iterations_per_epoch
             rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
+            if self.preparing_line:  # the count stays as it ended, on its own line
+                self._write("\n")
+            if event.data_placement:
+                self._print(f"Data: {event.data_placement}; read in {event.prepare_seconds:.1f} s before training "
+                            "(not in Time Elapsed).")
             chosen = [f"Chosen: {event.choices}."] if event.choices else []  # "auto", learn_rate_scaling
             self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(_HEADER), rule)
         elif isinstance(event, IterationDone):
@@ -54,10 +73,26 @@ class VerboseTable:
                                number(e.validation_loss), f"{e.learn_rate:.4g}")))
         self.last_printed = e.iteration
 
+    def _print_preparing(self, event: PreparingData) -> None:
+        """Rewrite the line (a carriage return) at most every PREPARING_EVERY_S seconds, and at each part's end."""
+        now = time.perf_counter()
+        if now < self.next_preparing and event.done < event.total:
+            return
+        self.next_preparing = now + PREPARING_EVERY_S
+        line = f"Preparing data: {event.what}, {event.done:,} of {event.total:,} {event.unit}"
+        self._write("\r" + line.ljust(len(self.preparing_line)))
+        self.preparing_line = line
+
     def _row(self, cells: tuple[str, ...]) -> str:
         return "| " + " | ".join(c.rjust(w) for c, w in zip(cells, self.widths, strict=True)) + " |"
 
     def _print(self, *lines: str) -> None:
+        self._write("\n".join(lines) + "\n")
+
+    def _write(self, text: str) -> None:
         stream = self.stream or sys.stdout
-        stream.write("\n".join(lines) + "\n")
+        stream.write(text)
         stream.flush()
+
+
+PREPARING_EVERY_S = 1.0

@@ -1,4 +1,4 @@
-"""Labels as training wants them."""
+"""Class labels as the losses take them."""
 
 from __future__ import annotations
 

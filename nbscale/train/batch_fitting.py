@@ -29,6 +29,7 @@ from torch import nn
 from nbscale.errors import OptionsError
 from nbscale.outputs import main_output
 from nbscale.train.loading import split_batch
+from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import TrainingOptions
 
 HEADROOM = 0.2  # the fraction of a GPU's available memory left free by the probe's step
@@ -141,7 +142,6 @@ def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions, loss_fn: Ca
     The step's memory is measured by the caching allocator's peak; memory other processes hold is not counted as
     available. Call `probe` inside `untouched(model, device)`: the steps change the weights.
     """
-    from nbscale.train.loop import make_optimizer
 
     def probe(limit: int) -> Callable[[int], bool]:
         model.train()  # as the loop trains it (dropout, BatchNorm on the batch)

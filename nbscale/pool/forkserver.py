@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.protocol import WorkerConfig
 
 _PR_SET_PDEATHSIG = 1
@@ -74,25 +75,9 @@ def _kill_all(children: set[int]) -> None:
             pass
 
 
-def _exit_with_the_kernel() -> None:
-    """Exit (and so take every worker along: they die with us) as soon as the kernel that started us is gone.
-
-    Not PR_SET_PDEATHSIG: for a process started from a thread, that fires when the thread ends, and a pool may be
-    started from any thread of the kernel.
-    """
-    kernel = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == kernel:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="nbscale-watch-kernel", daemon=True).start()
-
-
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_the_kernel()
+    exit_with_parent("nbscale-watch-kernel")  # and so take every worker along: they die with us
     import torch  # noqa: F401 - the expensive import, paid once for every worker (before the request: see prepare)
 
     import nbscale.pool.worker  # noqa: F401 - and the worker code with torch.distributed

@@ -33,6 +33,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
+from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import announce_failures_here
 
@@ -375,22 +376,9 @@ def serve(config: p.WorkerConfig) -> None:
         os._exit(0)
 
 
-def _exit_with_parent() -> None:
-    """Exit when the process that started us (a Ray actor) is gone: a lost actor or node takes its worker along,
-    instead of leaving it connected to the kernel with no one to account for it."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="nbscale-watch-launcher", daemon=True).start()
-
-
 def main() -> None:
     """Entry point for `python -m nbscale.pool.worker` (config as one JSON line on stdin)."""
-    _exit_with_parent()
+    exit_with_parent("nbscale-watch-launcher")  # a lost Ray actor or node takes its worker along
     config = p.WorkerConfig.from_json(json.loads(sys.stdin.readline()))
     os.environ.update(config.env)
     serve(config)

@@ -9,7 +9,11 @@ Rows, each nbscale against its own hand-written peer with the same network, data
 3. row 1 with compile=True against the hand loop with torch.compile;
 4. torchvision ResNet-50 at 224x224, mini-batch 256, bf16, synthetic float data;
 5. row 4 with execution_environment="parallel" on a pool of one GPU worker, against row 4's nbscale in the notebook's
-   process (the peer here is nbscale itself: the pool's cost over training in-process).
+   process (the peer here is nbscale itself: the pool's cost over training in-process);
+6. "display": row 1's nbscale run in a real Jupyter kernel with plots="training-progress" (the live figure and info
+   panel, drawn in the kernel) against plots="none" in the same kernel, over DISPLAY_EPOCHS so that the figure
+   updates during training (issue 13.4: the display costs at most 1%). It needs the kernel's packages (ipykernel,
+   jupyter_client, ipywidgets) and is left out, saying so, where they are missing.
 
 The recipe is one nbscale can express, so both sides run the same update: SGD with momentum 0.9 (not Nesterov),
 a constant learn rate, cross-entropy, and MATLAB's L2 regularisation (weight decay 1e-4 on every parameter except
@@ -20,7 +24,8 @@ nbscale the weights copied back), after one warm-up call of each side; runs alte
 
 Run on a GPU machine: `python bench/bench_gpu.py` (a markdown table; `make bench` runs it where CUDA is visible).
 BENCH_GPU_ON_CPU=1 runs every row on the CPU at a tiny size (single precision, a pool of one CPU worker) to check
-the code; BENCH_GPU_REPEATS (default 5) and BENCH_GPU_ROWS (e.g. "airbench,resnet,parallel,compile") choose more.
+the code; BENCH_GPU_REPEATS (default 5) and BENCH_GPU_ROWS (e.g. "airbench,resnet,parallel,compile,display") choose
+more; BENCH_GPU_DISPLAY_EPOCHS sets the display row's epochs.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 ON_CPU = os.environ.get("BENCH_GPU_ON_CPU") == "1"
 REPEATS = int(os.environ.get("BENCH_GPU_REPEATS", 1 if ON_CPU else 5))
-ROWS = os.environ.get("BENCH_GPU_ROWS", "airbench,plain,compile,resnet,parallel").split(",")
+ROWS = os.environ.get("BENCH_GPU_ROWS", "airbench,plain,compile,resnet,parallel,display").split(",")
+DISPLAY_EPOCHS = int(os.environ.get("BENCH_GPU_DISPLAY_EPOCHS", 1 if ON_CPU else 24))  # long enough to redraw
 
 
 @dataclass(frozen=True)
@@ -149,12 +155,12 @@ def _hand_loop(make_model: Callable[[], nn.Module], images: torch.Tensor, labels
 # ---- nbscale ------------------------------------------------------------------------------------------------------
 
 def nbscale_train(make_model: Callable[[], nn.Module], data: object, batch: int, epochs: int,
-                  environment: str | None = None, **fields: object) -> int:
+                  environment: str | None = None, plots: str = "none", **fields: object) -> int:
     import nbscale
 
     options = nbscale.TrainingOptions(
         "sgdm", initial_learn_rate=LEARN_RATE, momentum=MOMENTUM, l2_regularization=L2, mini_batch_size=batch,
-        max_epochs=epochs, shuffle="every-epoch", precision=PRECISION, plots="none", verbose=False,
+        max_epochs=epochs, shuffle="every-epoch", precision=PRECISION, plots=plots, verbose=False,
         execution_environment=environment or DEVICE.type.replace("cuda", "gpu"), **fields)
     _, info = nbscale.train(make_model(), data, options)
     return info.iteration[-1] * batch
@@ -169,6 +175,53 @@ def augmented_store(images: torch.Tensor, labels: torch.Tensor) -> object:
 
 def _epochs(count: int) -> str:
     return f"{count} epoch{'s' * (count != 1)}"
+
+
+# ---- in a real kernel ---------------------------------------------------------------------------------------------
+
+KERNEL_SETUP = """
+import sys
+sys.path.insert(0, {repo!r})
+import torch
+from bench.bench_gpu import airbench_class_net, augmented_store, nbscale_train
+generator = torch.Generator().manual_seed(0)
+images = torch.randint(0, 256, ({images}, 3, 32, 32), dtype=torch.uint8, generator=generator)
+labels = torch.randint(0, 10, ({images},), generator=generator)
+"""
+
+KERNEL_RUN = """trained = nbscale_train(airbench_class_net, augmented_store(images, labels), {batch}, {epochs},
+                        plots={plots!r}, data_placement="device")"""
+
+
+def display_pairs(size: Sizes, runs: dict[str, list[float]]) -> str:
+    """Row 6: the airbench-class nbscale run in a real kernel, the live figure and info panel on against off."""
+    label = (f"airbench94-class with augmentation, {_epochs(DISPLAY_EPOCHS)}, in a real kernel: plots="
+             "'training-progress' vs plots='none'")
+    try:
+        from tests.kernel_session import KernelSession
+        kernel = KernelSession()
+    except ImportError as missing:
+        return f"| {label} | not run: {missing} (the kernel's packages) | | | |"
+    updates: list[int] = []
+
+    def in_kernel(plots: str) -> Callable[[], int]:
+        def trained() -> int:
+            result = kernel.run(KERNEL_RUN.format(batch=size.batch, epochs=DISPLAY_EPOCHS, plots=plots), timeout=600)
+            if not result.ok:
+                raise RuntimeError(result.text)
+            if plots != "none":  # figure updates between the empty figure before training and the final one
+                updates.append(sum("image/png" in shown for shown in result.displays) - 2)
+            return int(kernel.run("print(trained)").stdout)
+        return trained
+
+    try:
+        setup = kernel.run(KERNEL_SETUP.format(repo=str(Path(__file__).resolve().parent.parent), images=size.images))
+        if not setup.ok:
+            raise RuntimeError(setup.text)
+        row = pairs("display", label, in_kernel("training-progress"), in_kernel("none"), runs)
+    finally:
+        kernel.shutdown()
+    return row.replace(label, f"{label}; the figure updated {min(updates)}-{max(updates)} times during each run", 1)
 
 
 # ---- measuring ----------------------------------------------------------------------------------------------------
@@ -251,6 +304,8 @@ def run() -> str:
                 "parallel", "ResNet-50 as above, execution_environment='parallel' on a pool of 1 vs nbscale in-process",
                 lambda: nbscale_train(resnet50, resnet_data, resnet_batch, resnet_epochs, "parallel"),
                 in_process, runs))
+    if "display" in ROWS:
+        rows.append(display_pairs(size, runs))
     name = "CPU (BENCH_GPU_ON_CPU=1: tiny sizes, a code check only)" if ON_CPU else torch.cuda.get_device_name(0)
     return "\n".join([
         "## GPU training vs hand-written loops (bench/bench_gpu.py)",

@@ -12,7 +12,7 @@ The table gives the best run of each (interference from other tenants only ever 
 the least disturbed one, as timeit reports its minimum), the ratio of medians, and the median of the pairs' ratios
 (each nbscale run over the peer run beside it: drift of the machine's load between pairs cancels out); every run's
 figure is printed too. Run: `python bench/bench_train.py`
-(BENCH_EPOCHS, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and BENCH_REPEATS
+(BENCH_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and BENCH_REPEATS
 override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "plots" (plots on vs none in the kernel) and
 "pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs are long enough
 (~10 s on 2 cores) for the progress figure to update during training, not only before and after it; the table
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", 150))  # in the notebook's process
 PARALLEL_EPOCHS = int(os.environ.get("BENCH_PARALLEL_EPOCHS", 40))  # on the pool and with hand-written DDP
-BATCH = 64
+BATCH = int(os.environ.get("BENCH_BATCH", 64))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 8))
 GPU_EPOCHS = int(os.environ.get("BENCH_GPU_EPOCHS", 50))  # the MLP on a GPU
 CONV_EPOCHS = int(os.environ.get("BENCH_CONV_EPOCHS", 10))  # the conv net on a GPU, single and mixed precision
@@ -253,11 +253,13 @@ def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -
 def _plot_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
     """nbscale.train in the kernel's process with the progress figure and info panel against without them."""
     shown, hidden = runs.setdefault("plots on", []), runs.setdefault("plots none", [])
+    shown_wall, hidden_wall = runs.setdefault("plots on, wall", []), runs.setdefault("plots none, wall", [])
     for _ in range(REPEATS):
-        shown.append(_measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots="training-progress"),
-                               "nbscale_rate")[0])
-        hidden.append(_measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots="none"), "nbscale_rate")[0])
-    return [_row("CPU, notebook process, plots on vs plots none (the figure's and info panel's cost)", shown, hidden)]
+        for plots, loop, wall in (("training-progress", shown, shown_wall), ("none", hidden, hidden_wall)):
+            loop.append(_measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots=plots), "nbscale_rate")[0])
+            wall.append(_value(kernel, "nbscale_wall_rate"))
+    return [_row("CPU, notebook process, plots on vs plots none (the figure's and info panel's cost)", shown, hidden),
+            _row("same, whole calls (the empty figure, widgets and final figure included)", shown_wall, hidden_wall)]
 
 
 def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001

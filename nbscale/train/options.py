@@ -134,6 +134,9 @@ class TrainingOptions:
             for changed, old in previous.items():  # a refused change leaves the options as they were
                 object.__setattr__(self, changed, old)
             raise
+        watcher = self.__dict__.get("_watcher")  # the options form these came from shows the change too
+        if watcher is not None:
+            watcher(self)
 
     def validate(self) -> None:
         """Check every field and the combinations; raises OptionsError."""

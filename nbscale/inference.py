@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from nbscale.errors import NbscaleError
+from nbscale.errors import ModelError, NbscaleError
 from nbscale.outputs import main_output
 from nbscale.train.loading import tensor_of
 
@@ -129,7 +129,7 @@ def activations(net: nn.Module, data: Data, layer: str = "layer4", batch_size: i
     modules = dict(net.named_modules())
     if layer not in modules:
         names = [name for name in modules if name]
-        raise NbscaleError(f"activations: the network has no layer {layer!r}. Its layers are: "
+        raise ModelError(f"activations: the network has no layer {layer!r}. Its layers are: "
                            f"{names[:30]}{' ...' if len(names) > 30 else ''}")
     captured: list[torch.Tensor] = []
 

@@ -78,7 +78,7 @@ def test_activations_of_a_named_layer_and_the_mode_is_restored(digits: ImageData
     flat = nbscale.activations(net, digits, layer="0")
     assert flat.shape == (60, 64) and torch.allclose(flat[3], digits[3][0].flatten())
     assert net.training
-    with pytest.raises(NbscaleError, match="no layer 'layer4'"):
+    with pytest.raises(nbscale.ModelError, match="no layer 'layer4'"):  # a ValueError, as for transfer's layer names
         nbscale.activations(net, digits)
 
 

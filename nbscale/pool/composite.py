@@ -20,7 +20,8 @@ class CompositeSource(Protocol):
 
 
 class Composite:
-    """`x[r]` is worker r's value of the spmd variable `x`; `len(x)`; `x[:]` every value in rank order.
+    """`x[r]` is worker r's value of the spmd variable `x` (`x[-1]` the last one's); `len(x)`; `x[:]` every value in
+    rank order.
 
     Used in a later spmd cell, each worker simply uses its own value again: nothing is transferred.
     """
@@ -47,14 +48,22 @@ class Composite:
         if isinstance(index, slice):
             ranks = self.ranks[index]
             return self._live_pool().pull(self.key, targets=ranks) if ranks else []
+        index = self._rank_of(index)
         if index not in self.ranks:
             raise IndexError(f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}.")
         return self._live_pool().pull(self.key, targets=[index])[0]
 
     def __setitem__(self, index: int, value: Any) -> None:
+        index = self._rank_of(index)
         if index not in self.ranks:
             raise IndexError(f"Composite {self.key!r} has no worker {index}; it has ranks {list(self.ranks)}.")
         self._live_pool().push(targets=[index], **{self.key: value})
+
+    def _rank_of(self, index: int) -> int:
+        """A rank is its own index; a negative index counts from the end as in a list, so `x[-1]` is `x[:][-1]`."""
+        if isinstance(index, int) and -len(self.ranks) <= index < 0:
+            return self.ranks[index]
+        return index
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self[:])

@@ -95,7 +95,7 @@ class TrainingOptions:
     on_worker_failure: WorkerFailure = "error"
     learn_rate_scaling: LearnRateScaling = "none"
     learn_rate_reference_batch: int = 128  # "linear": initial_learn_rate is the rate for a global mini-batch of this
-    _ready: bool = field(default=False, compare=False)
+    _ready: bool = field(default=False, compare=False, init=False)  # not an argument: dataclasses.replace works
 
     def __init__(self, solver: Solver = "sgdm", **options: Any) -> None:
         names = field_names()
@@ -134,6 +134,9 @@ class TrainingOptions:
             for changed, old in previous.items():  # a refused change leaves the options as they were
                 object.__setattr__(self, changed, old)
             raise
+        watcher = self.__dict__.get("_watcher")  # the options form these came from shows the change too
+        if watcher is not None:
+            watcher(self)
 
     def validate(self) -> None:
         """Check every field and the combinations; raises OptionsError."""

@@ -212,13 +212,29 @@ class OptionsForm:
 
     @property
     def options(self) -> TrainingOptions:
-        """The TrainingOptions the form shows; OptionsError (naming each wrong field) while one is wrong."""
+        """The TrainingOptions the form shows; OptionsError (naming each wrong field) while one is wrong.
+
+        Setting one of its fields (`form.options.max_epochs = 5`) sets the form's widget too; `form.options = opts`
+        fills the whole form.
+        """
         if self.errors:
             problems = " ".join(self.errors.values())
             raise OptionsError(f"The options form has {len(self.errors)} wrong value(s): {problems} Fix them in "
                                "the form; nothing was run.")
         values = self.values()
-        return TrainingOptions(values.pop("solver"), **values)
+        options = TrainingOptions(values.pop("solver"), **values)
+        object.__setattr__(options, "_watcher", self._set_from_code)  # these options, changed from code, change the form
+        return options
+
+    @options.setter
+    def options(self, options: TrainingOptions) -> None:
+        self.set_options(options)
+
+    def _set_from_code(self, options: TrainingOptions) -> None:
+        """A field of `form.options` was set from code: show it (and keep a bound variable in step)."""
+        self.set_options(options)
+        if self.bind_to and self.valid:
+            self.namespace[self.bind_to] = options
 
     def magic_line(self, name: str = "form") -> str:
         """The `%%train` line with these options: flags when they say it all, else `--options NAME` (+ flags)."""

@@ -79,6 +79,9 @@ def test_composite_is_each_workers_own_value_in_a_later_cell(pool):
     assert isinstance(composite, nbscale.Composite)
     assert len(composite) == 3
     assert [v.item() for v in composite[:]] == [0.0, 1.0, 2.0]
+    assert composite[-1].item() == 2.0 and composite[-3].item() == 0.0  # from the end, as in a list
+    with pytest.raises(IndexError, match="no value on worker -4"):
+        composite[-4]
     pool.spmd("doubled = value * 2", namespace=namespace)
     assert [v.item() for v in namespace["doubled"]] == [0.0, 2.0, 4.0]
     composite[1] = torch.tensor([41.0])
@@ -101,6 +104,7 @@ def test_targets_run_on_listed_ranks_with_collectives_among_them(pool):
     pool.spmd("who = allgather(rank)", targets=[0, 2], namespace=namespace)
     assert namespace["who"].ranks == (0, 2)
     assert namespace["who"][2] == [0, 2]
+    assert namespace["who"][-1] == namespace["who"][:][-1] == [0, 2]  # the last of its ranks: worker 2
     with pytest.raises(IndexError, match="no value on worker 1"):
         namespace["who"][1]
     with pytest.raises(PoolError, match="--targets 5"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -105,6 +106,15 @@ def test_replace_changes_solver_defaults_but_keeps_explicit_values() -> None:
     assert options.replace(solver="adam").max_epochs == 3
     assert TrainingOptions("sgdm", initial_learn_rate=0.2).replace(solver="adam").initial_learn_rate == 0.2
 
+
+def test_dataclasses_replace_gives_a_checked_copy_as_for_any_dataclass() -> None:
+    options = TrainingOptions("adam", max_epochs=3, mini_batch_size=64)
+    changed = dataclasses.replace(options, max_epochs=5)
+    assert isinstance(changed, TrainingOptions)
+    assert (changed.solver, changed.max_epochs, changed.mini_batch_size) == ("adam", 5, 64)
+    assert options.max_epochs == 3
+    with pytest.raises(OptionsError, match="max_epochs"):
+        dataclasses.replace(options, max_epochs=0)
 
 def test_numpy_numbers_whole_floats_and_matlab_flags_are_accepted_as_plain_python_values() -> None:
     import numpy as np

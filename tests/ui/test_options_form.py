@@ -122,6 +122,25 @@ from tests.train.digits import digits, tiny_net
     assert done.stdout.split() == ["2", "True"], done.text
 
 
+def test_a_field_of_form_options_set_from_code_shows_in_the_form_and_is_what_train_uses(kernel) -> None:
+    assert kernel.run("import torch, nbscale\nform = nbscale.options_form()").ok
+    edit = kernel.run("""
+form.options.max_epochs = 2
+form.options.verbose = False
+print(form.widgets["max_epochs"].value, form.options.max_epochs, form.widgets["verbose"].value, form.options.verbose)
+""")
+    assert edit.stdout.split() == ["2", "2", "False", "False"], edit.text
+    refused = kernel.run("form.options.max_epochs = 0")
+    assert refused.error_name == "OptionsError" and "max_epochs" in refused.error_value, refused.text
+    assert kernel.run("print(form.options.max_epochs)").stdout.strip() == "2"  # a refused value changes nothing
+    trained = kernel.run("%%train --options form --no-plots\nmodel = torch.nn.Linear(64, 10)\n"
+                         "train_data = (torch.randn(256, 64), torch.randint(0, 10, (256,)))")
+    assert trained.ok, trained.text
+    assert kernel.run("print(info.epoch[-1])").stdout.strip() == "2"
+    whole = kernel.run("form.options = nbscale.TrainingOptions('adam', max_epochs=4)\n"
+                       "print(form.widgets['solver'].value, form.options.max_epochs, type(form.options).__name__)")
+    assert whole.stdout.split() == ["adam", "4", "TrainingOptions"], whole.text
+
 def _browser_sets(kernel: KernelSession, model_id: str, state: dict) -> None:
     """Send a widget state update on the shell channel, as JupyterLab does when the user edits a widget."""
     client = kernel.client

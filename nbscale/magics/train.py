@@ -15,11 +15,11 @@ class TrainMagics(Magics):
 
     @magic_arguments()
     @argument("--options", metavar="NAME", help="a notebook variable holding TrainingOptions or an options form")
-    @argument("--env", choices=["auto", "cpu", "gpu", "multi-gpu", "parallel"], help="execution_environment")
+    @argument("--env", type=str.lower, choices=["auto", "cpu", "gpu", "multi-gpu", "parallel"], help="execution_environment")
     @argument("--epochs", type=int, metavar="N", help="max_epochs")
     @argument("--batch-size", type=batch_size, metavar="B", help="mini_batch_size: a number, or auto (GPUs)")
     @argument("--lr", type=float, metavar="LR", help="initial_learn_rate")
-    @argument("--solver", choices=["sgdm", "adam", "adamw", "rmsprop"], help="the solver")
+    @argument("--solver", type=str.lower, choices=["sgdm", "adam", "adamw", "rmsprop"], help="the solver")
     @argument("--no-plots", action="store_true", help="no training-progress display")
     @argument("--quiet", action="store_true", help="no verbose table")
     @argument("--net", default="net", metavar="NAME", help="variable for the trained network (default: net)")

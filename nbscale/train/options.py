@@ -111,7 +111,7 @@ class TrainingOptions:
             object.__setattr__(self, name, value)
         for name, defaults in _SOLVER_DEFAULTS.items():
             if getattr(self, name) is None:
-                object.__setattr__(self, name, defaults[solver])
+                object.__setattr__(self, name, defaults[self.solver])
         self.validate()
         object.__setattr__(self, "_ready", True)
 
@@ -217,11 +217,14 @@ def _unknown_field_message(name: str, names: Sequence[str]) -> str:
 # ---- per-field checks: each returns None when fine, or the allowed values as words ---------------------------
 
 
-def _choice(allowed: Sequence[str]) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
-        return None if value in allowed else "one of " + ", ".join(repr(a) for a in allowed)
+class _choice:  # noqa: N801 - read as the other checks' makers
+    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by _check)."""
 
-    return check
+    def __init__(self, allowed: Sequence[str]) -> None:
+        self.allowed = allowed
+
+    def __call__(self, value: Any) -> str | None:
+        return None if value in self.allowed else "one of " + ", ".join(repr(a) for a in self.allowed)
 
 
 def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False,
@@ -340,15 +343,20 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
 _INTEGER_FIELDS = frozenset(("max_epochs", "mini_batch_size", "learn_rate_drop_period", "validation_frequency",
                              "verbose_frequency", "checkpoint_frequency", "learn_rate_reference_batch"))
 _FLAG_FIELDS = frozenset(("dispatch_in_background", "verbose"))
+_CHOICE_FIELDS = frozenset(name for name, check in _CHECKS.items() if isinstance(check, _choice))
 
 
 def _check(name: str, value: Any) -> Any:
-    """`value` checked and in its plain Python type (64.0 -> 64, numpy scalars -> int/float, 0/1 -> bool)."""
+    """`value` checked and in its plain Python type (64.0 -> 64, numpy scalars -> int/float, 0/1 -> bool); a choice
+    is taken in any case, as MATLAB takes its option values ("Adam", "GPU"), and kept in lower case."""
     if name in ("initial_learn_rate", "squared_gradient_decay_factor") and value is None:
         return value  # resolved from the solver in __init__
+    given = value
+    if name in _CHOICE_FIELDS and isinstance(value, str):
+        value = value.lower()
     allowed = _CHECKS[name](value)
     if allowed is not None:
-        raise OptionsError(f"TrainingOptions.{name}={_short(value)} is not allowed: {name} must be {allowed}.")
+        raise OptionsError(f"TrainingOptions.{name}={_short(given)} is not allowed: {name} must be {allowed}.")
     if name in _FLAG_FIELDS:
         return bool(value)
     if name == "mini_batch_size" and isinstance(value, str):  # "auto", checked above

@@ -116,6 +116,7 @@ def test_dataclasses_replace_gives_a_checked_copy_as_for_any_dataclass() -> None
     with pytest.raises(OptionsError, match="max_epochs"):
         dataclasses.replace(options, max_epochs=0)
 
+
 def test_numpy_numbers_whole_floats_and_matlab_flags_are_accepted_as_plain_python_values() -> None:
     import numpy as np
 
@@ -164,3 +165,14 @@ def test_new_choice_fields_name_their_allowed_values(name: str, good: str, bad: 
     assert getattr(TrainingOptions("sgdm", **{name: good}), name) == good
     with pytest.raises(OptionsError, match=rf"{name}='{bad}' is not allowed: {name} must be one of"):
         TrainingOptions("sgdm", **{name: bad})
+
+
+def test_choices_are_taken_in_any_case_as_matlab_takes_them_and_kept_in_lower_case() -> None:
+    options = TrainingOptions("Adam", execution_environment="CPU", shuffle="Every-Epoch", plots="None")
+    assert (options.solver, options.execution_environment, options.shuffle, options.plots) == (
+        "adam", "cpu", "every-epoch", "none")
+    assert options.initial_learn_rate == 0.001  # adam's default, found from the name in any case
+    options.solver = "RMSProp"
+    assert options.solver == "rmsprop"
+    with pytest.raises(OptionsError, match=r"solver='Adamx' is not allowed: solver must be one of 'sgdm'"):
+        TrainingOptions("Adamx")

@@ -28,3 +28,11 @@ def test_batch_size_auto_reaches_the_options_and_is_refused_on_the_cpu_naming_th
            "number" in refused.traceback
     wrong = kernel.run("%%train --batch-size lots" + CELL)
     assert "UsageError: argument --batch-size: 'lots' is not a whole number or auto" in wrong.stderr
+
+
+def test_env_and_solver_are_taken_in_any_case_as_matlab_takes_them(kernel):
+    trained = kernel.run("%%train --env CPU --solver Adam --epochs 1 --batch-size 4 --no-plots --quiet" + CELL)
+    assert trained.ok, trained.text
+    assert kernel.run("print(info.hardware.startswith('CPU'), type(net).__name__)").stdout.split() == ["True", "Linear"]
+    wrong = kernel.run("%%train --env GPUs" + CELL)
+    assert "UsageError: argument --env: invalid choice: 'gpus'" in wrong.stderr

@@ -208,7 +208,7 @@ def run() -> str:
         if "cpu" in ROWS:
             rows += _in_process_rows(kernel, runs, updates)
         if "plots" in ROWS:
-            rows += _plot_rows(kernel, runs)
+            rows += _plot_rows(kernel, runs, updates)
         if "parallel" in ROWS:
             rows += _parallel_rows(kernel, runs)
         if "pool1" in ROWS:
@@ -250,14 +250,17 @@ def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -
             _row("same, end to end (setup, widgets, final figure included)", wall, hand)]
 
 
-def _plot_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:  # noqa: ANN001
     """nbscale.train in the kernel's process with the progress figure and info panel against without them."""
     shown, hidden = runs.setdefault("plots on", []), runs.setdefault("plots none", [])
     shown_wall, hidden_wall = runs.setdefault("plots on, wall", []), runs.setdefault("plots none, wall", [])
     for _ in range(REPEATS):
         for plots, loop, wall in (("training-progress", shown, shown_wall), ("none", hidden, hidden_wall)):
-            loop.append(_measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots=plots), "nbscale_rate")[0])
+            rate, result = _measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots=plots), "nbscale_rate")
+            loop.append(rate)
             wall.append(_value(kernel, "nbscale_wall_rate"))
+            if plots != "none":
+                updates.append(_updates_during_training(result))
     return [_row("CPU, notebook process, plots on vs plots none (the figure's and info panel's cost)", shown, hidden),
             _row("same, whole calls (the empty figure, widgets and final figure included)", shown_wall, hidden_wall)]
 

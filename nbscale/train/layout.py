@@ -1,26 +1,26 @@
-"""The memory layout a network trains in: channels_last for convolutions in mixed precision on a GPU.
+"""The memory layout a network trains in: channels_last for networks with convolutions, on GPUs and CPUs.
 
-bf16/fp16 tensor cores convolve NHWC data; a network in the default NCHW layout pays for a transpose around every
-convolution, which takes most of what mixed precision gains (BENCHMARKS.md measures it on an H100). A network
-that cannot run in channels_last (a `.view` of a convolution's output, say) is found by one forward pass on one
-sample before training and trains in NCHW as before; after training the weights go back to NCHW.
+GPU tensor cores (bf16, fp16 and TF32) and the CPU's oneDNN convolve NHWC data fastest; a network in the default
+NCHW layout pays for a transpose around every convolution (BENCHMARKS.md measures both). A network that cannot
+run in channels_last (a `.view` of a convolution's output, say) is found by one forward pass on one sample before
+training and trains in NCHW as before; after training the weights go back to NCHW. A network the user put in
+channels_last is left so.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 from torch import nn
 
 
-def train_channels_last(model: nn.Module, device: torch.device, autocast_dtype: Any,
-                        first_input: Callable[[], torch.Tensor], autocast: contextlib.AbstractContextManager) -> None:
-    """Put `model` in channels_last where that speeds up its training and it runs so (tried on `first_input()`,
-    a batch of one sample); `layout_restored` puts it back."""
-    if device.type != "cuda" or autocast_dtype is None or not _in_nchw(model):
+def train_channels_last(model: nn.Module, device: torch.device, first_input: Callable[[], torch.Tensor],
+                        autocast: contextlib.AbstractContextManager) -> None:
+    """Put a network with convolutions in channels_last where it runs so (tried on `first_input()`, a batch of
+    one sample); `layout_restored` puts it back."""
+    if not _in_nchw(model):
         return
     model.to(memory_format=torch.channels_last)
     if not _runs_on(model, first_input, device, autocast):

@@ -91,7 +91,7 @@ def _train(setup: LoopSetup) -> LoopResult:
 
     # ---- setup: the solver, and every variant, chosen once ----------------------------------------------------
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
-    train_channels_last(model, device, autocast_dtype, _first_input(data, setup.seed), autocast)  # undone by layout_restored
+    train_channels_last(model, device, _first_input(data, setup.seed), autocast)  # undone by layout_restored
     _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     # mini_batch_size="auto" (a probe of the GPU, with the data in place) and learn_rate_scaling, settled
     setup, chosen = _settled(setup, model, data, autocast)

@@ -327,10 +327,38 @@ def _conv_net() -> nn.Module:
 IMAGES = (TRAIN[0].reshape(-1, 1, 8, 8), TRAIN[1])
 
 
+class _ViewsItsFeatures(nn.Module):
+    """A conv net that flattens with .view, which a channels_last tensor refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.out = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.conv(x).relu()
+        return self.out(features.view(features.size(0), -1))
+
+
+def test_a_conv_net_trains_in_channels_last_on_the_cpu_unless_it_cannot() -> None:
+    """The CPU's convolutions (oneDNN) run fastest on NHWC data, as a GPU's do: a conv net trains in
+    channels_last and comes back in NCHW; one that `.view`s a convolution's output trains in NCHW."""
+    conv = _conv_net()
+    layouts: list[bool] = []
+    conv[2].register_forward_pre_hook(lambda module, args: layouts.append(module.weight.is_contiguous()))
+    trained, info = nbscale.train(conv, IMAGES, quiet(max_epochs=2, execution_environment="cpu"))
+    assert False in layouts and trained[2].weight.is_contiguous()  # trained in channels_last, given back in NCHW
+    assert info.training_accuracy[-1] > 0.5
+    viewing = _ViewsItsFeatures()
+    _, info = nbscale.train(viewing, IMAGES, quiet(max_epochs=2, execution_environment="cpu"))
+    assert info.stop_reason == "Max epochs completed" and viewing.conv.weight.is_contiguous()
+
+
 @pytest.mark.parametrize("environment", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails(environment: str) -> None:
-    """Mixed precision on a GPU trains convolutions in channels_last; the network still comes back in the
-    layout it came in (code in the notebook may `.view` its weights), also when training raised."""
+    """Conv nets train in channels_last; the network still comes back in the layout it came in (code in the
+    notebook may `.view` its weights), also when training raised."""
     options = quiet(max_epochs=1, execution_environment=environment, precision="mixed" if environment == "gpu"
                     else "single")
 

@@ -21,3 +21,17 @@ def digits() -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, tor
 def tiny_net(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+class ViewsItsFeatures(nn.Module):
+    """A conv net that flattens with .view, which a channels_last tensor refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.out = nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.conv(x.view(-1, 1, 8, 8)).relu()
+        return self.out(features.view(features.size(0), -1))

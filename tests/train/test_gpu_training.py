@@ -11,7 +11,7 @@ from torch import nn
 
 import nbscale
 from nbscale import TrainingOptions, WorkerError
-from tests.train.digits import digits, tiny_net
+from tests.train.digits import ViewsItsFeatures, digits, tiny_net
 
 TRAIN, VAL = digits()
 
@@ -64,20 +64,6 @@ def test_real_out_of_memory_on_a_gpu_worker_names_it_and_the_pool_stays_usable(g
     assert "lower mini_batch_size" in str(caught.value)
     _, info = nbscale.train(tiny_net(), TRAIN, options(execution_environment="multi-gpu", max_epochs=1))
     assert info.stop_reason == "Max epochs completed"
-
-
-class ViewsItsFeatures(nn.Module):
-    """A conv net that flattens with .view, which a channels_last tensor refuses."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(1, 8, 3, padding=1)
-        self.out = nn.Linear(8 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = self.conv(x.view(-1, 1, 8, 8)).relu()
-        return self.out(features.view(features.size(0), -1))
 
 
 def test_mixed_precision_trains_conv_nets_channels_last_and_gives_them_back_in_nchw() -> None:

@@ -16,7 +16,7 @@ import nbscale
 from nbscale import OptionsError, TrainingOptions
 from nbscale.train.loading import split_batch
 from nbscale.train.loop import clip_gradients, epoch_order
-from tests.train.digits import digits, tiny_net
+from tests.train.digits import ViewsItsFeatures, digits, tiny_net
 
 TRAIN, VAL = digits()
 
@@ -327,20 +327,6 @@ def _conv_net() -> nn.Module:
 IMAGES = (TRAIN[0].reshape(-1, 1, 8, 8), TRAIN[1])
 
 
-class _ViewsItsFeatures(nn.Module):
-    """A conv net that flattens with .view, which a channels_last tensor refuses."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(1, 8, 3, padding=1)
-        self.out = nn.Linear(8 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        features = self.conv(x).relu()
-        return self.out(features.view(features.size(0), -1))
-
-
 def test_a_conv_net_trains_in_channels_last_on_the_cpu_unless_it_cannot() -> None:
     """The CPU's convolutions (oneDNN) run fastest on NHWC data, as a GPU's do: a conv net trains in
     channels_last and comes back in NCHW; one that `.view`s a convolution's output trains in NCHW."""
@@ -350,7 +336,7 @@ def test_a_conv_net_trains_in_channels_last_on_the_cpu_unless_it_cannot() -> Non
     trained, info = nbscale.train(conv, IMAGES, quiet(max_epochs=2, execution_environment="cpu"))
     assert False in layouts and trained[2].weight.is_contiguous()  # trained in channels_last, given back in NCHW
     assert info.training_accuracy[-1] > 0.5
-    viewing = _ViewsItsFeatures()
+    viewing = ViewsItsFeatures()
     _, info = nbscale.train(viewing, IMAGES, quiet(max_epochs=2, execution_environment="cpu"))
     assert info.stop_reason == "Max epochs completed" and viewing.conv.weight.is_contiguous()
 

@@ -12,11 +12,13 @@ import pytest
 
 import nbscale.jobs as jobs
 from tests.jobs.test_batch_magic import submitted_id
+from tests.jobs.test_training_record import wait_for_iterations
 from tests.kernel_session import KernelSession
 
 pytestmark = pytest.mark.slow
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WAIT_S = 120  # for a job's first iterations, its process started while other kernels run
 
 # the %%batch cell: digits on the CPU, slowed to ~25 ms an iteration so it runs for some seconds
 TRAIN_CELL = """%%batch --name digits
@@ -81,16 +83,6 @@ def iteration_shown(panel: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-def wait_for_iterations(job_id: int, count: int, timeout: float = 120) -> None:
-    job = jobs.get(job_id)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and job.state in ("queued", "running"):
-        if job.trainings and len(job.training_info().iteration) >= count:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} ({job.state}) did not record {count} iterations:\n{job.log()}")
-
-
 def test_jobs_show_in_another_kernel_catches_up_then_follows_while_the_notebook_stays_usable(kernel) -> None:
     watcher = KernelSession()  # started first, so that it shows the job while the job still trains
     try:
@@ -98,7 +90,7 @@ def test_jobs_show_in_another_kernel_catches_up_then_follows_while_the_notebook_
         submitted = kernel.run(TRAIN_CELL.replace("EPOCHS", "5"))
         assert submitted.ok, submitted.text
         job_id = submitted_id(submitted.stdout)
-        wait_for_iterations(job_id, 20)
+        wait_for_iterations(jobs.get(job_id), 20, timeout=WAIT_S)
         recorded_before = len(jobs.get(job_id).training_info().iteration)
         outputs = Outputs(watcher)
         show = outputs.execute(f"%jobs show {job_id}")
@@ -132,7 +124,7 @@ def test_jobs_show_in_another_kernel_catches_up_then_follows_while_the_notebook_
 def test_the_stop_button_of_jobs_show_stops_the_jobs_training_and_the_job_keeps_its_network(kernel) -> None:
     submitted = kernel.run(TRAIN_CELL.replace("EPOCHS", "100"))
     job_id = submitted_id(submitted.stdout)
-    wait_for_iterations(job_id, 5)
+    wait_for_iterations(jobs.get(job_id), 5, timeout=WAIT_S)
     outputs = Outputs(kernel)  # the kernel that submitted it watches too
     show = outputs.execute(f"import nbscale\nnbscale.jobs.get({job_id}).show()")
     outputs.wait_until(lambda: show in outputs.idle, 60, "job.show() did not return")
@@ -184,7 +176,7 @@ def test_jobs_show_wait_follows_in_the_cell_and_its_stop_button_works_while_the_
     from tests.train.widget_click import run_and_click
 
     job_id = submitted_id(kernel.run(TRAIN_CELL.replace("EPOCHS", "100")).stdout)
-    wait_for_iterations(job_id, 5)
+    wait_for_iterations(jobs.get(job_id), 5, timeout=WAIT_S)
     shown = run_and_click(kernel, f"%jobs show {job_id} --wait", click_after=1.0, timeout=120)
     assert shown.ok, shown.text
     job = jobs.get(job_id)
@@ -196,7 +188,7 @@ def test_jobs_show_wait_follows_in_the_cell_and_its_stop_button_works_while_the_
 
 def test_a_job_cancelled_mid_training_ends_the_display_with_its_state(kernel) -> None:
     job_id = submitted_id(kernel.run(TRAIN_CELL.replace("EPOCHS", "100")).stdout)
-    wait_for_iterations(job_id, 5)
+    wait_for_iterations(jobs.get(job_id), 5, timeout=WAIT_S)
     outputs = Outputs(kernel)
     show = outputs.execute(f"%jobs show {job_id}")
     outputs.wait_until(lambda: show in outputs.idle, 60, "%jobs show did not return")

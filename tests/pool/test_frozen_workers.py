@@ -34,23 +34,24 @@ def _worker_pids(kernel) -> list[int]:
     return [int(pid) for pid in shown.stdout.split()]
 
 
-def _stop_later(pid: int, after: float) -> threading.Timer:
-    timer = threading.Timer(after, os.kill, (pid, signal.SIGSTOP))
-    timer.start()
-    return timer
-
-
 def _timed(kernel, code: str, **options):
     started = time.monotonic()
     result = kernel.run(code, **options)
     return result, time.monotonic() - started
 
 
-def test_a_stopped_worker_fails_its_cell_by_rank_within_30_s_and_restart_recovers(kernel):
+def _run_with_worker_1_stopped(kernel, code: str, after: float, **options):
+    """On a fresh pool of 2 CPU workers, run `code` while worker 1 is SIGSTOPed `after` seconds into it: the cell,
+    its seconds, and the workers' pids."""
     kernel.run("%pool start 2 --cpu")
     pids = _worker_pids(kernel)
-    _stop_later(pids[1], after=1.0)
-    cell, seconds = _timed(kernel, COLLECTIVE_LOOP, timeout=60)
+    threading.Timer(after, os.kill, (pids[1], signal.SIGSTOP)).start()
+    cell, seconds = _timed(kernel, code, **options)
+    return cell, seconds, pids
+
+
+def test_a_stopped_worker_fails_its_cell_by_rank_within_30_s_and_restart_recovers(kernel):
+    cell, seconds, pids = _run_with_worker_1_stopped(kernel, COLLECTIVE_LOOP, after=1.0, timeout=60)
     print(f"stopped worker named after {seconds - 1.0:.1f} s")
     assert seconds - 1.0 < DETECTION_LIMIT_S
     assert cell.error_name == "WorkerError"
@@ -65,10 +66,8 @@ def test_a_stopped_worker_fails_its_cell_by_rank_within_30_s_and_restart_recover
 
 
 def test_one_interrupt_of_a_cell_with_a_stopped_worker_returns_within_10_s_with_a_fresh_pool(kernel):
-    kernel.run("%pool start 2 --cpu")
-    pids = _worker_pids(kernel)
-    _stop_later(pids[1], after=1.0)
-    cell, seconds = _timed(kernel, COLLECTIVE_LOOP, interrupt_after=3.0, timeout=60)
+    cell, seconds, pids = _run_with_worker_1_stopped(kernel, COLLECTIVE_LOOP, after=1.0, interrupt_after=3.0,
+                                                     timeout=60)
     print(f"interrupt returned after {seconds - 3.0:.1f} s")
     assert seconds - 3.0 < INTERRUPT_LIMIT_S
     assert cell.error_name == "PoolInterrupted"
@@ -109,10 +108,7 @@ def test_a_collective_one_worker_never_joins_is_interrupted_within_10_s_by_resta
 
 def test_one_interrupt_of_a_pool_training_with_a_stopped_worker_returns_within_10_s_and_says_why(kernel):
     assert kernel.run(TRAINING_SETUP).ok
-    kernel.run("%pool start 2 --cpu")
-    pids = _worker_pids(kernel)
-    _stop_later(pids[1], after=3.0)
-    cell, seconds = _timed(kernel, TRAINING, interrupt_after=5.0, timeout=60)
+    cell, seconds, pids = _run_with_worker_1_stopped(kernel, TRAINING, after=3.0, interrupt_after=5.0, timeout=60)
     print(f"interrupt returned after {seconds - 5.0:.1f} s")
     assert seconds - 5.0 < INTERRUPT_LIMIT_S
     assert "Stopping at the end of this iteration. If the pool has not stopped in 3 s" in cell.stderr
@@ -126,10 +122,7 @@ def test_one_interrupt_of_a_pool_training_with_a_stopped_worker_returns_within_1
 
 def test_a_pool_training_with_a_stopped_worker_fails_naming_it_within_30_s(kernel):
     assert kernel.run(TRAINING_SETUP).ok
-    kernel.run("%pool start 2 --cpu")
-    pids = _worker_pids(kernel)
-    _stop_later(pids[1], after=3.0)
-    cell, seconds = _timed(kernel, TRAINING, timeout=90)
+    cell, seconds, pids = _run_with_worker_1_stopped(kernel, TRAINING, after=3.0, timeout=90)
     print(f"stopped worker named after {seconds - 3.0:.1f} s")
     assert seconds - 3.0 < DETECTION_LIMIT_S
     assert cell.error_name == "WorkerError"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,12 +15,6 @@ from tests.train.digits import digits, tiny_net
 TRAIN, VAL = digits()
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[nbscale.Pool]:
-    with nbscale.Pool(2, cpu=True) as started:
-        yield started
 
 
 def options(**fields: object) -> TrainingOptions:

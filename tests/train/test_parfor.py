@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -13,12 +11,6 @@ from tests.train.digits import digits, tiny_net
 TRAIN, VAL = digits()
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[nbscale.Pool]:
-    with nbscale.Pool(2, cpu=True) as started:
-        yield started
 
 
 def train_with(rate: float) -> tuple[float, float, str, int]:

@@ -4,7 +4,6 @@ whole by every worker, and trained on exactly as one process would."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,6 @@ from nbscale.train.preparing import Readers
 from tests.datasets import write_digits_pngs
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[nbscale.Pool]:
-    with nbscale.Pool(2, cpu=True) as started:
-        yield started
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import CancelledError
 
 import pytest
@@ -15,12 +14,6 @@ from nbscale.errors import OptionsError
 from nbscale.train.sweep import grid_combinations
 from nbscale.ui.sweep_display import SweepDisplay
 from tests.train.digits import digits, tiny_net
-
-
-@pytest.fixture(scope="module")
-def pool() -> Iterator[nbscale.Pool]:
-    with nbscale.Pool(2, cpu=True) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,9 @@ class Worker:
         self.current_request: int | None = None  # the request the main thread runs (None between requests)
         # the main thread's last seen spot and activity, and since when it has stood still there
         self._spot: tuple[tuple[int, int], tuple[int, int] | None, float] | None = None
+        # (ident, native id) of the thread that runs the requests, set by `serve`: in a forked worker
+        # threading.main_thread().native_id is still the forking thread's (Python 3.11 does not reset it)
+        self._serving_thread: tuple[int, int] | None = None
         self.cancelled_requests: set[int] = set()  # pool.cancel() reached them, maybe before they started
         self.request_lock = threading.Lock()  # current_request vs a targeted Interrupt
         self.groups: dict[tuple[int, ...], Any] = {}
@@ -161,12 +164,13 @@ class Worker:
         """Where the main thread is, and for how long it has stood still there: at the same instruction, and (where
         /proc tells) without CPU time or wake-ups in between. A loop that sleeps or waits briefly at one line each
         round is seen at the same instruction every time, but wakes up: that counts as moving."""
-        main = threading.main_thread()
-        frame = sys._current_frames().get(main.ident or 0) if self.current_request is not None else None
-        if frame is None:
+        serving = self._serving_thread
+        frame = (sys._current_frames().get(serving[0])
+                 if serving is not None and self.current_request is not None else None)
+        if serving is None or frame is None:
             self._spot = None
             return "", 0.0
-        spot, activity, now = (id(frame), frame.f_lasti), _thread_activity(main.native_id), time.monotonic()
+        spot, activity, now = (id(frame), frame.f_lasti), _thread_activity(serving[1]), time.monotonic()
         still = (self._spot is not None and self._spot[0] == spot
                  and (activity is None or self._spot[1] is None or _idle_between(self._spot[1], activity)))
         self._spot = (spot, activity, self._spot[2] if still and self._spot is not None else now)
@@ -202,6 +206,7 @@ class Worker:
 
     def serve(self) -> None:
         """Run requests one by one; every request ends in Done or Failed."""
+        self._serving_thread = (threading.get_ident(), threading.get_native_id())
         while True:
             try:
                 message = self.inbox.get()

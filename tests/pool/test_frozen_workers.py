@@ -180,3 +180,13 @@ def test_a_cell_that_keeps_meeting_in_collectives_and_sleeping_gets_no_stuck_not
     )
     assert cell.ok, cell.text
     assert "no progress" not in cell.text
+
+
+def test_a_cell_napping_at_one_line_gets_no_stuck_note(kernel):
+    """The heartbeat sees the same instruction every time, but the thread wakes up a hundred times a second: moving.
+    (A forked worker's threading.main_thread().native_id names the forking thread, so its wake-ups went unseen.)"""
+    kernel.run("%pool start 2 --cpu")
+    cell = kernel.run("%%spmd\nimport time\nend = time.time() + 28\nwhile time.time() < end:\n    time.sleep(0.01)\n",
+                      timeout=90)
+    assert cell.ok, cell.text
+    assert "no progress" not in cell.text

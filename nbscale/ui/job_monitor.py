@@ -151,6 +151,7 @@ class JobTrainingProgress(TrainingProgress):
         self.done: TrainingDone | None = None
 
     holds_the_cell = False  # the button stays once show()'s cell ends; the job's end removes it
+    redraws_when_done = True
     stop_tooltip = ("Ask the job to stop training at the end of this iteration; it keeps the network trained so far "
                     "(job.result)")
 

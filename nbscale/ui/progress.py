@@ -25,13 +25,14 @@ from nbscale.train.events import (
     TrainingRestarted,
     TrainingStarted,
 )
-from nbscale.ui.progress_figure import ProgressFigure, is_drop, smoothed
+from nbscale.ui.progress_figure import ProgressFigure, figure_for_run, is_drop, smoothed
 
 
 class TrainingProgress:
     """Listener for the training event channel that draws the training-progress display."""
 
     holds_the_cell = True  # training runs in the cell that shows it (a job monitor may follow from a thread)
+    redraws_when_done = False  # a job monitor redraws a finished training; this display hands its figure on
     stop_tooltip = "Stop training at the end of this iteration (the kernel interrupt does too)"
 
     def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.005) -> None:
@@ -74,6 +75,9 @@ class TrainingProgress:
             self.done = event
             self._draw()
             self._close_button()
+            if self._figure is not None and not self.redraws_when_done:
+                self._figure.release()
+                self._figure = None
         elif isinstance(event, TrainingRestarted):
             self.columns["restart_iteration"].append(event.resumed_after)
             self.restarts.append(event.description)
@@ -123,7 +127,7 @@ class TrainingProgress:
         self._wall_start = event.start_time
         if self.info_handle is None:
             self._open_panel()
-        self._figure = ProgressFigure(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
+        self._figure = figure_for_run(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch)
         self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
         self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
 
@@ -141,7 +145,7 @@ class TrainingProgress:
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
 
     def _draw(self) -> None:
-        if self.figure_handle is None:
+        if self.figure_handle is None or self._figure is None:  # not started, or done and its figure handed on
             return
         self.figure_handle.update(self._figure_bundle(), raw=True)
         self.info_handle.update(self._info_bundle(), raw=True)

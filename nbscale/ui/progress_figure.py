@@ -10,12 +10,17 @@ first losses and refitted when a loss leaves it, is cached apart: a refit redraw
 background without it. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
 piecewise schedule does; smooth schedules change every iteration and are not marked) redraws the background
 once. An update stays a paste and six curves, much cheaper than a full matplotlib draw.
+
+Building the figure and its first full draw are most of the display's fixed cost a run: a finished figure is
+kept (`release`), and the next run with the same iterations and epochs (a cell run again, a sweep's trials)
+starts from it (`figure_for_run`), its static layout already drawn.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import threading
 from typing import Any
 
 _PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps its lowest and highest point
@@ -31,6 +36,20 @@ _COLOURS = {"accuracy": ("#80bfe6", "#0072bd"), "loss": ("#f4b183", "#d95319")}
 _BAND = "#f0f0f0"
 _DROP = "#6a3d9a"
 _RESTART = "#c00000"
+
+
+_spare: dict[tuple[int, int], ProgressFigure] = {}  # the last released figure, by (total iterations, per epoch)
+_spare_lock = threading.Lock()  # job monitors draw from threads
+
+
+def figure_for_run(total_iterations: int, iterations_per_epoch: int) -> ProgressFigure:
+    """An empty figure for a run: the last released one when its layout is the same, else a new one."""
+    with _spare_lock:
+        figure = _spare.pop((total_iterations, iterations_per_epoch), None)
+    if figure is None:
+        return ProgressFigure(total_iterations, iterations_per_epoch)
+    figure.reset()
+    return figure
 
 
 class ProgressFigure:
@@ -65,10 +84,30 @@ class ProgressFigure:
         self.loss_fitted = False  # (0, 1) is a guess until the first losses set the scale
         loss_axes.set_ylim(0.0, 1.0)
         loss_axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
+        self.layout = (total_iterations, iterations_per_epoch)
         self.drops_marked = 0
         self.restarts_marked = 0
         self.background_without_loss_axis: Any = None
         self.background: Any = None  # the one above with the loss axis drawn at its current limits
+        self.empty_png: bytes | None = None  # the figure before the first iteration, as a run opens with it
+
+    def release(self) -> None:
+        """Offer this figure to the next run of the same layout (`figure_for_run`); the caller draws it no more.
+        A figure with learn-rate or restart marks, or a widened iteration axis, is not kept."""
+        if self.drops_marked or self.restarts_marked or self.loss_axes.get_xlim() != (0, max(self.layout[0], 1)):
+            return
+        with _spare_lock:
+            _spare.clear()  # one kept: a figure's canvas holds a few MB
+            _spare[self.layout] = self
+
+    def reset(self) -> None:
+        """Back to the empty figure of a new run: no curves, the loss axis' guess (its background redrawn)."""
+        for _, _, *lines in self.panels:
+            for line in lines:
+                line.set_data([], [])
+        self.loss_fitted = False
+        self.loss_axes.set_ylim(0.0, 1.0)
+        self.background = None
 
     def render(self, c: dict[str, list[float]]) -> bytes:
         """The figure with the curves in `c` (the columns TrainingProgress keeps), as PNG."""
@@ -78,6 +117,9 @@ class ProgressFigure:
             raw_line.set_data(*_thinned(x, raw))
             smooth_line.set_data(*_thinned(x, c[f"{key}_smooth"]))
             validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
+        empty = not c["iteration"] and not c["val_iteration"]
+        if empty and self.empty_png is not None:
+            return self.empty_png
         self._fit_limits(c)
         self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
         self._mark_restarts(c.get("restart_iteration", []))
@@ -92,7 +134,10 @@ class ProgressFigure:
         for axes, _, *lines in self.panels:
             for line in lines:
                 axes.draw_artist(line)
-        return _png(self.canvas)
+        png = _png(self.canvas)
+        if empty and not self.loss_fitted:
+            self.empty_png = png
+        return png
 
     def _fit_limits(self, c: dict[str, list[float]]) -> None:
         """Widen the loss and iteration axes when the data left them (the cached backgrounds are then stale)."""

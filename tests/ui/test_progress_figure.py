@@ -125,3 +125,41 @@ opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=4, mi
     last = base64.b64decode([d["image/png"] for d in result.displays if "image/png" in d][-1])
     assert _pixels_near(last, _COLOURS["loss"][0], (0.08, 0.55, 0.98, 0.9)) > 100  # the raw loss shows
     assert _pixels_near(last, _DROP, (0.08, 0.1, 0.98, 0.9)) > 50  # the drop after epoch 2 is marked
+
+
+def test_a_second_run_of_the_same_layout_reuses_the_figure_and_draws_it_as_a_new_one_would() -> None:
+    from nbscale.ui.progress_figure import figure_for_run
+
+    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
+                                      validation_data=VAL, validation_frequency=10)
+    runs = []
+    for learn_rate in (0.5, 0.05):  # the first run's far higher losses refit its loss axis
+        torch.manual_seed(0)
+        _, info = nbscale.train(nn.Linear(64, 10), TRAIN, options.replace(initial_learn_rate=learn_rate))
+        runs.append(_columns(info))
+    empty = {key: [] for key in runs[0]}
+    total, per_epoch = len(runs[0]["iteration"]), info.iterations_per_epoch
+
+    first = figure_for_run(total, per_epoch)
+    first.render(empty)
+    first.render(runs[0])
+    first.release()
+    second = figure_for_run(total, per_epoch)
+    assert second is first  # its axes, bands and labels are drawn already
+    fresh = ProgressFigure(total, per_epoch)
+    assert second.render(empty) == fresh.render(empty)
+    assert second.render(runs[1]) == fresh.render(runs[1])
+    assert figure_for_run(total + per_epoch, per_epoch) is not first  # another layout: a new figure
+
+
+def test_a_figure_with_learn_rate_marks_is_not_reused() -> None:
+    from nbscale.ui.progress_figure import figure_for_run
+
+    columns = {key: [] for key in ("iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
+                                   "val_iteration", "val_loss", "val_accuracy")}
+    columns.update(iteration=[1, 2, 3], loss=[1.0, 0.9, 0.8], loss_smooth=[1.0, 0.9, 0.8],
+                   drop_iteration=[3], drop_rate=[0.01])
+    figure = figure_for_run(30, 10)
+    figure.render(columns)
+    figure.release()
+    assert figure_for_run(30, 10) is not figure

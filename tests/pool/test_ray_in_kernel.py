@@ -75,8 +75,12 @@ def test_a_pool_starts_on_the_cluster_it_names_after_a_pool_on_another_one(clust
     by_address = cluster_kernel.run(f"%pool start 2 --cluster {ray_head}\nprint(nbscale.current_pool())", timeout=300)
     assert by_address.ok and f"ray at {ray_head}" in by_address.stdout, by_address.text
 
-    # this process's own ray.init to the same cluster is used as it is; while the kernel's pool holds 2 of the 3 CPUs,
-    # a pool of 2 here cannot start, and says how much of the cluster is free
+    # in this process: a pool, then the notebook's own ray.init after a ray.shutdown(). A pool on that cluster uses
+    # that connection; while the kernel's pool holds 2 of the 3 CPUs, a pool of 2 cannot start, and says how much of the
+    # cluster is free; a pool elsewhere is refused rather than closing the notebook's connection
+    with nbscale.Pool(1, cluster=ray_head) as pool:
+        assert pool.run(lambda: "one") == ["one"]
+    ray.shutdown()
     ray.init(address=ray_head, log_to_driver=False)
     with pytest.raises(PoolError, match=r"Only 1 of 2 Ray actors started within 5 s .*0 of its 3 CPUs free"):
         nbscale.Pool(2, cluster=ray_head, connect_timeout=5)

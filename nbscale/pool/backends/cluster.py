@@ -32,9 +32,10 @@ DEFAULT_CONNECT_TIMEOUT_S = 120.0
 EXIT_STATUS_TIMEOUT_S = 3.0
 REACHABLE_TIMEOUT_S = 10.0  # the TCP handshake with the head: the OS answers it even when the head is busy
 
-# The address this kernel's Ray connection (made by nbscale) goes to: a later pool on the same cluster reuses it, a
-# pool on another cluster replaces it (Ray holds one connection per process).
-_connected_address: str | None = None
+# The Ray connection nbscale made in this process: (the address it was given, _connection_id()). A later pool on the
+# same cluster reuses it, a pool on another cluster replaces it (Ray holds one connection per process); the id tells it
+# from a connection the notebook made itself after a ray.shutdown().
+_connection: tuple[str, tuple[str | None, str | None]] | None = None
 
 
 def make_cluster_backend(cluster: str, connect_timeout: float | None = None) -> Backend:
@@ -101,20 +102,21 @@ class RayBackend(Backend):
         self.listen_host = "127.0.0.1" if self.kernel_host.startswith("127.") else "0.0.0.0"
 
     def _connect(self) -> None:
-        global _connected_address
+        global _connection
         import ray
 
         if ray.is_initialized():
-            if self.profile.address in (_connected_address, _gcs_address()):
+            made_here = _connection[0] if _connection is not None and _connection[1] == _connection_id() else None
+            if self.profile.address in (_gcs_address(), made_here):
                 return
-            if _connected_address is None:
+            if made_here is None:
                 raise PoolError(
                     f"This kernel is already connected to a Ray cluster (a ray.init in the notebook), so a pool cannot "
                     f"start on {self.profile.address}. Pass that cluster's address to --cluster, or call "
                     "ray.shutdown() first."
                 )
             ray.shutdown()  # the last pool's cluster: only one pool runs at a time, and it has stopped
-            _connected_address = None
+            _connection = None
         self._check_reachable()
         outcome: dict[str, Any] = {}
         deadline = time.monotonic() + self.connect_timeout
@@ -147,7 +149,7 @@ class RayBackend(Backend):
                 "(`ray status` there) and that this machine can reach the address; on a slow or loaded network allow "
                 "longer with --connect-timeout SECONDS (connect_timeout in the profile)."
             )
-        _connected_address = self.profile.address
+        _connection = (self.profile.address, _connection_id())
 
     def _check_reachable(self) -> None:
         """Fail at once where nothing listens at the address (Ray itself would retry until the timeout)."""
@@ -280,6 +282,18 @@ def _free_resources(gpus_per_worker: float) -> str:
     return "the Ray cluster has " + " and ".join(
         f"{free.get(kind, 0):g} of its {total.get(kind, 0):g} {kind}s free" for kind in kinds
     )
+
+
+def _connection_id() -> tuple[str | None, str | None]:
+    """(GCS address, Ray's job id) of this process's Ray connection: every ray.init gets a new job id from its
+    cluster. None for what Ray does not say (then connections are told apart by what it does)."""
+    import ray
+
+    try:
+        job_id: str | None = ray.get_runtime_context().get_job_id()
+    except Exception:  # noqa: BLE001 - an older or client connection may not say
+        job_id = None
+    return _gcs_address(), job_id
 
 
 def _gcs_address() -> str | None:

@@ -152,7 +152,8 @@ class Pool:
     def _stop_idle(self) -> None:
         global _last_shutdown_notice
         _last_shutdown_notice = (
-            f"The pool shut itself down after {self.settings.idle_timeout:g} idle minutes (--idle-timeout)."
+            f"The pool shut itself down after {self.settings.idle_timeout:g} idle "
+            f"minute{'' if self.settings.idle_timeout == 1 else 's'} (--idle-timeout)."
         )
         self.close()
 

@@ -35,7 +35,7 @@ class PoolSettings:
     cpu: bool = False
     cluster: str | None = None
     idle_timeout: float = 30.0
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)  # values are secrets: never printed
     force: bool = False
     connect_timeout: float | None = None
 

@@ -384,6 +384,10 @@ def serve(config: p.WorkerConfig) -> None:
 def main() -> None:
     """Entry point for `python -m nbscale.pool.worker` (config as one JSON line on stdin)."""
     exit_with_parent("nbscale-watch-launcher")  # a lost Ray actor or node takes its worker along
+    # A Ray actor runs with SIGINT blocked, and a child inherits its signal mask: unblocked, an Interrupt (kernel
+    # interrupt, pool.cancel) raises KeyboardInterrupt here as in a forked worker, instead of forcing a restart.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     config = p.WorkerConfig.from_json(json.loads(sys.stdin.readline()))
     os.environ.update(config.env)
     serve(config)

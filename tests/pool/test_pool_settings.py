@@ -116,3 +116,10 @@ def test_a_published_state_never_holds_a_number_json_cannot(tmp_path, monkeypatc
     assert registry.read_all() == []  # a file another version wrote with Infinity is never served
     registry.publish({"idle_timeout_left_s": 60.0})
     assert json.loads((folder / f"{os.getpid()}.json").read_text())["idle_timeout_left_s"] == 60.0
+
+
+def test_the_settings_never_show_env_values():
+    from nbscale.pool.settings import PoolSettings
+
+    settings = PoolSettings(1, cpu=True, env={"API_TOKEN": "s3cret-value"})
+    assert "s3cret-value" not in repr(settings) and "s3cret-value" not in str(settings)

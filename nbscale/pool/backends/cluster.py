@@ -32,6 +32,11 @@ DEFAULT_CONNECT_TIMEOUT_S = 120.0
 EXIT_STATUS_TIMEOUT_S = 3.0
 REACHABLE_TIMEOUT_S = 10.0  # the TCP handshake with the head: the OS answers it even when the head is busy
 
+# The Ray connection nbscale made in this process: (the address it was given, _connection_id()). A later pool on the
+# same cluster reuses it, a pool on another cluster replaces it (Ray holds one connection per process); the id tells it
+# from a connection the notebook made itself after a ray.shutdown().
+_connection: tuple[str, tuple[str | None, str | None]] | None = None
+
 
 def make_cluster_backend(cluster: str, connect_timeout: float | None = None) -> Backend:
     """The backend a --cluster value names (a profile or an address); `connect_timeout` (seconds) overrides the
@@ -97,10 +102,21 @@ class RayBackend(Backend):
         self.listen_host = "127.0.0.1" if self.kernel_host.startswith("127.") else "0.0.0.0"
 
     def _connect(self) -> None:
+        global _connection
         import ray
 
         if ray.is_initialized():
-            return
+            made_here = _connection[0] if _connection is not None and _connection[1] == _connection_id() else None
+            if self.profile.address in (_gcs_address(), made_here):
+                return
+            if made_here is None:
+                raise PoolError(
+                    f"This kernel is already connected to a Ray cluster (a ray.init in the notebook), so a pool cannot "
+                    f"start on {self.profile.address}. Pass that cluster's address to --cluster, or call "
+                    "ray.shutdown() first."
+                )
+            ray.shutdown()  # the last pool's cluster: only one pool runs at a time, and it has stopped
+            _connection = None
         self._check_reachable()
         outcome: dict[str, Any] = {}
         deadline = time.monotonic() + self.connect_timeout
@@ -133,6 +149,7 @@ class RayBackend(Backend):
                 "(`ray status` there) and that this machine can reach the address; on a slow or loaded network allow "
                 "longer with --connect-timeout SECONDS (connect_timeout in the profile)."
             )
+        _connection = (self.profile.address, _connection_id())
 
     def _check_reachable(self) -> None:
         """Fail at once where nothing listens at the address (Ray itself would retry until the timeout)."""
@@ -164,7 +181,8 @@ class RayBackend(Backend):
             gpus_per_worker = 1
         n = settings.n
         if n is None:
-            n = int(resources.get("GPU", 0) // gpus_per_worker) if gpus_per_worker else MAX_DEFAULT_CPU_WORKERS
+            cpu_workers = min(int(resources.get("CPU", 0)), MAX_DEFAULT_CPU_WORKERS)  # as a local pool: at most 4
+            n = int(resources.get("GPU", 0) // gpus_per_worker) if gpus_per_worker else cpu_workers
         if n < 1:
             raise PoolError(f"A pool needs at least one worker, not {n!r}: use %pool start N with N >= 1.")
         if gpus_per_worker and n * gpus_per_worker > resources.get("GPU", 0):
@@ -199,10 +217,12 @@ class RayBackend(Backend):
         launched = [actor.launch.remote(config.to_json()) for actor, config in zip(self.actors, configs, strict=True)]
         ready, _ = ray.wait(launched, num_returns=len(launched), timeout=self.connect_timeout)
         if len(ready) < len(launched):
+            free = _free_resources(self.gpus_per_worker)  # before stop() gives back what the started actors hold
             self.stop()
             raise PoolError(
                 f"Only {len(ready)} of {len(launched)} Ray actors started within {self.connect_timeout:.0f} s "
-                "(--connect-timeout): the cluster may lack free CPUs/GPUs for them. See `ray status`."
+                f"(--connect-timeout): {free} besides them. Another pool or Ray job may hold the "
+                "rest (see `ray status`): wait for it, or ask for fewer workers."
             )
         placed = ray.get(launched)
         self.node_addresses = [address for address, _pid, _node in placed]
@@ -251,6 +271,39 @@ class RayBackend(Backend):
 
     def describe(self) -> str:
         return f"ray at {self.profile.address}"
+
+
+def _free_resources(gpus_per_worker: float) -> str:
+    """'the Ray cluster has 1 of its 3 CPUs free' (and its GPUs, for GPU workers), as Ray counts them now."""
+    import ray
+
+    total, free = ray.cluster_resources(), ray.available_resources()
+    kinds = ("CPU", "GPU") if gpus_per_worker else ("CPU",)
+    return "the Ray cluster has " + " and ".join(
+        f"{free.get(kind, 0):g} of its {total.get(kind, 0):g} {kind}s free" for kind in kinds
+    )
+
+
+def _connection_id() -> tuple[str | None, str | None]:
+    """(GCS address, Ray's job id) of this process's Ray connection: every ray.init gets a new job id from its
+    cluster. None for what Ray does not say (then connections are told apart by what it does)."""
+    import ray
+
+    try:
+        job_id: str | None = ray.get_runtime_context().get_job_id()
+    except Exception:  # noqa: BLE001 - an older or client connection may not say
+        job_id = None
+    return _gcs_address(), job_id
+
+
+def _gcs_address() -> str | None:
+    """HOST:PORT of the cluster a driver connection (not a ray:// client) goes to; None where Ray does not say."""
+    import ray
+
+    try:
+        return ray.get_runtime_context().gcs_address
+    except Exception:  # noqa: BLE001 - a Ray client connection has no GCS address here
+        return None
 
 
 def _first_line(error: BaseException) -> str:

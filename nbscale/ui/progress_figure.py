@@ -12,7 +12,7 @@ piecewise schedule does; smooth schedules change every iteration and are not mar
 once. An update stays a paste and six curves, much cheaper than a full matplotlib draw.
 
 Building the figure and its first full draw are most of the display's fixed cost a run: a finished figure is
-kept (`release`), and the next run with the same iterations and epochs (a cell run again, a sweep's trials)
+kept (`release`), and the next run with the same iterations and epochs (a cell run again)
 starts from it (`figure_for_run`), its static layout already drawn.
 """
 

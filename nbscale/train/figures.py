@@ -4,7 +4,11 @@ A read of a figure from a GPU waits for the GPU to finish everything queued, so 
 figures where they are and reads them together, chosen once in setup:
 - `LocalFigures`, in the notebook's process and on a pool where one rank has all the work: an iteration keeps
   its loss, outputs and labels; a read stacks a whole bunch and works out the accuracies in one computation, at
-  most every READ_EVERY iterations or READ_INTERVAL seconds (so the display stays live).
+  most every READ_EVERY iterations or READ_INTERVAL seconds (so the display stays live). A read starts that
+  bunch's copy to the host and reports the bunch read before it, copied long since: the loop never waits for
+  the GPU in the steady state of an epoch, and the events' listeners (the progress display) run while the GPU
+  works through the iterations queued after them. A read waits for its own bunch only where the loop needs it
+  now (`wait`: a stop request, validation, a checkpoint, the last iteration; every read for output_fn).
 - `PoolFigures`, on a pool of several ranks with work: an iteration's loss sum, correct count, sample count and
   stop flag are summed over the ranks by the same collective as the last gradient bucket (`CarryingHook`, DDP's
   communication hook), so an iteration needs one collective, not two. Every rank reads at the same iterations:
@@ -57,6 +61,7 @@ class LocalFigures:
     def __init__(self, stop_reason: Callable[[], str | None], read_every: int, copy_outputs: bool) -> None:
         self.stop_reason, self.read_every, self.interval = stop_reason, read_every, READ_INTERVAL
         self.copy_outputs = copy_outputs  # CUDA graphs (torch.compile's "reduce-overhead") reuse output memory
+        self.unread: Bunch | None = None  # the bunch last read, on its way to the host
 
     def keep(self, loss: torch.Tensor, outputs: Any, labels: Any) -> Any:
         """What to keep of this iteration (called before backward); nothing is computed until read."""
@@ -68,16 +73,41 @@ class LocalFigures:
         """True when a stop was asked of this process (the Stop button, the interrupt, output_fn, the pool)."""
         return self.stop_reason() is not None
 
+    def read(self, pending: list[Pending], stop_asked: bool, wait: bool) -> list[Reading]:
+        """The figures of the bunch read before (no wait: they were copied while this bunch trained); this
+        bunch's copy is started, and with `wait` (or reads every iteration) its figures follow them."""
+        bunches = [bunch for bunch in (self.unread, Bunch(pending, stop_asked) if pending else None) if bunch is not None]
+        self.unread = None
+        if pending and not wait and self.read_every > 1:
+            self.unread = bunches.pop()
+        return [reading for bunch in bunches for reading in bunch.readings()]
+
+
+class Bunch:
+    """A bunch of iterations' figures, stacked on their device and copying to the host."""
+
     @torch.no_grad()  # the figures are the iterations' loss and outputs, not detached
-    def read(self, pending: list[Pending], stop_asked: bool) -> list[Reading]:
-        """The figures of the pending iterations, read from the device at once (one wait for a GPU)."""
+    def __init__(self, pending: list[Pending], stop_asked: bool) -> None:
         losses = torch.stack([p.figures[0].float() for p in pending])
         accuracies = bunch_accuracy([p.figures[1:] for p in pending], losses.device)
-        rows = torch.stack([losses, accuracies], 1).tolist()
+        rows = torch.stack([losses, accuracies], 1)
+        for p in pending:  # the outputs and labels are freed now, not when the bunch is reported
+            p.figures = None
+        self.pending, self.stop_asked = pending, stop_asked
+        self.rows, self.copied = rows, None
+        if rows.is_cuda:  # into pinned memory, behind the bunch's iterations on the stream
+            self.rows, self.copied = rows.to("cpu", non_blocking=True), torch.cuda.Event()
+            self.copied.record()
+
+    def readings(self) -> list[Reading]:
+        """The figures as read on the host (waiting for the copy if it is still under way)."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        rows = self.rows.tolist()
         readings = [Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, loss,
                             accuracy if accuracy >= 0 else None, False)
-                    for p, (loss, accuracy) in zip(pending, rows, strict=True)]
-        readings[-1].stops = stop_asked
+                    for p, (loss, accuracy) in zip(self.pending, rows, strict=True)]
+        readings[-1].stops = self.stop_asked
         return readings
 
 
@@ -104,7 +134,9 @@ class PoolFigures:
     def stop_asked(self) -> bool:
         return False  # a stop travels in the summed figures, so every rank stops at the same iteration
 
-    def read(self, pending: list[Pending], stop_asked: bool) -> list[Reading]:
+    unread = None  # every read is of its own bunch: the figures came with the last gradient bucket
+
+    def read(self, pending: list[Pending], stop_asked: bool, wait: bool) -> list[Reading]:
         summed = [p.figures.summed(self.group) for p in pending]
         rows = (torch.stack(summed) if len(summed) > 1 else summed[0][None]).tolist()
         return [Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, loss_sum / count,

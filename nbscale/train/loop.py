@@ -163,16 +163,18 @@ def _train(setup: LoopSetup) -> LoopResult:
             images += global_batch
             pending.append(Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, kept))
 
-            # read the figures in bunches, or when this iteration needs them (nbscale.train.figures)
+            # read the figures in bunches, or when this iteration needs them (nbscale.train.figures): a read
+            # reports the bunch before, and waits for its own only where this iteration needs its figures now
             due = iteration == 1 or iteration % options.validation_frequency == 0 or iteration == total_iterations
             asked = figures.stop_asked()
             now = time.perf_counter()
-            if not (len(pending) >= figures.read_every or asked or (validation is not None and due)
-                    or step == len(rows)  # the epoch's last: checkpoints need the figures
+            needed = (asked or (validation is not None and due) or iteration == total_iterations
+                      or (step == len(rows) and _checkpoint_due(options, epoch)))
+            if not (len(pending) >= figures.read_every or needed or step == len(rows)
                     or now - last_read >= figures.interval):
                 continue
             last_read = now
-            readings, pending = figures.read(pending, asked), []
+            readings, pending = figures.read(pending, asked, wait=needed), []
 
             # stop checks (acted on at the end of the last iteration read; a non-finite loss ends the history
             # at its iteration), then validation, then events
@@ -206,7 +208,9 @@ def _train(setup: LoopSetup) -> LoopResult:
                                       validation_accuracy)
                 history.append(event)
                 setup.publish(event)
-                if stop_reason is None and figures.stop_asked():  # a listener (output_fn) may have asked just now
+                # a listener (output_fn, the Stop button) may have asked just now; with a later bunch trained and
+                # unread, the next iteration's stop check reads that bunch too and stops
+                if stop_reason is None and figures.unread is None and figures.stop_asked():
                     stop_reason = setup.stop_reason()
                 if not finite:
                     break
@@ -214,8 +218,7 @@ def _train(setup: LoopSetup) -> LoopResult:
                 break
 
         # checkpoint (complete epochs only, so resume continues with no lost or repeated epoch)
-        if (stop_reason is None and setup.is_main and options.checkpoint_path
-                and epoch % options.checkpoint_frequency == 0):
+        if stop_reason is None and setup.is_main and _checkpoint_due(options, epoch):
             save_checkpoint(options.checkpoint_path, epoch, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
@@ -329,6 +332,11 @@ def _first_input(data: BatchSource, seed: int) -> Callable[[], torch.Tensor]:
         return inputs
 
     return first
+
+
+def _checkpoint_due(options: TrainingOptions, epoch: int) -> bool:
+    """True when `epoch`'s end saves a checkpoint (every rank tells the same)."""
+    return bool(options.checkpoint_path) and epoch % options.checkpoint_frequency == 0
 
 
 def _read_every(setup: LoopSetup) -> int:

@@ -271,6 +271,28 @@ def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop()
         assert info.iteration[-1] == 12 and "nan at iteration 12" in info.stop_reason
 
 
+@pytest.mark.parametrize("after_seconds", [0.0, 0.003, 0.011, 0.029])
+def test_an_interrupt_anywhere_in_the_loop_returns_a_history_that_ends_where_the_network_stopped(after_seconds) -> None:
+    """The figures are reported a bunch late (nbscale.train.figures): a stop that lands while they are told must
+    still end the history at the last iteration the network trained, with no iteration missing."""
+    import os
+    import signal
+    import threading
+
+    net, trained = tiny_net(), []
+
+    def count_and_interrupt(module: nn.Module, _inputs: object) -> None:
+        if module.training:
+            trained.append(1)
+            if len(trained) == 40:  # in the loop, so the interrupt asks for a stop; at some moment after it
+                threading.Timer(after_seconds, os.kill, (os.getpid(), signal.SIGINT)).start()
+
+    net.register_forward_pre_hook(count_and_interrupt)
+    _, info = nbscale.train(net, TRAIN, quiet(max_epochs=500))
+    assert info.stop_reason == "Stopped by kernel interrupt"
+    assert info.iteration == list(range(1, len(trained) + 1))
+
+
 def test_labels_as_a_list_numpy_array_column_or_narrow_integers_train_like_int64_tensors() -> None:
     inputs, labels = TRAIN
     val_inputs, val_labels = VAL

@@ -218,8 +218,9 @@ def _train(setup: LoopSetup) -> LoopResult:
                 break
 
         # checkpoint (complete epochs only, so resume continues with no lost or repeated epoch)
-        if stop_reason is None and setup.is_main and _checkpoint_due(options, epoch):
-            save_checkpoint(options.checkpoint_path, epoch, {
+        path = options.checkpoint_path
+        if stop_reason is None and setup.is_main and path and _checkpoint_due(options, epoch):
+            save_checkpoint(path, epoch, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                 "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
                 "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options),

@@ -38,14 +38,17 @@ _DROP = "#6a3d9a"
 _RESTART = "#c00000"
 
 
-_spare: dict[tuple[int, int], ProgressFigure] = {}  # the last released figure, by (total iterations, per epoch)
+_spare: ProgressFigure | None = None  # the last released figure (one kept: its canvas holds a few MB)
 _spare_lock = threading.Lock()  # job monitors draw from threads
 
 
 def figure_for_run(total_iterations: int, iterations_per_epoch: int) -> ProgressFigure:
     """An empty figure for a run: the last released one when its layout is the same, else a new one."""
+    global _spare
     with _spare_lock:
-        figure = _spare.pop((total_iterations, iterations_per_epoch), None)
+        figure = _spare if _spare is not None and _spare.layout == (total_iterations, iterations_per_epoch) else None
+        if figure is not None:
+            _spare = None
     if figure is None:
         return ProgressFigure(total_iterations, iterations_per_epoch)
     figure.reset()
@@ -94,17 +97,15 @@ class ProgressFigure:
     def release(self) -> None:
         """Offer this figure to the next run of the same layout (`figure_for_run`); the caller draws it no more.
         A figure with learn-rate or restart marks, or a widened iteration axis, is not kept."""
+        global _spare
         if self.drops_marked or self.restarts_marked or self.loss_axes.get_xlim() != (0, max(self.layout[0], 1)):
             return
         with _spare_lock:
-            _spare.clear()  # one kept: a figure's canvas holds a few MB
-            _spare[self.layout] = self
+            _spare = self
 
     def reset(self) -> None:
-        """Back to the empty figure of a new run: no curves, the loss axis' guess (its background redrawn)."""
-        for _, _, *lines in self.panels:
-            for line in lines:
-                line.set_data([], [])
+        """Back to the figure of a new run before its first loss: the loss axis' guess (its background redrawn);
+        `render` sets the curves from the run's columns."""
         self.loss_fitted = False
         self.loss_axes.set_ylim(0.0, 1.0)
         self.background = None

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -275,10 +277,6 @@ def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop()
 def test_an_interrupt_anywhere_in_the_loop_returns_a_history_that_ends_where_the_network_stopped(after_seconds) -> None:
     """The figures are reported a bunch late (nbscale.train.figures): a stop that lands while they are told must
     still end the history at the last iteration the network trained, with no iteration missing."""
-    import os
-    import signal
-    import threading
-
     net, trained = tiny_net(), []
 
     def count_and_interrupt(module: nn.Module, _inputs: object) -> None:

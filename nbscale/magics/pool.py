@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
 
 from nbscale.errors import PoolError
 from nbscale.gpu import gpus
 from nbscale.magics.arguments import env_pairs, int_list, parse_line
-from nbscale.pool.pool import Pool, current_pool, take_shutdown_notice
+from nbscale.pool.pool import Pool, current_pool, open_pool, reopens_idle_pool, take_shutdown_notice
 from nbscale.ui.gpu_table import pool_gpus_note
 
 _ACTIONS = ("start", "status", "stop", "restart")
@@ -52,7 +51,7 @@ class PoolMagics(Magics):
     @argument("--connect-timeout", type=_seconds, metavar="SECONDS",
               help="with --cluster: seconds to reach the cluster and start its actors (default: the profile's, else 120)")
     @line_magic
-    def pool(self, line: str) -> Any:
+    def pool(self, line: str) -> None:
         """Start, show, stop or restart the worker pool."""
         args = parse_line(self.pool, line)
         if args.action not in _ACTIONS:
@@ -85,7 +84,8 @@ class PoolMagics(Magics):
             running.close()
             print("Pool stopped.")
             return None
-        return running.status()
+        display(running.status())  # shown wherever the line stands in its cell, not only as its last line
+        return None
 
     @magic_arguments()
     @argument("--targets", type=int_list, help="run on these ranks only, e.g. 0,2")
@@ -96,8 +96,11 @@ class PoolMagics(Magics):
         pool = current_pool()
         if pool is None:
             notice = take_shutdown_notice()
-            print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
-            pool = Pool()
+            if reopens_idle_pool():
+                print(f"{notice or 'The pool shut itself down idle.'} Starting it again with the same settings.")
+            else:
+                print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
+            pool = open_pool()
         # the magic line stays line 1, so traceback line numbers match the cell as the notebook shows it
         pool.spmd(f"# %%spmd {line}\n{cell}", targets=args.targets, namespace=self.shell.user_ns)
 

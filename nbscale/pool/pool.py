@@ -10,6 +10,7 @@ line prefixed with its rank.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -34,15 +35,27 @@ from nbscale.pool.transport import remove_stale_files, serialise
 
 _current: Pool | None = None
 _last_shutdown_notice: str | None = None
+_idle_settings: PoolSettings | None = None  # the settings of the last pool, kept when it shut itself down idle
 
 
 def current_pool(start: bool = False) -> Pool | None:
-    """The running pool, or None; with `start=True`, start one with default settings when none runs."""
+    """The running pool, or None; with `start=True`, the running pool or a new one (`open_pool`)."""
     if _current is not None and not _current.closed:
         return _current
-    if start:
-        return Pool()
-    return None
+    return open_pool() if start else None
+
+
+def open_pool() -> Pool:
+    """The running pool, or a new one: the pool that shut itself down idle again (its settings, cluster
+    included), else one with default settings."""
+    if _current is not None and not _current.closed:
+        return _current
+    return Pool(**dataclasses.asdict(_idle_settings)) if _idle_settings is not None else Pool()
+
+
+def reopens_idle_pool() -> bool:
+    """True when `open_pool()` would start the pool that shut itself down idle again."""
+    return (_current is None or _current.closed) and _idle_settings is not None
 
 
 def require_pool() -> Pool:
@@ -52,6 +65,11 @@ def require_pool() -> Pool:
         reason = f" {_last_shutdown_notice}" if _last_shutdown_notice else ""
         raise PoolError(f"No pool is running.{reason} Start one with %pool start [N] (or nbscale.Pool(N)).")
     return pool
+
+
+def _forget_idle_settings() -> None:
+    global _idle_settings
+    _idle_settings = None
 
 
 def take_shutdown_notice() -> str | None:
@@ -125,6 +143,7 @@ class Pool:
             self.close()
             raise
         self.start_seconds = time.monotonic() - started
+        _forget_idle_settings()
         self.monitor.start()
         atexit.register(self.close)
 
@@ -150,11 +169,12 @@ class Pool:
             pass
 
     def _stop_idle(self) -> None:
-        global _last_shutdown_notice
+        global _last_shutdown_notice, _idle_settings
         _last_shutdown_notice = (
             f"The pool shut itself down after {self.settings.idle_timeout:g} idle "
             f"minute{'' if self.settings.idle_timeout == 1 else 's'} (--idle-timeout)."
         )
+        _idle_settings = self.settings
         self.close()
 
     def restart(self) -> None:

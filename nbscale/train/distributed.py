@@ -216,11 +216,11 @@ def multi_gpu_pool_settings() -> PoolSettings:
 
 
 def _pool_for(environment: str) -> Any:
-    from nbscale.pool.pool import Pool, current_pool
+    from nbscale.pool.pool import Pool, current_pool, open_pool
 
     pool = current_pool(start=False)
     if environment == "parallel":
-        return pool if pool is not None else Pool()
+        return open_pool()
     if pool is not None:
         if pool.kind != "gpu":
             raise OptionsError("execution_environment='multi-gpu' needs GPU workers but the running pool has CPU "

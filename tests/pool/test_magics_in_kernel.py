@@ -56,6 +56,12 @@ def test_pool_status_is_an_html_table_in_notebooks(kernel):
     assert "2 CPU workers" in status.displays[-1]["text/plain"]
 
 
+def test_pool_status_shows_its_table_wherever_it_stands_in_the_cell(kernel):
+    kernel.run("%pool start 2 --cpu")
+    status = kernel.run("%pool\nafterwards = 1")
+    assert status.ok and "2 CPU workers" in status.displays[-1]["text/plain"]
+
+
 def test_failing_rank_shows_its_traceback_with_cell_lines_and_no_internals(kernel):
     kernel.run("%pool start 2 --cpu")
     cell = kernel.run("%%spmd\nx = 1\nif rank == 1:\n    x = undefined_name\n")
@@ -130,6 +136,16 @@ def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
     cell = kernel.run("%%spmd\nprint('hi')")
     assert cell.ok and "starting one with %pool start defaults" in cell.stdout
     assert "[0] hi" in cell.stdout
+
+
+def test_spmd_after_an_idle_shutdown_starts_the_same_pool_again_and_says_so(kernel):
+    kernel.run("%pool start 1 --cpu --idle-timeout 0.02")  # 1.2 s
+    kernel.run("import nbscale, time\nwhile nbscale.current_pool() is not None:\n    time.sleep(0.1)", timeout=30)
+    cell = kernel.run("%%spmd\nprint('workers', world_size)")
+    assert cell.ok, cell.text
+    assert ("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it again with the same "
+            "settings.") in cell.stdout
+    assert "[0] workers 1" in cell.stdout  # one worker as asked, not the default size
 
 
 def test_every_worker_exits_when_the_kernel_dies():

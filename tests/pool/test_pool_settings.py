@@ -9,6 +9,7 @@ import pytest
 import nbscale
 from nbscale.errors import PoolError
 from nbscale.pool.devices import plan_devices
+from nbscale.pool.settings import PoolSettings
 
 
 def test_zero_workers_is_refused():
@@ -49,6 +50,24 @@ def test_idle_timeout_stops_the_pool_and_says_so_on_next_use():
             pool.run(print)
     finally:
         pool.close()
+
+
+def test_a_pool_opened_after_an_idle_shutdown_has_the_settings_of_the_one_that_shut_down():
+    pool = nbscale.Pool(1, cpu=True, idle_timeout=0.02, env={"GREETING": "hi"})  # 1.2 s
+    deadline = time.monotonic() + 30
+    while not pool.closed and time.monotonic() < deadline:
+        time.sleep(0.1)
+    again = nbscale.current_pool(start=True)  # as "parallel" training and %%spmd open one
+    try:
+        assert again is not None and again.settings == pool.settings
+        assert again.run(lambda: __import__("os").environ["GREETING"]) == ["hi"]
+    finally:
+        again.close()
+    fresh = nbscale.current_pool(start=True)  # the settings are kept for one reopening only
+    try:
+        assert fresh.settings == PoolSettings()  # the defaults again
+    finally:
+        fresh.close()
 
 
 def test_stop_leaves_no_process():

@@ -100,6 +100,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint file, or the newest one in a folder; OptionsError when there is none, when the file
     or folder may have been written by someone else, or when the file refers to anything but tensors, plain
     values and nbscale's history entries (it is never unpickled then)."""
+    if not isinstance(path, str | os.PathLike):
+        raise OptionsError(f"resume_from={path!r:.40} is not a path: pass a checkpoint file or the checkpoint_path "
+                           "folder of an earlier run (a str or a pathlib.Path).")
     name = f"resume_from={os.fspath(path)!r}"
     path = Path(path).expanduser()
     if path.is_dir():

@@ -70,6 +70,16 @@ def test_a_model_that_is_no_network_is_refused(model: object, words: str) -> Non
         nbscale.train(model, TRAIN, quiet())
 
 
+@pytest.mark.parametrize(("loss_fn", "words"), [
+    ("mse", "loss_fn must be a function of (outputs, labels) returning the loss, such as nn.MSELoss()"),
+    (nn.MSELoss, "loss_fn is the class MSELoss, not a loss: create one, e.g. loss_fn=MSELoss()"),
+])
+def test_a_loss_fn_that_is_no_loss_is_refused_naming_it(loss_fn: object, words: str) -> None:
+    with pytest.raises(OptionsError) as caught:
+        nbscale.train(tiny_net(), TRAIN, quiet(), loss_fn=loss_fn)
+    assert words in str(caught.value)
+
+
 def test_whole_float_labels_train_with_cross_entropy_and_fractional_ones_are_refused() -> None:
     inputs, labels = TRAIN
     _, info = nbscale.train(tiny_net(), (inputs.numpy().astype("float64"), labels.numpy().astype(float)), quiet())
@@ -117,6 +127,11 @@ def test_a_file_that_is_no_checkpoint_is_named(tmp_path) -> None:  # noqa: ANN00
         nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=corrupt)
     with pytest.raises(OptionsError, match="is not an nbscale training checkpoint.*load_state_dict"):
         nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=weights)
+
+
+def test_a_resume_from_that_is_no_path_is_refused_naming_it() -> None:
+    with pytest.raises(OptionsError, match="resume_from=5 is not a path: pass a checkpoint file or the checkpoint_path"):
+        nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=5)  # type: ignore[arg-type]
 
 
 def test_a_resumed_run_goes_on_counting_time_and_images(checkpoint: str) -> None:

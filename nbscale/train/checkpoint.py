@@ -45,7 +45,8 @@ _EARLIER_PARTIAL = re.compile(r"\.partial-[a-z0-9_]{8}\.pt")
 
 
 def checkpoint_file(folder: str | os.PathLike[str], epoch: int) -> Path:
-    return Path(folder) / f"nbscale_checkpoint_epoch{epoch:04d}.pt"
+    """The checkpoint of `epoch` in `folder` ("~" is the user's home, as in resume_from and prepare_folder)."""
+    return Path(folder).expanduser() / f"nbscale_checkpoint_epoch{epoch:04d}.pt"
 
 
 def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str, Any]) -> Path:
@@ -92,7 +93,7 @@ def _plain(value: Any) -> Any:
 
 def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
     """The newest checkpoint in `folder`, or None."""
-    found = sorted(Path(folder).glob(_PATTERN))
+    found = sorted(Path(folder).expanduser().glob(_PATTERN))
     return found[-1] if found else None
 
 

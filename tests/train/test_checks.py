@@ -100,6 +100,20 @@ def test_a_checkpoint_path_that_cannot_hold_checkpoints_fails_before_the_first_e
         assert loss.calls == 0
 
 
+def test_a_checkpoint_path_in_the_home_folder_is_written_there_and_resumes(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2, checkpoint_path="~/runs"))
+    assert sorted(p.name for p in (home / "runs").iterdir()) == ["nbscale_checkpoint_epoch0001.pt",
+                                                                 "nbscale_checkpoint_epoch0002.pt"]
+    assert list(work.iterdir()) == []  # no folder named "~" where the notebook runs
+    _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path="~/runs"), resume_from="~/runs")
+    assert info.epoch[-1] == 3 and (home / "runs" / "nbscale_checkpoint_epoch0003.pt").exists()
+
+
 @pytest.fixture
 def checkpoint(tmp_path) -> str:  # noqa: ANN001
     """The checkpoint folder of a 2-epoch run (mini_batch_size 100, sgdm, the 1500 training digits)."""

@@ -214,12 +214,18 @@ def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: An
     """The options of --options (or the defaults, with the training-progress plot), with the flags applied."""
     if request.options is not None:
         if request.options not in namespace:
-            raise OptionsError(f"--options {request.options}: no notebook variable named {request.options!r}.")
+            raise OptionsError(f"--options {request.options}: no notebook variable named {request.options!r}. Create "
+                               f"it in an earlier cell: {request.options} = nbscale.TrainingOptions('sgdm', ...), or "
+                               f"{request.options} = nbscale.options_form() for a form.")
         base = namespace[request.options]
         base = getattr(base, "options", base)  # an options form carries its TrainingOptions
         if not isinstance(base, TrainingOptions):
-            raise OptionsError(f"--options {request.options}: {request.options} is a {type(base).__name__}, not "
-                               "TrainingOptions or an options form.")
+            kind = type(base).__name__
+            kind = f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}"
+            raise OptionsError(f"--options {request.options}: {request.options} holds {kind}, not "
+                               f"TrainingOptions or an options form: set {request.options} = "
+                               "nbscale.TrainingOptions('sgdm', ...) (or nbscale.options_form()), or name another "
+                               "variable.")
     else:
         base = TrainingOptions(request.solver or "sgdm", plots="training-progress")
     flags = {"execution_environment": request.environment, "max_epochs": request.epochs,

@@ -45,7 +45,8 @@ _EARLIER_PARTIAL = re.compile(r"\.partial-[a-z0-9_]{8}\.pt")
 
 
 def checkpoint_file(folder: str | os.PathLike[str], epoch: int) -> Path:
-    return Path(folder) / f"nbscale_checkpoint_epoch{epoch:04d}.pt"
+    """The checkpoint of `epoch` in `folder` ("~" is the user's home, as in resume_from and prepare_folder)."""
+    return Path(folder).expanduser() / f"nbscale_checkpoint_epoch{epoch:04d}.pt"
 
 
 def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str, Any]) -> Path:
@@ -92,7 +93,7 @@ def _plain(value: Any) -> Any:
 
 def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
     """The newest checkpoint in `folder`, or None."""
-    found = sorted(Path(folder).glob(_PATTERN))
+    found = sorted(Path(folder).expanduser().glob(_PATTERN))
     return found[-1] if found else None
 
 
@@ -100,6 +101,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a checkpoint file, or the newest one in a folder; OptionsError when there is none, when the file
     or folder may have been written by someone else, or when the file refers to anything but tensors, plain
     values and nbscale's history entries (it is never unpickled then)."""
+    if not isinstance(path, str | os.PathLike):
+        raise OptionsError(f"resume_from={path!r:.40} is not a path: pass a checkpoint file or the checkpoint_path "
+                           "folder of an earlier run (a str or a pathlib.Path).")
     name = f"resume_from={os.fspath(path)!r}"
     path = Path(path).expanduser()
     if path.is_dir():

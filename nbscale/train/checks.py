@@ -27,6 +27,17 @@ def check_model(model: Any) -> None:
                            f"{type(model).__name__}: pass the network itself, not a function that builds one.")
 
 
+def check_loss_fn(loss_fn: Any) -> None:
+    """`loss_fn` must be None (cross-entropy) or a function of (outputs, labels) returning the batch's loss."""
+    if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
+        raise OptionsError(f"loss_fn is the class {loss_fn.__name__}, not a loss: create one, e.g. "
+                           f"loss_fn={loss_fn.__name__}().")
+    if loss_fn is not None and not callable(loss_fn):
+        raise OptionsError(f"loss_fn must be a function of (outputs, labels) returning the loss, such as "
+                           f"nn.MSELoss() or torch.nn.functional.cross_entropy, not {type(loss_fn).__name__} "
+                           f"{loss_fn!r:.40}: leave it out for cross-entropy.")
+
+
 def check_items(dataset: Dataset, what: str) -> Any:
     """The first item of `dataset` must be an (input, label) pair whose input is a tensor or an array; returns
     that item (None for an empty dataset), so later checks need not read it again."""

@@ -76,7 +76,7 @@ class TrainingRun(Future):
             self._final_state = "cancelled"
             self.info.stop_reason = self.info.stop_reason or "Cancelled"
             self._notify()
-            super().cancel()
+            self._cancel_and_notify()
         elif task.exception() is not None:
             self._final_state, self.error = "failed", str(task.exception())
             self._notify()
@@ -117,8 +117,17 @@ class TrainingRun(Future):
         if self.done():
             return False
         if self._task is None:
-            return super().cancel()
+            return self._cancel_and_notify()
         return self.pool.cancel(self._task)
+
+    def _cancel_and_notify(self) -> bool:
+        # Future.cancel alone leaves the state CANCELLED, which concurrent.futures.wait and as_completed never
+        # count as done (an executor moves it on when its worker dequeues the item); this Future has no executor,
+        # so it moves on itself
+        if not super().cancel():
+            return False
+        self.set_running_or_notify_cancel()
+        return True
 
     def stop(self) -> None:
         """Ask a running run to stop at the end of its current iteration; it then ends "done" with the net so far."""

@@ -27,6 +27,7 @@ from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
     check_classes,
     check_items,
+    check_loss_fn,
     check_model,
     check_resume,
     is_class_loss,
@@ -125,6 +126,7 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
     class loss (that one, CrossEntropyLoss, NLLLoss) the labels must fit the network's outputs (check_classes).
     """
     check_model(model)
+    check_loss_fn(loss_fn)
     dataset = as_dataset(train_data)
     # torch's Dataset declares no __len__; as_dataset checked it
     if len(dataset) == 0:  # type: ignore[arg-type]

@@ -63,8 +63,8 @@ class VerboseTable:
         def percent(v: float | None) -> str:
             return "" if v is None else f"{100 * v:.2f}%"
 
-        def number(v: float | None) -> str:
-            return "" if v is None else f"{v:.4f}"
+        def number(v: float | None) -> str:  # a diverging loss in powers of ten, so the columns stay aligned
+            return "" if v is None else f"{v:.4f}" if abs(v) < 1e6 else f"{v:.4e}"
 
         seconds = int(e.time_since_start)
         elapsed = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -70,6 +70,16 @@ def test_a_model_that_is_no_network_is_refused(model: object, words: str) -> Non
         nbscale.train(model, TRAIN, quiet())
 
 
+@pytest.mark.parametrize(("loss_fn", "words"), [
+    ("mse", "loss_fn must be a function of (outputs, labels) returning the loss, such as nn.MSELoss()"),
+    (nn.MSELoss, "loss_fn is the class MSELoss, not a loss: create one, e.g. loss_fn=MSELoss()"),
+])
+def test_a_loss_fn_that_is_no_loss_is_refused_naming_it(loss_fn: object, words: str) -> None:
+    with pytest.raises(OptionsError) as caught:
+        nbscale.train(tiny_net(), TRAIN, quiet(), loss_fn=loss_fn)
+    assert words in str(caught.value)
+
+
 def test_whole_float_labels_train_with_cross_entropy_and_fractional_ones_are_refused() -> None:
     inputs, labels = TRAIN
     _, info = nbscale.train(tiny_net(), (inputs.numpy().astype("float64"), labels.numpy().astype(float)), quiet())
@@ -88,6 +98,20 @@ def test_a_checkpoint_path_that_cannot_hold_checkpoints_fails_before_the_first_e
         with pytest.raises(OptionsError, match=f"checkpoint_path='{folder}' cannot be used as a folder"):
             nbscale.train(tiny_net(), TRAIN, quiet(checkpoint_path=folder), loss_fn=loss)
         assert loss.calls == 0
+
+
+def test_a_checkpoint_path_in_the_home_folder_is_written_there_and_resumes(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2, checkpoint_path="~/runs"))
+    assert sorted(p.name for p in (home / "runs").iterdir()) == ["nbscale_checkpoint_epoch0001.pt",
+                                                                 "nbscale_checkpoint_epoch0002.pt"]
+    assert list(work.iterdir()) == []  # no folder named "~" where the notebook runs
+    _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path="~/runs"), resume_from="~/runs")
+    assert info.epoch[-1] == 3 and (home / "runs" / "nbscale_checkpoint_epoch0003.pt").exists()
 
 
 @pytest.fixture
@@ -117,6 +141,11 @@ def test_a_file_that_is_no_checkpoint_is_named(tmp_path) -> None:  # noqa: ANN00
         nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=corrupt)
     with pytest.raises(OptionsError, match="is not an nbscale training checkpoint.*load_state_dict"):
         nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=weights)
+
+
+def test_a_resume_from_that_is_no_path_is_refused_naming_it() -> None:
+    with pytest.raises(OptionsError, match="resume_from=5 is not a path: pass a checkpoint file or the checkpoint_path"):
+        nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=5)  # type: ignore[arg-type]
 
 
 def test_a_resumed_run_goes_on_counting_time_and_images(checkpoint: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from concurrent.futures import CancelledError
+from concurrent.futures import CancelledError, as_completed, wait
 
 import pytest
 import torch
@@ -84,6 +84,35 @@ def test_cancelling_a_running_run_with_its_button_frees_its_worker_for_the_next_
     with pytest.raises(CancelledError):
         result.runs[1].result()
     assert pool.run(lambda: torch.get_num_threads()) is not None  # every worker is free again
+
+
+def test_cancelled_runs_count_as_done_for_wait_and_as_completed(pool, data) -> None:
+    (train_x, train_y), _ = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
+    result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
+                           pool=pool, wait=False, show=False)
+    _wait_for(lambda: result.runs[0].info.iteration and result.runs[1].info.iteration)
+    result.cancel()  # two running, one queued
+    done, not_done = wait(result.runs, timeout=10)
+    assert len(done) == 3 and not not_done
+    assert [run.state for run in as_completed(result.runs, timeout=1)] == ["cancelled"] * 3
+
+
+@pytest.mark.slow
+def test_a_kernel_interrupt_of_a_sweep_cell_cancels_the_runs_and_ends_the_cell_at_once(kernel) -> None:
+    started = kernel.run("import nbscale\nfrom tests.train.digits import digits, tiny_net\n"
+                         "(train_x, train_y), val = digits()\n%pool start 2 --cpu")
+    assert started.ok, started.text
+    cell = """%%train --sweep "initial_learn_rate=0.01,0.1" --epochs 100000 --batch-size 500 --quiet --no-plots
+model = tiny_net()
+train_data = (train_x, train_y)"""
+    began = time.monotonic()
+    interrupted = kernel.run(cell, interrupt_after=6.0, timeout=60)
+    assert interrupted.ok, interrupted.text
+    assert time.monotonic() - began < 6.0 + 5.0  # the cancelled runs end the wait (it waited 10 s for nothing)
+    states = kernel.run("print([run.state for run in sweep_result.runs], nbscale.current_pool().run(len, 'ab'))")
+    assert states.stdout.split("] ")[0] + "]" == "['cancelled', 'cancelled']", states.text
+    assert states.stdout.split("] ")[1].strip() == "[2, 2]"  # the pool is free again
 
 
 def test_stop_ends_a_run_with_the_network_so_far_and_leaves_the_other_run_alone(pool, data) -> None:

@@ -36,3 +36,23 @@ def test_env_and_solver_are_taken_in_any_case_as_matlab_takes_them(kernel):
     assert kernel.run("print(info.hardware.startswith('CPU'), type(net).__name__)").stdout.split() == ["True", "Linear"]
     wrong = kernel.run("%%train --env GPUs" + CELL)
     assert "UsageError: argument --env: invalid choice: 'gpus'" in wrong.stderr
+
+
+def test_options_that_name_no_training_options_say_how_to_create_them(kernel):
+    missing = kernel.run("%%train --options opts" + CELL)
+    assert missing.error_name == "OptionsError"
+    assert "--options opts: no notebook variable named 'opts'. Create it in an earlier cell: opts = " \
+           "nbscale.TrainingOptions('sgdm', ...)" in missing.traceback
+    assert kernel.run("opts = 5").ok
+    wrong = kernel.run("%%train --options opts" + CELL)
+    assert "--options opts: opts holds an int, not TrainingOptions or an options form: set opts = " \
+           "nbscale.TrainingOptions('sgdm', ...)" in wrong.traceback
+    assert "Traceback" not in wrong.traceback  # the message alone
+
+
+def test_a_cell_whose_loss_fn_is_a_loss_class_gets_the_fix_not_a_torch_error(kernel):
+    refused = kernel.run("%%train --no-plots --quiet" + CELL + "loss_fn = torch.nn.CrossEntropyLoss\n")
+    assert refused.error_name == "OptionsError"
+    assert "loss_fn is the class CrossEntropyLoss, not a loss: create one, e.g. loss_fn=CrossEntropyLoss()" \
+        in refused.traceback
+    assert "Traceback" not in refused.traceback

@@ -45,4 +45,5 @@ class JobError(NbscaleError):
 
 
 class ModelError(NbscaleError, ValueError):
-    """A network cannot be built or changed as asked (unknown name, unreadable weights, no layer to replace)."""
+    """A network cannot be built or changed as asked (unknown name, unreadable weights, no layer to replace), or does
+    not fit its training data (the first mini-batch fails in it)."""

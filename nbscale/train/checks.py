@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, Subset, TensorDataset
 
-from nbscale.errors import OptionsError
+from nbscale.errors import ModelError, OptionsError
 
 
 def check_model(model: Any) -> None:
@@ -36,6 +36,24 @@ def check_loss_fn(loss_fn: Any) -> None:
         raise OptionsError(f"loss_fn must be a function of (outputs, labels) returning the loss, such as "
                            f"nn.MSELoss() or torch.nn.functional.cross_entropy, not {type(loss_fn).__name__} "
                            f"{loss_fn!r:.40}: leave it out for cross-entropy.")
+
+
+def misfit_error(error: Exception, inputs: Any, labels: Any) -> ModelError:
+    """What to say when the first mini-batch fails in the network or the loss: the network does not fit the data
+    (`error` is torch's own, chained to this one, so its traceback into the user's forward stays visible)."""
+    said = str(error).strip().rstrip(".")
+    return ModelError(
+        f"The first mini-batch failed in the network or its loss: {type(error).__name__}: {said}. The batch's inputs "
+        f"are {_described(inputs)} and its labels {_described(labels)}. Check that the network's first layer takes "
+        "inputs of that shape (a conv's in_channels is C; after nn.Flatten, the first nn.Linear's in_features is "
+        "C*H*W) and that the loss takes its outputs with these labels; try model(inputs) on one batch to see it."
+    )
+
+
+def _described(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {'x'.join(map(str, value.shape)) or '()'}"
+    return f"a {type(value).__name__}"
 
 
 def check_items(dataset: Dataset, what: str) -> Any:

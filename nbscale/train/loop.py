@@ -27,6 +27,7 @@ from torch import nn
 from nbscale.outputs import main_output
 from nbscale.train.batch_fitting import gpu_probe, no_probe, settle, smallest_over, untouched
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
+from nbscale.train.checks import misfit_error
 from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
 from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pending, PoolFigures, correct
@@ -130,6 +131,7 @@ def _train(setup: LoopSetup) -> LoopResult:
     setup.publish(list(history))  # a resumed run shows its whole history
 
     pending: list[Pending] = []
+    first_iteration = iteration + 1  # a failure of its step is the network not fitting the data (misfit_error)
     # a resumed run goes on counting time and images from where its checkpoint ended
     start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
     images, stop_reason = (history[-1].images if history else 0), None
@@ -151,9 +153,14 @@ def _train(setup: LoopSetup) -> LoopResult:
                     group["lr"] = learn_rate * group.get("lr_factor", 1.0)
 
             # the step: forward, loss, backward, clip, step
-            with autocast:
-                outputs = main_output(net(inputs))
-                loss = loss_fn(outputs, labels)
+            try:
+                with autocast:
+                    outputs = main_output(net(inputs))
+                    loss = loss_fn(outputs, labels)
+            except Exception as error:
+                if iteration == first_iteration and not isinstance(error, torch.OutOfMemoryError):
+                    raise misfit_error(error, inputs, labels) from error
+                raise
             kept = figures.keep(loss, outputs, labels)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()

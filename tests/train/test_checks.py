@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 
 import nbscale
 from nbscale import OptionsError, TrainingOptions
+from nbscale.errors import ModelError
 from tests.train.digits import digits, tiny_net
 
 TRAIN, VAL = digits()
@@ -78,6 +79,33 @@ def test_a_loss_fn_that_is_no_loss_is_refused_naming_it(loss_fn: object, words: 
     with pytest.raises(OptionsError) as caught:
         nbscale.train(tiny_net(), TRAIN, quiet(), loss_fn=loss_fn)
     assert words in str(caught.value)
+
+
+class FailsAtIteration(nn.Module):
+    """A network whose forward fails at one iteration, as a bug in a user's forward would."""
+
+    def __init__(self, failing_call: int) -> None:
+        super().__init__()
+        self.layer, self.calls, self.failing_call = nn.Linear(64, 10), 0, failing_call
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.failing_call:
+            raise RuntimeError("a bug in forward")
+        return self.layer(inputs)
+
+
+def test_a_network_that_does_not_fit_the_data_fails_naming_the_batch_shapes_and_the_fix() -> None:
+    misfit = nn.Sequential(nn.Linear(100, 32), nn.ReLU(), nn.Linear(32, 10))  # digits have 64 features
+    with pytest.raises(ModelError) as caught:
+        nbscale.train(misfit, TRAIN, quiet())
+    message = str(caught.value)
+    assert "The first mini-batch failed in the network or its loss: RuntimeError: mat1 and mat2 shapes" in message
+    assert "inputs are a torch.float32 tensor of shape 100x64 and its labels a torch.int64 tensor of shape 100" in message
+    assert "first nn.Linear's in_features is C*H*W" in message
+    assert isinstance(caught.value.__cause__, RuntimeError)  # torch's own error and traceback stay visible
+    with pytest.raises(RuntimeError, match="^a bug in forward$"):  # later in training: the error as it came
+        nbscale.train(FailsAtIteration(3), TRAIN, quiet())
 
 
 def test_whole_float_labels_train_with_cross_entropy_and_fractional_ones_are_refused() -> None:

@@ -170,7 +170,7 @@ def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions, loss_fn: Ca
                 torch.cuda.synchronize(device)
                 ran = True
             except RuntimeError as error:  # torch.OutOfMemoryError is one
-                if not _out_of_memory(error):
+                if not out_of_memory(error):
                     raise  # an error of the network or the data: as training would raise it
                 traceback.clear_frames(error.__traceback__)  # the failed step's frames hold its tensors
                 ran = False
@@ -187,7 +187,7 @@ def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions, loss_fn: Ca
     return probe
 
 
-def _out_of_memory(error: RuntimeError) -> bool:
+def out_of_memory(error: Exception) -> bool:
     """True for the caching allocator's OutOfMemoryError and for cuDNN's and cuBLAS's own failed allocations."""
     text = str(error)
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in text or "ALLOC_FAILED" in text

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from nbscale.outputs import main_output
-from nbscale.train.batch_fitting import gpu_probe, no_probe, settle, smallest_over, untouched
+from nbscale.train.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.checks import misfit_error
 from nbscale.train.compiling import compiled_network
@@ -158,7 +158,7 @@ def _train(setup: LoopSetup) -> LoopResult:
                     outputs = main_output(net(inputs))
                     loss = loss_fn(outputs, labels)
             except Exception as error:
-                if iteration == first_iteration and not isinstance(error, torch.OutOfMemoryError):
+                if iteration == first_iteration and not out_of_memory(error):
                     raise misfit_error(error, inputs, labels) from error
                 raise
             kept = figures.keep(loss, outputs, labels)

@@ -6,6 +6,7 @@ pixels are read from disk (or through fsspec, for `s3://...` and other URLs) whe
 
 from __future__ import annotations
 
+import numbers
 import os
 import random
 import warnings
@@ -255,7 +256,12 @@ class ImageDatastore(Dataset):
         """
         if not fractions:
             raise DatastoreError("split_each_label needs at least one fraction, e.g. split_each_label(0.8).")
-        are_counts = all(isinstance(f, int) and f >= 1 for f in fractions)
+        if not all(isinstance(f, numbers.Real) and not isinstance(f, bool) for f in fractions):
+            raise DatastoreError(f"split_each_label: fractions {fractions} must be numbers: fractions of each label "
+                                 "(split_each_label(0.8)) or whole-number counts of images per label "
+                                 "(split_each_label(20)).")
+        # numpy's integers count as counts too (len(ds) // 10, np.int64 from an array)
+        are_counts = all(isinstance(f, numbers.Integral) and f >= 1 for f in fractions)
         if not are_counts and (any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9):
             raise DatastoreError(f"split_each_label: fractions {fractions} must each lie in [0, 1] and sum to at "
                                  "most 1 (or all be whole-number counts of images per label).")

@@ -145,6 +145,18 @@ def test_split_each_label_keeps_the_proportion_of_every_label(digits_folder: Pat
         ds.split_each_label(0.8, 0.5)
 
 
+def test_split_each_label_takes_numpy_numbers_as_counts_and_fractions(digits_folder: Path) -> None:
+    import numpy as np
+
+    ds = ImageDatastore(digits_folder)
+    counts, _ = ds.split_each_label(np.int64(10), randomize=True, seed=0)
+    assert set(counts.count_each_label().values()) == {10}
+    half, _ = ds.split_each_label(np.float32(0.5))
+    assert half.count_each_label() == {name: round(0.5 * n) for name, n in ds.count_each_label().items()}
+    with pytest.raises(DatastoreError, match="must be numbers"):
+        ds.split_each_label("0.8")
+
+
 def test_shuffle_and_subset_keep_files_labels_and_classes_together(digits_folder: Path) -> None:
     ds = ImageDatastore(digits_folder)
     shuffled = ds.shuffle(seed=1)

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from nbscale.errors import OptionsError
+
 Range = tuple[float, float]
 
 # the columns of ImageAugmenter.draw's rows, each a uniform number in [0, 1)
@@ -69,7 +71,7 @@ class ImageAugmenter:
     the image stays sharp (MATLAB draws a continuous distance and interpolates).
     fill_value: the value of pixels that come from outside the image, on the [0, 1] scale of the datastore's
     images (MATLAB's FillValue, in the image's own units there): one number, or one per channel.
-    An option named otherwise (MATLAB's RandXReflection, a typo) is a TypeError naming the option to use.
+    A wrong option name (MATLAB's RandXReflection, a typo) or value is an OptionsError (a ValueError) naming it.
     """
 
     rand_x_reflection: bool = False
@@ -89,8 +91,8 @@ class ImageAugmenter:
         known = [field.name for field in fields(cls)]
         for name in options:
             if name not in known:
-                raise TypeError(f"ImageAugmenter has no option {name!r}{_suggestion(name, known)}. Its options "
-                                f"are {', '.join(known)}.")
+                raise OptionsError(f"ImageAugmenter has no option {name!r}.{_suggestion(name, known)} Its options "
+                                   f"are: {', '.join(known)}.")
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
@@ -102,17 +104,17 @@ class ImageAugmenter:
                 continue
             if field.name.endswith("reflection"):
                 if not isinstance(value, bool):
-                    raise ValueError(f"ImageAugmenter: {field.name} must be True or False, not {value!r}.")
+                    raise OptionsError(f"ImageAugmenter: {field.name} must be True or False, not {value!r}.")
                 continue
             if (not isinstance(value, tuple | list) or len(value) != 2
                     or not all(isinstance(v, int | float) for v in value) or value[0] > value[1]):
-                raise ValueError(f"ImageAugmenter: {field.name} must be a (min, max) pair with min <= max, "
+                raise OptionsError(f"ImageAugmenter: {field.name} must be a (min, max) pair with min <= max, "
                                  f"e.g. {field.name}=(-4, 4); got {value!r}.")
             object.__setattr__(self, field.name, (float(value[0]), float(value[1])))
             if "scale" in field.name and value[0] <= 0:
-                raise ValueError(f"ImageAugmenter: {field.name} factors must be positive; got {value!r}.")
+                raise OptionsError(f"ImageAugmenter: {field.name} factors must be positive; got {value!r}.")
             if "shear" in field.name and not (-90 < value[0] and value[1] < 90):
-                raise ValueError(f"ImageAugmenter: {field.name} angles must lie in (-90, 90) degrees; got {value!r}.")
+                raise OptionsError(f"ImageAugmenter: {field.name} angles must lie in (-90, 90) degrees; got {value!r}.")
 
     @property
     def warps(self) -> bool:
@@ -152,7 +154,7 @@ class ImageAugmenter:
     def _fill_for(self, images: torch.Tensor) -> torch.Tensor:
         channels, fill = images.shape[1], _fill_values(self.fill_value)
         if len(fill) not in (1, channels):
-            raise ValueError(f"ImageAugmenter: fill_value={self.fill_value} has {len(fill)} values but the images "
+            raise OptionsError(f"ImageAugmenter: fill_value={self.fill_value} has {len(fill)} values but the images "
                              f"have {channels} channel(s): give one number, or one per channel.")
         return torch.tensor(fill, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
 
@@ -225,16 +227,16 @@ class ImageAugmenter:
 def _fill_values(value: Any) -> tuple[float, ...]:
     values = tuple(value) if isinstance(value, tuple | list) else (value,)
     if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        raise ValueError(f"ImageAugmenter: fill_value must be a number, or one number per channel, on the [0, 1] "
+        raise OptionsError(f"ImageAugmenter: fill_value must be a number, or one number per channel, on the [0, 1] "
                          f"scale of the images (e.g. fill_value=0.5); got {value!r}.")
     return tuple(float(v) for v in values)
 
 
 def _suggestion(name: str, known: list[str]) -> str:
-    """' (did you mean rand_x_reflection?)' for MATLAB's RandXReflection or a near miss; '' otherwise."""
+    """" Did you mean 'rand_x_reflection'?" for MATLAB's RandXReflection or a near miss; "" otherwise."""
     snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
     close = [snake] if snake in known else difflib.get_close_matches(snake, known, n=1)
-    return f" (did you mean {close[0]}?)" if close else ""
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def _inverse_2x2(matrices: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from nbscale.data.augmenter import DRAWS_PER_IMAGE, ImageAugmenter, gather_windows, whole_pixels
 from nbscale.data.datastore import ImageDatastore
+from nbscale.data.option_names import check_option_names, keyword_names
 from nbscale.data.reading import to_float
 from nbscale.errors import DatastoreError
 
@@ -98,6 +99,12 @@ class AugmentedImageDatastore(Dataset):
     dispatch_in_background=True (MATLAB's DispatchInBackground): `nbscale.train` reads and augments this training
     data in background processes, as TrainingOptions(dispatch_in_background=True) does for any data.
     """
+
+    def __new__(cls, *args: Any, **options: Any) -> AugmentedImageDatastore:
+        # before __init__, so a MATLAB name (DataAugmentation, ColorPreprocessing) or a typo names the option meant
+        check_option_names("AugmentedImageDatastore", options, keyword_names(cls.__init__),
+                           meant={"data_augmentation": "augmenter", "image_size": "output_size"})
+        return super().__new__(cls)
 
     def __init__(self, output_size: int | Sequence[int], ds: Dataset, augmenter: ImageAugmenter | None = None,
                  color_preprocessing: str = "none", output_size_mode: str = "resize",

@@ -12,15 +12,14 @@ Pixels that come from outside the image are `fill_value` (0 by default, as in MA
 
 from __future__ import annotations
 
-import difflib
 import math
-import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from nbscale.data.option_names import check_option_names
 from nbscale.errors import OptionsError
 
 Range = tuple[float, float]
@@ -88,11 +87,7 @@ class ImageAugmenter:
 
     def __new__(cls, *args: Any, **options: Any) -> ImageAugmenter:
         # runs before the dataclass's __init__, so an unknown option gets a message that names the right one
-        known = [field.name for field in fields(cls)]
-        for name in options:
-            if name not in known:
-                raise OptionsError(f"ImageAugmenter has no option {name!r}.{_suggestion(name, known)} Its options "
-                                   f"are: {', '.join(known)}.")
+        check_option_names("ImageAugmenter", options, [field.name for field in fields(cls)])
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
@@ -230,13 +225,6 @@ def _fill_values(value: Any) -> tuple[float, ...]:
         raise OptionsError(f"ImageAugmenter: fill_value must be a number, or one number per channel, on the [0, 1] "
                          f"scale of the images (e.g. fill_value=0.5); got {value!r}.")
     return tuple(float(v) for v in values)
-
-
-def _suggestion(name: str, known: list[str]) -> str:
-    """" Did you mean 'rand_x_reflection'?" for MATLAB's RandXReflection or a near miss; "" otherwise."""
-    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-    close = [snake] if snake in known else difflib.get_close_matches(snake, known, n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def _inverse_2x2(matrices: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nbscale.data.option_names import check_option_names, keyword_names
 from nbscale.data.reading import is_url, read_image, to_float
 from nbscale.errors import DatastoreError
 
@@ -111,6 +112,11 @@ class ImageDatastore(Dataset):
     yielded label is an index into them (-1 with label_source="none"). on_error="skip" replaces an unreadable
     file by the next readable one and warns with a count; "raise" raises a DatastoreError naming the file.
     """
+
+    def __new__(cls, *args: Any, **options: Any) -> ImageDatastore:
+        # before __init__, so a MATLAB name (IncludeSubfolders, LabelSource) or a typo names the option meant
+        check_option_names("ImageDatastore", options, keyword_names(cls.__init__))
+        return super().__new__(cls)
 
     def __init__(self, location: Location, include_subfolders: bool = True, label_source: str = "foldernames",
                  file_extensions: str | Iterable[str] = DEFAULT_EXTENSIONS, on_error: str = "raise") -> None:

@@ -175,7 +175,7 @@ def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEF
         except (OSError, RuntimeError) as error:  # the download failed half way, or the cached file is damaged
             raise ModelError(f"pretrained: cannot fetch the {named} weights of {name} ({error}). "
                              f"{_OFFLINE_FIX.format(cache=torch.hub.get_dir())}") from error
-    text = os.fspath(weights)  # type: ignore[arg-type]  # a WeightsEnum was handled above
+    text = os.fspath(weights)  # a WeightsEnum was handled above
     path = Path(text).expanduser()
     if not path.is_file():
         raise ModelError(f"pretrained: the weights file {str(path)!r} does not exist. Pass an existing file saved "

@@ -132,3 +132,13 @@ def test_dispatch_in_background_on_the_datastore_trains_in_background_processes(
     assert "background workers" in info.data_placement
     with pytest.raises(DatastoreError, match="dispatch_in_background must be True or False"):
         AugmentedImageDatastore(8, source, dispatch_in_background="yes")
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("DataAugmentation", "augmenter"), ("data_augmentation", "augmenter"),
+                                              ("ColorPreprocessing", "color_preprocessing"),
+                                              ("OutputSizeMode", "output_size_mode")])
+def test_matlab_option_names_are_errors_naming_the_option_to_use(digits_folder: Path, typed: str, meant: str) -> None:
+    from nbscale.errors import OptionsError
+
+    with pytest.raises(OptionsError, match=f"AugmentedImageDatastore has no option '{typed}'. Did you mean '{meant}'"):
+        AugmentedImageDatastore(8, ImageDatastore(digits_folder / "0"), **{typed: "none"})

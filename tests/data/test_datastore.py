@@ -250,3 +250,13 @@ def test_warnings_are_not_raised_for_clean_data(digits_folder: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         ImageDatastore(digits_folder, on_error="skip")[0]
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("IncludeSubfolders", "include_subfolders"),
+                                              ("LabelSource", "label_source"), ("file_extension", "file_extensions")])
+def test_matlab_option_names_and_typos_are_errors_naming_the_option_to_use(digits_folder: Path, typed: str,
+                                                                           meant: str) -> None:
+    from nbscale.errors import OptionsError
+
+    with pytest.raises(OptionsError, match=f"ImageDatastore has no option '{typed}'. Did you mean '{meant}'"):
+        ImageDatastore(digits_folder, **{typed: True})

@@ -257,6 +257,8 @@ class ImageDatastore(Dataset):
                          seed: int | None = None) -> tuple[ImageDatastore, ...]:
         """Split every class by `fractions` (or counts, for whole numbers >= 1) into len(fractions)+1 datastores.
 
+        Counts, as in MATLAB, must add up to at most the number of images of the smallest label (DatastoreError).
+
         `ds.split_each_label(0.7, 0.15)` gives three datastores with 70 %, 15 % and the rest of each label.
         Items keep their order unless randomize=True (reproducible with `seed`).
         """
@@ -274,6 +276,15 @@ class ImageDatastore(Dataset):
         groups: dict[str | None, list[int]] = {}
         for i in range(len(self)):
             groups.setdefault(self.labels[i] if self.labels is not None else None, []).append(i)
+        if are_counts and groups:
+            # as in MATLAB: counts must fit every label, or the parts would silently stop being balanced
+            smallest = min(groups, key=lambda label: len(groups[label]))
+            if sum(fractions) > len(groups[smallest]):
+                named = f"label {smallest!r}" if smallest is not None else "the datastore"
+                raise DatastoreError(f"split_each_label: counts {tuple(int(f) for f in fractions)} take "
+                                     f"{sum(fractions)} images of each label, but {named} has only "
+                                     f"{len(groups[smallest])}. Give counts that add up to at most "
+                                     f"{len(groups[smallest])}, or fractions (split_each_label(0.8)).")
         generator = random.Random(seed)
         parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
         for members in groups.values():

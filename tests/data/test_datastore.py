@@ -157,6 +157,16 @@ def test_split_each_label_takes_numpy_numbers_as_counts_and_fractions(digits_fol
         ds.split_each_label("0.8")
 
 
+def test_split_each_label_counts_beyond_the_smallest_label_are_an_error_naming_it(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder)
+    smallest, images = min(ds.count_each_label().items(), key=lambda item: item[1])
+    parts = ds.split_each_label(images - 5, 5)
+    assert parts[0].count_each_label()[smallest] == images - 5 and parts[2].count_each_label()[smallest] == 0
+    with pytest.raises(DatastoreError, match=f"take {images + 1} images of each label, but label '{smallest}' has "
+                                             f"only {images}"):
+        ds.split_each_label(images - 5, 6)
+
+
 def test_shuffle_and_subset_keep_files_labels_and_classes_together(digits_folder: Path) -> None:
     ds = ImageDatastore(digits_folder)
     shuffled = ds.shuffle(seed=1)

@@ -6,6 +6,7 @@ pixels are read from disk (or through fsspec, for `s3://...` and other URLs) whe
 
 from __future__ import annotations
 
+import glob
 import numbers
 import os
 import random
@@ -38,6 +39,18 @@ def _list_local(location: Path, include_subfolders: bool) -> list[str]:
     if not include_subfolders:
         return [str(p) for p in location.iterdir() if p.is_file() and not _hidden(p.relative_to(location))]
     return _walk(location)
+
+
+def _matches(place: str) -> list[Path]:
+    """The local paths `place` names: itself, or, as in MATLAB, what its wildcards match ("images/*/", "*.png")."""
+    path = Path(place).expanduser()
+    if path.exists() or not any(c in place for c in "*?["):
+        return [path]
+    matches = sorted(glob.glob(str(path)))
+    if not matches:
+        raise DatastoreError(f"ImageDatastore: nothing matches {place!r} (read relative to {os.getcwd()!r}). Check "
+                             "the pattern, or give the folder itself.")
+    return [Path(match) for match in matches]
 
 
 def _walk(location: Path) -> list[str]:
@@ -131,7 +144,7 @@ class ImageDatastore(Dataset):
         for place in locations:
             place = os.fspath(place)
             listed = _list_url(place, include_subfolders) if is_url(place) else \
-                _list_local(Path(place).expanduser(), include_subfolders)
+                [file for match in _matches(place) for file in _list_local(match, include_subfolders)]
             files += sorted(f for f in listed if f.lower().endswith(extensions))
         if not files:
             raise DatastoreError(_no_images(locations, extensions, include_subfolders))

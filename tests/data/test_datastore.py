@@ -270,3 +270,13 @@ def test_matlab_option_names_and_typos_are_errors_naming_the_option_to_use(digit
 
     with pytest.raises(OptionsError, match=f"ImageDatastore has no option '{typed}'. Did you mean '{meant}'"):
         ImageDatastore(digits_folder, **{typed: True})
+
+
+def test_wildcards_in_the_location_select_folders_and_files_as_in_matlab(digits_folder: Path) -> None:
+    every = ImageDatastore(digits_folder)
+    assert ImageDatastore(f"{digits_folder}/*/").files == every.files
+    threes = ImageDatastore(f"{digits_folder}/3/*.png")
+    assert threes.classes == ["3"] and len(threes) == every.count_each_label()["3"]
+    assert ImageDatastore(f"{digits_folder}/[12]").classes == ["1", "2"]
+    with pytest.raises(DatastoreError, match=r"nothing matches '.*/\*\.jpg'"):
+        ImageDatastore(f"{digits_folder}/*.jpg")

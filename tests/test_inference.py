@@ -132,3 +132,24 @@ def test_confusion_chart_of_100k_labels_counts_each_pair_like_a_loop() -> None:
         assert torch.equal(chart.matrix, expected) and chart.classes == names
     with pytest.raises(NbscaleError, match="label index 10 is outside the 10 classes"):
         nbscale.confusion_chart(torch.tensor([0, 10]), torch.tensor([0, 1]), classes=names)
+
+
+def test_grayscale_images_into_a_colour_network_are_an_error_naming_the_conversion(digits: ImageDatastore) -> None:
+    from nbscale.data import AugmentedImageDatastore
+    from nbscale.errors import ModelError
+
+    colour_net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    for use in (nbscale.classify, nbscale.predict, nbscale.accuracy):
+        with pytest.raises(ModelError, match=r"takes 3-channel images but the data has 1 channel\(s\) \(inputs of "
+                                             r"shape \[60, 1, 8, 8\]\)\. AugmentedImageDatastore\(output_size, ds, "
+                                             r"color_preprocessing='gray2rgb'\)"):
+            use(colour_net, digits)
+    labels, _ = nbscale.classify(colour_net, AugmentedImageDatastore((8, 8, 3), digits))
+    assert len(labels) == len(digits)
+    with pytest.raises(ModelError, match="color_preprocessing='rgb2gray'"):
+        nbscale.activations(nn.Conv2d(1, 2, 3), torch.rand(2, 3, 8, 8), layer="")
+
+
+def test_an_error_of_the_network_itself_reaches_the_user_as_it_is(digits: ImageDatastore) -> None:
+    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
+        nbscale.classify(nn.Sequential(nn.Flatten(), nn.Linear(3, 2)), digits)

@@ -19,6 +19,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from nbscale.data.augmenter import DRAWS_PER_IMAGE, ImageAugmenter, gather_windows, whole_pixels
 from nbscale.data.datastore import ImageDatastore
+from nbscale.data.option_names import check_option_names, keyword_names
 from nbscale.data.reading import to_float
 from nbscale.errors import DatastoreError
 
@@ -95,10 +96,19 @@ class AugmentedImageDatastore(Dataset):
 
     ds is an ImageDatastore (or any Dataset of (image, label) / image). output_size_mode: "resize" (scale to
     output_size), "centercrop" or "randcrop" (cut output_size from the centre / a random place).
+    dispatch_in_background=True (MATLAB's DispatchInBackground): `nbscale.train` reads and augments this training
+    data in background processes, as TrainingOptions(dispatch_in_background=True) does for any data.
     """
 
+    def __new__(cls, *args: Any, **options: Any) -> AugmentedImageDatastore:
+        # before __init__, so a MATLAB name (DataAugmentation, ColorPreprocessing) or a typo names the option meant
+        check_option_names("AugmentedImageDatastore", options, keyword_names(cls.__init__),
+                           meant={"data_augmentation": "augmenter", "image_size": "output_size"})
+        return super().__new__(cls)
+
     def __init__(self, output_size: int | Sequence[int], ds: Dataset, augmenter: ImageAugmenter | None = None,
-                 color_preprocessing: str = "none", output_size_mode: str = "resize") -> None:
+                 color_preprocessing: str = "none", output_size_mode: str = "resize",
+                 dispatch_in_background: bool = False) -> None:
         size = [output_size, output_size] if isinstance(output_size, int) else [int(s) for s in output_size]
         if color_preprocessing not in COLOR_PREPROCESSING:
             raise DatastoreError(f"AugmentedImageDatastore: color_preprocessing={color_preprocessing!r} is not one "
@@ -112,6 +122,9 @@ class AugmentedImageDatastore(Dataset):
         if output_size_mode not in OUTPUT_SIZE_MODES:
             raise DatastoreError(f"AugmentedImageDatastore: output_size_mode={output_size_mode!r} is not one of "
                                  f"{OUTPUT_SIZE_MODES}.")
+        if not isinstance(dispatch_in_background, bool):
+            raise DatastoreError("AugmentedImageDatastore: dispatch_in_background must be True or False, not "
+                                 f"{dispatch_in_background!r}.")
         if augmenter is not None and not isinstance(augmenter, ImageAugmenter):
             raise DatastoreError("AugmentedImageDatastore: augmenter must be an ImageAugmenter, not "
                                  f"{type(augmenter).__name__}.")
@@ -120,6 +133,7 @@ class AugmentedImageDatastore(Dataset):
         self.augmenter = augmenter
         self.color_preprocessing = color_preprocessing
         self.output_size_mode = output_size_mode
+        self.dispatch_in_background = dispatch_in_background
 
     # what the underlying datastore knows, so trainers and classify see the same names
     @property
@@ -139,7 +153,7 @@ class AugmentedImageDatastore(Dataset):
 
     def _with(self, ds: Dataset) -> AugmentedImageDatastore:
         return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
-                                       self.output_size_mode)
+                                       self.output_size_mode, self.dispatch_in_background)
 
     def subset(self, indices: Any, drop_unused_classes: bool = False) -> AugmentedImageDatastore:
         """The items at `indices` (numbers or a logical mask); see ImageDatastore.subset."""
@@ -169,7 +183,8 @@ class AugmentedImageDatastore(Dataset):
     def __repr__(self) -> str:
         return (f"AugmentedImageDatastore(output_size={self.output_size}, {len(self)} images, "
                 f"augmenter={'yes' if self.augmenter else 'none'}, color_preprocessing={self.color_preprocessing!r}, "
-                f"output_size_mode={self.output_size_mode!r})")
+                f"output_size_mode={self.output_size_mode!r}"
+                f"{', dispatch_in_background=True' if self.dispatch_in_background else ''})")
 
     # --- torch Dataset -------------------------------------------------------------------------------
 

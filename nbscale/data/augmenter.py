@@ -7,16 +7,20 @@ gives one row of uniform numbers per image, on any device; `apply` turns them in
 device-resident path draws a whole epoch's values on the GPU at once and takes each batch's rows by index:
 no random value crosses from the CPU, and nothing waits for the GPU. Reflections and translations alone are
 exact pixel moves (one gather); rotation, scale or shear add a bilinear warp (`affine_grid` + `grid_sample`).
-Pixels that come from outside the image are 0, as in MATLAB.
+Pixels that come from outside the image are `fill_value` (0 by default, as in MATLAB).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from nbscale.data.option_names import check_option_names
+from nbscale.errors import OptionsError
 
 Range = tuple[float, float]
 
@@ -64,6 +68,9 @@ class ImageAugmenter:
     rand_x_scale and rand_y_scale are ignored, as in MATLAB). rand_x_shear / rand_y_shear: degrees, in (-90, 90).
     rand_x_translation / rand_y_translation: pixels, positive moves right / down; drawn as whole pixels so
     the image stays sharp (MATLAB draws a continuous distance and interpolates).
+    fill_value: the value of pixels that come from outside the image, on the [0, 1] scale of the datastore's
+    images (MATLAB's FillValue, in the image's own units there): one number, or one per channel.
+    A wrong option name (MATLAB's RandXReflection, a typo) or value is an OptionsError (a ValueError) naming it.
     """
 
     rand_x_reflection: bool = False
@@ -76,23 +83,33 @@ class ImageAugmenter:
     rand_y_shear: Range = (0.0, 0.0)
     rand_x_translation: Range = (0.0, 0.0)
     rand_y_translation: Range = (0.0, 0.0)
+    fill_value: float | tuple[float, ...] = 0.0
+
+    def __new__(cls, *args: Any, **options: Any) -> ImageAugmenter:
+        # runs before the dataclass's __init__, so an unknown option gets a message that names the right one
+        check_option_names("ImageAugmenter", options, [field.name for field in fields(cls)])
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
+            if field.name == "fill_value":
+                fill = _fill_values(value)
+                object.__setattr__(self, field.name, fill if isinstance(value, tuple | list) else fill[0])
+                continue
             if field.name.endswith("reflection"):
                 if not isinstance(value, bool):
-                    raise ValueError(f"ImageAugmenter: {field.name} must be True or False, not {value!r}.")
+                    raise OptionsError(f"ImageAugmenter: {field.name} must be True or False, not {value!r}.")
                 continue
             if (not isinstance(value, tuple | list) or len(value) != 2
                     or not all(isinstance(v, int | float) for v in value) or value[0] > value[1]):
-                raise ValueError(f"ImageAugmenter: {field.name} must be a (min, max) pair with min <= max, "
+                raise OptionsError(f"ImageAugmenter: {field.name} must be a (min, max) pair with min <= max, "
                                  f"e.g. {field.name}=(-4, 4); got {value!r}.")
             object.__setattr__(self, field.name, (float(value[0]), float(value[1])))
             if "scale" in field.name and value[0] <= 0:
-                raise ValueError(f"ImageAugmenter: {field.name} factors must be positive; got {value!r}.")
+                raise OptionsError(f"ImageAugmenter: {field.name} factors must be positive; got {value!r}.")
             if "shear" in field.name and not (-90 < value[0] and value[1] < 90):
-                raise ValueError(f"ImageAugmenter: {field.name} angles must lie in (-90, 90) degrees; got {value!r}.")
+                raise OptionsError(f"ImageAugmenter: {field.name} angles must lie in (-90, 90) degrees; got {value!r}.")
 
     @property
     def warps(self) -> bool:
@@ -123,6 +140,20 @@ class ImageAugmenter:
     def apply(self, images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
         """Transform each image of a float batch N x C x H x W by its row of `draws` (from `draw`, any device)."""
         draws = draws.to(images.device)
+        if self.fill_value not in (0.0, (0.0,)):
+            # the transforms bring in zeros from outside the image: shift the pixels so those zeros are the fill
+            fill = self._fill_for(images)
+            return self._move(images - fill, draws) + fill
+        return self._move(images, draws)
+
+    def _fill_for(self, images: torch.Tensor) -> torch.Tensor:
+        channels, fill = images.shape[1], _fill_values(self.fill_value)
+        if len(fill) not in (1, channels):
+            raise OptionsError(f"ImageAugmenter: fill_value={self.fill_value} has {len(fill)} values but the images "
+                             f"have {channels} channel(s): give one number, or one per channel.")
+        return torch.tensor(fill, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+
+    def _move(self, images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
         if self.warps:
             return self._warp(images, draws)
         n, _, height, width = images.shape
@@ -186,6 +217,14 @@ class ImageAugmenter:
         theta = torch.cat([linear, offset], dim=2).to(torch.float32)
         grid = F.affine_grid(theta, list(images.shape), align_corners=False)
         return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def _fill_values(value: Any) -> tuple[float, ...]:
+    values = tuple(value) if isinstance(value, tuple | list) else (value,)
+    if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise OptionsError(f"ImageAugmenter: fill_value must be a number, or one number per channel, on the [0, 1] "
+                         f"scale of the images (e.g. fill_value=0.5); got {value!r}.")
+    return tuple(float(v) for v in values)
 
 
 def _inverse_2x2(matrices: torch.Tensor) -> torch.Tensor:

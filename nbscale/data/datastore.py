@@ -6,6 +6,8 @@ pixels are read from disk (or through fsspec, for `s3://...` and other URLs) whe
 
 from __future__ import annotations
 
+import glob
+import numbers
 import os
 import random
 import warnings
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nbscale.data.option_names import check_option_names, keyword_names
 from nbscale.data.reading import is_url, read_image, to_float
 from nbscale.errors import DatastoreError
 
@@ -36,6 +39,18 @@ def _list_local(location: Path, include_subfolders: bool) -> list[str]:
     if not include_subfolders:
         return [str(p) for p in location.iterdir() if p.is_file() and not _hidden(p.relative_to(location))]
     return _walk(location)
+
+
+def _matches(place: str) -> list[Path]:
+    """The local paths `place` names: itself, or, as in MATLAB, what its wildcards match ("images/*/", "*.png")."""
+    path = Path(place).expanduser()
+    if path.exists() or not any(c in place for c in "*?["):
+        return [path]
+    matches = sorted(glob.glob(str(path)))
+    if not matches:
+        raise DatastoreError(f"ImageDatastore: nothing matches {place!r} (read relative to {os.getcwd()!r}). Check "
+                             "the pattern, or give the folder itself.")
+    return [Path(match) for match in matches]
 
 
 def _walk(location: Path) -> list[str]:
@@ -111,6 +126,11 @@ class ImageDatastore(Dataset):
     file by the next readable one and warns with a count; "raise" raises a DatastoreError naming the file.
     """
 
+    def __new__(cls, *args: Any, **options: Any) -> ImageDatastore:
+        # before __init__, so a MATLAB name (IncludeSubfolders, LabelSource) or a typo names the option meant
+        check_option_names("ImageDatastore", options, keyword_names(cls.__init__))
+        return super().__new__(cls)
+
     def __init__(self, location: Location, include_subfolders: bool = True, label_source: str = "foldernames",
                  file_extensions: str | Iterable[str] = DEFAULT_EXTENSIONS, on_error: str = "raise") -> None:
         if label_source not in LABEL_SOURCES:
@@ -124,7 +144,7 @@ class ImageDatastore(Dataset):
         for place in locations:
             place = os.fspath(place)
             listed = _list_url(place, include_subfolders) if is_url(place) else \
-                _list_local(Path(place).expanduser(), include_subfolders)
+                [file for match in _matches(place) for file in _list_local(match, include_subfolders)]
             files += sorted(f for f in listed if f.lower().endswith(extensions))
         if not files:
             raise DatastoreError(_no_images(locations, extensions, include_subfolders))
@@ -250,18 +270,34 @@ class ImageDatastore(Dataset):
                          seed: int | None = None) -> tuple[ImageDatastore, ...]:
         """Split every class by `fractions` (or counts, for whole numbers >= 1) into len(fractions)+1 datastores.
 
+        Counts, as in MATLAB, must add up to at most the number of images of the smallest label (DatastoreError).
+
         `ds.split_each_label(0.7, 0.15)` gives three datastores with 70 %, 15 % and the rest of each label.
         Items keep their order unless randomize=True (reproducible with `seed`).
         """
         if not fractions:
             raise DatastoreError("split_each_label needs at least one fraction, e.g. split_each_label(0.8).")
-        are_counts = all(isinstance(f, int) and f >= 1 for f in fractions)
+        if not all(isinstance(f, numbers.Real) and not isinstance(f, bool) for f in fractions):
+            raise DatastoreError(f"split_each_label: fractions {fractions} must be numbers: fractions of each label "
+                                 "(split_each_label(0.8)) or whole-number counts of images per label "
+                                 "(split_each_label(20)).")
+        # numpy's integers count as counts too (len(ds) // 10, np.int64 from an array)
+        are_counts = all(isinstance(f, numbers.Integral) and f >= 1 for f in fractions)
         if not are_counts and (any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9):
             raise DatastoreError(f"split_each_label: fractions {fractions} must each lie in [0, 1] and sum to at "
                                  "most 1 (or all be whole-number counts of images per label).")
         groups: dict[str | None, list[int]] = {}
         for i in range(len(self)):
             groups.setdefault(self.labels[i] if self.labels is not None else None, []).append(i)
+        if are_counts and groups:
+            # as in MATLAB: counts must fit every label, or the parts would silently stop being balanced
+            smallest = min(groups, key=lambda label: len(groups[label]))
+            if sum(fractions) > len(groups[smallest]):
+                named = f"label {smallest!r}" if smallest is not None else "the datastore"
+                raise DatastoreError(f"split_each_label: counts {tuple(int(f) for f in fractions)} take "
+                                     f"{sum(fractions)} images of each label, but {named} has only "
+                                     f"{len(groups[smallest])}. Give counts that add up to at most "
+                                     f"{len(groups[smallest])}, or fractions (split_each_label(0.8)).")
         generator = random.Random(seed)
         parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
         for members in groups.values():

@@ -6,6 +6,8 @@ import difflib
 import functools
 import os
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 import torchvision
 from torch import nn
+from torchvision.models import WeightsEnum
 
 from nbscale.errors import ModelError
 from nbscale.safe_load import RefusedPickle, load_restricted
@@ -88,11 +91,66 @@ def _load(path: Path) -> object:
                              "torch.load(path, weights_only=False), or save model.state_dict() instead.") from None
 
 
-def pretrained(name: str, weights: str | os.PathLike | None = "DEFAULT", **kwargs: object) -> nn.Module:
+# how long the weights' download server may take to answer before pretrained() gives up
+FETCH_TIMEOUT_S = 10.0
+_OFFLINE_FIX = ("On a machine without internet, save the weights elsewhere with torch.save(model.state_dict(), path) "
+                "and pass weights=path, or copy the file into torchvision's cache ({cache}).")
+
+
+def _torchvision_weights(name: str, weights: str | os.PathLike | WeightsEnum) -> WeightsEnum | None:
+    """The torchvision weights that `weights` names ("DEFAULT", "IMAGENET1K_V1", "ResNet18_Weights.DEFAULT" or
+    the enum), or None when it names a file (an existing path, or text with a path separator or a dot)."""
+    if isinstance(weights, WeightsEnum):
+        if type(weights) is not torchvision.models.get_model_weights(name):
+            raise ModelError(f"pretrained: {weights} are not weights of {name}; its weights are "
+                             f"{_weight_names(name)}.")
+        return weights
+    if not isinstance(weights, str | os.PathLike):
+        raise ModelError(f"pretrained: weights must be 'DEFAULT', a torchvision weights name, a file path or None, "
+                         f"not {type(weights).__name__}.")
+    text = os.fspath(weights)
+    if isinstance(weights, os.PathLike) or Path(text).expanduser().exists():
+        return None
+    if "_Weights." in text and not any(c in text for c in "/\\"):
+        try:
+            return _torchvision_weights(name, torchvision.models.get_weight(text))
+        except (KeyError, ValueError, AttributeError):
+            raise ModelError(f"pretrained: {text!r} is not a torchvision weights name; the weights of {name} are "
+                             f"{_weight_names(name)}.") from None
+    if any(c in text for c in "/\\."):
+        return None
+    try:
+        return torchvision.models.get_model_weights(name)[text]
+    except KeyError:
+        raise ModelError(f"pretrained: {text!r} is not a weights name of {name}; its weights are "
+                         f"{_weight_names(name)}. Use 'DEFAULT', a local file path, or None.") from None
+
+
+def _weight_names(name: str) -> list[str]:
+    return ["DEFAULT", *(weights.name for weights in torchvision.models.get_model_weights(name))]
+
+
+def _check_reachable(name: str, weights: WeightsEnum) -> None:
+    """Raise ModelError at once when `weights` are not in torchvision's cache and their server does not answer
+    within FETCH_TIMEOUT_S (torch.hub downloads without a timeout: an unanswered connection would hang the cell)."""
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(urllib.parse.urlparse(weights.url).path).name
+    if cached.is_file():
+        return
+    try:
+        urllib.request.urlopen(urllib.request.Request(weights.url, method="HEAD"), timeout=FETCH_TIMEOUT_S).close()
+    except (OSError, ValueError) as error:  # URLError, timeouts and refused connections are OSErrors
+        reason = getattr(error, "reason", None) or error or "no answer"
+        raise ModelError(f"pretrained: cannot fetch the {weights} weights of {name} from {weights.url} ({reason}). "
+                         f"{_OFFLINE_FIX.format(cache=cached)}") from None
+
+
+def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEFAULT", **kwargs: object) -> nn.Module:
     """Build torchvision network `name` (e.g. "resnet18") with `weights`.
 
-    weights: "DEFAULT" (or any torchvision weights name such as "IMAGENET1K_V1") loads through torchvision's
-    own cache (downloaded once if the machine can reach the internet); a path to a file saved with
+    weights: "DEFAULT" (or any torchvision weights name such as "IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1",
+    or the enum itself, ResNet18_Weights.DEFAULT) loads through torchvision's own cache, downloaded once if the
+    machine can reach the internet (a download server that does not answer within FETCH_TIMEOUT_S seconds is an
+    error, not a hang); a path to a file saved with
     `torch.save(model.state_dict(), path)` loads that (also a checkpoint dict with a "state_dict", names
     prefixed by DDP's "module.", or a classification layer with another class count, as transfer() leaves it);
     a whole network saved with `torch.save(model, path)` is returned as it is when it is made of torch and
@@ -106,18 +164,18 @@ def pretrained(name: str, weights: str | os.PathLike | None = "DEFAULT", **kwarg
         raise ModelError(f"pretrained: {name!r} is not a torchvision network. {hint}")
     if weights is None:
         return torchvision.models.get_model(name, weights=None, **kwargs)
-    text = os.fspath(weights)
-    looks_like_file = isinstance(weights, os.PathLike) or any(c in text for c in "/\\.") or Path(text).exists()
-    if not looks_like_file:
+    named = _torchvision_weights(name, weights)
+    if named is not None:
+        _check_reachable(name, named)
         try:
-            return torchvision.models.get_model(name, weights=text, **kwargs)
-        except (ValueError, KeyError) as error:
-            raise ModelError(f"pretrained: {text!r} is not a weights name of {name} ({error}). Use 'DEFAULT', a "
-                             "local file path, or None.") from error
-        except (OSError, RuntimeError) as error:  # no network and nothing in torchvision's cache
-            raise ModelError(f"pretrained: cannot fetch the {text} weights of {name} ({error}). On a machine "
-                             f"without internet, save them elsewhere with torch.save(model.state_dict(), path) "
-                             f"and pass weights=path (torch hub cache: {torch.hub.get_dir()}).") from error
+            return torchvision.models.get_model(name, weights=named, **kwargs)
+        except ValueError as error:  # torchvision refuses constructor arguments that do not fit the weights
+            raise ModelError(f"pretrained: {name} with the {named} weights: {error}. For another class count, build "
+                             "it with the weights and call nbscale.models.transfer(model, num_classes).") from None
+        except (OSError, RuntimeError) as error:  # the download failed half way, or the cached file is damaged
+            raise ModelError(f"pretrained: cannot fetch the {named} weights of {name} ({error}). "
+                             f"{_OFFLINE_FIX.format(cache=torch.hub.get_dir())}") from error
+    text = os.fspath(weights)  # a WeightsEnum was handled above
     path = Path(text).expanduser()
     if not path.is_file():
         raise ModelError(f"pretrained: the weights file {str(path)!r} does not exist. Pass an existing file saved "

@@ -85,8 +85,10 @@ def _train(setup: LoopSetup) -> LoopResult:
     autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
     preparing = time.perf_counter()
     readers = _readers(setup)
-    data = make_batch_source(setup.train_data, device, options.data_placement, options.dispatch_in_background,
-                             readers=readers, progress=_progress(setup, "training data", setup.train_data))
+    # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
+    background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
+    data = make_batch_source(setup.train_data, device, options.data_placement, background, readers=readers,
+                             progress=_progress(setup, "training data", setup.train_data))
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
     prepare_seconds = time.perf_counter() - preparing
 

@@ -118,3 +118,27 @@ def test_wrong_options_are_errors_naming_them(digits_folder: Path) -> None:
         AugmentedImageDatastore(8, source, color_preprocessing="gray")
     with pytest.raises(DatastoreError, match="output_size_mode"):
         AugmentedImageDatastore(8, source, output_size_mode="crop")
+
+
+def test_dispatch_in_background_on_the_datastore_trains_in_background_processes(digits_folder: Path) -> None:
+    import nbscale
+
+    source = ImageDatastore(digits_folder).subset(range(0, 1797, 9))
+    ds = AugmentedImageDatastore((8, 8), source, ImageAugmenter(rand_x_reflection=True), dispatch_in_background=True)
+    train, _ = ds.split_each_label(0.8, seed=0)
+    assert train.dispatch_in_background and "dispatch_in_background=True" in repr(train)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    _, info = nbscale.train(net, train, nbscale.TrainingOptions("sgdm", max_epochs=1, plots="none", verbose=False))
+    assert "background workers" in info.data_placement
+    with pytest.raises(DatastoreError, match="dispatch_in_background must be True or False"):
+        AugmentedImageDatastore(8, source, dispatch_in_background="yes")
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("DataAugmentation", "augmenter"), ("data_augmentation", "augmenter"),
+                                              ("ColorPreprocessing", "color_preprocessing"),
+                                              ("OutputSizeMode", "output_size_mode")])
+def test_matlab_option_names_are_errors_naming_the_option_to_use(digits_folder: Path, typed: str, meant: str) -> None:
+    from nbscale.errors import OptionsError
+
+    with pytest.raises(OptionsError, match=f"AugmentedImageDatastore has no option '{typed}'. Did you mean '{meant}'"):
+        AugmentedImageDatastore(8, ImageDatastore(digits_folder / "0"), **{typed: "none"})

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nbscale.data import ImageAugmenter
+from nbscale.errors import OptionsError
 
 SIZE = 9  # odd, so the centre of rotation and scaling is a pixel (4, 4)
 
@@ -108,5 +109,27 @@ def test_identity_augmenter_leaves_the_image_alone() -> None:
                                      {"rand_scale": (0, 2)}, {"rand_x_shear": (-90, 10)},
                                      {"rand_x_reflection": "yes"}])
 def test_wrong_option_values_are_errors_naming_the_option(options: dict) -> None:
-    with pytest.raises(ValueError, match=next(iter(options))):
+    with pytest.raises(OptionsError, match=next(iter(options))):
         ImageAugmenter(**options)
+
+
+def test_fill_value_fills_what_comes_from_outside_the_image() -> None:
+    out = ImageAugmenter(rand_x_translation=(3, 3), fill_value=0.5)(known_image())
+    assert torch.allclose(out[:, :, 3:], known_image()[:, :, :-3])
+    assert torch.equal(out[:, :, :3], torch.full((1, SIZE, 3), 0.5))
+    rotated = ImageAugmenter(rand_rotation=(45, 45), fill_value=[1.0, 0.0, 0.25])(torch.zeros(3, SIZE, SIZE))
+    assert rotated[:, 0, 0].tolist() == [1.0, 0.0, 0.25]  # a corner comes from outside: each channel's own fill
+
+
+def test_fill_value_with_another_channel_count_is_an_error_naming_both() -> None:
+    with pytest.raises(ValueError, match=r"fill_value=\(1.0, 0.0, 0.25\) has 3 values but the images have 1"):
+        ImageAugmenter(rand_rotation=(45, 45), fill_value=(1.0, 0.0, 0.25))(known_image())
+    with pytest.raises(ValueError, match="fill_value must be a number"):
+        ImageAugmenter(fill_value="white")
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("RandXReflection", "rand_x_reflection"), ("FillValue", "fill_value"),
+                                              ("rand_x_translate", "rand_x_translation")])
+def test_matlab_names_and_typos_are_errors_naming_the_option_to_use(typed: str, meant: str) -> None:
+    with pytest.raises(OptionsError, match=f"no option '{typed}'. Did you mean '{meant}'\\?"):
+        ImageAugmenter(**{typed: True})

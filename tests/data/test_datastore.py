@@ -145,6 +145,28 @@ def test_split_each_label_keeps_the_proportion_of_every_label(digits_folder: Pat
         ds.split_each_label(0.8, 0.5)
 
 
+def test_split_each_label_takes_numpy_numbers_as_counts_and_fractions(digits_folder: Path) -> None:
+    import numpy as np
+
+    ds = ImageDatastore(digits_folder)
+    counts, _ = ds.split_each_label(np.int64(10), randomize=True, seed=0)
+    assert set(counts.count_each_label().values()) == {10}
+    half, _ = ds.split_each_label(np.float32(0.5))
+    assert half.count_each_label() == {name: round(0.5 * n) for name, n in ds.count_each_label().items()}
+    with pytest.raises(DatastoreError, match="must be numbers"):
+        ds.split_each_label("0.8")
+
+
+def test_split_each_label_counts_beyond_the_smallest_label_are_an_error_naming_it(digits_folder: Path) -> None:
+    ds = ImageDatastore(digits_folder)
+    smallest, images = min(ds.count_each_label().items(), key=lambda item: item[1])
+    parts = ds.split_each_label(images - 5, 5)
+    assert parts[0].count_each_label()[smallest] == images - 5 and parts[2].count_each_label()[smallest] == 0
+    with pytest.raises(DatastoreError, match=f"take {images + 1} images of each label, but label '{smallest}' has "
+                                             f"only {images}"):
+        ds.split_each_label(images - 5, 6)
+
+
 def test_shuffle_and_subset_keep_files_labels_and_classes_together(digits_folder: Path) -> None:
     ds = ImageDatastore(digits_folder)
     shuffled = ds.shuffle(seed=1)
@@ -238,3 +260,23 @@ def test_warnings_are_not_raised_for_clean_data(digits_folder: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         ImageDatastore(digits_folder, on_error="skip")[0]
+
+
+@pytest.mark.parametrize(("typed", "meant"), [("IncludeSubfolders", "include_subfolders"),
+                                              ("LabelSource", "label_source"), ("file_extension", "file_extensions")])
+def test_matlab_option_names_and_typos_are_errors_naming_the_option_to_use(digits_folder: Path, typed: str,
+                                                                           meant: str) -> None:
+    from nbscale.errors import OptionsError
+
+    with pytest.raises(OptionsError, match=f"ImageDatastore has no option '{typed}'. Did you mean '{meant}'"):
+        ImageDatastore(digits_folder, **{typed: True})
+
+
+def test_wildcards_in_the_location_select_folders_and_files_as_in_matlab(digits_folder: Path) -> None:
+    every = ImageDatastore(digits_folder)
+    assert ImageDatastore(f"{digits_folder}/*/").files == every.files
+    threes = ImageDatastore(f"{digits_folder}/3/*.png")
+    assert threes.classes == ["3"] and len(threes) == every.count_each_label()["3"]
+    assert ImageDatastore(f"{digits_folder}/[12]").classes == ["1", "2"]
+    with pytest.raises(DatastoreError, match=r"nothing matches '.*/\*\.jpg'"):
+        ImageDatastore(f"{digits_folder}/*.jpg")

@@ -41,6 +41,11 @@ def check_loss_fn(loss_fn: Any) -> None:
 def misfit_error(error: Exception, inputs: Any, labels: Any) -> ModelError:
     """What to say when the first mini-batch fails in the network or the loss: the network does not fit the data
     (`error` is torch's own, chained to this one, so its traceback into the user's forward stays visible)."""
+    from nbscale.inference import channel_mismatch  # inference reads data as training does (nbscale.train)
+
+    channels_fix = channel_mismatch(error)
+    if channels_fix is not None:
+        return ModelError(f"The first mini-batch failed in the network: {channels_fix}")
     said = str(error).strip().rstrip(".")
     return ModelError(
         f"The first mini-batch failed in the network or its loss: {type(error).__name__}: {said}. The batch's inputs "

@@ -104,6 +104,9 @@ def test_a_network_that_does_not_fit_the_data_fails_naming_the_batch_shapes_and_
     assert "inputs are a torch.float32 tensor of shape 100x64 and its labels a torch.int64 tensor of shape 100" in message
     assert "first nn.Linear's in_features is C*H*W" in message
     assert isinstance(caught.value.__cause__, RuntimeError)  # torch's own error and traceback stay visible
+    gray_into_colour = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 10))
+    with pytest.raises(ModelError, match=r"takes 3-channel images but the data has 1 channel.*color_preprocessing="):
+        nbscale.train(gray_into_colour, (TRAIN[0].reshape(-1, 1, 8, 8), TRAIN[1]), quiet())
     with pytest.raises(RuntimeError, match="^a bug in forward$"):  # later in training: the error as it came
         nbscale.train(FailsAtIteration(3), TRAIN, quiet())
 

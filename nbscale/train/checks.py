@@ -12,9 +12,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.utils.data import Dataset, Subset, TensorDataset
 
 from nbscale.errors import ModelError, OptionsError
+from nbscale.outputs import main_output
 
 
 def check_model(model: Any) -> None:
@@ -38,17 +40,18 @@ def check_loss_fn(loss_fn: Any) -> None:
                            f"{loss_fn!r:.40}: leave it out for cross-entropy.")
 
 
-def misfit_error(error: Exception, inputs: Any, labels: Any) -> ModelError:
-    """What to say when the first mini-batch fails in the network or the loss: the network does not fit the data
-    (`error` is torch's own, chained to this one, so its traceback into the user's forward stays visible)."""
+def misfit_error(error: Exception, inputs: Any, labels: Any, what: str = "The first mini-batch") -> ModelError:
+    """What to say when the first mini-batch (or `what`) fails in the network or the loss: the network does not
+    fit the data (`error` is torch's own, chained to this one, so its traceback into the user's forward stays
+    visible)."""
     from nbscale.inference import channel_mismatch  # inference reads data as training does (nbscale.train)
 
     channels_fix = channel_mismatch(error)
     if channels_fix is not None:
-        return ModelError(f"The first mini-batch failed in the network: {channels_fix}")
+        return ModelError(f"{what} failed in the network: {channels_fix}")
     said = str(error).strip().rstrip(".")
     return ModelError(
-        f"The first mini-batch failed in the network or its loss: {type(error).__name__}: {said}. The batch's inputs "
+        f"{what} failed in the network or its loss: {type(error).__name__}: {said}. The batch's inputs "
         f"are {_described(inputs)} and its labels {_described(labels)}. Check that the network's first layer takes "
         "inputs of that shape (a conv's in_channels is C; after nn.Flatten, the first nn.Linear's in_features is "
         "C*H*W) and that the loss takes its outputs with these labels; try model(inputs) on one batch to see it."
@@ -169,28 +172,42 @@ def network_outputs(model: nn.Module, sample: Any) -> tuple[int, str] | None:
         return last.out_features, f"its last layer is Linear(in_features={last.in_features}, " \
                                   f"out_features={last.out_features})"
     try:
-        inputs = torch.as_tensor(sample)
-    except (TypeError, ValueError, RuntimeError):
+        outputs = _outputs_for_one(model, torch.as_tensor(sample))
+    except Exception:  # the training loop reports a network that cannot run on the data, with its context
         return None
+    if not isinstance(outputs, torch.Tensor) or outputs.ndim < 2:
+        return None
+    return int(outputs.shape[1]), f"its output for one sample has shape {tuple(outputs.shape)}"
+
+
+def materialise_lazy_layers(model: nn.Module, first_item: Any) -> None:
+    """Give lazy layers (nn.LazyLinear, nn.LazyConv2d, ...) their shapes by running the network once on the first
+    sample, as a user's dry run would, so that the optimizer, the layout and DDP see real parameters; a network
+    without lazy layers is left untouched. ModelError (misfit_error) when that run fails."""
+    if first_item is None or not any(is_lazy(parameter) for parameter in model.parameters()):
+        return
+    inputs = torch.as_tensor(first_item[0])
+    try:
+        _outputs_for_one(model, inputs)
+    except Exception as error:
+        raise misfit_error(error, inputs[None], first_item[1], "The first sample") from error
+
+
+def _outputs_for_one(model: nn.Module, sample: torch.Tensor) -> Any:
+    """The network's outputs for one sample (given without the batch dimension), in eval mode without gradients, on
+    the device of its parameters; the modes of its layers and the caller's random number stream stay as they were."""
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     if device.type == "meta":
-        return None
+        raise ModelError("the network's parameters are on the meta device: it holds no weights to run")
     modes = {module: module.training for module in model.modules()}
     try:
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            from nbscale.outputs import main_output
-
-            outputs = main_output(model(inputs[None].to(device)))
-    except Exception:  # the training loop reports a network that cannot run on the data, with its context
-        return None
+            return main_output(model(sample[None].to(device)))
     finally:
         for module, training in modes.items():
             module.training = training
-    if not isinstance(outputs, torch.Tensor) or outputs.ndim < 2:
-        return None
-    return int(outputs.shape[1]), f"its output for one sample has shape {tuple(outputs.shape)}"
 
 
 def _last_layer(model: nn.Module) -> nn.Module | None:

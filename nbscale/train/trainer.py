@@ -31,6 +31,7 @@ from nbscale.train.checks import (
     check_model,
     check_resume,
     is_class_loss,
+    materialise_lazy_layers,
     with_class_labels,
 )
 from nbscale.train.events import EventChannel, StopSignal
@@ -132,6 +133,7 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise OptionsError("train_data is empty: give it at least one sample.")
     first_item = check_items(dataset, "train_data")
+    materialise_lazy_layers(model, first_item)
     validation = options.validation_data
     if validation is not None:
         validation = as_dataset(validation, "validation_data")

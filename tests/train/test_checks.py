@@ -107,6 +107,9 @@ def test_a_network_that_does_not_fit_the_data_fails_naming_the_batch_shapes_and_
     gray_into_colour = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 10))
     with pytest.raises(ModelError, match=r"takes 3-channel images but the data has 1 channel.*color_preprocessing="):
         nbscale.train(gray_into_colour, (TRAIN[0].reshape(-1, 1, 8, 8), TRAIN[1]), quiet())
+    lazy_misfit = nn.Sequential(nn.LazyConv2d(4, 3), nn.Flatten(), nn.LazyLinear(10))  # a conv of flat digits
+    with pytest.raises(ModelError, match=r"^The first sample failed in the network or its loss: .*shape 1x64 "):
+        nbscale.train(lazy_misfit, TRAIN, quiet())
     with pytest.raises(RuntimeError, match="^a bug in forward$"):  # later in training: the error as it came
         nbscale.train(FailsAtIteration(3), TRAIN, quiet())
 

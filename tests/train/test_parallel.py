@@ -40,6 +40,17 @@ def test_parallel_trains_digits_like_one_process(pool: nbscale.Pool) -> None:
     assert info.stop_reason == "Max epochs completed" and len(info.iteration) == 6 * (1500 // 64)
 
 
+def test_a_network_with_lazy_layers_trains_in_the_notebook_and_on_the_pool_alike(pool: nbscale.Pool) -> None:
+    def lazy_net() -> torch.nn.Module:  # LazyLinear takes its in_features from the first input
+        torch.manual_seed(1)
+        return torch.nn.Sequential(torch.nn.LazyLinear(32), torch.nn.ReLU(), torch.nn.LazyLinear(10))
+
+    alone, _ = nbscale.train(lazy_net(), TRAIN, options())
+    net, info = nbscale.train(lazy_net(), TRAIN, options(execution_environment="parallel"))
+    assert alone[0].in_features == 64 and same(alone, net)
+    assert info.final_validation_accuracy >= 0.8
+
+
 @pytest.mark.parametrize("load", [[3, 1], [1, 0], [0, 1]])
 def test_worker_load_weights_the_split_and_zero_sits_out(pool: nbscale.Pool, load: list[int]) -> None:
     alone, _ = trained()

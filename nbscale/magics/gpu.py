@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.display import display
 
-from nbscale.gpu import GpuList, gpus, select_gpu
+from nbscale.gpu import gpus, select_gpu
 
 
 @magics_class
@@ -15,12 +16,13 @@ class GpuMagics(Magics):
     @magic_arguments()
     @argument("index", nargs="?", type=int, help="make this GPU the notebook's CUDA device (see the table's index)")
     @line_magic
-    def gpu(self, line: str) -> GpuList | None:
+    def gpu(self, line: str) -> None:
         """Show every GPU (index, name, compute capability, memory, utilization, temperature, power, processes),
         or with an index, select the notebook's GPU."""
         args = parse_argstring(self.gpu, line)
         if args.index is None:
-            return gpus()
+            display(gpus())  # shown wherever the line stands in its cell; nbscale.gpus() returns the table
+            return None
         chosen = select_gpu(args.index)
         print(f"Selected GPU {chosen.index}: {chosen.name}.")
         return None

@@ -12,7 +12,6 @@ Each GPU also lists its holders: the pools and in-notebook trainings of any user
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, overload
@@ -20,6 +19,7 @@ from typing import Any, overload
 from nbscale.errors import GpuError
 from nbscale.gpu_reservations import GpuHolder, GpuReservation, gpu_key, holders, reserve
 from nbscale.rendering import Rendered
+from nbscale.user_warnings import warn_user
 
 NO_DRIVER = "No GPU: the NVIDIA driver was not found on this machine."
 NO_NVML = "No GPU: nvidia-ml-py (pynvml) is not installed, so GPUs cannot be listed."
@@ -154,10 +154,9 @@ def select_gpu(index: int) -> GpuInfo:
     if torch.cuda.is_available():
         torch.cuda.set_device(index)
     else:
-        warnings.warn(
+        warn_user(
             f"GPU {index} is recorded as the notebook's GPU, but this torch cannot use CUDA "
-            "(torch.cuda.is_available() is False): install a CUDA build of torch to compute on it.",
-            stacklevel=2,
+            "(torch.cuda.is_available() is False): install a CUDA build of torch to compute on it."
         )
     _selected = index
     return replace(available[index], selected=True)
@@ -192,9 +191,8 @@ def training_gpu(current: int) -> int:
     target, others = decided["target"], decided["others"]
     held = f"GPU {current} is held by {'; '.join(holder.describe() for holder in others)}"
     if decided["moved"]:
-        warnings.warn(f"{held}: training on GPU {target.index} ({target.name}), which is free. To train on GPU "
-                      f"{current} anyway, select it first with %gpu {current} (nbscale.select_gpu({current})).",
-                      stacklevel=2)  # fmt: skip
+        warn_user(f"{held}: training on GPU {target.index} ({target.name}), which is free. To train on GPU "
+                  f"{current} anyway, select it first with %gpu {current} (nbscale.select_gpu({current})).")
         import torch
 
         if torch.cuda.is_available():
@@ -202,8 +200,8 @@ def training_gpu(current: int) -> int:
         return int(target.index)
     if others:
         why = "you selected it" if _selected == current else "no GPU is free"
-        warnings.warn(f"{held}: training shares it ({why}), so both run slower and either may run out of GPU "
-                      "memory. %gpu shows each GPU's holders.", stacklevel=2)  # fmt: skip
+        warn_user(f"{held}: training shares it ({why}), so both run slower and either may run out of GPU "
+                  "memory. %gpu shows each GPU's holders.")
     return current
 
 

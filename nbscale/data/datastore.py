@@ -10,7 +10,6 @@ import glob
 import numbers
 import os
 import random
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from torch.utils.data import Dataset
 from nbscale.data.option_names import check_option_names, keyword_names
 from nbscale.data.reading import is_url, read_image, to_float
 from nbscale.errors import DatastoreError
+from nbscale.user_warnings import warn_user
 
 DEFAULT_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
 LABEL_SOURCES = ("foldernames", "none")
@@ -206,8 +206,8 @@ class ImageDatastore(Dataset):
         if file in self.skipped_files:
             return
         self.skipped_files.add(file)
-        warnings.warn(f"ImageDatastore skipped {len(self.skipped_files)} unreadable image(s) so far "
-                      f"(latest: {file!r}).", stacklevel=3)
+        warn_user(f"ImageDatastore skipped {len(self.skipped_files)} unreadable image(s) so far "
+                  f"(latest: {file!r}).")
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{name}: {n}" for name, n in list(self.count_each_label().items())[:8]) \

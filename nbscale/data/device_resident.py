@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import os
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from nbscale.data.reading import is_url, to_float
 from nbscale.errors import DatastoreError
 from nbscale.train.labels import as_labels
 from nbscale.train.preparing import Progress, Readers
+from nbscale.user_warnings import warn_user
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Rows = torch.Tensor | Sequence[torch.Tensor]  # sample indices of each batch: a 2-D tensor, or 1-D tensors
@@ -305,8 +305,8 @@ def _stored(dataset: Dataset, rows: Sequence[int] | None, readers: Readers | Non
         shapes = readers.exchange(shape)
         shape, counts = _Shape.merged(shapes), [each.count for each in shapes]
     if shape.skipped and (readers is None or readers.position == 0):
-        warnings.warn(f"Left out {shape.skipped} unreadable image(s) of {shape.skipped + shape.count} "
-                      "(on_error='skip').", stacklevel=4)
+        warn_user(f"Left out {shape.skipped} unreadable image(s) of {shape.skipped + shape.count} "
+                  "(on_error='skip').")
     if not shape.count:
         raise DatastoreError("DeviceResidentData: the dataset has no readable items.")
     images, labels = shape.stack(readable, dataset)

@@ -15,7 +15,6 @@ names the error. Where the eager trial fails too, the error is the network's or 
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Literal, cast
 
@@ -23,6 +22,7 @@ import torch
 from torch import nn
 
 from nbscale.train.options import CompileMode
+from nbscale.user_warnings import warn_user
 
 Trial = Callable[[nn.Module], None]  # one forward and backward of a candidate network on a batch
 
@@ -46,8 +46,8 @@ def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: T
         trial(net)  # an error of the network or the data fails here too, and is raised as it is
     if warn:
         first_line = (str(failure).strip().splitlines() or [""])[0][:300]
-        warnings.warn(f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: "
-                      f"{first_line}); it trains without compiling.", RuntimeWarning, stacklevel=4)
+        warn_user(f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: "
+                  f"{first_line}); it trains without compiling.", RuntimeWarning)
     return net
 
 

@@ -16,7 +16,6 @@ import dataclasses
 import gc
 import math
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,7 @@ from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import TrainingOptions
 from nbscale.train.preparing import Progress, Readers
 from nbscale.train.schedules import learn_rate_schedule
+from nbscale.user_warnings import warn_user
 
 
 @dataclass
@@ -193,7 +193,7 @@ def _train(setup: LoopSetup) -> LoopResult:
                     epoch, iteration, images = reading.epoch, reading.iteration, reading.images
                     stop_reason = (f"Training loss is {reading.training_loss} at iteration {iteration} "
                                    f"(epoch {epoch}): lower initial_learn_rate or set gradient_threshold.")
-                    warnings.warn(stop_reason, RuntimeWarning, stacklevel=2)
+                    warn_user(stop_reason, RuntimeWarning)
                 elif reading.stops and stop_reason is None:
                     stop_reason = setup.stop_reason() or "Stopped on request"
                 validation_loss = validation_accuracy = None
@@ -502,8 +502,7 @@ def _precision(precision: str, device: torch.device) -> tuple[torch.dtype | None
     """(autocast dtype or None, GradScaler): bf16 where the GPU has it, else fp16 with loss scaling; the scaler
     is enabled only for fp16 (disabled, it passes the loss and the step through, as in nanoGPT)."""
     if precision == "mixed" and device.type != "cuda":
-        warnings.warn("precision='mixed' only speeds up GPUs; training on the CPU in single precision.",
-                      RuntimeWarning, stacklevel=3)
+        warn_user("precision='mixed' only speeds up GPUs; training on the CPU in single precision.", RuntimeWarning)
     if precision != "mixed" or device.type != "cuda":
         return None, torch.amp.GradScaler(device.type, enabled=False)
     if torch.cuda.is_bf16_supported():

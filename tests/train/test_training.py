@@ -183,9 +183,16 @@ def test_nan_loss_stops_and_names_the_iteration() -> None:
         return loss * math.nan if loss_fn.calls == 4 else (setattr(loss_fn, "calls", loss_fn.calls + 1) or loss)
 
     loss_fn.calls = 0
-    with pytest.warns(RuntimeWarning, match="iteration 5"):
+    with pytest.warns(RuntimeWarning, match="iteration 5") as caught:
         _, info = nbscale.train(tiny_net(), TRAIN, quiet(), loss_fn=loss_fn)
     assert "nan at iteration 5" in info.stop_reason and info.iteration[-1] == 5
+    assert caught[0].filename == __file__  # the notebook shows the user's line, not nbscale's
+
+
+def test_mixed_precision_on_the_cpu_warns_at_the_users_call() -> None:
+    with pytest.warns(RuntimeWarning, match="precision='mixed' only speeds up GPUs") as caught:
+        nbscale.train(tiny_net(), TRAIN, quiet(precision="mixed"))
+    assert [warning.filename for warning in caught] == [__file__]
 
 
 def test_shuffle_modes() -> None:

@@ -1,0 +1,33 @@
+"""Warnings that point at the user's code, so that a notebook shows the cell line that led to them.
+
+`warnings.warn`'s `stacklevel` counts frames from the call, but how many nbscale frames stand between a user's
+call and a warning differs from path to path (the notebook, a pool, a sweep), and a fixed count points at an
+nbscale line on most of them. `warn_user` skips the frames of nbscale, torch and contextlib instead (Python
+3.12's `skip_file_prefixes` does the same; nbscale runs on 3.11). Where every frame is nbscale's (on a pool
+worker), the warning names nbscale's line that gave it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from types import FrameType
+
+
+def _library_dirs() -> tuple[str, ...]:
+    torch = sys.modules.get("torch")
+    torch_dir = os.path.dirname(torch.__file__) + os.sep if torch is not None and torch.__file__ else None
+    return (os.path.dirname(__file__) + os.sep, *([torch_dir] if torch_dir else []))
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn with `message`, attributed to the first caller outside nbscale, torch and contextlib."""
+    libraries = _library_dirs()
+    frame: FrameType | None = sys._getframe(1)
+    level = 2  # stacklevel 2: warn_user's caller
+    while frame is not None and (frame.f_code.co_filename.startswith(libraries)
+                                 or frame.f_code.co_filename == contextlib.__file__):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)

@@ -161,3 +161,35 @@ def test_every_worker_exits_when_the_kernel_dies():
     while _running(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _running(pids) == []
+
+
+def test_large_output_arrives_whole_in_order_and_quickly(kernel):
+    kernel.run("%pool start 2 --cpu")
+    started = time.monotonic()
+    cell = kernel.run("%%spmd\nfor i in range(20000):\n    print(i)\n", timeout=120)
+    elapsed = time.monotonic() - started
+    assert cell.ok, cell.text[-2000:]
+    for rank in (0, 1):
+        lines = [line for line in cell.stdout.splitlines() if line.startswith(f"[{rank}] ")]
+        assert lines == [f"[{rank}] {i}" for i in range(20000)]
+    assert elapsed < 8, f"40,000 lines took {elapsed:.1f} s"  # one flush per line took 13 s unloaded
+
+
+def test_interrupting_pool_map_cancels_its_items_and_says_so(kernel):
+    kernel.run("%pool start 2 --cpu\nimport nbscale, time\npool = nbscale.current_pool()")
+    cell = kernel.run("results = list(pool.map(time.sleep, [30] * 5))", interrupt_after=2.0, timeout=60)
+    assert cell.error_name == "PoolInterrupted", cell.text
+    assert ("Interrupted pool.map: 2 running calls interrupted on the workers and 3 queued ones cancelled. "
+            "The pool is ready for the next cell.") in cell.traceback
+    assert "site-packages" not in cell.traceback and "nbscale/pool" not in cell.traceback
+    after = kernel.run("print(list(pool.map(abs, [-1, -2, -3])))", timeout=30)
+    assert after.stdout.strip() == "[1, 2, 3]"
+
+
+def test_a_task_traceback_shows_the_lines_of_functions_defined_in_the_notebook(kernel):
+    kernel.run("%pool start 1 --cpu\nimport nbscale\npool = nbscale.current_pool()")
+    kernel.run("def scale(value):\n    factor = 10\n    return value * factor / (value - 2)\n")
+    cell = kernel.run("list(pool.map(scale, [1, 2, 3]))")
+    assert cell.error_name == "WorkerError"
+    assert "scale() of pool.map's item 1 failed on rank 0" in cell.traceback
+    assert ", line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback

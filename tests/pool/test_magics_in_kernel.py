@@ -80,6 +80,8 @@ def test_bad_input_gets_one_clear_line(kernel):
     assert "must be a number of minutes" in kernel.run("%pool start 1 --cpu --idle-timeout nan").traceback
     assert "--idle-timeout x: give minutes as a number" in kernel.run("%pool start 1 --cpu --idle-timeout x").traceback
     assert "holds a NUL byte" in kernel.run('%pool start 1 --cpu --env "TOKEN=a\x00b"').traceback
+    nameless = kernel.run("%pool start 1 --cpu --env =hunter2").traceback
+    assert "a pair has no name before its '='" in nameless and "hunter2" not in nameless  # values are never shown
     assert "100,000 workers is more than a pool can hold" in kernel.run("%pool start 100000").traceback
     assert "--connect-timeout soon: give seconds as a number" in kernel.run("%pool start --connect-timeout soon").traceback
     assert "is for cluster pools" in kernel.run("%pool start 1 --cpu --connect-timeout 60").traceback

@@ -23,10 +23,12 @@ def print_output(output: p.Output, flush: bool = True) -> None:
     open_rank = _open_progress_line.pop(output.stream, None)
     if open_rank is not None and not (open_rank == output.rank and text.startswith("\r")):
         stream.write("\n")
+        if open_rank == output.rank and text.startswith("\n"):
+            text = text[1:]  # the newline that ends the progress line (tqdm's close, a final print()) is that one
     lines = text.split("\n")
     stream.write("\n".join(_prefixed(line, output.rank) if line or i < len(lines) - 1 else line
                            for i, line in enumerate(lines)))
-    if not text.endswith("\n"):
+    if text and not text.endswith("\n"):
         if "\r" in text:
             _open_progress_line[output.stream] = output.rank
         else:

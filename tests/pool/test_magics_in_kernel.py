@@ -132,6 +132,10 @@ def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(k
     )
     assert cell.ok, cell.text
     assert cell.stderr == "\r[0] step 0/3\r[0] step 1/3\r[0] step 2/3\r[0] done\n"  # the notebook redraws in place
+    ended_by_print = kernel.run(
+        "%%spmd\nfor step in range(3):\n    print(f'\\rstep {step}', end='', flush=True)\nprint()\nprint('after')\n"
+    )
+    assert ended_by_print.stdout == "\r[0] step 0\r[0] step 1\r[0] step 2\n[0] after\n"  # no empty "[0] " line
 
 
 def test_spmd_without_a_pool_starts_one_and_says_so(kernel):

@@ -80,6 +80,9 @@ class Composite:
         return pool is self._pool and self._pool.generation == self._generation and not self._pool.closed
 
     def __repr__(self) -> str:
+        if not self.belongs_to(self._pool):
+            return (f"Composite {self.key!r} of workers that have since stopped or restarted: its values are gone "
+                    "(run the %%spmd cell that makes it again)")
         return (
             f"Composite {self.key!r} on workers {list(self.ranks)} "
             f"({self.key}[r] fetches worker r's value; {self.key}[:] fetches all)"

@@ -112,6 +112,7 @@ def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
 
 def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
     kernel.run("%pool start 2 --cpu")
+    kernel.run("%%spmd\nbefore = rank")
     kernel.run("import nbscale, os, signal\nos.kill(nbscale.current_pool().workers[1].pid, signal.SIGKILL)")
     time.sleep(0.5)
     next_cell = kernel.run("%%spmd\nprint(rank)", timeout=30)
@@ -119,6 +120,9 @@ def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
     assert "worker 1" in next_cell.traceback.lower() and "%pool restart" in next_cell.traceback
     assert kernel.run("%pool restart").stdout.startswith("Restarted 2 CPU workers")
     assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
+    stale = kernel.run("before")
+    assert "Composite 'before' of workers that have since stopped or restarted" in stale.text
+    assert "Run the %%spmd cell that makes it again" in kernel.run("before[0]").traceback
 
 
 def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(kernel):

@@ -1,7 +1,8 @@
 """Which notebook variables a cell reads, and which it assigns: the basis of automatic transfer.
 
 `names_read` walks the cell in execution order and keeps every name loaded before the cell binds it itself
-(at top level, or as a global read inside functions the cell defines). `names_assigned` lists the variables
+(at top level, or as a global read inside functions the cell defines), builtin names included: callers keep
+the names their namespace defines. `names_assigned` lists the variables
 the cell binds at top level by assignment (not imports, functions or classes), the ones that become results.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 import ast
 import builtins
 
-_BUILTINS = frozenset(dir(builtins))
+# the module's own names (__name__, __doc__, ...) are each namespace's, never the notebook's to send
+_MODULE_DUNDERS = frozenset(name for name in dir(builtins) if name.startswith("__"))
 
 
 class _ReadBeforeAssign(ast.NodeVisitor):
@@ -124,7 +126,8 @@ class _ReadBeforeAssign(ast.NodeVisitor):
     def _load(self, name: str) -> None:
         if any(name in scope for scope in self.local_scopes):
             return
-        if name not in self.bound and name not in _BUILTINS:
+        # builtins too: a notebook variable named `input` or `sum` hides the builtin
+        if name not in self.bound and name not in _MODULE_DUNDERS:
             self.read.add(name)
 
     def _bind(self, name: str) -> None:

@@ -48,8 +48,10 @@ def env_pairs(pairs: list[str] | None, error: type[NbscaleError] = PoolError) ->
     env: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise error(f"--env takes KEY=VALUE pairs; {key or pair!r} has no '='. Example: --env NCCL_DEBUG=INFO")
+        if not sep:
+            raise error(f"--env takes KEY=VALUE pairs; {pair!r} has no '='. Example: --env NCCL_DEBUG=INFO")
+        if not key:  # the value stays unshown: it may be a secret whose name was forgotten
+            raise error("--env =...: a pair has no name before its '='. Give KEY=VALUE, e.g. --env NCCL_DEBUG=INFO")
         if "\0" in pair:
             raise error(f"--env {key.replace(chr(0), '?')}: the variable's name or value holds a NUL byte, which no "
                         "environment variable can hold. Remove it.")

@@ -1,35 +1,51 @@
 """The collective helpers of spmd cells: broadcast, allreduce, gather, allgather, barrier.
 
 Tensors go through torch.distributed collectives on the device where they live; any other picklable value
-goes through the object collectives. Shapes may differ between ranks for gather/allgather.
+goes through the object collectives. Shapes may differ between ranks for gather/allgather, not for allreduce.
 """
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
-_PYTHON_REDUCERS: dict[str, Callable[[list[Any]], Any]] = {"sum": sum, "max": max, "min": min, "mean": lambda values: sum(values) / len(values)}
+# values other than tensors pairwise, so NumPy arrays reduce element by element as tensors do
+_PAIRWISE: dict[str, Callable[[Any, Any], Any]] = {
+    "sum": operator.add, "mean": operator.add, "max": np.maximum, "min": np.minimum,
+}
 
 
 class Collectives:
-    """Collectives over `group` (None: every worker); `src`/`dst` are global ranks."""
+    """Collectives among `ranks` (the cell's targets; None: every worker) over `group`; `src`/`dst` are global
+    ranks, and one that is not among `ranks` is a ValueError naming them."""
 
-    def __init__(self, group: Any = None, size: int | None = None) -> None:
+    def __init__(self, group: Any = None, ranks: tuple[int, ...] | None = None) -> None:
         self.group = group
-        self.size = size if size is not None else dist.get_world_size()
+        self.ranks = ranks if ranks is not None else tuple(range(dist.get_world_size()))
+        self.size = len(self.ranks)
 
     def _describe(self, value: Any) -> tuple:
         if isinstance(value, torch.Tensor):
             return ("tensor", tuple(value.shape), value.dtype)
         return ("object",)
 
+    def _check_member(self, call: str, role: str, rank: int) -> None:
+        if rank not in self.ranks:
+            raise ValueError(
+                f"{call}({role}={rank}): worker {rank} does not run this cell, which runs on ranks "
+                f"{', '.join(map(str, self.ranks))} (--targets). Give {role}= one of them: {role} is a global rank."
+            )
+
     def broadcast(self, value: Any = None, src: int = 0) -> Any:
         """Rank `src`'s value on every rank (others may pass None)."""
+        self._check_member("broadcast", "src", src)
         holder: list[Any] = [self._describe(value) if dist.get_rank() == src else None]
         dist.broadcast_object_list(holder, src=src, group=self.group)
         description = holder[0]
@@ -43,20 +59,37 @@ class Collectives:
         return holder[0]
 
     def allreduce(self, value: Any, op: str = "sum") -> Any:
-        """The reduction (sum, mean, max, min) of every rank's value, on every rank."""
+        """The reduction (sum, mean, max, min) of every rank's value, on every rank.
+
+        Tensors need the same shape and dtype on every rank (a ValueError says which differ); NumPy arrays and
+        numbers reduce element by element; mean of an integer tensor is a float tensor.
+        """
         if op not in _REDUCE_OPS:
-            raise ValueError(f"allreduce op must be one of {sorted(_REDUCE_OPS)}, not {op!r}")
-        if isinstance(value, torch.Tensor):
+            raise ValueError(f"allreduce op must be one of 'sum', 'mean', 'max', 'min', not {op!r}.")
+        descriptions: list[Any] = [None] * self.size
+        dist.all_gather_object(descriptions, self._describe(value), group=self.group)
+        if isinstance(value, torch.Tensor) and len(set(descriptions)) == 1:
             result = value.detach().clone()
             if op == "mean" and not result.is_floating_point():
                 result = result.float()
             dist.all_reduce(result, op=_REDUCE_OPS[op], group=self.group)
             return result / self.size if op == "mean" else result
-        values = self.allgather(value)
-        return _PYTHON_REDUCERS[op](values)
+        if any(d[0] == "tensor" for d in descriptions):
+            raise ValueError(_mismatch(descriptions, self.ranks))
+        values: list[Any] = [None] * self.size
+        dist.all_gather_object(values, value, group=self.group)
+        try:
+            return _reduce_values(values, op)
+        except (TypeError, ValueError) as error:
+            kinds = sorted({type(v).__name__ for v in values})
+            raise TypeError(
+                f"allreduce(op={op!r}) cannot combine {' and '.join(kinds)} values ({error}): it reduces tensors, "
+                "NumPy arrays and numbers. Use allgather(value) for the list of every rank's value."
+            ) from None
 
     def gather(self, value: Any, dst: int = 0) -> list[Any] | None:
         """Every rank's value in a list on rank `dst`; None elsewhere."""
+        self._check_member("gather", "dst", dst)
         values = self.allgather(value)
         return values if dist.get_rank() == dst else None
 
@@ -90,3 +123,22 @@ class Collectives:
             "allgather": self.allgather,
             "barrier": self.barrier,
         }
+
+
+def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:
+    """What differs between the ranks' allreduce values, each rank's shape and dtype (or kind)."""
+    def shown(description: tuple) -> str:
+        if description[0] != "tensor":
+            return "not a tensor"
+        return f"shape {tuple(description[1])} {str(description[2]).removeprefix('torch.')}"
+
+    each = "; ".join(f"rank {rank}: {shown(d)}" for rank, d in zip(ranks, descriptions, strict=True))
+    return f"allreduce needs a tensor of the same shape and dtype on every rank ({each})."
+
+
+def _reduce_values(values: list[Any], op: str) -> Any:
+    """Every rank's value (not tensors) reduced by `op`; Python numbers stay Python numbers."""
+    if op in ("max", "min") and all(isinstance(v, (int, float)) for v in values):
+        return max(values) if op == "max" else min(values)
+    reduced = functools.reduce(_PAIRWISE[op], values)
+    return reduced / len(values) if op == "mean" else reduced

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
@@ -61,7 +62,14 @@ class Composite:
 
     def _rank_of(self, index: int) -> int:
         """A rank is its own index; a negative index counts from the end as in a list, so `x[-1]` is `x[:][-1]`."""
-        if isinstance(index, int) and -len(self.ranks) <= index < 0:
+        try:
+            index = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"Composite {self.key!r} is indexed by worker rank ({self.key}[0]) or a slice ({self.key}[:]), "
+                f"not by {type(index).__name__}."
+            ) from None
+        if -len(self.ranks) <= index < 0:
             return self.ranks[index]
         return index
 
@@ -72,6 +80,9 @@ class Composite:
         return pool is self._pool and self._pool.generation == self._generation and not self._pool.closed
 
     def __repr__(self) -> str:
+        if not self.belongs_to(self._pool):
+            return (f"Composite {self.key!r} of workers that have since stopped or restarted: its values are gone "
+                    "(run the %%spmd cell that makes it again)")
         return (
             f"Composite {self.key!r} on workers {list(self.ranks)} "
             f"({self.key}[r] fetches worker r's value; {self.key}[:] fetches all)"

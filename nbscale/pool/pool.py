@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from nbscale.errors import PoolError, UnsendableError, WorkerError
+from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool import registry
 from nbscale.pool.backends.base import Backend
@@ -32,6 +32,7 @@ from nbscale.pool.startup import join_group, launch_workers, make_backend
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
+from nbscale.pool.unsendable import call_error, variable_error
 
 _current: Pool | None = None
 _last_shutdown_notice: str | None = None
@@ -246,10 +247,12 @@ class Pool:
         targets: Iterable[int] | None = None,
         on_event: Callable[[int, Any], None] | None = None,
         what: str = "The cell",
+        unsendable: Callable[[Exception], UnsendableError] | None = None,
     ) -> list[Any]:
         """Send one message (built from a fresh request id) to `targets` and wait for every reply.
 
-        Raises UnsendableError when the message cannot be serialised, WorkerError when a worker fails.
+        Raises UnsendableError when the message cannot be serialised (`unsendable(error)` names what could not be),
+        WorkerError when a worker fails.
         """
         ranks = self._targets(targets)
         self._check_usable(ranks)
@@ -263,6 +266,8 @@ class Pool:
         try:
             frame = serialise(message)
         except Exception as error:
+            if unsendable is not None:
+                raise unsendable(error) from None
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
         request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
@@ -281,7 +286,8 @@ class Pool:
         Raises WorkerError with each failing rank's traceback.
         """
         name = getattr(fn, "__name__", "the function")
-        return self.request(lambda rid: p.Call(rid, fn, args, kwargs), targets, on_event, what=f"{name}()")
+        return self.request(lambda rid: p.Call(rid, fn, args, kwargs), targets, on_event, what=f"{name}()",
+                            unsendable=lambda error: call_error(fn, args, kwargs, error))
 
     def spmd(
         self, code: str, targets: Iterable[int] | None = None, namespace: dict[str, Any] | None = None
@@ -299,7 +305,8 @@ class Pool:
 
     def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None:
         """Bind variables in every worker's namespace (sent once through shared memory locally)."""
-        self.request(lambda rid: p.Push(rid, variables), targets, what="push")
+        self.request(lambda rid: p.Push(rid, variables), targets, what="push",
+                     unsendable=lambda error: variable_error(variables, error, "Push something picklable instead."))
 
     def pull(self, name: str, targets: Iterable[int] | None = None) -> list[Any]:
         """The value of `name` on every worker (or `targets`), by rank."""
@@ -366,19 +373,40 @@ class Pool:
         return self.tasks.cancel(future)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
-        """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor)."""
-        futures = [self.submit(fn, *args) for args in zip(*iterables, strict=False)]
+        """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor).
+
+        `timeout` counts from this call, as in concurrent.futures. A failing item raises its WorkerError naming the
+        item; interrupting the kernel raises PoolInterrupted. Either way the items not yet done are cancelled (the
+        running ones interrupted on their workers).
+        """
+        self._check_usable(())
+        deadline = None if timeout is None else time.monotonic() + timeout
+        name = getattr(fn, "__name__", "the function")
+        futures = [self.tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}")
+                   for index, args in enumerate(zip(*iterables, strict=False))]
 
         def results() -> Iterator[Any]:
             try:
                 for future in futures:
-                    yield future.result(timeout=timeout)
-            finally:  # interrupted, failed or abandoned: queued items never run, running ones are interrupted
-                for future in futures:
-                    if not future.done():
-                        self.cancel(future)
+                    yield future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except KeyboardInterrupt:
+                running = sum(future.running() for future in futures)
+                queued = sum(not future.done() for future in futures) - running
+                self._cancel_unfinished(futures)
+                raise PoolInterrupted(
+                    f"Interrupted pool.map: {running} running call{'s' if running != 1 else ''} interrupted on the "
+                    f"workers and {queued} queued one{'s' if queued != 1 else ''} cancelled. The pool is ready for "
+                    "the next cell."
+                ) from None
+            finally:  # failed or abandoned too: queued items never run, running ones are interrupted
+                self._cancel_unfinished(futures)
 
         return results()
+
+    def _cancel_unfinished(self, futures: Iterable[Future[Any]]) -> None:
+        for future in futures:
+            if not future.done():
+                self.cancel(future)
 
     # ---- status ---------------------------------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import itertools
+import linecache
 import queue
+import re
 import sys
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -53,7 +55,7 @@ class Request:
         if isinstance(item, p.Done):
             self.replies[item.rank] = item.value
         elif isinstance(item, p.Failed):
-            self.failures[item.rank] = item.traceback or f"{item.error_type}: {item.message}"
+            self.failures[item.rank] = with_notebook_lines(item.traceback) or f"{item.error_type}: {item.message}"
             self.failure_classes[item.rank] = _exception_class(item.error_class)
         elif isinstance(item, WorkerDied):
             self.failures[item.rank] = item.description
@@ -81,6 +83,26 @@ class Request:
             except Exception:  # noqa: BLE001 - an exception class whose constructor wants other arguments
                 pass
         return WorkerError(message, failures)
+
+
+_FRAME_LINE = re.compile(r'  File "(?P<file>[^"]+)", line (?P<line>\d+), in .*')
+
+
+def with_notebook_lines(text: str) -> str:
+    """A worker's traceback with the source line added under each frame the worker could not read but the notebook
+    can: functions defined in notebook cells (sent to the worker with pool.run, submit or map) live in files only
+    the kernel's line cache holds."""
+    lines = text.splitlines(keepends=True)
+    shown: list[str] = []
+    for index, line in enumerate(lines):
+        shown.append(line)
+        frame = _FRAME_LINE.fullmatch(line.rstrip("\n"))
+        has_source = index + 1 < len(lines) and lines[index + 1].startswith("    ")
+        if frame is not None and not has_source:
+            source = linecache.getline(frame["file"], int(frame["line"])).strip()
+            if source:
+                shown.append(f"    {source}\n")
+    return "".join(shown)
 
 
 def _exception_class(where: tuple[str, str] | None) -> type[Exception] | None:

@@ -24,7 +24,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import process_state, stall_notice, stalled
-from nbscale.pool.output import print_output
+from nbscale.pool.output import flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
 
@@ -225,12 +225,14 @@ class Router:
         except queue.Empty:
             return
         if isinstance(item, p.Output):
-            print_output(item)
+            print_output(item, flush=False)
         elif isinstance(item, p.Event):
             if request.on_event is not None:
                 request.on_event(item.rank, item.payload)
         else:
             request.record(item)
+        if request.inbox.empty():  # a burst of output is shown at once, not line by line
+            flush_output()
 
     def _drain_output(self, request: Request) -> None:
         while not request.inbox.empty():

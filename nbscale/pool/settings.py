@@ -47,7 +47,8 @@ class PoolSettings:
         if self.cpu and self.gpus:
             raise PoolError("--cpu and --gpus contradict each other: give one of them.")
         if self.gpus is not None and self.n is not None and self.n != len(self.gpus):
-            raise PoolError(f"--gpus lists {len(self.gpus)} GPUs but N is {self.n}: one worker runs per listed GPU.")
+            raise PoolError(f"--gpus lists {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''} but N is {self.n}: "
+                            "one worker runs per listed GPU.")
         if self.cluster is not None and (not isinstance(self.cluster, str) or not self.cluster.strip()):
             raise PoolError(
                 f"cluster (--cluster) must be a profile name or an address such as 'ray://head:10001', not "

@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from nbscale.cellvars import names_assigned, names_deleted, names_read
-from nbscale.errors import PoolError, UnsendableError
+from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
 from nbscale.pool.composite import Composite, CompositeSource
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import serialise
+from nbscale.pool.unsendable import variable_error
 
-# names every worker defines itself, and IPython's own bookkeeping names
+# names every worker defines itself, and IPython's own bookkeeping names (and its wrapper of the builtin open)
 WORKER_NAMES = frozenset({"rank", "world_size", "device", "broadcast", "allreduce", "gather", "allgather", "barrier"})
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___"})
+_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___"})
 _cell_numbers = itertools.count(1)
+_UNSENDABLE_FIX = "Create it inside the %%spmd cell instead, or convert it to something picklable."
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,8 @@ class SpmdCell:
         variables = variables_to_send(code, namespace, pool)
         try:
             serialise(variables)
-        except Exception:
-            _name_unpicklable(variables)
-            raise
+        except Exception as error:
+            raise variable_error(variables, error, _UNSENDABLE_FIX) from None
         assigned = frozenset(names_assigned(code) - WORKER_NAMES)
         return cls(code, f"<spmd cell {next(_cell_numbers)}>", variables, assigned,
                    tuple(sorted(assigned | names_deleted(code))))
@@ -93,15 +94,3 @@ def _value_to_send(name: str, value: Any, pool: CompositeSource) -> Any:
     if isinstance(value, types.ModuleType):
         return ModuleReference(value.__name__)
     return value
-
-
-def _name_unpicklable(variables: dict[str, Any]) -> None:
-    """Raise an UnsendableError naming the first variable that cannot be sent."""
-    for name, value in variables.items():
-        try:
-            serialise(value)
-        except Exception as error:
-            raise UnsendableError(
-                f"Variable {name!r} ({type(value).__name__}) cannot be sent to the workers: {error}. "
-                f"Create it inside the %%spmd cell instead, or convert it to something picklable."
-            ) from None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from nbscale.errors import PoolError
+from nbscale.errors import PoolError, WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.channel import Channel, ChannelListener, machine_id
@@ -130,9 +130,27 @@ def join_group(router: Router, backend: Backend) -> None:
         router.pump(request, timeout=0.05)
     if request.failures:
         router.finish(request)
-        raise request.error(JOINING)
+        raise _join_error(request.failures, group_backend)
     if size > 1:
         request.ranks = tuple(range(size))
         join = p.InitGroup(init.request_id, group_backend, master_addr, found["store_port"], size)
         router.send_to(join, range(1, size), request)
-    router.wait(request, what=JOINING, restart=None)
+    try:
+        router.wait(request, what=JOINING, restart=None)
+    except WorkerError as error:
+        raise _join_error(error.failures, group_backend) from None
+
+
+def _join_error(failures: dict[int, str], group_backend: str) -> PoolError:
+    """One line per distinct failure, naming its ranks: torch.distributed's own frames say nothing to the user,
+    and the usual cause is the environment (a network interface named wrongly)."""
+    ranks_by_cause: dict[str, list[int]] = {}
+    for rank, text in sorted(failures.items()):
+        ranks_by_cause.setdefault(text.strip().splitlines()[-1], []).append(rank)
+    causes = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {cause}"
+                       for cause, r in ranks_by_cause.items())
+    return PoolError(
+        f"{JOINING} ({group_backend}) failed, so no pool started. {causes}. If you set GLOO_SOCKET_IFNAME or "
+        "NCCL_SOCKET_IFNAME (with --env or in the kernel's environment), check it names a network interface "
+        "every worker's machine has."
+    )

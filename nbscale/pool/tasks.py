@@ -7,16 +7,18 @@ interrupted on its worker (`pool.cancel`), which is then free for the next task.
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from nbscale.errors import PoolError, UnsendableError
+from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.transport import Frame, serialise
+from nbscale.pool.unsendable import call_error
 
 
 class TaskQueue:
@@ -28,19 +30,24 @@ class TaskQueue:
         self.queued: deque[tuple[Future[Any], p.Call, Frame]] = deque()
         self._events: dict[int, Callable[[int, Any], None]] = {}  # request id -> on_event of a queued task
         self._cancelled: set[int] = set()  # request ids of running tasks interrupted by cancel()
+        self._what: weakref.WeakKeyDictionary[Future[Any], str] = weakref.WeakKeyDictionary()  # other than "The task"
         router.on_task_reply = self._complete
         router.on_worker_free = self.dispatch
 
     def submit(
-        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], on_event: Callable[[int, Any], None] | None
+        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], on_event: Callable[[int, Any], None] | None,
+        what: str = "The task",
     ) -> Future[Any]:
-        """Queue `fn(*args, **kwargs)`; raises UnsendableError when it cannot be serialised."""
+        """Queue `fn(*args, **kwargs)`; raises UnsendableError when it cannot be serialised. `what` names the task in
+        its error ("The task failed on rank 1")."""
         future: Future[Any] = Future()
+        if what != "The task":
+            self._what[future] = what
         message = p.Call(next_request_id(), fn, args, kwargs)
         try:
             frame = serialise(message)
         except Exception as error:
-            raise UnsendableError(f"{getattr(fn, '__name__', 'the function')} could not be sent to the workers: {error}") from None
+            raise call_error(fn, args, kwargs, error) from None
         with self.lock:
             self.queued.append((future, message, frame))
             if on_event is not None:
@@ -116,6 +123,6 @@ class TaskQueue:
             self._cancelled.discard(request.request_id)
             future.set_exception(CancelledError(f"Cancelled with pool.cancel(); worker {request.ranks[0]} is free."))
         elif request.failures:
-            future.set_exception(request.error("The task"))
+            future.set_exception(request.error(self._what.get(future, "The task")))
         else:
             future.set_result(request.replies[request.ranks[0]])

@@ -80,7 +80,8 @@ def _user_traceback(error: BaseException) -> str:
     DistributedDataParallel's forward: several frames a layer), so the user sees their cell's and model's lines."""
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if not f.filename.startswith(_NBSCALE_DIR) and not f.filename.startswith(_TORCH_CALL_PLUMBING)]
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+    # an error raised by nbscale itself (no frame of the user's) is its message alone, without an empty traceback
+    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
     lines += traceback.format_exception_only(type(error), error)
     return "".join(lines)
 
@@ -275,7 +276,7 @@ class Worker:
         if group_ranks is None:
             collectives = Collectives()
         else:
-            collectives = Collectives(self.groups[group_ranks], len(group_ranks))
+            collectives = Collectives(self.groups[group_ranks], group_ranks)
         return {"rank": self.rank, "world_size": self.world_size, "device": self.device, **collectives.helpers()}
 
     def _bind(self, variables: dict[str, Any]) -> None:

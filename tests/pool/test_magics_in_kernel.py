@@ -80,6 +80,8 @@ def test_bad_input_gets_one_clear_line(kernel):
     assert "must be a number of minutes" in kernel.run("%pool start 1 --cpu --idle-timeout nan").traceback
     assert "--idle-timeout x: give minutes as a number" in kernel.run("%pool start 1 --cpu --idle-timeout x").traceback
     assert "holds a NUL byte" in kernel.run('%pool start 1 --cpu --env "TOKEN=a\x00b"').traceback
+    nameless = kernel.run("%pool start 1 --cpu --env =hunter2").traceback
+    assert "a pair has no name before its '='" in nameless and "hunter2" not in nameless  # values are never shown
     assert "100,000 workers is more than a pool can hold" in kernel.run("%pool start 100000").traceback
     assert "--connect-timeout soon: give seconds as a number" in kernel.run("%pool start --connect-timeout soon").traceback
     assert "is for cluster pools" in kernel.run("%pool start 1 --cpu --connect-timeout 60").traceback
@@ -110,6 +112,7 @@ def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
 
 def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
     kernel.run("%pool start 2 --cpu")
+    kernel.run("%%spmd\nbefore = rank")
     kernel.run("import nbscale, os, signal\nos.kill(nbscale.current_pool().workers[1].pid, signal.SIGKILL)")
     time.sleep(0.5)
     next_cell = kernel.run("%%spmd\nprint(rank)", timeout=30)
@@ -117,6 +120,9 @@ def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
     assert "worker 1" in next_cell.traceback.lower() and "%pool restart" in next_cell.traceback
     assert kernel.run("%pool restart").stdout.startswith("Restarted 2 CPU workers")
     assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
+    stale = kernel.run("before")
+    assert "Composite 'before' of workers that have since stopped or restarted" in stale.text
+    assert "Run the %%spmd cell that makes it again" in kernel.run("before[0]").traceback
 
 
 def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(kernel):
@@ -130,6 +136,10 @@ def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(k
     )
     assert cell.ok, cell.text
     assert cell.stderr == "\r[0] step 0/3\r[0] step 1/3\r[0] step 2/3\r[0] done\n"  # the notebook redraws in place
+    ended_by_print = kernel.run(
+        "%%spmd\nfor step in range(3):\n    print(f'\\rstep {step}', end='', flush=True)\nprint()\nprint('after')\n"
+    )
+    assert ended_by_print.stdout == "\r[0] step 0\r[0] step 1\r[0] step 2\n[0] after\n"  # no empty "[0] " line
 
 
 def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
@@ -161,3 +171,35 @@ def test_every_worker_exits_when_the_kernel_dies():
     while _running(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _running(pids) == []
+
+
+def test_large_output_arrives_whole_in_order_and_quickly(kernel):
+    kernel.run("%pool start 2 --cpu")
+    started = time.monotonic()
+    cell = kernel.run("%%spmd\nfor i in range(20000):\n    print(i)\n", timeout=120)
+    elapsed = time.monotonic() - started
+    assert cell.ok, cell.text[-2000:]
+    for rank in (0, 1):
+        lines = [line for line in cell.stdout.splitlines() if line.startswith(f"[{rank}] ")]
+        assert lines == [f"[{rank}] {i}" for i in range(20000)]
+    assert elapsed < 8, f"40,000 lines took {elapsed:.1f} s"  # one flush per line took 13 s unloaded
+
+
+def test_interrupting_pool_map_cancels_its_items_and_says_so(kernel):
+    kernel.run("%pool start 2 --cpu\nimport nbscale, time\npool = nbscale.current_pool()")
+    cell = kernel.run("results = list(pool.map(time.sleep, [30] * 5))", interrupt_after=2.0, timeout=60)
+    assert cell.error_name == "PoolInterrupted", cell.text
+    assert ("Interrupted pool.map: 2 running calls interrupted on the workers and 3 queued ones cancelled. "
+            "The pool is ready for the next cell.") in cell.traceback
+    assert "site-packages" not in cell.traceback and "nbscale/pool" not in cell.traceback
+    after = kernel.run("print(list(pool.map(abs, [-1, -2, -3])))", timeout=30)
+    assert after.stdout.strip() == "[1, 2, 3]"
+
+
+def test_a_task_traceback_shows_the_lines_of_functions_defined_in_the_notebook(kernel):
+    kernel.run("%pool start 1 --cpu\nimport nbscale\npool = nbscale.current_pool()")
+    kernel.run("def scale(value):\n    factor = 10\n    return value * factor / (value - 2)\n")
+    cell = kernel.run("list(pool.map(scale, [1, 2, 3]))")
+    assert cell.error_name == "WorkerError"
+    assert "scale() of pool.map's item 1 failed on rank 0" in cell.traceback
+    assert ", line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback

@@ -214,3 +214,104 @@ def test_a_message_one_side_cannot_unpickle_fails_its_request_and_the_pool_stays
     with pytest.raises(WorkerError, match="No module named 'nbscale_only_there'"):
         pool.pull("thing")
     assert pool.run(os.getpid) == [w.pid for w in pool.workers]
+
+
+def test_allreduce_of_numpy_arrays_and_numbers_works_element_by_element(pool):
+    namespace = {"np": __import__("numpy")}
+    pool.spmd(
+        "biggest = allreduce(np.arange(3) * rank, op='max')\n"
+        "smallest = allreduce(np.arange(3) - rank, op='min')\n"
+        "average = allreduce(np.full(2, float(rank)), op='mean')\n"
+        "top = allreduce(rank + 0.5, op='max')\n"
+        "int_mean = allreduce(torch.tensor([rank, 2 * rank]), op='mean')\n",
+        namespace=namespace,
+    )
+    assert namespace["biggest"][1].tolist() == [0, 2, 4]
+    assert namespace["smallest"][0].tolist() == [-2, -1, 0]
+    assert namespace["average"][2].tolist() == [1.0, 1.0]
+    assert namespace["top"][:] == [2.5, 2.5, 2.5] and type(namespace["top"][0]) is float
+    assert namespace["int_mean"][0].tolist() == [1.0, 2.0]
+
+
+def test_allreduce_of_tensors_that_differ_between_ranks_fails_at_once_naming_each_shape(pool):
+    started = time.monotonic()
+    with pytest.raises(ValueError) as caught:  # not a wrong sum on one rank and a hang on the others
+        pool.spmd("total = allreduce(torch.ones(2) if rank == 0 else torch.ones(3))")
+    assert time.monotonic() - started < 15
+    assert "ranks 0, 1, 2 (of 3 workers)" in str(caught.value)
+    assert "rank 0: shape (2,) float32; rank 1: shape (3,) float32" in str(caught.value)
+    with pytest.raises(ValueError, match="rank 1: not a tensor"):
+        pool.spmd("total = allreduce(torch.ones(2) if rank == 0 else 1.0)")
+    with pytest.raises(TypeError, match="allreduce\\(op='sum'\\) cannot combine dict values.*allgather"):
+        pool.spmd("total = allreduce({'rank': rank})")
+    with pytest.raises(ValueError, match="allreduce op must be one of 'sum', 'mean', 'max', 'min', not 'prod'"):
+        pool.spmd("total = allreduce(rank, op='prod')")
+    assert pool.run(lambda: "still usable") == ["still usable"] * 3
+
+
+def test_collectives_with_a_src_or_dst_outside_the_targets_say_which_ranks_run_the_cell(pool):
+    message = "broadcast\\(src=0\\): worker 0 does not run this cell, which runs on ranks 1, 2 \\(--targets\\)"
+    with pytest.raises(ValueError, match=message) as caught:
+        pool.spmd("value = broadcast(5)", targets=[1, 2])
+    assert "site-packages" not in str(caught.value)
+    with pytest.raises(ValueError, match="gather\\(dst=0\\): worker 0 does not run this cell"):
+        pool.spmd("value = gather(rank)", targets=[1, 2])
+    namespace: dict = {}
+    pool.spmd("got = gather(rank, dst=2)\nfrom_2 = broadcast(rank * 10, src=2)", targets=[1, 2], namespace=namespace)
+    assert namespace["got"][2] == [1, 2] and namespace["got"][1] is None
+    assert namespace["from_2"][:] == [20, 20]
+
+
+def test_a_notebook_variable_named_like_a_builtin_is_sent(pool):
+    namespace = {"input": torch.full((2,), 7.0), "sum": "mine"}
+    pool.spmd("seen = (input.tolist(), sum, __name__)", namespace=namespace)
+    assert namespace["seen"][1] == ([7.0, 7.0], "mine", "__spmd__")
+    pool.spmd("del input, sum")  # the workers' own builtins again, for the tests that follow
+
+
+def test_a_composite_indexed_by_something_other_than_a_rank_says_how_to_index_it(pool):
+    namespace: dict = {}
+    pool.spmd("value = rank", namespace=namespace)
+    with pytest.raises(TypeError, match="Composite 'value' is indexed by worker rank \\(value\\[0\\]\\) or a slice"):
+        namespace["value"]["a"]
+    import numpy
+
+    assert namespace["value"][numpy.int64(2)] == 2
+
+
+def test_what_cannot_be_sent_is_named_for_push_run_submit_and_map(pool):
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(PoolError, match="Variable 'guard' cannot be sent to the workers \\(lock: cannot pickle"):
+        pool.push(fine=1, guard=lock)
+    with pytest.raises(PoolError, match="Variable 'lock', which <lambda>\\(\\) uses, cannot be sent"):
+        pool.submit(lambda: lock)
+    with pytest.raises(PoolError, match="Variable 'lock', which <lambda>\\(\\) uses, cannot be sent"):
+        pool.run(lambda: lock)
+    with pytest.raises(PoolError, match="Argument 2 of isinstance\\(\\) cannot be sent"):
+        pool.submit(isinstance, 1, lock)
+    with pytest.raises(PoolError, match="Argument key= of sorted\\(\\) cannot be sent"):
+        pool.submit(sorted, [], key=lock)
+    with pytest.raises(PoolError, match="Argument 1 of abs\\(\\) cannot be sent"):
+        list(pool.map(abs, [1, lock]))
+
+
+def test_map_names_the_failing_item_and_its_timeout_counts_from_the_call(pool):
+    with pytest.raises(ZeroDivisionError, match="divmod\\(\\) of pool.map's item 2 failed on rank"):
+        list(pool.map(divmod, [1, 2, 3, 4], [1, 1, 0, 1]))
+    assert list(pool.map(divmod, [7] * 5, [1, 2, 3, 4, 5])) == [(7, 0), (3, 1), (2, 1), (1, 3), (1, 2)]
+    # six sleeps on three workers: each waits less than 1 s for its result, but the last ones end 1.2 s in
+    started = time.monotonic()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        list(pool.map(time.sleep, [0.6] * 6, timeout=1.0))
+    assert time.monotonic() - started < 2  # at 1 s, not after the last sleep's 1.2 s plus the wait
+    time.sleep(0.5)  # the cancelled sleeps were interrupted: every worker is free again
+    assert pool.run(lambda: "free") == ["free"] * 3
+
+
+def test_an_error_nbscale_raises_on_a_worker_is_its_message_alone(pool):
+    with pytest.raises(WorkerError) as caught:
+        pool.pull("nonexistent")
+    assert "Traceback" not in str(caught.value)
+    assert "--- rank 1 ---\nNameError: no variable named 'nonexistent' on this worker" in str(caught.value)

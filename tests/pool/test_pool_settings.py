@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -78,6 +79,23 @@ def test_stop_leaves_no_process():
     pool.close()
     alive = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, pids))], capture_output=True, text=True)
     assert alive.stdout.strip() == ""
+
+
+def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():
+    import subprocess
+
+    before = subprocess.run(["pgrep", "-f", "nbscale.pool.forkserver", "-P", str(os.getpid())],
+                            capture_output=True, text=True).stdout
+    with pytest.raises(PoolError) as caught:
+        nbscale.Pool(2, cpu=True, env={"GLOO_SOCKET_IFNAME": "nosuchif0"})
+    message = str(caught.value)
+    assert message.startswith("Joining the torch.distributed group (gloo) failed, so no pool started. rank")
+    assert "Unable to find address for" in message and "check it names a network interface" in message
+    assert "site-packages" not in message and "Traceback" not in message
+    assert nbscale.current_pool() is None
+    after = subprocess.run(["pgrep", "-f", "nbscale.pool.forkserver", "-P", str(os.getpid())],
+                           capture_output=True, text=True).stdout
+    assert after == before == ""
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.monitor import Monitor
-from nbscale.pool.requests import next_request_id
+from nbscale.pool.requests import next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell
@@ -130,6 +130,7 @@ class Pool:
             self.backend.stop()
             raise
         self.router = Router(workers)
+        self.router.secrets = secrets_of(self.settings.env)
         self.router.exit_status = lambda worker: self.backend.exit_status(worker.rank, worker.pid)
         self.tasks = TaskQueue(self.router)
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),

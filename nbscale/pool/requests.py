@@ -8,7 +8,7 @@ import linecache
 import queue
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +45,7 @@ class Request:
     future: Future[Any] | None = None
     on_event: Callable[[int, Any], None] | None = None
     failure_classes: dict[int, type[Exception] | None] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # --env values: a worker's error may quote them, the notebook never shows them
 
     @property
     def waiting_for(self) -> list[int]:
@@ -55,7 +56,8 @@ class Request:
         if isinstance(item, p.Done):
             self.replies[item.rank] = item.value
         elif isinstance(item, p.Failed):
-            self.failures[item.rank] = with_notebook_lines(item.traceback) or f"{item.error_type}: {item.message}"
+            failure = with_notebook_lines(item.traceback) or f"{item.error_type}: {item.message}"
+            self.failures[item.rank] = without_secrets(failure, self.secrets)
             self.failure_classes[item.rank] = _exception_class(item.error_class)
         elif isinstance(item, WorkerDied):
             self.failures[item.rank] = item.description
@@ -83,6 +85,21 @@ class Request:
             except Exception:  # noqa: BLE001 - an exception class whose constructor wants other arguments
                 pass
         return WorkerError(message, failures)
+
+
+SECRET_MIN_LENGTH = 6  # shorter --env values (1, INFO, eth0) are settings, and would blank out common words
+
+
+def secrets_of(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The --env values a worker's error text must not show, longest first (so one inside another goes too)."""
+    return tuple(sorted({value for value in env.values() if len(value) >= SECRET_MIN_LENGTH}, key=len, reverse=True))
+
+
+def without_secrets(text: str, secrets: tuple[str, ...]) -> str:
+    """`text` with each secret replaced by ***."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 _FRAME_LINE = re.compile(r'  File "(?P<file>[^"]+)", line (?P<line>\d+), in .*')

@@ -57,6 +57,7 @@ class Router:
         self.on_worker_free: Callable[[], None] = lambda: None
         # set by the pool: how a worker's process ended, from its backend (None: unknown, or it still runs)
         self.exit_status: Callable[[WorkerHandle], str | None] = lambda worker: None
+        self.secrets: tuple[str, ...] = ()  # set by the pool: its --env values, kept out of workers' error texts
 
     def start(self) -> None:
         threading.Thread(target=self._receive_forever, name="nbscale-pool-receiver", daemon=True).start()
@@ -73,7 +74,7 @@ class Router:
         frame: Frame | None = None,
     ) -> Request:
         """Send `message` to `ranks` as a new request (`foreground`: its caller will `wait` for it)."""
-        request = Request(message.request_id, ranks, on_event=on_event, future=future)
+        request = Request(message.request_id, ranks, on_event=on_event, future=future, secrets=self.secrets)
         with self.lock:
             self.requests[request.request_id] = request
             if foreground:

@@ -44,6 +44,15 @@ def test_env_reaches_workers_but_never_status_or_repr(pool):
     assert "NBSCALE_TEST_SECRET=***" in repr(pool)
 
 
+def test_a_worker_error_quoting_an_env_value_shows_stars_instead(pool):
+    def leak() -> None:
+        raise RuntimeError(f"could not log in with {os.environ['NBSCALE_TEST_SECRET']}")
+
+    with pytest.raises(WorkerError) as caught:
+        pool.run(leak)
+    assert "could not log in with ***" in str(caught.value) and "hunter2" not in str(caught.value)
+
+
 def test_spmd_collectives_on_tensors_and_objects(pool):
     namespace = {"scale": 2.0}
     code = (

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import builtins
 
+# IPython's own names in every notebook namespace (its wrapper of the builtin open included): never sent
+IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___"})
 # the module's own names (__name__, __doc__, ...) are each namespace's, never the notebook's to send
 _MODULE_DUNDERS = frozenset(name for name in dir(builtins) if name.startswith("__"))
 

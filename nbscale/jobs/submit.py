@@ -12,7 +12,7 @@ from typing import Any
 
 import cloudpickle
 
-from nbscale.cellvars import names_read
+from nbscale.cellvars import IPYTHON_NAMES, names_read
 from nbscale.errors import JobError
 from nbscale.jobs import arguments
 from nbscale.jobs.backends import Launch, LaunchFailed, backend_for
@@ -21,7 +21,6 @@ from nbscale.jobs.job import Job
 from nbscale.jobs.store import JobStore
 
 # IPython's bookkeeping names (history: _i, _ii, _i3, _3, _oh, ...): never sent
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___"})
 _IPYTHON_HISTORY = re.compile(r"_(i+|i\d+|\d+|oh|ih|dh)")
 
 
@@ -93,7 +92,7 @@ def _checked_env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 def _inputs(code: str, namespace: Mapping[str, Any], pool_bound: bool) -> bytes:
     """Pickle the notebook variables the cell reads before assigning (modules by name)."""
-    wanted = names_read(code) - _IPYTHON_NAMES - ({"pool"} if pool_bound else set())
+    wanted = names_read(code) - IPYTHON_NAMES - ({"pool"} if pool_bound else set())
     modules: dict[str, str] = {}
     variables: dict[str, bytes] = {}
     for name in sorted(wanted):

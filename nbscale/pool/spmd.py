@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nbscale.cellvars import names_assigned, names_deleted, names_read
+from nbscale.cellvars import IPYTHON_NAMES, names_assigned, names_deleted, names_read
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
 from nbscale.pool.composite import Composite, CompositeSource
@@ -20,9 +20,8 @@ from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import serialise
 from nbscale.pool.unsendable import variable_error
 
-# names every worker defines itself, and IPython's own bookkeeping names (and its wrapper of the builtin open)
+# names every worker defines itself
 WORKER_NAMES = frozenset({"rank", "world_size", "device", "broadcast", "allreduce", "gather", "allgather", "barrier"})
-_IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___"})
 _cell_numbers = itertools.count(1)
 _UNSENDABLE_FIX = "Create it inside the %%spmd cell instead, or convert it to something picklable."
 
@@ -75,7 +74,7 @@ class SpmdCell:
 
 def variables_to_send(code: str, namespace: dict[str, Any], pool: CompositeSource) -> dict[str, Any]:
     """The notebook variables the cell reads before assigning them (modules and Composites by reference)."""
-    wanted = names_read(code) - WORKER_NAMES - _IPYTHON_NAMES
+    wanted = names_read(code) - WORKER_NAMES - IPYTHON_NAMES
     return {
         name: _value_to_send(name, namespace[name], pool)
         for name in sorted(wanted)

@@ -5,9 +5,11 @@ import {
 } from '@jupyterlab/application';
 import {
   Clipboard,
+  Dialog,
   ISessionContext,
   MainAreaWidget,
-  Notification
+  Notification,
+  showDialog
 } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
@@ -18,7 +20,7 @@ import { JobLogView } from './logView';
 import { NbscaleModel } from './model';
 import { NbscalePanel } from './panel';
 import { PoolStatusItem } from './statusItem';
-import { FetchJson, IJobLogReply } from './types';
+import { FetchJson, IJob, IJobLogReply } from './types';
 
 const OPEN_PANEL = 'nbscale:open-panel';
 const PANEL_ID = 'nbscale-panel';
@@ -30,6 +32,23 @@ function currentKernelId(shell: ILabShell): string | null {
   const widget = shell.currentWidget as
     (Widget & { sessionContext?: ISessionContext }) | null;
   return widget?.sessionContext?.session?.kernel?.id ?? null;
+}
+
+/** Ask before cancelling a job: it is killed at once, with what it has not saved. */
+async function confirmCancel(job: IJob): Promise<boolean> {
+  const name = job.name ? ` '${job.name}'` : '';
+  const result = await showDialog({
+    title: `Cancel job ${job.id}${name}?`,
+    body:
+      `Job ${job.id}${name} and every process it started are stopped at once; ` +
+      'the variables it has not saved yet are lost. To end a training and keep its network, use the ' +
+      `Stop button of %jobs show ${job.id} instead.`,
+    buttons: [
+      Dialog.cancelButton({ label: 'Keep running' }),
+      Dialog.warnButton({ label: 'Cancel job' })
+    ]
+  });
+  return result.button.accept;
 }
 
 /** The side panel of pools, GPUs and jobs, and the command that opens it. */
@@ -58,6 +77,9 @@ const panelPlugin: JupyterFrontEndPlugin<void> = {
         shell.add(view, 'main');
       },
       cancelJob: async job => {
+        if (!(await confirmCancel(job))) {
+          return;
+        }
         try {
           await requestAPI(`jobs/${job.id}/cancel`, { method: 'POST' });
         } catch (error) {

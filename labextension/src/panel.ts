@@ -23,6 +23,8 @@ export namespace NbscalePanel {
     openLog: (job: IJob) => void;
     /** Cancels a job once the user confirms. */
     cancelJob: (job: IJob) => Promise<void>;
+    /** Stops a pool (in its kernel, as `%pool stop`) once the user confirms. */
+    stopPool: (pool: IPoolState, isCurrent: boolean) => Promise<void>;
     copySnippet: (snippet: string) => void;
   }
 }
@@ -162,10 +164,16 @@ export class NbscalePanel extends Widget {
         )
       )
     );
+    const stop = this._button(
+      'Stop pool',
+      `Stop this pool's workers in its kernel, as %pool stop does (asks first)`,
+      () => void this._options.stopPool(pool, isCurrent)
+    );
     return h(
       'div',
       { class: `nbscale-Pool${isCurrent ? ' nbscale-Pool-current' : ''}` },
       h('div', { class: 'nbscale-Pool-title' }, title),
+      h('div', { class: 'nbscale-Pool-actions' }, stop),
       idle ? h('div', { class: 'nbscale-Pool-idle' }, idle) : null,
       table(head, rows)
     );

@@ -137,6 +137,9 @@ describe('NbscalePanel', () => {
         cancelJob: async job => {
           calls.push(`cancel ${job.id}`);
         },
+        stopPool: async (pool, isCurrent) => {
+          calls.push(`stop pool ${pool.kernel_id} ${isCurrent}`);
+        },
         copySnippet: snippet => calls.push(`copy ${snippet}`)
       })
     );
@@ -189,9 +192,13 @@ describe('NbscalePanel', () => {
       'Copy'
     ]);
     expect(buttons(1).map(b => b.textContent)).toEqual(['Log', 'Copy']); // finished: no cancel
+    (
+      panel.node.querySelector('.nbscale-Pool-actions button') as HTMLElement
+    ).click();
     buttons(0).forEach(button => button.click());
     buttons(1)[1].click();
     expect(calls).toEqual([
+      'stop pool kernel-a true',
       'log 2',
       'cancel 2',
       'copy nbscale.jobs.get(2).result("NAME")',

@@ -262,7 +262,7 @@ def _inside(inner: Any, outer: Any) -> bool:
             and a["y"] >= b["y"] and a["y"] + a["height"] <= b["y"] + b["height"] + 0.5)
 
 
-def test_after_a_page_reload_the_status_bar_finds_the_pool_and_a_kernel_restart_clears_it(lab: Lab):
+def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_panel_stops_a_pool(lab: Lab):
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as playwright:
@@ -283,7 +283,23 @@ def test_after_a_page_reload_the_status_bar_finds_the_pool_and_a_kernel_restart_
             expect(status).to_be_hidden(timeout=30_000)  # the pool died with its kernel
             page.wait_for_function(KERNEL_READY, timeout=90_000)
             page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
-            expect(page.locator(".nbscale-pools")).to_contain_text("No pool is running", timeout=15_000)
+            pools = page.locator(".nbscale-pools")
+            expect(pools).to_contain_text("No pool is running", timeout=15_000)
+
+            _run_cell(page, 0)  # the restarted kernel starts a pool again
+            _run_cell(page, 1)
+            expect(status).to_contain_text("2 workers", timeout=30_000)
+            stop = pools.get_by_role("button", name="Stop pool")
+            stop.click()
+            dialog = page.locator(".jp-Dialog")
+            expect(dialog).to_contain_text("Stop the pool of this notebook?")
+            dialog.get_by_role("button", name="Keep it").click()
+            time.sleep(4)  # a refresh later, it still runs
+            expect(status).to_contain_text("2 workers")
+            stop.click()
+            dialog.get_by_role("button", name="Stop pool").click()
+            expect(status).to_be_hidden(timeout=30_000)
+            expect(pools).to_contain_text("No pool is running", timeout=15_000)
         except BaseException:
             _failure_picture(page, "reload-restart")
             raise

@@ -59,7 +59,18 @@ x = torch.randn(2000, 20); y = (x[:, 0] > 0).long()
 opts = nbscale.TrainingOptions("sgdm", max_epochs=2000, mini_batch_size=32, verbose=False, plots="none")
 net, info = nbscale.train(nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 2)), (x, y), opts)""",
 ]
-NOTEBOOKS = {"pool.ipynb": CELLS, "training.ipynb": TRAINING_CELLS, "jobs.ipynb": JOB_CELLS}
+# the options form, then %%train with it (a tiny network; 1 epoch once the form says so)
+FORM_CELLS = [
+    "%load_ext nbscale",
+    """import torch, nbscale
+from torch import nn
+form = nbscale.options_form()""",
+    """%%train --options form
+model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 2))
+x = torch.randn(512, 20)
+train_data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())""",
+]
+NOTEBOOKS = {"pool.ipynb": CELLS, "training.ipynb": TRAINING_CELLS, "jobs.ipynb": JOB_CELLS, "form.ipynb": FORM_CELLS}
 
 
 class Lab:
@@ -401,6 +412,53 @@ def test_the_panel_says_so_when_the_server_cannot_be_reached(lab: Lab):
             page.screenshot(path=str(ARTIFACTS / "panel-server-gone.png"))
         except BaseException:
             _failure_picture(page, "server-gone")
+            raise
+        finally:
+            browser.close()
+
+
+def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_uses_it(lab: Lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = _open_notebook(browser, lab, "form.ipynb")
+        try:
+            _run_cell(page, 0, FORM_CELLS)
+            form = _run_cell(page, 1, FORM_CELLS).locator(".jp-OutputArea-output")
+            tabs = form.get_by_role("tab")
+            expect(tabs).to_have_text(["Solver", "Learning rate", "Data & batches", "Validation", "Hardware", "Output"])
+            expect(form).to_contain_text("Valid training options")
+
+            threshold = form.locator(".widget-text", has_text="gradient_threshold").first
+            threshold.locator("input").fill("abc")
+            message = form.get_by_text("TrainingOptions.gradient_threshold: write a number or inf")
+            expect(message).to_be_visible()
+            field, said = threshold.locator("input").bounding_box(), message.bounding_box()
+            assert said["x"] >= field["x"] + field["width"] and abs(said["y"] - field["y"]) < field["height"], (
+                f"the message is not beside its field: field {field}, message {said}")
+            expect(form).to_contain_text("1 wrong value(s)")
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "options-form-error.png"))
+
+            train = _run_cell(page, 2, FORM_CELLS)
+            expect(train.locator(".jp-OutputArea")).to_contain_text("gradient_threshold")
+            expect(train.locator(".jp-OutputArea")).to_contain_text("nothing was run")
+
+            threshold.locator("input").fill("inf")
+            tabs.filter(has_text="Data & batches").click()
+            epochs = form.locator(".widget-text", has_text="max_epochs").locator("input")
+            epochs.fill("1")
+            epochs.press("Tab")  # a number box sends its value when it loses focus
+            expect(form).to_contain_text("Valid training options")
+            page.keyboard.press("Escape")
+            train.locator(".jp-InputPrompt").click()
+            page.keyboard.press("Shift+Enter")
+            expect(train.locator(".jp-InputPrompt")).to_have_text("[4]:", timeout=120_000)
+            expect(train.locator(".jp-OutputArea-output table")).to_contain_text("Epoch1 of 1")
+            expect(train.locator(".jp-OutputArea-output img")).to_be_visible()  # plots="training-progress" by default
+        except BaseException:
+            _failure_picture(page, "options-form")
             raise
         finally:
             browser.close()

@@ -335,6 +335,8 @@ def test_a_training_cell_draws_its_figure_and_info_panel_and_stop_returns_the_ne
             assert figure.evaluate("img => img.naturalWidth") > 300
             stop = cell.locator("button", has_text="Stop")
             expect(stop).to_be_enabled()
+            time.sleep(1.5)  # past the Stop button's subshell request, whose idle once made the status bar say Idle
+            expect(page.locator(".jp-StatusBar-TextItem", has_text="Python 3")).to_contain_text("Busy")
             cell.scroll_into_view_if_needed()
             page.screenshot(path=str(ARTIFACTS / "training-progress.png"))
             stop.click()

@@ -5,9 +5,11 @@ import {
 } from '@jupyterlab/application';
 import {
   Clipboard,
+  Dialog,
   ISessionContext,
   MainAreaWidget,
-  Notification
+  Notification,
+  showDialog
 } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { Widget } from '@lumino/widgets';
@@ -18,7 +20,7 @@ import { JobLogView } from './logView';
 import { NbscaleModel } from './model';
 import { NbscalePanel } from './panel';
 import { PoolStatusItem } from './statusItem';
-import { FetchJson, IJobLogReply } from './types';
+import { FetchJson, IJob, IJobLogReply, IPoolState } from './types';
 
 const OPEN_PANEL = 'nbscale:open-panel';
 const PANEL_ID = 'nbscale-panel';
@@ -30,6 +32,88 @@ function currentKernelId(shell: ILabShell): string | null {
   const widget = shell.currentWidget as
     (Widget & { sessionContext?: ISessionContext }) | null;
   return widget?.sessionContext?.session?.kernel?.id ?? null;
+}
+
+/** Ask before cancelling a job: it is killed at once, with what it has not saved. */
+async function confirmCancel(job: IJob): Promise<boolean> {
+  const name = job.name ? ` '${job.name}'` : '';
+  const result = await showDialog({
+    title: `Cancel job ${job.id}${name}?`,
+    body:
+      `Job ${job.id}${name} and every process it started are stopped at once; ` +
+      'the variables it has not saved yet are lost. To end a training and keep its network, use the ' +
+      `Stop button of %jobs show ${job.id} instead.`,
+    buttons: [
+      Dialog.cancelButton({ label: 'Keep running' }),
+      Dialog.warnButton({ label: 'Cancel job' })
+    ]
+  });
+  return result.button.accept;
+}
+
+/** Run in a pool's kernel by the panel's Stop pool button: `pool.close()`, as `%pool stop`, leaving no names behind. */
+const STOP_POOL_CODE =
+  '(lambda pool: pool is not None and pool.close())(__import__("nbscale").current_pool(start=False))';
+
+/** Ask, then stop `pool` by running pool.close() in its kernel (queued after a cell that runs there). */
+async function stopPool(
+  app: JupyterFrontEnd,
+  pool: IPoolState,
+  isCurrent: boolean
+): Promise<void> {
+  const where = isCurrent
+    ? 'this notebook'
+    : `kernel ${(pool.kernel_id ?? String(pool.pid)).slice(0, 8)}`;
+  const kernels = app.serviceManager.kernels;
+  const model = pool.kernel_id
+    ? await kernels.findById(pool.kernel_id)
+    : undefined;
+  if (!model) {
+    Notification.error(
+      `The pool of ${where} runs in a kernel this Jupyter server did not start: stop it where it runs ` +
+        '(%pool stop, or pool.close()).'
+    );
+    return;
+  }
+  const result = await showDialog({
+    title: `Stop the pool of ${where}?`,
+    body:
+      `Its ${pool.workers.length || pool.size} workers stop, as with %pool stop: what runs on them is lost ` +
+      'and variables that %%spmd cells left on them are gone. A cell running in that kernel finishes first.',
+    buttons: [
+      Dialog.cancelButton({ label: 'Keep it' }),
+      Dialog.warnButton({ label: 'Stop pool' })
+    ]
+  });
+  if (!result.button.accept) {
+    return;
+  }
+  const kernel = kernels.connectTo({ model });
+  try {
+    if (kernel.status === 'busy') {
+      Notification.info(
+        `The pool of ${where} stops once the cell running there ends.`,
+        { autoClose: 5000 }
+      );
+    }
+    const reply = await kernel.requestExecute({
+      code: STOP_POOL_CODE,
+      silent: true,
+      store_history: false
+    }).done;
+    if (reply.content.status !== 'ok') {
+      const error = reply.content as { ename?: string; evalue?: string };
+      Notification.error(
+        `Cannot stop the pool of ${where}: ${error.ename}: ${error.evalue}`
+      );
+    }
+  } catch (error) {
+    Notification.error(
+      `Cannot stop the pool of ${where}: ${error instanceof Error ? error.message : error}`
+    );
+  } finally {
+    kernel.dispose(); // closes this connection only; the kernel runs on
+  }
 }
 
 /** The side panel of pools, GPUs and jobs, and the command that opens it. */
@@ -58,6 +142,9 @@ const panelPlugin: JupyterFrontEndPlugin<void> = {
         shell.add(view, 'main');
       },
       cancelJob: async job => {
+        if (!(await confirmCancel(job))) {
+          return;
+        }
         try {
           await requestAPI(`jobs/${job.id}/cancel`, { method: 'POST' });
         } catch (error) {
@@ -65,6 +152,10 @@ const panelPlugin: JupyterFrontEndPlugin<void> = {
             `Cannot cancel job ${job.id}: ${error instanceof Error ? error.message : error}`
           );
         }
+        await model.refresh();
+      },
+      stopPool: async (pool, isCurrent) => {
+        await stopPool(app, pool, isCurrent);
         await model.refresh();
       },
       copySnippet: snippet => {

@@ -75,6 +75,14 @@ export class NbscaleModel implements IDisposable {
     return this._error;
   }
 
+  /**
+   * When the server last answered (ms since the epoch), or null before its first answer: until then pools, gpus and
+   * jobs are placeholders, not what the server said.
+   */
+  get answeredAt(): number | null {
+    return this._answeredAt;
+  }
+
   get isDisposed(): boolean {
     return this._poll.isDisposed;
   }
@@ -97,6 +105,7 @@ export class NbscaleModel implements IDisposable {
       this._gpus = gpus ?? this._gpus;
       this._jobs = jobs ?? this._jobs;
       this._error = null;
+      this._answeredAt = Date.now();
     } catch (error) {
       this._error = error instanceof Error ? error.message : String(error);
     }
@@ -117,6 +126,7 @@ export class NbscaleModel implements IDisposable {
     return this._resources.includes(resource);
   }
 
+  private _answeredAt: number | null = null;
   private _changed = new Signal<this, void>(this);
   private _error: string | null = null;
   private _fetchJson: FetchJson;

@@ -21,7 +21,10 @@ export namespace NbscalePanel {
     /** The kernel id of the notebook in front (its pool is marked), or null. */
     currentKernelId: () => string | null;
     openLog: (job: IJob) => void;
+    /** Cancels a job once the user confirms. */
     cancelJob: (job: IJob) => Promise<void>;
+    /** Stops a pool (in its kernel, as `%pool stop`) once the user confirms. */
+    stopPool: (pool: IPoolState, isCurrent: boolean) => Promise<void>;
     copySnippet: (snippet: string) => void;
   }
 }
@@ -50,16 +53,18 @@ export class NbscalePanel extends Widget {
 
   protected onUpdateRequest(msg: Message): void {
     const { model } = this._options;
-    const error = model.error
-      ? h(
-          'div',
-          { class: 'nbscale-Error' },
-          `Cannot reach nbscale's server extension: ${model.error}`
-        )
-      : null;
-    this.node.replaceChildren(
-      h('header', { class: 'nbscale-Panel-header' }, 'nbscale'),
-      error ?? '',
+    const header = h('header', { class: 'nbscale-Panel-header' }, 'nbscale');
+    if (model.answeredAt === null) {
+      // nothing heard yet: say so rather than show placeholders ("No GPU.", no jobs) as if the server had said them
+      this.node.replaceChildren(
+        header,
+        model.error
+          ? h('div', { class: 'nbscale-Error' }, this._unreachable(model.error))
+          : h('p', { class: 'nbscale-Empty' }, 'Asking the server…')
+      );
+      return;
+    }
+    const sections = [
       this._section('Pools', this._pools(model.pools), model.poolsError),
       this._section('GPUs', this._gpus(model.gpus.gpus, model.gpus.message)),
       this._section(
@@ -67,7 +72,27 @@ export class NbscalePanel extends Widget {
         this._jobs(model.jobs.jobs, model.jobs.available),
         model.jobs.error ?? null
       )
-    );
+    ];
+    if (model.error) {
+      // what the server said last, greyed, under the error that says since when
+      const when = new Date(model.answeredAt).toLocaleTimeString();
+      sections.forEach(section => section.classList.add('nbscale-Stale'));
+      this.node.replaceChildren(
+        header,
+        h(
+          'div',
+          { class: 'nbscale-Error' },
+          `${this._unreachable(model.error)} Below: what it said at ${when}.`
+        ),
+        ...sections
+      );
+      return;
+    }
+    this.node.replaceChildren(header, ...sections);
+  }
+
+  private _unreachable(error: string): string {
+    return `Cannot reach nbscale's server extension: ${error}. Is the Jupyter server running, with nbscale's server extension enabled?`;
   }
 
   /** A titled section; `error` (the server could not read its source) shows above its body. */
@@ -139,10 +164,16 @@ export class NbscalePanel extends Widget {
         )
       )
     );
+    const stop = this._button(
+      'Stop pool',
+      `Stop this pool's workers in its kernel, as %pool stop does (asks first)`,
+      () => void this._options.stopPool(pool, isCurrent)
+    );
     return h(
       'div',
       { class: `nbscale-Pool${isCurrent ? ' nbscale-Pool-current' : ''}` },
       h('div', { class: 'nbscale-Pool-title' }, title),
+      h('div', { class: 'nbscale-Pool-actions' }, stop),
       idle ? h('div', { class: 'nbscale-Pool-idle' }, idle) : null,
       table(head, rows)
     );
@@ -216,40 +247,48 @@ export class NbscalePanel extends Widget {
     const head = h(
       'tr',
       {},
-      ...['id', 'name', 'state', 'elapsed', ''].map(column =>
-        h('th', {}, column)
-      )
+      ...['id', 'name', 'state', 'elapsed'].map(column => h('th', {}, column))
     );
     const rows = [...jobs].reverse().map(job => {
-      const actions = h(
-        'td',
-        { class: 'nbscale-Actions' },
-        this._button('Log', `Open job ${job.id}'s log`, () =>
-          this._options.openLog(job)
-        ),
-        isActive(job)
-          ? this._button(
-              'Cancel',
-              `Cancel job ${job.id}`,
-              () => void this._options.cancelJob(job)
-            )
-          : null,
-        this._button('Copy', `Copy ${resultSnippet(job)}`, () =>
-          this._options.copySnippet(resultSnippet(job))
-        )
-      );
       const row = h(
         'tr',
         { class: `nbscale-Job nbscale-state-${job.state}` },
         h('td', {}, String(job.id)),
         h('td', {}, job.name ?? ''),
         h('td', { class: 'nbscale-State', title: job.error ?? '' }, job.state),
-        h('td', {}, formatElapsed(job.elapsed_s)),
-        actions
+        h('td', {}, formatElapsed(job.elapsed_s))
       );
-      return job.training ? [row, this._training(job)] : [row];
+      return [
+        row,
+        ...(job.training ? [this._training(job)] : []),
+        this._actions(job)
+      ];
     });
     return table(head, rows.flat());
+  }
+
+  /**
+   * The buttons under a job, on their own row so that the narrow sidebar shows them without scrolling sideways.
+   */
+  private _actions(job: IJob): HTMLElement {
+    const cell = h(
+      'td',
+      { colspan: '4' },
+      this._button('Log', `Open job ${job.id}'s log`, () =>
+        this._options.openLog(job)
+      ),
+      isActive(job)
+        ? this._button(
+            'Cancel',
+            `Cancel job ${job.id} (asks first)`,
+            () => void this._options.cancelJob(job)
+          )
+        : null,
+      this._button('Copy', `Copy ${resultSnippet(job)}`, () =>
+        this._options.copySnippet(resultSnippet(job))
+      )
+    );
+    return h('tr', { class: 'nbscale-Job-actions' }, cell);
   }
 
   /** The row under a running job: its training's epoch, iteration, last loss and time left, with a bar. */
@@ -262,7 +301,7 @@ export class NbscalePanel extends Widget {
         : null;
     const cell = h(
       'td',
-      { colspan: '5', title: `%jobs show ${job.id} draws its live plot` },
+      { colspan: '4', title: `%jobs show ${job.id} draws its live plot` },
       bar(fraction, text, 'training')
     );
     return h('tr', { class: 'nbscale-Job-training' }, cell);

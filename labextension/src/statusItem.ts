@@ -27,9 +27,12 @@ export class PoolStatusItem extends Widget {
     options.model.changed.connect(this.update, this);
   }
 
-  /** The text shown now ('' when the current notebook has no pool). */
+  /** The text shown now ('' when the current notebook has no pool, or the server does not answer). */
   get text(): string {
     const { model, currentKernelId } = this._options;
+    if (model.error) {
+      return ''; // the last answer may be long gone (a stopped server stops its kernels, and their pools)
+    }
     return statusText(
       poolForKernel(model.pools, currentKernelId()),
       model.gpus.gpus

@@ -137,6 +137,9 @@ describe('NbscalePanel', () => {
         cancelJob: async job => {
           calls.push(`cancel ${job.id}`);
         },
+        stopPool: async (pool, isCurrent) => {
+          calls.push(`stop pool ${pool.kernel_id} ${isCurrent}`);
+        },
         copySnippet: snippet => calls.push(`copy ${snippet}`)
       })
     );
@@ -170,20 +173,32 @@ describe('NbscalePanel', () => {
       '2',
       '1'
     ]); // newest first
-    const buttons = (row: Element) =>
-      [...row.querySelectorAll('button')] as HTMLButtonElement[];
-    expect(buttons(jobRows[0]).map(b => b.textContent)).toEqual([
+    // each job's buttons on the row under it (its training line between), so the sidebar never hides them
+    const actionRows = jobRows.map(row => {
+      let next = row.nextElementSibling;
+      while (next && !next.classList.contains('nbscale-Job-actions')) {
+        next = next.nextElementSibling;
+      }
+      return next!;
+    });
+    const buttons = (index: number) =>
+      [...actionRows[index].querySelectorAll('button')] as HTMLButtonElement[];
+    expect(jobRows.map(row => row.querySelectorAll('button').length)).toEqual([
+      0, 0
+    ]);
+    expect(buttons(0).map(b => b.textContent)).toEqual([
       'Log',
       'Cancel',
       'Copy'
     ]);
-    expect(buttons(jobRows[1]).map(b => b.textContent)).toEqual([
-      'Log',
-      'Copy'
-    ]); // finished: no cancel
-    buttons(jobRows[0]).forEach(button => button.click());
-    buttons(jobRows[1])[1].click();
+    expect(buttons(1).map(b => b.textContent)).toEqual(['Log', 'Copy']); // finished: no cancel
+    (
+      panel.node.querySelector('.nbscale-Pool-actions button') as HTMLElement
+    ).click();
+    buttons(0).forEach(button => button.click());
+    buttons(1)[1].click();
     expect(calls).toEqual([
+      'stop pool kernel-a true',
       'log 2',
       'cancel 2',
       'copy nbscale.jobs.get(2).result("NAME")',
@@ -282,7 +297,9 @@ describe('NbscalePanel', () => {
     expect(rows.map(row => row.className)).toEqual([
       'nbscale-Job nbscale-state-running',
       'nbscale-Job-training',
-      'nbscale-Job nbscale-state-finished'
+      'nbscale-Job-actions',
+      'nbscale-Job nbscale-state-finished',
+      'nbscale-Job-actions'
     ]);
     expect(rows[1].textContent).toBe(
       'epoch 2/4 · iteration 50/200 · loss 0.5 · 30 s left'
@@ -311,5 +328,63 @@ describe('NbscalePanel', () => {
       'The job store index jobs.sqlite is damaged: move it aside.'
     );
     expect(errorIn('gpus')).toBeUndefined();
+  });
+
+  it('says when the server cannot be reached, and shows no placeholder as if the server had said it', async () => {
+    let reachable = false;
+    const fetchJson = (async (endPoint: string) => {
+      if (!reachable) {
+        throw new Error('Failed to fetch');
+      }
+      return {
+        pools: { pools: [pool] },
+        gpus: noGpu,
+        jobs: { jobs, available: true }
+      }[endPoint];
+    }) as FetchJson;
+    const model = new NbscaleModel({
+      fetchJson,
+      resources: ['pools', 'gpus', 'jobs'],
+      isVisible: () => false
+    });
+    const panel = panelFor(model, []);
+    const item = attach(
+      new PoolStatusItem({
+        model,
+        currentKernelId: () => 'kernel-a',
+        openPanel: () => undefined
+      })
+    );
+    const show = async () => {
+      await model.update();
+      MessageLoop.sendMessage(panel, Widget.Msg.UpdateRequest);
+      MessageLoop.sendMessage(item, Widget.Msg.UpdateRequest);
+    };
+
+    await show(); // never answered: no "No GPU." nor "jobs are not installed" invented from nothing
+    expect(panel.node.querySelector('.nbscale-Error')?.textContent).toContain(
+      "Cannot reach nbscale's server extension: Failed to fetch."
+    );
+    expect(panel.node.textContent).not.toContain('No GPU');
+    expect(panel.node.textContent).not.toContain('not installed');
+    expect(panel.node.textContent).not.toContain('No pool is running');
+
+    reachable = true;
+    await show();
+    expect(panel.node.querySelector('.nbscale-Error')).toBeNull();
+    expect(panel.node.querySelectorAll('.nbscale-Stale')).toHaveLength(0);
+    expect(item.node.textContent).toBe('2 workers · 1 busy');
+
+    reachable = false; // the server went away: the last answer stays, greyed, under the error
+    await show();
+    expect(panel.node.querySelector('.nbscale-Error')?.textContent).toMatch(
+      /Failed to fetch\..*Below: what it said at/
+    );
+    expect(panel.node.querySelectorAll('section.nbscale-Stale')).toHaveLength(
+      3
+    );
+    expect(panel.node.querySelectorAll('.nbscale-Worker')).toHaveLength(2);
+    expect(item.node.textContent).toBe(''); // no pool claimed from an old answer
+    expect(item.node.style.display).toBe('none');
   });
 });

@@ -10,8 +10,31 @@ from typing import Any
 
 from nbscale.server.handlers import setup_handlers
 
+# A training cell asks its own kernel for a subshell (nbscale.ui.click_routing), and the kernel announces each such
+# control request as busy, then idle, on IOPub. JupyterLab takes every status message as the kernel's state unless
+# the request's type is "untracked", so without this its status bar said "Idle" while the training cell ran.
+SUBSHELL_MESSAGE_TYPES = [
+    f"{verb}_subshell_{kind}" for verb in ("create", "delete", "list") for kind in ("request", "reply")
+]
+
 
 def _load_jupyter_server_extension(server_app: Any) -> None:
     """Register the `/nbscale/api/...` handlers with the running Jupyter server."""
     setup_handlers(server_app.web_app)
+    _untrack_subshell_messages(server_app)
     server_app.log.info("nbscale: server extension loaded (/nbscale/api/)")
+
+
+def _untrack_subshell_messages(server_app: Any) -> None:
+    """Add the subshell control messages to the server's untracked message types, which JupyterLab's page config
+    carries (set by JupyterLab's extension when it loads, so also added there where it loaded first); they are not
+    user activity either, for the idle-kernel culler."""
+    kernels = server_app.kernel_manager
+    tracked = getattr(kernels, "untracked_message_types", None)
+    if tracked is None:
+        return
+    kernels.untracked_message_types = [*tracked, *(t for t in SUBSHELL_MESSAGE_TYPES if t not in tracked)]
+    page_config = server_app.web_app.settings.get("page_config_data", {})
+    if "untracked_message_types" in page_config:
+        shown = page_config["untracked_message_types"]
+        page_config["untracked_message_types"] = [*shown, *(t for t in SUBSHELL_MESSAGE_TYPES if t not in shown)]

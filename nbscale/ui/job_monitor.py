@@ -132,7 +132,7 @@ class JobMonitor:
         if how == "following":
             return (f"Job {job.id}{name}, {shown}: following live until the job ends. Stop asks the job to stop "
                     "training at the end of its iteration and keep the network.")
-        error = f" ({record.error})" if record.error else ""
+        error = f" ({record.error})" if _says_more(record.error, how) else ""
         return f"Job {job.id}{name} {how}{error}: {shown} shown" + ("." if self.progress else "; it recorded none.")
 
     def say(self, text: str) -> None:
@@ -149,6 +149,7 @@ class JobTrainingProgress(TrainingProgress):
         self.job, self.number = job, number
         self.label = f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
         self.done: TrainingDone | None = None
+        self.job_state: str | None = None  # how the job ended, when it ended before this training did
 
     holds_the_cell = False  # the button stays once show()'s cell ends; the job's end removes it
     redraws_when_done = True
@@ -164,7 +165,8 @@ class JobTrainingProgress(TrainingProgress):
         """The job ended without this training's end (it failed, was cancelled, or its process died)."""
         if self.done is not None:
             return
-        self.state = f"Job {state}" + (f": {error}" if error else "")
+        self.job_state = state
+        self.state = f"Job {state}" + (f": {error}" if _says_more(error, state) else "")
         self._draw()
         self._close_button()
 
@@ -174,12 +176,17 @@ class JobTrainingProgress(TrainingProgress):
         start, last = self.start, self.last
         if start is not None and self.done is not None:
             rows = [(k, _duration(self.done.time_since_start) if k == "Elapsed" else v) for k, v in rows]
-        elif start is not None and last is not None and last.iteration > 0:
+        elif start is not None and last is not None and last.iteration > 0 and self.job_state is None:
             total = start.max_epochs * start.iterations_per_epoch
             left = (total - last.iteration) * last.time_since_start / last.iteration
             rows.insert(rows.index(next(row for row in rows if row[0] == "Elapsed")) + 1,
                         ("Time left", f"about {_duration(left)}"))
         return rows
+
+
+def _says_more(error: str | None, state: str) -> bool:
+    """Whether a job's error adds to its state (a cancelled job's error is often just "cancelled")."""
+    return bool(error) and error.strip().rstrip(".").lower() != state.lower()
 
 
 class _MonitorStop(StopSignal):

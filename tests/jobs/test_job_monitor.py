@@ -186,7 +186,7 @@ def test_jobs_show_wait_follows_in_the_cell_and_its_stop_button_works_while_the_
     assert job.result("info").stop_reason == "Stopped from the job monitor"
 
 
-def test_a_job_cancelled_mid_training_ends_the_display_with_its_state(kernel) -> None:
+def test_a_job_cancelled_mid_training_ends_the_display_with_its_state_and_no_time_left(kernel) -> None:
     job_id = submitted_id(kernel.run(TRAIN_CELL.replace("EPOCHS", "100")).stdout)
     wait_for_iterations(jobs.get(job_id), 5, timeout=WAIT_S)
     outputs = Outputs(kernel)
@@ -197,3 +197,8 @@ def test_a_job_cancelled_mid_training_ends_the_display_with_its_state(kernel) ->
                        "the display did not say the job was cancelled")
     outputs.wait_until(lambda: any(f"Job {job_id} 'digits' cancelled" in t for t in outputs.texts()), 30,
                        "the header did not say the job was cancelled")
+    final = [p for p in outputs.info_panels(show) if "State: Job cancelled" in p][-1]
+    assert "State: Job cancelled\n" in final + "\n", final  # not "Job cancelled: cancelled"
+    assert "Time left" not in final, final  # a cancelled training has no time left
+    header = next(t for t in outputs.texts() if f"Job {job_id} 'digits' cancelled" in t)
+    assert "(cancelled)" not in header, header

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -199,3 +200,31 @@ async def test_a_running_jobs_training_is_listed_as_strict_json_with_epoch_itera
     assert training["loss"] is None  # not finite: null, never NaN
     assert training["done"] and training["time_left_s"] == 0 and "Training loss is" in training["stop_reason"]
     job.cancel()
+
+
+async def test_a_browser_cancel_needs_the_xsrf_token_beside_its_login_cookie(
+    jp_fetch, jp_http_port, jp_base_url, jp_serverapp, fake_jobs
+):
+    """A page on another site can make the browser send Jupyter's login cookie, not the XSRF token: such a POST is
+    refused and cancels nothing; with the token (as JupyterLab's ServerConnection sends it) it cancels."""
+    from tornado.httpclient import AsyncHTTPClient
+
+    client, root = AsyncHTTPClient(), f"http://127.0.0.1:{jp_http_port}{jp_base_url}"
+    login = await client.fetch(f"{root}api/status?token={jp_serverapp.identity_provider.token}")
+    cookies = {}
+    for header in login.headers.get_list("Set-Cookie"):
+        name, _, rest = header.partition("=")
+        cookies[name] = rest.split(";")[0]
+    assert any(name.startswith("username-") for name in cookies), cookies  # logged in, as the browser is
+    cookie = "; ".join(f"{name}={value}" for name, value in cookies.items())
+    xsrf = secrets.token_hex(16)  # tornado's double submit: the X-XSRFToken header must match the _xsrf cookie
+    cookie += f"; _xsrf={xsrf}"
+    url = f"{root}nbscale/api/jobs/3/cancel"
+
+    refused = await client.fetch(url, method="POST", body=b"{}", headers={"Cookie": cookie}, raise_error=False)
+    assert refused.code == 403 and fake_jobs == []
+
+    accepted = await client.fetch(url, method="POST", body=b"{}", headers={"Cookie": cookie, "X-XSRFToken": xsrf},
+                                  raise_error=False)
+    assert accepted.code == 200 and json.loads(accepted.body) == {"id": 3, "cancelled": True}
+    assert fake_jobs == [3]

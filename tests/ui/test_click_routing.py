@@ -70,11 +70,15 @@ def test_outside_a_kernel_nothing_is_routed_and_the_stop_button_says_to_interrup
 
 def test_a_training_that_fails_removes_its_stop_button_and_subshell(kernel) -> None:
     assert kernel.run("""
-import nbscale
+import nbscale, torch
 from tests.train.digits import digits, tiny_net
 (train_x, train_y), val = digits()
-def failing_loss(outputs, labels):
-    raise RuntimeError("the loss broke")
+calls = []
+def failing_loss(outputs, labels):  # breaks at the third iteration: a first one that fails is checked (ModelError)
+    calls.append(1)
+    if len(calls) == 3:
+        raise RuntimeError("the loss broke")
+    return torch.nn.functional.cross_entropy(outputs, labels)
 """).ok
     failed = kernel.run("""
 nbscale.train(tiny_net(), (train_x, train_y), nbscale.TrainingOptions("sgdm", max_epochs=1, verbose=False,

@@ -186,7 +186,7 @@ class JobTrainingProgress(TrainingProgress):
 
 def _says_more(error: str | None, state: str) -> bool:
     """Whether a job's error adds to its state (a cancelled job's error is often just "cancelled")."""
-    return bool(error) and error.strip().rstrip(".").lower() != state.lower()
+    return error is not None and error.strip().rstrip(".").lower() not in ("", state.lower())
 
 
 class _MonitorStop(StopSignal):

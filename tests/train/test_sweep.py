@@ -91,11 +91,15 @@ def test_cancelled_runs_count_as_done_for_wait_and_as_completed(pool, data) -> N
     options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
     result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
                            pool=pool, wait=False, show=False)
-    _wait_for(lambda: result.runs[0].info.iteration and result.runs[1].info.iteration)
-    result.cancel()  # two running, one queued
-    done, not_done = wait(result.runs, timeout=10)
-    assert len(done) == 3 and not not_done
-    assert [run.state for run in as_completed(result.runs, timeout=1)] == ["cancelled"] * 3
+    try:
+        _wait_for(lambda: result.runs[0].info.iteration and result.runs[1].info.iteration)
+        result.cancel()  # two running, one queued
+        done, not_done = wait(result.runs, timeout=30)  # before the fix, cancelled runs never counted as done
+        assert len(done) == 3 and not not_done
+        assert [run.state for run in as_completed(result.runs, timeout=1)] == ["cancelled"] * 3
+    finally:  # a failure here must not leave the module's pool training for the tests after it
+        result.cancel()
+        result.wait(timeout=30)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ The screenshot goes to tests/artifacts/; with NBSCALE_UPDATE_SCREENSHOT=1 it rew
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -253,6 +254,24 @@ def test_status_bar_and_panel_show_the_notebooks_pool(lab: Lab):
             browser.close()
 
 
+@contextlib.contextmanager
+def _notebook_page(lab: Lab, notebook: str, failure_name: str) -> Iterator[Any]:
+    """A Chromium page with `notebook` open and its kernel ready; on a failure, its picture is kept as
+    `<failure_name>-failure.png` in ARTIFACTS."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = _open_notebook(browser, lab, notebook)
+        try:
+            yield page
+        except BaseException:
+            _failure_picture(page, failure_name)
+            raise
+        finally:
+            browser.close()
+
+
 def _open_notebook(browser, lab: Lab, notebook: str) -> Any:
     page = browser.new_page(viewport={"width": 1400, "height": 820})
     page.goto(lab.url(notebook))
@@ -274,193 +293,153 @@ def _inside(inner: Any, outer: Any) -> bool:
 
 
 def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_panel_stops_a_pool(lab: Lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = _open_notebook(browser, lab, "pool.ipynb")
-        try:
-            _run_cell(page, 0)
-            _run_cell(page, 1)
-            status = page.locator(".nbscale-StatusItem")
-            expect(status).to_contain_text("2 workers", timeout=30_000)
+    with _notebook_page(lab, "pool.ipynb", "reload-restart") as page:
+        _run_cell(page, 0)
+        _run_cell(page, 1)
+        status = page.locator(".nbscale-StatusItem")
+        expect(status).to_contain_text("2 workers", timeout=30_000)
 
-            page.reload()  # same kernel, new page: the status bar finds its pool again
-            page.wait_for_function(KERNEL_READY, timeout=90_000)
-            expect(status).to_contain_text("2 workers · 0 busy", timeout=30_000)
+        page.reload()  # same kernel, new page: the status bar finds its pool again
+        page.wait_for_function(KERNEL_READY, timeout=90_000)
+        expect(status).to_contain_text("2 workers · 0 busy", timeout=30_000)
 
-            page.evaluate("() => { void window.jupyterapp.commands.execute('kernelmenu:restart'); }")  # asks first
-            page.locator(".jp-Dialog button.jp-mod-accept").click()  # "Restart"
-            expect(status).to_be_hidden(timeout=30_000)  # the pool died with its kernel
-            page.wait_for_function(KERNEL_READY, timeout=90_000)
-            page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
-            pools = page.locator(".nbscale-pools")
-            expect(pools).to_contain_text("No pool is running", timeout=15_000)
+        page.evaluate("() => { void window.jupyterapp.commands.execute('kernelmenu:restart'); }")  # asks first
+        page.locator(".jp-Dialog button.jp-mod-accept").click()  # "Restart"
+        expect(status).to_be_hidden(timeout=30_000)  # the pool died with its kernel
+        page.wait_for_function(KERNEL_READY, timeout=90_000)
+        page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
+        pools = page.locator(".nbscale-pools")
+        expect(pools).to_contain_text("No pool is running", timeout=15_000)
 
-            _run_cell(page, 0)  # the restarted kernel starts a pool again
-            _run_cell(page, 1)
-            expect(status).to_contain_text("2 workers", timeout=30_000)
-            stop = pools.get_by_role("button", name="Stop pool")
-            stop.click()
-            dialog = page.locator(".jp-Dialog")
-            expect(dialog).to_contain_text("Stop the pool of this notebook?")
-            dialog.get_by_role("button", name="Keep it").click()
-            time.sleep(4)  # a refresh later, it still runs
-            expect(status).to_contain_text("2 workers")
-            stop.click()
-            dialog.get_by_role("button", name="Stop pool").click()
-            expect(status).to_be_hidden(timeout=30_000)
-            expect(pools).to_contain_text("No pool is running", timeout=15_000)
-        except BaseException:
-            _failure_picture(page, "reload-restart")
-            raise
-        finally:
-            browser.close()
+        _run_cell(page, 0)  # the restarted kernel starts a pool again
+        _run_cell(page, 1)
+        expect(status).to_contain_text("2 workers", timeout=30_000)
+        stop = pools.get_by_role("button", name="Stop pool")
+        stop.click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Stop the pool of this notebook?")
+        dialog.get_by_role("button", name="Keep it").click()
+        time.sleep(4)  # a refresh later, it still runs
+        expect(status).to_contain_text("2 workers")
+        stop.click()
+        dialog.get_by_role("button", name="Stop pool").click()
+        expect(status).to_be_hidden(timeout=30_000)
+        expect(pools).to_contain_text("No pool is running", timeout=15_000)
 
 
 def test_a_training_cell_draws_its_figure_and_info_panel_and_stop_returns_the_net(lab: Lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = _open_notebook(browser, lab, "training.ipynb")
-        try:
-            _run_cell(page, 0, TRAINING_CELLS)
-            cell = _run_cell(page, 1, TRAINING_CELLS, wait=False)
-            info = cell.locator(".jp-OutputArea-output table")
-            expect(info).to_contain_text("Training", timeout=120_000)
-            expect(info).to_contain_text("Iteration")
-            figure = cell.locator(".jp-OutputArea-output img")  # a picture, not "<training progress figure>"
-            expect(figure).to_be_visible(timeout=30_000)
-            assert figure.evaluate("img => img.naturalWidth") > 300
-            stop = cell.locator("button", has_text="Stop")
-            expect(stop).to_be_enabled()
-            time.sleep(1.5)  # past the Stop button's subshell request, whose idle once made the status bar say Idle
-            expect(page.locator(".jp-StatusBar-TextItem", has_text="Python 3")).to_contain_text("Busy")
-            cell.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "training-progress.png"))
-            stop.click()
-            expect(cell.locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=60_000)
-            expect(cell.locator(".jp-OutputArea")).to_contain_text("returned Sequential · Stopped by the Stop button")
-            expect(info).to_contain_text("Done: Stopped by the Stop button")
-            expect(stop).to_have_count(0)  # no dead button left in the notebook
-            expect(figure).to_be_visible()
-        except BaseException:
-            _failure_picture(page, "training")
-            raise
-        finally:
-            browser.close()
+    with _notebook_page(lab, "training.ipynb", "training") as page:
+        _run_cell(page, 0, TRAINING_CELLS)
+        cell = _run_cell(page, 1, TRAINING_CELLS, wait=False)
+        info = cell.locator(".jp-OutputArea-output table")
+        expect(info).to_contain_text("Training", timeout=120_000)
+        expect(info).to_contain_text("Iteration")
+        figure = cell.locator(".jp-OutputArea-output img")  # a picture, not "<training progress figure>"
+        expect(figure).to_be_visible(timeout=30_000)
+        assert figure.evaluate("img => img.naturalWidth") > 300
+        stop = cell.locator("button", has_text="Stop")
+        expect(stop).to_be_enabled()
+        time.sleep(1.5)  # past the Stop button's subshell request, whose idle once made the status bar say Idle
+        expect(page.locator(".jp-StatusBar-TextItem", has_text="Python 3")).to_contain_text("Busy")
+        cell.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "training-progress.png"))
+        stop.click()
+        expect(cell.locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=60_000)
+        expect(cell.locator(".jp-OutputArea")).to_contain_text("returned Sequential · Stopped by the Stop button")
+        expect(info).to_contain_text("Done: Stopped by the Stop button")
+        expect(stop).to_have_count(0)  # no dead button left in the notebook
+        expect(figure).to_be_visible()
 
 
 def test_the_panel_shows_a_running_jobs_training_and_its_buttons_and_cancel_asks_first(lab: Lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = _open_notebook(browser, lab, "jobs.ipynb")
-        try:
-            _run_cell(page, 0, JOB_CELLS)
-            _run_cell(page, 1, JOB_CELLS)
-            page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
-            panel = page.locator(".nbscale-Panel")
-            job = panel.locator(".nbscale-Job").first
-            expect(job).to_contain_text("demo", timeout=15_000)
-            training = panel.locator(".nbscale-Job-training .nbscale-Bar-label")
-            expect(training).to_contain_text("epoch", timeout=120_000)
-            expect(training).to_contain_text("left")
-            buttons = panel.locator(".nbscale-Job-actions button")
-            expect(buttons).to_have_text(["Log", "Cancel", "Copy"])
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "panel-jobs.png"))
-            for shown in [training, *buttons.all()]:  # in the sidebar as it opens, not off its right edge
-                assert _inside(shown, panel), f"{shown.inner_text()!r} is cut off by the panel's edge"
+    with _notebook_page(lab, "jobs.ipynb", "jobs") as page:
+        _run_cell(page, 0, JOB_CELLS)
+        _run_cell(page, 1, JOB_CELLS)
+        page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
+        panel = page.locator(".nbscale-Panel")
+        job = panel.locator(".nbscale-Job").first
+        expect(job).to_contain_text("demo", timeout=15_000)
+        training = panel.locator(".nbscale-Job-training .nbscale-Bar-label")
+        expect(training).to_contain_text("epoch", timeout=120_000)
+        expect(training).to_contain_text("left")
+        buttons = panel.locator(".nbscale-Job-actions button")
+        expect(buttons).to_have_text(["Log", "Cancel", "Copy"])
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "panel-jobs.png"))
+        for shown in [training, *buttons.all()]:  # in the sidebar as it opens, not off its right edge
+            assert _inside(shown, panel), f"{shown.inner_text()!r} is cut off by the panel's edge"
 
-            cancel = buttons.filter(has_text="Cancel")
-            cancel.click()
-            dialog = page.locator(".jp-Dialog")
-            expect(dialog).to_contain_text("Cancel job 1 'demo'?")
-            dialog.get_by_role("button", name="Keep running").click()
-            expect(dialog).to_have_count(0)
-            time.sleep(4)  # a refresh later, it still runs
-            expect(job.locator(".nbscale-State")).to_have_text("running")
+        cancel = buttons.filter(has_text="Cancel")
+        cancel.click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Cancel job 1 'demo'?")
+        dialog.get_by_role("button", name="Keep running").click()
+        expect(dialog).to_have_count(0)
+        time.sleep(4)  # a refresh later, it still runs
+        expect(job.locator(".nbscale-State")).to_have_text("running")
 
-            cancel.click()
-            dialog.get_by_role("button", name="Cancel job").click()
-            expect(job.locator(".nbscale-State")).to_have_text("cancelled", timeout=30_000)
-            expect(panel.locator(".nbscale-Job-actions button")).to_have_text(["Log", "Copy"])
-        except BaseException:
-            _failure_picture(page, "jobs")
-            raise
-        finally:
-            browser.close()
+        cancel.click()
+        dialog.get_by_role("button", name="Cancel job").click()
+        expect(job.locator(".nbscale-State")).to_have_text("cancelled", timeout=30_000)
+        expect(panel.locator(".nbscale-Job-actions button")).to_have_text(["Log", "Copy"])
 
 
 def test_the_panel_says_so_when_the_server_cannot_be_reached(lab: Lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = _open_notebook(browser, lab, "pool.ipynb")
-        try:
-            page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
-            panel = page.locator(".nbscale-Panel")
-            expect(panel.locator(".nbscale-pools")).to_contain_text("No pool is running", timeout=15_000)
-            expect(panel.locator(".nbscale-Error")).to_have_count(0)
-            lab.stop()
-            error = panel.locator(".nbscale-Error").first
-            expect(error).to_contain_text("Cannot reach nbscale's server extension", timeout=30_000)
-            expect(error).to_contain_text("Below: what it said at")  # the sections below are its last answer
-            expect(panel.locator("section.nbscale-Stale")).to_have_count(3)
-            page.screenshot(path=str(ARTIFACTS / "panel-server-gone.png"))
-        except BaseException:
-            _failure_picture(page, "server-gone")
-            raise
-        finally:
-            browser.close()
+    with _notebook_page(lab, "pool.ipynb", "server-gone") as page:
+        page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
+        panel = page.locator(".nbscale-Panel")
+        expect(panel.locator(".nbscale-pools")).to_contain_text("No pool is running", timeout=15_000)
+        expect(panel.locator(".nbscale-Error")).to_have_count(0)
+        lab.stop()
+        error = panel.locator(".nbscale-Error").first
+        expect(error).to_contain_text("Cannot reach nbscale's server extension", timeout=30_000)
+        expect(error).to_contain_text("Below: what it said at")  # the sections below are its last answer
+        expect(panel.locator("section.nbscale-Stale")).to_have_count(3)
+        page.screenshot(path=str(ARTIFACTS / "panel-server-gone.png"))
 
 
 def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_uses_it(lab: Lab):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = _open_notebook(browser, lab, "form.ipynb")
-        try:
-            _run_cell(page, 0, FORM_CELLS)
-            form = _run_cell(page, 1, FORM_CELLS).locator(".jp-OutputArea-output")
-            tabs = form.get_by_role("tab")
-            expect(tabs).to_have_text(["Solver", "Learning rate", "Data & batches", "Validation", "Hardware", "Output"])
-            expect(form).to_contain_text("Valid training options")
+    with _notebook_page(lab, "form.ipynb", "options-form") as page:
+        _run_cell(page, 0, FORM_CELLS)
+        form = _run_cell(page, 1, FORM_CELLS).locator(".jp-OutputArea-output")
+        tabs = form.get_by_role("tab")
+        expect(tabs).to_have_text(["Solver", "Learning rate", "Data & batches", "Validation", "Hardware", "Output"])
+        expect(form).to_contain_text("Valid training options")
 
-            threshold = form.locator(".widget-text", has_text="gradient_threshold").first
-            threshold.locator("input").fill("abc")
-            message = form.get_by_text("TrainingOptions.gradient_threshold: write a number or inf")
-            expect(message).to_be_visible()
-            field, said = threshold.locator("input").bounding_box(), message.bounding_box()
-            assert said["x"] >= field["x"] + field["width"] and abs(said["y"] - field["y"]) < field["height"], (
-                f"the message is not beside its field: field {field}, message {said}")
-            expect(form).to_contain_text("1 wrong value(s)")
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "options-form-error.png"))
+        threshold = form.locator(".widget-text", has_text="gradient_threshold").first
+        threshold.locator("input").fill("abc")
+        message = form.get_by_text("TrainingOptions.gradient_threshold: write a number or inf")
+        expect(message).to_be_visible()
+        field, said = threshold.locator("input").bounding_box(), message.bounding_box()
+        assert said["x"] >= field["x"] + field["width"] and abs(said["y"] - field["y"]) < field["height"], (
+            f"the message is not beside its field: field {field}, message {said}")
+        expect(form).to_contain_text("1 wrong value(s)")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "options-form-error.png"))
 
-            train = _run_cell(page, 2, FORM_CELLS)
-            expect(train.locator(".jp-OutputArea")).to_contain_text("gradient_threshold")
-            expect(train.locator(".jp-OutputArea")).to_contain_text("nothing was run")
+        train = _run_cell(page, 2, FORM_CELLS)
+        expect(train.locator(".jp-OutputArea")).to_contain_text("gradient_threshold")
+        expect(train.locator(".jp-OutputArea")).to_contain_text("nothing was run")
 
-            threshold.locator("input").fill("inf")
-            tabs.filter(has_text="Data & batches").click()
-            epochs = form.locator(".widget-text", has_text="max_epochs").locator("input")
-            epochs.fill("1")
-            epochs.press("Tab")  # a number box sends its value when it loses focus
-            expect(form).to_contain_text("Valid training options")
-            page.keyboard.press("Escape")
-            train.locator(".jp-InputPrompt").click()
-            page.keyboard.press("Shift+Enter")
-            expect(train.locator(".jp-InputPrompt")).to_have_text("[4]:", timeout=120_000)
-            expect(train.locator(".jp-OutputArea-output table")).to_contain_text("Epoch1 of 1")
-            expect(train.locator(".jp-OutputArea-output img")).to_be_visible()  # plots="training-progress" by default
-        except BaseException:
-            _failure_picture(page, "options-form")
-            raise
-        finally:
-            browser.close()
+        threshold.locator("input").fill("inf")
+        tabs.filter(has_text="Data & batches").click()
+        epochs = form.locator(".widget-text", has_text="max_epochs").locator("input")
+        epochs.fill("1")
+        epochs.press("Tab")  # a number box sends its value when it loses focus
+        expect(form).to_contain_text("Valid training options")
+        page.keyboard.press("Escape")
+        train.locator(".jp-InputPrompt").click()
+        page.keyboard.press("Shift+Enter")
+        expect(train.locator(".jp-InputPrompt")).to_have_text("[4]:", timeout=120_000)
+        expect(train.locator(".jp-OutputArea-output table")).to_contain_text("Epoch1 of 1")
+        expect(train.locator(".jp-OutputArea-output img")).to_be_visible()  # plots="training-progress" by default

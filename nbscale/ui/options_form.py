@@ -37,7 +37,7 @@ _CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOL
 _COMPILE_CHOICES = [("off", False), ("on", True), *((f"mode {mode!r}", mode) for mode in rules.COMPILE_MODES)]
 _INTEGERS = ("max_epochs", "learn_rate_drop_period", "validation_frequency", "verbose_frequency",
              "checkpoint_frequency", "learn_rate_reference_batch")  # all >= 1
-_FRACTIONS = {"momentum": 1.0, "learn_rate_drop_factor": 1.0}  # closed [0, 1]
+_FRACTIONS = ("momentum", "learn_rate_drop_factor")  # in [0, 1], stepped by 0.05
 _FLOATS = ("initial_learn_rate", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
            "l2_regularization")  # open bounds: checked by the rules, shown inline
 _INFINITE = ("gradient_threshold", "validation_patience")  # a number or "inf"
@@ -110,9 +110,9 @@ class OptionsForm:
         if name == "compile":
             return w.Dropdown(options=_COMPILE_CHOICES, **common)
         if name in _INTEGERS:
-            return w.BoundedIntText(min=1, max=10**9, **common)
+            return w.IntText(**common)  # unbounded: a value out of range is shown wrong inline, never clamped
         if name in _FRACTIONS:
-            return w.BoundedFloatText(min=0.0, max=_FRACTIONS[name], step=0.05, **common)
+            return w.FloatText(step=0.05, **common)
         if name in _FLOATS:
             return w.FloatText(**common)
         if name in _INFINITE:

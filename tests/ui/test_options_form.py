@@ -82,12 +82,15 @@ def test_impossible_values_are_shown_inline_and_stop_train_before_a_run(kernel) 
     assert kernel.run(CAPTURE + "form = nbscale.options_form(show=False)").ok
     result = kernel.run("""
 w = form.widgets
-w["max_epochs"].value = 0            # a bounded field cannot even hold it
-print(w["max_epochs"].value)
+w["max_epochs"].value = 0            # kept as typed (not clamped to 1) and shown wrong
+w["momentum"].value = 1.5
+print(w["max_epochs"].value, sorted(form.errors), "in [1, 1000000]" in form.messages["max_epochs"].value)
+w["max_epochs"].value, w["momentum"].value = 5, 0.9
 w["initial_learn_rate"].value = -1.0
 print(form.valid, "initial_learn_rate" in form.errors, "must be a finite number &gt; 0" in form.messages["initial_learn_rate"].value)
 """)
-    assert result.stdout.split() == ["1", "False", "True", "True"], result.text
+    assert result.stdout.split() == ["0", "['max_epochs',", "'momentum']", "True", "False", "True", "True"], \
+        result.text
     refused = kernel.run("%%train --options form" + CELL_BODY)
     assert refused.error_name == "OptionsError" and "initial_learn_rate" in refused.error_value
     assert "Traceback" not in refused.traceback  # the message alone

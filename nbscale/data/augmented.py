@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.transforms.v2 import functional as TF
 
 from nbscale.data.augmenter import DRAWS_PER_IMAGE, ImageAugmenter, gather_windows, whole_pixels
 from nbscale.data.datastore import ImageDatastore
@@ -27,12 +26,17 @@ COLOR_PREPROCESSING = ("none", "gray2rgb", "rgb2gray")
 OUTPUT_SIZE_MODES = ("resize", "centercrop", "randcrop")
 
 
+# torchvision is imported where an image is converted, so training on tensors (which imports this module for its
+# datastore checks) does not pay torchvision's import time
+
 def convert_color(image: torch.Tensor, color_preprocessing: str) -> torch.Tensor:
     """gray2rgb repeats a 1-channel image to 3 channels; rgb2gray turns 3 channels into 1; others pass."""
     channels = image.shape[-3]
     if color_preprocessing == "gray2rgb" and channels == 1:
         return image.expand(*image.shape[:-3], 3, *image.shape[-2:]).contiguous()
     if color_preprocessing == "rgb2gray" and channels == 3:
+        from torchvision.transforms.v2 import functional as TF
+
         return TF.rgb_to_grayscale(image, num_output_channels=1)
     return image
 
@@ -47,10 +51,11 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
     height, width = output_size
     if tuple(images.shape[-2:]) == (height, width):
         return images
-    if mode == "resize":
-        return TF.resize(images, [height, width], antialias=True)
-    if mode == "centercrop":
-        return TF.center_crop(images, [height, width])
+    if mode in ("resize", "centercrop"):
+        from torchvision.transforms.v2 import functional as TF
+
+        return (TF.resize(images, [height, width], antialias=True) if mode == "resize"
+                else TF.center_crop(images, [height, width]))
     n, _, h, w = images.shape
     if draws is None:
         draws = torch.rand(n, 2, device=images.device)
@@ -71,6 +76,8 @@ def _as_image_tensor(image: Any) -> torch.Tensor:
     from PIL import Image
 
     if isinstance(image, Image.Image):
+        from torchvision.transforms.v2 import functional as TF
+
         return TF.pil_to_tensor(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
     raise DatastoreError(f"AugmentedImageDatastore: the dataset yields {type(image).__name__} images; it needs "
                          "tensors (C x H x W), PIL images or numpy arrays.")

@@ -10,15 +10,18 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torchvision
 from torch import nn
-from torchvision.models import WeightsEnum
 
 from nbscale.errors import ModelError
 from nbscale.safe_load import RefusedPickle, load_restricted
+
+if TYPE_CHECKING:
+    from torchvision.models import WeightsEnum
+# torchvision is imported where a network is built, so importing nbscale.models (training imports its learn-rate
+# factors) stays free of torchvision's import time
 
 # modules whose layer classes (nn.Module subclasses defined there) a whole saved network may refer to
 _LAYER_MODULES = ("torch.nn.modules.", "torchvision.models.", "torchvision.ops.")
@@ -100,6 +103,9 @@ _OFFLINE_FIX = ("On a machine without internet, save the weights elsewhere with 
 def _torchvision_weights(name: str, weights: str | os.PathLike | WeightsEnum) -> WeightsEnum | None:
     """The torchvision weights that `weights` names ("DEFAULT", "IMAGENET1K_V1", "ResNet18_Weights.DEFAULT" or
     the enum), or None when it names a file (an existing path, or text with a path separator or a dot)."""
+    import torchvision
+    from torchvision.models import WeightsEnum
+
     if isinstance(weights, WeightsEnum):
         if type(weights) is not torchvision.models.get_model_weights(name):
             raise ModelError(f"pretrained: {weights} are not weights of {name}; its weights are "
@@ -127,6 +133,8 @@ def _torchvision_weights(name: str, weights: str | os.PathLike | WeightsEnum) ->
 
 
 def _weight_names(name: str) -> list[str]:
+    import torchvision
+
     return ["DEFAULT", *(weights.name for weights in torchvision.models.get_model_weights(name))]
 
 
@@ -157,6 +165,8 @@ def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEF
     torchvision layers; None gives random weights. Extra keyword arguments go to the torchvision constructor.
     Raises ModelError for an unknown name or a missing or mismatching file.
     """
+    import torchvision
+
     available = torchvision.models.list_models()
     if name not in available:
         close = difflib.get_close_matches(name, available, n=5)

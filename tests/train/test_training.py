@@ -392,3 +392,16 @@ def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails
     assert not chosen[2].weight.is_contiguous()
     trained, _ = nbscale.train(chosen, IMAGES, options)
     assert trained[2].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_training_on_tensors_does_not_import_torchvision() -> None:
+    """A kernel's first training of a network on tensors pays no torchvision import (datastore checks and the
+    learn-rate factors import nbscale.data and nbscale.models, which load torchvision only when they need it)."""
+    script = ("import sys, torch, nbscale\n"
+              "data = (torch.randn(64, 4), torch.randint(0, 3, (64,)))\n"
+              "nbscale.train(torch.nn.Linear(4, 3), data, nbscale.TrainingOptions('sgdm', max_epochs=1, "
+              "plots='none', verbose=False))\n"
+              "print(sorted(m for m in sys.modules if m.startswith('torchvision')))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -7,6 +7,7 @@ goes through the object collectives. Shapes may differ between ranks for gather/
 from __future__ import annotations
 
 import functools
+import hashlib
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +34,19 @@ class Collectives:
 
     def _describe(self, value: Any) -> tuple:
         if isinstance(value, torch.Tensor):
-            return ("tensor", tuple(value.shape), value.dtype)
+            return ("tensor", tuple(value.shape), value.dtype, value.device.type)
         return ("object",)
+
+    def _kinds(self, value: Any) -> str:
+        """What the ranks hold, told by one small collective: "same tensors" (one shape, dtype and device type
+        everywhere), "objects" (no tensor anywhere) or "mixed"."""
+        signature = _signature(value)
+        bounds = torch.tensor([signature, -signature], dtype=torch.int64)  # on the CPU: every group has gloo
+        dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=self.group)
+        highest, negated_lowest = bounds.tolist()
+        if highest == -negated_lowest:
+            return "same tensors" if highest else "objects"
+        return "mixed"
 
     def _check_member(self, call: str, role: str, rank: int) -> None:
         if rank not in self.ranks:
@@ -61,20 +73,21 @@ class Collectives:
     def allreduce(self, value: Any, op: str = "sum") -> Any:
         """The reduction (sum, mean, max, min) of every rank's value, on every rank.
 
-        Tensors need the same shape and dtype on every rank (a ValueError says which differ); NumPy arrays and
-        numbers reduce element by element; mean of an integer tensor is a float tensor.
+        Tensors need the same shape and dtype on every rank, on one kind of device (a ValueError says which
+        differ); NumPy arrays and numbers reduce element by element; mean of an integer tensor is a float tensor.
         """
         if op not in _REDUCE_OPS:
             raise ValueError(f"allreduce op must be one of 'sum', 'mean', 'max', 'min', not {op!r}.")
-        descriptions: list[Any] = [None] * self.size
-        dist.all_gather_object(descriptions, self._describe(value), group=self.group)
-        if isinstance(value, torch.Tensor) and len(set(descriptions)) == 1:
+        held = self._kinds(value)
+        if held == "same tensors":
             result = value.detach().clone()
             if op == "mean" and not result.is_floating_point():
                 result = result.float()
             dist.all_reduce(result, op=_REDUCE_OPS[op], group=self.group)
             return result / self.size if op == "mean" else result
-        if any(d[0] == "tensor" for d in descriptions):
+        if held == "mixed":
+            descriptions: list[Any] = [None] * self.size
+            dist.all_gather_object(descriptions, self._describe(value), group=self.group)
             raise ValueError(_mismatch(descriptions, self.ranks))
         values: list[Any] = [None] * self.size
         dist.all_gather_object(values, value, group=self.group)
@@ -95,9 +108,7 @@ class Collectives:
 
     def allgather(self, value: Any) -> list[Any]:
         """Every rank's value, in rank order, on every rank."""
-        descriptions: list[Any] = [None] * self.size
-        dist.all_gather_object(descriptions, self._describe(value), group=self.group)
-        if all(d[0] == "tensor" for d in descriptions) and len({d[1:] for d in descriptions}) == 1:
+        if self._kinds(value) == "same tensors":
             tensors = [torch.empty_like(value) for _ in range(self.size)]
             dist.all_gather(tensors, value.contiguous(), group=self.group)
             return tensors
@@ -127,13 +138,25 @@ class Collectives:
 
 def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:
     """What differs between the ranks' allreduce values, each rank's shape and dtype (or kind)."""
+    devices = {d[3] for d in descriptions if d[0] == "tensor"}
+
     def shown(description: tuple) -> str:
         if description[0] != "tensor":
             return "not a tensor"
-        return f"shape {tuple(description[1])} {str(description[2]).removeprefix('torch.')}"
+        where = f" on {description[3]}" if len(devices) > 1 else ""
+        return f"shape {tuple(description[1])} {str(description[2]).removeprefix('torch.')}{where}"
 
     each = "; ".join(f"rank {rank}: {shown(d)}" for rank, d in zip(ranks, descriptions, strict=True))
-    return f"allreduce needs a tensor of the same shape and dtype on every rank ({each})."
+    return f"allreduce needs a tensor of the same shape and dtype on every rank, on one kind of device ({each})."
+
+
+def _signature(value: Any) -> int:
+    """0 for a value that is not a tensor; else a number (>= 1) standing for its shape, dtype and device type, the
+    same in every process."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    text = repr((tuple(value.shape), str(value.dtype), value.device.type)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=7).digest(), "big") + 1
 
 
 def _reduce_values(values: list[Any], op: str) -> Any:

@@ -328,6 +328,11 @@ class Pool:
         """
         self.router.tell(p.RequestStop(), None if future is None else self.tasks.ranks_of(future))
 
+    def send_verdict(self, run: str, iteration: int, stop: bool) -> None:
+        """Answer `iteration` of a training run whose workers wait for the notebook's output_fn at every
+        iteration: go on, or stop after it (nbscale.train.distributed)."""
+        self.router.tell(p.Verdict(run, iteration, stop))
+
     def _targets(self, targets: Iterable[int] | None) -> tuple[int, ...]:
         if targets is None:
             return tuple(range(self.size))

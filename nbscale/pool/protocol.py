@@ -119,6 +119,16 @@ class RequestStop:
 
 
 @dataclass(frozen=True)
+class Verdict:
+    """The notebook's answer to a training iteration its output_fn saw: go on, or stop after it (`run` names the
+    training run, so an answer that comes late for an earlier run is never taken for this one's)."""
+
+    run: str
+    iteration: int
+    stop: bool
+
+
+@dataclass(frozen=True)
 class StatusQuery:
     """Ask for the worker's memory use; answered by the receiver thread even while the worker is busy."""
 

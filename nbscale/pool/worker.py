@@ -121,6 +121,7 @@ class Worker:
         self.urgent: dict[type, Callable[[Any], None]] = {
             p.Interrupt: self.interrupt,
             p.RequestStop: self.request_stop,
+            p.Verdict: self.record_verdict,
             p.StatusQuery: self.report_status,
             p.Shutdown: self.shut_down,
         }
@@ -156,6 +157,9 @@ class Worker:
 
     def request_stop(self, message: p.RequestStop) -> None:
         self.context._stop.set()
+
+    def record_verdict(self, message: p.Verdict) -> None:
+        self.context.record_verdict(message.run, message.iteration, message.stop)
 
     def report_status(self, message: p.StatusQuery) -> None:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
@@ -213,7 +217,7 @@ class Worker:
                 message = self.inbox.get()
             except KeyboardInterrupt:  # an interrupt that arrived just after the last request ended
                 continue
-            self.context._stop.clear()
+            self.context.reset()
             try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
                 with self.request_lock:
                     self.current_request = message.request_id

@@ -7,13 +7,16 @@ the work (a pool of one, or worker_load leaving the others out) it trains as the
 group, no DDP, no per-iteration collective. The first worker with
 work sends the training events to the notebook in small bunches, where they drive the same display, verbose
 table, output_fn and info as in-process training; it also writes the checkpoints and returns the trained
-weights, which are loaded into the notebook's model.
+weights, which are loaded into the notebook's model. With output_fn, every iteration's event goes at once and
+every rank waits for the notebook's answer to it (`Pool.send_verdict`), so output_fn stops the pool after the
+iteration it saw, as it does in the notebook's process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import secrets
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +29,7 @@ from nbscale.errors import OptionsError, UnsendableError, WorkerError
 from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
-from nbscale.train.events import EventChannel, PreparingData, StopSignal
+from nbscale.train.events import EventChannel, IterationDone, PreparingData, StopSignal
 from nbscale.train.loop import LoopResult, LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
 
@@ -45,6 +48,7 @@ class WorkerJob:
     resume: dict[str, Any] | None
     counts: list[int]
     hardware: str
+    answered_run: str | None = None  # with output_fn: every iteration waits for the notebook's answer to it
 
 
 def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
@@ -58,14 +62,25 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     idle = [str(rank) for rank, count in enumerate(counts) if count == 0]  # MATLAB's WorkerLoad 0: the worker sits out
     hardware = f"{len(used)} worker{'s' * (len(used) != 1)} ({', '.join(used)}; {backend})" + (
         f"; worker{'s' * (len(idle) > 1)} {', '.join(idle)} sit{'s' * (len(idle) == 1)} out (worker_load 0)" if idle else "")
-    # the notebook keeps output_fn, plots and the table; workers only train
+    # the notebook keeps output_fn, plots and the table; workers only train. With output_fn every rank waits for
+    # its answer to each iteration, so a stop it asks for lands after the iteration it saw, as in the notebook
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
-    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware)
+    answered_run = secrets.token_hex(8) if options.output_fn is not None else None
+    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered_run)
 
     preparing = _PreparingTotals()
+    listener_failures: list[Exception] = []
 
     def on_event(rank: int, events: Any) -> None:
-        channel.publish(preparing.combined(rank, events))
+        if not listener_failures:
+            try:
+                channel.publish(preparing.combined(rank, events))
+            except Exception as error:  # output_fn (or a display) failed: stop the workers, raise it once they are
+                listener_failures.append(error)
+                stop.request("Stopped: a training listener failed")
+        iterations = [event.iteration for event in events if isinstance(event, IterationDone)]
+        if answered_run is not None and iterations:
+            pool.send_verdict(answered_run, max(iterations), stop.requested)
         if stop.requested:  # asked again: a stop asked while the pool started or the run was queued is lost there
             pool.request_stop()
 
@@ -78,6 +93,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
         raise UnsendableError(_unsendable(job) or str(error)) from None
     finally:
         stop.on_request.remove(pool.request_stop)
+    if listener_failures:
+        raise listener_failures[0]
     result = next(r for r in results if r is not None)
     model.load_state_dict(result.state_dict)
     return result
@@ -98,13 +115,22 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     device = context.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    publish = sender.send if is_main else _preparing_only(sender)
+    answered_run = job.answered_run
+    if answered_run is None:
+        def stop_reason() -> str | None:
+            return "Stopped on request" if context.stop_requested else None
+    else:  # the notebook's answers alone stop the run: every rank has the same ones at the same iteration
+        publish = _answered(publish, sender, answered_run)
+
+        def stop_reason() -> str | None:
+            return "Stopped on request" if context.told_to_stop(answered_run) else None
     try:
         result = run_training(LoopSetup(
             model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn, device=device,
-            seed=job.seed, hardware=job.hardware, publish=sender.send if is_main else _preparing_only(sender),
-            stop_reason=lambda: "Stopped on request" if context.stop_requested else None,
+            seed=job.seed, hardware=job.hardware, publish=publish, stop_reason=stop_reason,
             validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
-            rank=context.rank, group=group, is_main=is_main))
+            rank=context.rank, group=group, is_main=is_main, read_each_iteration=answered_run is not None))
     except BaseException as error:
         # let go of what holds the group (the failed step's frames, compiled code), so tearing it down below closes
         # its connections: a gloo peer waits in its collective until they close (the traceback's text stays)
@@ -177,6 +203,21 @@ def _woken_by_a_peer(error: BaseException) -> bool:
 def _tells_of_a_torn_down_group(text: str) -> bool:
     """True for an error (or a worker's traceback) saying that a peer closed the training group's connections."""
     return "Connection reset by peer" in text or "Connection closed by peer" in text
+
+
+def _answered(publish: Callable[[Any], None], sender: EventBunches, run: str) -> Callable[[Any], None]:
+    """`publish`, then, after each iteration, wait for the notebook's answer to it (its output_fn ran there)."""
+    from nbscale.pool.context import worker_context
+
+    context = worker_context()
+
+    def publish_and_wait(event: Any) -> None:
+        publish(event)
+        if isinstance(event, IterationDone):
+            sender.flush()
+            context.wait_for_verdict(run, event.iteration)
+
+    return publish_and_wait
 
 
 def _preparing_only(sender: EventBunches) -> Callable[[Any], None]:

@@ -12,7 +12,8 @@ figures where they are and reads them together, chosen once in setup:
 - `PoolFigures`, on a pool of several ranks with work: an iteration's loss sum, correct count, sample count and
   stop flag are summed over the ranks by the same collective as the last gradient bucket (`CarryingHook`, DDP's
   communication hook), so an iteration needs one collective, not two. Every rank reads at the same iterations:
-  every iteration on CPU workers (the collective waited already), every READ_EVERY on GPUs.
+  every iteration on CPU workers (the collective waited already), every READ_EVERY on GPUs; every iteration where
+  the notebook's output_fn answers each one (nbscale.train.distributed), whose stop every rank then takes at once.
 Figures are also read whenever an iteration needs them (validation, the end of an epoch, a stop request).
 """
 
@@ -115,9 +116,11 @@ class PoolFigures:
     """The figures of a pool's ranks with work, summed with the last gradient bucket (see the module docstring)."""
 
     def __init__(self, hook: CarryingHook, group: Any, device: torch.device,
-                 stop_reason: Callable[[], str | None]) -> None:
+                 stop_reason: Callable[[], str | None], answered_each_iteration: bool = False) -> None:
         self.hook, self.group, self.device, self.stop_reason = hook, group, device, stop_reason
-        self.read_every = 1 if device.type == "cpu" else READ_EVERY
+        # with output_fn, every rank waits for the notebook's answer to each iteration, so all see its stop at once
+        self.answered_each_iteration = answered_each_iteration
+        self.read_every = 1 if device.type == "cpu" or answered_each_iteration else READ_EVERY
         self.interval = math.inf  # never by time: every rank must read at the same iterations
         self.one = torch.ones((), device=device)
 
@@ -132,7 +135,9 @@ class PoolFigures:
         return carried
 
     def stop_asked(self) -> bool:
-        return False  # a stop travels in the summed figures, so every rank stops at the same iteration
+        # a stop travels in the summed figures, so every rank stops at the same iteration; an answer to an
+        # iteration reaches every rank before it goes on, so that stop is taken at once
+        return self.answered_each_iteration and self.stop_reason() is not None
 
     unread = None  # every read is of its own bunch: the figures came with the last gradient bucket
 

@@ -58,7 +58,8 @@ class LoopSetup:
     rank: int = 0
     group: Any = None  # torch.distributed group of the ranks with work, when more than one has work; else None
     is_main: bool = True  # writes checkpoints and tells the user of a network that could not compile
-    read_each_iteration: bool = False  # a listener needs every iteration's figures at once (output_fn)
+    # a listener needs every iteration's figures at once (output_fn; on a pool publish waits for its answer)
+    read_each_iteration: bool = False
 
 
 @dataclass
@@ -369,7 +370,7 @@ def _distributed(model: nn.Module, setup: LoopSetup, share: float) -> tuple[nn.M
                                   process_group=setup.group)
     hook = CarryingHook(setup.group, share)
     net.register_comm_hook(None, hook.reduce)
-    return net, PoolFigures(hook, setup.group, device, setup.stop_reason)
+    return net, PoolFigures(hook, setup.group, device, setup.stop_reason, setup.read_each_iteration)
 
 
 def _epoch_rows(order: torch.Tensor, iterations: int, global_batch: int, offset: int, local: int) -> torch.Tensor:

@@ -87,7 +87,7 @@ def test_one_worker_with_all_the_work_trains_and_stops_like_one_process(pool: nb
     assert same(alone, net) and info.hardware.startswith("1 worker (cpu")
     _, info = trained(execution_environment="parallel", worker_load=[1, 0], max_epochs=50,
                       output_fn=lambda info: info.iteration[-1] >= 5)
-    assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] < 50 * 23
+    assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] == 5
 
 
 def test_compiled_training_on_the_pool_trains_like_eager_and_comes_back_plain(pool: nbscale.Pool) -> None:
@@ -151,10 +151,33 @@ def test_a_model_that_cannot_be_sent_is_named(pool: nbscale.Pool) -> None:
         nbscale.train(model, TRAIN, options(execution_environment="parallel"))
 
 
-def test_output_fn_stop_reaches_the_workers(pool: nbscale.Pool) -> None:
-    _, info = trained(execution_environment="parallel", max_epochs=50,
-                      output_fn=lambda info: info.iteration[-1] >= 5)
-    assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] < 50 * 23
+def test_output_fn_stops_the_workers_after_the_iteration_it_saw_as_in_the_notebook(pool: nbscale.Pool) -> None:
+    """Every rank waits for the notebook's output_fn at each iteration, so its stop lands where it does in the
+    notebook's process: the same iterations trained, the same network, output_fn called once per iteration."""
+    seen: list[int] = []
+
+    def stop_at_five(info: nbscale.TrainingInfo) -> bool:
+        seen.append(info.iteration[-1])
+        return info.iteration[-1] >= 5
+
+    alone, alone_info = trained(max_epochs=50, output_fn=stop_at_five)
+    assert seen == [1, 2, 3, 4, 5]
+    seen.clear()
+    net, info = trained(execution_environment="parallel", max_epochs=50, output_fn=stop_at_five)
+    assert seen == [1, 2, 3, 4, 5] and info.iteration == alone_info.iteration == [1, 2, 3, 4, 5]
+    assert info.stop_reason == "Stopped by output_fn" and same(alone, net)
+
+
+def test_an_output_fn_that_fails_on_the_pool_raises_its_error_and_leaves_the_pool_usable(pool: nbscale.Pool) -> None:
+    def broken(info: nbscale.TrainingInfo) -> bool:
+        if info.iteration[-1] == 3:
+            raise KeyError("no such column")
+        return False
+
+    with pytest.raises(KeyError, match="no such column"):
+        trained(execution_environment="parallel", max_epochs=50, output_fn=broken)
+    _, info = trained(execution_environment="parallel", max_epochs=1)
+    assert info.stop_reason == "Max epochs completed"
 
 
 def test_a_dying_worker_leaves_the_checkpoint_to_resume_from(pool: nbscale.Pool, tmp_path) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 import nbscale
 from nbscale.errors import OptionsError, WorkerError
@@ -49,26 +50,30 @@ def _written(path: Path, since: float) -> bool:
         return False
 
 
-def _kill_when(path: Path, pid: int, deadline_s: float = 120, how: int = signal.SIGKILL) -> threading.Thread:
-    """Send `how` to `pid` as soon as `path` is written from now on (a checkpoint written mid-training)."""
+def _loss_losing_worker(rank: int, after: Path, how: int = signal.SIGKILL) -> Callable[..., torch.Tensor]:
+    """Cross-entropy, with which worker `rank` sends itself `how` (SIGKILL: it dies; SIGSTOP: it freezes) at its
+    first step after checkpoint `after` is written from now on, once in the test: the worker is lost at a known
+    point, in the first or second iteration of the next epoch, however busy the machine (a watcher thread in the
+    kernel, polling for the file, could be late by epochs under load)."""
     since = time.time()
+    signalled = Path(f"{after.parent}.signalled")
 
-    def watch() -> None:
-        end = time.monotonic() + deadline_s
-        while not _written(path, since) and time.monotonic() < end:
-            time.sleep(0.02)
-        os.kill(pid, how)
+    def loss_fn(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from nbscale.pool.context import worker_context
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    return watcher
+        if worker_context().rank == rank and _written(after, since) and not signalled.exists():
+            signalled.touch()
+            os.kill(os.getpid(), how)
+        return torch.nn.functional.cross_entropy(outputs, labels)
+
+    return loss_fn
 
 
 def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_from_its_checkpoint(pool, tmp_path, capfd):
     (train_x, train_y), _ = digits()
     lost_pid = pool.workers[1].pid
-    _kill_when(checkpoint_file(tmp_path, 3), lost_pid)
-    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12))
+    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12),
+                              loss_fn=_loss_losing_worker(1, checkpoint_file(tmp_path, 3)))
 
     assert info.stop_reason.startswith("Max epochs completed (after 1 restart: restart 1 after iteration ")
     assert f"worker 1 (pid {lost_pid}) died: it was killed by SIGKILL" in info.stop_reason
@@ -92,8 +97,8 @@ def test_a_checkpoint_of_an_earlier_run_in_the_folder_is_never_resumed_from(pool
     earlier = _options(tmp_path, max_epochs=5, on_worker_failure="error")
     _, quiet = nbscale.train(tiny_net(seed=1), (train_x, train_y), earlier)  # leaves epochs 1..5 of another run
     assert quiet.restarts == []
-    _kill_when(checkpoint_file(tmp_path, 1), pool.workers[0].pid)
-    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=3))
+    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=3),
+                              loss_fn=_loss_losing_worker(0, checkpoint_file(tmp_path, 1)))
     assert "resumed from the checkpoint of epoch 1" in info.stop_reason  # this run's own, not the earlier epoch 5
     assert info.iteration == list(range(1, 3 * ITERATIONS_PER_EPOCH + 1))
 
@@ -114,9 +119,9 @@ def test_a_failure_of_the_code_itself_is_raised_not_restarted(pool, tmp_path):
 def test_a_frozen_worker_is_given_up_by_the_heartbeat_and_training_resumes_without_it(pool, tmp_path):
     (train_x, train_y), _ = digits()
     frozen_pid = pool.workers[1].pid
-    _kill_when(checkpoint_file(tmp_path, 2), frozen_pid, how=signal.SIGSTOP)
     started = time.monotonic()
-    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12))
+    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12),
+                              loss_fn=_loss_losing_worker(1, checkpoint_file(tmp_path, 2), how=signal.SIGSTOP))
     print(f"trained, with the frozen worker replaced, in {time.monotonic() - started:.1f} s")
     assert f"worker 1 (pid {frozen_pid}) stopped answering for 20 s: its process is stopped" in info.stop_reason
     assert "resumed from the checkpoint of epoch 2" in info.stop_reason
@@ -136,14 +141,15 @@ import nbscale
 from pathlib import Path
 from nbscale.train.checkpoint import checkpoint_file
 from tests.train.digits import digits
-from tests.train.test_worker_failure_restart import _kill_when, _options, tiny_net
+from tests.train.test_worker_failure_restart import _loss_losing_worker, _options, tiny_net
 (train_x, train_y), _ = digits()
 pool = nbscale.Pool(2, cpu=True)
 folder = Path({str(tmp_path)!r})
 opts = _options(folder, max_epochs=8, plots="training-progress")
-_kill_when(checkpoint_file(folder, 3), pool.workers[1].pid)
+loss_fn = _loss_losing_worker(1, checkpoint_file(folder, 3))
 """).ok
-    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), opts)", timeout=240)
+    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), opts, loss_fn=loss_fn)",
+                        timeout=240)
     assert result.ok, result.text
     restarts = kernel.run("print(info.restarts)").stdout
     assert "restart 1 after iteration" in restarts and "resumed from the checkpoint of epoch 3" in restarts

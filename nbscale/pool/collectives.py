@@ -62,8 +62,11 @@ class Collectives:
         dist.broadcast_object_list(holder, src=src, group=self.group)
         description = holder[0]
         if description[0] == "tensor":
-            device = value.device if dist.get_rank() == src else self._device()
-            tensor = value.contiguous() if dist.get_rank() == src else torch.empty(description[1], dtype=description[2], device=device)
+            if dist.get_rank() == src:
+                tensor = value.contiguous()
+            else:  # a CPU tensor arrives on the CPU (gloo), a GPU tensor on each worker's own GPU (NCCL)
+                device = torch.device("cpu") if description[3] == "cpu" else self._device()
+                tensor = torch.empty(description[1], dtype=description[2], device=device)
             dist.broadcast(tensor, src=src, group=self.group)
             return tensor
         holder = [value]

@@ -54,8 +54,9 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
     if mode in ("resize", "centercrop"):
         from torchvision.transforms.v2 import functional as TF
 
-        return (TF.resize(images, [height, width], antialias=True) if mode == "resize"
-                else TF.center_crop(images, [height, width]))
+        if mode == "resize":
+            return TF.resize(images, [height, width], antialias=True)
+        return TF.center_crop(images, [height, width])
     n, _, h, w = images.shape
     if draws is None:
         draws = torch.rand(n, 2, device=images.device)

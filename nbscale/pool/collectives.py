@@ -40,7 +40,7 @@ class Collectives:
     def _kinds(self, value: Any) -> str:
         """What the ranks hold, told by one small collective: "same tensors" (one shape, dtype and device type
         everywhere), "objects" (no tensor anywhere) or "mixed"."""
-        signature = _signature(value)
+        signature = _signature(self._describe(value))
         bounds = torch.tensor([signature, -signature], dtype=torch.int64)  # on the CPU: every group has gloo
         dist.all_reduce(bounds, op=dist.ReduceOp.MAX, group=self.group)
         highest, negated_lowest = bounds.tolist()
@@ -153,13 +153,12 @@ def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:
     return f"allreduce needs a tensor of the same shape and dtype on every rank, on one kind of device ({each})."
 
 
-def _signature(value: Any) -> int:
-    """0 for a value that is not a tensor; else a number (>= 1) standing for its shape, dtype and device type, the
-    same in every process."""
-    if not isinstance(value, torch.Tensor):
+def _signature(description: tuple) -> int:
+    """0 for a value that is not a tensor; else a number (>= 1) standing for its description (shape, dtype and
+    device type), the same in every process."""
+    if description[0] != "tensor":
         return 0
-    text = repr((tuple(value.shape), str(value.dtype), value.device.type)).encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=7).digest(), "big") + 1
+    return int.from_bytes(hashlib.blake2b(repr(description).encode(), digest_size=7).digest(), "big") + 1
 
 
 def _reduce_values(values: list[Any], op: str) -> Any:

@@ -20,7 +20,7 @@ class WorkerContext:
     host: str
     _emit: Any = None
     _stop: threading.Event = field(default_factory=threading.Event)
-    _verdicts: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # run -> (answered, stop after)
+    _verdicts: dict[str, tuple[int, bool]] = field(default_factory=dict)  # run -> (last iteration answered, stop)
     _verdict_came: threading.Condition = field(default_factory=threading.Condition)
 
     @property
@@ -31,20 +31,19 @@ class WorkerContext:
     def wait_for_verdict(self, run: str, iteration: int) -> None:
         """Block until the notebook answered `iteration` of training run `run` (nbscale.train.distributed)."""
         with self._verdict_came:
-            while self._verdicts.get(run, (0, None))[0] < iteration:
+            while self._verdicts.get(run, (0, False))[0] < iteration:
                 self._verdict_came.wait(0.1)  # woken every 0.1 s: the interrupt and the heartbeat see it move
 
     def told_to_stop(self, run: str) -> bool:
         """True once the notebook answered an iteration of `run` with stop."""
         with self._verdict_came:
-            return self._verdicts.get(run, (0, None))[1] is not None
+            return self._verdicts.get(run, (0, False))[1]
 
     def record_verdict(self, run: str, iteration: int, stop: bool) -> None:
         """Keep the notebook's answer (called by the worker's receiver thread)."""
         with self._verdict_came:
-            answered, stop_after = self._verdicts.get(run, (0, None))
-            self._verdicts[run] = (max(answered, iteration), stop_after if stop_after is not None or not stop
-                                   else iteration)
+            answered, stopped = self._verdicts.get(run, (0, False))
+            self._verdicts[run] = (max(answered, iteration), stopped or stop)
             self._verdict_came.notify_all()
 
     def reset(self) -> None:

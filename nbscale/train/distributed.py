@@ -20,7 +20,7 @@ import secrets
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, IterationDone, PreparingData, StopSignal
 from nbscale.train.loop import LoopResult, LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
+
+if TYPE_CHECKING:
+    from nbscale.pool.context import WorkerContext
 
 _EMIT_INTERVAL = 0.1  # seconds between bunches of events sent from rank 0
 
@@ -121,7 +124,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         def stop_reason() -> str | None:
             return "Stopped on request" if context.stop_requested else None
     else:  # the notebook's answers alone stop the run: every rank has the same ones at the same iteration
-        publish = _answered(publish, sender, answered_run)
+        publish = _answered(publish, sender, context, answered_run)
 
         def stop_reason() -> str | None:
             return "Stopped on request" if context.told_to_stop(answered_run) else None
@@ -205,12 +208,9 @@ def _tells_of_a_torn_down_group(text: str) -> bool:
     return "Connection reset by peer" in text or "Connection closed by peer" in text
 
 
-def _answered(publish: Callable[[Any], None], sender: EventBunches, run: str) -> Callable[[Any], None]:
+def _answered(publish: Callable[[Any], None], sender: EventBunches, context: WorkerContext,
+              run: str) -> Callable[[Any], None]:
     """`publish`, then, after each iteration, wait for the notebook's answer to it (its output_fn ran there)."""
-    from nbscale.pool.context import worker_context
-
-    context = worker_context()
-
     def publish_and_wait(event: Any) -> None:
         publish(event)
         if isinstance(event, IterationDone):

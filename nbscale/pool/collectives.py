@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import operator
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,14 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.R
 _PAIRWISE: dict[str, Callable[[Any, Any], Any]] = {
     "sum": operator.add, "mean": operator.add, "max": np.maximum, "min": np.minimum,
 }
+
+
+# broadcast's header: kind, dtype index or pickled length, device kind, number of dimensions, the dimensions
+_TENSOR, _OBJECT = 1, 2
+_ON_CPU = 1
+_HEADER_DIMS = 32  # a tensor with more dimensions goes pickled, as objects do
+_HEADER_SIZE = 4 + _HEADER_DIMS
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 
 
 class Collectives:
@@ -56,22 +65,29 @@ class Collectives:
             )
 
     def broadcast(self, value: Any = None, src: int = 0) -> Any:
-        """Rank `src`'s value on every rank (others may pass None)."""
+        """Rank `src`'s value on every rank (others may pass None).
+
+        Two collectives: a fixed-size header (a tensor's shape, dtype and device kind, or an object's pickled
+        length), then the tensor itself or the pickled bytes.
+        """
         self._check_member("broadcast", "src", src)
-        holder: list[Any] = [self._describe(value) if dist.get_rank() == src else None]
-        dist.broadcast_object_list(holder, src=src, group=self.group)
-        description = holder[0]
-        if description[0] == "tensor":
-            if dist.get_rank() == src:
+        sender = dist.get_rank() == src
+        header = torch.zeros(_HEADER_SIZE, dtype=torch.int64)  # on the CPU: every group has gloo
+        pickled = None
+        if sender:
+            pickled = _write_header(header, value)
+        dist.broadcast(header, src=src, group=self.group)
+        if header[0] == _TENSOR:
+            if sender:
                 tensor = value.contiguous()
             else:  # a CPU tensor arrives on the CPU (gloo), a GPU tensor on each worker's own GPU (NCCL)
-                device = torch.device("cpu") if description[3] == "cpu" else self._device()
-                tensor = torch.empty(description[1], dtype=description[2], device=device)
+                device = torch.device("cpu") if header[2] == _ON_CPU else self._device()
+                tensor = torch.empty(header[4:4 + header[3]].tolist(), dtype=_DTYPES[header[1]], device=device)
             dist.broadcast(tensor, src=src, group=self.group)
             return tensor
-        holder = [value]
-        dist.broadcast_object_list(holder, src=src, group=self.group)
-        return holder[0]
+        data = pickled if pickled is not None else torch.empty(int(header[1]), dtype=torch.uint8)
+        dist.broadcast(data, src=src, group=self.group)
+        return value if sender else pickle.loads(data.numpy().tobytes())
 
     def allreduce(self, value: Any, op: str = "sum") -> Any:
         """The reduction (sum, mean, max, min) of every rank's value, on every rank.
@@ -137,6 +153,17 @@ class Collectives:
             "allgather": self.allgather,
             "barrier": self.barrier,
         }
+
+
+def _write_header(header: torch.Tensor, value: Any) -> torch.Tensor | None:
+    """Fill broadcast's header for `value`; returns its pickled bytes (a uint8 tensor) unless it goes as a tensor."""
+    if isinstance(value, torch.Tensor) and value.dim() <= _HEADER_DIMS and value.dtype in _DTYPES:
+        header[:4] = torch.tensor([_TENSOR, _DTYPES.index(value.dtype), int(value.device.type == "cpu"), value.dim()])
+        header[4:4 + value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
+        return None
+    pickled = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+    header[:2] = torch.tensor([_OBJECT, pickled.numel()])
+    return pickled
 
 
 def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:

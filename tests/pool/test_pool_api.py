@@ -81,6 +81,20 @@ def test_spmd_collectives_on_tensors_and_objects(pool):
     assert namespace["names"][:] == [(0, 3, "cpu"), (1, 3, "cpu"), (2, 3, "cpu")]
 
 
+def test_broadcast_keeps_every_tensor_shape_dtype_and_any_object(pool):
+    code = (
+        "sent = [torch.tensor(3), torch.zeros(0, 2), torch.arange(6).reshape(2, 3).t(), torch.tensor([True, False]),\n"
+        "        torch.ones((1,) * 40, dtype=torch.float16), None, 'text', {'nested': torch.ones(2)}]\n"
+        "received = [broadcast(value if rank == 2 else None, src=2) for value in sent]\n"
+        "same = all(type(a) is type(b) and (torch.equal(a, b) and a.dtype == b.dtype if isinstance(a, torch.Tensor)\n"
+        "           else str(a) == str(b)) for a, b in zip(sent, received))\n"
+    )
+    namespace: dict = {}
+    pool.spmd(code, namespace=namespace)
+    assert namespace["same"][:] == [True, True, True]
+    assert namespace["received"][0][2].tolist() == [[0, 3], [1, 4], [2, 5]]
+
+
 def test_composite_is_each_workers_own_value_in_a_later_cell(pool):
     namespace: dict = {}
     pool.spmd("value = torch.tensor([rank * 1.0])", namespace=namespace)

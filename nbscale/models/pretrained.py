@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import os
 import sys
 import urllib.parse
@@ -252,13 +253,16 @@ def _check_whole_network(name: str, loaded: nn.Module, path: Path) -> None:
 
     from nbscale.models.transfer import classification_layer
 
+    # detection networks would download their backbone's weights by default: the skeleton needs none
+    parameters = inspect.signature(torchvision.models.get_model_builder(name)).parameters
+    options = {"weights_backbone": None} if "weights_backbone" in parameters else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             with torch.device("meta"):  # only names and shapes are compared: no memory, no initialisation
-                expected = torchvision.models.get_model(name, weights=None)
+                expected = torchvision.models.get_model(name, weights=None, **options)
         except Exception:  # noqa: BLE001 - a few networks (RegNet) cannot initialise meta tensors
-            expected = torchvision.models.get_model(name, weights=None)
+            expected = torchvision.models.get_model(name, weights=None, **options)
     fix = ("Pass the name of the network the file holds, or load it with torch.load(path, weights_only=False) if "
            "you trust it.")
     if type(loaded) is not type(expected):

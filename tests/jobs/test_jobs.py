@@ -92,6 +92,12 @@ def test_an_nbscale_error_in_a_job_shows_the_cell_line_and_message_not_nbscales_
     assert "nbscale/" not in log and "nbscale.errors" not in log  # as in the notebook: the message, not internals
 
 
+def test_stop_training_of_a_job_that_ended_without_training_is_false() -> None:
+    job = jobs.submit("x = 1\n")
+    job.wait(WAIT_S)
+    assert job.stop_training() is False  # as for any ended job: nothing is left to stop
+
+
 def test_cancel_kills_the_whole_process_group() -> None:
     code = "import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\nprint('child', child.pid, flush=True)\ntime.sleep(60)\n"
     job = jobs.submit(code)

@@ -1,8 +1,8 @@
 """Using a trained network (MATLAB's classify, predict, activations, confusionchart) on a dataset or tensor.
 
 `data` is a torch Dataset yielding (input, label) or input, a DataLoader, an (inputs, labels) pair (tensors, numpy
-arrays, labels also a list), a tensor or numpy array of inputs, or one C x H x W image (for a network whose first
-layer is a 2-D convolution). The network runs in eval mode without gradients on the device its parameters are on, in batches,
+arrays, labels also a list), a tensor or numpy array of inputs, or one C x H x W image (H x W for one channel) for
+a network whose first layer is a 2-D convolution. The network runs in eval mode without gradients on the device its parameters are on, in batches,
 and is put back in the mode it was in.
 """
 
@@ -83,12 +83,15 @@ def _split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def _one_image_as_batch(net: nn.Module, data: Any) -> Any:
-    """A single C x H x W image (tensor or array) as a batch of one, for a network whose first layer is a 2-D
-    convolution (MATLAB's classify(net, I)); any other data as it is."""
-    if not isinstance(data, torch.Tensor | np.ndarray) or data.ndim != 3:
+    """A single C x H x W image (tensor or array), or H x W for a network taking one channel, as a batch of one,
+    for a network whose first layer is a 2-D convolution (MATLAB's classify(net, I)); any other data as it is."""
+    if not isinstance(data, torch.Tensor | np.ndarray) or data.ndim not in (2, 3):
         return data
     first = next((m for m in net.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d | nn.Linear)), None)
-    return tensor_of(data)[None] if isinstance(first, nn.Conv2d) else data
+    if not isinstance(first, nn.Conv2d) or (data.ndim == 2 and first.in_channels != 1):
+        return data
+    image = tensor_of(data)
+    return image[None] if image.ndim == 3 else image[None, None]
 
 
 _CHANNELS = re.compile(r"expected input\[([^\]]*)\] to have (\d+) channels, but got (\d+) channels")

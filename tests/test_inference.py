@@ -168,6 +168,8 @@ def test_a_single_image_is_classified_as_a_batch_of_one() -> None:
     assert labels.tolist() == [int(nbscale.predict(net, images)[2].argmax())] and scores.shape == (1, 4)
     assert torch.allclose(nbscale.predict(net, images[2].numpy()), nbscale.predict(net, images)[2:3], atol=1e-6)
     assert nbscale.activations(net, images[2], layer="1").shape == (1, 4, 6, 6)
+    gray = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(72, 3))
+    assert nbscale.predict(gray, torch.rand(8, 8)).shape == (1, 3)  # H x W: one grayscale image
 
 
 def test_a_dataloader_is_read_batch_by_batch() -> None:

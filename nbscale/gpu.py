@@ -142,8 +142,11 @@ def select_gpu(index: int) -> GpuInfo:
     warns. Raises GpuError naming the index and the GPUs that exist when there is no such GPU.
     """
     global _selected
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise GpuError(f"select_gpu() takes a GPU's index, a whole number as %gpu shows it (like 0), not "
+                       f"{type(index).__name__} {index!r}.")
     available = gpus()
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(available):
+    if not 0 <= index < len(available):
         if available:
             have = ", ".join(f"{gpu.index} ({gpu.name})" for gpu in available)
             raise GpuError(f"GPU {index!r} does not exist: this process sees GPU {have}. Pick one of those indices.")

@@ -1,7 +1,8 @@
 """Using a trained network (MATLAB's classify, predict, activations, confusionchart) on a dataset or tensor.
 
-`data` is a torch Dataset yielding (input, label) or input, an (inputs, labels) pair (tensors, numpy arrays,
-labels also a list), or a tensor or numpy array of inputs. The network runs in eval mode without gradients on the device its parameters are on, in batches,
+`data` is a torch Dataset yielding (input, label) or input, a DataLoader, an (inputs, labels) pair (tensors, numpy
+arrays, labels also a list), a tensor or numpy array of inputs, or one C x H x W image (H x W for one channel) for
+a network whose first layer is a 2-D convolution. The network runs in eval mode without gradients on the device its parameters are on, in batches,
 and is put back in the mode it was in.
 """
 
@@ -17,6 +18,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from nbscale.errors import ModelError, NbscaleError
+from nbscale.models.learn_rates import layers_near
 from nbscale.outputs import main_output
 from nbscale.train.loading import tensor_of
 
@@ -51,6 +53,10 @@ def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.
     """(inputs, labels or None) in order, `batch_size` at a time."""
     if isinstance(data, np.ndarray):
         data = tensor_of(data)
+    if isinstance(data, DataLoader):  # batches as the loader makes them
+        for batch in data:
+            yield _split_batch(batch)
+        return
     if isinstance(data, torch.Tensor):
         for start in range(0, len(data), batch_size):
             yield data[start:start + batch_size], None
@@ -66,10 +72,26 @@ def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.
         raise NbscaleError(f"data must be a torch Dataset, a tensor, or an (inputs, labels) pair of tensors, "
                            f"not {what}.")
     for batch in DataLoader(data, batch_size=batch_size, shuffle=False):
-        if isinstance(batch, list | tuple) and len(batch) >= 2:
-            yield batch[0], torch.as_tensor(batch[1])
-        else:
-            yield batch[0] if isinstance(batch, list | tuple) else batch, None
+        yield _split_batch(batch)
+
+
+def _split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(inputs, labels or None) of a DataLoader's batch: a tensor, or a list of inputs and labels."""
+    if isinstance(batch, list | tuple) and len(batch) >= 2:
+        return batch[0], torch.as_tensor(batch[1])
+    return (batch[0] if isinstance(batch, list | tuple) else batch), None
+
+
+def _one_image_as_batch(net: nn.Module, data: Any) -> Any:
+    """A single C x H x W image (tensor or array), or H x W for a network taking one channel, as a batch of one,
+    for a network whose first layer is a 2-D convolution (MATLAB's classify(net, I)); any other data as it is."""
+    if not isinstance(data, torch.Tensor | np.ndarray) or data.ndim not in (2, 3):
+        return data
+    first = next((m for m in net.modules() if isinstance(m, nn.Conv1d | nn.Conv2d | nn.Conv3d | nn.Linear)), None)
+    if not isinstance(first, nn.Conv2d) or (data.ndim == 2 and first.in_channels != 1):
+        return data
+    image = tensor_of(data)
+    return image[None] if image.ndim == 3 else image[None, None]
 
 
 _CHANNELS = re.compile(r"expected input\[([^\]]*)\] to have (\d+) channels, but got (\d+) channels")
@@ -94,6 +116,7 @@ def channel_mismatch(error: BaseException) -> str | None:
 def _run(net: nn.Module, data: Data, batch_size: int,
          each: Callable[[torch.Tensor, torch.Tensor | None], None]) -> None:
     device, was_training = _device_of(net), net.training
+    data = _one_image_as_batch(net, data)
     net.eval()
     try:
         with torch.inference_mode():
@@ -154,10 +177,9 @@ def accuracy(net: nn.Module, data: Data, batch_size: int = 256) -> float:
 def activations(net: nn.Module, data: Data, layer: str = "layer4", batch_size: int = 256) -> torch.Tensor:
     """The output of the module named `layer` (as in `net.named_modules()`) for every item, concatenated."""
     modules = dict(net.named_modules())
-    if layer not in modules:
-        names = [name for name in modules if name]
-        raise ModelError(f"activations: the network has no layer {layer!r}. Its layers are: "
-                           f"{names[:30]}{' ...' if len(names) > 30 else ''}")
+    if not isinstance(layer, str) or layer not in modules:
+        raise ModelError(f"activations: the network has no layer {layer!r}.{layers_near(net, str(layer))}. Name "
+                         "a layer as net.named_modules() does ('layer4', 'layer4.0.conv1').")
     captured: list[torch.Tensor] = []
 
     def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:

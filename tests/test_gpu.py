@@ -34,6 +34,12 @@ def test_select_gpu_without_gpu_is_an_nbscale_error_naming_the_index():
         nbscale.select_gpu(1)
 
 
+@pytest.mark.parametrize("index", ["1", 1.0, True, None])
+def test_select_gpu_of_something_not_an_index_says_it_takes_a_whole_number(index):
+    with pytest.raises(NbscaleError, match=r"select_gpu\(\) takes a GPU's index, a whole number as %gpu shows it"):
+        nbscale.select_gpu(index)
+
+
 def test_gpus_without_pynvml_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml now raises ImportError
     assert nbscale.gpus().message == gpu_module.NO_NVML

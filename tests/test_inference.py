@@ -153,3 +153,38 @@ def test_grayscale_images_into_a_colour_network_are_an_error_naming_the_conversi
 def test_an_error_of_the_network_itself_reaches_the_user_as_it_is(digits: ImageDatastore) -> None:
     with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
         nbscale.classify(nn.Sequential(nn.Flatten(), nn.Linear(3, 2)), digits)
+
+
+def conv_net() -> nn.Module:
+    """A small colour-image classifier with batch norm (which refuses an unbatched image) and 4 classes."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                         nn.Linear(4, 4))
+
+
+def test_a_single_image_is_classified_as_a_batch_of_one() -> None:
+    net, images = conv_net(), torch.rand(5, 3, 8, 8)
+    labels, scores = nbscale.classify(net, images[2])  # C x H x W, as ds[i][0] gives it
+    assert labels.tolist() == [int(nbscale.predict(net, images)[2].argmax())] and scores.shape == (1, 4)
+    assert torch.allclose(nbscale.predict(net, images[2].numpy()), nbscale.predict(net, images)[2:3], atol=1e-6)
+    assert nbscale.activations(net, images[2], layer="1").shape == (1, 4, 6, 6)
+    gray = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(72, 3))
+    assert nbscale.predict(gray, torch.rand(8, 8)).shape == (1, 3)  # H x W: one grayscale image
+
+
+def test_a_dataloader_is_read_batch_by_batch() -> None:
+    net, images, labels = conv_net(), torch.rand(10, 3, 8, 8), torch.arange(10) % 4
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, labels), batch_size=3)
+    assert torch.allclose(nbscale.predict(net, loader), nbscale.predict(net, images), atol=1e-6)
+    assert nbscale.accuracy(net, loader) == nbscale.accuracy(net, (images, labels))
+    assert torch.equal(nbscale.classify(net, loader)[0], nbscale.classify(net, images)[0])
+
+
+def test_activations_of_a_layer_the_network_lacks_names_the_close_ones() -> None:
+    import torchvision
+
+    with pytest.raises(NbscaleError) as caught:
+        nbscale.activations(torchvision.models.resnet18(), torch.rand(1, 3, 32, 32), layer="layer4.1.con1")
+    message = str(caught.value)
+    assert "no layer 'layer4.1.con1'. Did you mean 'layer4.1.conv1', 'layer4.1.conv2'" in message
+    assert "Its top-level layers are conv1, bn1, relu, maxpool, layer1, layer2, layer3, layer4, avgpool, fc" in message

@@ -189,9 +189,9 @@ class Job:
     def stop_training(self, training: int | None = None) -> bool:
         """Ask a training in this job (default: the latest) to stop at the end of its current iteration, keeping
         its network (what the monitor's Stop button does); False when the job has ended."""
-        path = self._record_path(training)
-        if self.state not in ACTIVE_STATES:
+        if self.state not in ACTIVE_STATES:  # whether or not it trained: there is nothing left to stop
             return False
+        path = self._record_path(training)
         training_record.request_stop(self.folder, int(path.stem))
         return True
 

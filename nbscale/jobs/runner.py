@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import itertools
 import linecache
 import os
 import sys
@@ -22,9 +23,12 @@ from typing import Any
 import cloudpickle
 
 from nbscale.cellvars import names_assigned
+from nbscale.errors import NbscaleError
 from nbscale.jobs.backends.local import start_time
 from nbscale.jobs.files import write_atomic
 from nbscale.jobs.store import JobStore
+
+_PACKAGE_FOLDER = str(Path(__file__).parent.parent) + os.sep  # nbscale's own files
 
 
 class CellFailed(Exception):
@@ -110,11 +114,21 @@ def _run_cell(code: str, filename: str, namespace: dict[str, Any]) -> None:
             raise CellFailed(f"the cell called sys.exit({exit_request.code!r})") from None
     except BaseException as error:
         sys.stdout.flush()
-        traceback.print_exception(
-            type(error), error, error.__traceback__.tb_next if error.__traceback__ else None
-        )
+        frames = error.__traceback__.tb_next if error.__traceback__ else None
+        if isinstance(error, NbscaleError):
+            # a user error, shown as the notebook shows it: the user's frames up to the call into nbscale, then the
+            # message; nbscale's own frames are noise
+            print("Traceback (most recent call last):", file=sys.stderr)
+            user_frames = itertools.takewhile(lambda frame: not frame.filename.startswith(_PACKAGE_FOLDER),
+                                              traceback.extract_tb(frames))
+            print("".join(traceback.format_list(list(user_frames))), end="", file=sys.stderr)
+            print(f"{type(error).__name__}: {error}", file=sys.stderr)
+            first_line = (str(error).strip().splitlines() or [""])[0]  # a WorkerError's ranks' tracebacks follow it
+            summary = f"{type(error).__name__}: {first_line}"
+        else:
+            traceback.print_exception(type(error), error, frames)
+            summary = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1]
         sys.stderr.flush()
-        summary = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1]
         raise CellFailed(summary) from None
 
 

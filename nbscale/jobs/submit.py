@@ -19,6 +19,7 @@ from nbscale.jobs.backends import Launch, LaunchFailed, backend_for
 from nbscale.jobs.files import append_text, write_atomic
 from nbscale.jobs.job import Job
 from nbscale.jobs.store import JobStore
+from nbscale.pool.profiles import resolve_cluster
 
 # IPython's bookkeeping names (history: _i, _ii, _i3, _3, _oh, ...): never sent
 _IPYTHON_HISTORY = re.compile(r"_(i+|i\d+|\d+|oh|ih|dh)")
@@ -55,6 +56,11 @@ def submit(
     if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 1):
         raise JobError(f"--pool takes a number of workers >= 1, not {pool!r}.")
     environment = _checked_env(env)
+    if cluster is not None:  # a profile name with a typo is an error here, not a failed job in %jobs
+        try:
+            resolve_cluster(cluster)
+        except Exception as error:  # noqa: BLE001 - resolve_cluster's errors name the profile file and the fix
+            raise JobError(str(error)) from None
     inputs = _inputs(code, namespace or {}, pool_bound=pool is not None)
     store = store or JobStore()
     directory = os.fspath(cwd) if cwd is not None else os.getcwd()

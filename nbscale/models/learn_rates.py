@@ -74,19 +74,23 @@ def matching_layers(model: nn.Module, pattern: str) -> list[str]:
     matched = [name for name in names if name and fnmatch.fnmatchcase(name, pattern)]
     if matched:
         return matched
-    shown = [name for name in names if name]
-    close = difflib.get_close_matches(pattern, shown, n=3)
-    hint = f" Did you mean {', '.join(repr(name) for name in close)}?" if close else ""
-    if len(shown) > _LISTED_NAMES:
-        top = [name for name, _ in model.named_children()]
-        listing = (f"Its top-level layers are {', '.join(top)} ({len(shown)} layers in all: "
-                   "[name for name, _ in model.named_modules()] lists them)")
-    else:
-        listing = f"Its layers are {', '.join(shown)}"
     kind = "pattern" if any(c in pattern for c in _GLOB_CHARACTERS) else "name"
-    raise ModelError(f"The layer {kind} {pattern!r} matches no layer of {type(model).__name__}.{hint} {listing}. "
-                     "Name a layer as model.named_modules() does ('layer4', 'layer4.0.conv1'), or use a glob "
-                     "pattern ('layer4.*').")
+    raise ModelError(f"The layer {kind} {pattern!r} matches no layer of {type(model).__name__}."
+                     f"{layers_near(model, pattern)}. Name a layer as model.named_modules() does ('layer4', "
+                     "'layer4.0.conv1'), or use a glob pattern ('layer4.*').")
+
+
+def layers_near(model: nn.Module, name: str) -> str:
+    """For an error about a layer `name` that `model` does not have: up to three close names, then every layer
+    name (or, in a large network, the top-level ones and how to list the rest). Starts with a space."""
+    shown = [layer for layer, _ in model.named_modules() if layer]
+    close = difflib.get_close_matches(name, shown, n=3)
+    hint = f" Did you mean {', '.join(repr(layer) for layer in close)}?" if close else ""
+    if len(shown) > _LISTED_NAMES:
+        top = [layer for layer, _ in model.named_children()]
+        return (f"{hint} Its top-level layers are {', '.join(top)} ({len(shown)} layers in all: "
+                "[name for name, _ in model.named_modules()] lists them)")
+    return f"{hint} Its layers are {', '.join(shown)}"
 
 
 def learn_rate_factors(model: nn.Module) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import os
 import sys
 import urllib.parse
@@ -187,6 +188,9 @@ def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEF
                              f"{_OFFLINE_FIX.format(cache=torch.hub.get_dir())}") from error
     text = os.fspath(weights)  # a WeightsEnum was handled above
     path = Path(text).expanduser()
+    if path.is_dir():
+        raise ModelError(f"pretrained: {str(path)!r} is a folder; weights= takes the file in it that was saved with "
+                         "torch.save(model.state_dict(), path).")
     if not path.is_file():
         raise ModelError(f"pretrained: the weights file {str(path)!r} does not exist. Pass an existing file saved "
                          "with torch.save(model.state_dict(), path), 'DEFAULT', or None.")
@@ -197,8 +201,9 @@ def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEF
     except Exception as error:
         raise ModelError(f"pretrained: cannot read weights file {str(path)!r} ({error}). It should hold a "
                          "state_dict saved with torch.save(model.state_dict(), path).") from error
-    if isinstance(loaded, nn.Module) and not kwargs:
-        return loaded  # a whole network saved with torch.save(model, path): it is the network asked for
+    if isinstance(loaded, nn.Module) and not kwargs:  # a whole network saved with torch.save(model, path)
+        _check_whole_network(name, loaded, path)
+        return loaded
     state = _unwrap_state_dict(loaded)
     if state is None:
         raise ModelError(f"pretrained: {str(path)!r} holds a {type(loaded).__name__}, not a state_dict of {name}.")
@@ -210,10 +215,67 @@ def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEF
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
-        details = [line.strip() for line in str(error).splitlines()[1:3]]
-        raise ModelError(f"pretrained: the weights in {str(path)!r} do not fit {name}: {' '.join(details)} "
-                         "Check the network name, or pass num_classes= to match the file.") from error
+        problem = _misfit(state, model.state_dict()) or str(error).strip().splitlines()[-1].strip()
+        raise ModelError(f"pretrained: the weights in {str(path)!r} do not fit {name}: {problem}. Check the network "
+                         "name, or pass num_classes= to match the file.") from None
     return model
+
+
+_NAMES_SHOWN = 3  # a misfit names this many parameters of each kind, and counts the rest
+
+
+def _misfit(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], ignore: str | None = None) -> str | None:
+    """What keeps `state` from loading into a network whose state_dict is `expected` (missing names, names it
+    does not have, other shapes), counted and with a few names each; None when it fits. Shapes of parameters
+    under `ignore` (a layer name: the classification layer) may differ."""
+    def listed(names: list[str]) -> str:
+        more = f", ... ({len(names)} in all)" if len(names) > _NAMES_SHOWN else ""
+        return ", ".join(names[:_NAMES_SHOWN]) + more
+
+    # BatchNorm fills in a missing num_batches_tracked (files of older torch versions lack it)
+    missing = [key for key in expected if key not in state and not key.endswith("num_batches_tracked")]
+    unexpected = [key for key in state if key not in expected]
+    reshaped = [f"{key} {tuple(state[key].shape)} instead of {tuple(expected[key].shape)}" for key in expected
+                if key in state and state[key].shape != expected[key].shape
+                and not (ignore and key.startswith(ignore + "."))]
+    problems = [f"{what}: {listed(names)}" for what, names in (
+        ("it lacks", missing), ("it has parameters the network does not", unexpected),
+        ("other shapes", reshaped)) if names]
+    return "; ".join(problems) if problems else None
+
+
+def _check_whole_network(name: str, loaded: nn.Module, path: Path) -> None:
+    """ModelError when a whole saved network is not `name` (another class, or other layers or sizes); only its
+    classification layer may differ (a network saved after transfer())."""
+    import warnings
+
+    import torchvision
+
+    from nbscale.models.transfer import classification_layer
+
+    # detection networks would download their backbone's weights by default: the skeleton needs none
+    parameters = inspect.signature(torchvision.models.get_model_builder(name)).parameters
+    options = {"weights_backbone": None} if "weights_backbone" in parameters else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with torch.device("meta"):  # only names and shapes are compared: no memory, no initialisation
+                expected = torchvision.models.get_model(name, weights=None, **options)
+        except Exception:  # noqa: BLE001 - a few networks (RegNet) cannot initialise meta tensors
+            expected = torchvision.models.get_model(name, weights=None, **options)
+    fix = ("Pass the name of the network the file holds, or load it with torch.load(path, weights_only=False) if "
+           "you trust it.")
+    if type(loaded) is not type(expected):
+        raise ModelError(f"pretrained: {str(path)!r} holds a whole {type(loaded).__name__} network, not {name} (a "
+                         f"{type(expected).__name__}). {fix}")
+    try:
+        head: str | None = classification_layer(expected)
+    except ModelError:
+        head = None
+    problem = _misfit(loaded.state_dict(), expected.state_dict(), ignore=head)
+    if problem is not None:
+        raise ModelError(f"pretrained: {str(path)!r} holds a {type(loaded).__name__} that is not {name}: {problem}. "
+                         f"{fix}")
 
 
 def _class_count_in(state: dict[str, torch.Tensor], model: nn.Module) -> int | None:

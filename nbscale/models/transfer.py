@@ -35,7 +35,8 @@ def classification_layer(model: nn.Module) -> str:
         return "classifier"
     if isinstance(classifier, nn.Sequential):
         scoring = [i for i, layer in enumerate(classifier) if _is_class_scoring_conv(layer)]
-        if scoring and not any(isinstance(layer, nn.Linear) for layer in classifier[scoring[-1]:]):
+        # list(): slicing a Sequential rebuilds its class, which subclasses such as DeepLabHead cannot do
+        if scoring and not any(isinstance(layer, nn.Linear) for layer in list(classifier)[scoring[-1]:]):
             return f"classifier.{scoring[-1]}"
     linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not linear:

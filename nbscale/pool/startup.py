@@ -24,6 +24,9 @@ from nbscale.pool.settings import PoolSettings
 START_TIMEOUT_S = 120.0
 HELLO_TIMEOUT_S = 30.0
 JOINING = "Joining the torch.distributed group"
+# once a rank failed to join, the others wait for it until torch's own timeout (minutes): what else fails within
+# this long is reported with it, then the start gives up
+JOIN_FAILURE_GRACE_S = 1.0
 
 
 def make_backend(settings: PoolSettings) -> Backend:
@@ -135,6 +138,14 @@ def join_group(router: Router, backend: Backend) -> None:
         request.ranks = tuple(range(size))
         join = p.InitGroup(init.request_id, group_backend, master_addr, found["store_port"], size)
         router.send_to(join, range(1, size), request)
+    while request.waiting_for and not request.failures:
+        router.pump(request, timeout=0.05)
+    if request.failures:
+        given_up_at = time.monotonic() + JOIN_FAILURE_GRACE_S
+        while request.waiting_for and time.monotonic() < given_up_at:
+            router.pump(request, timeout=0.05)
+        router.finish(request)
+        raise _join_error(request.failures, group_backend)
     try:
         router.wait(request, what=JOINING, restart=None)
     except WorkerError as error:

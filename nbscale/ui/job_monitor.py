@@ -133,7 +133,11 @@ class JobMonitor:
             return (f"Job {job.id}{name}, {shown}: following live until the job ends. Stop asks the job to stop "
                     "training at the end of its iteration and keep the network.")
         error = f" ({record.error})" if _says_more(record.error, how) else ""
-        return f"Job {job.id}{name} {how}{error}: {shown} shown" + ("." if self.progress else "; it recorded none.")
+        if not self.progress:
+            awaited = "a training" if self.number == 1 else f"training {self.number}"
+            return (f"Job {job.id}{name} {how}{error} without starting {awaited}: only nbscale.train runs inside a "
+                    "job are shown.")
+        return f"Job {job.id}{name} {how}{error}: {shown} shown."
 
     def say(self, text: str) -> None:
         if text != self.said:

@@ -202,3 +202,12 @@ def test_a_job_cancelled_mid_training_ends_the_display_with_its_state_and_no_tim
     assert "Time left" not in final, final  # a cancelled training has no time left
     header = next(t for t in outputs.texts() if f"Job {job_id} 'digits' cancelled" in t)
     assert "(cancelled)" not in header, header
+
+
+def test_showing_a_job_that_ends_without_a_training_says_so(kernel) -> None:
+    job_id = submitted_id(kernel.run("%%batch --name plain\nimport time\ntime.sleep(1)\nx = 1").stdout)
+    shown = kernel.run(f"%jobs show {job_id} --wait", timeout=WAIT_S)
+    assert shown.ok, shown.text
+    assert (f"Job {job_id} 'plain' finished without starting a training: only nbscale.train runs inside a job are "
+            "shown.") in shown.text
+    assert "training 1 shown" not in shown.text

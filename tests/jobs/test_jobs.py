@@ -79,6 +79,25 @@ def test_failing_job_is_failed_with_a_traceback_naming_the_cell_line() -> None:
     assert job.result("b") == 2  # what it assigned before failing is kept
 
 
+def test_an_nbscale_error_in_a_job_shows_the_cell_line_and_message_not_nbscales_frames() -> None:
+    code = "import nbscale\ndef options():\n    return nbscale.TrainingOptions('sgdm', max_epochs=0)\nopts = options()\n"
+    job = jobs.submit(code)
+    job.wait(WAIT_S)
+    assert job.state == "failed"
+    assert job.error == ("OptionsError: TrainingOptions.max_epochs=0 is not allowed: max_epochs must be an integer "
+                         "in [1, 1000000].")
+    log = job.log()
+    assert f'File "<batch job {job.id}>", line 4' in log and f'File "<batch job {job.id}>", line 3' in log
+    assert "\nOptionsError: TrainingOptions.max_epochs=0 is not allowed" in log
+    assert "nbscale/" not in log and "nbscale.errors" not in log  # as in the notebook: the message, not internals
+
+
+def test_stop_training_of_a_job_that_ended_without_training_is_false() -> None:
+    job = jobs.submit("x = 1\n")
+    job.wait(WAIT_S)
+    assert job.stop_training() is False  # as for any ended job: nothing is left to stop
+
+
 def test_cancel_kills_the_whole_process_group() -> None:
     code = "import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\nprint('child', child.pid, flush=True)\ntime.sleep(60)\n"
     job = jobs.submit(code)

@@ -71,6 +71,8 @@ BAD_CALLS = [
     (lambda: jobs.submit("x = 1", pool="2"), "--pool takes a number of workers >= 1, not '2'"),
     (lambda: jobs.submit("x = 1", cluster=5), "submit(cluster=...) takes a profile name or an address, not int"),
     (lambda: jobs.submit("x = (1"), "The batch cell has a syntax error on line 1"),
+    (lambda: jobs.submit("x = 1", cluster="nosuchprofile"),  # a typo: no failed job left in %jobs
+     "--cluster 'nosuchprofile' is neither an address (ray://HOST:PORT) nor a profile"),
 ]
 
 

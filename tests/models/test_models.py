@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,32 @@ def test_missing_file_unknown_name_and_mismatched_weights_are_clear_errors(
     garbage.write_bytes(b"not a checkpoint")
     with pytest.raises(ModelError, match="cannot read weights file"):
         pretrained("resnet18", weights=garbage)
+
+
+def test_weights_of_another_network_are_a_short_error_counting_and_naming_a_few_parameters(
+        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    torch.save(pretrained("mobilenet_v3_small", weights=None).state_dict(), tmp_path / "mobilenet.pt")
+    with pytest.raises(ModelError) as caught:
+        pretrained("resnet18", weights=tmp_path / "mobilenet.pt")
+    message = str(caught.value)
+    assert re.search(r"do not fit resnet18: it lacks: conv1.weight, bn1.weight, bn1.bias, \.\.\. \(\d+ in all\)", message)
+    assert "it has parameters the network does not: features.0.0.weight" in message
+    assert len(message) < 600  # one paragraph, not torch's list of every key
+    with pytest.raises(ModelError, match="is a folder; weights= takes the file in it"):
+        pretrained("resnet18", weights=tmp_path)
+
+
+def test_a_whole_saved_network_of_another_architecture_is_refused(
+        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    torch.save(resnet18_file[0], tmp_path / "resnet18_whole.pt")
+    torch.save(pretrained("mobilenet_v3_small", weights=None), tmp_path / "mobilenet_whole.pt")
+    with pytest.raises(ModelError, match=r"holds a whole MobileNetV3 network, not resnet18 \(a ResNet\)"):
+        pretrained("resnet18", weights=tmp_path / "mobilenet_whole.pt")
+    with pytest.raises(ModelError, match=r"holds a ResNet that is not resnet34: it lacks: layer1.2.conv1.weight"):
+        pretrained("resnet34", weights=tmp_path / "resnet18_whole.pt")
+    five = transfer(pretrained("resnet18", weights=None), 5)  # only the classification layer differs: it loads
+    torch.save(five, tmp_path / "five_whole.pt")
+    assert pretrained("resnet18", weights=tmp_path / "five_whole.pt").fc.out_features == 5
 
 
 class NotTorchvision(nn.Module):

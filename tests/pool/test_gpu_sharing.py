@@ -13,6 +13,7 @@ import os
 import pwd
 import signal
 import sys
+import time
 
 import pytest
 
@@ -120,6 +121,18 @@ def test_in_notebook_training_moves_off_a_held_gpu_or_warns_when_it_stays(notebo
     first.run(PLAN.format(settings="gpus=[1], force=True"))  # now every GPU is held by the first notebook
     stays = second.run("import warnings\nwarnings.simplefilter('always')\nprint(training_gpu(0))")
     assert stays.stdout.strip() == "0" and "training shares it (no GPU is free)" in stays.stderr
+
+
+def test_gpu_workers_that_cannot_use_their_gpu_end_the_start_at_once_with_each_ranks_cause(notebooks):
+    """NVML shows GPUs that CUDA cannot use (here the stand-in's GPUs; a CPU build of torch or a broken driver on a
+    real machine): the rank that fails first used to leave the others waiting for it in torch's store (minutes)."""
+    kernel = notebooks("a.ipynb")
+    started = time.monotonic()
+    refused = kernel.run("%pool start 2 --gpus 0,1", timeout=90)
+    assert refused.error_name == "PoolError", refused.text
+    assert "Joining the torch.distributed group (cuda:nccl,cpu:gloo) failed, so no pool started. rank" in refused.text
+    assert time.monotonic() - started < 45
+    assert kernel.run("print(nbscale.current_pool())").stdout.strip() == "None"
 
 
 def test_planning_in_this_process_leaves_held_gpus_alone(monkeypatch, tmp_path):

@@ -238,6 +238,16 @@ def _train(setup: LoopSetup) -> LoopResult:
             })
 
     # ---- the end ----------------------------------------------------------------------------------------------
+    # a stop asked while an iteration's event went out (output_fn, the Stop button) ends the run after that
+    # iteration, which was not validated: validate it now, so the final figures are the returned network's
+    final_loss = final_accuracy = None
+    if validation is not None and history and history[-1].validation_loss is None \
+            and math.isfinite(history[-1].training_loss):
+        final_loss, final_accuracy = validation.evaluate()
+        if final_loss < best["loss"]:
+            best.update(loss=final_loss, iteration=iteration, bad=0)
+            if options.output_network == "best-validation":
+                best["state"] = _cpu_copy(model.state_dict())
     stop_reason = stop_reason or "Max epochs completed"
     output_iteration = iteration
     if options.output_network == "best-validation" and best["state"] is not None:
@@ -245,7 +255,7 @@ def _train(setup: LoopSetup) -> LoopResult:
         output_iteration = best["iteration"]
     elapsed = time.perf_counter() - start
     setup.publish(TrainingDone(stop_reason, epoch, iteration, elapsed, output_iteration,
-                               images / elapsed if elapsed > 0 else 0.0))
+                               images / elapsed if elapsed > 0 else 0.0, final_loss, final_accuracy))
     return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, iteration)
 
 

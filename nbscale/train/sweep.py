@@ -23,9 +23,13 @@ from nbscale.train.run_table import RunsTable, ranked
 from nbscale.train.runs import TrainingRun, fresh_model, seeded_model, train_async
 
 
-def grid_combinations(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
+def grid_combinations(grid: dict[str, Sequence[Any]] | None) -> list[dict[str, Any]]:
     """Every combination of the grid's values, the first field varying slowest; OptionsError for a bad grid."""
-    if not isinstance(grid, dict) or not grid:
+    if grid is None or grid == {}:
+        raise OptionsError("nbscale.sweep needs grid=, the options to vary: a dict of option name -> list of values, "
+                           "e.g. grid={'initial_learn_rate': [0.01, 0.1]} (one run per combination). To train one "
+                           "network with the options as they are, use nbscale.train.")
+    if not isinstance(grid, dict):
         raise OptionsError("grid must be a dict of option name -> list of values, e.g. "
                            "{'initial_learn_rate': [0.01, 0.1]}.")
     names = field_names()
@@ -143,7 +147,7 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
     base = as_options(options)
     if val_data is not None:
         base = base.replace(validation_data=val_data)
-    combinations = grid_combinations(grid if grid is not None else {})
+    combinations = grid_combinations(grid)
     run_options = [base.replace(**params) for params in combinations]  # every combination checked first
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise OptionsError(f"seed={seed!r} must be a whole number from 0 to 2**63 - 1 (as torch.manual_seed takes), "

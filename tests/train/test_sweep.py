@@ -144,6 +144,9 @@ def test_impossible_grid_values_are_rejected_before_any_run_starts(pool, data) -
         nbscale.sweep(tiny_net, (train_x, train_y), None, {"initial_learning_rate": [0.1]}, pool=pool)
     with pytest.raises(OptionsError, match="non-empty list"):
         nbscale.sweep(tiny_net, (train_x, train_y), None, {"max_epochs": []}, pool=pool)
+    for no_grid in (None, {}):  # said as missing, not as a grid of the wrong kind
+        with pytest.raises(OptionsError, match=r"nbscale.sweep needs grid=, the options to vary.*use nbscale.train"):
+            nbscale.sweep(tiny_net, (train_x, train_y), None, no_grid, pool=pool, seed=1)
     assert all(worker.state == "idle" for worker in pool.workers)
 
 

@@ -27,7 +27,9 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     libraries = _library_dirs()
     frame: FrameType | None = sys._getframe(1)
     level = 2  # stacklevel 2: warn_user's caller
+    # "<frozen runpy>" and the like: Python's own start-up frames, the only others on a pool worker
     while frame is not None and (frame.f_code.co_filename.startswith(libraries)
-                                 or frame.f_code.co_filename == contextlib.__file__):
+                                 or frame.f_code.co_filename == contextlib.__file__
+                                 or frame.f_code.co_filename.startswith("<frozen ")):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)

@@ -83,6 +83,10 @@ def train(
         channel.subscribe(listener)
     # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
     on_pool = options.execution_environment in ("parallel", "multi-gpu")
+    if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
+        raise OptionsError(f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
+                           f"but execution_environment={options.execution_environment!r} trains in the notebook's "
+                           "process: use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
     with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
         if on_pool:
             from nbscale.train.distributed import train_on_pool

@@ -195,6 +195,13 @@ def test_mixed_precision_on_the_cpu_warns_at_the_users_call() -> None:
     assert [warning.filename for warning in caught] == [__file__]
 
 
+def test_a_worker_load_for_several_workers_in_the_notebooks_process_says_it_needs_a_pool() -> None:
+    with pytest.raises(OptionsError, match=r"worker_load=\[3, 1\] splits each mini-batch across a pool's workers, but "
+                       r"execution_environment='cpu' trains in the notebook's process: use execution_environment="
+                       r"'parallel'"):
+        nbscale.train(tiny_net(), TRAIN, quiet(worker_load=[3, 1], execution_environment="cpu"))
+
+
 def test_shuffle_modes() -> None:
     assert torch.equal(epoch_order("never", 1, 3, 10), torch.arange(10))
     assert torch.equal(epoch_order("once", 1, 1, 10), epoch_order("once", 1, 5, 10))

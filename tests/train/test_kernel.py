@@ -108,6 +108,12 @@ def test_the_cells_val_data_wins_over_the_options_validation_data(kernel) -> Non
     assert result.ok, result.text
     # one validation sample gives 0 or 1; the cell's 297 give a fraction in between
     assert kernel.run("print(0 < info.final_validation_accuracy < 1)").stdout.strip() == "True"
+    # val_data = None in the cell trains without the options' validation data
+    result = kernel.run("%%train --options one --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n"
+                        "val_data = None")
+    assert result.ok, result.text
+    assert kernel.run("print(info.final_validation_accuracy, set(info.validation_loss))").stdout.split() == [
+        "None", "{None}"]
 
 
 def test_an_interrupt_while_the_pool_starts_stops_parallel_training_at_its_first_iteration(kernel) -> None:

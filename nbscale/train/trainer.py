@@ -189,6 +189,7 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
         return
     lock = threading.Lock()
     state = {"done": False, "forced": False}
+    notebook = os.getpid()
 
     def force_when_stuck() -> None:
         from nbscale.pool.pool import current_pool
@@ -207,7 +208,9 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
                 _thread.interrupt_main()  # runs on_interrupt in the main thread, which raises KeyboardInterrupt
 
     def on_interrupt(signum: int, frame: Any) -> None:
-        if state["done"]:
+        # a DataLoader process forked during training (dispatch_in_background) inherits this handler, and the
+        # kernel's interrupt reaches its whole process group: the notebook's process alone stops the run
+        if state["done"] or os.getpid() != notebook:
             return
         if stop.requested:
             raise KeyboardInterrupt

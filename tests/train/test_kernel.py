@@ -49,6 +49,21 @@ def test_kernel_interrupt_stops_at_the_end_of_the_iteration_and_keeps_the_net(ke
     assert check.stdout.splitlines() == ["Stopped by kernel interrupt", "True"]
 
 
+def test_an_interrupt_of_a_run_reading_in_background_processes_is_said_once(kernel) -> None:
+    """The kernel's interrupt reaches the DataLoader processes of dispatch_in_background=True too (one process
+    group); they inherit the Stop handler, and each printed the Stop line into the cell."""
+    assert kernel.run(SETUP + "import nbscale\n"
+                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True)").ok
+    cell = LONG_CELL.replace("--quiet", "--quiet --no-plots --options background")
+    result = kernel.run(cell.replace("(train_x, train_y)", "torch.utils.data.TensorDataset(train_x, train_y)"),
+                        interrupt_after=4.0, timeout=60)
+    assert result.ok, result.text
+    assert result.text.count("Stopping at the end of this iteration") == 1, result.text
+    check = kernel.run("print(info.stop_reason); print(info.data_placement)")
+    assert check.stdout.splitlines()[0] == "Stopped by kernel interrupt"
+    assert check.stdout.splitlines()[1].startswith("streamed by a DataLoader (")
+
+
 def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:
     assert kernel.run(SETUP).ok
     result = run_and_click(kernel, LONG_CELL, click_after=2.0, timeout=60)

@@ -166,6 +166,15 @@ class StreamBatches:
         # torch's Dataset declares no __len__; as_dataset checked it
         return len(self.dataset)  # type: ignore[arg-type]
 
+    def close(self) -> None:
+        """Stop the background processes now. A run that failed leaves its traceback in the notebook (IPython keeps
+        it), whose frames hold this source, its epoch's generator and the DataLoader's iterator, so the processes
+        would live on, two more with every failed run."""
+        iterator = getattr(self.loader, "_iterator", None)  # DataLoader keeps its persistent workers' iterator there
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self.loader._iterator = None
+
     def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
         self.sampler.lists = rows
         self.sampler.seed = seed if self.by_seed else None

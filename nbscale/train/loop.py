@@ -76,11 +76,13 @@ class LoopResult:
 
 def run_training(setup: LoopSetup) -> LoopResult:
     """Train `setup.model` in place; returns the output network's state and why training ended."""
-    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_setting_restored():
-        return _train(setup)
+    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_setting_restored(), \
+            contextlib.ExitStack() as closing:
+        return _train(setup, closing)
 
 
-def _train(setup: LoopSetup) -> LoopResult:
+def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
+    """The loop; `closing` stops the data's background processes when it ends, however it ends."""
     device, loss_fn = setup.device, setup.loss_fn
 
     # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
@@ -95,6 +97,8 @@ def _train(setup: LoopSetup) -> LoopResult:
     background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
     data = make_batch_source(setup.train_data, device, options.data_placement, background, readers=readers,
                              progress=_progress(setup, "training data", setup.train_data))
+    if isinstance(data, StreamBatches):
+        closing.callback(data.close)
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
     prepare_seconds = time.perf_counter() - preparing
 

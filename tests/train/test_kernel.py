@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.train.widget_click import run_and_click
@@ -62,6 +64,31 @@ def test_an_interrupt_of_a_run_reading_in_background_processes_is_said_once(kern
     check = kernel.run("print(info.stop_reason); print(info.data_placement)")
     assert check.stdout.splitlines()[0] == "Stopped by kernel interrupt"
     assert check.stdout.splitlines()[1].startswith("streamed by a DataLoader (")
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_run_reading_in_background_processes_that_fails_leaves_none_of_them_behind(kernel) -> None:
+    """The notebook keeps a failed cell's traceback, whose frames hold the DataLoader: its processes lived on,
+    two more with every failed run."""
+    assert kernel.run(SETUP + "import nbscale\n"
+                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True, verbose=False)").ok
+    for _ in range(2):
+        failed = kernel.run("nbscale.train(torch.nn.Linear(5, 10), "
+                            "torch.utils.data.TensorDataset(train_x, train_y), background)")
+        assert failed.error_name == "ModelError"
+    assert children(kernel.pid) == []
 
 
 def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:

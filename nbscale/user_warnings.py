@@ -4,7 +4,8 @@
 call and a warning differs from path to path (the notebook, a pool, a sweep), and a fixed count points at an
 nbscale line on most of them. `warn_user` skips the frames of nbscale, torch and contextlib instead (Python
 3.12's `skip_file_prefixes` does the same; nbscale runs on 3.11). Where every frame is nbscale's (on a pool
-worker), the warning names nbscale's line that gave it.
+worker), the warning is located at "nbscale:0", so the cell shows `nbscale:0: RuntimeWarning: ...` and no line of
+nbscale's source.
 """
 
 from __future__ import annotations
@@ -32,4 +33,7 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
                                  or frame.f_code.co_filename == contextlib.__file__
                                  or frame.f_code.co_filename.startswith("<frozen ")):
         frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+    if frame is None:  # no user code on the stack (a pool worker): say it as nbscale's, without an nbscale line
+        warnings.warn_explicit(message, category, "nbscale", 0)
+        return
+    warnings.warn(message, category, stacklevel=level)

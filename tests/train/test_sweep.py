@@ -154,6 +154,16 @@ def test_runs_of_a_sweep_with_a_checkpoint_path_each_write_and_resume_from_their
                                                      strict=True))
 
 
+def test_a_warning_of_a_run_on_a_worker_shows_as_nbscales_without_its_source_lines(pool, data, capfd) -> None:
+    (train_x, train_y), _ = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False, precision="mixed")
+    nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.1]}, pool=pool)
+    shown = capfd.readouterr()
+    said = shown.out + shown.err
+    assert "nbscale:0: RuntimeWarning: precision='mixed' only speeds up GPUs" in said
+    assert ".py:" not in said and "<frozen" not in said  # no nbscale file, line or start-up frame
+
+
 def test_impossible_grid_values_are_rejected_before_any_run_starts(pool, data) -> None:
     (train_x, train_y), _ = data
     with pytest.raises(OptionsError, match="mini_batch_size"):

@@ -91,6 +91,20 @@ def test_a_run_reading_in_background_processes_that_fails_leaves_none_of_them_be
     assert children(kernel.pid) == []
 
 
+def test_a_warning_of_a_train_cell_names_the_cell_not_ipython(kernel) -> None:
+    """In a %%train cell, IPython's frames run the training: the warning named interactiveshell.py's line."""
+    assert kernel.run(SETUP).ok
+    assert kernel.run("import nbscale\nmixed = nbscale.TrainingOptions('sgdm', precision='mixed', verbose=False)").ok
+    result = kernel.run("%%train --options mixed --epochs 1 --no-plots\nmodel = tiny_net()\n"
+                        "train_data = (train_x, train_y)")
+    assert result.ok, result.text
+    # the cell's first line: the %%train line, as IPython runs it
+    assert ".py:1: RuntimeWarning: precision='mixed' only speeds up GPUs" in result.stderr, result.stderr
+    assert "run_cell_magic('train', '--options mixed" in result.stderr and "IPython" not in result.stderr
+    called = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), mixed)")
+    assert ".py:1: RuntimeWarning: precision='mixed'" in called.stderr and "nbscale.train(" in called.stderr
+
+
 def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:
     assert kernel.run(SETUP).ok
     result = run_and_click(kernel, LONG_CELL, click_after=2.0, timeout=60)

@@ -186,7 +186,7 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
                 f"{'them' if plural else 'it'} in this cell)" if earlier else "")
         raise OptionsError(f"The %%train cell must define {' and '.join(missing)}{note}; it may define "
                            "val_data and loss_fn too.")
-    options = _cell_options(request, namespace, values.get("val_data"))
+    options = _cell_options(request, namespace, values.get("val_data", _NOT_ASSIGNED))
     if request.sweep:
         from nbscale.train.sweep import parse_grid
 
@@ -210,8 +210,12 @@ def _assigned_names(shell: Any, cell: str) -> set[str]:
         return set()
 
 
+_NOT_ASSIGNED = object()  # the cell did not assign val_data (None: it did, to train without validation)
+
+
 def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: Any) -> TrainingOptions:
-    """The options of --options (or the defaults, with the training-progress plot), with the flags applied."""
+    """The options of --options (or the defaults, with the training-progress plot), with the flags applied and
+    the cell's `val_data` (`_NOT_ASSIGNED` when it assigned none) as the validation data."""
     if request.options is not None:
         if request.options not in namespace:
             raise OptionsError(f"--options {request.options}: no notebook variable named {request.options!r}. Create "
@@ -235,6 +239,6 @@ def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: An
         changes["plots"] = "none"
     if not request.verbose:
         changes["verbose"] = False
-    if val_data is not None:  # the cell's own val_data wins over the options'
+    if val_data is not _NOT_ASSIGNED:  # the cell's own val_data wins over the options', None too
         changes["validation_data"] = val_data
     return base.replace(**changes) if changes else base

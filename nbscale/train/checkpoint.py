@@ -92,9 +92,18 @@ def _plain(value: Any) -> Any:
 
 
 def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
-    """The newest checkpoint in `folder`, or None."""
-    found = sorted(Path(folder).expanduser().glob(_PATTERN))
-    return found[-1] if found else None
+    """The checkpoint in `folder` written last (of two written together, the later epoch), or None.
+
+    By time, not by epoch: a run started again in the folder with fewer epochs overwrites the first epochs' files
+    and leaves the earlier run's later ones, which the highest epoch number would pick.
+    """
+    found = []
+    for path in Path(folder).expanduser().glob(_PATTERN):
+        try:
+            found.append((path.stat().st_mtime_ns, path.name, path))
+        except FileNotFoundError:  # removed meanwhile
+            continue
+    return max(found)[2] if found else None
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

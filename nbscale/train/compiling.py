@@ -22,17 +22,16 @@ import torch
 from torch import nn
 
 from nbscale.train.options import CompileMode
-from nbscale.user_warnings import warn_user
 
 Trial = Callable[[nn.Module], None]  # one forward and backward of a candidate network on a batch
 
 
 def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: Trial, model: nn.Module,
-                     device: torch.device, warn: bool) -> nn.Module:
+                     device: torch.device, warn: Callable[[str], None] | None) -> nn.Module:
     """`net` compiled in `mode` (True: torch.compile's default) where that works, else `net` itself.
 
     `trial` runs the candidate once (see the module docstring); `model` is the module whose buffers the trial
-    must leave as they were; `warn` says whether this process tells the user (one rank of a pool does).
+    must leave as they were; `warn` tells the user (None: this process does not, as a pool's other ranks).
     """
     # a module in, an OptimizedModule (an nn.Module) out
     compiled = cast(nn.Module, torch.compile(net, mode=None if mode is True else mode, dynamic=False))
@@ -44,10 +43,10 @@ def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: T
         failure = error
     with _untouched(model, device):
         trial(net)  # an error of the network or the data fails here too, and is raised as it is
-    if warn:
+    if warn is not None:
         first_line = (str(failure).strip().splitlines() or [""])[0][:300]
-        warn_user(f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: "
-                  f"{first_line}); it trains without compiling.", RuntimeWarning)
+        warn(f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: {first_line}); it "
+             "trains without compiling.")
     return net
 
 

@@ -32,6 +32,7 @@ from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, IterationDone, PreparingData, StopSignal
 from nbscale.train.loop import LoopResult, LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
+from nbscale.user_warnings import warn_user
 
 if TYPE_CHECKING:
     from nbscale.pool.context import WorkerContext
@@ -100,6 +101,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
         raise listener_failures[0]
     result = next(r for r in results if r is not None)
     model.load_state_dict(result.state_dict)
+    for message in result.warnings:  # once, in the notebook, at the user's line (as training there warns)
+        warn_user(message, RuntimeWarning)
     return result
 
 
@@ -119,6 +122,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     publish = sender.send if is_main else _preparing_only(sender)
+    warnings: list[str] = []  # the main rank's, warned of in the notebook
     answered_run = job.answered_run
     if answered_run is None:
         def stop_reason() -> str | None:
@@ -133,7 +137,9 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn, device=device,
             seed=job.seed, hardware=job.hardware, publish=publish, stop_reason=stop_reason,
             validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
-            rank=context.rank, group=group, is_main=is_main, read_each_iteration=answered_run is not None))
+            rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
+            read_each_iteration=answered_run is not None))
+        result.warnings = warnings
     except BaseException as error:
         # let go of what holds the group (the failed step's frames, compiled code), so tearing it down below closes
         # its connections: a gloo peer waits in its collective until they close (the traceback's text stays)

@@ -52,6 +52,9 @@ class TrainingDone:
     time_since_start: float
     output_network_iteration: int
     images_per_second: float
+    # the last iteration's validation, when a stop asked as its event went out ended the run before it validated
+    validation_loss: float | None = None
+    validation_accuracy: float | None = None
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,9 @@ class TrainingInfo:
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second
             self.output_network_iteration = event.output_network_iteration
+            if event.validation_loss is not None and self.iteration and self.iteration[-1] == event.iteration:
+                self.validation_loss[-1] = event.validation_loss  # validated after its event went out
+                self.validation_accuracy[-1] = event.validation_accuracy
         elif isinstance(event, TrainingRestarted):
             self.restarts.append(event.description)
 

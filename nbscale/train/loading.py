@@ -128,13 +128,17 @@ def split_batch(batch_size: int, worker_load: Sequence[float] | None, world_size
 
 
 class _EpochBatchSampler:
-    """A batch sampler whose index lists the loop replaces every epoch (so DataLoader workers persist)."""
+    """A batch sampler whose index lists the loop replaces every epoch (so DataLoader workers persist); with a
+    `seed`, each index goes as (index, seed), for `_AugmentedBySeed`."""
 
     def __init__(self) -> None:
         self.lists: torch.Tensor | Sequence[torch.Tensor] = []
+        self.seed: int | None = None
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return (indices.tolist() for indices in self.lists)
+    def __iter__(self) -> Iterator[list[Any]]:
+        if self.seed is None:
+            return (indices.tolist() for indices in self.lists)
+        return ([(index, self.seed) for index in indices.tolist()] for indices in self.lists)
 
     def __len__(self) -> int:
         return len(self.lists)
@@ -144,12 +148,16 @@ class StreamBatches:
     """Batches read through a torch DataLoader, in background processes when asked."""
 
     def __init__(self, dataset: Dataset, device: torch.device, background: bool) -> None:
+        from nbscale.data.augmented import AugmentedImageDatastore
+
         self.dataset = dataset
         self.sampler = _EpochBatchSampler()
         self.device = device
+        self.by_seed = isinstance(dataset, AugmentedImageDatastore)
         workers = min(4, os.cpu_count() or 1) if background else 0
         extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
-        self.loader = DataLoader(dataset, batch_sampler=self.sampler, num_workers=workers,
+        read = _AugmentedBySeed(dataset) if self.by_seed else dataset
+        self.loader = DataLoader(read, batch_sampler=self.sampler, num_workers=workers,
                                  pin_memory=device.type == "cuda", **extra)
         self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
             "streamed by a DataLoader"
@@ -158,11 +166,54 @@ class StreamBatches:
         # torch's Dataset declares no __len__; as_dataset checked it
         return len(self.dataset)  # type: ignore[arg-type]
 
+    def close(self) -> None:
+        """Stop the background processes now. A run that failed leaves its traceback in the notebook (IPython keeps
+        it), whose frames hold this source, its epoch's generator and the DataLoader's iterator, so the processes
+        would live on, two more with every failed run."""
+        iterator = getattr(self.loader, "_iterator", None)  # DataLoader keeps its persistent workers' iterator there
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self.loader._iterator = None
+
     def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
-        self.sampler.lists = rows  # augmentation draws from the global generator, in the dataset's __getitem__
+        self.sampler.lists = rows
+        self.sampler.seed = seed if self.by_seed else None
         non_blocking = self.device.type == "cuda"
         for x, y in self.loader:
             yield x.to(self.device, non_blocking=non_blocking), as_labels(y.to(self.device, non_blocking=non_blocking))
+
+
+class _AugmentedBySeed(Dataset):
+    """An AugmentedImageDatastore read by a DataLoader, each image augmented by the random values of its index
+    in the pass's draws from the epoch's seed, as DeviceResidentData draws them: so training streamed (in background
+    processes or not), resident, on a pool's workers (each reading its share) or resumed from a checkpoint augments
+    every image alike, where a loader process's own random stream would depend on which process read which batch.
+    The sampler sends (index, seed) pairs; each loader process draws an epoch's values once (N rows of a few
+    floats)."""
+
+    def __init__(self, augmented: Any) -> None:
+        self.augmented = augmented
+        self.seed: int | None = None
+        self.draws = torch.empty(0)
+
+    def __len__(self) -> int:
+        return len(self.augmented)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> list[tuple[torch.Tensor, int]]:
+        seed = keys[0][1]
+        if seed != self.seed:
+            self.seed, self.draws = seed, self.augmented.draw(len(self.augmented), torch.Generator().manual_seed(seed))
+        indices = [index for index, _ in keys]
+        items = [self.augmented.source_item(index) for index in indices]
+        draws = self.draws[indices]
+        if len({tuple(image.shape) for image, _ in items}) > 1:  # images of different sizes: one at a time
+            return [(self.augmented.apply(image[None], draws[k : k + 1])[0], label)
+                    for k, (image, label) in enumerate(items)]
+        batch = self.augmented.apply(torch.stack([image for image, _ in items]), draws)
+        return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
 
 
 def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *,

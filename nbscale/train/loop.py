@@ -57,7 +57,10 @@ class LoopSetup:
     counts: list[int] = field(default_factory=lambda: [0])  # samples per rank in each global batch
     rank: int = 0
     group: Any = None  # torch.distributed group of the ranks with work, when more than one has work; else None
-    is_main: bool = True  # writes checkpoints and tells the user of a network that could not compile
+    is_main: bool = True  # writes checkpoints
+    # tells the user what the run changed or why it ended (a RuntimeWarning here; a pool's main rank sends them
+    # to the notebook, which warns there once, at the user's line); None on a pool's other ranks
+    warn: Callable[[str], None] | None = field(default=lambda message: warn_user(message, RuntimeWarning))
     # a listener needs every iteration's figures at once (output_fn; on a pool publish waits for its answer)
     read_each_iteration: bool = False
 
@@ -68,28 +71,34 @@ class LoopResult:
     state_dict: dict[str, torch.Tensor]
     output_network_iteration: int
     iteration: int
+    warnings: list[str] = field(default_factory=list)  # on a pool, what the notebook must warn of
 
 
 def run_training(setup: LoopSetup) -> LoopResult:
     """Train `setup.model` in place; returns the output network's state and why training ended."""
-    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_setting_restored():
-        return _train(setup)
+    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_setting_restored(), \
+            contextlib.ExitStack() as closing:
+        return _train(setup, closing)
 
 
-def _train(setup: LoopSetup) -> LoopResult:
+def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
+    """The loop; `closing` stops the data's background processes when it ends, however it ends."""
     device, loss_fn = setup.device, setup.loss_fn
 
     # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
     # before the clock starts: info.prepare_seconds, not training time --------------------------------------------
     model = setup.model.to(device)
     options = setup.options
-    autocast_dtype, scaler = _precision(options.precision, device)  # the scaler scales fp16 losses, else passes
+    # the scaler scales fp16 losses, else passes
+    autocast_dtype, scaler = _precision(options.precision, device, setup.warn)
     preparing = time.perf_counter()
     readers = _readers(setup)
     # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
     background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
     data = make_batch_source(setup.train_data, device, options.data_placement, background, readers=readers,
                              progress=_progress(setup, "training data", setup.train_data))
+    if isinstance(data, StreamBatches):
+        closing.callback(data.close)
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
     prepare_seconds = time.perf_counter() - preparing
 
@@ -117,7 +126,7 @@ def _train(setup: LoopSetup) -> LoopResult:
         first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
                             global_batch, offset, local)[:1]
         trial = _trial(data, first, setup.seed, autocast, loss_fn)
-        net = compiled_network(net, options.compile, trial, model, device, warn=setup.is_main)
+        net = compiled_network(net, options.compile, trial, model, device, warn=setup.warn)
     clip = _clipping(model, optimizer, scaler, options)
 
     epoch, iteration = 0, 0
@@ -194,7 +203,8 @@ def _train(setup: LoopSetup) -> LoopResult:
                     epoch, iteration, images = reading.epoch, reading.iteration, reading.images
                     stop_reason = (f"Training loss is {reading.training_loss} at iteration {iteration} "
                                    f"(epoch {epoch}): lower initial_learn_rate or set gradient_threshold.")
-                    warn_user(stop_reason, RuntimeWarning)
+                    if setup.warn is not None:
+                        setup.warn(stop_reason)
                 elif reading.stops and stop_reason is None:
                     stop_reason = setup.stop_reason() or "Stopped on request"
                 validation_loss = validation_accuracy = None
@@ -238,6 +248,16 @@ def _train(setup: LoopSetup) -> LoopResult:
             })
 
     # ---- the end ----------------------------------------------------------------------------------------------
+    # a stop asked while an iteration's event went out (output_fn, the Stop button) ends the run after that
+    # iteration, which was not validated: validate it now, so the final figures are the returned network's
+    final_loss = final_accuracy = None
+    if validation is not None and history and history[-1].validation_loss is None \
+            and math.isfinite(history[-1].training_loss):
+        final_loss, final_accuracy = validation.evaluate()
+        if final_loss < best["loss"]:
+            best.update(loss=final_loss, iteration=iteration, bad=0)
+            if options.output_network == "best-validation":
+                best["state"] = _cpu_copy(model.state_dict())
     stop_reason = stop_reason or "Max epochs completed"
     output_iteration = iteration
     if options.output_network == "best-validation" and best["state"] is not None:
@@ -245,7 +265,7 @@ def _train(setup: LoopSetup) -> LoopResult:
         output_iteration = best["iteration"]
     elapsed = time.perf_counter() - start
     setup.publish(TrainingDone(stop_reason, epoch, iteration, elapsed, output_iteration,
-                               images / elapsed if elapsed > 0 else 0.0))
+                               images / elapsed if elapsed > 0 else 0.0, final_loss, final_accuracy))
     return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, iteration)
 
 
@@ -499,11 +519,12 @@ def _take_main_ranks_buffers(model: nn.Module, group: Any) -> None:
         torch.distributed.broadcast(buffer, group=group, group_src=0)  # the group's rank 0 is the main rank
 
 
-def _precision(precision: str, device: torch.device) -> tuple[torch.dtype | None, torch.amp.GradScaler]:
+def _precision(precision: str, device: torch.device,
+               warn: Callable[[str], None] | None) -> tuple[torch.dtype | None, torch.amp.GradScaler]:
     """(autocast dtype or None, GradScaler): bf16 where the GPU has it, else fp16 with loss scaling; the scaler
     is enabled only for fp16 (disabled, it passes the loss and the step through, as in nanoGPT)."""
-    if precision == "mixed" and device.type != "cuda":
-        warn_user("precision='mixed' only speeds up GPUs; training on the CPU in single precision.", RuntimeWarning)
+    if precision == "mixed" and device.type != "cuda" and warn is not None:
+        warn("precision='mixed' only speeds up GPUs; training on the CPU in single precision.")
     if precision != "mixed" or device.type != "cuda":
         return None, torch.amp.GradScaler(device.type, enabled=False)
     if torch.cuda.is_bf16_supported():

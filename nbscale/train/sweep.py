@@ -8,6 +8,7 @@ run frees its worker for the next one. The figure that compares the runs is nbsc
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED
@@ -23,9 +24,13 @@ from nbscale.train.run_table import RunsTable, ranked
 from nbscale.train.runs import TrainingRun, fresh_model, seeded_model, train_async
 
 
-def grid_combinations(grid: dict[str, Sequence[Any]]) -> list[dict[str, Any]]:
+def grid_combinations(grid: dict[str, Sequence[Any]] | None) -> list[dict[str, Any]]:
     """Every combination of the grid's values, the first field varying slowest; OptionsError for a bad grid."""
-    if not isinstance(grid, dict) or not grid:
+    if grid is None or grid == {}:
+        raise OptionsError("nbscale.sweep needs grid=, the options to vary: a dict of option name -> list of values, "
+                           "e.g. grid={'initial_learn_rate': [0.01, 0.1]} (one run per combination). To train one "
+                           "network with the options as they are, use nbscale.train.")
+    if not isinstance(grid, dict):
         raise OptionsError("grid must be a dict of option name -> list of values, e.g. "
                            "{'initial_learn_rate': [0.01, 0.1]}.")
     names = field_names()
@@ -143,8 +148,8 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
     base = as_options(options)
     if val_data is not None:
         base = base.replace(validation_data=val_data)
-    combinations = grid_combinations(grid if grid is not None else {})
-    run_options = [base.replace(**params) for params in combinations]  # every combination checked first
+    combinations = grid_combinations(grid)
+    run_options = _own_checkpoint_folders([base.replace(**params) for params in combinations])  # all checked first
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise OptionsError(f"seed={seed!r} must be a whole number from 0 to 2**63 - 1 (as torch.manual_seed takes), "
                            "or None for a different start in every run.")
@@ -161,6 +166,17 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, opti
     if wait:
         result.wait()
     return result
+
+
+def _own_checkpoint_folders(run_options: list[TrainingOptions]) -> list[TrainingOptions]:
+    """Runs that would write checkpoints into one folder each write into their own subfolder, `run-K` for run #K:
+    their files have the same names (nbscale_checkpoint_epochNNNN.pt), so each run would overwrite the others' and
+    resume_from would continue another run. `result[k].options.checkpoint_path` is run k's folder."""
+    paths = [str(opts.checkpoint_path) for opts in run_options if opts.checkpoint_path is not None]
+    shared = {path for path in paths if paths.count(path) > 1}
+    return [opts.replace(checkpoint_path=os.path.join(opts.checkpoint_path, f"run-{index + 1}"))
+            if opts.checkpoint_path is not None and str(opts.checkpoint_path) in shared else opts
+            for index, opts in enumerate(run_options)]
 
 
 def parse_grid(specs: Sequence[str]) -> dict[str, Sequence[Any]]:

@@ -83,6 +83,10 @@ def train(
         channel.subscribe(listener)
     # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
     on_pool = options.execution_environment in ("parallel", "multi-gpu")
+    if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
+        raise OptionsError(f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
+                           f"but execution_environment={options.execution_environment!r} trains in the notebook's "
+                           "process: use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
     with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
         if on_pool:
             from nbscale.train.distributed import train_on_pool
@@ -185,6 +189,7 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
         return
     lock = threading.Lock()
     state = {"done": False, "forced": False}
+    notebook = os.getpid()
 
     def force_when_stuck() -> None:
         from nbscale.pool.pool import current_pool
@@ -203,7 +208,9 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
                 _thread.interrupt_main()  # runs on_interrupt in the main thread, which raises KeyboardInterrupt
 
     def on_interrupt(signum: int, frame: Any) -> None:
-        if state["done"]:
+        # a DataLoader process forked during training (dispatch_in_background) inherits this handler, and the
+        # kernel's interrupt reaches its whole process group: the notebook's process alone stops the run
+        if state["done"] or os.getpid() != notebook:
             return
         if stop.requested:
             raise KeyboardInterrupt

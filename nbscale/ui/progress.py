@@ -73,6 +73,11 @@ class TrainingProgress:
         elif isinstance(event, TrainingDone):
             self.state = f"Done: {self.stop.reason or event.stop_reason}"
             self.done = event
+            if event.validation_loss is not None:  # the last iteration, validated after its event went out
+                self.columns["val_iteration"].append(event.iteration)
+                self.columns["val_loss"].append(event.validation_loss)
+                self.columns["val_accuracy"].append(100.0 * event.validation_accuracy
+                                                    if event.validation_accuracy is not None else float("nan"))
             self._draw()
             self._close_button()
             if self._figure is not None and not self.redraws_when_done:

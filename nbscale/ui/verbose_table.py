@@ -6,6 +6,7 @@ display shows it, a line counting the files read, rewritten in place.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any, TextIO
@@ -52,8 +53,14 @@ class VerboseTable:
             if due or event.validation_loss is not None:
                 self._print_event(event)
         elif isinstance(event, TrainingDone):
-            if self.last is not None and self.last_printed != self.last.iteration:
-                self._print_event(self.last)
+            last = self.last
+            if last is not None and event.validation_loss is not None and event.iteration == last.iteration:
+                # validated after its row was due (a stop asked as its event went out): its row with the figures
+                last = dataclasses.replace(last, validation_loss=event.validation_loss,
+                                           validation_accuracy=event.validation_accuracy)
+                self.last_printed = -1  # printed again, now with them
+            if last is not None and self.last_printed != last.iteration:
+                self._print_event(last)
             rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
             # the notebook knows why a stop it asked for happened (pool workers only know it was asked)
             reason = (self.stop.reason if self.stop is not None else None) or event.stop_reason

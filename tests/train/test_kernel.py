@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.train.widget_click import run_and_click
@@ -47,6 +49,60 @@ def test_kernel_interrupt_stops_at_the_end_of_the_iteration_and_keeps_the_net(ke
     assert 3 <= figures <= 2 + 4.0 / 0.5 + 1
     check = kernel.run("print(info.stop_reason); print(info.iteration[-1] < 5000 * 46)")
     assert check.stdout.splitlines() == ["Stopped by kernel interrupt", "True"]
+
+
+def test_an_interrupt_of_a_run_reading_in_background_processes_is_said_once(kernel) -> None:
+    """The kernel's interrupt reaches the DataLoader processes of dispatch_in_background=True too (one process
+    group); they inherit the Stop handler, and each printed the Stop line into the cell."""
+    assert kernel.run(SETUP + "import nbscale\n"
+                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True)").ok
+    cell = LONG_CELL.replace("--quiet", "--quiet --no-plots --options background")
+    result = kernel.run(cell.replace("(train_x, train_y)", "torch.utils.data.TensorDataset(train_x, train_y)"),
+                        interrupt_after=4.0, timeout=60)
+    assert result.ok, result.text
+    assert result.text.count("Stopping at the end of this iteration") == 1, result.text
+    check = kernel.run("print(info.stop_reason); print(info.data_placement)")
+    assert check.stdout.splitlines()[0] == "Stopped by kernel interrupt"
+    assert check.stdout.splitlines()[1].startswith("streamed by a DataLoader (")
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_run_reading_in_background_processes_that_fails_leaves_none_of_them_behind(kernel) -> None:
+    """The notebook keeps a failed cell's traceback, whose frames hold the DataLoader: its processes lived on,
+    two more with every failed run."""
+    assert kernel.run(SETUP + "import nbscale\n"
+                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True, verbose=False)").ok
+    for _ in range(2):
+        failed = kernel.run("nbscale.train(torch.nn.Linear(5, 10), "
+                            "torch.utils.data.TensorDataset(train_x, train_y), background)")
+        assert failed.error_name == "ModelError"
+    assert children(kernel.pid) == []
+
+
+def test_a_warning_of_a_train_cell_names_the_cell_not_ipython(kernel) -> None:
+    """In a %%train cell, IPython's frames run the training: the warning named interactiveshell.py's line."""
+    assert kernel.run(SETUP).ok
+    assert kernel.run("import nbscale\nmixed = nbscale.TrainingOptions('sgdm', precision='mixed', verbose=False)").ok
+    result = kernel.run("%%train --options mixed --epochs 1 --no-plots\nmodel = tiny_net()\n"
+                        "train_data = (train_x, train_y)")
+    assert result.ok, result.text
+    # the cell's first line: the %%train line, as IPython runs it
+    assert ".py:1: RuntimeWarning: precision='mixed' only speeds up GPUs" in result.stderr, result.stderr
+    assert "run_cell_magic('train', '--options mixed" in result.stderr and "IPython" not in result.stderr
+    called = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), mixed)")
+    assert ".py:1: RuntimeWarning: precision='mixed'" in called.stderr and "nbscale.train(" in called.stderr
 
 
 def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:
@@ -108,6 +164,12 @@ def test_the_cells_val_data_wins_over_the_options_validation_data(kernel) -> Non
     assert result.ok, result.text
     # one validation sample gives 0 or 1; the cell's 297 give a fraction in between
     assert kernel.run("print(0 < info.final_validation_accuracy < 1)").stdout.strip() == "True"
+    # val_data = None in the cell trains without the options' validation data
+    result = kernel.run("%%train --options one --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n"
+                        "val_data = None")
+    assert result.ok, result.text
+    assert kernel.run("print(info.final_validation_accuracy, set(info.validation_loss))").stdout.split() == [
+        "None", "{None}"]
 
 
 def test_an_interrupt_while_the_pool_starts_stops_parallel_training_at_its_first_iteration(kernel) -> None:

@@ -151,6 +151,18 @@ def test_a_model_that_cannot_be_sent_is_named(pool: nbscale.Pool) -> None:
         nbscale.train(model, TRAIN, options(execution_environment="parallel"))
 
 
+def test_a_pool_runs_warnings_come_once_in_the_notebook_at_the_users_line(pool: nbscale.Pool, capfd) -> None:
+    """precision='mixed' on CPU workers and a diverging loss warn as training in the notebook does: one
+    RuntimeWarning at the user's call, not a line from every worker naming "<frozen runpy>"."""
+    with pytest.warns(RuntimeWarning) as caught:
+        trained(execution_environment="parallel", precision="mixed", max_epochs=1)
+        trained(execution_environment="parallel", initial_learn_rate=1e6, max_epochs=1)
+    assert [(str(w.message)[:27], w.filename) for w in caught] == [
+        ("precision='mixed' only spee", __file__), ("Training loss is inf at ite", __file__)]
+    shown = capfd.readouterr()
+    assert "RuntimeWarning" not in shown.out + shown.err
+
+
 def test_output_fn_stops_the_workers_after_the_iteration_it_saw_as_in_the_notebook(pool: nbscale.Pool) -> None:
     """Every rank waits for the notebook's output_fn at each iteration, so its stop lands where it does in the
     notebook's process: the same iterations trained, the same network, output_fn called once per iteration."""

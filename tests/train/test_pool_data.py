@@ -58,6 +58,24 @@ def test_augmented_image_files_train_on_the_pool_like_one_process(pool: nbscale.
     assert "workers" not in alone_info.data_placement
 
 
+def test_augmented_image_files_streamed_in_background_train_alike_in_one_process_on_the_pool_and_held_whole(
+        pool: nbscale.Pool, digits_files: Path) -> None:
+    """dispatch_in_background=True streams the files through DataLoader processes; each image still takes its
+    random augmentation from the run's seed, the epoch and its index, so the run is the resident one's, on the pool
+    too (each loader process drawing from its own random stream made every run differ)."""
+    train = ImageDatastore(digits_files)
+    augmenter = ImageAugmenter(rand_x_reflection=True, rand_x_translation=(-2, 2), rand_y_translation=(-2, 2))
+    data = AugmentedImageDatastore((8, 8), train, augmenter)
+    held, held_info = trained(data, None)
+    streamed, streamed_info = trained(data, None, dispatch_in_background=True)
+    pooled, pooled_info = trained(data, None, dispatch_in_background=True, execution_environment="parallel")
+    assert streamed_info.data_placement.startswith("streamed by a DataLoader (")
+    assert pooled_info.data_placement.startswith("streamed by a DataLoader (") and "on each of 2" in pooled_info.data_placement
+    assert held_info.data_placement.startswith("device-resident")
+    assert same(held, streamed) and same(held, pooled)
+    assert streamed_info.training_loss == pytest.approx(held_info.training_loss, rel=1e-5)
+
+
 def test_images_of_several_sizes_and_unreadable_files_are_left_out_on_the_pool_as_in_one_process(
         pool: nbscale.Pool, tmp_path: Path) -> None:
     """The workers agree on one size for all images and leave out the same unreadable files as one process."""

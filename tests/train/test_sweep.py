@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import CancelledError, as_completed, wait
 
@@ -136,6 +137,33 @@ def test_stop_ends_a_run_with_the_network_so_far_and_leaves_the_other_run_alone(
         second.result(timeout=30)
 
 
+def test_runs_of_a_sweep_with_a_checkpoint_path_each_write_and_resume_from_their_own_folder(pool, data,
+                                                                                           tmp_path) -> None:
+    (train_x, train_y), _ = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
+                                      checkpoint_path=str(tmp_path))
+    result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.05, 0.3]}, pool=pool,
+                           seed=0)
+    folders = [run.options.checkpoint_path for run in result.runs]
+    assert folders == [str(tmp_path / "run-1"), str(tmp_path / "run-2")]
+    assert all(sorted(os.listdir(folder)) == ["nbscale_checkpoint_epoch0001.pt", "nbscale_checkpoint_epoch0002.pt"]
+               for folder in folders)
+    for run in result.runs:  # each folder holds its own run: resuming it at its end gives that run's network
+        net, _ = nbscale.train(tiny_net(), (train_x, train_y), run.options, resume_from=run.options.checkpoint_path)
+        assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), run.net.state_dict().values(),
+                                                     strict=True))
+
+
+def test_a_warning_of_a_run_on_a_worker_shows_as_nbscales_without_its_source_lines(pool, data, capfd) -> None:
+    (train_x, train_y), _ = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False, precision="mixed")
+    nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.1]}, pool=pool)
+    shown = capfd.readouterr()
+    said = shown.out + shown.err
+    assert "nbscale:0: RuntimeWarning: precision='mixed' only speeds up GPUs" in said
+    assert ".py:" not in said and "<frozen" not in said  # no nbscale file, line or start-up frame
+
+
 def test_impossible_grid_values_are_rejected_before_any_run_starts(pool, data) -> None:
     (train_x, train_y), _ = data
     with pytest.raises(OptionsError, match="mini_batch_size"):
@@ -144,6 +172,9 @@ def test_impossible_grid_values_are_rejected_before_any_run_starts(pool, data) -
         nbscale.sweep(tiny_net, (train_x, train_y), None, {"initial_learning_rate": [0.1]}, pool=pool)
     with pytest.raises(OptionsError, match="non-empty list"):
         nbscale.sweep(tiny_net, (train_x, train_y), None, {"max_epochs": []}, pool=pool)
+    for no_grid in (None, {}):  # said as missing, not as a grid of the wrong kind
+        with pytest.raises(OptionsError, match=r"nbscale.sweep needs grid=, the options to vary.*use nbscale.train"):
+            nbscale.sweep(tiny_net, (train_x, train_y), None, no_grid, pool=pool, seed=1)
     assert all(worker.state == "idle" for worker in pool.workers)
 
 

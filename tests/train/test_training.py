@@ -161,6 +161,18 @@ def test_resume_with_augmented_images_equals_training_straight_through(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(weights(straight), weights(resumed), strict=True))
 
 
+def test_resume_from_a_folder_continues_the_run_that_wrote_there_last(tmp_path) -> None:
+    """A run started again in the folder with fewer epochs leaves the first run's later epochs there; resuming
+    the folder continues the later run, not the first run's highest epoch."""
+    folder = str(tmp_path / "checkpoints")
+    nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path=folder, initial_learn_rate=0.01))
+    _, later = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2, checkpoint_path=folder, initial_learn_rate=0.3))
+    _, resumed = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=4, initial_learn_rate=0.3), resume_from=folder)
+    kept = len(later.iteration)
+    assert resumed.learn_rate[:kept] == later.learn_rate and resumed.training_loss[:kept] == later.training_loss
+    assert resumed.epoch[kept] == 3
+
+
 def test_resume_from_a_missing_checkpoint_says_so(tmp_path) -> None:
     with pytest.raises(OptionsError, match="no checkpoint"):
         nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=tmp_path)
@@ -193,6 +205,13 @@ def test_mixed_precision_on_the_cpu_warns_at_the_users_call() -> None:
     with pytest.warns(RuntimeWarning, match="precision='mixed' only speeds up GPUs") as caught:
         nbscale.train(tiny_net(), TRAIN, quiet(precision="mixed"))
     assert [warning.filename for warning in caught] == [__file__]
+
+
+def test_a_worker_load_for_several_workers_in_the_notebooks_process_says_it_needs_a_pool() -> None:
+    with pytest.raises(OptionsError, match=r"worker_load=\[3, 1\] splits each mini-batch across a pool's workers, but "
+                       r"execution_environment='cpu' trains in the notebook's process: use execution_environment="
+                       r"'parallel'"):
+        nbscale.train(tiny_net(), TRAIN, quiet(worker_load=[3, 1], execution_environment="cpu"))
 
 
 def test_shuffle_modes() -> None:

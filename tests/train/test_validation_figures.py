@@ -6,6 +6,8 @@ must still be what evaluating the returned network on the validation data gives.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -62,6 +64,26 @@ def test_in_the_notebooks_process_the_final_validation_figures_are_the_returned_
     for output_network in ("last-iteration", "best-validation"):
         net, info = train_with_validation("cpu", output_network)
         assert_figures_are_the_returned_networks(net, info)
+
+
+def stopped_by_output_fn_at_iteration_8(environment: str) -> tuple[nn.Module, nbscale.TrainingInfo]:
+    torch.manual_seed(1)
+    options = nbscale.TrainingOptions(
+        "sgdm", initial_learn_rate=1.0, mini_batch_size=60, max_epochs=3, validation_data=VAL, validation_frequency=7,
+        execution_environment=environment, verbose=True, output_fn=lambda info: info.iteration[-1] >= 8)
+    return nbscale.train(batch_norm_net(), TRAIN, options)
+
+
+@pytest.mark.parametrize("environment", ["cpu", "parallel"])
+def test_a_run_output_fn_stops_between_validations_validates_the_network_it_returns(environment: str, capsys) -> None:
+    """output_fn sees iteration 8 (not a validation iteration) and stops: the run validates that network."""
+    with nbscale.Pool(2, cpu=True) if environment == "parallel" else contextlib.nullcontext():
+        net, info = stopped_by_output_fn_at_iteration_8(environment)
+    assert info.iteration[-1] == 8 and info.stop_reason == "Stopped by output_fn"
+    assert_figures_are_the_returned_networks(net, info)
+    assert info.validation_accuracy[-1] == info.final_validation_accuracy  # in the history at the stop, too
+    last_row = capsys.readouterr().out.splitlines()[-3]  # the row of iteration 8, above the rule and the reason
+    assert last_row.split("|")[2].strip() == "8" and f"{100 * info.final_validation_accuracy:.2f}%" in last_row
 
 
 def test_the_info_panel_ends_with_the_returned_networks_validation_figures(kernel) -> None:

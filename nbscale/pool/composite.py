@@ -76,6 +76,14 @@ class Composite:
     def __iter__(self) -> Iterator[Any]:
         return iter(self[:])
 
+    def __reduce__(self) -> Any:
+        # pool.run, pool.push and %%spmd give each worker its own value; anywhere else a Composite is no one value
+        raise TypeError(
+            f"Composite {self.key!r} holds one value per worker, not one value to send: pass {self.key}[r] (worker "
+            f"r's value) or {self.key}[:] (all of them), or give it to pool.run, pool.push or a %%spmd cell, where "
+            "each worker uses its own value"
+        )
+
     def belongs_to(self, pool: object) -> bool:
         return pool is self._pool and self._pool.generation == self._generation and not self._pool.closed
 

@@ -27,7 +27,7 @@ from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
-from nbscale.pool.spmd import SpmdCell
+from nbscale.pool.spmd import SpmdCell, each_workers_own
 from nbscale.pool.startup import join_group, launch_workers, make_backend
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
@@ -283,10 +283,12 @@ class Pool:
     ) -> list[Any]:
         """Run `fn(*args, **kwargs)` on every worker (or `targets`); a list of return values by rank.
 
-        Worker output streams live; `on_event(rank, payload)` receives `worker_context().emit(payload)`.
-        Raises WorkerError with each failing rank's traceback.
+        Worker output streams live; `on_event(rank, payload)` receives `worker_context().emit(payload)`. A Composite
+        argument is each worker's own value, as in a %%spmd cell. Raises WorkerError with each failing rank's traceback.
         """
         name = getattr(fn, "__name__", "the function")
+        args = tuple(each_workers_own(a, self, f"Argument {i + 1} of {name}()") for i, a in enumerate(args))
+        kwargs = {key: each_workers_own(value, self, f"Argument {key}= of {name}()") for key, value in kwargs.items()}
         return self.request(lambda rid: p.Call(rid, fn, args, kwargs), targets, on_event, what=f"{name}()",
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
@@ -305,7 +307,9 @@ class Pool:
         return cell.bind_results(self, ranks, present, namespace)
 
     def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None:
-        """Bind variables in every worker's namespace (sent once through shared memory locally)."""
+        """Bind variables in every worker's namespace (sent once through shared memory locally); a Composite binds
+        each worker's own value."""
+        variables = {name: each_workers_own(value, self, f"Variable {name!r}") for name, value in variables.items()}
         self.request(lambda rid: p.Push(rid, variables), targets, what="push",
                      unsendable=lambda error: variable_error(variables, error, "Push something picklable instead."))
 

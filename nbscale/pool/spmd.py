@@ -83,13 +83,20 @@ def variables_to_send(code: str, namespace: dict[str, Any], pool: CompositeSourc
 
 
 def _value_to_send(name: str, value: Any, pool: CompositeSource) -> Any:
-    if isinstance(value, Composite):
-        if not value.belongs_to(pool):
-            raise PoolError(
-                f"Variable {name!r} is a Composite of a pool that has stopped or restarted; its values are gone. "
-                "Run the cell that makes it again."
-            )
-        return CompositeReference(value.key)
     if isinstance(value, types.ModuleType):
         return ModuleReference(value.__name__)
-    return value
+    return each_workers_own(value, pool, f"Variable {name!r}")
+
+
+def each_workers_own(value: Any, pool: CompositeSource, described: str) -> Any:
+    """A Composite of `pool` as a reference each worker resolves to its own value; any other value unchanged.
+
+    Raises PoolError for a Composite whose values are gone (its pool stopped or restarted)."""
+    if not isinstance(value, Composite):
+        return value
+    if not value.belongs_to(pool):
+        raise PoolError(
+            f"{described} is a Composite of a pool that has stopped or restarted; its values are gone. "
+            "Run the cell that makes it again."
+        )
+    return CompositeReference(value.key)

@@ -285,14 +285,18 @@ class Worker:
 
     def _bind(self, variables: dict[str, Any]) -> None:
         for name, value in variables.items():
-            if isinstance(value, CompositeReference):
-                if value.key not in self.namespace:
-                    raise NameError(f"this worker has no value for Composite {value.key!r}")
-                self.namespace[name] = self.namespace[value.key]
-            elif isinstance(value, ModuleReference):
+            if isinstance(value, ModuleReference):
                 self.namespace[name] = importlib.import_module(value.module)
             else:
-                self.namespace[name] = value
+                self.namespace[name] = self._own(value)
+
+    def _own(self, value: Any) -> Any:
+        """This worker's own value of a Composite the notebook passed (a CompositeReference); others unchanged."""
+        if not isinstance(value, CompositeReference):
+            return value
+        if value.key not in self.namespace:
+            raise NameError(f"this worker has no value for Composite {value.key!r}")
+        return self.namespace[value.key]
 
     def run_cell(self, message: p.RunCell) -> list[str]:
         self._bind(message.variables)
@@ -303,7 +307,8 @@ class Worker:
         return [name for name in message.result_names if name in self.namespace]
 
     def call(self, message: p.Call) -> Any:
-        return message.function(*message.args, **message.kwargs)
+        args = [self._own(a) for a in message.args]
+        return message.function(*args, **{key: self._own(value) for key, value in message.kwargs.items()})
 
     def push(self, message: p.Push) -> None:
         self._bind(message.variables)

@@ -98,6 +98,20 @@ def test_composite_is_each_workers_own_value_in_a_later_cell(pool):
     assert namespace["plus_one"][1].item() == 42.0
 
 
+def test_a_composite_given_to_run_or_push_is_each_workers_own_value_and_elsewhere_says_how_to_use_it(pool):
+    namespace: dict = {}
+    pool.spmd("mine = rank * 10", namespace=namespace)
+    mine = namespace["mine"]
+    assert pool.run(lambda value, plus=0: value + plus, mine, plus=mine) == [0, 20, 40]
+    pool.push(copied=mine)
+    assert pool.pull("copied") == [0, 10, 20]
+    with pytest.raises(PoolError, match="Argument 1 of <lambda>\\(\\) cannot be sent .*Composite 'mine' holds one "
+                                        "value per worker.*pass mine\\[r\\]"):
+        pool.submit(lambda value: value, mine)
+    with pytest.raises(PoolError, match="Variable 'mine', which <lambda>\\(\\) uses, cannot be sent"):
+        list(pool.map(lambda index: mine, [0]))
+
+
 def test_del_in_a_cell_removes_the_composite_but_not_a_notebook_variable(pool):
     namespace: dict = {"weights": 3}
     pool.spmd("scratch = rank + weights\nkept = rank", namespace=namespace)

@@ -6,36 +6,42 @@ import sys
 
 from nbscale.pool import protocol as p
 
-_open_progress_line: dict[str, int] = {}  # stream name -> rank whose progress line (redrawn after "\r") is open
+_open_line: dict[str, int] = {}  # stream name -> rank whose last line has not ended yet (no newline so far)
 _unflushed: set[str] = set()  # streams written since their last flush
 
 
 def print_output(output: p.Output, flush: bool = True) -> None:
     """A worker's output, each line prefixed with its rank, also after a carriage return.
 
-    A chunk that redraws a line after "\r" and does not end it (a tqdm bar) leaves the line open, so the notebook
-    redraws it in place; other output ends an open line first. With `flush=False` the caller calls
-    `flush_output()` once a burst has been written: in a kernel each flush is a round trip to its output thread
-    and one message to the notebook, so flushing every line of a worker that prints thousands is slow.
+    A chunk that does not end its line (`print(..., end="", flush=True)`, a tqdm bar redrawn after "\r") leaves the
+    line open: the same rank's next chunk continues it (the notebook redraws a "\r" line in place), and other
+    output ends it first. With `flush=False` the caller calls `flush_output()` once a burst has been written: in a
+    kernel each flush is a round trip to its output thread and one message to the notebook, so flushing every line
+    of a worker that prints thousands is slow.
     """
     stream = sys.stderr if output.stream == "stderr" else sys.stdout
     text = output.text
-    open_rank = _open_progress_line.pop(output.stream, None)
-    if open_rank is not None and not (open_rank == output.rank and text.startswith("\r")):
-        stream.write("\n")
-        if open_rank == output.rank and text.startswith("\n"):
-            text = text[1:]  # the newline that ends the progress line (tqdm's close, a final print()) is that one
+    open_rank = _open_line.pop(output.stream, None)
+    continues = open_rank == output.rank
+    if open_rank is not None and not continues:
+        stream.write("\n")  # another rank's unfinished line ends here
     lines = text.split("\n")
-    stream.write("\n".join(_prefixed(line, output.rank) if line or i < len(lines) - 1 else line
-                           for i, line in enumerate(lines)))
+    stream.write("\n".join(_prefixed(line, output.rank, continued=continues and i == 0)
+                           if line or i < len(lines) - 1 else line for i, line in enumerate(lines)))
     if text and not text.endswith("\n"):
-        if "\r" in text:
-            _open_progress_line[output.stream] = output.rank
-        else:
-            stream.write("\n")
+        _open_line[output.stream] = output.rank
     _unflushed.add(output.stream)
     if flush:
         flush_output()
+
+
+def end_open_lines() -> None:
+    """End the lines workers left open (a request ended): the next cell's output starts on a line of its own."""
+    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        if _open_line.pop(name, None) is not None:
+            stream.write("\n")
+            _unflushed.add(name)
+    flush_output()
 
 
 def flush_output() -> None:
@@ -46,7 +52,9 @@ def flush_output() -> None:
             stream.flush()
 
 
-def _prefixed(line: str, rank: int) -> str:
-    """`line` with its rank before it and before each redraw after a carriage return."""
+def _prefixed(line: str, rank: int, continued: bool) -> str:
+    """`line` with its rank before it (unless it `continued` the rank's open line) and before each redraw after a
+    carriage return."""
     pieces = line.split("\r")
-    return "\r".join(f"[{rank}] {piece}" if piece or len(pieces) == 1 else piece for piece in pieces)
+    return "\r".join(piece if (i == 0 and continued) or not (piece or len(pieces) == 1) else f"[{rank}] {piece}"
+                     for i, piece in enumerate(pieces))

@@ -24,7 +24,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import process_state, stall_notice, stalled
-from nbscale.pool.output import flush_output, print_output
+from nbscale.pool.output import end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
 
@@ -272,6 +272,7 @@ class Router:
             raise PoolInterrupted(self._interrupt(request, restart)) from None
         finally:
             self.finish(request)
+            end_open_lines()
         if request.failures:
             raise request.error(what)
         return [request.replies[rank] for rank in request.ranks]

@@ -142,6 +142,17 @@ def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(k
     assert ended_by_print.stdout == "\r[0] step 0\r[0] step 1\r[0] step 2\n[0] after\n"  # no empty "[0] " line
 
 
+def test_a_line_printed_in_pieces_stays_one_line_with_one_rank_prefix(kernel):
+    kernel.run("%pool start 1 --cpu")
+    cell = kernel.run(
+        "%%spmd\nimport time\nprint('loading...', end='', flush=True)\ntime.sleep(0.3)\nprint(' done')\n"
+        "print('no newline at the end', end='')\n"
+    )
+    assert cell.ok, cell.text
+    assert cell.stdout == "[0] loading... done\n[0] no newline at the end\n"
+    assert kernel.run("%%spmd\nprint('next cell')").stdout == "[0] next cell\n"  # on a line of its own, prefixed
+
+
 def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
     cell = kernel.run("%%spmd\nprint('hi')")
     assert cell.ok and "starting one with %pool start defaults" in cell.stdout

@@ -151,6 +151,14 @@ def test_unpicklable_variable_is_named(pool):
         pool.spmd("print(lock)", namespace={"lock": threading.Lock()})
 
 
+def test_a_file_opened_in_the_notebook_is_named_instead_of_sent_as_a_copy(pool, tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("first line\n")
+    with path.open() as handle, pytest.raises(PoolError, match="Variable 'handle' cannot be sent.*notes.txt' is a file "
+                                                                "opened here: each process must open the file itself"):
+        pool.spmd("print(handle.readline())", namespace={"handle": handle})
+
+
 def test_modules_read_by_a_cell_are_imported_on_workers(pool):
     import json as json_module
 

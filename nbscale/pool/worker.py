@@ -77,7 +77,24 @@ class _StreamToKernel(io.TextIOBase):
 
 def _user_traceback(error: BaseException) -> str:
     """The traceback without nbscale's own frames and torch's module-call plumbing (nn.Module.__call__,
-    DistributedDataParallel's forward: several frames a layer), so the user sees their cell's and model's lines."""
+    DistributedDataParallel's forward: several frames a layer), so the user sees their cell's and model's lines.
+    Chained exceptions (`raise ... from error`, an error while handling another) come first, as Python shows them."""
+    chain: list[tuple[BaseException, str]] = []  # (exception, what links it to the next one), oldest last
+    link, seen = "", set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append((current, link))
+        if current.__cause__ is not None:
+            current, link = current.__cause__, "\nThe above exception was the direct cause of the following exception:\n\n"
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, "\nDuring handling of the above exception, another exception occurred:\n\n"
+        else:
+            current = None
+    return "".join(_one_traceback(exception) + link for exception, link in reversed(chain))
+
+
+def _one_traceback(error: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if not f.filename.startswith(_NBSCALE_DIR) and not f.filename.startswith(_TORCH_CALL_PLUMBING)]
     # an error raised by nbscale itself (no frame of the user's) is its message alone, without an empty traceback

@@ -144,6 +144,18 @@ def test_failure_shows_each_failing_rank_with_cell_line(pool):
     assert pool.run(lambda: "still usable") == ["still usable"] * 3
 
 
+def test_a_chained_error_shows_its_cause_with_cell_lines_as_python_does(pool):
+    with pytest.raises(WorkerError) as caught:
+        pool.spmd("try:\n    {}['key']\nexcept KeyError as error:\n    raise ValueError('no key') from error\n",
+                  targets=[0])
+    message = str(caught.value)
+    assert 'File "<spmd cell' in message and "line 2" in message and "KeyError: 'key'" in message
+    assert "The above exception was the direct cause of the following exception" in message
+    assert message.index("KeyError") < message.index("ValueError: no key")
+    with pytest.raises(WorkerError, match="(?s)ZeroDivisionError.*During handling of the above exception.*NameError"):
+        pool.spmd("try:\n    1 / 0\nexcept ZeroDivisionError:\n    undefined_name\n", targets=[0])
+
+
 def test_unpicklable_variable_is_named(pool):
     import threading
 

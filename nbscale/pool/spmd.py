@@ -43,7 +43,9 @@ class SpmdCell:
         try:
             compile(code, "<spmd cell>", "exec")
         except SyntaxError as error:
-            raise PoolError(f"The %%spmd cell has a syntax error on line {error.lineno}: {error.msg}.") from None
+            magic = (error.text or "").lstrip().startswith(("%", "!"))
+            hint = " The workers run the cell as plain Python: IPython's %magics and !commands do not run there." if magic else ""
+            raise PoolError(f"The %%spmd cell has a syntax error on line {error.lineno}: {error.msg}.{hint}") from None
         variables = variables_to_send(code, namespace, pool)
         try:
             serialise(variables)

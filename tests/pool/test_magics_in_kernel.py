@@ -94,6 +94,8 @@ def test_bad_input_gets_one_clear_line(kernel):
     kernel.run("import threading\nlock = threading.Lock()")
     unpicklable = kernel.run("%%spmd\nprint(lock)")
     assert unpicklable.error_name == "UnsendableError" and "Variable 'lock'" in unpicklable.traceback
+    magic = kernel.run("%%spmd\nx = 1\n%time y = 2\n").traceback
+    assert "syntax error on line 3" in magic and "%magics and !commands do not run there" in magic
 
 
 def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):

@@ -430,7 +430,8 @@ class Pool:
         return {"kernel_id": registry.kernel_id(), **self._snapshot().to_dict()}
 
     def _snapshot(self) -> PoolStatus:
-        workers = tuple(
-            WorkerStatus(w.rank, w.host, w.pid, w.device, w.state, w.memory_mb, w.device_memory_mb) for w in self.workers
+        workers = tuple(  # a dead worker's last memory figures are gone with its process
+            WorkerStatus(w.rank, w.host, w.pid, w.device, w.state, *((None, None) if w.dead else (w.memory_mb, w.device_memory_mb)))
+            for w in self.workers
         )
         return PoolStatus(self.size, self.kind, self.backend.name, self.monitor.idle_left_s(), workers)

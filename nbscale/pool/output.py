@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
 from nbscale.pool import protocol as p
 
 _open_line: dict[str, int] = {}  # stream name -> rank whose last line has not ended yet (no newline so far)
+# stream name -> rank -> the latest redraw ("\r...") of that rank's progress line, held while another rank's is live
+_held_redraws: dict[str, dict[int, str]] = {}
+# stream name -> ranks whose open line another rank's output ended: the newline that would end it is that one
+_ended_by_others: dict[str, set[int]] = {}
 _unflushed: set[str] = set()  # streams written since their last flush
 
 
@@ -15,29 +20,55 @@ def print_output(output: p.Output, flush: bool = True) -> None:
 
     A chunk that does not end its line (`print(..., end="", flush=True)`, a tqdm bar redrawn after "\r") leaves the
     line open: the same rank's next chunk continues it (the notebook redraws a "\r" line in place), and other
-    output ends it first. With `flush=False` the caller calls `flush_output()` once a burst has been written: in a
-    kernel each flush is a round trip to its output thread and one message to the notebook, so flushing every line
-    of a worker that prints thousands is slow.
+    output ends it first. A notebook stream can redraw only its last line, so while one rank's line is open, other
+    ranks' redraws are held (the latest of each) and shown when their line ends or the request does: several ranks'
+    progress bars make one line each, not one line per redraw. With `flush=False` the caller calls `flush_output()`
+    once a burst has been written: in a kernel each flush is a round trip to its output thread and one message to
+    the notebook, so flushing every line of a worker that prints thousands is slow.
     """
     stream = sys.stderr if output.stream == "stderr" else sys.stdout
-    text = output.text
-    open_rank = _open_line.pop(output.stream, None)
-    continues = open_rank == output.rank
-    if open_rank is not None and not continues:
-        stream.write("\n")  # another rank's unfinished line ends here
-    lines = text.split("\n")
-    stream.write("\n".join(_prefixed(line, output.rank, continued=continues and i == 0)
-                           if line or i < len(lines) - 1 else line for i, line in enumerate(lines)))
-    if text and not text.endswith("\n"):
-        _open_line[output.stream] = output.rank
-    _unflushed.add(output.stream)
+    held = _held_redraws.setdefault(output.stream, {})
+    redraw = "\r" in output.text and "\n" not in output.text
+    if redraw and _open_line.get(output.stream, output.rank) != output.rank:
+        held[output.rank] = output.text
+        return
+    latest = held.pop(output.rank, None)
+    if latest is not None and not redraw:
+        _write(stream, output.stream, output.rank, latest)  # the bar as it last stood, before what ends it
+    _write(stream, output.stream, output.rank, output.text)
     if flush:
         flush_output()
 
 
+def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
+    ended = _ended_by_others.setdefault(name, set())
+    if rank in ended:
+        ended.discard(rank)
+        if text.startswith("\n"):  # tqdm's close or a final print() of a line another rank's output has ended
+            text = text[1:]
+            if not text:
+                return
+    open_rank = _open_line.pop(name, None)
+    continues = open_rank == rank
+    if open_rank is not None and not continues:
+        stream.write("\n")  # another rank's unfinished line ends here
+        ended.add(open_rank)
+    lines = text.split("\n")
+    stream.write("\n".join(_prefixed(line, rank, continued=continues and i == 0)
+                           if line or i < len(lines) - 1 else line for i, line in enumerate(lines)))
+    if text and not text.endswith("\n"):
+        _open_line[name] = rank
+    _unflushed.add(name)
+
+
 def end_open_lines() -> None:
-    """End the lines workers left open (a request ended): the next cell's output starts on a line of its own."""
+    """Show held redraws and end the lines workers left open (a request ended): the next cell's output starts on a
+    line of its own."""
     for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        held = _held_redraws.pop(name, {})
+        _ended_by_others.pop(name, None)
+        for rank in sorted(held):
+            _write(stream, name, rank, held[rank])
         if _open_line.pop(name, None) is not None:
             stream.write("\n")
             _unflushed.add(name)

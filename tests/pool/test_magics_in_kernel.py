@@ -144,6 +144,24 @@ def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(k
     assert ended_by_print.stdout == "\r[0] step 0\r[0] step 1\r[0] step 2\n[0] after\n"  # no empty "[0] " line
 
 
+def test_progress_lines_of_several_ranks_make_one_line_each_not_one_per_redraw(kernel):
+    kernel.run("%pool start 3 --cpu")
+    cell = kernel.run(
+        "%%spmd\n"
+        "import sys, time\n"
+        "for step in range(20):\n"
+        "    sys.stderr.write(f'\\rstep {step + 1}/20'); sys.stderr.flush(); time.sleep(0.01)\n"
+        "barrier(); time.sleep(0.5)\n"  # every bar's last redraw is shown before any bar ends
+        "sys.stderr.write('\\n')\n"
+        "print('after', rank)\n"
+    )
+    assert cell.ok, cell.text
+    lines = cell.stderr.split("\n")
+    assert len(lines) == 4 and lines[-1] == "", lines  # one line per rank (a stream redraws only its last line)
+    assert sorted(line.rsplit("\r", 1)[-1] for line in lines[:-1]) == [f"[{r}] step 20/20" for r in range(3)]
+    assert sorted(cell.stdout.splitlines()) == ["[0] after 0", "[1] after 1", "[2] after 2"]
+
+
 def test_a_line_printed_in_pieces_stays_one_line_with_one_rank_prefix(kernel):
     kernel.run("%pool start 1 --cpu")
     cell = kernel.run(

@@ -62,13 +62,18 @@ class SpmdCell:
         self, pool: CompositeSource, ranks: Sequence[int], present: Sequence[list[str]], namespace: dict[str, Any]
     ) -> dict[str, Composite]:
         """Bind a Composite in `namespace` for each name the cell assigned (`present`: each rank's names);
-        a name the cell deleted on every worker removes its Composite from the notebook too."""
+        a name the cell deleted on every worker that holds it removes its Composite from the notebook too.
+        Workers the cell did not run on (--targets) keep their values of an earlier Composite of that name."""
         composites: dict[str, Composite] = {}
         for name in self.result_names:
-            holders = tuple(rank for rank, names in zip(ranks, present, strict=True) if name in names)
-            if holders and name in self.assigned:
-                composites[name] = Composite(pool, name, holders)
-            elif not holders and isinstance(namespace.get(name), Composite):
+            holders = {rank for rank, names in zip(ranks, present, strict=True) if name in names}
+            previous = namespace.get(name)
+            kept: set[int] = set()
+            if isinstance(previous, Composite) and previous.key == name and previous.belongs_to(pool):
+                kept = set(previous.ranks) - set(ranks)
+            if (holders and name in self.assigned) or kept:
+                composites[name] = Composite(pool, name, tuple(sorted(holders | kept)))
+            elif not holders and isinstance(previous, Composite):
                 del namespace[name]  # `del x` on the workers: the notebook's Composite x goes too
         namespace.update(composites)
         return composites

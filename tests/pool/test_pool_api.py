@@ -134,6 +134,17 @@ def test_targets_run_on_listed_ranks_with_collectives_among_them(pool):
         pool.spmd("pass", targets=[5])
 
 
+def test_a_cell_on_some_targets_keeps_the_other_workers_values_of_a_composite(pool):
+    namespace: dict = {}
+    pool.spmd("kept = rank", namespace=namespace)
+    pool.spmd("kept = kept + 100", targets=[1], namespace=namespace)
+    assert namespace["kept"][:] == [0, 101, 2]  # workers 0 and 2 did not run the cell: their values stand
+    pool.spmd("del kept", targets=[2], namespace=namespace)
+    assert namespace["kept"].ranks == (0, 1) and namespace["kept"][:] == [0, 101]
+    pool.spmd("del kept", targets=[0, 1], namespace=namespace)
+    assert "kept" not in namespace
+
+
 def test_failure_shows_each_failing_rank_with_cell_line(pool):
     with pytest.raises(WorkerError) as caught:
         pool.spmd("a = 1\nb = 2\nif rank != 0:\n    raise ValueError(f'bad rank {rank}')\n")

@@ -55,6 +55,11 @@ class Composite:
         return self._live_pool().pull(self.key, targets=[index])[0]
 
     def __setitem__(self, index: int, value: Any) -> None:
+        if isinstance(index, slice):
+            raise TypeError(
+                f"Composite {self.key!r} is set one worker at a time: {self.key}[r] = value sets worker r's value "
+                f"(to set it everywhere, pool.push({self.key}=value))."
+            )
         index = self._rank_of(index)
         if index not in self.ranks:
             raise IndexError(f"Composite {self.key!r} has no worker {index}; it has ranks {list(self.ranks)}.")

@@ -331,6 +331,8 @@ def test_a_composite_indexed_by_something_other_than_a_rank_says_how_to_index_it
     import numpy
 
     assert namespace["value"][numpy.int64(2)] == 2
+    with pytest.raises(TypeError, match="Composite 'value' is set one worker at a time: value\\[r\\] = value"):
+        namespace["value"][:] = [1, 2, 3]
 
 
 def test_what_cannot_be_sent_is_named_for_push_run_submit_and_map(pool):

@@ -134,6 +134,14 @@ def test_targets_run_on_listed_ranks_with_collectives_among_them(pool):
         pool.spmd("pass", targets=[5])
 
 
+def test_a_variable_a_cell_function_assigns_through_global_becomes_a_composite(pool):
+    namespace: dict = {"counter": 10}
+    pool.spmd("def bump():\n    global counter\n    counter += rank\nbump()\n", namespace=namespace)
+    assert namespace["counter"][:] == [10, 11, 12]
+    pool.spmd("seen = counter", namespace=namespace)  # each worker's own, not the notebook's 10 sent again
+    assert namespace["seen"][:] == [10, 11, 12]
+
+
 def test_a_cell_on_some_targets_keeps_the_other_workers_values_of_a_composite(pool):
     namespace: dict = {}
     pool.spmd("kept = rank", namespace=namespace)

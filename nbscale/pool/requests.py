@@ -46,6 +46,7 @@ class Request:
     on_event: Callable[[int, Any], None] | None = None
     failure_classes: dict[int, type[Exception] | None] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # --env values: a worker's error may quote them, the notebook never shows them
+    interrupting: set[int] = field(default_factory=set)  # ranks interrupted because another rank failed
 
     @property
     def waiting_for(self) -> list[int]:
@@ -55,6 +56,8 @@ class Request:
         """Note a Done, Failed or WorkerDied."""
         if isinstance(item, p.Done):
             self.replies[item.rank] = item.value
+        elif isinstance(item, p.Failed) and item.rank in self.interrupting and item.error_type == "KeyboardInterrupt":
+            self.replies[item.rank] = None  # stopped because another rank failed: that rank's error is the story
         elif isinstance(item, p.Failed):
             failure = with_notebook_lines(item.traceback) or f"{item.error_type}: {item.message}"
             self.failures[item.rank] = without_secrets(failure, self.secrets)
@@ -62,8 +65,8 @@ class Request:
         elif isinstance(item, WorkerDied):
             self.failures[item.rank] = item.description
 
-    def error(self, what: str = "The cell") -> WorkerError:
-        """One error listing each failing rank's traceback.
+    def error(self, what: str = "The cell", note: str = "") -> WorkerError:
+        """One error listing each failing rank's traceback (and `note`, said after them).
 
         Where every failing rank raised the same exception class, the WorkerError is also an instance of that
         class, so `except ZeroDivisionError:` catches a worker's ZeroDivisionError as concurrent.futures does.
@@ -75,6 +78,8 @@ class Request:
         for rank in ranks:
             body = self.failures[rank].rstrip()
             parts.append(f"\n--- rank {rank} ---\n{body}")
+        if note:
+            parts.append(f"\n{note}")
         message, failures = "\n".join(parts), dict(self.failures)
         classes = {self.failure_classes.get(rank) for rank in ranks}
         original = classes.pop() if len(classes) == 1 else None

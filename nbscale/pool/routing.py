@@ -30,6 +30,8 @@ from nbscale.pool.transport import Frame, serialise
 
 INTERRUPT_GRACE_S = 3.0
 PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
+# once a rank has failed, the others still running this long after are interrupted: a collective would wait forever
+FAILED_PEER_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -257,11 +259,18 @@ class Router:
         are replaced by calling `restart` (None: the caller stops the pool).
         """
         noticed = False
+        first_failure: float | None = None
+        note = ""
         try:
             while request.waiting_for:
                 self.pump(request, timeout=0.25)
                 if any(self.workers[r].dead for r in request.failures):
                     break  # a worker died mid-request: the others may wait forever in a collective
+                if request.failures and first_failure is None:
+                    first_failure = time.monotonic()
+                if restart is not None and first_failure is not None and time.monotonic() > first_failure + FAILED_PEER_GRACE_S:
+                    note = self._stop_after_failure(request, restart)
+                    break
                 if not noticed:
                     stuck = stalled(self.workers[rank] for rank in request.waiting_for)
                     if stuck:
@@ -274,13 +283,30 @@ class Router:
             self.finish(request)
             end_open_lines()
         if request.failures:
-            raise request.error(what)
+            raise request.error(what, note)
         return [request.replies[rank] for rank in request.ranks]
+
+    def _stop_after_failure(self, request: Request, restart: Restarter) -> str:
+        """Interrupt the ranks still running `request` after another rank failed (as MATLAB's spmd does: they may
+        wait in a collective for it forever); restart the pool if they do not stop. Says what happened."""
+        others, failed = request.waiting_for, sorted(request.failures)
+        request.interrupting.update(others)
+        outcome = self._stop_running(request, restart)
+        one = len(others) == 1
+        return (f"{workers_named(others)} {'was' if one else 'were'} still running {FAILED_PEER_GRACE_S:.0f} s after "
+                f"rank{'' if len(failed) == 1 else 's'} {', '.join(map(str, failed))} failed (a collective waits for "
+                f"every rank), so {'it was' if one else 'they were'} interrupted." + (f" {outcome}" if outcome else ""))
 
     def _interrupt(self, request: Request, restart: Restarter | None) -> str:
         """Interrupt the workers still running `request`; restart the pool if some do not stop. Says what happened."""
         pending = request.waiting_for
-        self.tell(p.Interrupt(), pending)
+        outcome = self._stop_running(request, restart)
+        return f"Interrupted workers {', '.join(map(str, pending))}. {outcome or 'The pool is ready for the next cell.'}"
+
+    def _stop_running(self, request: Request, restart: Restarter | None) -> str | None:
+        """Interrupt the workers still running `request` and give them INTERRUPT_GRACE_S to stop; None when they
+        did, else the sentence saying which did not and that the pool was restarted (unless `restart` is None)."""
+        self.tell(p.Interrupt(), request.waiting_for)
         interrupted_at = time.monotonic()
         prepared = False
         while (request.waiting_for and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S
@@ -294,11 +320,10 @@ class Router:
                 break
         self._drain_output(request)
         stuck = request.waiting_for
-        interrupted = f"Interrupted workers {', '.join(map(str, pending))}."
         if not stuck:
             if prepared and restart is not None:
                 restart.cancel()
-            return f"{interrupted} The pool is ready for the next cell."
+            return None
         self.finish(request)
         stopped = self._stopped(stuck)
         if stopped:
@@ -308,11 +333,11 @@ class Router:
             reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
                       "or in native code)")
         if restart is None:
-            return f"{interrupted} {reason}."
+            return f"{reason}."
         started = time.monotonic()
         restart.restart()
-        return (f"{interrupted} {reason}, so the pool was restarted with fresh workers in "
-                f"{time.monotonic() - started:.1f} s; variables on the workers are lost.")
+        return (f"{reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
+                "variables on the workers are lost.")
 
     def _stopped(self, ranks: Iterable[int]) -> list[int]:
         """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""

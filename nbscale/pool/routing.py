@@ -256,7 +256,8 @@ class Router:
         A worker that stops answering fails the request (the monitor gives it up); one whose main thread has not
         moved for a while gets one note saying where it is. Ctrl-C / the kernel interrupt interrupts the workers
         and raises PoolInterrupted; workers that do not stop within INTERRUPT_GRACE_S (or are stopped processes)
-        are replaced by calling `restart` (None: the caller stops the pool).
+        are replaced by calling `restart` (None: the caller stops the pool). Once a rank has failed, the ranks still
+        running FAILED_PEER_GRACE_S later are stopped the same way (with `restart` only: not while the group forms).
         """
         noticed = False
         first_failure: float | None = None

@@ -187,6 +187,11 @@ def test_spmd_after_an_idle_shutdown_starts_the_same_pool_again_and_says_so(kern
     assert ("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it again with the same "
             "settings.") in cell.stdout
     assert "[0] workers 1" in cell.stdout  # one worker as asked, not the default size
+    kernel.run("while nbscale.current_pool() is not None:\n    time.sleep(0.1)", timeout=30)
+    restarted = kernel.run("%pool restart")  # what a user types to get the pool back
+    assert restarted.ok, restarted.text
+    assert restarted.stdout.startswith("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it "
+                                       "again with the same settings.\nRestarted 1 CPU workers")
 
 
 def test_every_worker_exits_when_the_kernel_dies():

@@ -38,8 +38,10 @@ from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import announce_failures_here
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# torch's module-call plumbing and the collectives' inside (distributed/): a failing broadcast shows the user's line
 _TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *parts)
-                             for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py")))
+                             for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py"),
+                                           ("distributed", "")))
 _LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
 
 
@@ -77,7 +79,8 @@ class _StreamToKernel(io.TextIOBase):
 
 def _user_traceback(error: BaseException) -> str:
     """The traceback without nbscale's own frames and torch's module-call plumbing (nn.Module.__call__,
-    DistributedDataParallel's forward: several frames a layer), so the user sees their cell's and model's lines.
+    DistributedDataParallel's forward: several frames a layer, torch.distributed's collectives), so the user sees
+    their cell's and model's lines.
     Chained exceptions (`raise ... from error`, an error while handling another) come first, as Python shows them."""
     chain: list[tuple[BaseException, str]] = []  # (exception, what links it to the next one), oldest last
     link, seen = "", set()

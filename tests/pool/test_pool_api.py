@@ -175,6 +175,14 @@ def test_a_chained_error_shows_its_cause_with_cell_lines_as_python_does(pool):
         pool.spmd("try:\n    1 / 0\nexcept ZeroDivisionError:\n    undefined_name\n", targets=[0])
 
 
+def test_a_failing_collective_shows_the_cells_line_not_torch_distributed_frames(pool):
+    with pytest.raises(WorkerError) as caught:
+        pool.spmd("import threading\nshared = broadcast(threading.Lock(), src=0)\n", targets=[0])
+    message = str(caught.value)
+    assert "line 2" in message and "TypeError: cannot pickle '_thread.lock' object" in message
+    assert "distributed_c10d" not in message and "c10d_logger" not in message
+
+
 def test_unpicklable_variable_is_named(pool):
     import threading
 

@@ -46,6 +46,11 @@ def test_spmd_cell_reads_notebook_variables_and_returns_composites(kernel):
     assert shown.stdout.strip() == "Composite 2 [15.0, 15.0, 15.0]"
     again = kernel.run("%%spmd\nprint(total.sum().item())")
     assert "[0] 45.0" in again.stdout and "[1] 45.0" in again.stdout
+    wrong = kernel.run("total[5]")  # a user's slip: the message alone, no frames of nbscale's Composite
+    assert "Composite 'total' has no value on worker 5; it has ranks [0, 1]." in wrong.traceback
+    assert "composite.py" not in wrong.traceback
+    assert "composite.py" not in kernel.run("total['a']").traceback
+    assert kernel.run("try:\n    total[5]\nexcept IndexError:\n    print('an IndexError')").stdout == "an IndexError\n"
 
 
 def test_pool_status_is_an_html_table_in_notebooks(kernel):

@@ -243,4 +243,4 @@ def test_a_task_traceback_shows_the_lines_of_functions_defined_in_the_notebook(k
     cell = kernel.run("list(pool.map(scale, [1, 2, 3]))")
     assert cell.error_name == "WorkerError"
     assert "scale() of pool.map's item 1 failed on rank 0" in cell.traceback
-    assert ", line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback
+    assert "  Cell In[3], line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback

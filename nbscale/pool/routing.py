@@ -292,7 +292,8 @@ class Router:
         wait in a collective for it forever); restart the pool if they do not stop. Says what happened."""
         others, failed = request.waiting_for, sorted(request.failures)
         request.interrupting.update(others)
-        outcome = self._stop_running(request, restart)
+        # this request only: a worker still running a task from pool.submit keeps it, and skips this cell
+        outcome = self._stop_running(request, restart, only_this_request=True)
         one = len(others) == 1
         return (f"{workers_named(others)} {'was' if one else 'were'} still running {FAILED_PEER_GRACE_S:.0f} s after "
                 f"rank{'' if len(failed) == 1 else 's'} {', '.join(map(str, failed))} failed (a collective waits for "
@@ -304,10 +305,11 @@ class Router:
         outcome = self._stop_running(request, restart)
         return f"Interrupted workers {', '.join(map(str, pending))}. {outcome or 'The pool is ready for the next cell.'}"
 
-    def _stop_running(self, request: Request, restart: Restarter | None) -> str | None:
-        """Interrupt the workers still running `request` and give them INTERRUPT_GRACE_S to stop; None when they
-        did, else the sentence saying which did not and that the pool was restarted (unless `restart` is None)."""
-        self.tell(p.Interrupt(), request.waiting_for)
+    def _stop_running(self, request: Request, restart: Restarter | None, only_this_request: bool = False) -> str | None:
+        """Interrupt the workers still running `request` (`only_this_request`: not what else they run) and give them
+        INTERRUPT_GRACE_S to stop; None when they did, else the sentence saying which did not and that the pool was
+        restarted (unless `restart` is None)."""
+        self.tell(p.Interrupt(request.request_id if only_this_request else None), request.waiting_for)
         interrupted_at = time.monotonic()
         prepared = False
         while (request.waiting_for and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S

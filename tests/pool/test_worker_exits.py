@@ -64,3 +64,11 @@ def test_an_error_on_one_rank_stops_the_others_instead_of_leaving_them_waiting(p
     with pytest.raises(ValueError, match="(?s)rank 1 gave up.*Worker 0 was still running .* so it was interrupted\\.$"):
         pool.run(_raise_on_rank_one_else_sleep)  # a sleep stops when interrupted: the same workers go on
     assert time.monotonic() - started < 10 and pool.run(os.getpid) == pids
+
+
+def test_a_task_running_beside_a_call_that_fails_is_kept(pool):
+    task = pool.submit(time.sleep, 3)  # on a free worker: the call waits there until the task ends
+    time.sleep(0.3)
+    with pytest.raises(ValueError, match="rank 1 gave up"):
+        pool.run(_raise_on_rank_one_else_sleep)
+    assert task.result(timeout=10) is None  # the call was skipped there, the task not interrupted

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import operator
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -337,10 +338,16 @@ class Pool:
         iteration: go on, or stop after it (nbscale.train.distributed)."""
         self.router.tell(p.Verdict(run, iteration, stop))
 
-    def _targets(self, targets: Iterable[int] | None) -> tuple[int, ...]:
+    def _targets(self, targets: Iterable[int] | int | None) -> tuple[int, ...]:
+        """The ranks `targets` names (one rank, or several), checked against the pool."""
         if targets is None:
             return tuple(range(self.size))
-        ranks = tuple(sorted(set(int(t) for t in targets)))
+        try:
+            ranks = tuple(sorted({operator.index(t) for t in ([targets] if not isinstance(targets, Iterable) or
+                                                              isinstance(targets, str) else targets)}))
+        except TypeError:
+            raise PoolError(f"targets={targets!r}: give worker ranks as whole numbers, such as targets=[0, 2] "
+                            "(--targets 0,2).") from None
         bad = [r for r in ranks if not 0 <= r < self.size]
         if bad or not ranks:
             raise PoolError(

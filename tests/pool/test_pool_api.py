@@ -132,6 +132,9 @@ def test_targets_run_on_listed_ranks_with_collectives_among_them(pool):
         namespace["who"][1]
     with pytest.raises(PoolError, match="--targets 5"):
         pool.spmd("pass", targets=[5])
+    assert pool.run(os.getpid, targets=1) == pool.run(os.getpid, targets=[1])  # one rank, or several
+    with pytest.raises(PoolError, match=r"targets=\[1.5\]: give worker ranks as whole numbers, such as targets=\[0, 2\]"):
+        pool.run(os.getpid, targets=[1.5])
 
 
 def test_a_variable_a_cell_function_assigns_through_global_becomes_a_composite(pool):

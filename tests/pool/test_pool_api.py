@@ -143,6 +143,8 @@ def test_a_variable_a_cell_function_assigns_through_global_becomes_a_composite(p
     assert namespace["counter"][:] == [10, 11, 12]
     pool.spmd("seen = counter", namespace=namespace)  # each worker's own, not the notebook's 10 sent again
     assert namespace["seen"][:] == [10, 11, 12]
+    pool.spmd("def load():\n    global numpy_module\n    import numpy as numpy_module\nload()\n", namespace=namespace)
+    assert "numpy_module" not in namespace  # a module a function imports is not a result, as a top-level import is not
 
 
 def test_a_cell_on_some_targets_keeps_the_other_workers_values_of_a_composite(pool):

@@ -8,8 +8,8 @@ from typing import TextIO
 from nbscale.pool import protocol as p
 
 _open_line: dict[str, int] = {}  # stream name -> rank whose last line has not ended yet (no newline so far)
-# stream name -> rank -> the latest redraw ("\r...") of that rank's progress line, held while another rank's is live
-_held_redraws: dict[str, dict[int, str]] = {}
+# stream name -> rank -> that rank's unfinished line (from its last redraw "\r..." on), held while another rank's is live
+_held_lines: dict[str, dict[int, str]] = {}
 # stream name -> ranks whose open line another rank's output ended: the newline that would end it is that one
 _ended_by_others: dict[str, set[int]] = {}
 _unflushed: set[str] = set()  # streams written since their last flush
@@ -21,20 +21,21 @@ def print_output(output: p.Output, flush: bool = True) -> None:
     A chunk that does not end its line (`print(..., end="", flush=True)`, a tqdm bar redrawn after "\r") leaves the
     line open: the same rank's next chunk continues it (the notebook redraws a "\r" line in place), and other
     output ends it first. A notebook stream can redraw only its last line, so while one rank's line is open, other
-    ranks' redraws are held (the latest of each) and shown when their line ends or the request does: several ranks'
-    progress bars make one line each, not one line per redraw. With `flush=False` the caller calls `flush_output()`
+    ranks' unfinished lines are held (a progress bar's latest redraw) and shown when their line ends or the request
+    does: several ranks' progress bars make one line each, not one line per redraw, and `print('loading',
+    end='')` then `print(' ok')` on every rank makes one line per rank. With `flush=False` the caller calls `flush_output()`
     once a burst has been written: in a kernel each flush is a round trip to its output thread and one message to
     the notebook, so flushing every line of a worker that prints thousands is slow.
     """
     stream = sys.stderr if output.stream == "stderr" else sys.stdout
-    held = _held_redraws.setdefault(output.stream, {})
-    redraw = "\r" in output.text and "\n" not in output.text
-    if redraw and _open_line.get(output.stream, output.rank) != output.rank:
-        held[output.rank] = output.text
+    held = _held_lines.setdefault(output.stream, {})
+    if "\n" not in output.text and _open_line.get(output.stream, output.rank) != output.rank:
+        unfinished = held.get(output.rank, "") + output.text
+        held[output.rank] = unfinished[unfinished.rfind("\r"):] if "\r" in unfinished else unfinished
         return
-    latest = held.pop(output.rank, None)
-    if latest is not None and not redraw:
-        _write(stream, output.stream, output.rank, latest)  # the bar as it last stood, before what ends it
+    unfinished = held.pop(output.rank, None)
+    if unfinished is not None:
+        _write(stream, output.stream, output.rank, unfinished)  # the line as it stood, before what goes on with it
     _write(stream, output.stream, output.rank, output.text)
     if flush:
         flush_output()
@@ -62,10 +63,10 @@ def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
 
 
 def end_open_lines() -> None:
-    """Show held redraws and end the lines workers left open (a request ended): the next cell's output starts on a
+    """Show held unfinished lines and end the lines workers left open (a request ended): the next cell's output starts on a
     line of its own."""
     for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
-        held = _held_redraws.pop(name, {})
+        held = _held_lines.pop(name, {})
         _ended_by_others.pop(name, None)
         for rank in sorted(held):
             _write(stream, name, rank, held[rank])

@@ -178,6 +178,13 @@ def test_a_line_printed_in_pieces_stays_one_line_with_one_rank_prefix(kernel):
     assert kernel.run("%%spmd\nprint('next cell')").stdout == "[0] next cell\n"  # on a line of its own, prefixed
 
 
+def test_a_line_every_rank_prints_in_pieces_stays_one_line_per_rank(kernel):
+    kernel.run("%pool start 2 --cpu")
+    cell = kernel.run("%%spmd\nimport time\nprint('loading', end='', flush=True)\ntime.sleep(0.3)\nprint(' ok')\n")
+    assert cell.ok, cell.text
+    assert sorted(cell.stdout.splitlines()) == ["[0] loading ok", "[1] loading ok"]
+
+
 def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
     cell = kernel.run("%%spmd\nprint('hi')")
     assert cell.ok and "starting one with %pool start defaults" in cell.stdout

@@ -33,9 +33,9 @@ def print_output(output: p.Output, flush: bool = True) -> None:
         unfinished = held.get(output.rank, "") + output.text
         held[output.rank] = unfinished[unfinished.rfind("\r"):] if "\r" in unfinished else unfinished
         return
-    unfinished = held.pop(output.rank, None)
-    if unfinished is not None:
-        _write(stream, output.stream, output.rank, unfinished)  # the line as it stood, before what goes on with it
+    earlier = held.pop(output.rank, "")
+    if earlier:
+        _write(stream, output.stream, output.rank, earlier)  # the line as it stood, before what goes on with it
     _write(stream, output.stream, output.rank, output.text)
     if flush:
         flush_output()

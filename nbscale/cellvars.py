@@ -3,7 +3,8 @@
 `names_read` walks the cell in execution order and keeps every name loaded before the cell binds it itself
 (at top level, or as a global read inside functions the cell defines), builtin names included: callers keep
 the names their namespace defines. `names_assigned` lists the variables
-the cell binds at top level by assignment (not imports, functions or classes), the ones that become results.
+the cell binds at top level by assignment (not imports, functions or classes) or through `global` in a function it
+defines, the ones that become results.
 """
 
 from __future__ import annotations
@@ -176,6 +177,11 @@ def names_assigned(code: str) -> set[str]:
         for node in ast.walk(statement) if not isinstance(statement, ast.FunctionDef | ast.ClassDef) else []:
             if isinstance(node, ast.NamedExpr):
                 assigned.add(node.target.id)
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            # `global x` and `x = ...` in a function the cell defines: calling it assigns the cell's variable x
+            declared = {name for node in ast.walk(statement) if isinstance(node, ast.Global) for name in node.names}
+            assigned.update(node.id for node in ast.walk(statement)
+                            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in declared)
     return {name for name in assigned if not name.startswith("_")}
 
 

@@ -71,9 +71,14 @@ class PoolMagics(Magics):
             print(f"Started {pool.size} {pool.kind.upper()} workers in {pool.start_seconds:.1f} s{note}")
             return None
         if args.action == "restart":
-            if running is None:
+            if running is None and reopens_idle_pool():  # the pool the user had, as %%spmd would start it again
+                print(f"{take_shutdown_notice() or 'The pool shut itself down idle.'} Starting it again with the "
+                      "same settings.")
+                running = open_pool()
+            elif running is None:
                 raise PoolError("No pool is running to restart: start one with %pool start.")
-            running.restart()
+            else:
+                running.restart()
             note = pool_gpus_note(gpus()) if running.kind == "gpu" and running.settings.cluster is None else "."
             print(f"Restarted {running.size} {running.kind.upper()} workers in {running.start_seconds:.1f} s{note}")
             return None

@@ -9,6 +9,14 @@ from typing import Any, Protocol
 from nbscale.errors import PoolError
 
 
+class CompositeIndexError(PoolError, IndexError):
+    """A Composite has no value on that worker (an IndexError; notebooks show its message alone)."""
+
+
+class CompositeTypeError(PoolError, TypeError):
+    """A Composite was indexed or set the wrong way (a TypeError; notebooks show its message alone)."""
+
+
 class CompositeSource(Protocol):
     """What a Composite needs of its pool (nbscale.Pool is one)."""
 
@@ -51,13 +59,18 @@ class Composite:
             return self._live_pool().pull(self.key, targets=ranks) if ranks else []
         index = self._rank_of(index)
         if index not in self.ranks:
-            raise IndexError(f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}.")
+            raise CompositeIndexError(f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}.")
         return self._live_pool().pull(self.key, targets=[index])[0]
 
     def __setitem__(self, index: int, value: Any) -> None:
+        if isinstance(index, slice):
+            raise CompositeTypeError(
+                f"Composite {self.key!r} is set one worker at a time: {self.key}[r] = value sets worker r's value "
+                f"(to set it everywhere, pool.push({self.key}=value))."
+            )
         index = self._rank_of(index)
         if index not in self.ranks:
-            raise IndexError(f"Composite {self.key!r} has no worker {index}; it has ranks {list(self.ranks)}.")
+            raise CompositeIndexError(f"Composite {self.key!r} has no worker {index}; it has ranks {list(self.ranks)}.")
         self._live_pool().push(targets=[index], **{self.key: value})
 
     def _rank_of(self, index: int) -> int:
@@ -65,7 +78,7 @@ class Composite:
         try:
             index = operator.index(index)
         except TypeError:
-            raise TypeError(
+            raise CompositeTypeError(
                 f"Composite {self.key!r} is indexed by worker rank ({self.key}[0]) or a slice ({self.key}[:]), "
                 f"not by {type(index).__name__}."
             ) from None
@@ -75,6 +88,14 @@ class Composite:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self[:])
+
+    def __reduce__(self) -> Any:
+        # pool.run, pool.push and %%spmd give each worker its own value; anywhere else a Composite is no one value
+        raise TypeError(
+            f"Composite {self.key!r} holds one value per worker, not one value to send: pass {self.key}[r] (worker "
+            f"r's value) or {self.key}[:] (all of them), or give it to pool.run, pool.push or a %%spmd cell, where "
+            "each worker uses its own value"
+        )
 
     def belongs_to(self, pool: object) -> bool:
         return pool is self._pool and self._pool.generation == self._generation and not self._pool.closed

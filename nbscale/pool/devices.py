@@ -73,7 +73,8 @@ def plan_devices(
         if missing:
             have = f"GPUs 0-{len(found) - 1}" if found else "no GPU"
             raise PoolError(
-                f"GPU {', '.join(map(str, missing))} does not exist: this machine shows {have}. "
+                f"{'GPU' if len(missing) == 1 else 'GPUs'} {', '.join(map(str, missing))} "
+                f"{'does' if len(missing) == 1 else 'do'} not exist: this machine shows {have}. "
                 "Pick indices from %gpu, or start CPU workers with --cpu."
             )
         asked = [found[index] for index in gpus]

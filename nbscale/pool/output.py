@@ -3,39 +3,77 @@
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
 from nbscale.pool import protocol as p
 
-_open_progress_line: dict[str, int] = {}  # stream name -> rank whose progress line (redrawn after "\r") is open
+_open_line: dict[str, int] = {}  # stream name -> rank whose last line has not ended yet (no newline so far)
+# stream name -> rank -> that rank's unfinished line (from its last redraw "\r..." on), held while another rank's is live
+_held_lines: dict[str, dict[int, str]] = {}
+# stream name -> ranks whose open line another rank's output ended: the newline that would end it is that one
+_ended_by_others: dict[str, set[int]] = {}
 _unflushed: set[str] = set()  # streams written since their last flush
 
 
 def print_output(output: p.Output, flush: bool = True) -> None:
     """A worker's output, each line prefixed with its rank, also after a carriage return.
 
-    A chunk that redraws a line after "\r" and does not end it (a tqdm bar) leaves the line open, so the notebook
-    redraws it in place; other output ends an open line first. With `flush=False` the caller calls
-    `flush_output()` once a burst has been written: in a kernel each flush is a round trip to its output thread
-    and one message to the notebook, so flushing every line of a worker that prints thousands is slow.
+    A chunk that does not end its line (`print(..., end="", flush=True)`, a tqdm bar redrawn after "\r") leaves the
+    line open: the same rank's next chunk continues it (the notebook redraws a "\r" line in place), and other
+    output ends it first. A notebook stream can redraw only its last line, so while one rank's line is open, other
+    ranks' unfinished lines are held (a progress bar's latest redraw) and shown when their line ends or the request
+    does: several ranks' progress bars make one line each, not one line per redraw, and `print('loading',
+    end='')` then `print(' ok')` on every rank makes one line per rank. With `flush=False` the caller calls `flush_output()`
+    once a burst has been written: in a kernel each flush is a round trip to its output thread and one message to
+    the notebook, so flushing every line of a worker that prints thousands is slow.
     """
     stream = sys.stderr if output.stream == "stderr" else sys.stdout
-    text = output.text
-    open_rank = _open_progress_line.pop(output.stream, None)
-    if open_rank is not None and not (open_rank == output.rank and text.startswith("\r")):
-        stream.write("\n")
-        if open_rank == output.rank and text.startswith("\n"):
-            text = text[1:]  # the newline that ends the progress line (tqdm's close, a final print()) is that one
-    lines = text.split("\n")
-    stream.write("\n".join(_prefixed(line, output.rank) if line or i < len(lines) - 1 else line
-                           for i, line in enumerate(lines)))
-    if text and not text.endswith("\n"):
-        if "\r" in text:
-            _open_progress_line[output.stream] = output.rank
-        else:
-            stream.write("\n")
-    _unflushed.add(output.stream)
+    held = _held_lines.setdefault(output.stream, {})
+    if "\n" not in output.text and _open_line.get(output.stream, output.rank) != output.rank:
+        unfinished = held.get(output.rank, "") + output.text
+        held[output.rank] = unfinished[unfinished.rfind("\r"):] if "\r" in unfinished else unfinished
+        return
+    earlier = held.pop(output.rank, "")
+    if earlier:
+        _write(stream, output.stream, output.rank, earlier)  # the line as it stood, before what goes on with it
+    _write(stream, output.stream, output.rank, output.text)
     if flush:
         flush_output()
+
+
+def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
+    ended = _ended_by_others.setdefault(name, set())
+    if rank in ended:
+        ended.discard(rank)
+        if text.startswith("\n"):  # tqdm's close or a final print() of a line another rank's output has ended
+            text = text[1:]
+            if not text:
+                return
+    open_rank = _open_line.pop(name, None)
+    continues = open_rank == rank
+    if open_rank is not None and not continues:
+        stream.write("\n")  # another rank's unfinished line ends here
+        ended.add(open_rank)
+    lines = text.split("\n")
+    stream.write("\n".join(_prefixed(line, rank, continued=continues and i == 0)
+                           if line or i < len(lines) - 1 else line for i, line in enumerate(lines)))
+    if text and not text.endswith("\n"):
+        _open_line[name] = rank
+    _unflushed.add(name)
+
+
+def end_open_lines() -> None:
+    """Show held unfinished lines and end the lines workers left open (a request ended): the next cell's output starts on a
+    line of its own."""
+    for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        held = _held_lines.pop(name, {})
+        _ended_by_others.pop(name, None)
+        for rank in sorted(held):
+            _write(stream, name, rank, held[rank])
+        if _open_line.pop(name, None) is not None:
+            stream.write("\n")
+            _unflushed.add(name)
+    flush_output()
 
 
 def flush_output() -> None:
@@ -46,7 +84,9 @@ def flush_output() -> None:
             stream.flush()
 
 
-def _prefixed(line: str, rank: int) -> str:
-    """`line` with its rank before it and before each redraw after a carriage return."""
+def _prefixed(line: str, rank: int, continued: bool) -> str:
+    """`line` with its rank before it (unless it `continued` the rank's open line) and before each redraw after a
+    carriage return."""
     pieces = line.split("\r")
-    return "\r".join(f"[{rank}] {piece}" if piece or len(pieces) == 1 else piece for piece in pieces)
+    return "\r".join(piece if (i == 0 and continued) or not (piece or len(pieces) == 1) else f"[{rank}] {piece}"
+                     for i, piece in enumerate(pieces))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import operator
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,7 +28,7 @@ from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
-from nbscale.pool.spmd import SpmdCell
+from nbscale.pool.spmd import SpmdCell, each_workers_own
 from nbscale.pool.startup import join_group, launch_workers, make_backend
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
@@ -283,10 +284,12 @@ class Pool:
     ) -> list[Any]:
         """Run `fn(*args, **kwargs)` on every worker (or `targets`); a list of return values by rank.
 
-        Worker output streams live; `on_event(rank, payload)` receives `worker_context().emit(payload)`.
-        Raises WorkerError with each failing rank's traceback.
+        Worker output streams live; `on_event(rank, payload)` receives `worker_context().emit(payload)`. A Composite
+        argument is each worker's own value, as in a %%spmd cell. Raises WorkerError with each failing rank's traceback.
         """
         name = getattr(fn, "__name__", "the function")
+        args = tuple(each_workers_own(a, self, f"Argument {i + 1} of {name}()") for i, a in enumerate(args))
+        kwargs = {key: each_workers_own(value, self, f"Argument {key}= of {name}()") for key, value in kwargs.items()}
         return self.request(lambda rid: p.Call(rid, fn, args, kwargs), targets, on_event, what=f"{name}()",
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
@@ -305,7 +308,9 @@ class Pool:
         return cell.bind_results(self, ranks, present, namespace)
 
     def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None:
-        """Bind variables in every worker's namespace (sent once through shared memory locally)."""
+        """Bind variables in every worker's namespace (sent once through shared memory locally); a Composite binds
+        each worker's own value."""
+        variables = {name: each_workers_own(value, self, f"Variable {name!r}") for name, value in variables.items()}
         self.request(lambda rid: p.Push(rid, variables), targets, what="push",
                      unsendable=lambda error: variable_error(variables, error, "Push something picklable instead."))
 
@@ -333,10 +338,16 @@ class Pool:
         iteration: go on, or stop after it (nbscale.train.distributed)."""
         self.router.tell(p.Verdict(run, iteration, stop))
 
-    def _targets(self, targets: Iterable[int] | None) -> tuple[int, ...]:
+    def _targets(self, targets: Iterable[int] | int | None) -> tuple[int, ...]:
+        """The ranks `targets` names (one rank, or several), checked against the pool."""
         if targets is None:
             return tuple(range(self.size))
-        ranks = tuple(sorted(set(int(t) for t in targets)))
+        try:
+            ranks = tuple(sorted({operator.index(t) for t in ([targets] if not isinstance(targets, Iterable) or
+                                                              isinstance(targets, str) else targets)}))
+        except TypeError:
+            raise PoolError(f"targets={targets!r}: give worker ranks as whole numbers, such as targets=[0, 2] "
+                            "(--targets 0,2).") from None
         bad = [r for r in ranks if not 0 <= r < self.size]
         if bad or not ranks:
             raise PoolError(
@@ -426,7 +437,8 @@ class Pool:
         return {"kernel_id": registry.kernel_id(), **self._snapshot().to_dict()}
 
     def _snapshot(self) -> PoolStatus:
-        workers = tuple(
-            WorkerStatus(w.rank, w.host, w.pid, w.device, w.state, w.memory_mb, w.device_memory_mb) for w in self.workers
+        workers = tuple(  # a dead worker's last memory figures are gone with its process
+            WorkerStatus(w.rank, w.host, w.pid, w.device, w.state, *((None, None) if w.dead else (w.memory_mb, w.device_memory_mb)))
+            for w in self.workers
         )
         return PoolStatus(self.size, self.kind, self.backend.name, self.monitor.idle_left_s(), workers)

@@ -46,6 +46,7 @@ class Request:
     on_event: Callable[[int, Any], None] | None = None
     failure_classes: dict[int, type[Exception] | None] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # --env values: a worker's error may quote them, the notebook never shows them
+    interrupting: set[int] = field(default_factory=set)  # ranks interrupted because another rank failed
 
     @property
     def waiting_for(self) -> list[int]:
@@ -55,6 +56,8 @@ class Request:
         """Note a Done, Failed or WorkerDied."""
         if isinstance(item, p.Done):
             self.replies[item.rank] = item.value
+        elif isinstance(item, p.Failed) and item.rank in self.interrupting and item.error_type == "KeyboardInterrupt":
+            self.replies[item.rank] = None  # stopped because another rank failed: that rank's error is the story
         elif isinstance(item, p.Failed):
             failure = with_notebook_lines(item.traceback) or f"{item.error_type}: {item.message}"
             self.failures[item.rank] = without_secrets(failure, self.secrets)
@@ -62,8 +65,8 @@ class Request:
         elif isinstance(item, WorkerDied):
             self.failures[item.rank] = item.description
 
-    def error(self, what: str = "The cell") -> WorkerError:
-        """One error listing each failing rank's traceback.
+    def error(self, what: str = "The cell", note: str = "") -> WorkerError:
+        """One error listing each failing rank's traceback (and `note`, said after them).
 
         Where every failing rank raised the same exception class, the WorkerError is also an instance of that
         class, so `except ZeroDivisionError:` catches a worker's ZeroDivisionError as concurrent.futures does.
@@ -75,6 +78,8 @@ class Request:
         for rank in ranks:
             body = self.failures[rank].rstrip()
             parts.append(f"\n--- rank {rank} ---\n{body}")
+        if note:
+            parts.append(f"\n{note}")
         message, failures = "\n".join(parts), dict(self.failures)
         classes = {self.failure_classes.get(rank) for rank in ranks}
         original = classes.pop() if len(classes) == 1 else None
@@ -112,14 +117,24 @@ def with_notebook_lines(text: str) -> str:
     lines = text.splitlines(keepends=True)
     shown: list[str] = []
     for index, line in enumerate(lines):
-        shown.append(line)
         frame = _FRAME_LINE.fullmatch(line.rstrip("\n"))
+        cell = _notebook_cell(frame["file"]) if frame is not None else None
+        # as IPython names its cells ("Cell In[4], line 3, in scale"), not by the kernel's temporary file
+        shown.append(line.replace(f'File "{frame["file"]}"', cell, 1) if frame is not None and cell else line)
         has_source = index + 1 < len(lines) and lines[index + 1].startswith("    ")
         if frame is not None and not has_source:
             source = linecache.getline(frame["file"], int(frame["line"])).strip()
             if source:
                 shown.append(f"    {source}\n")
     return "".join(shown)
+
+
+def _notebook_cell(filename: str) -> str | None:
+    """'Cell In[4]' for the file IPython compiled notebook cell 4 into; None outside a notebook or for other files."""
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    format_code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    named = format_code_name(filename) if format_code_name is not None else None
+    return " ".join(named) if named else None
 
 
 def _exception_class(where: tuple[str, str] | None) -> type[Exception] | None:

@@ -24,12 +24,14 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import process_state, stall_notice, stalled
-from nbscale.pool.output import flush_output, print_output
+from nbscale.pool.output import end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
 
 INTERRUPT_GRACE_S = 3.0
 PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
+# once a rank has failed, the others still running this long after are interrupted: a collective would wait forever
+FAILED_PEER_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -254,14 +256,22 @@ class Router:
         A worker that stops answering fails the request (the monitor gives it up); one whose main thread has not
         moved for a while gets one note saying where it is. Ctrl-C / the kernel interrupt interrupts the workers
         and raises PoolInterrupted; workers that do not stop within INTERRUPT_GRACE_S (or are stopped processes)
-        are replaced by calling `restart` (None: the caller stops the pool).
+        are replaced by calling `restart` (None: the caller stops the pool). Once a rank has failed, the ranks still
+        running FAILED_PEER_GRACE_S later are stopped the same way (with `restart` only: not while the group forms).
         """
         noticed = False
+        first_failure: float | None = None
+        note = ""
         try:
             while request.waiting_for:
                 self.pump(request, timeout=0.25)
                 if any(self.workers[r].dead for r in request.failures):
                     break  # a worker died mid-request: the others may wait forever in a collective
+                if request.failures and first_failure is None:
+                    first_failure = time.monotonic()
+                if restart is not None and first_failure is not None and time.monotonic() > first_failure + FAILED_PEER_GRACE_S:
+                    note = self._stop_after_failure(request, restart)
+                    break
                 if not noticed:
                     stuck = stalled(self.workers[rank] for rank in request.waiting_for)
                     if stuck:
@@ -272,14 +282,34 @@ class Router:
             raise PoolInterrupted(self._interrupt(request, restart)) from None
         finally:
             self.finish(request)
+            end_open_lines()
         if request.failures:
-            raise request.error(what)
+            raise request.error(what, note)
         return [request.replies[rank] for rank in request.ranks]
+
+    def _stop_after_failure(self, request: Request, restart: Restarter) -> str:
+        """Interrupt the ranks still running `request` after another rank failed (as MATLAB's spmd does: they may
+        wait in a collective for it forever); restart the pool if they do not stop. Says what happened."""
+        others, failed = request.waiting_for, sorted(request.failures)
+        request.interrupting.update(others)
+        # this request only: a worker still running a task from pool.submit keeps it, and skips this cell
+        outcome = self._stop_running(request, restart, only_this_request=True)
+        one = len(others) == 1
+        return (f"{workers_named(others)} {'was' if one else 'were'} still running {FAILED_PEER_GRACE_S:.0f} s after "
+                f"rank{'' if len(failed) == 1 else 's'} {', '.join(map(str, failed))} failed (a collective waits for "
+                f"every rank), so {'it was' if one else 'they were'} interrupted." + (f" {outcome}" if outcome else ""))
 
     def _interrupt(self, request: Request, restart: Restarter | None) -> str:
         """Interrupt the workers still running `request`; restart the pool if some do not stop. Says what happened."""
         pending = request.waiting_for
-        self.tell(p.Interrupt(), pending)
+        outcome = self._stop_running(request, restart)
+        return f"Interrupted workers {', '.join(map(str, pending))}. {outcome or 'The pool is ready for the next cell.'}"
+
+    def _stop_running(self, request: Request, restart: Restarter | None, only_this_request: bool = False) -> str | None:
+        """Interrupt the workers still running `request` (`only_this_request`: not what else they run) and give them
+        INTERRUPT_GRACE_S to stop; None when they did, else the sentence saying which did not and that the pool was
+        restarted (unless `restart` is None)."""
+        self.tell(p.Interrupt(request.request_id if only_this_request else None), request.waiting_for)
         interrupted_at = time.monotonic()
         prepared = False
         while (request.waiting_for and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S
@@ -293,11 +323,10 @@ class Router:
                 break
         self._drain_output(request)
         stuck = request.waiting_for
-        interrupted = f"Interrupted workers {', '.join(map(str, pending))}."
         if not stuck:
             if prepared and restart is not None:
                 restart.cancel()
-            return f"{interrupted} The pool is ready for the next cell."
+            return None
         self.finish(request)
         stopped = self._stopped(stuck)
         if stopped:
@@ -307,11 +336,11 @@ class Router:
             reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
                       "or in native code)")
         if restart is None:
-            return f"{interrupted} {reason}."
+            return f"{reason}."
         started = time.monotonic()
         restart.restart()
-        return (f"{interrupted} {reason}, so the pool was restarted with fresh workers in "
-                f"{time.monotonic() - started:.1f} s; variables on the workers are lost.")
+        return (f"{reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
+                "variables on the workers are lost.")
 
     def _stopped(self, ranks: Iterable[int]) -> list[int]:
         """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""

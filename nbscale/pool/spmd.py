@@ -43,7 +43,9 @@ class SpmdCell:
         try:
             compile(code, "<spmd cell>", "exec")
         except SyntaxError as error:
-            raise PoolError(f"The %%spmd cell has a syntax error on line {error.lineno}: {error.msg}.") from None
+            magic = (error.text or "").lstrip().startswith(("%", "!"))
+            hint = " The workers run the cell as plain Python: IPython's %magics and !commands do not run there." if magic else ""
+            raise PoolError(f"The %%spmd cell has a syntax error on line {error.lineno}: {error.msg}.{hint}") from None
         variables = variables_to_send(code, namespace, pool)
         try:
             serialise(variables)
@@ -60,13 +62,18 @@ class SpmdCell:
         self, pool: CompositeSource, ranks: Sequence[int], present: Sequence[list[str]], namespace: dict[str, Any]
     ) -> dict[str, Composite]:
         """Bind a Composite in `namespace` for each name the cell assigned (`present`: each rank's names);
-        a name the cell deleted on every worker removes its Composite from the notebook too."""
+        a name the cell deleted on every worker that holds it removes its Composite from the notebook too.
+        Workers the cell did not run on (--targets) keep their values of an earlier Composite of that name."""
         composites: dict[str, Composite] = {}
         for name in self.result_names:
-            holders = tuple(rank for rank, names in zip(ranks, present, strict=True) if name in names)
-            if holders and name in self.assigned:
-                composites[name] = Composite(pool, name, holders)
-            elif not holders and isinstance(namespace.get(name), Composite):
+            holders = {rank for rank, names in zip(ranks, present, strict=True) if name in names}
+            previous = namespace.get(name)
+            kept: set[int] = set()
+            if isinstance(previous, Composite) and previous.key == name and previous.belongs_to(pool):
+                kept = set(previous.ranks) - set(ranks)
+            if (holders and name in self.assigned) or kept:
+                composites[name] = Composite(pool, name, tuple(sorted(holders | kept)))
+            elif not holders and isinstance(previous, Composite):
                 del namespace[name]  # `del x` on the workers: the notebook's Composite x goes too
         namespace.update(composites)
         return composites
@@ -83,13 +90,20 @@ def variables_to_send(code: str, namespace: dict[str, Any], pool: CompositeSourc
 
 
 def _value_to_send(name: str, value: Any, pool: CompositeSource) -> Any:
-    if isinstance(value, Composite):
-        if not value.belongs_to(pool):
-            raise PoolError(
-                f"Variable {name!r} is a Composite of a pool that has stopped or restarted; its values are gone. "
-                "Run the cell that makes it again."
-            )
-        return CompositeReference(value.key)
     if isinstance(value, types.ModuleType):
         return ModuleReference(value.__name__)
-    return value
+    return each_workers_own(value, pool, f"Variable {name!r}")
+
+
+def each_workers_own(value: Any, pool: CompositeSource, described: str) -> Any:
+    """A Composite of `pool` as a reference each worker resolves to its own value; any other value unchanged.
+
+    Raises PoolError for a Composite whose values are gone (its pool stopped or restarted)."""
+    if not isinstance(value, Composite):
+        return value
+    if not value.belongs_to(pool):
+        raise PoolError(
+            f"{described} is a Composite of a pool that has stopped or restarted; its values are gone. "
+            "Run the cell that makes it again."
+        )
+    return CompositeReference(value.key)

@@ -181,6 +181,9 @@ def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
     return buffer.numpy().view(numpy.dtype(dtype)).reshape(shape)
 
 
+_STANDARD_STREAMS = ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__")
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle that hands large contiguous tensors/arrays to `buffers` instead of the stream."""
 
@@ -199,6 +202,9 @@ class _Pickler(cloudpickle.Pickler):
             reduced = self._reduce_array(obj)
             if reduced is not None:
                 return reduced
+        elif kind is io.TextIOWrapper and not any(obj is getattr(sys, name, None) for name in _STANDARD_STREAMS):
+            # cloudpickle would send a copy of what is left to read: neither the file nor an error
+            raise TypeError(f"{obj.name!r} is a file opened here: each process must open the file itself")
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, tensor: Any) -> Any:

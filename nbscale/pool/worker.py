@@ -38,8 +38,10 @@ from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import announce_failures_here
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# torch's module-call plumbing and the collectives' inside (distributed/): a failing broadcast shows the user's line
 _TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *parts)
-                             for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py")))
+                             for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py"),
+                                           ("distributed", "")))
 _LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
 
 
@@ -77,7 +79,25 @@ class _StreamToKernel(io.TextIOBase):
 
 def _user_traceback(error: BaseException) -> str:
     """The traceback without nbscale's own frames and torch's module-call plumbing (nn.Module.__call__,
-    DistributedDataParallel's forward: several frames a layer), so the user sees their cell's and model's lines."""
+    DistributedDataParallel's forward: several frames a layer, torch.distributed's collectives), so the user sees
+    their cell's and model's lines.
+    Chained exceptions (`raise ... from error`, an error while handling another) come first, as Python shows them."""
+    chain: list[tuple[BaseException, str]] = []  # (exception, what links it to the next one), oldest last
+    link, seen = "", set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append((current, link))
+        if current.__cause__ is not None:
+            current, link = current.__cause__, "\nThe above exception was the direct cause of the following exception:\n\n"
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, "\nDuring handling of the above exception, another exception occurred:\n\n"
+        else:
+            current = None
+    return "".join(_one_traceback(exception) + link for exception, link in reversed(chain))
+
+
+def _one_traceback(error: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(error.__traceback__)
               if not f.filename.startswith(_NBSCALE_DIR) and not f.filename.startswith(_TORCH_CALL_PLUMBING)]
     # an error raised by nbscale itself (no frame of the user's) is its message alone, without an empty traceback
@@ -285,14 +305,18 @@ class Worker:
 
     def _bind(self, variables: dict[str, Any]) -> None:
         for name, value in variables.items():
-            if isinstance(value, CompositeReference):
-                if value.key not in self.namespace:
-                    raise NameError(f"this worker has no value for Composite {value.key!r}")
-                self.namespace[name] = self.namespace[value.key]
-            elif isinstance(value, ModuleReference):
+            if isinstance(value, ModuleReference):
                 self.namespace[name] = importlib.import_module(value.module)
             else:
-                self.namespace[name] = value
+                self.namespace[name] = self._own(value)
+
+    def _own(self, value: Any) -> Any:
+        """This worker's own value of a Composite the notebook passed (a CompositeReference); others unchanged."""
+        if not isinstance(value, CompositeReference):
+            return value
+        if value.key not in self.namespace:
+            raise NameError(f"this worker has no value for Composite {value.key!r}")
+        return self.namespace[value.key]
 
     def run_cell(self, message: p.RunCell) -> list[str]:
         self._bind(message.variables)
@@ -303,7 +327,8 @@ class Worker:
         return [name for name in message.result_names if name in self.namespace]
 
     def call(self, message: p.Call) -> Any:
-        return message.function(*message.args, **message.kwargs)
+        args = [self._own(a) for a in message.args]
+        return message.function(*args, **{key: self._own(value) for key, value in message.kwargs.items()})
 
     def push(self, message: p.Push) -> None:
         self._bind(message.variables)

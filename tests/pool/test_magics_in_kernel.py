@@ -46,6 +46,11 @@ def test_spmd_cell_reads_notebook_variables_and_returns_composites(kernel):
     assert shown.stdout.strip() == "Composite 2 [15.0, 15.0, 15.0]"
     again = kernel.run("%%spmd\nprint(total.sum().item())")
     assert "[0] 45.0" in again.stdout and "[1] 45.0" in again.stdout
+    wrong = kernel.run("total[5]")  # a user's slip: the message alone, no frames of nbscale's Composite
+    assert "Composite 'total' has no value on worker 5; it has ranks [0, 1]." in wrong.traceback
+    assert "composite.py" not in wrong.traceback
+    assert "composite.py" not in kernel.run("total['a']").traceback
+    assert kernel.run("try:\n    total[5]\nexcept IndexError:\n    print('an IndexError')").stdout == "an IndexError\n"
 
 
 def test_pool_status_is_an_html_table_in_notebooks(kernel):
@@ -94,6 +99,8 @@ def test_bad_input_gets_one_clear_line(kernel):
     kernel.run("import threading\nlock = threading.Lock()")
     unpicklable = kernel.run("%%spmd\nprint(lock)")
     assert unpicklable.error_name == "UnsendableError" and "Variable 'lock'" in unpicklable.traceback
+    magic = kernel.run("%%spmd\nx = 1\n%time y = 2\n").traceback
+    assert "syntax error on line 3" in magic and "%magics and !commands do not run there" in magic
 
 
 def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
@@ -142,6 +149,42 @@ def test_a_progress_line_redrawn_with_carriage_returns_stays_one_line_per_rank(k
     assert ended_by_print.stdout == "\r[0] step 0\r[0] step 1\r[0] step 2\n[0] after\n"  # no empty "[0] " line
 
 
+def test_progress_lines_of_several_ranks_make_one_line_each_not_one_per_redraw(kernel):
+    kernel.run("%pool start 3 --cpu")
+    cell = kernel.run(
+        "%%spmd\n"
+        "import sys, time\n"
+        "for step in range(20):\n"
+        "    sys.stderr.write(f'\\rstep {step + 1}/20'); sys.stderr.flush(); time.sleep(0.01)\n"
+        "barrier(); time.sleep(0.5)\n"  # every bar's last redraw is shown before any bar ends
+        "sys.stderr.write('\\n')\n"
+        "print('after', rank)\n"
+    )
+    assert cell.ok, cell.text
+    lines = cell.stderr.split("\n")
+    assert len(lines) == 4 and lines[-1] == "", lines  # one line per rank (a stream redraws only its last line)
+    assert sorted(line.rsplit("\r", 1)[-1] for line in lines[:-1]) == [f"[{r}] step 20/20" for r in range(3)]
+    assert sorted(cell.stdout.splitlines()) == ["[0] after 0", "[1] after 1", "[2] after 2"]
+
+
+def test_a_line_printed_in_pieces_stays_one_line_with_one_rank_prefix(kernel):
+    kernel.run("%pool start 1 --cpu")
+    cell = kernel.run(
+        "%%spmd\nimport time\nprint('loading...', end='', flush=True)\ntime.sleep(0.3)\nprint(' done')\n"
+        "print('no newline at the end', end='')\n"
+    )
+    assert cell.ok, cell.text
+    assert cell.stdout == "[0] loading... done\n[0] no newline at the end\n"
+    assert kernel.run("%%spmd\nprint('next cell')").stdout == "[0] next cell\n"  # on a line of its own, prefixed
+
+
+def test_a_line_every_rank_prints_in_pieces_stays_one_line_per_rank(kernel):
+    kernel.run("%pool start 2 --cpu")
+    cell = kernel.run("%%spmd\nimport time\nprint('loading', end='', flush=True)\ntime.sleep(0.3)\nprint(' ok')\n")
+    assert cell.ok, cell.text
+    assert sorted(cell.stdout.splitlines()) == ["[0] loading ok", "[1] loading ok"]
+
+
 def test_spmd_without_a_pool_starts_one_and_says_so(kernel):
     cell = kernel.run("%%spmd\nprint('hi')")
     assert cell.ok and "starting one with %pool start defaults" in cell.stdout
@@ -156,6 +199,11 @@ def test_spmd_after_an_idle_shutdown_starts_the_same_pool_again_and_says_so(kern
     assert ("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it again with the same "
             "settings.") in cell.stdout
     assert "[0] workers 1" in cell.stdout  # one worker as asked, not the default size
+    kernel.run("while nbscale.current_pool() is not None:\n    time.sleep(0.1)", timeout=30)
+    restarted = kernel.run("%pool restart")  # what a user types to get the pool back
+    assert restarted.ok, restarted.text
+    assert restarted.stdout.startswith("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it "
+                                       "again with the same settings.\nRestarted 1 CPU workers")
 
 
 def test_every_worker_exits_when_the_kernel_dies():
@@ -202,4 +250,4 @@ def test_a_task_traceback_shows_the_lines_of_functions_defined_in_the_notebook(k
     cell = kernel.run("list(pool.map(scale, [1, 2, 3]))")
     assert cell.error_name == "WorkerError"
     assert "scale() of pool.map's item 1 failed on rank 0" in cell.traceback
-    assert ", line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback
+    assert "  Cell In[3], line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback

@@ -112,6 +112,20 @@ def test_composite_is_each_workers_own_value_in_a_later_cell(pool):
     assert namespace["plus_one"][1].item() == 42.0
 
 
+def test_a_composite_given_to_run_or_push_is_each_workers_own_value_and_elsewhere_says_how_to_use_it(pool):
+    namespace: dict = {}
+    pool.spmd("mine = rank * 10", namespace=namespace)
+    mine = namespace["mine"]
+    assert pool.run(lambda value, plus=0: value + plus, mine, plus=mine) == [0, 20, 40]
+    pool.push(copied=mine)
+    assert pool.pull("copied") == [0, 10, 20]
+    with pytest.raises(PoolError, match="Argument 1 of <lambda>\\(\\) cannot be sent .*Composite 'mine' holds one "
+                                        "value per worker.*pass mine\\[r\\]"):
+        pool.submit(lambda value: value, mine)
+    with pytest.raises(PoolError, match="Variable 'mine', which <lambda>\\(\\) uses, cannot be sent"):
+        list(pool.map(lambda index: mine, [0]))
+
+
 def test_del_in_a_cell_removes_the_composite_but_not_a_notebook_variable(pool):
     namespace: dict = {"weights": 3}
     pool.spmd("scratch = rank + weights\nkept = rank", namespace=namespace)
@@ -132,6 +146,30 @@ def test_targets_run_on_listed_ranks_with_collectives_among_them(pool):
         namespace["who"][1]
     with pytest.raises(PoolError, match="--targets 5"):
         pool.spmd("pass", targets=[5])
+    assert pool.run(os.getpid, targets=1) == pool.run(os.getpid, targets=[1])  # one rank, or several
+    with pytest.raises(PoolError, match=r"targets=\[1.5\]: give worker ranks as whole numbers, such as targets=\[0, 2\]"):
+        pool.run(os.getpid, targets=[1.5])
+
+
+def test_a_variable_a_cell_function_assigns_through_global_becomes_a_composite(pool):
+    namespace: dict = {"counter": 10}
+    pool.spmd("def bump():\n    global counter\n    counter += rank\nbump()\n", namespace=namespace)
+    assert namespace["counter"][:] == [10, 11, 12]
+    pool.spmd("seen = counter", namespace=namespace)  # each worker's own, not the notebook's 10 sent again
+    assert namespace["seen"][:] == [10, 11, 12]
+    pool.spmd("def load():\n    global numpy_module\n    import numpy as numpy_module\nload()\n", namespace=namespace)
+    assert "numpy_module" not in namespace  # a module a function imports is not a result, as a top-level import is not
+
+
+def test_a_cell_on_some_targets_keeps_the_other_workers_values_of_a_composite(pool):
+    namespace: dict = {}
+    pool.spmd("kept = rank", namespace=namespace)
+    pool.spmd("kept = kept + 100", targets=[1], namespace=namespace)
+    assert namespace["kept"][:] == [0, 101, 2]  # workers 0 and 2 did not run the cell: their values stand
+    pool.spmd("del kept", targets=[2], namespace=namespace)
+    assert namespace["kept"].ranks == (0, 1) and namespace["kept"][:] == [0, 101]
+    pool.spmd("del kept", targets=[0, 1], namespace=namespace)
+    assert "kept" not in namespace
 
 
 def test_failure_shows_each_failing_rank_with_cell_line(pool):
@@ -144,11 +182,39 @@ def test_failure_shows_each_failing_rank_with_cell_line(pool):
     assert pool.run(lambda: "still usable") == ["still usable"] * 3
 
 
+def test_a_chained_error_shows_its_cause_with_cell_lines_as_python_does(pool):
+    with pytest.raises(WorkerError) as caught:
+        pool.spmd("try:\n    {}['key']\nexcept KeyError as error:\n    raise ValueError('no key') from error\n",
+                  targets=[0])
+    message = str(caught.value)
+    assert 'File "<spmd cell' in message and "line 2" in message and "KeyError: 'key'" in message
+    assert "The above exception was the direct cause of the following exception" in message
+    assert message.index("KeyError") < message.index("ValueError: no key")
+    with pytest.raises(WorkerError, match="(?s)ZeroDivisionError.*During handling of the above exception.*NameError"):
+        pool.spmd("try:\n    1 / 0\nexcept ZeroDivisionError:\n    undefined_name\n", targets=[0])
+
+
+def test_a_failing_collective_shows_the_cells_line_not_torch_distributed_frames(pool):
+    with pytest.raises(WorkerError) as caught:
+        pool.spmd("import threading\nshared = broadcast(threading.Lock(), src=0)\n", targets=[0])
+    message = str(caught.value)
+    assert "line 2" in message and "TypeError: cannot pickle '_thread.lock' object" in message
+    assert "distributed_c10d" not in message and "c10d_logger" not in message
+
+
 def test_unpicklable_variable_is_named(pool):
     import threading
 
     with pytest.raises(PoolError, match="Variable 'lock'.*cannot be sent"):
         pool.spmd("print(lock)", namespace={"lock": threading.Lock()})
+
+
+def test_a_file_opened_in_the_notebook_is_named_instead_of_sent_as_a_copy(pool, tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("first line\n")
+    with path.open() as handle, pytest.raises(PoolError, match="Variable 'handle' cannot be sent.*notes.txt' is a file "
+                                                                "opened here: each process must open the file itself"):
+        pool.spmd("print(handle.readline())", namespace={"handle": handle})
 
 
 def test_modules_read_by_a_cell_are_imported_on_workers(pool):
@@ -300,6 +366,8 @@ def test_a_composite_indexed_by_something_other_than_a_rank_says_how_to_index_it
     import numpy
 
     assert namespace["value"][numpy.int64(2)] == 2
+    with pytest.raises(TypeError, match="Composite 'value' is set one worker at a time: value\\[r\\] = value"):
+        namespace["value"][:] = [1, 2, 3]
 
 
 def test_what_cannot_be_sent_is_named_for_push_run_submit_and_map(pool):

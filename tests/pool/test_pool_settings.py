@@ -21,6 +21,8 @@ def test_zero_workers_is_refused():
 def test_a_gpu_that_does_not_exist_is_named():
     with pytest.raises(PoolError, match="GPU 7 does not exist.*--cpu"):
         plan_devices(None, [7], cpu=False)
+    with pytest.raises(PoolError, match="GPUs 7, 8 do not exist: this machine shows"):
+        plan_devices(None, [7, 8], cpu=False)
 
 
 def test_cpu_and_gpus_together_is_refused():

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
+import torch
 
 import nbscale
 from nbscale.errors import WorkerError
@@ -19,11 +21,15 @@ def pool():
 
 def test_a_sigkilled_worker_is_reported_as_killed_by_sigkill(pool):
     victim = pool.workers[1].pid
+    assert pool.status().workers[1].memory_mb  # known while it lives
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim}\) died: it was killed by SIGKILL") as failed:
         pool.run(os.getpid)
     assert "%pool restart" in str(failed.value)
     assert [w.state for w in pool.workers] == ["idle", "dead"]
+    shown = pool.status()
+    assert [w.state for w in shown.workers] == ["idle", "dead"]
+    assert shown.workers[0].memory_mb and shown.workers[1].memory_mb is None  # a dead process holds no memory
 
 
 def test_a_worker_that_exits_is_reported_with_its_exit_code(pool):
@@ -33,3 +39,36 @@ def test_a_worker_that_exits_is_reported_with_its_exit_code(pool):
         pool.run(os.getpid)  # later requests say the same
     pool.restart()
     assert len(set(pool.run(os.getpid))) == 2
+
+
+def _raise_on_rank_one_else_sleep() -> None:
+    if torch.distributed.get_rank() == 1:
+        raise ValueError("rank 1 gave up")
+    time.sleep(60)
+
+
+def test_an_error_on_one_rank_stops_the_others_instead_of_leaving_them_waiting(pool):
+    started, pids = time.monotonic(), pool.run(os.getpid)
+    with pytest.raises(ValueError, match="rank 1 gave up") as failed:  # the WorkerError is also a ValueError
+        pool.spmd("import torch\nif rank == 1:\n    raise ValueError('rank 1 gave up')\nallreduce(torch.ones(1))\n")
+    assert time.monotonic() - started < 15  # not gloo's 30-minute timeout
+    message = str(failed.value)
+    assert message.startswith("The cell failed on rank 1 (of 2 workers).")
+    assert "Worker 0 was still running 2 s after rank 1 failed (a collective waits for every rank)" in message
+    assert "so the pool was restarted with fresh workers" in message  # a rank stuck in gloo cannot be interrupted
+    namespace: dict = {}
+    pool.spmd("total = allreduce(rank + 1)", namespace=namespace)
+    assert namespace["total"][:] == [3, 3]
+    assert pool.run(os.getpid) != pids
+    pids, started = pool.run(os.getpid), time.monotonic()
+    with pytest.raises(ValueError, match="(?s)rank 1 gave up.*Worker 0 was still running .* so it was interrupted\\.$"):
+        pool.run(_raise_on_rank_one_else_sleep)  # a sleep stops when interrupted: the same workers go on
+    assert time.monotonic() - started < 10 and pool.run(os.getpid) == pids
+
+
+def test_a_task_running_beside_a_call_that_fails_is_kept(pool):
+    task = pool.submit(time.sleep, 3)  # on a free worker: the call waits there until the task ends
+    time.sleep(0.3)
+    with pytest.raises(ValueError, match="rank 1 gave up"):
+        pool.run(_raise_on_rank_one_else_sleep)
+    assert task.result(timeout=10) is None  # the call was skipped there, the task not interrupted

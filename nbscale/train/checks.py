@@ -129,8 +129,8 @@ def check_resume(checkpoint: dict[str, Any], model: nn.Module, solver: str, mini
         differences.append(f"train_data of {checkpoint['samples']} samples there, {samples} here")
     if differences:
         raise OptionsError(f"{name} was written by a run that differs from this one ({'; '.join(differences)}): "
-                           "resume with the same solver, mini_batch_size and train_data (only max_epochs may "
-                           "change), or train from the start without resume_from.")
+                           "resume with the same solver, mini_batch_size and train_data (other options, such as "
+                           "max_epochs and the learn rate, may change), or train from the start without resume_from.")
     mismatched = _mismatched_parameters(model.state_dict(), checkpoint["model"])
     if mismatched:
         raise OptionsError(f"{name} holds another network's weights ({'; '.join(mismatched[:3])}): build the model "

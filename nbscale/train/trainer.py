@@ -40,6 +40,7 @@ from nbscale.train.loading import as_dataset
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.user_warnings import warn_user
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
 STOP_GRACE_S = 3.0  # on the pool: how long the first interrupt waits for the end of the iteration
@@ -74,6 +75,10 @@ def train(
     if resume is not None:
         batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
         check_resume(resume, model, options.solver, batch, len(dataset), resume_from)
+        if resume["epoch"] >= options.max_epochs:
+            warn_user(f"resume_from={os.fspath(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
+                      f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
+                      RuntimeWarning)
     seed = int(resume["seed"]) if resume is not None else draw_seed()
 
     info = info if info is not None else TrainingInfo()

@@ -186,3 +186,9 @@ def test_a_resumed_run_goes_on_counting_time_and_images(checkpoint: str) -> None
     _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=4), resume_from=checkpoint)
     assert info.iteration == list(range(1, 4 * 15 + 1))
     assert info.time == sorted(info.time)
+
+
+def test_resuming_with_no_epochs_left_says_to_raise_max_epochs(checkpoint: str) -> None:
+    with pytest.warns(RuntimeWarning, match="trained to epoch 2, so max_epochs=2 trains no further: raise max_epochs"):
+        _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2), resume_from=checkpoint)
+    assert info.stop_reason == "Max epochs completed" and info.epoch[-1] == 2

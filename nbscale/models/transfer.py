@@ -11,6 +11,7 @@ from nbscale.errors import ModelError
 from nbscale.models.learn_rates import (
     FACTORS_ATTRIBUTE,
     _checked_factor,
+    layers_near,
     matching_layers,
     parameter_factors,
     set_learn_rate_factors,
@@ -96,11 +97,13 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
         frozen_parameters = [p for n, p in model.named_parameters() if not n.startswith(head_name + ".")]
     else:
         named = [freeze] if isinstance(freeze, str) else list(freeze or [])
-        unknown = [name for name in named if not isinstance(name, str) or name not in modules
-                   and not any(c in name for c in "*?[")]
+        unknown = [name for name in named if isinstance(name, str) and name not in modules
+                   and not any(c in name for c in "*?[")]  # a non-string: matching_layers says what names a layer
         if unknown:
-            raise ModelError(f"transfer: freeze names layers the model does not have: {unknown}. Its top-level "
-                             f"layers are {[n for n, _ in model.named_children()]}; or pass freeze='trunk'.")
+            raise ModelError(f"transfer: freeze names {unknown[0]!r}, which is no layer of {type(model).__name__}."
+                             f"{layers_near(model, unknown[0])}. Name layers as model.named_modules() does "
+                             "('layer4', 'layer4.0.conv1'), use a glob pattern ('layer4.*'), or pass freeze='trunk' "
+                             "to freeze every layer but the new one.")
         frozen = list(dict.fromkeys(layer for name in named for layer in matching_layers(model, name)))
         frozen_parameters = [p for name in frozen for p in modules[name].parameters()]
 

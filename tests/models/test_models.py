@@ -138,6 +138,20 @@ def test_transfer_takes_the_last_linear_of_any_network_and_names_unknown_layers(
         transfer(nn.Sequential(nn.Conv2d(1, 1, 1)), 2)
 
 
+def test_freezing_an_unknown_layer_names_it_with_close_names_and_the_layers_in_one_paragraph() -> None:
+    resnet = pretrained("resnet18", weights=None)
+    with pytest.raises(ModelError) as raised:
+        transfer(resnet, 3, freeze=["conv1", "layer9"])
+    message = str(raised.value)
+    assert message.startswith("transfer: freeze names 'layer9', which is no layer of ResNet. Did you mean 'layer")
+    assert "Its top-level layers are conv1, bn1, relu, maxpool, layer1, layer2, layer3, layer4, avgpool, fc" in message
+    assert "freeze='trunk'" in message and "['" not in message and "\n" not in message  # no Python list
+    small = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    with pytest.raises(ModelError, match=r"freeze names 'fc1', which is no layer of Sequential\. Its layers are 0, "
+                                         r"1, 2\. Name layers as model\.named_modules\(\) does"):
+        transfer(small, 3, freeze="fc1")
+
+
 def test_set_learn_rate_factor_and_factors_survive_pickling() -> None:
     import pickle
 

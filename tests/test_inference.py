@@ -150,9 +150,37 @@ def test_grayscale_images_into_a_colour_network_are_an_error_naming_the_conversi
         nbscale.activations(nn.Conv2d(1, 2, 3), torch.rand(2, 3, 8, 8), layer="")
 
 
-def test_an_error_of_the_network_itself_reaches_the_user_as_it_is(digits: ImageDatastore) -> None:
-    with pytest.raises(RuntimeError, match="mat1 and mat2 shapes cannot be multiplied"):
-        nbscale.classify(nn.Sequential(nn.Flatten(), nn.Linear(3, 2)), digits)
+def test_a_network_that_does_not_fit_the_data_is_a_model_error_giving_torchs_message_and_the_shape(
+        digits: ImageDatastore) -> None:
+    from nbscale.errors import ModelError
+
+    misfit = nn.Sequential(nn.Flatten(), nn.Linear(3, 2))
+    for use in (nbscale.classify, nbscale.predict, nbscale.accuracy,
+                lambda net, data: nbscale.activations(net, data, layer="1")):
+        with pytest.raises(ModelError) as raised:
+            use(misfit, digits)
+        message = str(raised.value)
+        assert message.startswith("The first batch failed in the network: RuntimeError: mat1 and mat2 shapes cannot "
+                                  "be multiplied (60x64 and 3x2). The batch's inputs are a torch.float32 tensor of "
+                                  "shape 60x1x8x8. Check that the network's first layer takes inputs of that shape")
+        assert isinstance(raised.value.__cause__, RuntimeError)  # torch's own, with its traceback into forward
+
+
+class FailsOnSecondBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("the network's own failure")
+        return inputs.flatten(1)
+
+
+def test_a_failure_after_the_first_batch_reaches_the_user_as_it_is() -> None:
+    with pytest.raises(RuntimeError, match="the network's own failure"):
+        nbscale.predict(FailsOnSecondBatch(), torch.rand(10, 4), batch_size=5)
 
 
 def conv_net() -> nn.Module:

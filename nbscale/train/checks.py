@@ -52,13 +52,14 @@ def misfit_error(error: Exception, inputs: Any, labels: Any, what: str = "The fi
     said = str(error).strip().rstrip(".")
     return ModelError(
         f"{what} failed in the network or its loss: {type(error).__name__}: {said}. The batch's inputs "
-        f"are {_described(inputs)} and its labels {_described(labels)}. Check that the network's first layer takes "
+        f"are {described(inputs)} and its labels {described(labels)}. Check that the network's first layer takes "
         "inputs of that shape (a conv's in_channels is C; after nn.Flatten, the first nn.Linear's in_features is "
         "C*H*W) and that the loss takes its outputs with these labels; try model(inputs) on one batch to see it."
     )
 
 
-def _described(value: Any) -> str:
+def described(value: Any) -> str:
+    """A value for an error message: a tensor's dtype and shape (as 60x1x8x8), else its type."""
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {'x'.join(map(str, value.shape)) or '()'}"
     return f"a {type(value).__name__}"

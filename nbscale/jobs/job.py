@@ -18,6 +18,17 @@ from nbscale.jobs.files import append_text
 from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 
 
+def terminal_text(text: str) -> str:
+    """`text` as a terminal leaves it on screen: of each line only what follows its last carriage return (a
+    progress line redrawn in place with '\\r'); a '\\r' ending a line, as in '\\r\\n', redraws nothing."""
+    return "\n".join(_shown(line) for line in text.split("\n"))
+
+
+def _shown(line: str) -> str:
+    drawn = line.rstrip("\r")
+    return drawn[drawn.rfind("\r") + 1:]
+
+
 class Job:
     """A batch job (MATLAB's `batch` job): `.state`, `.log()`, `.result(name)`, `.wait()`, `.cancel()`.
 
@@ -80,19 +91,29 @@ class Job:
         return self.record().results
 
     def log(self, tail: int | None = None) -> str:
-        """Everything the cell printed so far (stdout and stderr, in order), after a short header; with `tail`,
-        only its last `tail` characters (read from the end of the file, however long the log has grown)."""
+        """Everything the cell printed so far (stdout and stderr, in order), after a short header, as a terminal
+        shows it (a line redrawn with '\\r', such as a progress line, only as last drawn); with `tail`, only its last
+        `tail` characters (read from the end of the file, however long the log has grown)."""
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise JobError(f"job.log(tail=...) takes a number of characters (>= 0) or None, not {tail!r}.")
         try:
             with open(self.log_path, "rb") as file:
-                if tail is not None:
-                    file.seek(max(0, os.fstat(file.fileno()).st_size - 4 * tail))  # 4 bytes hold any character
-                text = file.read().decode("utf-8", errors="replace")
+                if tail is None:
+                    return terminal_text(file.read().decode("utf-8", errors="replace"))
+                size = os.fstat(file.fileno()).st_size
+                wanted = 4 * tail + 1  # 4 bytes hold any character; redraws make the shown text shorter still
+                while True:
+                    start = max(0, size - wanted)
+                    file.seek(start)
+                    raw = file.read(size - start)
+                    if start:  # a line cut at the start may lack the redraws that decide what it shows: drop it
+                        raw = raw[raw.find(b"\n") + 1:] if b"\n" in raw else b""
+                    text = terminal_text(raw.decode("utf-8", errors="replace"))
+                    if len(text) >= tail or not start:
+                        break
+                    wanted *= 4
         except FileNotFoundError:
             return ""
-        if tail is None:
-            return text
         return text[-tail:] if tail else ""
 
     def wait(self, timeout: float | None = None) -> bool:

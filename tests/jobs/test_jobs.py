@@ -67,6 +67,19 @@ def test_log_holds_stdout_and_stderr_in_order() -> None:
     assert log.index("to stdout") < log.index("to stderr") < log.index("stdout again")
 
 
+def test_log_shows_a_redrawn_progress_line_as_a_terminal_does_and_tail_counts_the_shown_text() -> None:
+    code = ("for percent in range(0, 101, 10):\n    print(f'\\rPreparing data {percent}%', end='', flush=True)\n"
+            "print()\nfor step in range(300):\n    print(f'\\rstep {step}', end='', flush=True)\nprint(' done')\n")
+    job = jobs.submit(code)
+    assert job.wait(WAIT_S) and job.state == "finished", job.log()
+    log = job.log()
+    assert "\r" not in log and "Preparing data 90%" not in log and "step 298" not in log
+    assert "\nPreparing data 100%\nstep 299 done\n" in log
+    assert b"\rPreparing data 90%" in job.log_path.read_bytes()  # the file keeps what the cell wrote
+    for tail in (0, 1, 14, 40, 200, len(log), len(log) + 50):
+        assert job.log(tail=tail) == (log[-tail:] if tail else ""), tail
+
+
 def test_failing_job_is_failed_with_a_traceback_naming_the_cell_line() -> None:
     job = jobs.submit("a = 1\nb = a + 1\nc = b / 0\n")
     job.wait(WAIT_S)

@@ -158,7 +158,7 @@ def select_gpu(index: int) -> GpuInfo:
         torch.cuda.set_device(index)
     else:
         warn_user(
-            f"GPU {index} is recorded as the notebook's GPU, but this torch cannot use CUDA "
+            f"GPU {index} is recorded as this process's GPU, but this torch cannot use CUDA "
             "(torch.cuda.is_available() is False): install a CUDA build of torch to compute on it."
         )
     _selected = index

@@ -71,8 +71,8 @@ def stall_notice(workers: list[WorkerHandle]) -> str:
     longest = max(w.still_s for w in workers)
     return (
         f"Note: no progress for {longest:.0f} s on {places}. If it is stuck (a lock, or a collective another worker "
-        "never reached), interrupt the kernel: the workers are interrupted, and the pool is restarted if they do "
-        "not stop."
+        "never reached), interrupt the kernel (cancel it, in a batch job): the workers are interrupted, and the "
+        "pool is restarted if they do not stop."
     )
 
 

@@ -359,7 +359,7 @@ class Pool:
     def _check_usable(self, ranks: Iterable[int]) -> None:
         if self.closed:
             notice = _last_shutdown_notice or "It was stopped."
-            raise PoolError(f"This pool is no longer running. {notice} Start a new one with %pool start.")
+            raise PoolError(f"This pool is no longer running. {notice} Start a new one with %pool start (nbscale.Pool(N)).")
         dead = [w for w in self.workers if w.dead and w.rank in ranks]
         if dead:
             described = "; ".join(w.dead[0].upper() + w.dead[1:] for w in dead if w.dead)

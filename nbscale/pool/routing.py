@@ -197,7 +197,7 @@ class Router:
             waiting = [r for r in self.requests.values() if worker.rank in r.waiting_for]
         worker.channel.close()
         for request in waiting:
-            self._deliver(request, WorkerDied(worker.rank, f"{description}. Run %pool restart for fresh workers."))
+            self._deliver(request, WorkerDied(worker.rank, f"{description}. Run %pool restart (pool.restart()) for fresh workers."))
         self.on_worker_free()
 
     def fail_everything(self, reason: str) -> None:
@@ -359,10 +359,11 @@ def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:
     if unreadable.kind in ("Done", "Failed") and unreadable.request_id is not None:
         return p.Failed(
             unreadable.request_id, rank, type(unreadable.error).__name__,
-            f"its result could not be read in the notebook ({unreadable}). A value sent back from a worker must "
-            "load here too: its class must be importable in the notebook, not only on the workers.",
+            f"its result could not be read where the pool was started ({unreadable}). A value sent back from a "
+            "worker must load there too: its class must be importable in the notebook or job that started the pool, "
+            "not only on the workers.",
             "",
         )  # fmt: skip
     if unreadable.kind == "Event":
-        return p.Output(rank, "stderr", f"an event from this worker could not be read in the notebook ({unreadable})\n")
+        return p.Output(rank, "stderr", f"an event from this worker could not be read where the pool was started ({unreadable})\n")
     return None

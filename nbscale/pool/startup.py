@@ -80,7 +80,7 @@ def _accept_workers(listener: ChannelListener, backend: Backend, count: int) -> 
         if not backend.alive():
             raise PoolError(
                 f"The workers' launcher ({backend.describe()}) exited before every worker connected "
-                f"({len(handles)} of {count}); see the kernel's log for its error.{_refused_note(listener)}"
+                f"({len(handles)} of {count}); its error is on this process's stderr (the Jupyter server's log for a kernel, job.log() for a batch job).{_refused_note(listener)}"
             )
         try:
             channel = listener.next_channel(timeout=0.25)
@@ -162,6 +162,6 @@ def _join_error(failures: dict[int, str], group_backend: str) -> PoolError:
                        for cause, r in ranks_by_cause.items())
     return PoolError(
         f"{JOINING} ({group_backend}) failed, so no pool started. {causes}. If you set GLOO_SOCKET_IFNAME or "
-        "NCCL_SOCKET_IFNAME (with --env or in the kernel's environment), check it names a network interface "
-        "every worker's machine has."
+        "NCCL_SOCKET_IFNAME (with --env, env=, or in the environment of the process starting the pool), check it "
+        "names a network interface every worker's machine has."
     )

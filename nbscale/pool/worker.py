@@ -211,9 +211,10 @@ class Worker:
         self.channel.send(
             p.Failed(
                 unreadable.request_id, self.rank, type(unreadable.error).__name__,
-                f"worker {self.rank} could not read what the notebook sent ({unreadable}). Code and values sent to "
-                "workers must be importable there: a module from a folder the notebook added to sys.path needs that "
-                "folder on the workers' sys.path too (add it in a %%spmd cell), or define the code in the notebook.",
+                f"worker {self.rank} could not read what it was sent ({unreadable}). Code and values sent to workers "
+                "must be importable there: a module from a folder added to sys.path where the pool was started needs "
+                "that folder on the workers' sys.path too (add it with pool.run or a %%spmd cell), or define the code "
+                "in the cell.",
                 "",
             )  # fmt: skip
         )

@@ -271,7 +271,8 @@ def _pool_for(environment: str) -> Any:
     if pool is not None:
         if pool.kind != "gpu":
             raise OptionsError("execution_environment='multi-gpu' needs GPU workers but the running pool has CPU "
-                               "workers: use execution_environment='parallel', or %pool stop and train again.")
+                               "workers: use execution_environment='parallel', or stop that pool (%pool stop, or "
+                               "nbscale.current_pool().close()) and train again.")
         return pool
     if not torch.cuda.is_available():
         raise OptionsError("execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' "

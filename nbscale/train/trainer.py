@@ -90,8 +90,8 @@ def train(
     on_pool = options.execution_environment in ("parallel", "multi-gpu")
     if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
         raise OptionsError(f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
-                           f"but execution_environment={options.execution_environment!r} trains in the notebook's "
-                           "process: use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
+                           f"but execution_environment={options.execution_environment!r} trains in this process: "
+                           "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
     with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
         if on_pool:
             from nbscale.train.distributed import train_on_pool
@@ -257,8 +257,9 @@ def training_device(environment: str) -> torch.device:
     if environment == "cpu" or (environment == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise OptionsError("execution_environment='gpu' but no CUDA GPU is visible to this kernel: use "
-                           "execution_environment='auto' or 'cpu' (check the GPUs with %gpu).")
+        raise OptionsError("execution_environment='gpu' but no CUDA GPU is visible to this process "
+                           "(torch.cuda.is_available() is False): use execution_environment='auto' or 'cpu' "
+                           "(nbscale.gpus() or %gpu lists the GPUs).")
     from nbscale.gpu import training_gpu  # reserves the GPU machine-wide (nbscale.gpu_reservations)
 
     return torch.device("cuda", training_gpu(torch.cuda.current_device()))

@@ -80,6 +80,22 @@ def test_log_shows_a_redrawn_progress_line_as_a_terminal_does_and_tail_counts_th
         assert job.log(tail=tail) == (log[-tail:] if tail else ""), tail
 
 
+def test_training_errors_in_a_job_give_no_notebook_only_advice() -> None:
+    code = ("import nbscale\nfrom tests.train.digits import digits, tiny_net\n"
+            "for fields in ({'execution_environment': 'gpu'}, {'worker_load': [3, 1], 'execution_environment': 'cpu'},\n"
+            "               {'execution_environment': 'multi-gpu'}):\n"
+            "    try:\n"
+            "        nbscale.train(tiny_net(), digits()[0], nbscale.TrainingOptions('sgdm', verbose=False, **fields))\n"
+            "    except nbscale.OptionsError as error:\n        print(error)\n")
+    job = jobs.submit(code, pool=1, env={"CUDA_VISIBLE_DEVICES": ""})  # a job whose pool has CPU workers
+    assert job.wait(WAIT_S) and job.state == "finished", job.log()
+    log = job.log()
+    assert "no CUDA GPU is visible to this process (torch.cuda.is_available() is False)" in log
+    assert "execution_environment='cpu' trains in this process: use execution_environment='parallel'" in log
+    assert "stop that pool (%pool stop, or nbscale.current_pool().close()) and train again" in log
+    assert "kernel" not in log and "notebook" not in log, log
+
+
 def test_failing_job_is_failed_with_a_traceback_naming_the_cell_line() -> None:
     job = jobs.submit("a = 1\nb = a + 1\nc = b / 0\n")
     job.wait(WAIT_S)

@@ -209,7 +209,7 @@ def test_mixed_precision_on_the_cpu_warns_at_the_users_call() -> None:
 
 def test_a_worker_load_for_several_workers_in_the_notebooks_process_says_it_needs_a_pool() -> None:
     with pytest.raises(OptionsError, match=r"worker_load=\[3, 1\] splits each mini-batch across a pool's workers, but "
-                       r"execution_environment='cpu' trains in the notebook's process: use execution_environment="
+                       r"execution_environment='cpu' trains in this process: use execution_environment="
                        r"'parallel'"):
         nbscale.train(tiny_net(), TRAIN, quiet(worker_load=[3, 1], execution_environment="cpu"))
 
@@ -253,8 +253,8 @@ def test_gpu_training_where_no_gpu_is_visible_names_the_fix() -> None:
             "except nbscale.OptionsError as error:\n    print(error)\n")
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                            env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, cwd=Path(__file__).parents[2])
-    assert "execution_environment='gpu' but no CUDA GPU is visible to this kernel: use execution_environment='auto' " \
-           "or 'cpu'" in shown.stdout, shown.stdout + shown.stderr
+    assert "execution_environment='gpu' but no CUDA GPU is visible to this process (torch.cuda.is_available() is " \
+           "False): use execution_environment='auto' or 'cpu'" in shown.stdout, shown.stdout + shown.stderr
 
 
 @pytest.mark.gpu

@@ -111,7 +111,7 @@ class RayBackend(Backend):
                 return
             if made_here is None:
                 raise PoolError(
-                    f"This kernel is already connected to a Ray cluster (a ray.init in the notebook), so a pool cannot "
+                    f"This process is already connected to a Ray cluster (a ray.init before the pool), so a pool cannot "
                     f"start on {self.profile.address}. Pass that cluster's address to --cluster, or call "
                     "ray.shutdown() first."
                 )

@@ -10,11 +10,17 @@ torch.compile compiles at the first call, so whether a network compiles is only 
 forward and backward on the first batch (random number generators, BatchNorm statistics and gradients are put
 back afterwards); where that fails and the same trial passes eagerly, the network trains eagerly and one warning
 names the error. Where the eager trial fails too, the error is the network's or the data's, and is raised as is.
+
+While it compiles, two notes torch logs that a user can do nothing about are dropped (each by its logger and the
+start of its text, so every other line torch logs still shows): a CUDA build of torch on a machine without a GPU
+("No CUDA runtime is found, using CUDA_HOME=..."), and the profiler ranges (DistributedDataParallel's) that
+compiled code skips ("Profiler record function ... will be ignored", once on every pool worker).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Literal, cast
 
@@ -24,6 +30,13 @@ from torch import nn
 from nbscale.train.options import CompileMode
 
 Trial = Callable[[nn.Module], None]  # one forward and backward of a candidate network on a batch
+
+# logger -> the start of the note it logs while compiling that says nothing a user can act on
+_UNACTIONABLE_NOTES = {
+    "torch.utils.cpp_extension": "No CUDA runtime is found",
+    "torch._dynamo.variables.ctx_manager": "Profiler record function",
+    "torch._dynamo.variables.torch": "Profiler function",
+}
 
 
 def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: Trial, model: nn.Module,
@@ -36,8 +49,8 @@ def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: T
     # a module in, an OptimizedModule (an nn.Module) out
     compiled = cast(nn.Module, torch.compile(net, mode=None if mode is True else mode, dynamic=False))
     try:
-        with _untouched(model, device):
-            trial(compiled)
+        with _untouched(model, device), _unactionable_notes_dropped():
+            trial(compiled)  # compiles, and so logs what it logs, here (torch logs each note once per process)
         return compiled
     except Exception as error:  # noqa: BLE001 - whatever compiling raises, the eager trial below tells
         failure = error
@@ -48,6 +61,28 @@ def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: T
         warn(f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: {first_line}); it "
              "trains without compiling.")
     return net
+
+
+class _NoteDropped(logging.Filter):
+    def __init__(self, start: str) -> None:
+        super().__init__()
+        self.start = start
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.start))
+
+
+@contextlib.contextmanager
+def _unactionable_notes_dropped() -> Iterator[None]:
+    """A block in which torch's loggers drop the notes of _UNACTIONABLE_NOTES, and only those."""
+    dropped = [(logging.getLogger(name), _NoteDropped(start)) for name, start in _UNACTIONABLE_NOTES.items()]
+    for logger, note in dropped:
+        logger.addFilter(note)
+    try:
+        yield
+    finally:
+        for logger, note in dropped:
+            logger.removeFilter(note)
 
 
 @contextlib.contextmanager

@@ -66,3 +66,22 @@ def test_a_network_that_cannot_compile_trains_eagerly_and_says_so_once(tmp_path)
     count, kind, finished = counts.split(" ", 2)
     assert count == "1" and kind == "Sequential" and finished == "Max epochs completed"
     assert "could not be compiled" in message and "No working C++ compiler" in message and learned == "True"
+
+
+def test_compiling_shows_none_of_torchs_unactionable_notes_in_the_cell(kernel) -> None:
+    """Torch logs a CUDA build's missing GPU in the notebook's process and DDP's skipped profiler ranges on each pool
+    worker while compiling; neither is anything a user can act on."""
+    cell = textwrap.dedent("""
+        import nbscale
+        from tests.train.digits import digits, tiny_net
+        train, _ = digits()
+        for environment in ("cpu", "parallel"):
+            net, info = nbscale.train(tiny_net(), train, nbscale.TrainingOptions(
+                "sgdm", initial_learn_rate=0.1, max_epochs=1, mini_batch_size=64, verbose=False, plots="none",
+                compile=True, execution_environment=environment))
+            print(environment, info.stop_reason)
+    """)
+    result = kernel.run(cell, timeout=500)
+    assert result.ok, result.text
+    assert "cpu Max epochs completed\nparallel Max epochs completed" in result.stdout, result.text
+    assert "No CUDA runtime" not in result.text and "will be ignored" not in result.text, result.text

@@ -76,7 +76,7 @@ def train(
         batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
         check_resume(resume, model, options.solver, batch, len(dataset), resume_from)
         if resume["epoch"] >= options.max_epochs:
-            warn_user(f"resume_from={os.fspath(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
+            warn_user(f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
                       f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
                       RuntimeWarning)
     seed = int(resume["seed"]) if resume is not None else draw_seed()

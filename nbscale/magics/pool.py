@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from nbscale.errors import PoolError
@@ -97,7 +97,7 @@ class PoolMagics(Magics):
     @cell_magic
     def spmd(self, line: str, cell: str) -> None:
         """Run the cell on every worker; variables it assigns become Composites here."""
-        args = parse_argstring(self.spmd, line)
+        args = parse_line(self.spmd, line)
         pool = current_pool()
         if pool is None:
             notice = take_shutdown_notice()

@@ -103,6 +103,15 @@ def test_bad_input_gets_one_clear_line(kernel):
     assert "syntax error on line 3" in magic and "%magics and !commands do not run there" in magic
 
 
+def test_spmd_targets_may_have_spaces_after_their_commas(kernel):
+    kernel.run("%pool start 3 --cpu")
+    cell = kernel.run("%%spmd --targets 1, 2\nprint('on', rank)")
+    assert cell.ok, cell.text
+    assert sorted(cell.stdout.splitlines()) == ["[1] on 1", "[2] on 2"]
+    bad = kernel.run("%%spmd --targets 1, x\nprint(rank)")
+    assert "'1,x' is not a comma-separated list of indices like 0,2." in bad.traceback
+
+
 def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
     kernel.run("%pool start 2 --cpu")
     interrupted = kernel.run(

@@ -152,6 +152,10 @@ class Pool:
 
     def close(self) -> None:
         """Stop every worker (idempotent); takes well under a second."""
+        self._shut_down(queued="the pool was stopped", running="the pool was stopped")
+
+    def _shut_down(self, queued: str, running: str) -> None:
+        """close(), failing the tasks still queued with `queued` and the requests running with `running`."""
         global _current
         if self.closed:
             return
@@ -162,8 +166,8 @@ class Pool:
         self.backend.stop()
         for worker in self.workers:
             worker.channel.close()
-        self.tasks.fail_queued("the pool was stopped")
-        self.router.fail_everything("the pool was stopped")
+        self.tasks.fail_queued(queued)
+        self.router.fail_everything(running)
         if _current is self:
             _current = None
         try:
@@ -183,7 +187,9 @@ class Pool:
     def restart(self) -> None:
         """Fresh processes with the same size and settings (variables on the workers are lost)."""
         spare, self._spare = self._spare, None
-        self.close()
+        # what was running is lost with its worker: say so, rather than that the pool stopped
+        self._shut_down(queued="the pool was restarted; submit it again",
+                        running="the pool was restarted before it finished: run it again")
         self._start(spare)
 
     def _prepare_restart(self) -> None:

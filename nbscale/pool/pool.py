@@ -300,13 +300,17 @@ class Pool:
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
     def spmd(
-        self, code: str, targets: Iterable[int] | None = None, namespace: dict[str, Any] | None = None
+        self, code: str, targets: Iterable[int] | None = None, namespace: dict[str, Any] | None = None, *,
+        filename: str | None = None,
     ) -> dict[str, Composite]:
         """Run `code` on every worker as an spmd cell (the Python form of `%%spmd`); returns its Composites,
-        which are also bound in `namespace` (whose variables the cell reads are sent along)."""
+        which are also bound in `namespace` (whose variables the cell reads are sent along).
+
+        `filename` names the code in tracebacks (default `<spmd cell N>`); `%%spmd` passes the name IPython gave
+        the notebook cell, so they say `Cell In[7], line 4`."""
         namespace = namespace if namespace is not None else {}
         ranks = self._targets(targets)
-        cell = SpmdCell.prepare(code, namespace, self)
+        cell = SpmdCell.prepare(code, namespace, self, filename)
         group_ranks = None if ranks == tuple(range(self.size)) else ranks
         if group_ranks is not None:
             self.ensure_group(group_ranks)

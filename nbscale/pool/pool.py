@@ -25,7 +25,7 @@ from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.monitor import Monitor
-from nbscale.pool.requests import next_request_id, secrets_of
+from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell, each_workers_own
@@ -256,11 +256,13 @@ class Pool:
         on_event: Callable[[int, Any], None] | None = None,
         what: str = "The cell",
         unsendable: Callable[[Exception], UnsendableError] | None = None,
+        on_failure: Callable[[Request], None] | None = None,
     ) -> list[Any]:
         """Send one message (built from a fresh request id) to `targets` and wait for every reply.
 
         Raises UnsendableError when the message cannot be serialised (`unsendable(error)` names what could not be),
-        WorkerError when a worker fails.
+        WorkerError when a worker fails (after calling `on_failure` with the request, which holds what each rank
+        replied).
         """
         ranks = self._targets(targets)
         self._check_usable(ranks)
@@ -278,7 +280,12 @@ class Pool:
                 raise unsendable(error) from None
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
         request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
-        return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
+        try:
+            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
+        except WorkerError:
+            if on_failure is not None:
+                on_failure(request)
+            raise
 
     def run(
         self,
@@ -307,14 +314,24 @@ class Pool:
         which are also bound in `namespace` (whose variables the cell reads are sent along).
 
         `filename` names the code in tracebacks (default `<spmd cell N>`); `%%spmd` passes the name IPython gave
-        the notebook cell, so they say `Cell In[7], line 4`."""
+        the notebook cell, so they say `Cell In[7], line 4`. Raises WorkerError when a rank fails, after binding
+        the Composites of what the workers hold then (the variables assigned before the error)."""
         namespace = namespace if namespace is not None else {}
         ranks = self._targets(targets)
         cell = SpmdCell.prepare(code, namespace, self, filename)
         group_ranks = None if ranks == tuple(range(self.size)) else ranks
         if group_ranks is not None:
             self.ensure_group(group_ranks)
-        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, what="The cell")
+        generation = self.generation
+
+        def keep_what_workers_hold(request: Request) -> None:
+            # as in IPython, what the cell assigned before it failed stays defined (unless the pool restarted)
+            if self.generation == generation:
+                held = [request.replies.get(rank) or list(request.names_held.get(rank, ())) for rank in ranks]
+                cell.bind_results(self, ranks, held, namespace)
+
+        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, what="The cell",
+                               on_failure=keep_what_workers_hold)
         return cell.bind_results(self, ranks, present, namespace)
 
     def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None:

@@ -253,9 +253,11 @@ class Worker:
             except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
                 sys.stdout.flush()
                 sys.stderr.flush()
+                held = (tuple(name for name in message.result_names if name in self.namespace)
+                        if isinstance(message, p.RunCell) else ())
                 reply = p.Failed(
                     message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
-                    (type(error).__module__, type(error).__qualname__),
+                    (type(error).__module__, type(error).__qualname__), held,
                 )  # fmt: skip
             self.current_request = None
             self.busy = not self.inbox.empty()

@@ -79,6 +79,15 @@ def test_failing_rank_shows_its_traceback_with_cell_lines_and_no_internals(kerne
     assert "site-packages" not in cell.traceback and "nbscale/pool" not in cell.traceback
 
 
+def test_variables_a_failing_cell_assigned_before_its_error_stay_defined_where_workers_hold_them(kernel):
+    kernel.run("%pool start 2 --cpu")
+    cell = kernel.run("%%spmd\nbefore = rank * 10\nif rank == 1:\n    raise ValueError('rank 1 gave up')\nafter = rank\n")
+    assert cell.error_name == "WorkerError" and "rank 1 gave up" in cell.traceback
+    shown = kernel.run("print(len(before), before[:], len(after), after[0])")
+    assert shown.stdout.strip() == "2 [0, 10] 1 0"  # `after` only on rank 0, which ran the whole cell
+    assert "[1] 11" in kernel.run("%%spmd\nprint(before + 1)").stdout  # the workers' values, as the notebook shows
+
+
 def test_bad_input_gets_one_clear_line(kernel):
     assert "unrecognized arguments: --bogus" in kernel.run("%pool start --bogus").text
     assert "at least one worker" in kernel.run("%pool start 0").traceback

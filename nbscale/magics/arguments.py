@@ -10,15 +10,32 @@ from IPython.core.error import UsageError
 
 from nbscale.errors import NbscaleError, PoolError
 
+_INDEX_LISTS = ("--gpus", "--targets")
+
 
 def parse_line(magic: Any, line: str) -> argparse.Namespace:
     """`line` parsed with `magic`'s magic_arguments parser, split as a shell splits it: quotes group words and
-    are removed (`--env "GREETING=hello world"`), which IPython's own splitting keeps."""
+    are removed (`--env "GREETING=hello world"`), which IPython's own splitting keeps. An index list written
+    with spaces after its commas (`--targets 1, 2`) is read as one (`1,2`)."""
     try:
         argv = shlex.split(line)
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{line.strip()!r}: {error}; close the quote.") from None
-    return magic.parser.parse_args(argv)
+    return magic.parser.parse_args(_join_index_lists(argv))
+
+
+def _join_index_lists(argv: list[str]) -> list[str]:
+    """argv with the words of a --gpus/--targets value split at ', ' joined again: '1,' '2' -> '1,2'."""
+    joined: list[str] = []
+    in_list = False  # whether the last word is (part of) an index list's value
+    for word in argv:
+        if in_list and (joined[-1].endswith(",") or word.startswith(",")):
+            joined[-1] += word
+            continue
+        follows_option = bool(joined) and joined[-1] in _INDEX_LISTS
+        in_list = follows_option or word.startswith(tuple(f"{option}=" for option in _INDEX_LISTS))
+        joined.append(word)
+    return joined
 
 
 def batch_size(text: str) -> int | str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from nbscale.errors import PoolError
@@ -97,7 +99,7 @@ class PoolMagics(Magics):
     @cell_magic
     def spmd(self, line: str, cell: str) -> None:
         """Run the cell on every worker; variables it assigns become Composites here."""
-        args = parse_argstring(self.spmd, line)
+        args = parse_line(self.spmd, line)
         pool = current_pool()
         if pool is None:
             notice = take_shutdown_notice()
@@ -107,7 +109,22 @@ class PoolMagics(Magics):
                 print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
             pool = open_pool()
         # the magic line stays line 1, so traceback line numbers match the cell as the notebook shows it
-        pool.spmd(f"# %%spmd {line}\n{cell}", targets=args.targets, namespace=self.shell.user_ns)
+        code = f"# %%spmd {line}\n{cell}"
+        filename = _running_cell_file(self.shell)
+        pool.spmd(code, targets=args.targets, namespace=self.shell.user_ns, filename=filename)
+
+
+def _running_cell_file(shell: InteractiveShell) -> str | None:
+    """The file name IPython compiled the running cell into, or None (run from elsewhere).
+
+    The workers compile the spmd cell under that name, so their tracebacks say "Cell In[7], line 4" as IPython's
+    own do: IPython names a cell by that file (its execution count, which IPython 9 counts up before or after
+    running the cell depending on the version, is not a reliable way to know which cell runs).
+    """
+    frame = inspect.currentframe()
+    while frame is not None and not shell.compile.format_code_name(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame.f_code.co_filename if frame is not None else None
 
 
 def _no_pool_line() -> str:

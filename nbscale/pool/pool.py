@@ -25,7 +25,7 @@ from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.monitor import Monitor
-from nbscale.pool.requests import next_request_id, secrets_of
+from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell, each_workers_own
@@ -152,6 +152,10 @@ class Pool:
 
     def close(self) -> None:
         """Stop every worker (idempotent); takes well under a second."""
+        self._shut_down(queued="the pool was stopped", running="the pool was stopped")
+
+    def _shut_down(self, queued: str, running: str) -> None:
+        """close(), failing the tasks still queued with `queued` and the requests running with `running`."""
         global _current
         if self.closed:
             return
@@ -162,8 +166,8 @@ class Pool:
         self.backend.stop()
         for worker in self.workers:
             worker.channel.close()
-        self.tasks.fail_queued("the pool was stopped")
-        self.router.fail_everything("the pool was stopped")
+        self.tasks.fail_queued(queued)
+        self.router.fail_everything(running)
         if _current is self:
             _current = None
         try:
@@ -183,7 +187,9 @@ class Pool:
     def restart(self) -> None:
         """Fresh processes with the same size and settings (variables on the workers are lost)."""
         spare, self._spare = self._spare, None
-        self.close()
+        # what was running is lost with its worker: say so, rather than that the pool stopped
+        self._shut_down(queued="the pool was restarted; submit it again",
+                        running="the pool was restarted before it finished: run it again")
         self._start(spare)
 
     def _prepare_restart(self) -> None:
@@ -250,11 +256,13 @@ class Pool:
         on_event: Callable[[int, Any], None] | None = None,
         what: str = "The cell",
         unsendable: Callable[[Exception], UnsendableError] | None = None,
+        on_failure: Callable[[Request], None] | None = None,
     ) -> list[Any]:
         """Send one message (built from a fresh request id) to `targets` and wait for every reply.
 
         Raises UnsendableError when the message cannot be serialised (`unsendable(error)` names what could not be),
-        WorkerError when a worker fails.
+        WorkerError when a worker fails (after calling `on_failure` with the request, which holds what each rank
+        replied).
         """
         ranks = self._targets(targets)
         self._check_usable(ranks)
@@ -272,7 +280,12 @@ class Pool:
                 raise unsendable(error) from None
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
         request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
-        return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
+        try:
+            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
+        except WorkerError:
+            if on_failure is not None:
+                on_failure(request)
+            raise
 
     def run(
         self,
@@ -294,17 +307,31 @@ class Pool:
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
     def spmd(
-        self, code: str, targets: Iterable[int] | None = None, namespace: dict[str, Any] | None = None
+        self, code: str, targets: Iterable[int] | None = None, namespace: dict[str, Any] | None = None, *,
+        filename: str | None = None,
     ) -> dict[str, Composite]:
         """Run `code` on every worker as an spmd cell (the Python form of `%%spmd`); returns its Composites,
-        which are also bound in `namespace` (whose variables the cell reads are sent along)."""
+        which are also bound in `namespace` (whose variables the cell reads are sent along).
+
+        `filename` names the code in tracebacks (default `<spmd cell N>`); `%%spmd` passes the name IPython gave
+        the notebook cell, so they say `Cell In[7], line 4`. Raises WorkerError when a rank fails, after binding
+        the Composites of what the workers hold then (the variables assigned before the error)."""
         namespace = namespace if namespace is not None else {}
         ranks = self._targets(targets)
-        cell = SpmdCell.prepare(code, namespace, self)
+        cell = SpmdCell.prepare(code, namespace, self, filename)
         group_ranks = None if ranks == tuple(range(self.size)) else ranks
         if group_ranks is not None:
             self.ensure_group(group_ranks)
-        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, what="The cell")
+        generation = self.generation
+
+        def keep_what_workers_hold(request: Request) -> None:
+            # as in IPython, what the cell assigned before it failed stays defined (unless the pool restarted)
+            if self.generation == generation:
+                held = [request.replies.get(rank) or list(request.names_held.get(rank, ())) for rank in ranks]
+                cell.bind_results(self, ranks, held, namespace)
+
+        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, what="The cell",
+                               on_failure=keep_what_workers_hold)
         return cell.bind_results(self, ranks, present, namespace)
 
     def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None:

@@ -191,6 +191,7 @@ class Failed:
     message: str
     traceback: str
     error_class: tuple[str, str] | None = None  # (module, qualname) of the exception, looked up in the notebook
+    names: tuple[str, ...] = ()  # a failed spmd cell: which of its result names the worker holds after it
 
 
 @dataclass(frozen=True)

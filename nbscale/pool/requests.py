@@ -47,6 +47,7 @@ class Request:
     failure_classes: dict[int, type[Exception] | None] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # --env values: a worker's error may quote them, the notebook never shows them
     interrupting: set[int] = field(default_factory=set)  # ranks interrupted because another rank failed
+    names_held: dict[int, tuple[str, ...]] = field(default_factory=dict)  # Failed.names, by rank
 
     @property
     def waiting_for(self) -> list[int]:
@@ -54,6 +55,8 @@ class Request:
 
     def record(self, item: Any) -> None:
         """Note a Done, Failed or WorkerDied."""
+        if isinstance(item, p.Failed):
+            self.names_held[item.rank] = item.names
         if isinstance(item, p.Done):
             self.replies[item.rank] = item.value
         elif isinstance(item, p.Failed) and item.rank in self.interrupting and item.error_type == "KeyboardInterrupt":

@@ -31,15 +31,18 @@ class SpmdCell:
     """One cell ready to send: its code, the variables it reads, and the names it assigns or deletes."""
 
     code: str
-    filename: str  # "<spmd cell N>": tracebacks show the cell's own line numbers
+    filename: str  # "<spmd cell N>" or the caller's: tracebacks show the cell's own line numbers
     variables: dict[str, Any]
     assigned: frozenset[str]
     result_names: tuple[str, ...]
 
     @classmethod
-    def prepare(cls, code: str, namespace: dict[str, Any], pool: CompositeSource) -> SpmdCell:
+    def prepare(
+        cls, code: str, namespace: dict[str, Any], pool: CompositeSource, filename: str | None = None
+    ) -> SpmdCell:
         """Check the code and gather what it reads from `namespace`; PoolError for a syntax error, a Composite of
-        another pool, or a variable that cannot be sent (UnsendableError naming it)."""
+        another pool, or a variable that cannot be sent (UnsendableError naming it). `filename` names the code in
+        tracebacks (default `<spmd cell N>`)."""
         try:
             compile(code, "<spmd cell>", "exec")
         except SyntaxError as error:
@@ -52,7 +55,7 @@ class SpmdCell:
         except Exception as error:
             raise variable_error(variables, error, _UNSENDABLE_FIX) from None
         assigned = frozenset(names_assigned(code) - WORKER_NAMES)
-        return cls(code, f"<spmd cell {next(_cell_numbers)}>", variables, assigned,
+        return cls(code, filename or f"<spmd cell {next(_cell_numbers)}>", variables, assigned,
                    tuple(sorted(assigned | names_deleted(code))))
 
     def message(self, request_id: int, group_ranks: tuple[int, ...] | None) -> p.RunCell:

@@ -119,6 +119,7 @@ class Worker:
         self.current_request: int | None = None  # the request the main thread runs (None between requests)
         # the main thread's last seen spot and activity, and since when it has stood still there
         self._spot: tuple[tuple[int, int], tuple[int, int] | None, float] | None = None
+        self._cell_file: str | None = None  # the file name of the last spmd cell run: its code says "the cell"
         # (ident, native id) of the thread that runs the requests, set by `serve`: in a forked worker
         # threading.main_thread().native_id is still the forking thread's (Python 3.11 does not reset it)
         self._serving_thread: tuple[int, int] | None = None
@@ -199,7 +200,7 @@ class Worker:
         still = (self._spot is not None and self._spot[0] == spot
                  and (activity is None or self._spot[1] is None or _idle_between(self._spot[1], activity)))
         self._spot = (spot, activity, self._spot[2] if still and self._spot is not None else now)
-        return _describe_spot(frame), now - self._spot[2]
+        return _describe_spot(frame, self._cell_file), now - self._spot[2]
 
     def shut_down(self, message: p.Shutdown) -> None:
         os._exit(0)
@@ -253,9 +254,11 @@ class Worker:
             except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
                 sys.stdout.flush()
                 sys.stderr.flush()
+                held = (tuple(name for name in message.result_names if name in self.namespace)
+                        if isinstance(message, p.RunCell) else ())
                 reply = p.Failed(
                     message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
-                    (type(error).__module__, type(error).__qualname__),
+                    (type(error).__module__, type(error).__qualname__), held,
                 )  # fmt: skip
             self.current_request = None
             self.busy = not self.inbox.empty()
@@ -324,6 +327,7 @@ class Worker:
         self.namespace.update(self._cell_names(message.group_ranks))
         lines = message.code.splitlines(keepends=True)
         linecache.cache[message.filename] = (len(message.code), None, lines, message.filename)
+        self._cell_file = message.filename
         exec(compile(message.code, message.filename, "exec"), self.namespace)
         return [name for name in message.result_names if name in self.namespace]
 
@@ -368,16 +372,16 @@ def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:
     return after[0] - before[0] <= 1 and after[1] - before[1] <= 2
 
 
-def _describe_spot(frame: FrameType) -> str:
-    """Where a thread is, in the user's terms: 'line 4 of the cell (`lock.acquire()`)', and the library function it
-    is inside, if any ('..., inside all_reduce')."""
+def _describe_spot(frame: FrameType, cell_file: str | None) -> str:
+    """Where a thread is, in the user's terms: 'line 4 of the cell (`lock.acquire()`)' (`cell_file`: the spmd cell
+    it runs, if any), and the library function it is inside, if any ('..., inside all_reduce')."""
     user: FrameType | None = frame
     while user is not None and not user.f_code.co_filename.startswith("<") and user.f_code.co_filename.startswith(_LIBRARY_DIRS):
         user = user.f_back
     if user is None:
         user = frame
     filename = user.f_code.co_filename
-    place = "the cell" if filename.startswith("<spmd cell") else f"{os.path.basename(filename)} ({user.f_code.co_name})"
+    place = "the cell" if filename == cell_file else f"{os.path.basename(filename)} ({user.f_code.co_name})"
     source = linecache.getline(filename, user.f_lineno).strip()
     described = f"line {user.f_lineno} of {place}" + (f" (`{source}`)" if source else "")
     if user is not frame:

@@ -16,9 +16,14 @@ def _memory(megabytes: float | None) -> str:
     return "-" if megabytes is None else f"{megabytes:,.0f} MB"
 
 
+def _idle_left(seconds: float) -> str:
+    # "0 min" read as "shutting down now" while up to half a minute was left.
+    return "under a minute" if seconds < 60 else f"{seconds / 60:.0f} min"
+
+
 def _title(status: PoolStatus) -> str:
     left = status.idle_timeout_left_s
-    idle = f"; idle shutdown in {left / 60:.0f} min" if left is not None else ""
+    idle = f"; idle shutdown in {_idle_left(left)}" if left is not None else ""
     return f"Pool: {status.size} {status.kind.upper()} workers ({status.backend}{idle})"
 
 

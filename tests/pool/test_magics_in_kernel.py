@@ -72,8 +72,20 @@ def test_failing_rank_shows_its_traceback_with_cell_lines_and_no_internals(kerne
     cell = kernel.run("%%spmd\nx = 1\nif rank == 1:\n    x = undefined_name\n")
     assert cell.error_name == "WorkerError"
     assert "rank 1 (of 2 workers)" in cell.traceback
-    assert "line 4" in cell.traceback and "NameError" in cell.traceback
+    # the notebook cell named as IPython names it (In[1] is the fixture's %load_ext), lines from the %%spmd line
+    assert "  Cell In[3], line 4, in <module>\n    x = undefined_name\n" in cell.traceback
+    assert "NameError: name 'undefined_name' is not defined" in cell.traceback
+    assert "<spmd cell" not in cell.traceback and "ipykernel" not in cell.traceback
     assert "site-packages" not in cell.traceback and "nbscale/pool" not in cell.traceback
+
+
+def test_variables_a_failing_cell_assigned_before_its_error_stay_defined_where_workers_hold_them(kernel):
+    kernel.run("%pool start 2 --cpu")
+    cell = kernel.run("%%spmd\nbefore = rank * 10\nif rank == 1:\n    raise ValueError('rank 1 gave up')\nafter = rank\n")
+    assert cell.error_name == "WorkerError" and "rank 1 gave up" in cell.traceback
+    shown = kernel.run("print(len(before), before[:], len(after), after[0])")
+    assert shown.stdout.strip() == "2 [0, 10] 1 0"  # `after` only on rank 0, which ran the whole cell
+    assert "[1] 11" in kernel.run("%%spmd\nprint(before + 1)").stdout  # the workers' values, as the notebook shows
 
 
 def test_bad_input_gets_one_clear_line(kernel):
@@ -101,6 +113,15 @@ def test_bad_input_gets_one_clear_line(kernel):
     assert unpicklable.error_name == "UnsendableError" and "Variable 'lock'" in unpicklable.traceback
     magic = kernel.run("%%spmd\nx = 1\n%time y = 2\n").traceback
     assert "syntax error on line 3" in magic and "%magics and !commands do not run there" in magic
+
+
+def test_spmd_targets_may_have_spaces_after_their_commas(kernel):
+    kernel.run("%pool start 3 --cpu")
+    cell = kernel.run("%%spmd --targets 1, 2\nprint('on', rank)")
+    assert cell.ok, cell.text
+    assert sorted(cell.stdout.splitlines()) == ["[1] on 1", "[2] on 2"]
+    bad = kernel.run("%%spmd --targets 1, x\nprint(rank)")
+    assert "'1,x' is not a comma-separated list of indices like 0,2." in bad.traceback
 
 
 def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):

@@ -55,6 +55,11 @@ def test_idle_timeout_stops_the_pool_and_says_so_on_next_use():
         pool.close()
 
 
+def test_status_says_under_a_minute_when_less_than_a_minute_of_idle_time_is_left():
+    with nbscale.Pool(1, cpu=True, idle_timeout=0.5) as pool:  # 30 s
+        assert "(local; idle shutdown in under a minute)" in repr(pool.status())
+
+
 def test_a_pool_opened_after_an_idle_shutdown_has_the_settings_of_the_one_that_shut_down():
     pool = nbscale.Pool(1, cpu=True, idle_timeout=0.02, env={"GREETING": "hi"})  # 1.2 s
     deadline = time.monotonic() + 30

@@ -41,6 +41,19 @@ def test_a_worker_that_exits_is_reported_with_its_exit_code(pool):
     assert len(set(pool.run(os.getpid))) == 2
 
 
+def test_tasks_a_restart_ends_say_the_pool_was_restarted_not_stopped(pool):
+    running = [pool.submit(time.sleep, 60) for _ in range(2)]  # one on each worker
+    queued = pool.submit(time.sleep, 60)
+    time.sleep(1)
+    pool.restart()
+    for future in running:
+        with pytest.raises(WorkerError, match="the pool was restarted before it finished: run it again"):
+            future.result(timeout=10)
+    with pytest.raises(nbscale.PoolError, match="The task did not run: the pool was restarted; submit it again."):
+        queued.result(timeout=10)
+    assert len(set(pool.run(os.getpid))) == 2
+
+
 def _raise_on_rank_one_else_sleep() -> None:
     if torch.distributed.get_rank() == 1:
         raise ValueError("rank 1 gave up")

@@ -21,7 +21,7 @@ from nbscale.errors import ModelError, NbscaleError
 from nbscale.models.learn_rates import layers_near
 from nbscale.outputs import main_output
 from nbscale.train.batch_fitting import out_of_memory
-from nbscale.train.checks import described
+from nbscale.train.checks import misfit_error
 from nbscale.train.loading import tensor_of
 
 Data = Dataset | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -115,21 +115,6 @@ def channel_mismatch(error: BaseException) -> str | None:
     return f"{message} Give it {wanted}-channel inputs."
 
 
-def misfit_error(error: Exception, inputs: torch.Tensor) -> ModelError:
-    """What to say when the first batch fails in the network: it does not fit the data (`error`, torch's own, is
-    chained to this one by the caller, so its traceback into the user's forward stays visible)."""
-    channels_fix = channel_mismatch(error)
-    if channels_fix is not None:
-        return ModelError(f"The first batch failed in the network: {channels_fix}")
-    said = str(error).strip().rstrip(".")
-    return ModelError(
-        f"The first batch failed in the network: {type(error).__name__}: {said}. The batch's inputs are "
-        f"{described(inputs)}. Check that the network's first layer takes inputs of that shape (a conv's in_channels "
-        "is C; after nn.Flatten, the first nn.Linear's in_features is C*H*W) and that the data is what the network "
-        "was trained on; try net(inputs) on one batch to see it."
-    )
-
-
 def _run(net: nn.Module, data: Data, batch_size: int,
          each: Callable[[torch.Tensor, torch.Tensor | None], None]) -> None:
     device, was_training = _device_of(net), net.training
@@ -143,7 +128,7 @@ def _run(net: nn.Module, data: Data, batch_size: int,
                     outputs = net(inputs.to(device))
                 except Exception as error:
                     if first and not out_of_memory(error):
-                        raise misfit_error(error, inputs) from error
+                        raise misfit_error(error, inputs, what="The first batch") from error
                     raise
                 first = False
                 each(main_output(outputs), labels)

@@ -40,21 +40,25 @@ def check_loss_fn(loss_fn: Any) -> None:
                            f"{loss_fn!r:.40}: leave it out for cross-entropy.")
 
 
-def misfit_error(error: Exception, inputs: Any, labels: Any, what: str = "The first mini-batch") -> ModelError:
-    """What to say when the first mini-batch (or `what`) fails in the network or the loss: the network does not
-    fit the data (`error` is torch's own, chained to this one, so its traceback into the user's forward stays
-    visible)."""
+def misfit_error(error: Exception, inputs: Any, labels: Any = None, what: str = "The first mini-batch") -> ModelError:
+    """What to say when the first mini-batch (or `what`) fails in the network or the loss (inference: no
+    `labels`, no loss): the network does not fit the data (`error` is torch's own, chained to this one, so its
+    traceback into the user's forward stays visible)."""
     from nbscale.inference import channel_mismatch  # inference reads data as training does (nbscale.train)
 
     channels_fix = channel_mismatch(error)
     if channels_fix is not None:
         return ModelError(f"{what} failed in the network: {channels_fix}")
     said = str(error).strip().rstrip(".")
+    if labels is None:
+        where, data, also = "the network", described(inputs), "the data is what the network was trained on"
+    else:
+        where, data = "the network or its loss", f"{described(inputs)} and its labels {described(labels)}"
+        also = "the loss takes its outputs with these labels"
     return ModelError(
-        f"{what} failed in the network or its loss: {type(error).__name__}: {said}. The batch's inputs "
-        f"are {described(inputs)} and its labels {described(labels)}. Check that the network's first layer takes "
-        "inputs of that shape (a conv's in_channels is C; after nn.Flatten, the first nn.Linear's in_features is "
-        "C*H*W) and that the loss takes its outputs with these labels; try model(inputs) on one batch to see it."
+        f"{what} failed in {where}: {type(error).__name__}: {said}. The batch's inputs are {data}. Check that the "
+        "network's first layer takes inputs of that shape (a conv's in_channels is C; after nn.Flatten, the first "
+        f"nn.Linear's in_features is C*H*W) and that {also}; try net(inputs) on one batch to see it."
     )
 
 

@@ -8,7 +8,6 @@ and is put back in the mode it was in.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -94,25 +93,6 @@ def _one_image_as_batch(net: nn.Module, data: Any) -> Any:
         return data
     image = tensor_of(data)
     return image[None] if image.ndim == 3 else image[None, None]
-
-
-_CHANNELS = re.compile(r"expected input\[([^\]]*)\] to have (\d+) channels, but got (\d+) channels")
-
-
-def channel_mismatch(error: BaseException) -> str | None:
-    """The fix, when `error` is a convolution's refusal of images with another channel count (grayscale images
-    into a network built for colour, the usual transfer-learning slip), else None."""
-    found = _CHANNELS.search(str(error))
-    if found is None:
-        return None
-    shape, wanted, got = found.group(1), int(found.group(2)), int(found.group(3))
-    message = f"The network takes {wanted}-channel images but the data has {got} channel(s) (inputs of shape [{shape}])."
-    conversion = {(3, 1): ("gray2rgb", "repeats the gray channel"), (1, 3): ("rgb2gray", "turns colour into gray")}
-    if (wanted, got) in conversion:
-        name, does = conversion[(wanted, got)]
-        return (f"{message} AugmentedImageDatastore(output_size, ds, color_preprocessing={name!r}) {does} (or give "
-                f"output_size as (height, width, {wanted})).")
-    return f"{message} Give it {wanted}-channel inputs."
 
 
 def _run(net: nn.Module, data: Data, batch_size: int,

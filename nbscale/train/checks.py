@@ -8,6 +8,7 @@ Each check raises OptionsError naming the argument and what to do.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
@@ -40,12 +41,29 @@ def check_loss_fn(loss_fn: Any) -> None:
                            f"{loss_fn!r:.40}: leave it out for cross-entropy.")
 
 
+_CHANNELS = re.compile(r"expected input\[([^\]]*)\] to have (\d+) channels, but got (\d+) channels")
+
+
+def channel_mismatch(error: BaseException) -> str | None:
+    """The fix, when `error` is a convolution's refusal of images with another channel count (grayscale images
+    into a network built for colour, the usual transfer-learning slip), else None."""
+    found = _CHANNELS.search(str(error))
+    if found is None:
+        return None
+    shape, wanted, got = found.group(1), int(found.group(2)), int(found.group(3))
+    message = f"The network takes {wanted}-channel images but the data has {got} channel(s) (inputs of shape [{shape}])."
+    conversion = {(3, 1): ("gray2rgb", "repeats the gray channel"), (1, 3): ("rgb2gray", "turns colour into gray")}
+    if (wanted, got) in conversion:
+        name, does = conversion[(wanted, got)]
+        return (f"{message} AugmentedImageDatastore(output_size, ds, color_preprocessing={name!r}) {does} (or give "
+                f"output_size as (height, width, {wanted})).")
+    return f"{message} Give it {wanted}-channel inputs."
+
+
 def misfit_error(error: Exception, inputs: Any, labels: Any = None, what: str = "The first mini-batch") -> ModelError:
     """What to say when the first mini-batch (or `what`) fails in the network or the loss (inference: no
     `labels`, no loss): the network does not fit the data (`error` is torch's own, chained to this one, so its
     traceback into the user's forward stays visible)."""
-    from nbscale.inference import channel_mismatch  # inference reads data as training does (nbscale.train)
-
     channels_fix = channel_mismatch(error)
     if channels_fix is not None:
         return ModelError(f"{what} failed in the network: {channels_fix}")

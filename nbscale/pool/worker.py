@@ -42,6 +42,7 @@ _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *parts)
                              for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py"),
                                            ("distributed", "")))
+_HIDDEN_FILES = (_NBSCALE_DIR, *_TORCH_CALL_PLUMBING)  # what a user's traceback leaves out
 _LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
 
 
@@ -78,32 +79,21 @@ class _StreamToKernel(io.TextIOBase):
 
 
 def _user_traceback(error: BaseException) -> str:
-    """The traceback without nbscale's own frames and torch's module-call plumbing (nn.Module.__call__,
-    DistributedDataParallel's forward: several frames a layer, torch.distributed's collectives), so the user sees
-    their cell's and model's lines.
-    Chained exceptions (`raise ... from error`, an error while handling another) come first, as Python shows them."""
-    chain: list[tuple[BaseException, str]] = []  # (exception, what links it to the next one), oldest last
-    link, seen = "", set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        chain.append((current, link))
-        if current.__cause__ is not None:
-            current, link = current.__cause__, "\nThe above exception was the direct cause of the following exception:\n\n"
-        elif current.__context__ is not None and not current.__suppress_context__:
-            current, link = current.__context__, "\nDuring handling of the above exception, another exception occurred:\n\n"
-        else:
-            current = None
-    return "".join(_one_traceback(exception) + link for exception, link in reversed(chain))
+    """The traceback as Python prints it, without nbscale's own frames and torch's module-call plumbing
+    (nn.Module.__call__, DistributedDataParallel's forward: several frames a layer, torch.distributed's
+    collectives), so the user sees their cell's and model's lines. An exception with no frame of the user's
+    (one nbscale raised itself) is its message alone, without an empty traceback."""
+    summary = traceback.TracebackException.from_exception(error)
+    _drop_library_frames(summary)
+    return "".join(summary.format())
 
 
-def _one_traceback(error: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(error.__traceback__)
-              if not f.filename.startswith(_NBSCALE_DIR) and not f.filename.startswith(_TORCH_CALL_PLUMBING)]
-    # an error raised by nbscale itself (no frame of the user's) is its message alone, without an empty traceback
-    lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] if frames else []
-    lines += traceback.format_exception_only(type(error), error)
-    return "".join(lines)
+def _drop_library_frames(summary: traceback.TracebackException) -> None:
+    """Filters the stack of `summary` and of every exception chained to it or grouped in it, in place."""
+    summary.stack[:] = [frame for frame in summary.stack if not frame.filename.startswith(_HIDDEN_FILES)]
+    for linked in (summary.__cause__, summary.__context__, *(summary.exceptions or ())):
+        if linked is not None:
+            _drop_library_frames(linked)
 
 
 class Worker:

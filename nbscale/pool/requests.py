@@ -55,16 +55,16 @@ class Request:
 
     def record(self, item: Any) -> None:
         """Note a Done, Failed or WorkerDied."""
-        if isinstance(item, p.Failed):
-            self.names_held[item.rank] = item.names
         if isinstance(item, p.Done):
             self.replies[item.rank] = item.value
-        elif isinstance(item, p.Failed) and item.rank in self.interrupting and item.error_type == "KeyboardInterrupt":
-            self.replies[item.rank] = None  # stopped because another rank failed: that rank's error is the story
         elif isinstance(item, p.Failed):
-            failure = with_notebook_lines(item.traceback) or f"{item.error_type}: {item.message}"
-            self.failures[item.rank] = without_secrets(failure, self.secrets)
-            self.failure_classes[item.rank] = _exception_class(item.error_class)
+            self.names_held[item.rank] = item.names
+            if item.rank in self.interrupting and item.error_type == "KeyboardInterrupt":
+                self.replies[item.rank] = None  # stopped because another rank failed: that rank's error is the story
+            else:
+                failure = with_notebook_lines(item.traceback) or f"{item.error_type}: {item.message}"
+                self.failures[item.rank] = without_secrets(failure, self.secrets)
+                self.failure_classes[item.rank] = _exception_class(item.error_class)
         elif isinstance(item, WorkerDied):
             self.failures[item.rank] = item.description
 

@@ -170,10 +170,7 @@ class StreamBatches:
         """Stop the background processes now. A run that failed leaves its traceback in the notebook (IPython keeps
         it), whose frames hold this source, its epoch's generator and the DataLoader's iterator, so the processes
         would live on, two more with every failed run."""
-        iterator = getattr(self.loader, "_iterator", None)  # DataLoader keeps its persistent workers' iterator there
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-        self.loader._iterator = None
+        _stop_worker_processes(self.loader)
 
     def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
         self.sampler.lists = rows
@@ -181,6 +178,19 @@ class StreamBatches:
         non_blocking = self.device.type == "cuda"
         for x, y in self.loader:
             yield x.to(self.device, non_blocking=non_blocking), as_labels(y.to(self.device, non_blocking=non_blocking))
+
+
+def _stop_worker_processes(loader: DataLoader) -> None:
+    """Stop the persistent worker processes of `loader` now (the next epoch would start new ones).
+
+    torch has no public call for this. Its iterator stops them when freed (`__del__`), but freeing is not in our
+    hands: a failed run's traceback can hold the iterator itself (a read error in a loader process is raised again
+    from the iterator's own frames, whose `self` IPython's kept traceback keeps). So this calls what `__del__`
+    calls, the iterator's private `_shutdown_workers`, which the DataLoader keeps in its private `_iterator`."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None
 
 
 class _AugmentedBySeed(Dataset):

@@ -91,6 +91,23 @@ def test_a_run_reading_in_background_processes_that_fails_leaves_none_of_them_be
     assert children(kernel.pid) == []
 
 
+def test_a_run_whose_data_fails_to_read_in_a_background_process_leaves_none_of_them_behind(kernel) -> None:
+    """The read error comes back through the DataLoader's iterator, whose frames the kept traceback holds: the
+    iterator is never freed, so stopping its processes cannot wait for torch to free it."""
+    assert kernel.run(SETUP + "import nbscale\n"
+                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True, verbose=False)\n"
+                      "class Unreadable(torch.utils.data.Dataset):\n"
+                      "    def __len__(self):\n"
+                      "        return len(train_y)\n"
+                      "    def __getitem__(self, index):\n"
+                      "        if index >= 100:\n"
+                      "            raise OSError(f'image {index} is corrupt')\n"
+                      "        return train_x[index], train_y[index]\n").ok
+    failed = kernel.run("nbscale.train(tiny_net(), Unreadable(), background)")
+    assert "image" in failed.text and "is corrupt" in failed.text, failed.text
+    assert children(kernel.pid) == []
+
+
 def test_a_warning_of_a_train_cell_names_the_cell_not_ipython(kernel) -> None:
     """In a %%train cell, IPython's frames run the training: the warning named interactiveshell.py's line."""
     assert kernel.run(SETUP).ok

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,10 @@ def withdraw() -> None:
 
 def kernel_id() -> str | None:
     """The Jupyter kernel id of this process (from its connection file), or None outside a kernel."""
+    if "ipykernel.kernelapp" not in sys.modules:
+        # not a kernel: importing ipykernel here, on the monitor thread, would import IPython under the feet of
+        # the main thread, which reads sys.modules["IPython"] to name notebook cells in a worker's traceback
+        return None
     try:
         from ipykernel.connect import get_connection_file
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
 
 import nbscale
@@ -36,3 +38,19 @@ def test_a_dead_processes_entry_is_dropped(tmp_path, monkeypatch):
     (folder / "999999.json").write_text(json.dumps({"pid": 999999, "heartbeat": time.time(), "workers": []}))
     assert registry.read_all() == []
     assert not (folder / "999999.json").exists()
+
+
+def test_a_pool_outside_a_kernel_publishes_without_importing_ipython(tmp_path):
+    """Asking ipykernel for the kernel id imported IPython on the monitor thread, half-imported while a failing
+    worker's traceback on the main thread looked up IPython to name notebook cells: an AttributeError instead of
+    the worker's error."""
+    script = ("import sys, time, nbscale\n"
+              "from nbscale.pool import registry\n"
+              "with nbscale.Pool(1, cpu=True):\n"
+              "    deadline = time.monotonic() + 10\n"
+              "    while not registry.read_all() and time.monotonic() < deadline:\n"
+              "        time.sleep(0.1)\n"
+              "    print(len(registry.read_all()), 'IPython' in sys.modules)\n")
+    env = {**os.environ, "NBSCALE_RUNTIME_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert run.stdout.split() == ["1", "False"], run.stderr

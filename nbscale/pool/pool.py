@@ -261,8 +261,8 @@ class Pool:
         """Send one message (built from a fresh request id) to `targets` and wait for every reply.
 
         Raises UnsendableError when the message cannot be serialised (`unsendable(error)` names what could not be),
-        WorkerError when a worker fails (after calling `on_failure` with the request, which holds what each rank
-        replied).
+        WorkerError when a worker fails and PoolInterrupted when the kernel is interrupted (either after calling
+        `on_failure` with the request, which holds what each rank replied).
         """
         ranks = self._targets(targets)
         self._check_usable(ranks)
@@ -282,7 +282,7 @@ class Pool:
         request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:
             return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
-        except WorkerError:
+        except (WorkerError, PoolInterrupted):
             if on_failure is not None:
                 on_failure(request)
             raise
@@ -314,8 +314,9 @@ class Pool:
         which are also bound in `namespace` (whose variables the cell reads are sent along).
 
         `filename` names the code in tracebacks (default `<spmd cell N>`); `%%spmd` passes the name IPython gave
-        the notebook cell, so they say `Cell In[7], line 4`. Raises WorkerError when a rank fails, after binding
-        the Composites of what the workers hold then (the variables assigned before the error)."""
+        the notebook cell, so they say `Cell In[7], line 4`. Raises WorkerError when a rank fails (PoolInterrupted
+        when the kernel is interrupted), after binding the Composites of what the workers hold then (the variables
+        assigned before the error or the interrupt)."""
         namespace = namespace if namespace is not None else {}
         ranks = self._targets(targets)
         cell = SpmdCell.prepare(code, namespace, self, filename)
@@ -325,7 +326,8 @@ class Pool:
         generation = self.generation
 
         def keep_what_workers_hold(request: Request) -> None:
-            # as in IPython, what the cell assigned before it failed stays defined (unless the pool restarted)
+            # as in IPython, what the cell assigned before it failed or was interrupted stays defined (unless the
+            # pool restarted)
             if self.generation == generation:
                 held = [request.replies.get(rank) or list(request.names_held.get(rank, ())) for rank in ranks]
                 cell.bind_results(self, ranks, held, namespace)

@@ -138,6 +138,19 @@ def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
     assert after.ok and "[1] still here 1" in after.stdout
 
 
+def test_variables_an_interrupted_cell_assigned_stay_defined_where_workers_hold_them(kernel):
+    kernel.run("%pool start 2 --cpu")
+    interrupted = kernel.run(
+        "%%spmd\nimport time\nbefore = rank * 10\nif rank == 1:\n    time.sleep(60)\nafter = rank\n",
+        interrupt_after=2.0,
+        timeout=60,
+    )
+    assert interrupted.error_name == "PoolInterrupted" and "Interrupted workers 1." in interrupted.traceback
+    shown = kernel.run("print(len(before), before[:], len(after), after[0])")
+    assert shown.stdout.strip() == "2 [0, 10] 1 0", shown.text  # `after` only on rank 0, which ran the whole cell
+    assert "[1] 11" in kernel.run("%%spmd\nprint(before + 1)").stdout  # the workers' values, as the notebook shows
+
+
 def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
     kernel.run("%pool start 2 --cpu")
     kernel.run("%%spmd\nbefore = rank")

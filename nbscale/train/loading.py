@@ -145,9 +145,13 @@ class _EpochBatchSampler:
 
 
 class StreamBatches:
-    """Batches read through a torch DataLoader, in background processes when asked."""
+    """Batches read through a torch DataLoader, in background processes when asked.
 
-    def __init__(self, dataset: Dataset, device: torch.device, background: bool) -> None:
+    The DataLoader draws its processes' seeds from its own generator, seeded by `seed`, not from torch's global
+    random stream (a draw each epoch without background processes): so the network's own random numbers (dropout)
+    come out as when the data are resident."""
+
+    def __init__(self, dataset: Dataset, device: torch.device, background: bool, seed: int) -> None:
         from nbscale.data.augmented import AugmentedImageDatastore
 
         self.dataset = dataset
@@ -158,7 +162,8 @@ class StreamBatches:
         extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
         read = _AugmentedBySeed(dataset) if self.by_seed else dataset
         self.loader = DataLoader(read, batch_sampler=self.sampler, num_workers=workers,
-                                 pin_memory=device.type == "cuda", **extra)
+                                 pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(seed),
+                                 **extra)
         self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
             "streamed by a DataLoader"
 
@@ -226,18 +231,19 @@ class _AugmentedBySeed(Dataset):
         return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
 
 
-def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *,
+def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *, seed: int,
                       rows: Sequence[int] | torch.Tensor | None = None, readers: Readers | None = None,
                       progress: Progress | None = None) -> BatchSource:
     """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring.
 
+    `seed` seeds a DataLoader's own random stream (its background processes' seeds; see StreamBatches);
     `rows` keeps only those items (a pool rank's share of the validation data: batches then index into them);
     `readers` reads resident data once across a pool's ranks, each reading a block (nbscale.train.preparing);
     `progress` counts the items read before training.
     """
     rows = [int(row) for row in rows] if rows is not None else None
     if placement == "stream" or (placement == "auto" and background):
-        return StreamBatches(_part(dataset, rows), device, background)
+        return StreamBatches(_part(dataset, rows), device, background, seed)
     from nbscale.data.device_resident import DeviceResidentData, fits_on_device, holds_tensors, residence
 
     if holds_tensors(dataset):  # tensors need no reading: on a GPU too small, batches go over one by one
@@ -248,7 +254,7 @@ def make_batch_source(dataset: Dataset, device: torch.device, placement: str, ba
     if placement != "device":
         resident, first = residence(dataset, device, rows=rows, readers=readers)
         if not resident:
-            return StreamBatches(_part(dataset, rows), device, background)
+            return StreamBatches(_part(dataset, rows), device, background, seed)
     return DeviceResidentData(dataset, device, rows=rows, readers=readers, progress=progress, first=first)
 
 

@@ -95,8 +95,8 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     readers = _readers(setup)
     # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
     background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
-    data = make_batch_source(setup.train_data, device, options.data_placement, background, readers=readers,
-                             progress=_progress(setup, "training data", setup.train_data))
+    data = make_batch_source(setup.train_data, device, options.data_placement, background, seed=_loader_seed(setup),
+                             readers=readers, progress=_progress(setup, "training data", setup.train_data))
     if isinstance(data, StreamBatches):
         closing.callback(data.close)
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
@@ -400,6 +400,12 @@ def _epoch_rows(order: torch.Tensor, iterations: int, global_batch: int, offset:
     return order[: iterations * global_batch].view(iterations, global_batch)[:, offset: offset + local]
 
 
+def _loader_seed(setup: LoopSetup) -> int:
+    """The seed of a DataLoader's own random stream: a rank's background processes draw other numbers than
+    another rank's."""
+    return (setup.seed * 1_000_003 + setup.rank) % 2**62
+
+
 def _epoch_seed(seed: int, epoch: int) -> int:
     """The seed of an epoch's random augmentation: a pure function, so resume and every rank draw the same."""
     return (seed * 1_000_003 + epoch) % 2**62
@@ -477,7 +483,8 @@ class _Validator:
         self.source: BatchSource | None = None
         self.batches: list[torch.Tensor] = []
         if rows is None or len(rows):
-            self.source = make_batch_source(data, setup.device, setup.options.data_placement, False, rows=rows,
+            self.source = make_batch_source(data, setup.device, setup.options.data_placement, False,
+                                            seed=_loader_seed(setup), rows=rows,
                                             progress=_progress(setup, "validation data", data))
 
     def split(self, batch: int) -> None:

@@ -134,6 +134,26 @@ def test_dispatch_in_background_on_the_datastore_trains_in_background_processes(
         AugmentedImageDatastore(8, source, dispatch_in_background="yes")
 
 
+def test_a_seeded_network_with_dropout_trains_alike_streamed_resident_and_in_background(digits_folder: Path) -> None:
+    """Dropout draws from torch's global random stream; a DataLoader drew its processes' seed from it too (each
+    epoch and each validation pass without background processes), so streaming trained another network."""
+    import nbscale
+
+    source = ImageDatastore(digits_folder).subset(range(0, 1797, 9))
+    data = AugmentedImageDatastore((8, 8), source, ImageAugmenter(rand_x_reflection=True))
+    trained = []
+    for fields in ({"data_placement": "device"}, {"data_placement": "stream"}, {"dispatch_in_background": True}):
+        options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=16, validation_data=data.subset(range(40)),
+                                          validation_frequency=3, plots="none", verbose=False, **fields)
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                  torch.nn.Linear(32, 10))
+        net, _ = nbscale.train(net, data, options)
+        trained.append([parameter.detach() for parameter in net.parameters()])
+    for other in trained[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(trained[0], other, strict=True))
+
+
 @pytest.mark.parametrize(("typed", "meant"), [("DataAugmentation", "augmenter"), ("data_augmentation", "augmenter"),
                                               ("ColorPreprocessing", "color_preprocessing"),
                                               ("OutputSizeMode", "output_size_mode")])

@@ -13,9 +13,11 @@ import atexit
 import dataclasses
 import operator
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
@@ -137,11 +139,12 @@ class Pool:
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
                                self.state, self._stop_idle)  # fmt: skip
         self._groups: set[tuple[int, ...]] = set()
+        self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
         _current = self
         self.router.start()
         try:
-            join_group(self.router, self.backend)
+            self._store_folder = join_group(self.router, self.backend)
         except BaseException:
             self.close()
             raise
@@ -168,11 +171,13 @@ class Pool:
             worker.channel.close()
         self.tasks.fail_queued(queued)
         self.router.fail_everything(running)
+        if self._store_folder is not None:  # the group's store file: its workers are gone
+            shutil.rmtree(self._store_folder, ignore_errors=True)
         if _current is self:
             _current = None
         try:
             registry.withdraw()
-        except OSError:
+        except (OSError, registry.RegistryUnsafe):  # nothing was published there
             pass
 
     def _stop_idle(self) -> None:

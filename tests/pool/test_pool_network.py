@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import glob
 import ipaddress
+import os
 import socket
+import stat
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 
@@ -65,3 +72,43 @@ def test_idle_and_garbage_connections_during_start_do_not_stop_it():
     finally:
         if pool is not None:
             pool.close()
+
+
+_STORE_PROBE = """
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=timedelta(seconds=3))
+store.set("planted-by-another-process", "x")
+print("reached")
+"""
+
+
+def _answers_as_a_store(port: int) -> bool:
+    """Whether another process can connect to `port` as a TCPStore client and write a key (one that is no store
+    errs or never answers)."""
+    try:
+        probe = subprocess.run([sys.executable, "-c", _STORE_PROBE, str(port)], capture_output=True, text=True,
+                               timeout=30)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return False
+    return probe.stdout.strip() == "reached"
+
+
+def test_no_other_process_can_reach_a_local_pools_rendezvous_store():
+    # torch's TCPStore has no authentication: whoever reaches it could rewrite the addresses the workers connect
+    # to, then feed them pickles. A local pool meets in a private file instead, so no port answers as a store.
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "nbscale-group-*")))
+    with nbscale.Pool(3, cpu=True) as pool:
+        assert pool.spmd("total = allreduce(rank)")["total"][:] == [3, 3, 3]
+        ports = sorted({port for worker in pool.workers for _, port in _listening(worker.pid)})
+        with ThreadPoolExecutor(len(ports)) as probes:  # a port that is no store may hang its probe to the timeout
+            reached = [port for port, store in zip(ports, probes.map(_answers_as_a_store, ports)) if store]
+        assert reached == [], f"the workers' ports {reached} answered as a torch.distributed store"
+        (folder,) = set(glob.glob(os.path.join(tempfile.gettempdir(), "nbscale-group-*"))) - before
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        assert pool.spmd("total = allreduce(rank)")["total"][:] == [3, 3, 3]  # the probe disturbed nothing
+        assert pool.spmd("part = allreduce(rank)", targets=[0, 2])["part"][:] == [2, 2]  # a subgroup meets there too
+    assert not os.path.exists(folder), "the store's folder outlived the pool"

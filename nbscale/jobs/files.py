@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 DIR_MODE = 0o700
@@ -45,23 +44,3 @@ def append_text(path: Path, text: str) -> None:
     with os.fdopen(open_private(path, append=True), "a", encoding="utf-8") as file:
         file.write(text)
 
-
-def swappable_by_others(path: Path) -> str | None:
-    """Why another user could replace `path` (rename it and put their own in its place), or None.
-
-    Looks at every folder above it, as written and with links resolved: each must belong to this user or root and
-    be writable by no one else, unless it has the sticky bit (like /tmp), where others cannot rename the user's
-    entries.
-    """
-    absolute = Path(os.path.abspath(path))
-    for folder in dict.fromkeys([*absolute.parents, *absolute.resolve().parents]):
-        try:
-            status = os.stat(folder)
-        except OSError:
-            continue  # checked where it is used
-        if status.st_uid not in (os.getuid(), 0):
-            return f"the folder {folder} above it belongs to another user (uid {status.st_uid})"
-        if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not status.st_mode & stat.S_ISVTX:
-            return (f"the folder {folder} above it can be written by other users (mode "
-                    f"{stat.filemode(status.st_mode)}, no sticky bit)")
-    return None

@@ -31,7 +31,7 @@ from platformdirs import user_data_dir
 
 from nbscale.errors import JobError
 from nbscale.jobs.backends import backend_of
-from nbscale.jobs.files import append_text, open_private, private_dir, swappable_by_others
+from nbscale.jobs.files import append_text, open_private, private_dir
 from nbscale.jobs.records import (
     ACTIVE_STATES,
     COLUMNS,
@@ -42,6 +42,7 @@ from nbscale.jobs.records import (
     mirror,
     recovered,
 )
+from nbscale.trust import swappable_by_others
 
 __all__ = ["ACTIVE_STATES", "END_STATES", "JobRecord", "JobStore", "default_root"]
 

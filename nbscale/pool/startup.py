@@ -23,6 +23,7 @@ from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.settings import PoolSettings
+from nbscale.trust import swappable_by_others
 
 START_TIMEOUT_S = 120.0
 HELLO_TIMEOUT_S = 30.0
@@ -138,6 +139,11 @@ def join_group(router: Router, backend: Backend) -> Path | None:
     if all(worker.channel.same_machine for worker in workers):
         folder = Path(tempfile.mkdtemp(prefix="nbscale-group-"))  # 0700, a fresh random name: no one else's
         try:
+            swappable = swappable_by_others(folder)
+            if swappable:  # they could swap the store, and so choose whom the workers connect to
+                raise PoolError(f"The pool's workers cannot meet in {folder}: {swappable}, who could replace the "
+                                "group's store. Point TMPDIR (in the environment that starts the kernel) at a folder "
+                                "only you can write to, or a sticky one like /tmp.")
             init = p.InitGroup(next_request_id(), group_backend, master_addr, 0, size, str(folder / "store"))
             request = router.send(init, tuple(range(size)), foreground=True)
             _wait_joined(router, request, group_backend)

@@ -105,10 +105,38 @@ def test_no_other_process_can_reach_a_local_pools_rendezvous_store():
         assert pool.spmd("total = allreduce(rank)")["total"][:] == [3, 3, 3]
         ports = sorted({port for worker in pool.workers for _, port in _listening(worker.pid)})
         with ThreadPoolExecutor(len(ports)) as probes:  # a port that is no store may hang its probe to the timeout
-            reached = [port for port, store in zip(ports, probes.map(_answers_as_a_store, ports)) if store]
+            reached = [port for port, store in zip(ports, probes.map(_answers_as_a_store, ports), strict=True) if store]
         assert reached == [], f"the workers' ports {reached} answered as a torch.distributed store"
         (folder,) = set(glob.glob(os.path.join(tempfile.gettempdir(), "nbscale-group-*"))) - before
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
         assert pool.spmd("total = allreduce(rank)")["total"][:] == [3, 3, 3]  # the probe disturbed nothing
         assert pool.spmd("part = allreduce(rank)", targets=[0, 2])["part"][:] == [2, 2]  # a subgroup meets there too
     assert not os.path.exists(folder), "the store's folder outlived the pool"
+
+
+_START_WITH_TMPDIR = """
+import nbscale
+from nbscale.errors import PoolError
+
+try:
+    nbscale.Pool(1, cpu=True).close()
+    print("started")
+except PoolError as error:
+    print(error)
+"""
+
+
+def test_a_pool_refuses_to_meet_in_a_tmpdir_others_could_swap(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # no sticky bit: anyone could rename the group's folder and put theirs in its place
+    environment = {**os.environ, "TMPDIR": str(shared)}
+    said = subprocess.run([sys.executable, "-c", _START_WITH_TMPDIR], capture_output=True, text=True, timeout=180,
+                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout  # fmt: skip
+    assert said.startswith(f"The pool's workers cannot meet in {shared}/nbscale-group-"), said
+    assert f"the folder {shared} above it can be written by other users" in said and "Point TMPDIR" in said
+    assert os.listdir(shared) == []  # nothing left behind
+    shared.chmod(0o1777)  # sticky, like /tmp: others cannot rename what is the user's
+    said = subprocess.run([sys.executable, "-c", _START_WITH_TMPDIR], capture_output=True, text=True, timeout=180,
+                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout  # fmt: skip
+    assert said.strip().endswith("started"), said

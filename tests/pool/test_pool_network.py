@@ -1,4 +1,4 @@
-"""What a local pool listens on (loopback only), and that strangers connecting during start stop nothing."""
+"""What a local pool listens on (loopback only, and no rendezvous store), and that strangers connecting stop nothing."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_a_local_pool_listens_on_loopback_only():
         pool.spmd("total = allreduce(rank)")  # the group's store and gloo's sockets are all up
         sockets = {worker.rank: _listening(worker.pid) for worker in pool.workers}
         sockets["kernel"] = _listening(psutil.Process().pid)
-    assert sockets[0], "rank 0 serves the torch.distributed store"
+    assert sockets[0], "gloo listens on every worker"
     exposed = {who: [(ip, port) for ip, port in found if not ipaddress.ip_address(ip).is_loopback]
                for who, found in sockets.items()}
     assert exposed == {0: [], 1: [], "kernel": []}, sockets

@@ -31,7 +31,7 @@ from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell, each_workers_own
-from nbscale.pool.startup import join_group, launch_workers, make_backend
+from nbscale.pool.startup import join_group, launch_workers, make_backend, remove_stale_group_folders
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
@@ -126,6 +126,7 @@ class Pool:
         self.start_seconds: float | None = None
         self.generation = secrets.token_hex(4)  # Composites of an earlier start know they are stale
         remove_stale_files()  # shared-memory files of kernels and workers killed mid-transfer
+        remove_stale_group_folders()  # store folders of killed kernels' pools
         self.backend = backend or make_backend(self.settings)
         try:
             workers, self.rejected_connections = launch_workers(self.backend, self.settings)

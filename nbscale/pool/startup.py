@@ -9,8 +9,10 @@ they all run on this machine, else a TCPStore that rank 0 opens on the address i
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.settings import PoolSettings
+from nbscale.processes import pid_running
 from nbscale.trust import swappable_by_others
 
 START_TIMEOUT_S = 120.0
@@ -31,6 +34,7 @@ JOINING = "Joining the torch.distributed group"
 # once a rank failed to join, the others wait for it until torch's own timeout (minutes): what else fails within
 # this long is reported with it, then the start gives up
 JOIN_FAILURE_GRACE_S = 1.0
+GROUP_FOLDER_PREFIX = "nbscale-group-"  # + the kernel's pid + "-" + mkdtemp's random part, under $TMPDIR
 
 
 def make_backend(settings: PoolSettings) -> Backend:
@@ -124,6 +128,24 @@ def _refused_note(listener: ChannelListener) -> str:
     )
 
 
+def remove_stale_group_folders() -> list[Path]:
+    """Remove the store folders of this user's local pools whose kernel is gone (killed before it could); returns
+    those removed. Only this user's own folders (no link followed) named with a pid that no process has."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{GROUP_FOLDER_PREFIX}*-*"):
+        pid = path.name[len(GROUP_FOLDER_PREFIX):].partition("-")[0]
+        try:
+            status = os.lstat(path)
+        except OSError:
+            continue
+        if (not pid.isdigit() or pid_running(int(pid)) or not stat.S_ISDIR(status.st_mode)
+                or status.st_uid != os.getuid()):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 def join_group(router: Router, backend: Backend) -> Path | None:
     """Form the torch.distributed group: NCCL (and gloo for CPU tensors) on GPU workers, gloo on CPU workers.
 
@@ -137,7 +159,7 @@ def join_group(router: Router, backend: Backend) -> Path | None:
     group_backend = "cuda:nccl,cpu:gloo" if all(w.device.startswith("cuda") for w in workers) else "gloo"
     master_addr = backend.address(0)
     if all(worker.channel.same_machine for worker in workers):
-        folder = Path(tempfile.mkdtemp(prefix="nbscale-group-"))  # 0700, a fresh random name: no one else's
+        folder = Path(tempfile.mkdtemp(prefix=f"{GROUP_FOLDER_PREFIX}{os.getpid()}-"))  # 0700, a fresh random name
         try:
             swappable = swappable_by_others(folder)
             if swappable:  # they could swap the store, and so choose whom the workers connect to

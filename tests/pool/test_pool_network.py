@@ -140,3 +140,33 @@ def test_a_pool_refuses_to_meet_in_a_tmpdir_others_could_swap(tmp_path):
     said = subprocess.run([sys.executable, "-c", _START_WITH_TMPDIR], capture_output=True, text=True, timeout=180,
                           env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout  # fmt: skip
     assert said.strip().endswith("started"), said
+
+
+_KILLED_KERNEL = """
+import os
+import signal
+
+import nbscale
+
+pool = nbscale.Pool(1, cpu=True)
+print(os.getpid(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit: as a kernel killed by the OOM killer
+"""
+
+
+def test_the_store_folder_of_a_killed_kernels_pool_is_removed_at_the_next_pool_start(tmp_path):
+    temporary = tempfile.gettempdir()
+    killed = subprocess.run([sys.executable, "-c", _KILLED_KERNEL], capture_output=True, text=True, timeout=180,
+                            cwd=os.path.dirname(nbscale.__path__[0]))  # fmt: skip
+    (left,) = glob.glob(os.path.join(temporary, f"nbscale-group-{int(killed.stdout)}-*"))
+    alive = tempfile.mkdtemp(prefix=f"nbscale-group-{os.getpid()}-")  # a live kernel's: kept
+    link = os.path.join(temporary, "nbscale-group-999999999-link")  # no pid has that number; a link is no folder
+    os.symlink(tmp_path, link)
+    try:
+        with nbscale.Pool(1, cpu=True):
+            pass
+        assert not os.path.exists(left)
+        assert os.path.isdir(alive) and os.path.islink(link) and tmp_path.is_dir()
+    finally:
+        os.rmdir(alive)
+        os.unlink(link)

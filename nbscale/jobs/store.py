@@ -42,6 +42,7 @@ from nbscale.jobs.records import (
     mirror,
     recovered,
 )
+from nbscale.trust import swappable_by_others
 
 __all__ = ["ACTIVE_STATES", "END_STATES", "JobRecord", "JobStore", "default_root"]
 
@@ -106,6 +107,11 @@ class JobStore:
         if owner != os.getuid():  # its pickles (inputs, results) are unpickled here: they must be ours alone
             raise JobError(f"The job store folder {self.root} belongs to another user (uid {owner}), who could put "
                            "files there that run as you when read: point NBSCALE_HOME at a folder of your own.")
+        swappable = swappable_by_others(self.root)
+        if swappable:  # they could swap the store for theirs between this check and a read of its pickles
+            raise JobError(f"The job store folder {self.root} cannot be trusted: {swappable}, who could replace the "
+                           "store with one whose files run as you when read. Point NBSCALE_HOME at a folder only you "
+                           "can write to, or make the folder named yours alone (chmod go-w).")
         self.index_path = self.root / INDEX_NAME
         try:
             self._open_index()

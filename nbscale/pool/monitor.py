@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from nbscale.pool.routing import Router
 
 STATUS_TIMEOUT_S = 1.0
 LAST_CHANCE_S = 2.0  # a silent worker is asked once more before it is given up
+_refusal_said = False  # an unsafe registry folder is said once per process, not at every heartbeat
 
 
 class Monitor:
@@ -91,7 +93,12 @@ class Monitor:
         return self.idle_timeout_s is not None and self.idle_timeout_s < 2 * registry.HEARTBEAT_S
 
     def _publish(self) -> None:
+        global _refusal_said
         try:
             registry.publish(self._state())
         except (OSError, ValueError):  # a full disk, or a number JSON cannot hold: the next beat tries again
             pass
+        except registry.RegistryUnsafe as refusal:  # the pool works; only the JupyterLab panel will not show it
+            if not _refusal_said:
+                _refusal_said = True
+                print(f"[nbscale] {refusal}", file=sys.stderr, flush=True)

@@ -13,9 +13,11 @@ import atexit
 import dataclasses
 import operator
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
@@ -29,7 +31,7 @@ from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell, each_workers_own
-from nbscale.pool.startup import join_group, launch_workers, make_backend
+from nbscale.pool.startup import join_group, launch_workers, make_backend, remove_stale_group_folders
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
@@ -124,6 +126,7 @@ class Pool:
         self.start_seconds: float | None = None
         self.generation = secrets.token_hex(4)  # Composites of an earlier start know they are stale
         remove_stale_files()  # shared-memory files of kernels and workers killed mid-transfer
+        remove_stale_group_folders()  # store folders of killed kernels' pools
         self.backend = backend or make_backend(self.settings)
         try:
             workers, self.rejected_connections = launch_workers(self.backend, self.settings)
@@ -137,11 +140,12 @@ class Pool:
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
                                self.state, self._stop_idle)  # fmt: skip
         self._groups: set[tuple[int, ...]] = set()
+        self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
         _current = self
         self.router.start()
         try:
-            join_group(self.router, self.backend)
+            self._store_folder = join_group(self.router, self.backend)
         except BaseException:
             self.close()
             raise
@@ -168,11 +172,13 @@ class Pool:
             worker.channel.close()
         self.tasks.fail_queued(queued)
         self.router.fail_everything(running)
+        if self._store_folder is not None:  # the group's store file: its workers are gone
+            shutil.rmtree(self._store_folder, ignore_errors=True)
         if _current is self:
             _current = None
         try:
             registry.withdraw()
-        except OSError:
+        except (OSError, registry.RegistryUnsafe):  # nothing was published there
             pass
 
     def _stop_idle(self) -> None:

@@ -27,6 +27,7 @@ from platformdirs import user_config_path
 
 from nbscale.errors import PoolError
 from nbscale.pool.settings import checked_connect_timeout
+from nbscale.trust import others_could_change
 
 BACKENDS = ("ray",)
 
@@ -66,6 +67,11 @@ def read_profiles() -> dict[str, dict[str, Any]]:
     path = profiles_path()
     if not path.exists():
         return {}
+    untrusted = others_could_change(path)
+    if untrusted:  # a profile names the Python that runs batch jobs and the workers' environment: code, in effect
+        raise PoolError(f"The cluster profiles file {path} is not used: {untrusted}, so someone else could choose "
+                        "what runs as you (job_python, env). Make it and its folders yours alone (chmod go-w) or "
+                        "point NBSCALE_PROFILES at a file of your own.")
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:

@@ -47,14 +47,20 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class InitGroup:
-    """Join the torch.distributed group; rank 0 (master_port 0) opens the store on `master_addr` only and reports
-    its port (as an Event `{"store_port": port}`)."""
+    """Join the torch.distributed group through its rendezvous store.
+
+    `store_file` set (every worker on the kernel's machine): the store is that file, in a 0700 folder of the
+    user's, so no other user can read or write it (torch's TCPStore has no authentication). Otherwise (a cluster)
+    rank 0 (master_port 0) opens a TCPStore on `master_addr` only and reports its port (as an Event
+    `{"store_port": port}`).
+    """
 
     request_id: int
     backend: str
     master_addr: str
     master_port: int
     world_size: int
+    store_file: str | None = None
 
 
 @dataclass(frozen=True)

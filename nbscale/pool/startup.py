@@ -3,23 +3,30 @@ and join them into one torch.distributed group.
 
 The kernel listens on a fresh port with a fresh 256-bit secret; every worker gets both in its WorkerConfig (on a
 pipe), connects back, proves it holds the secret, and says hello (rank, pid, host, device). The listener closes
-once every worker has connected. Then rank 0 opens the group's store on the address its backend names, and the
-others join it.
+once every worker has connected. Then the workers meet in the group's store: a file in a fresh 0700 folder when
+they all run on this machine, else a TCPStore that rank 0 opens on the address its backend names.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+import shutil
+import stat
+import tempfile
 import time
+from pathlib import Path
 
 from nbscale.errors import PoolError, WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.channel import Channel, ChannelListener, machine_id
 from nbscale.pool.handles import WorkerHandle
-from nbscale.pool.requests import next_request_id
+from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.settings import PoolSettings
+from nbscale.processes import pid_running
+from nbscale.trust import swappable_by_others
 
 START_TIMEOUT_S = 120.0
 HELLO_TIMEOUT_S = 30.0
@@ -27,6 +34,7 @@ JOINING = "Joining the torch.distributed group"
 # once a rank failed to join, the others wait for it until torch's own timeout (minutes): what else fails within
 # this long is reported with it, then the start gives up
 JOIN_FAILURE_GRACE_S = 1.0
+GROUP_FOLDER_PREFIX = "nbscale-group-"  # + the kernel's pid + "-" + mkdtemp's random part, under $TMPDIR
 
 
 def make_backend(settings: PoolSettings) -> Backend:
@@ -120,12 +128,51 @@ def _refused_note(listener: ChannelListener) -> str:
     )
 
 
-def join_group(router: Router, backend: Backend) -> None:
-    """Form the torch.distributed group: NCCL (and gloo for CPU tensors) on GPU workers, gloo on CPU workers."""
+def remove_stale_group_folders() -> list[Path]:
+    """Remove the store folders of this user's local pools whose kernel is gone (killed before it could); returns
+    those removed. Only this user's own folders (no link followed) named with a pid that no process has."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(f"{GROUP_FOLDER_PREFIX}*-*"):
+        pid = path.name[len(GROUP_FOLDER_PREFIX):].partition("-")[0]
+        try:
+            status = os.lstat(path)
+        except OSError:
+            continue
+        if (not pid.isdigit() or pid_running(int(pid)) or not stat.S_ISDIR(status.st_mode)
+                or status.st_uid != os.getuid()):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def join_group(router: Router, backend: Backend) -> Path | None:
+    """Form the torch.distributed group: NCCL (and gloo for CPU tensors) on GPU workers, gloo on CPU workers.
+
+    Workers all on this machine meet through a store file in a fresh 0700 folder, returned: the caller removes
+    it once the pool stops (the group's later subgroups meet there too). A cluster's workers meet at rank 0's
+    TCPStore (None returned): torch gives that store no authentication, so docs/cluster.md asks for a private
+    network.
+    """
     workers = router.workers
     size = len(workers)
     group_backend = "cuda:nccl,cpu:gloo" if all(w.device.startswith("cuda") for w in workers) else "gloo"
     master_addr = backend.address(0)
+    if all(worker.channel.same_machine for worker in workers):
+        folder = Path(tempfile.mkdtemp(prefix=f"{GROUP_FOLDER_PREFIX}{os.getpid()}-"))  # 0700, a fresh random name
+        try:
+            swappable = swappable_by_others(folder)
+            if swappable:  # they could swap the store, and so choose whom the workers connect to
+                raise PoolError(f"The pool's workers cannot meet in {folder}: {swappable}, who could replace the "
+                                "group's store. Point TMPDIR (in the environment that starts the kernel) at a folder "
+                                "only you can write to, or a sticky one like /tmp.")
+            init = p.InitGroup(next_request_id(), group_backend, master_addr, 0, size, str(folder / "store"))
+            request = router.send(init, tuple(range(size)), foreground=True)
+            _wait_joined(router, request, group_backend)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return folder
     found: dict[str, int] = {}
     init = p.InitGroup(next_request_id(), group_backend, master_addr, 0, size)
     request = router.send(init, (0,), foreground=True, on_event=lambda rank, event: found.update(event))
@@ -138,6 +185,12 @@ def join_group(router: Router, backend: Backend) -> None:
         request.ranks = tuple(range(size))
         join = p.InitGroup(init.request_id, group_backend, master_addr, found["store_port"], size)
         router.send_to(join, range(1, size), request)
+    _wait_joined(router, request, group_backend)
+    return None
+
+
+def _wait_joined(router: Router, request: Request, group_backend: str) -> None:
+    """Wait for every rank of `request` (an InitGroup) to join; PoolError naming each rank's cause otherwise."""
     while request.waiting_for and not request.failures:
         router.pump(request, timeout=0.05)
     if request.failures:

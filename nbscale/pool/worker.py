@@ -273,7 +273,10 @@ class Worker:
             self.channel.send(p.Event(self.current_request, self.rank, payload))
 
     def init_group(self, message: p.InitGroup) -> None:
-        if self.rank == 0:  # the store listens on master_addr only (loopback for a local pool), not on every interface
+        store: dist.Store
+        if message.store_file is not None:  # a local pool: a private file, not a port any local user can reach
+            store = dist.FileStore(message.store_file, message.world_size)
+        elif self.rank == 0:  # a cluster's store listens on master_addr only, not on every interface
             listening = _listen_on(message.master_addr)
             store = dist.TCPStore(message.master_addr, listening.getsockname()[1], message.world_size, is_master=True,
                                   wait_for_workers=False, master_listen_fd=listening.detach())

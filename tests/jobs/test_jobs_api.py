@@ -120,6 +120,20 @@ def test_a_job_store_of_another_user_is_refused(tmp_path: Path) -> None:
         JobStore(folder)
 
 
+def test_a_job_store_in_a_folder_others_can_write_is_refused_unless_it_is_sticky(tmp_path: Path) -> None:
+    # whoever can write the folder above the store can rename the store away and put theirs, with pickles that
+    # run as the user when a job starts or a result is read, in its place between any check and that read
+    team = tmp_path / "team"
+    team.mkdir()
+    team.chmod(0o777)
+    with pytest.raises(JobError, match=f"The job store folder {team / 'jobs'} cannot be trusted: the folder {team} "
+                                       r"above it can be written by other users \(mode drwxrwxrwx, no sticky bit\)"
+                                       ".*Point NBSCALE_HOME at a folder only you can write to"):
+        JobStore(team / "jobs")
+    team.chmod(0o1777)  # as /tmp: others cannot rename what is the user's
+    assert JobStore(team / "jobs").all() == []
+
+
 def test_a_store_folder_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(JobError, match="cannot be used .*point NBSCALE_HOME at a folder"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from nbscale.errors import PoolError
@@ -37,3 +39,24 @@ def test_a_profiles_connect_timeout_is_read_and_a_bad_one_names_the_profile_and_
     with pytest.raises(PoolError, match=r"connect_timeout in profile 'lab' of .*profiles.toml must be a number of "
                                         r"seconds from 1 to 3600, such as 120, not 'slow'"):
         resolve_cluster("lab")
+
+
+def test_a_profiles_file_another_user_could_write_is_not_used(tmp_path, monkeypatch):
+    # job_python and env decide what runs as the user: a profile others can change is code others can run
+    profiles = tmp_path / "profiles.toml"
+    profiles.write_text(PROFILE + 'job_python = "/their/python"\n')
+    monkeypatch.setenv("NBSCALE_PROFILES", str(profiles))
+    profiles.chmod(0o666)
+    with pytest.raises(PoolError, match=r"The cluster profiles file .*profiles.toml is not used: other users can write "
+                                        r"to it \(mode -rw-rw-rw-\).*chmod go-w"):
+        resolve_cluster("lab")
+    profiles.chmod(0o644)
+    tmp_path.chmod(0o777)  # they could swap the file for theirs
+    with pytest.raises(PoolError, match=rf"is not used: the folder {tmp_path} above it can be written by other users"):
+        resolve_cluster("lab")
+    tmp_path.chmod(0o700)
+    assert resolve_cluster("lab").job_python == "/their/python"
+    if os.geteuid() == 0:  # giving the file away takes root
+        os.chown(profiles, 65534, 65534)
+        with pytest.raises(PoolError, match=r"is not used: it belongs to another user \(uid 65534\)"):
+            resolve_cluster("lab")

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
 
 import nbscale
 from nbscale.pool import registry
@@ -54,3 +61,80 @@ def test_a_pool_outside_a_kernel_publishes_without_importing_ipython(tmp_path):
     env = {**os.environ, "NBSCALE_RUNTIME_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert run.stdout.split() == ["1", "False"], run.stderr
+
+
+# --- another user (`nobody`, which only root can become) plants files in a registry folder they can write ---------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                reason="playing a second user needs root and setpriv")
+NOBODY = 65534
+
+
+def _as_nobody(command: str) -> None:
+    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def others_folder():
+    folder = Path(tempfile.mkdtemp(prefix="nbscale-runtime-", dir="/tmp"))
+    folder.chmod(0o777)
+    yield folder
+    shutil.rmtree(folder)
+
+
+@needs_root
+def test_a_pool_writes_nothing_through_a_link_in_a_registry_folder_of_another_user(others_folder, tmp_path,
+                                                                                   monkeypatch):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's own file")
+    # the other user made the folder NBSCALE_RUNTIME_DIR names, and a link where the pool's file is first written
+    _as_nobody(f"mkdir -m 777 {others_folder}/pools && ln -s {precious} {others_folder}/pools/.{os.getpid()}.json.tmp")
+    monkeypatch.setenv("NBSCALE_RUNTIME_DIR", str(others_folder))
+    with pytest.raises(registry.RegistryUnsafe, match=r"belongs to another user \(uid 65534\).*NBSCALE_RUNTIME_DIR"):
+        registry.publish({"size": 1, "workers": []})
+    assert precious.read_text() == "the user's own file"
+    with pytest.raises(registry.RegistryUnsafe):
+        registry.read_all()  # nor is anything read from there: the other user could fake a pool
+
+
+@needs_root
+def test_a_fifo_planted_in_a_writable_registry_folder_hangs_no_reader(others_folder, monkeypatch):
+    monkeypatch.setenv("NBSCALE_RUNTIME_DIR", str(others_folder))
+    folder = registry.registry_dir()
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o777)  # the user's own folder, but anyone may write to it
+    _as_nobody(f"mkfifo {folder}/4242.json")
+    outcome: list[object] = []
+    reader = threading.Thread(target=lambda: outcome.append(_outcome(registry.read_all)), daemon=True)
+    reader.start()
+    reader.join(20)
+    try:
+        assert not reader.is_alive(), "reading the registry hung on another user's FIFO (so would the Jupyter server)"
+        (refused,) = outcome
+        assert isinstance(refused, registry.RegistryUnsafe), refused
+        assert "can be written by other users (mode drwxrwxrwx)" in str(refused) and "chmod 700" in str(refused)
+    finally:
+        if reader.is_alive():  # let the hung reader go: a writer that opens and closes the FIFO ends its read
+            os.close(os.open(folder / "4242.json", os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _outcome(read: Callable[[], object]) -> object:
+    try:
+        return read()
+    except Exception as error:  # noqa: BLE001 - the test looks at it
+        return error
+
+
+def test_a_pool_in_a_registry_folder_others_can_write_works_and_says_once_why_the_panel_lacks_it(tmp_path,
+                                                                                                  monkeypatch, capfd):
+    monkeypatch.setenv("NBSCALE_RUNTIME_DIR", str(tmp_path))
+    registry.registry_dir().mkdir(mode=0o700)
+    registry.registry_dir().chmod(0o770)
+    with nbscale.Pool(1, cpu=True) as pool:
+        time.sleep(2 * registry.HEARTBEAT_S)  # several heartbeats
+        assert pool.run(lambda: "works") == ["works"]
+    said = capfd.readouterr().err
+    assert said.count("can be written by other users (mode drwxrwx---)") == 1, said
+    assert os.listdir(registry.registry_dir()) == []

@@ -135,3 +135,14 @@ async def test_a_huge_log_is_read_from_its_end_and_bad_utf8_is_replaced(jp_fetch
     assert answer["truncated"] and len(answer["log"]) == LOG_TAIL_CHARS
     assert answer["log"].endswith("\ufffd\ufffd not utf-8 \ufffd\nthe end\n")
     assert jobs.get(job_id).log(tail=8) == "the end\n" and jobs.get(job_id).log(tail=0) == ""
+
+
+async def test_a_registry_folder_others_can_write_is_answered_with_why_not_read(jp_fetch, pool_dir) -> None:
+    # another user could put a FIFO there (which would hang the server's reader) or a fake pool
+    pool_dir.mkdir(parents=True)
+    os.mkfifo(pool_dir / "4242.json")
+    pool_dir.chmod(0o777)
+    answer = await _get(jp_fetch, "pools")
+    assert answer["pools"] == []
+    assert answer["error"].startswith(f"The pool registry cannot be read: The pool registry folder {pool_dir} can be "
+                                      "written by other users (mode drwxrwxrwx)")

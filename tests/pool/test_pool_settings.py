@@ -129,6 +129,8 @@ def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():
         ({"cluster": "ray://head:10001", "connect_timeout": float("inf")}, r"connect_timeout must be .*, not inf"),
         ({"cluster": "ray://head:10001", "connect_timeout": "60"}, r"connect_timeout must be .*, not '60'"),
         ({"connect_timeout": 60}, r"connect_timeout \(--connect-timeout\) is for cluster pools"),
+        ({"cluster": "127.0.0.1:1", "gpus": [0]}, r"--gpus picks GPUs of this machine; on a cluster pool Ray places"),
+        ({"n": 2, "cluster": "127.0.0.1:1", "gpus": [0]}, r"--gpus picks GPUs of this machine"),  # not "N is 2"
     ],
 )
 def test_each_bad_setting_is_one_clear_error_naming_it_before_anything_starts(settings, message):

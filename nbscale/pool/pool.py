@@ -113,6 +113,7 @@ class Pool:
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
         self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
         self.closed: bool = True
+        self.stopped_because = "It was stopped."  # what a use of this pool after it stopped says
         self._spare: Backend | None = None  # a replacement prepared while interrupted workers get time to stop
         self._start()
 
@@ -182,6 +183,7 @@ class Pool:
             f"minute{'' if self.settings.idle_timeout == 1 else 's'} (--idle-timeout)."
         )
         _idle_settings = self.settings
+        self.stopped_because = _last_shutdown_notice
         self.close()
 
     def restart(self) -> None:
@@ -385,8 +387,8 @@ class Pool:
 
     def _check_usable(self, ranks: Iterable[int]) -> None:
         if self.closed:
-            notice = _last_shutdown_notice or "It was stopped."
-            raise PoolError(f"This pool is no longer running. {notice} Start a new one with %pool start (nbscale.Pool(N)).")
+            raise PoolError(f"This pool is no longer running. {self.stopped_because} Start a new one with %pool start "
+                            "(nbscale.Pool(N)).")
         dead = [w for w in self.workers if w.dead and w.rank in ranks]
         if dead:
             described = "; ".join(w.dead[0].upper() + w.dead[1:] for w in dead if w.dead)
@@ -455,7 +457,10 @@ class Pool:
     # ---- status ---------------------------------------------------------------------------------------------
 
     def status(self) -> PoolStatus:
-        """The pool and each worker (rank, host, pid, device, state, memory) now: a table in notebooks."""
+        """The pool and each worker (rank, host, pid, device, state, memory) now: a table in notebooks.
+
+        Raises PoolError once the pool is closed (its workers are gone: a table of them would be stale)."""
+        self._check_usable(())
         self.monitor.refresh_memory(wait=True)
         return self._snapshot()
 

@@ -86,6 +86,8 @@ def test_stop_leaves_no_process():
     pool.close()
     alive = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, pids))], capture_output=True, text=True)
     assert alive.stdout.strip() == ""
+    with pytest.raises(PoolError, match=r"This pool is no longer running\. It was stopped\. Start a new one"):
+        pool.status()  # not a table of workers that are gone, still called idle
 
 
 def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():

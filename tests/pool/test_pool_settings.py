@@ -36,6 +36,19 @@ def test_default_size_without_gpus_is_cpu_count_at_most_4():
     assert plan_devices(None, None, cpu=True) == [None] * min(os.cpu_count() or 1, 4)
 
 
+def test_the_contracts_pool_call_with_every_keyword_starts_a_default_pool() -> None:
+    expected = len(plan_devices(None, None, cpu=False))  # one per free GPU, else the CPU count, at most 4
+    # API.md's line, word for word: each keyword is the contract's name, each value its default
+    pool = nbscale.Pool(n=None, gpus=None, cpu=False, cluster=None, idle_timeout=30, env=None)
+    try:
+        status = pool.status()
+        assert nbscale.current_pool() is pool and status.size == pool.size >= 1
+        assert pool.size == expected and [w.state for w in status.workers] == ["idle"] * expected
+        assert "idle shutdown in 30 min" in repr(status)
+    finally:
+        pool.close()
+
+
 def test_env_must_be_strings():
     with pytest.raises(PoolError, match="KEY=VALUE"):
         nbscale.Pool(1, cpu=True, env={"A": 1})

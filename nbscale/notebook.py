@@ -106,7 +106,7 @@ def sweep(
     if show if show is not None else in_notebook():
         from nbscale.ui.sweep_display import SweepDisplay
 
-        display = SweepDisplay(result.runs, title=f"Sweep of {len(result.runs)} runs on {result.pool.size} workers")
+        display = SweepDisplay(result.runs, title=f"Sweep of {len(result.runs)} runs on {result.pool.size} worker{'s' if result.pool.size != 1 else ''}")
         display.show()
         result.on_end.append(display.finish)
     if wait:

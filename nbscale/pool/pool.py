@@ -107,7 +107,8 @@ class Pool:
     ) -> None:
         if _current is not None and not _current.closed:
             raise PoolError(
-                f"A pool of {_current.size} workers is already running. Stop it first with %pool stop "
+                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it first "
+                "with %pool stop "
                 "(pool.close()), or get fresh workers with %pool restart."
             )
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
@@ -246,7 +247,8 @@ class Pool:
 
     def __repr__(self) -> str:
         env_keys = ", ".join(f"{key}=***" for key in self.settings.env)
-        state = "closed" if self.closed else f"{self.size} workers ({self.kind}, {self.backend.describe()})"
+        workers = f"{self.size} worker{'s' if self.size != 1 else ''}"
+        state = "closed" if self.closed else f"{workers} ({self.kind}, {self.backend.describe()})"
         return f"<nbscale.Pool {state}{'; env ' + env_keys if env_keys else ''}>"
 
     # ---- run code on the workers ----------------------------------------------------------------------------

@@ -440,7 +440,7 @@ def hardware_choices() -> list[tuple[str, str]]:
         if pool is None or pool.kind == "gpu":
             choices.append((f"multi-gpu ({pool.size if pool else len(gpus)} GPU workers)", "multi-gpu"))
     if pool is not None:
-        choices.append((f"parallel (the running pool: {pool.size} {pool.kind} workers)", "parallel"))
+        choices.append((f"parallel (the running pool: {pool.size} {pool.kind} worker{'s' if pool.size != 1 else ''})", "parallel"))
     else:
         choices.append(("parallel (starts a pool with default settings)", "parallel"))
     return choices

@@ -70,7 +70,10 @@ def test_idle_timeout_stops_the_pool_and_says_so_on_next_use():
 
 def test_status_says_under_a_minute_when_less_than_a_minute_of_idle_time_is_left():
     with nbscale.Pool(1, cpu=True, idle_timeout=0.5) as pool:  # 30 s
-        assert "(local; idle shutdown in under a minute)" in repr(pool.status())
+        assert "Pool: 1 CPU worker (local; idle shutdown in under a minute)" in repr(pool.status())  # one: "worker"
+        assert repr(pool).startswith("<nbscale.Pool 1 worker (cpu, ")
+        with pytest.raises(PoolError, match="A pool of 1 worker is already running"):
+            nbscale.Pool(1, cpu=True)
 
 
 def test_a_pool_opened_after_an_idle_shutdown_has_the_settings_of_the_one_that_shut_down():

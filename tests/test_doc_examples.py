@@ -67,3 +67,24 @@ def test_the_data_pages_example_runs_as_written_and_shows_its_montage(kernel: Ke
     assert [shown for shown in example.displays if "image/png" in shown], "ds.preview(16) showed no montage"
     five_classes = kernel.run("print(five.classes, len(five), tuple(train_aug[0][0].shape))")
     assert "['5', '6', '7', '8', '9'] 896 (1, 32, 32)" in five_classes.stdout, five_classes.text
+
+
+def test_magic_lines_with_a_comment_after_them_run_as_the_docs_write_them(kernel: KernelSession) -> None:
+    def run(code: str, timeout: float = 120) -> str:
+        result = kernel.run(code, timeout=timeout)
+        assert result.ok and "UsageError" not in result.stderr, result.text  # a bad magic line is a UsageError
+        return result.text
+
+    # pool.md's, API.md's and training.md's lines as they stand, comments included
+    assert "Started 2 CPU workers" in run("%pool start 2 --cpu            # or: %pool start (one worker per free GPU)")
+    assert "rank" in run("%pool status               # a table: rank, host, pid, device, state (idle/busy/dead), memory")
+    assert run("%%spmd --targets 1   # rank 1 only\nprint(rank)").strip() == "[1] 1"
+    run("import torch")
+    trained = run("%%train --env parallel --epochs 1 --batch-size 64 --lr 0.1 --no-plots     # also --options NAME\n"
+                  "model = torch.nn.Linear(8, 2)\ntrain_data = (torch.randn(128, 8), torch.randint(0, 2, (128,)))",
+                  timeout=180)
+    assert "Training on 2 workers" in trained
+    assert "Restarted 2 CPU workers" in run("%pool restart              # same size and settings, fresh processes")
+    assert "jobs" in run("%jobs                                  # id, name, state, started, elapsed")
+    run("%gpu   # every GPU: index, name, memory, holder")
+    assert run("%pool stop   # and its workers").strip() == "Pool stopped."

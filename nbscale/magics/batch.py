@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from nbscale import jobs
@@ -59,7 +59,7 @@ class BatchMagics(Magics):
     def jobs(self, line: str) -> None:
         """List the batch jobs in the store: id, name, state, started, elapsed; `%jobs show ID` shows the live
         training-progress figure of a training inside job ID (job.show())."""
-        args = parse_argstring(self.jobs, line)
+        args = parse_line(self.jobs, line)
         if args.action is None:  # shown wherever the line stands in its cell, as %pool and %gpu show theirs
             display(JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root())))
             return None

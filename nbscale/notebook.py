@@ -106,7 +106,9 @@ def sweep(
     if show if show is not None else in_notebook():
         from nbscale.ui.sweep_display import SweepDisplay
 
-        display = SweepDisplay(result.runs, title=f"Sweep of {len(result.runs)} runs on {result.pool.size} workers")
+        runs, workers = len(result.runs), result.pool.size
+        title = f"Sweep of {runs} run{'s' if runs != 1 else ''} on {workers} worker{'s' if workers != 1 else ''}"
+        display = SweepDisplay(result.runs, title=title)
         display.show()
         result.on_end.append(display.finish)
     if wait:

@@ -134,7 +134,8 @@ class JobStore:
         elif size is None:
             os.close(open_private(self.index_path, append=True))  # 0600 before SQLite writes a byte
         elif size == 0 and folders:
-            raise self._damaged(f"it is empty (0 bytes) while job folders {_ranges(folders)} exist beside it")
+            these = f"job folder {folders[0]} exists" if len(folders) == 1 else f"job folders {_ranges(folders)} exist"
+            raise self._damaged(f"it is empty (0 bytes) while {these} beside it")
         elif size > 0:
             with open(self.index_path, "rb") as index:
                 start = index.read(len(_SQLITE_HEADER))

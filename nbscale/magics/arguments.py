@@ -15,13 +15,34 @@ _INDEX_LISTS = ("--gpus", "--targets")
 
 def parse_line(magic: Any, line: str) -> argparse.Namespace:
     """`line` parsed with `magic`'s magic_arguments parser, split as a shell splits it: quotes group words and
-    are removed (`--env "GREETING=hello world"`), which IPython's own splitting keeps. An index list written
-    with spaces after its commas (`--targets 1, 2`) is read as one (`1,2`)."""
+    are removed (`--env "GREETING=hello world"`), which IPython's own splitting keeps, and a `# comment` after
+    the flags is left out (`%pool start 4  # four workers`). An index list written with spaces after its commas
+    (`--targets 1, 2`) is read as one (`1,2`)."""
     try:
-        argv = shlex.split(line)
+        argv = shlex.split(without_comment(line))
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{line.strip()!r}: {error}; close the quote.") from None
     return magic.parser.parse_args(_join_index_lists(argv))
+
+
+def without_comment(line: str) -> str:
+    """`line` up to a `#` that begins a word outside quotes, where a shell's comment begins: `4  # four` is `4`,
+    while `--env "KEY=a # b"` and `--env KEY=a#b` keep theirs (a `#` inside a word is part of it, as in a shell,
+    so a secret holding one is not cut short)."""
+    quote = None
+    escaped = False
+    for position, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (position == 0 or line[position - 1].isspace()):
+            return line[:position]
+    return line
 
 
 def _join_index_lists(argv: list[str]) -> list[str]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
 
 from nbscale import jobs
 from nbscale.cellvars import names_assigned
@@ -55,12 +56,13 @@ class BatchMagics(Magics):
     @argument("--training", type=int, metavar="N", help="which training of the job to show (default: the latest)")
     @argument("--wait", action="store_true", help="follow in this cell until the job ends")
     @line_magic
-    def jobs(self, line: str) -> JobsTable | None:
+    def jobs(self, line: str) -> None:
         """List the batch jobs in the store: id, name, state, started, elapsed; `%jobs show ID` shows the live
         training-progress figure of a training inside job ID (job.show())."""
-        args = parse_argstring(self.jobs, line)
-        if args.action is None:
-            return JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root()))
+        args = parse_line(self.jobs, line)
+        if args.action is None:  # shown wherever the line stands in its cell, as %pool and %gpu show theirs
+            display(JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root())))
+            return None
         if args.id is None:
             raise JobError("%jobs show takes a job id: %jobs show 3 (%jobs lists the ids).")
         jobs.get(args.id).show(training=args.training, wait=args.wait)

@@ -6,9 +6,10 @@ from typing import Any
 
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from nbscale.errors import OptionsError
+from nbscale.magics.arguments import parse_line
 
 
 @magics_class
@@ -28,7 +29,7 @@ class FormMagics(Magics):
         Returns the form (`form = %train_options opts`); it is shown once either way.
         Python equivalent: `nbscale.options_form(NAME, bind_to="NAME")`.
         """
-        args = parse_argstring(self.train_options, line)
+        args = parse_line(self.train_options, line)
         if not args.name.isidentifier():
             raise OptionsError(f"%train_options {args.name}: NAME must be a Python variable name.")
         from nbscale.train.options import TrainingOptions

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from nbscale.gpu import gpus, select_gpu
+from nbscale.magics.arguments import parse_line
 
 
 @magics_class
@@ -19,7 +20,7 @@ class GpuMagics(Magics):
     def gpu(self, line: str) -> None:
         """Show every GPU (index, name, compute capability, memory, utilization, temperature, power, processes),
         or with an index, select the notebook's GPU."""
-        args = parse_argstring(self.gpu, line)
+        args = parse_line(self.gpu, line)
         if args.index is None:
             display(gpus())  # shown wherever the line stands in its cell; nbscale.gpus() returns the table
             return None

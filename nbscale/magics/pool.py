@@ -70,7 +70,7 @@ class PoolMagics(Magics):
             )  # fmt: skip
             # which GPUs it took, and who holds the others (this machine's GPUs: not for a cluster pool)
             note = pool_gpus_note(gpus()) if pool.kind == "gpu" and args.cluster is None else "."
-            print(f"Started {pool.size} {pool.kind.upper()} workers in {pool.start_seconds:.1f} s{note}")
+            print(f"Started {pool.size} {pool.kind.upper()} worker{'s' if pool.size != 1 else ''} in {pool.start_seconds:.1f} s{note}")
             return None
         if args.action == "restart":
             if running is None and reopens_idle_pool():  # the pool the user had, as %%spmd would start it again
@@ -82,7 +82,8 @@ class PoolMagics(Magics):
             else:
                 running.restart()
             note = pool_gpus_note(gpus()) if running.kind == "gpu" and running.settings.cluster is None else "."
-            print(f"Restarted {running.size} {running.kind.upper()} workers in {running.start_seconds:.1f} s{note}")
+            workers = f"{running.size} {running.kind.upper()} worker{'s' if running.size != 1 else ''}"
+            print(f"Restarted {workers} in {running.start_seconds:.1f} s{note}")
             return None
         if running is None:
             print(_no_pool_line())

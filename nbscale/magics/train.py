@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
-from nbscale.magics.arguments import batch_size
+from nbscale.magics.arguments import batch_size, parse_line
 from nbscale.notebook import CellTraining, train_cell
 
 
@@ -35,7 +35,7 @@ class TrainMagics(Magics):
         the options; afterwards the network and the info are notebook variables (--net, --info).
         Python equivalent: `net, info = nbscale.train(model, train_data, options, loss_fn=loss_fn)`.
         """
-        args = parse_argstring(self.train, line)
+        args = parse_line(self.train, line)
         request = CellTraining(
             options=args.options, environment=args.env, epochs=args.epochs, batch_size=args.batch_size,
             learn_rate=args.lr, solver=args.solver, plots=not args.no_plots, verbose=not args.quiet, net=args.net,

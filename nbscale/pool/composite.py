@@ -54,9 +54,12 @@ class Composite:
         return len(self.ranks)
 
     def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
+        if isinstance(index, slice):  # the ranks' values in the slice's order, as a list slices: x[::-1] too
             ranks = self.ranks[index]
-            return self._live_pool().pull(self.key, targets=ranks) if ranks else []
+            if not ranks:
+                return []
+            by_rank = dict(zip(sorted(ranks), self._live_pool().pull(self.key, targets=sorted(ranks)), strict=True))
+            return [by_rank[rank] for rank in ranks]
         index = self._rank_of(index)
         if index not in self.ranks:
             raise CompositeIndexError(f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}.")

@@ -109,12 +109,14 @@ class Pool:
     ) -> None:
         if _current is not None and not _current.closed:
             raise PoolError(
-                f"A pool of {_current.size} workers is already running. Stop it first with %pool stop "
+                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it first "
+                "with %pool stop "
                 "(pool.close()), or get fresh workers with %pool restart."
             )
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
         self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
         self.closed: bool = True
+        self.stopped_because = "It was stopped."  # what a use of this pool after it stopped says
         self._spare: Backend | None = None  # a replacement prepared while interrupted workers get time to stop
         self._start()
 
@@ -188,6 +190,7 @@ class Pool:
             f"minute{'' if self.settings.idle_timeout == 1 else 's'} (--idle-timeout)."
         )
         _idle_settings = self.settings
+        self.stopped_because = _last_shutdown_notice
         self.close()
 
     def restart(self) -> None:
@@ -250,7 +253,8 @@ class Pool:
 
     def __repr__(self) -> str:
         env_keys = ", ".join(f"{key}=***" for key in self.settings.env)
-        state = "closed" if self.closed else f"{self.size} workers ({self.kind}, {self.backend.describe()})"
+        workers = f"{self.size} worker{'s' if self.size != 1 else ''}"
+        state = "closed" if self.closed else f"{workers} ({self.kind}, {self.backend.describe()})"
         return f"<nbscale.Pool {state}{'; env ' + env_keys if env_keys else ''}>"
 
     # ---- run code on the workers ----------------------------------------------------------------------------
@@ -393,8 +397,8 @@ class Pool:
 
     def _check_usable(self, ranks: Iterable[int]) -> None:
         if self.closed:
-            notice = _last_shutdown_notice or "It was stopped."
-            raise PoolError(f"This pool is no longer running. {notice} Start a new one with %pool start (nbscale.Pool(N)).")
+            raise PoolError(f"This pool is no longer running. {self.stopped_because} Start a new one with %pool start "
+                            "(nbscale.Pool(N)).")
         dead = [w for w in self.workers if w.dead and w.rank in ranks]
         if dead:
             described = "; ".join(w.dead[0].upper() + w.dead[1:] for w in dead if w.dead)
@@ -463,7 +467,10 @@ class Pool:
     # ---- status ---------------------------------------------------------------------------------------------
 
     def status(self) -> PoolStatus:
-        """The pool and each worker (rank, host, pid, device, state, memory) now: a table in notebooks."""
+        """The pool and each worker (rank, host, pid, device, state, memory) now: a table in notebooks.
+
+        Raises PoolError once the pool is closed (its workers are gone: a table of them would be stale)."""
+        self._check_usable(())
         self.monitor.refresh_memory(wait=True)
         return self._snapshot()
 

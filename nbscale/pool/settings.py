@@ -46,14 +46,19 @@ class PoolSettings:
             raise PoolError(f"cpu (--cpu) must be True or False, not {self.cpu!r}.")
         if self.cpu and self.gpus:
             raise PoolError("--cpu and --gpus contradict each other: give one of them.")
-        if self.gpus is not None and self.n is not None and self.n != len(self.gpus):
-            raise PoolError(f"--gpus lists {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''} but N is {self.n}: "
-                            "one worker runs per listed GPU.")
         if self.cluster is not None and (not isinstance(self.cluster, str) or not self.cluster.strip()):
             raise PoolError(
                 f"cluster (--cluster) must be a profile name or an address such as 'ray://head:10001', not "
                 f"{self.cluster!r}."
             )
+        if self.gpus is not None and self.cluster is not None:  # refused before connecting to the cluster
+            raise PoolError(
+                "--gpus picks GPUs of this machine; on a cluster pool Ray places the workers. Give N (and "
+                "gpus_per_worker in the profile) instead."
+            )
+        if self.gpus is not None and self.n is not None and self.n != len(self.gpus):
+            raise PoolError(f"--gpus lists {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''} but N is {self.n}: "
+                            "one worker runs per listed GPU.")
         if not isinstance(self.force, bool):
             raise PoolError(f"force (--force) must be True or False, not {self.force!r}.")
         if self.force and (self.cpu or self.cluster is not None):

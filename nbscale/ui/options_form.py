@@ -52,7 +52,8 @@ _MAGIC_FLAGS = (("solver", "--solver"), ("execution_environment", "--env"), ("ma
 
 
 def options_form(options: TrainingOptions | None = None, bind_to: str | None = None, show: bool = True) -> OptionsForm:
-    """A widget form of every training option, grouped, with inline validation (shown in a notebook).
+    """A widget form of every training option, grouped, with inline validation (shown in a notebook; in a script,
+    or with show=False, only returned).
 
     `options` fills the form (default: what `%%train` starts from, TrainingOptions("sgdm", plots="training-progress")). `bind_to` names a notebook variable that holds
     the form's TrainingOptions and is updated on every valid edit (what `%train_options NAME` does).
@@ -61,7 +62,7 @@ def options_form(options: TrainingOptions | None = None, bind_to: str | None = N
     form = OptionsForm(options, bind_to=bind_to)
     if bind_to and form.valid:
         form.namespace[bind_to] = form.options
-    if show:
+    if show and getattr(_shell(), "kernel", None) is not None:  # a script would print the widgets' long repr
         form.show()
     return form
 
@@ -440,7 +441,7 @@ def hardware_choices() -> list[tuple[str, str]]:
         if pool is None or pool.kind == "gpu":
             choices.append((f"multi-gpu ({pool.size if pool else len(gpus)} GPU workers)", "multi-gpu"))
     if pool is not None:
-        choices.append((f"parallel (the running pool: {pool.size} {pool.kind} workers)", "parallel"))
+        choices.append((f"parallel (the running pool: {pool.size} {pool.kind} worker{'s' if pool.size != 1 else ''})", "parallel"))
     else:
         choices.append(("parallel (starts a pool with default settings)", "parallel"))
     return choices

@@ -24,7 +24,8 @@ def _idle_left(seconds: float) -> str:
 def _title(status: PoolStatus) -> str:
     left = status.idle_timeout_left_s
     idle = f"; idle shutdown in {_idle_left(left)}" if left is not None else ""
-    return f"Pool: {status.size} {status.kind.upper()} workers ({status.backend}{idle})"
+    workers = f"{status.size} {status.kind.upper()} worker{'s' if status.size != 1 else ''}"
+    return f"Pool: {workers} ({status.backend}{idle})"
 
 
 def _rows(status: PoolStatus) -> list[dict[str, Any]]:

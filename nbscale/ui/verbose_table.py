@@ -86,7 +86,7 @@ class VerboseTable:
         if now < self.next_preparing and event.done < event.total:
             return
         self.next_preparing = now + PREPARING_EVERY_S
-        line = f"Preparing data: {event.what}, {event.done:,} of {event.total:,} {event.unit}"
+        line = f"Preparing data: {event.what}: {event.done:,} of {event.total:,} {event.unit}"
         self._write("\r" + line.ljust(len(self.preparing_line)))
         self.preparing_line = line
 

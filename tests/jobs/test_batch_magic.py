@@ -65,6 +65,14 @@ def test_batch_with_an_unpicklable_variable_shows_the_error_naming_it(kernel: Ke
     assert "Traceback" not in cell.text  # the message, not internals
 
 
+def test_jobs_shows_its_table_wherever_it_stands_in_a_cell(kernel: KernelSession) -> None:
+    cell = kernel.run("%jobs\njob_count = 0")  # not the cell's last line: a value would not show
+    assert cell.ok, cell.text
+    [display] = cell.displays
+    assert "No jobs" in display["text/plain"]
+    assert kernel.run("x = %jobs\nprint(x)").stdout.strip() == "None"  # displayed, not returned, as %pool and %gpu
+
+
 def test_batch_help_and_jobs_with_no_jobs(kernel: KernelSession) -> None:
     table = kernel.run("%jobs")
     assert "No jobs" in table.displays[0]["text/plain"]

@@ -48,7 +48,7 @@ def test_an_index_truncated_to_nothing_is_refused_and_job_1_is_never_overwritten
                                                                                first: Job) -> None:
     before = _files(first)
     job_store.index_path.write_bytes(b"")  # truncated, as a full disk or a crash mid-copy leaves it
-    _refused_everywhere(job_store, "it is empty (0 bytes) while job folders 1 exist beside it")
+    _refused_everywhere(job_store, "it is empty (0 bytes) while job folder 1 exists beside it")
     assert _files(first) == before and sorted(p.name for p in job_store.root.iterdir()) == ["1", "jobs.sqlite"]
 
     job_store.index_path.rename(f"{job_store.index_path}.damaged")  # the way back the message gives

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -15,6 +18,7 @@ from nbscale.models import (
     set_learn_rate_factors,
     transfer,
 )
+from tests.kernel_session import REPO_ROOT
 from tests.train.digits import digits, tiny_net
 
 
@@ -80,3 +84,11 @@ def test_training_uses_the_factors_zero_stays_put_ten_moves_more_frozen_stays_fi
     assert patterned["2."] > 3 * base["2."]  # factor 10 moves it further
     frozen = _moved({"*": 10}, freeze="0")  # a frozen layer stays fixed whatever factor a pattern gives it
     assert frozen["0."] == 0.0 and frozen["2."] > 0
+
+
+def test_the_data_page_lists_the_factors_its_own_transfer_example_gives() -> None:
+    page = " ".join((REPO_ROOT / "docs" / "data.md").read_text().split())  # its code spans wrap across lines
+    call = re.search(r"`(transfer\(model, 5, learn_rate_factor=.*?\))`", page).group(1)
+    listed = re.search(r"learn_rate_factors\(model\)` lists the factor of each layer group: `(\{.*?\})`", page).group(1)
+    model = eval(call, {"transfer": transfer, "model": pretrained("resnet18", weights=None)})  # noqa: S307 - our doc
+    assert learn_rate_factors(model) == ast.literal_eval(listed)

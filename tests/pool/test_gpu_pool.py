@@ -38,7 +38,7 @@ def test_pool_starts_and_restarts_after_the_notebook_used_cuda(kernel):
 
 def test_a_gpu_pool_reserves_its_gpus_until_it_stops(kernel):
     started = kernel.run("%pool start 1")
-    assert started.ok and started.stdout.startswith("Started 1 GPU workers") and " on GPU " in started.stdout
+    assert started.ok and started.stdout.startswith("Started 1 GPU worker in") and " on GPU " in started.stdout
     held = kernel.run("import nbscale, os\nprint([h.pid == os.getpid() for g in nbscale.gpus() for h in g.holders])")
     assert "True" in held.stdout, held.text
     kernel.run("%pool stop")

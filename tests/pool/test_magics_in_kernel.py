@@ -237,7 +237,7 @@ def test_spmd_after_an_idle_shutdown_starts_the_same_pool_again_and_says_so(kern
     restarted = kernel.run("%pool restart")  # what a user types to get the pool back
     assert restarted.ok, restarted.text
     assert restarted.stdout.startswith("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it "
-                                       "again with the same settings.\nRestarted 1 CPU workers")
+                                       "again with the same settings.\nRestarted 1 CPU worker in")
 
 
 def test_every_worker_exits_when_the_kernel_dies():

@@ -103,6 +103,7 @@ def test_composite_is_each_workers_own_value_in_a_later_cell(pool):
     assert len(composite) == 3
     assert [v.item() for v in composite[:]] == [0.0, 1.0, 2.0]
     assert composite[-1].item() == 2.0 and composite[-3].item() == 0.0  # from the end, as in a list
+    assert [v.item() for v in composite[::-1]] == [2.0, 1.0, 0.0] and [v.item() for v in composite[1:]] == [1.0, 2.0]
     with pytest.raises(IndexError, match="no value on worker -4"):
         composite[-4]
     pool.spmd("doubled = value * 2", namespace=namespace)

@@ -36,6 +36,19 @@ def test_default_size_without_gpus_is_cpu_count_at_most_4():
     assert plan_devices(None, None, cpu=True) == [None] * min(os.cpu_count() or 1, 4)
 
 
+def test_the_contracts_pool_call_with_every_keyword_starts_a_default_pool() -> None:
+    expected = len(plan_devices(None, None, cpu=False))  # one per free GPU, else the CPU count, at most 4
+    # API.md's line, word for word: each keyword is the contract's name, each value its default
+    pool = nbscale.Pool(n=None, gpus=None, cpu=False, cluster=None, idle_timeout=30, env=None)
+    try:
+        status = pool.status()
+        assert nbscale.current_pool() is pool and status.size == pool.size >= 1
+        assert pool.size == expected and [w.state for w in status.workers] == ["idle"] * expected
+        assert "idle shutdown in 30 min" in repr(status)
+    finally:
+        pool.close()
+
+
 def test_env_must_be_strings():
     with pytest.raises(PoolError, match="KEY=VALUE"):
         nbscale.Pool(1, cpu=True, env={"A": 1})
@@ -57,7 +70,10 @@ def test_idle_timeout_stops_the_pool_and_says_so_on_next_use():
 
 def test_status_says_under_a_minute_when_less_than_a_minute_of_idle_time_is_left():
     with nbscale.Pool(1, cpu=True, idle_timeout=0.5) as pool:  # 30 s
-        assert "(local; idle shutdown in under a minute)" in repr(pool.status())
+        assert "Pool: 1 CPU worker (local; idle shutdown in under a minute)" in repr(pool.status())  # one: "worker"
+        assert repr(pool).startswith("<nbscale.Pool 1 worker (cpu, ")
+        with pytest.raises(PoolError, match="A pool of 1 worker is already running"):
+            nbscale.Pool(1, cpu=True)
 
 
 def test_a_pool_opened_after_an_idle_shutdown_has_the_settings_of_the_one_that_shut_down():
@@ -86,6 +102,8 @@ def test_stop_leaves_no_process():
     pool.close()
     alive = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, pids))], capture_output=True, text=True)
     assert alive.stdout.strip() == ""
+    with pytest.raises(PoolError, match=r"This pool is no longer running\. It was stopped\. Start a new one"):
+        pool.status()  # not a table of workers that are gone, still called idle
 
 
 def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():
@@ -129,6 +147,8 @@ def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():
         ({"cluster": "ray://head:10001", "connect_timeout": float("inf")}, r"connect_timeout must be .*, not inf"),
         ({"cluster": "ray://head:10001", "connect_timeout": "60"}, r"connect_timeout must be .*, not '60'"),
         ({"connect_timeout": 60}, r"connect_timeout \(--connect-timeout\) is for cluster pools"),
+        ({"cluster": "127.0.0.1:1", "gpus": [0]}, r"--gpus picks GPUs of this machine; on a cluster pool Ray places"),
+        ({"n": 2, "cluster": "127.0.0.1:1", "gpus": [0]}, r"--gpus picks GPUs of this machine"),  # not "N is 2"
     ],
 )
 def test_each_bad_setting_is_one_clear_error_naming_it_before_anything_starts(settings, message):

@@ -176,3 +176,37 @@ def test_choices_are_taken_in_any_case_as_matlab_takes_them_and_kept_in_lower_ca
     assert options.solver == "rmsprop"
     with pytest.raises(OptionsError, match=r"solver='Adamx' is not allowed: solver must be one of 'sgdm'"):
         TrainingOptions("Adamx")
+
+
+# API.md's TrainingOptions line: every field it names, and the choices it gives for each
+CONTRACT_FIELDS = (
+    "initial_learn_rate momentum gradient_decay_factor squared_gradient_decay_factor epsilon l2_regularization "
+    "gradient_threshold gradient_threshold_method max_epochs mini_batch_size shuffle learn_rate_schedule "
+    "learn_rate_drop_factor learn_rate_drop_period validation_data validation_frequency validation_patience "
+    "output_network execution_environment worker_load dispatch_in_background precision plots verbose "
+    "verbose_frequency checkpoint_path checkpoint_frequency output_fn compile on_worker_failure learn_rate_scaling"
+).split()
+CONTRACT_CHOICES = {
+    "solver": ["sgdm", "adam", "adamw", "rmsprop"],
+    "shuffle": ["once", "never", "every-epoch"],
+    "learn_rate_schedule": ["none", "piecewise", "cosine", "warmup-cosine"],
+    "output_network": ["last-iteration", "best-validation"],
+    "execution_environment": ["auto", "cpu", "gpu", "multi-gpu", "parallel"],
+    "precision": ["single", "mixed"],
+    "plots": ["training-progress", "none"],
+    "on_worker_failure": ["error", "restart"],
+    "learn_rate_scaling": ["none", "linear"],
+}
+
+
+def test_every_field_and_choice_the_contract_names_is_taken() -> None:
+    assert set(CONTRACT_FIELDS) <= set(dataclasses.asdict(TrainingOptions()))
+    for field, choices in CONTRACT_CHOICES.items():
+        for choice in choices:
+            extra = {"validation_data": ([[0.0]], [0])} if choice == "best-validation" else {}
+            options = TrainingOptions(choice) if field == "solver" else TrainingOptions(**{field: choice}, **extra)
+            assert getattr(options, field) == choice
+        with pytest.raises(ValueError, match=f"{field} must be one of " + ", ".join(f"'{c}'" for c in choices)):
+            TrainingOptions(**{field: "nonsense"})
+    assert TrainingOptions(mini_batch_size="auto").mini_batch_size == "auto"
+    assert TrainingOptions(compile=True).compile is True and TrainingOptions().compile is False

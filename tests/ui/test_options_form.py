@@ -3,6 +3,9 @@ and %train_options bound to a variable (edited the way a browser does, through t
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.kernel_session import KernelSession
@@ -150,3 +153,10 @@ def _browser_sets(kernel: KernelSession, model_id: str, state: dict) -> None:
     content = {"comm_id": model_id, "data": {"method": "update", "state": state, "buffer_paths": []}}
     client.shell_channel.send(client.session.msg("comm_msg", content))
     assert kernel.run("pass").ok  # the kernel handles messages in order: the update is in once this ran
+
+
+def test_in_a_script_the_form_is_returned_without_printing_its_widgets() -> None:
+    script = "import nbscale\nform = nbscale.options_form()\nprint(form.options.max_epochs)"
+    ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "30\n"  # not the thousands of characters of the widgets' repr

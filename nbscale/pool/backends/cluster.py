@@ -198,12 +198,8 @@ class RayBackend(Backend):
         return n, gpus_per_worker
 
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
-        """One worker per Ray actor, with the profile's env under the pool's own --env."""
-        if settings.gpus is not None:
-            raise PoolError(
-                "--gpus picks GPUs of this machine; on a cluster pool Ray places the workers. Give N (and "
-                "gpus_per_worker in the profile) instead."
-            )
+        """One worker per Ray actor, with the profile's env under the pool's own --env (PoolSettings refused
+        --gpus for a cluster pool already)."""
         n, self.gpus_per_worker = self._worker_count_and_gpus(settings)
         env = {**self.profile.env, **settings.env}
         device = "cuda:0" if self.gpus_per_worker else "cpu"

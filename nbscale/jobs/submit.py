@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 import types
 from collections.abc import Mapping
@@ -37,7 +38,8 @@ def submit(
 ) -> Job:
     """Run `code` as a detached job (MATLAB's `batch`) and return its Job at once.
 
-    Variables of `namespace` (the notebook's) that the code reads before assigning are pickled into the job;
+    Variables of `namespace` (default: the caller's globals, the notebook's in a notebook, as `%%batch` sends)
+    that the code reads before assigning are pickled into the job;
     modules among them are imported there. With `pool=N` the job opens `nbscale.Pool(N)` as `pool` first and
     closes it at the end. `cwd` (default: this process's) is where the job runs. `env` values are set in the
     job's environment only, never written to the store or the log. `cluster` (a profile name or an address)
@@ -61,7 +63,8 @@ def submit(
             resolve_cluster(cluster)
         except Exception as error:  # noqa: BLE001 - resolve_cluster's errors name the profile file and the fix
             raise JobError(str(error)) from None
-    inputs = _inputs(code, namespace or {}, pool_bound=pool is not None)
+    namespace = namespace if namespace is not None else sys._getframe(1).f_globals
+    inputs = _inputs(code, namespace, pool_bound=pool is not None)
     store = store or JobStore()
     directory = os.fspath(cwd) if cwd is not None else os.getcwd()
     job_id = store.create(name, pool, directory)

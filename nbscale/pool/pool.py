@@ -14,6 +14,7 @@ import dataclasses
 import operator
 import secrets
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -321,13 +322,14 @@ class Pool:
         filename: str | None = None,
     ) -> dict[str, Composite]:
         """Run `code` on every worker as an spmd cell (the Python form of `%%spmd`); returns its Composites,
-        which are also bound in `namespace` (whose variables the cell reads are sent along).
+        which are also bound in `namespace` (whose variables the cell reads are sent along; default: the caller's
+        globals, the notebook's in a notebook, as `%%spmd` does).
 
         `filename` names the code in tracebacks (default `<spmd cell N>`); `%%spmd` passes the name IPython gave
         the notebook cell, so they say `Cell In[7], line 4`. Raises WorkerError when a rank fails (PoolInterrupted
         when the kernel is interrupted), after binding the Composites of what the workers hold then (the variables
         assigned before the error or the interrupt)."""
-        namespace = namespace if namespace is not None else {}
+        namespace = namespace if namespace is not None else sys._getframe(1).f_globals
         ranks = self._targets(targets)
         cell = SpmdCell.prepare(code, namespace, self, filename)
         group_ranks = None if ranks == tuple(range(self.size)) else ranks

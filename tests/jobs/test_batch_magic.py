@@ -116,3 +116,16 @@ def test_batch_sends_notebook_functions_and_keeps_env_values_out_of_the_output(k
     )
     assert "9 tok" in result.stdout, result.text
     assert "tok-98765" not in jobs.get(job_id).log()
+
+
+def test_the_python_forms_of_batch_and_spmd_take_the_notebooks_variables_as_the_magics_do(
+    kernel: KernelSession,
+) -> None:
+    """`nbscale.jobs.submit(code)` and `pool.spmd(code)` without `namespace=` read and bind the notebook's
+    variables, as `%%batch` and `%%spmd` do (a user writing the Python form expects the same words to work)."""
+    kernel.run("import nbscale\nbase = 20")
+    cell = kernel.run("job = nbscale.jobs.submit('answer = base + 1')\njob.wait(timeout=60)\nprint(job.result('answer'))")
+    assert cell.ok and cell.stdout.strip() == "21", cell.text
+    cell = kernel.run("with nbscale.Pool(2, cpu=True) as pool:\n    pool.spmd('doubled = (base + rank) * 2')\n"
+                      "    print(doubled[:])")
+    assert cell.ok and cell.stdout.strip() == "[40, 42]", cell.text

@@ -1,7 +1,8 @@
 """The collective helpers of spmd cells: broadcast, allreduce, gather, allgather, barrier.
 
 Tensors go through torch.distributed collectives on the device where they live; any other picklable value
-goes through the object collectives. Shapes may differ between ranks for gather/allgather, not for allreduce.
+goes pickled and sealed with the pool's key (nbscale.pool.sealed), so a peer's bytes are checked before they are
+unpickled. Shapes may differ between ranks for gather/allgather, not for allreduce.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from nbscale.pool.sealed import all_gather_objects, open_sealed, pool_key, seal
 
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
 # values other than tensors pairwise, so NumPy arrays reduce element by element as tensors do
@@ -67,15 +70,15 @@ class Collectives:
     def broadcast(self, value: Any = None, src: int = 0) -> Any:
         """Rank `src`'s value on every rank (others may pass None).
 
-        Two collectives: a fixed-size header (a tensor's shape, dtype and device kind, or an object's pickled
-        length), then the tensor itself or the pickled bytes.
+        Two collectives: a fixed-size header (a tensor's shape, dtype and device kind, or an object's sealed
+        length), then the tensor itself or the pickled bytes, sealed with the pool's key (nbscale.pool.sealed).
         """
         self._check_member("broadcast", "src", src)
         sender = dist.get_rank() == src
         header = torch.zeros(_HEADER_SIZE, dtype=torch.int64)  # on the CPU: every group has gloo
         pickled = None
         if sender:
-            pickled = _write_header(header, value)
+            pickled = _write_header(header, value, src)
         dist.broadcast(header, src=src, group=self.group)
         if header[0] == _TENSOR:
             if sender:
@@ -87,7 +90,7 @@ class Collectives:
             return tensor
         data = pickled if pickled is not None else torch.empty(int(header[1]), dtype=torch.uint8)
         dist.broadcast(data, src=src, group=self.group)
-        return value if sender else pickle.loads(data.numpy().tobytes())
+        return value if sender else pickle.loads(open_sealed(pool_key(), src, data.numpy().tobytes()))
 
     def allreduce(self, value: Any, op: str = "sum") -> Any:
         """The reduction (sum, mean, max, min) of every rank's value, on every rank.
@@ -105,11 +108,9 @@ class Collectives:
             dist.all_reduce(result, op=_REDUCE_OPS[op], group=self.group)
             return result / self.size if op == "mean" else result
         if held == "mixed":
-            descriptions: list[Any] = [None] * self.size
-            dist.all_gather_object(descriptions, self._describe(value), group=self.group)
+            descriptions = all_gather_objects(self._describe(value), self.group)
             raise ValueError(_mismatch(descriptions, self.ranks))
-        values: list[Any] = [None] * self.size
-        dist.all_gather_object(values, value, group=self.group)
+        values = all_gather_objects(value, self.group)
         try:
             return _reduce_values(values, op)
         except (TypeError, ValueError) as error:
@@ -131,9 +132,7 @@ class Collectives:
             tensors = [torch.empty_like(value) for _ in range(self.size)]
             dist.all_gather(tensors, value.contiguous(), group=self.group)
             return tensors
-        values: list[Any] = [None] * self.size
-        dist.all_gather_object(values, value, group=self.group)
-        return values
+        return all_gather_objects(value, self.group)
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -155,13 +154,14 @@ class Collectives:
         }
 
 
-def _write_header(header: torch.Tensor, value: Any) -> torch.Tensor | None:
-    """Fill broadcast's header for `value`; returns its pickled bytes (a uint8 tensor) unless it goes as a tensor."""
+def _write_header(header: torch.Tensor, value: Any, src: int) -> torch.Tensor | None:
+    """Fill broadcast's header for `value`; returns its pickled bytes sealed by rank `src` (a uint8 tensor) unless
+    it goes as a tensor."""
     if isinstance(value, torch.Tensor) and value.dim() <= _HEADER_DIMS and value.dtype in _DTYPES:
         header[:4] = torch.tensor([_TENSOR, _DTYPES.index(value.dtype), int(value.device.type == "cpu"), value.dim()])
         header[4:4 + value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
         return None
-    pickled = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+    pickled = torch.frombuffer(bytearray(seal(pool_key(), src, pickle.dumps(value))), dtype=torch.uint8)
     header[:2] = torch.tensor([_OBJECT, pickled.numel()])
     return pickled
 

@@ -35,6 +35,7 @@ from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
+from nbscale.pool.sealed import hold_pool_key
 from nbscale.pool.transport import announce_failures_here
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -397,6 +398,7 @@ def serve(config: p.WorkerConfig) -> None:
         torch.set_num_threads(config.threads)
     announce_failures_here(False)  # a full /dev/shm is said once, by the kernel, not by every worker
     channel = connect(config.kernel_address, bytes.fromhex(config.secret))
+    hold_pool_key(bytes.fromhex(config.secret))  # for the peers' pickles in collectives (nbscale.pool.sealed)
     channel.same_machine = config.kernel_machine_id == machine_id()
     worker = Worker(channel, config)
     sys.stdout = _StreamToKernel(channel, worker.rank, "stdout")

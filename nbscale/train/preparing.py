@@ -40,12 +40,11 @@ class Readers:
         return range(min(items, self.position * size), min(items, (self.position + 1) * size))
 
     def exchange(self, value: Any) -> list[Any]:
-        """Every rank's `value` (small and picklable), in rank order, on every rank."""
-        import torch.distributed as dist
+        """Every rank's `value` (small and picklable), in rank order, on every rank (sealed with the pool's key: a
+        pool worker's peers' pickles are checked before they are unpickled)."""
+        from nbscale.pool.sealed import all_gather_objects
 
-        values: list[Any] = [None] * self.count
-        dist.all_gather_object(values, value, group=self.group)
-        return values
+        return all_gather_objects(value, self.group)
 
     def gather_rows(self, rows: torch.Tensor, counts: list[int],
                     chunk_bytes: int = GATHER_CHUNK_BYTES) -> torch.Tensor:

@@ -53,6 +53,12 @@ class _StreamToKernel(io.TextIOBase):
         self._pending = ""
         self._lock = threading.Lock()
 
+    def forget_parent_after_fork(self) -> None:
+        """In a child the user's code forked: the parent's unfinished line and its thread's hold on the lock are
+        the parent's (a hold by a thread the child does not have would block the child's first print forever)."""
+        self._pending = ""
+        self._lock = threading.Lock()
+
     def writable(self) -> bool:
         return True
 
@@ -111,6 +117,7 @@ class Worker:
 
     def __init__(self, channel: Channel, config: p.WorkerConfig) -> None:
         self.channel = channel
+        self.pid = os.getpid()  # a process the user's code forks runs this code too, under another pid
         self.rank = config.rank
         self.world_size = config.world_size
         self.device = torch.device(config.device)
@@ -248,10 +255,14 @@ class Worker:
                 if cancelled:
                     raise KeyboardInterrupt("cancelled before it started")
                 value = self.handlers[type(message)](message)
+                if os.getpid() != self.pid:
+                    _end_forked_copy(None)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 reply: Any = p.Done(message.request_id, self.rank, value)
             except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
+                if os.getpid() != self.pid:
+                    _end_forked_copy(error)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 held = (tuple(name for name in message.result_names if name in self.namespace)
@@ -360,6 +371,33 @@ def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
     return int(fields[11]) + int(fields[12]), switches  # utime + stime (stat's fields 14 and 15)
 
 
+def _end_forked_copy(error: BaseException | None) -> None:
+    """Exit a process that the user's code forked and that ran on to the end of the request (never returns).
+
+    Only the worker answers the kernel: a forked copy that replied or served on would take the worker's replies
+    and leave the worker waiting for it (`os.waitpid`) forever. The copy exits as a script's process would at its
+    end: 0, `sys.exit`'s code, or 1 with the traceback on its stderr (shown in the notebook under the rank).
+    """
+    code = 0
+    if isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    elif error is not None:
+        sys.stderr.write(f"A process forked by this worker (pid {os.getpid()}) failed:\n{_user_traceback(error)}")
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _forget_parent_after_fork(channel: Channel, streams: tuple[_StreamToKernel, ...]) -> None:
+    """In a child the user's code forked: its output still reaches the notebook, on locks of its own."""
+    channel.reset_lock_after_fork()
+    for stream in streams:
+        stream.forget_parent_after_fork()
+
+
 def _interrupt_main_thread() -> None:
     """SIGINT to the main thread, which runs the requests: KeyboardInterrupt there, even in a blocking call."""
     main = threading.main_thread().ident
@@ -406,8 +444,9 @@ def serve(config: p.WorkerConfig) -> None:
     channel = connect(config.kernel_address, bytes.fromhex(config.secret))
     channel.same_machine = config.kernel_machine_id == machine_id()
     worker = Worker(channel, config)
-    sys.stdout = _StreamToKernel(channel, worker.rank, "stdout")
-    sys.stderr = _StreamToKernel(channel, worker.rank, "stderr")
+    streams = (_StreamToKernel(channel, worker.rank, "stdout"), _StreamToKernel(channel, worker.rank, "stderr"))
+    sys.stdout, sys.stderr = streams
+    os.register_at_fork(after_in_child=lambda: _forget_parent_after_fork(channel, streams))
     channel.send(p.Hello(worker.rank, os.getpid(), socket.gethostname(), str(worker.device), machine_id()))
     threading.Thread(target=worker.receive_forever, name="nbscale-receiver", daemon=True).start()
     try:

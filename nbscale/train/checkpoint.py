@@ -56,10 +56,13 @@ def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str,
     loads with nothing but the globals in CHECKPOINT_GLOBALS.
     """
     target = checkpoint_file(folder, epoch)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if "options" in state:
         state = {**state, "options": {name: _plain(value) for name, value in state["options"].items()}}
-    handle, temporary = tempfile.mkstemp(prefix=f".partial-{target.stem}-", suffix=".pt", dir=target.parent)
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".partial-{target.stem}-", suffix=".pt", dir=target.parent)
+    except OSError as error:
+        raise _unwritable(folder, epoch, error) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)  # held until closed: a clean-up never takes a file being written
         with os.fdopen(handle, "wb") as stream:
@@ -67,10 +70,34 @@ def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str,
             stream.flush()
             os.fsync(stream.fileno())
             os.replace(temporary, target)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        cause = _os_error_in(error)
+        if cause is not None:
+            raise _unwritable(folder, epoch, cause) from None
         raise
     return target
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind a failed write: itself, or the one torch's zip writer failed on (a RuntimeError)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _unwritable(folder: str | os.PathLike[str], epoch: int, error: OSError) -> OptionsError:
+    """The one-paragraph error for a checkpoint that could not be written (full disk, folder removed or made
+    read-only during the run): torch's zip-writer traceback says nothing a user can act on."""
+    cause = error.strerror or str(error)
+    return OptionsError(
+        f"checkpoint_path={str(folder)!r}: the checkpoint of epoch {epoch} could not be written ({cause}); no partial "
+        "file was left. Free space there (or make the folder writable again), or give another checkpoint_path. "
+        "Checkpoints written before this one are intact."
+    )
 
 
 def _plain(value: Any) -> Any:

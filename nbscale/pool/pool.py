@@ -119,6 +119,19 @@ class Pool:
     # ---- life cycle -----------------------------------------------------------------------------------------
 
     def _start(self, backend: Backend | None = None) -> None:
+        """Start the workers (a fresh start, a restart, or %%spmd's automatic start); an interrupt while they start
+        stops whatever started and says so in one line, not with the wait's internal traceback."""
+        try:
+            self._start_workers(backend)
+        except KeyboardInterrupt as interrupted:
+            if isinstance(interrupted, PoolInterrupted):
+                raise
+            raise PoolInterrupted(
+                "Starting the pool was interrupted: the workers it had started were stopped, and no pool is running. "
+                "Start it again with %pool start (nbscale.Pool(...))."
+            ) from None
+
+    def _start_workers(self, backend: Backend | None) -> None:
         global _current
         started = time.monotonic()
         self.start_seconds: float | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -136,6 +137,34 @@ def test_interrupt_stops_workers_and_leaves_the_pool_usable(kernel):
     assert "Interrupted workers 0, 1. The pool is ready" in interrupted.traceback
     after = kernel.run("%%spmd\nprint('still here', rank)")
     assert after.ok and "[1] still here 1" in after.stdout
+
+
+def _forkservers_of(kernel_pid: int) -> list[int]:
+    """The pool launchers the kernel started that still run (the workers are their children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                if parent == kernel_pid and b"nbscale.pool.forkserver" in cmdline.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_an_interrupt_while_the_pool_starts_is_one_line_and_leaves_no_process(kernel):
+    interrupted = kernel.run("%pool start 2 --cpu", interrupt_after=0.5, timeout=60)
+    assert interrupted.error_name == "PoolInterrupted", interrupted.text
+    assert "Starting the pool was interrupted" in interrupted.traceback and "%pool start" in interrupted.traceback
+    assert "channel.py" not in interrupted.traceback and "queue.py" not in interrupted.traceback  # no internals
+    deadline = time.monotonic() + 5
+    while _forkservers_of(kernel.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _forkservers_of(kernel.pid) == []
+    assert kernel.run("import nbscale\nprint(nbscale.current_pool())").stdout.strip() == "None"
+    assert kernel.run("%pool start 2 --cpu").ok
+    assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
 
 
 def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):

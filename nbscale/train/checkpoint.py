@@ -25,6 +25,7 @@ import re
 import stat
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -168,15 +169,30 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
                                "code. Resume from a checkpoint nbscale wrote, or train from the start without "
                                "resume_from.") from None
         except Exception as error:
-            raise OptionsError(f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
-                               f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
-                               f"({_PATTERN}) or its folder.") from None
+            raise _unreadable(name, path, stream, error) from None
     problem = _state_problem(state)
     if problem:
         raise OptionsError(f"{name} is not an nbscale training checkpoint ({problem}): pass a file that "
                            f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone loads "
                            "with model.load_state_dict(torch.load(path)).)")
     return state
+
+
+def _unreadable(name: str, path: Path, stream: Any, error: Exception) -> OptionsError:
+    """The error for a checkpoint torch cannot read. One cut short (a copy that did not finish; nbscale's own writes
+    are atomic) is no whole zip archive, as torch writes them, and torch's words for it (`Invalid argument`, an
+    empty EOFError) do not say so: name that, and the checkpoints beside it to resume from instead."""
+    if zipfile.is_zipfile(stream):
+        return OptionsError(f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
+                            f"({_PATTERN}) or its folder.")
+    others = sorted(other.name for other in path.parent.glob(_PATTERN) if other != path)
+    beside = f" Checkpoints beside it in {str(path.parent)!r}: {', '.join(others)}." if others else ""
+    if not name.endswith(f"{path.name}'"):  # a folder was given: name the file in it that was read
+        name += f": its newest checkpoint, {path.name},"
+    return OptionsError(f"{name} is cut short or damaged ({os.fstat(stream.fileno()).st_size} bytes, not a whole "
+                        "checkpoint: a copy or download that did not finish, or a disk that filled as it was copied). "
+                        f"Resume from another checkpoint, or train from the start without resume_from.{beside}")
 
 
 # what each entry of a checkpoint must be (a file of the right globals can still hold anything in them)

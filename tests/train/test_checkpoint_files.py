@@ -282,3 +282,19 @@ def test_a_checkpoint_folder_that_fills_up_during_a_pool_training_is_one_clear_e
         assert sorted(os.listdir(folder)) == ["nbscale_checkpoint_epoch0001.pt"]
         _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2, execution_environment="parallel"))
         assert info.stop_reason == "Max epochs completed" and len(set(pool.run(os.getpid))) == 2
+
+
+@pytest.mark.parametrize("kept", [0.5, 0.0])
+def test_a_checkpoint_cut_short_is_named_as_such_with_the_checkpoints_beside_it(run_folder: Path, kept: float) -> None:
+    newest = run_folder / "nbscale_checkpoint_epoch0002.pt"
+    whole = newest.read_bytes()
+    newest.write_bytes(whole[: int(len(whole) * kept)])  # as a copy that did not finish leaves it
+    for resume_from in (newest, run_folder):
+        with pytest.raises(OptionsError) as refused:
+            nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3), resume_from=resume_from)
+        message = str(refused.value)
+        read = "" if resume_from == newest else f": its newest checkpoint, {newest.name},"
+        assert f"resume_from={str(resume_from)!r}{read} is cut short or damaged ({int(len(whole) * kept)} bytes" in message
+        assert "nbscale_checkpoint_epoch0001.pt" in message and "Invalid argument" not in message
+    _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2), resume_from=run_folder / "nbscale_checkpoint_epoch0001.pt")
+    assert info.epoch[-1] == 2

@@ -33,7 +33,7 @@ from nbscale.pool.startup import join_group, launch_workers, make_backend
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
-from nbscale.pool.unsendable import call_error, variable_error
+from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
 
 _current: Pool | None = None
 _last_shutdown_notice: str | None = None
@@ -288,6 +288,8 @@ class Pool:
         message = message_factory(next_request_id())
         try:
             frame = serialise(message)
+        except KeyboardInterrupt:
+            raise interrupted_while_pickling() from None
         except Exception as error:
             if unsendable is not None:
                 raise unsendable(error) from None

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nbscale.errors import UnsendableError
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
@@ -321,9 +322,22 @@ class Worker:
     def _bind(self, variables: dict[str, Any]) -> None:
         for name, value in variables.items():
             if isinstance(value, ModuleReference):
-                self.namespace[name] = importlib.import_module(value.module)
+                self.namespace[name] = self._import(name, value.module)
             else:
                 self.namespace[name] = self._own(value)
+
+    def _import(self, name: str, module: str) -> Any:
+        """The notebook's module variable `name`, imported here by its name; UnsendableError naming the variable when
+        it cannot be (a module made in the notebook, or one only the kernel's folders hold)."""
+        try:
+            return importlib.import_module(module)
+        except Exception as error:
+            raise UnsendableError(
+                f"Variable {name!r} is the module {module!r}, which worker {self.rank} cannot import "
+                f"({type(error).__name__}: {error}). Modules are not sent but imported again on each worker by name: "
+                "make it importable there (install it, or add its folder to sys.path in a %%spmd cell), or build "
+                "what the cell needs inside the cell."
+            ) from None
 
     def _own(self, value: Any) -> Any:
         """This worker's own value of a Composite the notebook passed (a CompositeReference); others unchanged."""

@@ -167,6 +167,40 @@ def test_an_interrupt_while_the_pool_starts_is_one_line_and_leaves_no_process(ke
     assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
 
 
+SLOW_TO_PICKLE = """import time
+class SlowToPickle:
+    def __reduce__(self):
+        time.sleep(5)
+        return (int, (1,))
+slow = SlowToPickle()
+"""
+
+
+@pytest.mark.parametrize("cell", ["%%spmd\nprint(slow)", "import nbscale\nnbscale.current_pool().run(print, slow)",
+                                  "import nbscale\nnbscale.current_pool().submit(print, slow)"])
+def test_an_interrupt_while_a_cell_pickles_what_it_sends_is_one_line_and_the_pool_is_unchanged(kernel, cell):
+    kernel.run("%pool start 2 --cpu")
+    kernel.run("%%spmd\nkept = rank")
+    kernel.run(SLOW_TO_PICKLE)
+    interrupted = kernel.run(cell, interrupt_after=1.0, timeout=30)
+    assert interrupted.error_name == "PoolInterrupted", interrupted.text
+    assert "nothing was sent, and the pool is as it was" in interrupted.traceback
+    assert "cloudpickle" not in interrupted.traceback and "SlowToPickle" not in interrupted.traceback
+    after = kernel.run("%%spmd\nprint('kept', kept)", timeout=30)
+    assert after.ok and "[1] kept 1" in after.stdout, after.text
+
+
+def test_a_module_variable_the_workers_cannot_import_is_named_with_the_fix(kernel):
+    kernel.run("%pool start 2 --cpu")
+    kernel.run("import types\nhandmade = types.ModuleType('handmade')")
+    failed = kernel.run("%%spmd\nprint(handmade)", timeout=30)
+    assert failed.error_name == "WorkerError", failed.text
+    assert ("Variable 'handmade' is the module 'handmade', which worker 0 cannot import (ModuleNotFoundError: "
+            "No module named 'handmade')") in failed.traceback
+    assert "add its folder to sys.path" in failed.traceback and "importlib" not in failed.traceback
+    assert kernel.run("%%spmd\nprint('fine', rank)").ok
+
+
 def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):
     kernel.run("%pool start 2 --cpu")
     kernel.run("%%spmd\nbefore = rank")

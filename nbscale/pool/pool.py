@@ -69,6 +69,20 @@ def require_pool() -> Pool:
     return pool
 
 
+def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
+    """Run every step; one a KeyboardInterrupt cuts short runs once more (each is safe to repeat). Whether an
+    interrupt came."""
+    interrupted = False
+    for step in steps:
+        for _ in range(2):
+            try:
+                step()
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+    return interrupted
+
+
 def _forget_idle_settings() -> None:
     global _idle_settings
     _idle_settings = None
@@ -173,20 +187,26 @@ class Pool:
         if self.closed:
             return
         self.closed = True
-        self._drop_spare()
         self.router.stopping.set()
-        self.router.tell(p.Shutdown())
-        self.backend.stop()
-        for worker in self.workers:
-            worker.channel.close()
-        self.tasks.fail_queued(queued)
-        self.router.fail_everything(running)
+        # every step runs even if the kernel is interrupted meanwhile (a second Ctrl-C, one meant for the cell
+        # before): a step cut short would leave a launcher, its workers or a waiting future behind
+        interrupted = _each_despite_interrupts([
+            self._drop_spare,
+            lambda: self.router.tell(p.Shutdown()),
+            self.backend.stop,
+            lambda: [worker.channel.close() for worker in self.workers],
+            lambda: self.tasks.fail_queued(queued),
+            lambda: self.router.fail_everything(running),
+        ])
         if _current is self:
             _current = None
         try:
             registry.withdraw()
         except OSError:
             pass
+        if interrupted:
+            raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is "
+                                  "left.")
 
     def _stop_idle(self) -> None:
         global _last_shutdown_notice, _idle_settings
@@ -220,9 +240,9 @@ class Pool:
             self._drop_spare()
 
     def _drop_spare(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.stop()
+        if self._spare is not None:
+            self._spare.stop()  # forgotten only once stopped: an interrupted stop is tried again (see _shut_down)
+            self._spare = None
 
     def __enter__(self) -> Pool:
         return self

@@ -73,7 +73,7 @@ def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str,
             os.replace(temporary, target)
     except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
-        cause = _os_error_in(error)
+        cause = _os_error_in(error) if isinstance(error, Exception) else None  # an interrupt stays an interrupt
         if cause is not None:
             raise _unwritable(folder, epoch, cause) from None
         raise

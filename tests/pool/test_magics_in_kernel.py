@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -165,6 +166,26 @@ def test_an_interrupt_while_the_pool_starts_is_one_line_and_leaves_no_process(ke
     assert kernel.run("import nbscale\nprint(nbscale.current_pool())").stdout.strip() == "None"
     assert kernel.run("%pool start 2 --cpu").ok
     assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
+
+
+def test_an_interrupt_while_the_pool_stops_still_stops_it_and_leaves_no_process(kernel):
+    kernel.run("%pool start 2 --cpu")
+    [launcher] = _forkservers_of(kernel.pid)
+    os.kill(launcher, signal.SIGSTOP)  # a launcher slow to end keeps %pool stop waiting: the interrupt lands there
+    try:
+        stopped = kernel.run("%pool stop", interrupt_after=0.5, timeout=30)
+    finally:
+        if _forkservers_of(kernel.pid):
+            os.kill(launcher, signal.SIGCONT)
+    assert stopped.error_name == "PoolInterrupted", stopped.text
+    assert "it stopped all the same, and no worker is left" in stopped.traceback
+    assert "subprocess.py" not in stopped.traceback
+    deadline = time.monotonic() + 5
+    while _forkservers_of(kernel.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _forkservers_of(kernel.pid) == []
+    assert kernel.run("import nbscale\nprint(nbscale.current_pool())").stdout.strip() == "None"
+    assert kernel.run("%pool start 2 --cpu").ok and "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
 
 
 SLOW_TO_PICKLE = """import time

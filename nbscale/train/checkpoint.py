@@ -180,9 +180,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def _unreadable(name: str, path: Path, stream: Any, error: Exception) -> OptionsError:
     """The error for a checkpoint torch cannot read. One cut short (a copy that did not finish; nbscale's own writes
-    are atomic) is no whole zip archive, as torch writes them, and torch's words for it (`Invalid argument`, an
-    empty EOFError) do not say so: name that, and the checkpoints beside it to resume from instead."""
-    if zipfile.is_zipfile(stream):
+    are atomic) is empty or starts as the zip archive torch writes but lacks its end, and torch's words for it
+    (`Invalid argument`, an empty EOFError) do not say so: name that, and the checkpoints beside it to resume from
+    instead."""
+    stream.seek(0)
+    start = stream.read(4)
+    cut_short = start in (b"", b"PK\x03\x04") and not zipfile.is_zipfile(stream)  # a zip's start, but not its end
+    if not cut_short:
         return OptionsError(f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
                             f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
                             f"({_PATTERN}) or its folder.")

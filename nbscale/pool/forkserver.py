@@ -105,7 +105,9 @@ def main() -> None:
     threading.Thread(target=watch_kernel, daemon=True).start()
     while children:
         try:  # WNOWAIT: the worker stays a zombie, its group id still its own, until its group is killed
-            pid = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT).si_pid
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)  # never None: WNOHANG is not asked for
+            assert ended is not None
+            pid = ended.si_pid
             _kill_group(pid)
             _, status = os.waitpid(pid, 0)
         except ChildProcessError:

@@ -194,7 +194,7 @@ class Pool:
             self._drop_spare,
             lambda: self.router.tell(p.Shutdown()),
             self.backend.stop,
-            lambda: [worker.channel.close() for worker in self.workers],
+            self._close_channels,
             lambda: self.tasks.fail_queued(queued),
             lambda: self.router.fail_everything(running),
         ])
@@ -207,6 +207,10 @@ class Pool:
         if interrupted:
             raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is "
                                   "left.")
+
+    def _close_channels(self) -> None:
+        for worker in self.workers:
+            worker.channel.close()
 
     def _stop_idle(self) -> None:
         global _last_shutdown_notice, _idle_settings

@@ -42,8 +42,11 @@ def _list_local(location: Path, include_subfolders: bool) -> list[str]:
 
 
 def _matches(place: str) -> list[Path]:
-    """The local paths `place` names: itself, or, as in MATLAB, what its wildcards match ("images/*/", "*.png")."""
-    path = Path(place).expanduser()
+    """The local paths `place` names: itself, or, as in MATLAB, what its wildcards match ("images/*/", "*.png").
+
+    Absolute, as MATLAB's Files are: the files must still name the same images after the notebook changes folder,
+    and on a pool, whose workers read them from the folder the pool started in."""
+    path = Path(os.path.abspath(Path(place).expanduser()))
     if path.exists() or not any(c in place for c in "*?["):
         return [path]
     matches = sorted(glob.glob(str(path)))

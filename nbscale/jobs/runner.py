@@ -63,9 +63,14 @@ def main(argv: list[str]) -> int:
     except Exception as failure:  # the pool could not start, or an input could not be rebuilt
         print(f"[nbscale] {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
         state, error = "failed", f"{type(failure).__name__}: {failure}"
+    saved: list[str] = []
+    unpicklable: dict[str, str] = {}
     try:
-        skip = {"pool"} if pool is not None else set()
-        saved, unpicklable = _save_results(store, job_id, code, namespace, skip)
+        gone = store.folder_gone(job_id)  # deleted by hand while the cell ran: nowhere to save, and no log to read
+        if gone is not None:
+            state, error = "failed", gone
+        else:
+            saved, unpicklable = _save_results(store, job_id, code, namespace, {"pool"} if pool is not None else set())
     finally:
         if pool is not None:
             pool.close()

@@ -209,9 +209,13 @@ class JobStore:
         return True
 
     def _mirror(self, connection: sqlite3.Connection, job_id: int) -> None:
-        """Copy the job's row into its folder, inside the transaction that changed it (so copies keep its order)."""
+        """Copy the job's row into its folder, inside the transaction that changed it (so copies keep its order).
+
+        A folder deleted by hand gets no copy (and is not made again: a job folder is never reused); the index alone
+        then holds the job's state, so the state change still happens and the store stays readable."""
         row = connection.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        mirror(self.job_dir(job_id), self._record(row))
+        if self.job_dir(job_id).is_dir():
+            mirror(self.job_dir(job_id), self._record(row))
 
     def _rebuild(self, job_ids: list[int]) -> None:
         """A new index holding the record of every job folder, put in place only if no index appeared meanwhile."""
@@ -302,7 +306,8 @@ class JobStore:
         """queued/running -> failed with `reason`, noted at the end of the log; False if it had ended."""
         if not self._update(job_id, ACTIVE_STATES, state="failed", finished=time.time(), error=reason):
             return False
-        append_text(self.log_path(job_id), f"\n[nbscale] job {job_id} failed: {reason}\n")
+        if self.job_dir(job_id).is_dir():
+            append_text(self.log_path(job_id), f"\n[nbscale] job {job_id} failed: {reason}\n")
         return True
 
     # ---- reading --------------------------------------------------------------------------------------------
@@ -354,8 +359,17 @@ class JobStore:
         reason = backend_of(job_dir).vanished(record, job_dir, NEVER_STARTED_S)
         if reason is None:
             return record
+        reason = self.folder_gone(record.id) or reason  # the likelier cause: the runner could not write its end
         self.fail(record.id, reason)  # only if still active: an end state written meanwhile stays
         return self._read("WHERE id = ?", (record.id,))[0]
+
+    def folder_gone(self, job_id: int) -> str | None:
+        """Why job `job_id` lost its results when its folder was deleted while it was active; None if the folder is
+        there."""
+        if self.job_dir(job_id).is_dir():
+            return None
+        return (f"its folder {self.job_dir(job_id)} was deleted while the job was active, and its log and saved "
+                "variables with it; run the job again")
 
     # ---- paths ----------------------------------------------------------------------------------------------
 

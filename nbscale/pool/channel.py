@@ -108,6 +108,10 @@ class Channel:
         self.same_machine = same_machine
         self._send_lock = threading.Lock()
 
+    def reset_lock_after_fork(self) -> None:
+        """In a child forked while another thread of the parent was sending: that thread's hold is not the child's."""
+        self._send_lock = threading.Lock()
+
     def send(self, message: Any) -> None:
         """Serialise and send one message (the receiver removes any shared-memory file)."""
         frame = serialise(message)

@@ -12,6 +12,7 @@ Protocol: the kernel writes one JSON line on stdin ({"workers": [worker configs]
 stdin open. When stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits.
 Workers also die with the forkserver (PR_SET_PDEATHSIG), which exits when the kernel does, and exit when their
 channel to the kernel closes.
+When a worker ends, or the forkserver kills it, the processes its code started go with it (its process group).
 Each worker that ends is reported on the pipe `status_fd` as one JSON line {"pid": P, "status": S} (os.wait's
 status), so the kernel can say how a worker died (killed by SIGKILL, exited with code 1) rather than guess.
 """
@@ -61,13 +62,20 @@ def _fork_worker(config: WorkerConfig, status_fd: int | None) -> int:
     return 0  # unreachable
 
 
+def _kill_group(pid: int) -> None:
+    """SIGKILL worker `pid` and every process its code started (forked or spawned, in the worker's process group),
+    which would otherwise outlive the pool. Called before the worker is reaped: until then its pid, and so its group
+    id, cannot be taken by another process."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _kill_all(children: set[int]) -> None:
-    """SIGKILL every worker and reap it, so none lingers even as a zombie."""
+    """SIGKILL every worker and what it started, and reap it, so none lingers even as a zombie."""
     for pid in list(children):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill_group(pid)
     for pid in list(children):
         try:
             os.waitpid(pid, 0)
@@ -96,8 +104,12 @@ def main() -> None:
 
     threading.Thread(target=watch_kernel, daemon=True).start()
     while children:
-        try:
-            pid, status = os.wait()
+        try:  # WNOWAIT: the worker stays a zombie, its group id still its own, until its group is killed
+            ended = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)  # never None: WNOHANG is not asked for
+            assert ended is not None
+            pid = ended.si_pid
+            _kill_group(pid)
+            _, status = os.waitpid(pid, 0)
         except ChildProcessError:
             break
         children.discard(pid)

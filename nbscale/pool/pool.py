@@ -36,7 +36,7 @@ from nbscale.pool.startup import join_group, launch_workers, make_backend, remov
 from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
-from nbscale.pool.unsendable import call_error, variable_error
+from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
 
 _current: Pool | None = None
 _last_shutdown_notice: str | None = None
@@ -70,6 +70,20 @@ def require_pool() -> Pool:
         reason = f" {_last_shutdown_notice}" if _last_shutdown_notice else ""
         raise PoolError(f"No pool is running.{reason} Start one with %pool start [N] (or nbscale.Pool(N)).")
     return pool
+
+
+def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
+    """Run every step; one a KeyboardInterrupt cuts short runs once more (each is safe to repeat). Whether an
+    interrupt came."""
+    interrupted = False
+    for step in steps:
+        for _ in range(2):
+            try:
+                step()
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+    return interrupted
 
 
 def _forget_idle_settings() -> None:
@@ -124,6 +138,19 @@ class Pool:
     # ---- life cycle -----------------------------------------------------------------------------------------
 
     def _start(self, backend: Backend | None = None) -> None:
+        """Start the workers (a fresh start, a restart, or %%spmd's automatic start); an interrupt while they start
+        stops whatever started and says so in one line, not with the wait's internal traceback."""
+        try:
+            self._start_workers(backend)
+        except KeyboardInterrupt as interrupted:
+            if isinstance(interrupted, PoolInterrupted):
+                raise
+            raise PoolInterrupted(
+                "Starting the pool was interrupted: the workers it had started were stopped, and no pool is running. "
+                "Start it again with %pool start (nbscale.Pool(...))."
+            ) from None
+
+    def _start_workers(self, backend: Backend | None) -> None:
         global _current
         started = time.monotonic()
         self.start_seconds: float | None = None
@@ -167,22 +194,35 @@ class Pool:
         if self.closed:
             return
         self.closed = True
-        self._drop_spare()
         self.router.stopping.set()
-        self.router.tell(p.Shutdown())
-        self.backend.stop()
-        for worker in self.workers:
-            worker.channel.close()
-        self.tasks.fail_queued(queued)
-        self.router.fail_everything(running)
-        if self._store_folder is not None:  # the group's store file: its workers are gone
-            shutil.rmtree(self._store_folder, ignore_errors=True)
+        # every step runs even if the kernel is interrupted meanwhile (a second Ctrl-C, one meant for the cell
+        # before): a step cut short would leave a launcher, its workers or a waiting future behind
+        interrupted = _each_despite_interrupts([
+            self._drop_spare,
+            lambda: self.router.tell(p.Shutdown()),
+            self.backend.stop,
+            self._close_channels,
+            lambda: self.tasks.fail_queued(queued),
+            lambda: self.router.fail_everything(running),
+            self._remove_store_folder,
+        ])
         if _current is self:
             _current = None
         try:
             registry.withdraw()
         except (OSError, registry.RegistryUnsafe):  # nothing was published there
             pass
+        if interrupted:
+            raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is "
+                                  "left.")
+
+    def _close_channels(self) -> None:
+        for worker in self.workers:
+            worker.channel.close()
+
+    def _remove_store_folder(self) -> None:
+        if self._store_folder is not None:  # the group's store file: its workers are gone
+            shutil.rmtree(self._store_folder, ignore_errors=True)
 
     def _stop_idle(self) -> None:
         global _last_shutdown_notice, _idle_settings
@@ -217,9 +257,9 @@ class Pool:
             self._drop_spare()
 
     def _drop_spare(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.stop()
+        if self._spare is not None:
+            self._spare.stop()  # forgotten only once stopped: an interrupted stop is tried again (see _shut_down)
+            self._spare = None
 
     def __enter__(self) -> Pool:
         return self
@@ -286,6 +326,8 @@ class Pool:
         message = message_factory(next_request_id())
         try:
             frame = serialise(message)
+        except KeyboardInterrupt:
+            raise interrupted_while_pickling() from None
         except Exception as error:
             if unsendable is not None:
                 raise unsendable(error) from None

@@ -18,7 +18,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.composite import Composite, CompositeSource
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import serialise
-from nbscale.pool.unsendable import variable_error
+from nbscale.pool.unsendable import interrupted_while_pickling, variable_error
 
 # names every worker defines itself
 WORKER_NAMES = frozenset({"rank", "world_size", "device", "broadcast", "allreduce", "gather", "allgather", "barrier"})
@@ -52,6 +52,8 @@ class SpmdCell:
         variables = variables_to_send(code, namespace, pool)
         try:
             serialise(variables)
+        except KeyboardInterrupt:
+            raise interrupted_while_pickling() from None
         except Exception as error:
             raise variable_error(variables, error, _UNSENDABLE_FIX) from None
         assigned = frozenset(names_assigned(code) - WORKER_NAMES)

@@ -18,7 +18,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.transport import Frame, serialise
-from nbscale.pool.unsendable import call_error
+from nbscale.pool.unsendable import call_error, interrupted_while_pickling
 
 
 class TaskQueue:
@@ -46,6 +46,8 @@ class TaskQueue:
         message = p.Call(next_request_id(), fn, args, kwargs)
         try:
             frame = serialise(message)
+        except KeyboardInterrupt:
+            raise interrupted_while_pickling() from None
         except Exception as error:
             raise call_error(fn, args, kwargs, error) from None
         with self.lock:

@@ -1,6 +1,7 @@
 """Naming what cannot be sent to the workers: the variable, argument or captured name that does not pickle.
 
-Only called once sending has failed, to turn "cannot pickle '_thread.lock' object" into which value it was.
+Only called once sending has failed, to turn "cannot pickle '_thread.lock' object" into which value it was (or an
+interrupt while pickling into one line saying nothing was sent).
 """
 
 from __future__ import annotations
@@ -9,8 +10,15 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from nbscale.errors import UnsendableError
+from nbscale.errors import PoolInterrupted, UnsendableError
 from nbscale.pool.transport import serialise
+
+
+def interrupted_while_pickling() -> PoolInterrupted:
+    """An interrupt while the kernel pickled what it was about to send (a large variable takes a while): nothing
+    reached any worker, so the pool is as it was, which the user should hear rather than see pickle's frames."""
+    return PoolInterrupted("Interrupted while pickling what this sends to the workers: nothing was sent, and the "
+                           "pool is as it was.")
 
 
 def variable_error(variables: Mapping[str, Any], error: Exception, fix: str) -> UnsendableError:

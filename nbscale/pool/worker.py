@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nbscale.errors import UnsendableError
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
@@ -52,6 +53,12 @@ class _StreamToKernel(io.TextIOBase):
 
     def __init__(self, channel: Channel, rank: int, name: str) -> None:
         self._channel, self._rank, self._name = channel, rank, name
+        self._pending = ""
+        self._lock = threading.Lock()
+
+    def forget_parent_after_fork(self) -> None:
+        """In a child the user's code forked: the parent's unfinished line and its thread's hold on the lock are
+        the parent's (a hold by a thread the child does not have would block the child's first print forever)."""
         self._pending = ""
         self._lock = threading.Lock()
 
@@ -102,6 +109,7 @@ class Worker:
 
     def __init__(self, channel: Channel, config: p.WorkerConfig) -> None:
         self.channel = channel
+        self.pid = os.getpid()  # a process the user's code forks runs this code too, under another pid
         self.rank = config.rank
         self.world_size = config.world_size
         self.device = torch.device(config.device)
@@ -239,10 +247,14 @@ class Worker:
                 if cancelled:
                     raise KeyboardInterrupt("cancelled before it started")
                 value = self.handlers[type(message)](message)
+                if os.getpid() != self.pid:
+                    _end_forked_copy(None)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 reply: Any = p.Done(message.request_id, self.rank, value)
             except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
+                if os.getpid() != self.pid:
+                    _end_forked_copy(error)
                 sys.stdout.flush()
                 sys.stderr.flush()
                 held = (tuple(name for name in message.result_names if name in self.namespace)
@@ -304,9 +316,22 @@ class Worker:
     def _bind(self, variables: dict[str, Any]) -> None:
         for name, value in variables.items():
             if isinstance(value, ModuleReference):
-                self.namespace[name] = importlib.import_module(value.module)
+                self.namespace[name] = self._import(name, value.module)
             else:
                 self.namespace[name] = self._own(value)
+
+    def _import(self, name: str, module: str) -> Any:
+        """The notebook's module variable `name`, imported here by its name; UnsendableError naming the variable when
+        it cannot be (a module made in the notebook, or one only the kernel's folders hold)."""
+        try:
+            return importlib.import_module(module)
+        except Exception as error:
+            raise UnsendableError(
+                f"Variable {name!r} is the module {module!r}, which worker {self.rank} cannot import "
+                f"({type(error).__name__}: {error}). Modules are not sent but imported again on each worker by name: "
+                "make it importable there (install it, or add its folder to sys.path in a %%spmd cell), or build "
+                "what the cell needs inside the cell."
+            ) from None
 
     def _own(self, value: Any) -> Any:
         """This worker's own value of a Composite the notebook passed (a CompositeReference); others unchanged."""
@@ -352,6 +377,33 @@ def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
     except (OSError, IndexError, ValueError):
         return None
     return int(fields[11]) + int(fields[12]), switches  # utime + stime (stat's fields 14 and 15)
+
+
+def _end_forked_copy(error: BaseException | None) -> None:
+    """Exit a process that the user's code forked and that ran on to the end of the request (never returns).
+
+    Only the worker answers the kernel: a forked copy that replied or served on would take the worker's replies
+    and leave the worker waiting for it (`os.waitpid`) forever. The copy exits as a script's process would at its
+    end: 0, `sys.exit`'s code, or 1 with the traceback on its stderr (shown in the notebook under the rank).
+    """
+    code = 0
+    if isinstance(error, SystemExit):
+        code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    elif error is not None:
+        sys.stderr.write(f"A process forked by this worker (pid {os.getpid()}) failed:\n{_user_traceback(error)}")
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _forget_parent_after_fork(channel: Channel, streams: tuple[_StreamToKernel, ...]) -> None:
+    """In a child the user's code forked: its output still reaches the notebook, on locks of its own."""
+    channel.reset_lock_after_fork()
+    for stream in streams:
+        stream.forget_parent_after_fork()
 
 
 def _interrupt_main_thread() -> None:
@@ -401,8 +453,9 @@ def serve(config: p.WorkerConfig) -> None:
     hold_pool_key(bytes.fromhex(config.secret))  # for the peers' pickles in collectives (nbscale.pool.sealed)
     channel.same_machine = config.kernel_machine_id == machine_id()
     worker = Worker(channel, config)
-    sys.stdout = _StreamToKernel(channel, worker.rank, "stdout")
-    sys.stderr = _StreamToKernel(channel, worker.rank, "stderr")
+    streams = (_StreamToKernel(channel, worker.rank, "stdout"), _StreamToKernel(channel, worker.rank, "stderr"))
+    sys.stdout, sys.stderr = streams
+    os.register_at_fork(after_in_child=lambda: _forget_parent_after_fork(channel, streams))
     channel.send(p.Hello(worker.rank, os.getpid(), socket.gethostname(), str(worker.device), machine_id()))
     threading.Thread(target=worker.receive_forever, name="nbscale-receiver", daemon=True).start()
     try:

@@ -25,6 +25,7 @@ import re
 import stat
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,13 @@ def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str,
     loads with nothing but the globals in CHECKPOINT_GLOBALS.
     """
     target = checkpoint_file(folder, epoch)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if "options" in state:
         state = {**state, "options": {name: _plain(value) for name, value in state["options"].items()}}
-    handle, temporary = tempfile.mkstemp(prefix=f".partial-{target.stem}-", suffix=".pt", dir=target.parent)
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".partial-{target.stem}-", suffix=".pt", dir=target.parent)
+    except OSError as error:
+        raise _unwritable(folder, epoch, error) from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX)  # held until closed: a clean-up never takes a file being written
         with os.fdopen(handle, "wb") as stream:
@@ -67,10 +71,34 @@ def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str,
             stream.flush()
             os.fsync(stream.fileno())
             os.replace(temporary, target)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        cause = _os_error_in(error) if isinstance(error, Exception) else None  # an interrupt stays an interrupt
+        if cause is not None:
+            raise _unwritable(folder, epoch, cause) from None
         raise
     return target
+
+
+def _os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind a failed write: itself, or the one torch's zip writer failed on (a RuntimeError)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _unwritable(folder: str | os.PathLike[str], epoch: int, error: OSError) -> OptionsError:
+    """The one-paragraph error for a checkpoint that could not be written (full disk, folder removed or made
+    read-only during the run): torch's zip-writer traceback says nothing a user can act on."""
+    cause = error.strerror or str(error)
+    return OptionsError(
+        f"checkpoint_path={str(folder)!r}: the checkpoint of epoch {epoch} could not be written ({cause}); no partial "
+        "file was left. Free space there (or make the folder writable again), or give another checkpoint_path. "
+        "Checkpoints written before this one are intact."
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -141,15 +169,34 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
                                "code. Resume from a checkpoint nbscale wrote, or train from the start without "
                                "resume_from.") from None
         except Exception as error:
-            raise OptionsError(f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
-                               f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
-                               f"({_PATTERN}) or its folder.") from None
+            raise _unreadable(name, path, stream, error) from None
     problem = _state_problem(state)
     if problem:
         raise OptionsError(f"{name} is not an nbscale training checkpoint ({problem}): pass a file that "
                            f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone loads "
                            "with model.load_state_dict(torch.load(path)).)")
     return state
+
+
+def _unreadable(name: str, path: Path, stream: Any, error: Exception) -> OptionsError:
+    """The error for a checkpoint torch cannot read. One cut short (a copy that did not finish; nbscale's own writes
+    are atomic) is empty or starts as the zip archive torch writes but lacks its end, and torch's words for it
+    (`Invalid argument`, an empty EOFError) do not say so: name that, and the checkpoints beside it to resume from
+    instead."""
+    stream.seek(0)
+    start = stream.read(4)
+    cut_short = start in (b"", b"PK\x03\x04") and not zipfile.is_zipfile(stream)  # a zip's start, but not its end
+    if not cut_short:
+        return OptionsError(f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
+                            f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
+                            f"({_PATTERN}) or its folder.")
+    others = sorted(other.name for other in path.parent.glob(_PATTERN) if other != path)
+    beside = f" Checkpoints beside it in {str(path.parent)!r}: {', '.join(others)}." if others else ""
+    if not name.endswith(f"{path.name}'"):  # a folder was given: name the file in it that was read
+        name += f": its newest checkpoint, {path.name},"
+    return OptionsError(f"{name} is cut short or damaged ({os.fstat(stream.fileno()).st_size} bytes, not a whole "
+                        "checkpoint: a copy or download that did not finish, or a disk that filled as it was copied). "
+                        f"Resume from another checkpoint, or train from the start without resume_from.{beside}")
 
 
 # what each entry of a checkpoint must be (a file of the right globals can still hold anything in them)

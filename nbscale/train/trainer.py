@@ -69,6 +69,10 @@ def train(
     the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
     dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
+    if options.checkpoint_path is not None and not os.path.isabs(os.path.expanduser(options.checkpoint_path)):
+        # the notebook's folder now, where the user looks: a pool's workers keep the folder the pool started in,
+        # which a %cd or os.chdir since then has left (and on_worker_failure="restart" looks here for what they wrote)
+        options = options.replace(checkpoint_path=os.path.abspath(os.path.expanduser(options.checkpoint_path)))
     check_recovery_options(options)
     restarts: list[str] = []
     resume = load_checkpoint(resume_from) if resume_from is not None else None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -130,3 +132,45 @@ def test_a_store_is_created_from_nothing_and_an_empty_index_without_folders_is_n
     empty.mkdir()
     (empty / "jobs.sqlite").write_bytes(b"")  # as a store that was created but never written leaves it
     assert JobStore(empty).all() == []
+
+
+def _running_job_waiting_for(go: Path) -> Job:
+    job = jobs.submit(f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.1)\n"
+                      "value = 'done'\n", name="waits")
+    deadline = time.monotonic() + WAIT_S
+    while job.state != "running" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert job.state == "running", job.log()
+    return job
+
+
+def _failed_for_its_deleted_folder(job: Job) -> None:
+    assert job.wait(WAIT_S) and job.state == "failed"
+    assert job.error.startswith(f"its folder {job.folder} was deleted while the job was active"), job.error
+    with pytest.raises(JobError, match="was deleted while the job was active"):
+        job.result("value")
+    assert job.log() == ""
+    assert [(listed.id, listed.state) for listed in jobs.list()] == [(job.id, "failed")]  # %jobs still reads the store
+    second = jobs.submit("value = 'second'\n", name="second")
+    assert second.id == job.id + 1 and second.wait(WAIT_S) and second.result("value") == "second"
+
+
+def test_a_job_whose_folder_is_deleted_while_it_runs_ends_failed_saying_so_and_the_store_stays_usable(
+        job_store: JobStore, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    job = _running_job_waiting_for(go)
+    shutil.rmtree(job.folder)
+    go.touch()  # the cell ends: the runner finds nowhere to save its variables
+    _failed_for_its_deleted_folder(job)
+
+
+def test_a_killed_job_whose_folder_was_deleted_is_noticed_as_failed_saying_so_and_the_store_stays_usable(
+        job_store: JobStore, tmp_path: Path) -> None:
+    job = _running_job_waiting_for(tmp_path / "never")
+    pid = job.record().pid
+    shutil.rmtree(job.folder)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _failed_for_its_deleted_folder(job)

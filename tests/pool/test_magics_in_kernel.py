@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -149,6 +151,88 @@ def test_variables_an_interrupted_cell_assigned_stay_defined_where_workers_hold_
     shown = kernel.run("print(len(before), before[:], len(after), after[0])")
     assert shown.stdout.strip() == "2 [0, 10] 1 0", shown.text  # `after` only on rank 0, which ran the whole cell
     assert "[1] 11" in kernel.run("%%spmd\nprint(before + 1)").stdout  # the workers' values, as the notebook shows
+
+
+def _forkservers_of(kernel_pid: int) -> list[int]:
+    """The pool launchers the kernel started that still run (the workers are their children)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                if parent == kernel_pid and b"nbscale.pool.forkserver" in cmdline.read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_an_interrupt_while_the_pool_starts_is_one_line_and_leaves_no_process(kernel):
+    interrupted = kernel.run("%pool start 2 --cpu", interrupt_after=0.5, timeout=60)
+    assert interrupted.error_name == "PoolInterrupted", interrupted.text
+    assert "Starting the pool was interrupted" in interrupted.traceback and "%pool start" in interrupted.traceback
+    assert "channel.py" not in interrupted.traceback and "queue.py" not in interrupted.traceback  # no internals
+    deadline = time.monotonic() + 5
+    while _forkservers_of(kernel.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _forkservers_of(kernel.pid) == []
+    assert kernel.run("import nbscale\nprint(nbscale.current_pool())").stdout.strip() == "None"
+    assert kernel.run("%pool start 2 --cpu").ok
+    assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
+
+
+def test_an_interrupt_while_the_pool_stops_still_stops_it_and_leaves_no_process(kernel):
+    kernel.run("%pool start 2 --cpu")
+    [launcher] = _forkservers_of(kernel.pid)
+    os.kill(launcher, signal.SIGSTOP)  # a launcher slow to end keeps %pool stop waiting: the interrupt lands there
+    try:
+        stopped = kernel.run("%pool stop", interrupt_after=0.5, timeout=30)
+    finally:
+        if _forkservers_of(kernel.pid):
+            os.kill(launcher, signal.SIGCONT)
+    assert stopped.error_name == "PoolInterrupted", stopped.text
+    assert "it stopped all the same, and no worker is left" in stopped.traceback
+    assert "subprocess.py" not in stopped.traceback
+    deadline = time.monotonic() + 5
+    while _forkservers_of(kernel.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _forkservers_of(kernel.pid) == []
+    assert kernel.run("import nbscale\nprint(nbscale.current_pool())").stdout.strip() == "None"
+    assert kernel.run("%pool start 2 --cpu").ok and "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
+
+
+SLOW_TO_PICKLE = """import time
+class SlowToPickle:
+    def __reduce__(self):
+        time.sleep(5)
+        return (int, (1,))
+slow = SlowToPickle()
+"""
+
+
+@pytest.mark.parametrize("cell", ["%%spmd\nprint(slow)", "import nbscale\nnbscale.current_pool().run(print, slow)",
+                                  "import nbscale\nnbscale.current_pool().submit(print, slow)"])
+def test_an_interrupt_while_a_cell_pickles_what_it_sends_is_one_line_and_the_pool_is_unchanged(kernel, cell):
+    kernel.run("%pool start 2 --cpu")
+    kernel.run("%%spmd\nkept = rank")
+    kernel.run(SLOW_TO_PICKLE)
+    interrupted = kernel.run(cell, interrupt_after=1.0, timeout=30)
+    assert interrupted.error_name == "PoolInterrupted", interrupted.text
+    assert "nothing was sent, and the pool is as it was" in interrupted.traceback
+    assert "cloudpickle" not in interrupted.traceback and "SlowToPickle" not in interrupted.traceback
+    after = kernel.run("%%spmd\nprint('kept', kept)", timeout=30)
+    assert after.ok and "[1] kept 1" in after.stdout, after.text
+
+
+def test_a_module_variable_the_workers_cannot_import_is_named_with_the_fix(kernel):
+    kernel.run("%pool start 2 --cpu")
+    kernel.run("import types\nhandmade = types.ModuleType('handmade')")
+    failed = kernel.run("%%spmd\nprint(handmade)", timeout=30)
+    assert failed.error_name == "WorkerError", failed.text
+    assert ("Variable 'handmade' is the module 'handmade', which worker 0 cannot import (ModuleNotFoundError: "
+            "No module named 'handmade')") in failed.traceback
+    assert "add its folder to sys.path" in failed.traceback and "importlib" not in failed.traceback
+    assert kernel.run("%%spmd\nprint('fine', rank)").ok
 
 
 def test_killed_worker_is_reported_by_rank_and_restart_recovers(kernel):

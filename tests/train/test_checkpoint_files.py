@@ -233,3 +233,68 @@ def test_a_checkpoint_of_the_right_types_but_the_wrong_shape_is_refused(run_fold
     torch.save(state, bent)
     with pytest.raises(OptionsError, match=r"not an nbscale training checkpoint \(it has no 'seed'\)"):
         nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3), resume_from=bent)
+
+
+@pytest.fixture
+def room_for_one_checkpoint(run_folder: Path, tmp_path: Path):
+    """A folder (a small tmpfs) with room for one checkpoint of the 2-epoch run but not for a second."""
+    size = (run_folder / "nbscale_checkpoint_epoch0001.pt").stat().st_size
+    folder = tmp_path / "small"
+    folder.mkdir(mode=0o700)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2},mode=0700", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): run as root to test a full disk")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _full_folder_error_says_what_and_how(message: str, folder: Path) -> None:
+    assert f"checkpoint_path={str(folder)!r}: the checkpoint of epoch 2 could not be written" in message
+    assert "No space left on device" in message and "give another checkpoint_path" in message
+    assert "serialization.py" not in message and "inline_container" not in message  # no torch internals
+
+
+def test_a_checkpoint_folder_that_fills_up_is_one_clear_error_and_the_last_checkpoint_resumes(
+        room_for_one_checkpoint: Path) -> None:
+    folder = room_for_one_checkpoint
+    with pytest.raises(OptionsError) as failed:
+        nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path=str(folder)))
+    _full_folder_error_says_what_and_how(str(failed.value), folder)
+    assert sorted(os.listdir(folder)) == ["nbscale_checkpoint_epoch0001.pt"]  # and no partial file
+    _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2), resume_from=folder)
+    assert info.stop_reason == "Max epochs completed" and info.epoch[-1] == 2
+
+
+def test_a_checkpoint_folder_that_fills_up_during_a_pool_training_is_one_clear_error_and_the_pool_works(
+        room_for_one_checkpoint: Path) -> None:
+    folder = room_for_one_checkpoint
+    with nbscale.Pool(2, cpu=True) as pool:
+        with pytest.raises(nbscale.WorkerError) as failed:
+            nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path=str(folder),
+                                                   execution_environment="parallel"))
+        message = str(failed.value)
+        _full_folder_error_says_what_and_how(message, folder)
+        assert "Traceback" not in message
+        assert f"resume_from={str(folder)!r}" in message  # the recovery hint names the intact checkpoint
+        assert sorted(os.listdir(folder)) == ["nbscale_checkpoint_epoch0001.pt"]
+        _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2, execution_environment="parallel"))
+        assert info.stop_reason == "Max epochs completed" and len(set(pool.run(os.getpid))) == 2
+
+
+@pytest.mark.parametrize("kept", [0.5, 0.0])
+def test_a_checkpoint_cut_short_is_named_as_such_with_the_checkpoints_beside_it(run_folder: Path, kept: float) -> None:
+    newest = run_folder / "nbscale_checkpoint_epoch0002.pt"
+    whole = newest.read_bytes()
+    newest.write_bytes(whole[: int(len(whole) * kept)])  # as a copy that did not finish leaves it
+    for resume_from in (newest, run_folder):
+        with pytest.raises(OptionsError) as refused:
+            nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3), resume_from=resume_from)
+        message = str(refused.value)
+        read = "" if resume_from == newest else f": its newest checkpoint, {newest.name},"
+        assert f"resume_from={str(resume_from)!r}{read} is cut short or damaged ({int(len(whole) * kept)} bytes" in message
+        assert "nbscale_checkpoint_epoch0001.pt" in message and "Invalid argument" not in message
+    _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2), resume_from=run_folder / "nbscale_checkpoint_epoch0001.pt")
+    assert info.epoch[-1] == 2

@@ -212,3 +212,15 @@ def test_a_dying_worker_leaves_the_checkpoint_to_resume_from(pool: nbscale.Pool,
     pool.restart()
     _, info = nbscale.train(tiny_net(), TRAIN, options(**fields), resume_from=tmp_path)
     assert info.epoch[-1] == 4 and info.iteration == list(range(1, 4 * 23 + 1))
+
+
+def test_a_relative_checkpoint_path_lands_in_the_notebooks_folder_after_it_changed(
+        pool: nbscale.Pool, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # as %cd after %pool start: the workers stay in the folder the pool started in
+    options = TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False, plots="none",
+                              execution_environment="parallel", checkpoint_path="checkpoints")
+    nbscale.train(tiny_net(), TRAIN, options)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["nbscale_checkpoint_epoch0001.pt"]
+    assert options.checkpoint_path == "checkpoints"  # the user's options are left as given
+    _, info = nbscale.train(tiny_net(), TRAIN, options.replace(max_epochs=2), resume_from="checkpoints")
+    assert info.epoch[-1] == 2

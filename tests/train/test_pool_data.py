@@ -132,3 +132,14 @@ def test_each_reader_takes_one_block_and_the_blocks_cover_every_item_once() -> N
     assert blocks == [range(0, 135), range(135, 270), range(270, 403)]
     assert [Readers(position, 4, None, torch.device("cpu")).block(2) for position in range(4)] == [
         range(0, 1), range(1, 2), range(2, 2), range(2, 2)]
+
+
+def test_a_datastore_of_a_relative_folder_trains_on_the_pool_after_the_notebook_changed_folder(
+        pool: nbscale.Pool, digits_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(digits_files.parent)  # as %cd after %pool start: the workers stay where the pool started
+    store = ImageDatastore(digits_files.name, label_source="foldernames")
+    assert all(Path(file).is_absolute() for file in store.files)  # as MATLAB's Files: full paths
+    monkeypatch.chdir("/")  # and a later change of folder does not lose them either
+    _, info = nbscale.train(net(), store, TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False,
+                                                          execution_environment="parallel"))
+    assert info.stop_reason == "Max epochs completed"

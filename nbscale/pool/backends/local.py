@@ -69,6 +69,10 @@ class LocalBackend(Backend):
                 env=environment,
                 close_fds=True,
                 pass_fds=(self._status_fd,),
+                # its own session: Jupyter ends a kernel (shutdown, restart) with SIGKILL to the kernel's process
+                # group, which would kill the forkserver before it could take its workers' children along; it
+                # learns the kernel is gone from its stdin instead (and ignores SIGINT, the kernel interrupt)
+                start_new_session=True,
             )
         except BaseException:
             os.close(status_read)

@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbscale.errors import OptionsError
-from nbscale.train import options as rules
-from nbscale.train.options import TrainingOptions, field_names
+from nbscale.train.options import SOLVER_DEFAULTS, TrainingOptions, check_field, field_names
 from nbscale.ui.magic_line import train_magic_line
 from nbscale.ui.option_widgets import (
     KEPT,
@@ -206,8 +205,7 @@ class OptionsForm:
         """A new solver brings its own learn-rate and squared-decay defaults unless they were changed (MATLAB)."""
         self._loading = True
         try:
-            for field, defaults in (("initial_learn_rate", rules._DEFAULT_LEARN_RATE),
-                                    ("squared_gradient_decay_factor", rules._DEFAULT_SQUARED_DECAY)):
+            for field, defaults in SOLVER_DEFAULTS.items():
                 if self.widgets[field].value == defaults[old]:
                     self.widgets[field].value = defaults[new]
         finally:
@@ -302,7 +300,7 @@ def _errors(values: dict[str, Any]) -> dict[str, str]:
                 raise OptionsError(f"TrainingOptions.{field}: write a number or inf.")
             if field == "mini_batch_size" and value is None:
                 raise OptionsError("TrainingOptions.mini_batch_size: write a whole number, or auto.")
-            rules._check(field, value)
+            check_field(field, value)
         except OptionsError as error:
             errors[field] = str(error)
     if not errors:

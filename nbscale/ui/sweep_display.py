@@ -90,12 +90,12 @@ class SweepDisplay:
         """Display the figure, the table and the buttons, and start redrawing as the runs train."""
         from IPython.display import display
 
-        from nbscale.ui.progress import _route_clicks_off_main_thread
+        from nbscale.ui.click_routing import route_clicks_off_main_thread
 
         self.buttons_handle = display(self._button_box(), display_id=True)
         for buttons in self.buttons.values():
             for button in buttons:  # clicks are handled even while a blocking sweep holds the cell
-                undo = _route_clicks_off_main_thread(button)
+                undo = route_clicks_off_main_thread(button)
                 if undo is not None:
                     self._undo_routes.append(undo)
         self.table_handle = display(_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True,

@@ -25,15 +25,14 @@ from nbscale.jobs.training_recorder import recorded_for_job_monitor
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
-    check_classes,
     check_items,
     check_loss_fn,
     check_model,
     check_resume,
-    is_class_loss,
     materialise_lazy_layers,
     with_class_labels,
 )
+from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset

@@ -76,6 +76,7 @@ class JobMonitor:
             self.say(f"Job {self.job.id}: the monitor stopped following: {type(error).__name__}: {error}")
 
     def step(self) -> bool:
+        """Read what the job recorded since the last step and show it; True once there is nothing more to follow."""
         self.record = self.job.record()
         active = self.record.state in ACTIVE_STATES  # first: whatever was recorded before the job ended is read below
         while True:

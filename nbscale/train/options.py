@@ -219,7 +219,7 @@ def _unknown_field_message(name: str, names: Sequence[str]) -> str:
 
 
 class _choice:  # noqa: N801 - read as the other checks' makers
-    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by _check)."""
+    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by check_field)."""
 
     def __init__(self, allowed: Sequence[str]) -> None:
         self.allowed = allowed

@@ -37,7 +37,8 @@ from nbscale.ui.renderers import register_renderers
 
 if TYPE_CHECKING:
     from nbscale import data, jobs, models
-    from nbscale.inference import accuracy, activations, classify, confusion_chart, predict
+    from nbscale.confusion import confusion_chart
+    from nbscale.inference import accuracy, activations, classify, predict
     from nbscale.notebook import train
     from nbscale.train.runs import train_async
 
@@ -97,7 +98,7 @@ _NEED_TORCH: dict[str, str] = {
     "predict": "nbscale.inference",
     "activations": "nbscale.inference",
     "accuracy": "nbscale.inference",
-    "confusion_chart": "nbscale.inference",
+    "confusion_chart": "nbscale.confusion",
     "train_async": "nbscale.train.runs",
 }
 _SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs"}

@@ -157,6 +157,7 @@ class AugmentedImageDatastore(Dataset):
         return getattr(self.ds, "labels", None)
 
     def count_each_label(self) -> dict[str, int]:
+        """Images of each class, from the datastore underneath (see ImageDatastore.count_each_label)."""
         return self._underlying("count_each_label").count_each_label()
 
     def _with(self, ds: Dataset) -> AugmentedImageDatastore:
@@ -181,10 +182,14 @@ class AugmentedImageDatastore(Dataset):
         return self.ds
 
     def shuffle(self, seed: int | None = None) -> AugmentedImageDatastore:
+        """The same items in a random order, augmented alike (see ImageDatastore.shuffle)."""
         return self._with(self._underlying("shuffle").shuffle(seed))
 
     def split_each_label(self, *fractions: float, randomize: bool = False,
                          seed: int | None = None) -> tuple[AugmentedImageDatastore, ...]:
+        """The datastore underneath split by label (see ImageDatastore.split_each_label), each part augmented
+        alike: a validation part keeps the augmenter too (AugmentedImageDatastore(output_size, part.ds) is one
+        without)."""
         parts = self._underlying("split_each_label").split_each_label(*fractions, randomize=randomize, seed=seed)
         return tuple(self._with(part) for part in parts)
 

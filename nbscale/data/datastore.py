@@ -2,11 +2,11 @@
 
 Only file names and labels live in the object, so it pickles small and travels to pool workers cheaply;
 pixels are read from disk (or through fsspec, for `s3://...` and other URLs) when an item is asked for.
+nbscale.data.image_files finds the files a location holds.
 """
 
 from __future__ import annotations
 
-import glob
 import numbers
 import os
 import random
@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nbscale.data.image_files import folder_name, image_files
 from nbscale.data.option_names import check_option_names, keyword_names
-from nbscale.data.reading import is_url, read_image, to_float
+from nbscale.data.reading import read_image, to_float
 from nbscale.errors import DatastoreError
 from nbscale.user_warnings import warn_user
 
@@ -28,96 +29,6 @@ LABEL_SOURCES = ("foldernames", "none")
 ON_ERROR = ("raise", "skip")
 
 Location = str | os.PathLike | Sequence[str | os.PathLike]
-
-
-def _list_local(location: Path, include_subfolders: bool) -> list[str]:
-    if location.is_file():
-        return [str(location)]
-    if not location.is_dir():
-        raise DatastoreError(f"ImageDatastore: the folder {str(location)!r} does not exist. Check the path "
-                             f"(it is read relative to {os.getcwd()!r}).")
-    if not include_subfolders:
-        return [str(p) for p in location.iterdir() if p.is_file() and not _hidden(p.relative_to(location))]
-    return _walk(location)
-
-
-def _matches(place: str) -> list[Path]:
-    """The local paths `place` names: itself, or, as in MATLAB, what its wildcards match ("images/*/", "*.png").
-
-    Absolute, as MATLAB's Files are: the files must still name the same images after the notebook changes folder,
-    and on a pool, whose workers read them from the folder the pool started in."""
-    path = Path(os.path.abspath(Path(place).expanduser()))
-    if path.exists() or not any(c in place for c in "*?["):
-        return [path]
-    matches = sorted(glob.glob(str(path)))
-    if not matches:
-        raise DatastoreError(f"ImageDatastore: nothing matches {place!r} (read relative to {os.getcwd()!r}). Check "
-                             "the pattern, or give the folder itself.")
-    return [Path(match) for match in matches]
-
-
-def _walk(location: Path) -> list[str]:
-    """Every file under `location`, following symbolic links to folders (as MATLAB's imageDatastore does).
-
-    A file keeps the path through the link, so a linked class folder is labelled by the link's name. A link to
-    a folder that holds it (a loop) is not entered again, so link loops end.
-    """
-    files: list[str] = []
-    above: dict[str, frozenset[tuple[int, int]]] = {}  # each folder's ancestors, as (device, inode)
-    for folder, subfolders, names in os.walk(location, followlinks=True):
-        status = os.stat(folder)
-        identity, ancestors = (status.st_dev, status.st_ino), above.pop(folder, frozenset())
-        if identity in ancestors:
-            subfolders[:] = []
-            continue
-        # hidden files and folders (.ipynb_checkpoints, macOS's ._name.png twins) are not part of the data
-        subfolders[:] = sorted(name for name in subfolders if not _hidden(Path(name)))
-        above.update({os.path.join(folder, name): ancestors | {identity} for name in subfolders})
-        files += [os.path.join(folder, name) for name in names
-                  if not _hidden(Path(name)) and os.path.isfile(os.path.join(folder, name))]
-    return files
-
-
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") or part == "__MACOSX" for part in relative.parts)
-
-
-def _list_url(location: str, include_subfolders: bool) -> list[str]:
-    try:
-        import fsspec
-    except ImportError as error:
-        raise DatastoreError(f"ImageDatastore: reading {location!r} needs fsspec (and the filesystem's package, "
-                             "e.g. s3fs for s3://): pip install 'nbscale[s3]'") from error
-    filesystem, root = fsspec.core.url_to_fs(location)
-    if filesystem.isfile(root):
-        return [location]
-    if not filesystem.isdir(root):
-        raise DatastoreError(f"ImageDatastore: the folder {location!r} does not exist or cannot be listed.")
-    # the listing says which entries are files: asking the store about each one would cost a request per object
-    entries = filesystem.find(root, detail=True).values() if include_subfolders else filesystem.ls(root, detail=True)
-    return [filesystem.unstrip_protocol(entry["name"]) for entry in entries if entry.get("type") != "directory"]
-
-
-def _no_images(locations: Sequence[Any], extensions: tuple[str, ...], include_subfolders: bool) -> str:
-    """Why no image was found, and the fix that applies: other extensions, subfolders, or broken links."""
-    places = [os.fspath(p) for p in locations]
-    message = f"ImageDatastore: no image files with extensions {list(extensions)} in {places}"
-    local = [Path(p).expanduser() for p in places if not is_url(p) and Path(p).expanduser().is_dir()]
-    entries = [entry for folder in local for entry in (folder.rglob("*") if include_subfolders else folder.iterdir())]
-    broken = [entry for entry in entries if entry.is_symlink() and not entry.exists()]
-    others = sorted({entry.suffix.lower() or entry.name for entry in entries if entry.is_file()})
-    if broken:
-        return (f"{message}. {len(broken)} symbolic link(s) there point nowhere (e.g. {str(broken[0])!r} -> "
-                f"{os.readlink(broken[0])!r}): fix or remove them.")
-    if not include_subfolders and any(entry.is_dir() for entry in entries):
-        return f"{message}, and include_subfolders=False: the images may be in its subfolders (include_subfolders=True)."
-    if others:
-        return f"{message}; its files are {others[:8]}: pass file_extensions= to read those."
-    return f"{message}: the folder has no files (include_subfolders={include_subfolders}). Check the path."
-
-
-def _parent_name(file: str) -> str:
-    return file.rstrip("/").split("/")[-2] if is_url(file) else Path(file).parent.name
 
 
 class ImageDatastore(Dataset):
@@ -143,15 +54,8 @@ class ImageDatastore(Dataset):
         extensions = (file_extensions,) if isinstance(file_extensions, str) else tuple(file_extensions)
         extensions = tuple(e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions)
         locations = [location] if isinstance(location, str | os.PathLike) else list(location)
-        files: list[str] = []
-        for place in locations:
-            place = os.fspath(place)
-            listed = _list_url(place, include_subfolders) if is_url(place) else \
-                [file for match in _matches(place) for file in _list_local(match, include_subfolders)]
-            files += sorted(f for f in listed if f.lower().endswith(extensions))
-        if not files:
-            raise DatastoreError(_no_images(locations, extensions, include_subfolders))
-        labels = [_parent_name(f) for f in files] if label_source == "foldernames" else None
+        files = image_files(locations, extensions, include_subfolders)
+        labels = [folder_name(f) for f in files] if label_source == "foldernames" else None
         classes = sorted(set(labels)) if labels is not None else []
         self._setup(files, labels, classes, on_error)
 
@@ -182,6 +86,7 @@ class ImageDatastore(Dataset):
         return to_float(raw), self.label_index(index)
 
     def label_index(self, index: int) -> int:
+        """The class index of item `index` in `classes` (-1 with label_source="none")."""
         return self._label_indices[index] if self._label_indices is not None else -1
 
     def read_raw(self, index: int) -> tuple[torch.Tensor, int]:
@@ -278,17 +183,7 @@ class ImageDatastore(Dataset):
         `ds.split_each_label(0.7, 0.15)` gives three datastores with 70 %, 15 % and the rest of each label.
         Items keep their order unless randomize=True (reproducible with `seed`).
         """
-        if not fractions:
-            raise DatastoreError("split_each_label needs at least one fraction, e.g. split_each_label(0.8).")
-        if not all(isinstance(f, numbers.Real) and not isinstance(f, bool) for f in fractions):
-            raise DatastoreError(f"split_each_label: fractions {fractions} must be numbers: fractions of each label "
-                                 "(split_each_label(0.8)) or whole-number counts of images per label "
-                                 "(split_each_label(20)).")
-        # numpy's integers count as counts too (len(ds) // 10, np.int64 from an array)
-        are_counts = all(isinstance(f, numbers.Integral) and f >= 1 for f in fractions)
-        if not are_counts and (any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9):
-            raise DatastoreError(f"split_each_label: fractions {fractions} must each lie in [0, 1] and sum to at "
-                                 "most 1 (or all be whole-number counts of images per label).")
+        are_counts = _are_counts(fractions)
         groups: dict[str | None, list[int]] = {}
         for i in range(len(self)):
             groups.setdefault(self.labels[i] if self.labels is not None else None, []).append(i)
@@ -306,11 +201,7 @@ class ImageDatastore(Dataset):
         for members in groups.values():
             if randomize:
                 generator.shuffle(members)
-            bounds, total = [0], 0.0
-            for fraction in fractions:
-                total += fraction
-                bounds.append(min(len(members), int(total) if are_counts else round(total * len(members))))
-            bounds.append(len(members))
+            bounds = _cut_points(len(members), fractions, are_counts)
             for part, (start, stop) in enumerate(zip(bounds, bounds[1:], strict=False)):
                 parts[part] += members[start:stop]
         return tuple(self.subset(sorted(p) if not randomize else p) for p in parts)
@@ -325,3 +216,30 @@ class ImageDatastore(Dataset):
             images.append(to_float(raw))
             captions.append(self.labels[read] if self.labels is not None else Path(self.files[read]).name)
         return montage(images, captions, columns=columns)
+
+
+def _are_counts(fractions: tuple[float, ...]) -> bool:
+    """True when `fractions` are whole-number counts of images per label, False for fractions of each label;
+    DatastoreError for anything else (none given, no numbers, fractions outside [0, 1] or summing over 1)."""
+    if not fractions:
+        raise DatastoreError("split_each_label needs at least one fraction, e.g. split_each_label(0.8).")
+    if not all(isinstance(f, numbers.Real) and not isinstance(f, bool) for f in fractions):
+        raise DatastoreError(f"split_each_label: fractions {fractions} must be numbers: fractions of each label "
+                             "(split_each_label(0.8)) or whole-number counts of images per label "
+                             "(split_each_label(20)).")
+    # numpy's integers count as counts too (len(ds) // 10, np.int64 from an array)
+    are_counts = all(isinstance(f, numbers.Integral) and f >= 1 for f in fractions)
+    if not are_counts and (any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9):
+        raise DatastoreError(f"split_each_label: fractions {fractions} must each lie in [0, 1] and sum to at "
+                             "most 1 (or all be whole-number counts of images per label).")
+    return are_counts
+
+
+def _cut_points(size: int, fractions: tuple[float, ...], are_counts: bool) -> list[int]:
+    """Where a label's `size` items are cut into len(fractions)+1 parts: [0, ..., size]."""
+    bounds, total = [0], 0.0
+    for fraction in fractions:
+        total += fraction
+        bounds.append(min(size, int(total) if are_counts else round(total * size)))
+    bounds.append(size)
+    return bounds

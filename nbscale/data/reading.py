@@ -26,7 +26,6 @@ except (ImportError, OSError, RuntimeError):  # not installed, or its library do
 _PILLOW_ONLY = (".bmp", ".tif", ".tiff")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_PALETTE = 3  # IHDR colour type of an indexed (palette) PNG
-DECODER = "torchcodec" if _torchcodec_decode is not None else "torchvision"
 
 
 def is_url(location: str) -> bool:

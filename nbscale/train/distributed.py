@@ -150,18 +150,22 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         # still winding down)
         _abort(active, destroy=not _woken_by_a_peer(error))
         if isinstance(error, torch.OutOfMemoryError):
-            if job.options.mini_batch_size == "auto":
-                raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with mini_batch_size="
-                                   "'auto' (its probe left too little memory for the rest of training): give "
-                                   f"mini_batch_size a number below the one it chose. {error}") from None
-            raise RuntimeError(f"Out of GPU memory on worker {context.rank} ({device}) with "
-                               f"{job.counts[context.rank]} samples per iteration: lower mini_batch_size "
-                               f"(now {sum(job.counts)}). {error}") from None
+            raise _out_of_memory(error, job, context.rank, device) from None
         raise
     finally:
         sender.flush()
     _forget_compiled(job.options)
     return result if is_main else None
+
+
+def _out_of_memory(error: torch.OutOfMemoryError, job: WorkerJob, rank: int, device: torch.device) -> RuntimeError:
+    """What a worker that ran out of GPU memory says: which mini-batch size to lower."""
+    if job.options.mini_batch_size == "auto":
+        return RuntimeError(f"Out of GPU memory on worker {rank} ({device}) with mini_batch_size='auto' (its probe "
+                            "left too little memory for the rest of training): give mini_batch_size a number below "
+                            f"the one it chose. {error}")
+    return RuntimeError(f"Out of GPU memory on worker {rank} ({device}) with {job.counts[rank]} samples per "
+                        f"iteration: lower mini_batch_size (now {sum(job.counts)}). {error}")
 
 
 def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> None:

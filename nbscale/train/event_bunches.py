@@ -20,12 +20,14 @@ class EventBunches:
     def send(self, event: Any) -> None:
         self.buffer.extend(event if isinstance(event, list) else [event])
         now = time.perf_counter()
-        # start, end and reading progress (sent at most every 0.25 s, and its last count must not wait) go at once
+        # start, end and reading progress go at once: Progress already spaces its reports
+        # (nbscale.train.preparing.REPORT_EVERY_S), and its last count must not wait
         if isinstance(event, TrainingStarted | TrainingDone | PreparingData) or now - self.last >= self.interval:
             self.flush()
             self.last = now
 
     def flush(self) -> None:
+        """Emit what is buffered now (the run's end, a failure)."""
         if self.buffer:
             self.emit(self.buffer)
             self.buffer = []

@@ -94,6 +94,8 @@ class StopSignal:
         self.on_request: list[Callable[[], None]] = []
 
     def request(self, reason: str) -> None:
+        """Ask the run to stop at the end of its iteration; the first reason is kept, later requests change
+        nothing. Calls each of `on_request` once."""
         if not self._event.is_set():
             self.reason = reason
             self._event.set()
@@ -115,6 +117,7 @@ class EventChannel:
         self.listeners.append(listener)
 
     def publish(self, event: Any) -> None:
+        """Hand `event` to every listener in turn (a list, item by item); a listener's exception propagates."""
         if isinstance(event, list):  # a pool worker sends its events in bunches
             for item in event:
                 self.publish(item)

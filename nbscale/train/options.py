@@ -44,10 +44,11 @@ WORKER_FAILURES: tuple[str, ...] = get_args(WorkerFailure)
 LEARN_RATE_SCALINGS: tuple[str, ...] = get_args(LearnRateScaling)
 MAX_EPOCHS_LIMIT = 1_000_000  # more is a typo (1e23), not a plan: it would train until interrupted
 
-# MATLAB's solver-dependent defaults
-_DEFAULT_LEARN_RATE = {"sgdm": 0.01, "adam": 0.001, "adamw": 0.001, "rmsprop": 0.001}
-_DEFAULT_SQUARED_DECAY = {"sgdm": 0.999, "adam": 0.999, "adamw": 0.999, "rmsprop": 0.9}
-_SOLVER_DEFAULTS = {"initial_learn_rate": _DEFAULT_LEARN_RATE, "squared_gradient_decay_factor": _DEFAULT_SQUARED_DECAY}
+# MATLAB's solver-dependent defaults: each field's default by solver
+SOLVER_DEFAULTS: dict[str, dict[str, float]] = {
+    "initial_learn_rate": {"sgdm": 0.01, "adam": 0.001, "adamw": 0.001, "rmsprop": 0.001},
+    "squared_gradient_decay_factor": {"sgdm": 0.999, "adam": 0.999, "adamw": 0.999, "rmsprop": 0.9},
+}
 # the default of those fields: None, which construction and assignment replace by the solver's float
 _SOLVER_DEFAULT: Any = None
 
@@ -106,10 +107,10 @@ class TrainingOptions:
         for f in fields(self):
             if f.name not in ("_ready",):
                 object.__setattr__(self, f.name, f.default)
-        object.__setattr__(self, "solver", _check("solver", solver))
+        object.__setattr__(self, "solver", check_field("solver", solver))
         for name, value in options.items():
             object.__setattr__(self, name, value)
-        for name, defaults in _SOLVER_DEFAULTS.items():
+        for name, defaults in SOLVER_DEFAULTS.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, defaults[self.solver])
         self.validate()
@@ -123,12 +124,12 @@ class TrainingOptions:
         changes = {name: value}
         if name == "solver":
             changes.update(self._defaults_of(value))
-        elif name in _SOLVER_DEFAULTS and value is None:
-            changes[name] = _SOLVER_DEFAULTS[name][self.solver]
+        elif name in SOLVER_DEFAULTS and value is None:
+            changes[name] = SOLVER_DEFAULTS[name][self.solver]
         previous = {changed: getattr(self, changed) for changed in changes}
         try:
             for changed, new in changes.items():
-                object.__setattr__(self, changed, _check(changed, new))
+                object.__setattr__(self, changed, check_field(changed, new))
             self.validate()
         except OptionsError:
             for changed, old in previous.items():  # a refused change leaves the options as they were
@@ -141,7 +142,7 @@ class TrainingOptions:
     def validate(self) -> None:
         """Check every field and the combinations; raises OptionsError."""
         for name in field_names():
-            object.__setattr__(self, name, _check(name, getattr(self, name)))
+            object.__setattr__(self, name, check_field(name, getattr(self, name)))
         if self.output_network == "best-validation" and self.validation_data is None:
             raise OptionsError(
                 "output_network='best-validation' needs validation_data: pass validation_data=... "
@@ -159,8 +160,8 @@ class TrainingOptions:
     def _defaults_of(self, solver: str) -> dict[str, Any]:
         """The solver-dependent fields that hold the current solver's default, at `solver`'s default instead
         (a value the user set stays)."""
-        solver = _check("solver", solver)
-        return {name: defaults[solver] for name, defaults in _SOLVER_DEFAULTS.items()
+        solver = check_field("solver", solver)
+        return {name: defaults[solver] for name, defaults in SOLVER_DEFAULTS.items()
                 if getattr(self, name) == defaults[self.solver]}
 
     def to_dict(self) -> dict[str, Any]:
@@ -218,7 +219,7 @@ def _unknown_field_message(name: str, names: Sequence[str]) -> str:
 
 
 class _choice:  # noqa: N801 - read as the other checks' makers
-    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by _check)."""
+    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by check_field)."""
 
     def __init__(self, allowed: Sequence[str]) -> None:
         self.allowed = allowed
@@ -346,10 +347,12 @@ _FLAG_FIELDS = frozenset(("dispatch_in_background", "verbose"))
 _CHOICE_FIELDS = frozenset(name for name, check in _CHECKS.items() if isinstance(check, _choice))
 
 
-def _check(name: str, value: Any) -> Any:
-    """`value` checked and in its plain Python type (64.0 -> 64, numpy scalars -> int/float, 0/1 -> bool); a choice
-    is taken in any case, as MATLAB takes its option values ("Adam", "GPU"), and kept in lower case."""
-    if name in ("initial_learn_rate", "squared_gradient_decay_factor") and value is None:
+def check_field(name: str, value: Any) -> Any:
+    """`value` of TrainingOptions field `name` checked on its own (OptionsError naming the field and what it
+    takes; the combinations are checked when TrainingOptions is built), and returned in its plain Python type
+    (64.0 -> 64, numpy scalars -> int/float, 0/1 -> bool); a choice is taken in any case, as MATLAB takes its
+    option values ("Adam", "GPU"), and kept in lower case."""
+    if name in SOLVER_DEFAULTS and value is None:
         return value  # resolved from the solver in __init__
     given = value
     if name in _CHOICE_FIELDS and isinstance(value, str):

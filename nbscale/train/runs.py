@@ -185,16 +185,17 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
-    task = pool.submit_with_events(train_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
+    task = pool.submit_with_events(train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
                                    seeded)
     run._attach(pool, task)
     return run
 
 
-def train_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
-                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
-                    seeded: SeededStart | None = None) -> tuple[nn.Module, TrainingInfo]:
-    """What the worker runs: the training loop on this worker's device, events sent to the notebook."""
+def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
+                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+                        seeded: SeededStart | None = None) -> tuple[nn.Module, TrainingInfo]:
+    """What the worker of a `train_async` run executes: the whole training loop on this one worker's device,
+    events sent to the notebook (unlike nbscale.train.distributed.train_on_worker, one rank of a DDP run)."""
     from nbscale.pool.context import worker_context
     from nbscale.train.batch_fitting import batch_counts
     from nbscale.train.loading import as_dataset

@@ -42,11 +42,6 @@ def grid_combinations(grid: dict[str, Sequence[Any]] | None) -> list[dict[str, A
     return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
 
 
-def run_name(params: dict[str, Any]) -> str:
-    """A short label for a run: "initial_learn_rate=0.01, mini_batch_size=64"."""
-    return ", ".join(f"{name}={value}" for name, value in params.items())
-
-
 class SweepResult(Rendered):
     """Every run of a sweep: `runs` (TrainingRun futures), `nets`, `infos`, `best`, `table()`, `cancel(i)`.
 

@@ -25,15 +25,14 @@ from nbscale.jobs.training_recorder import recorded_for_job_monitor
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
-    check_classes,
     check_items,
     check_loss_fn,
     check_model,
     check_resume,
-    is_class_loss,
     materialise_lazy_layers,
     with_class_labels,
 )
+from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset
@@ -74,15 +73,7 @@ def train(
         # which a %cd or os.chdir since then has left (and on_worker_failure="restart" looks here for what they wrote)
         options = options.replace(checkpoint_path=os.path.abspath(os.path.expanduser(options.checkpoint_path)))
     check_recovery_options(options)
-    restarts: list[str] = []
-    resume = load_checkpoint(resume_from) if resume_from is not None else None
-    if resume is not None:
-        batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
-        check_resume(resume, model, options.solver, batch, len(dataset), resume_from)
-        if resume["epoch"] >= options.max_epochs:
-            warn_user(f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
-                      f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
-                      RuntimeWarning)
+    resume = _resume_point(resume_from, model, options, len(dataset))
     seed = int(resume["seed"]) if resume is not None else draw_seed()
 
     info = info if info is not None else TrainingInfo()
@@ -90,47 +81,81 @@ def train(
     channel = EventChannel()
     for listener in (info.record, *listeners):  # info first: output_fn reads it
         channel.subscribe(listener)
-    # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
     on_pool = options.execution_environment in ("parallel", "multi-gpu")
-    if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
-        raise OptionsError(f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
-                           f"but execution_environment={options.execution_environment!r} trains in this process: "
-                           "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
+    _check_worker_load(options, on_pool)
+    restarts: list[str] = []
+    # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
     with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
         if on_pool:
-            from nbscale.train.distributed import train_on_pool
-
-            def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
-                return train_on_pool(model, dataset, options, loss_fn, seed, resume, events, stop)
-
-            try:
-                if options.on_worker_failure == "restart":
-                    result, restarts = train_surviving_lost_workers(run, resume, seed, options, channel, stop)
-                else:
-                    result = run(resume, channel)
-            except PoolInterrupted as interrupted:
-                if forced():
-                    raise _forced_stop(interrupted, options) from None
-                raise
+            result, restarts = _train_on_pool(model, dataset, options, loss_fn, seed, resume, channel, stop, forced)
         else:
-            device = training_device(options.execution_environment)
-            check_auto_batch_device(options, device.type == "cuda", "the CPU")
-            try:
-                result = run_training(LoopSetup(
-                    model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
-                    hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
-                    validation_data=options.validation_data, resume=resume,
-                    counts=batch_counts(options, len(dataset), 1), read_each_iteration=options.output_fn is not None))
-            except torch.OutOfMemoryError as error:  # re-raised without its frames, which hold the GPU's tensors
-                tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
-                    "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset)))
-                raise torch.OutOfMemoryError(
-                    f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
-                    f"mini_batch_size, or try precision='mixed'. ({error})") from None
+            result = _train_here(model, dataset, options, loss_fn, seed, resume, channel, stop, info)
     info.stop_reason = stop.reason or result.stop_reason
     if restarts:
         info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
     return model, info
+
+
+def _resume_point(resume_from: str | os.PathLike[str] | None, model: nn.Module, options: TrainingOptions,
+                  items: int) -> dict[str, Any] | None:
+    """The checkpoint `resume_from` names, checked against this run (None without one); warns when it is
+    trained to max_epochs already."""
+    if resume_from is None:
+        return None
+    resume = load_checkpoint(resume_from)
+    batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
+    check_resume(resume, model, options.solver, batch, items, resume_from)
+    if resume["epoch"] >= options.max_epochs:
+        warn_user(f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
+                  f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
+                  RuntimeWarning)
+    return resume
+
+
+def _check_worker_load(options: TrainingOptions, on_pool: bool) -> None:
+    if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
+        raise OptionsError(f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
+                           f"but execution_environment={options.execution_environment!r} trains in this process: "
+                           "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
+
+
+def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
+                   resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
+                   forced: Callable[[], bool]) -> tuple[Any, list[str]]:
+    """(the pool's result, the restarts it took): the run on the pool, restarted without lost workers under
+    on_worker_failure="restart"; a PoolInterrupted after a forced stop says what became of the weights."""
+    from nbscale.train.distributed import train_on_pool
+
+    def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
+        return train_on_pool(model, dataset, options, loss_fn, seed, resume, events, stop)
+
+    try:
+        if options.on_worker_failure == "restart":
+            return train_surviving_lost_workers(run, resume, seed, options, channel, stop)
+        return run(resume, channel), []
+    except PoolInterrupted as interrupted:
+        if forced():
+            raise _forced_stop(interrupted, options) from None
+        raise
+
+
+def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
+                resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> Any:
+    """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
+    device = training_device(options.execution_environment)
+    check_auto_batch_device(options, device.type == "cuda", "the CPU")
+    try:
+        return run_training(LoopSetup(
+            model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
+            hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
+            validation_data=options.validation_data, resume=resume,
+            counts=batch_counts(options, len(dataset), 1), read_each_iteration=options.output_fn is not None))
+    except torch.OutOfMemoryError as error:  # re-raised without its frames, which hold the GPU's tensors
+        tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
+            "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset)))
+        raise torch.OutOfMemoryError(
+            f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
+            f"mini_batch_size, or try precision='mixed'. ({error})") from None
 
 
 def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any) -> tuple[Any, TrainingOptions, Any]:
@@ -270,6 +295,7 @@ def training_device(environment: str) -> torch.device:
 
 
 def describe_device(device: torch.device) -> str:
+    """The device as the training header names it: the GPU's model, or the CPU's thread count."""
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
     return f"CPU ({torch.get_num_threads()} threads)"

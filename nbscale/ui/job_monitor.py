@@ -22,7 +22,7 @@ from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone
-from nbscale.ui.progress import TrainingProgress, _duration
+from nbscale.ui.progress import TrainingProgress, format_duration
 
 POLL_INTERVAL_S = 0.5
 
@@ -76,6 +76,7 @@ class JobMonitor:
             self.say(f"Job {self.job.id}: the monitor stopped following: {type(error).__name__}: {error}")
 
     def step(self) -> bool:
+        """Read what the job recorded since the last step and show it; True once there is nothing more to follow."""
         self.record = self.job.record()
         active = self.record.state in ACTIVE_STATES  # first: whatever was recorded before the job ended is read below
         while True:
@@ -179,12 +180,12 @@ class JobTrainingProgress(TrainingProgress):
         rows.insert(0, ("Job", self.label))
         start, last = self.start, self.last
         if start is not None and self.done is not None:
-            rows = [(k, _duration(self.done.time_since_start) if k == "Elapsed" else v) for k, v in rows]
+            rows = [(k, format_duration(self.done.time_since_start) if k == "Elapsed" else v) for k, v in rows]
         elif start is not None and last is not None and last.iteration > 0 and self.job_state is None:
             total = start.max_epochs * start.iterations_per_epoch
             left = (total - last.iteration) * last.time_since_start / last.iteration
             rows.insert(rows.index(next(row for row in rows if row[0] == "Elapsed")) + 1,
-                        ("Time left", f"about {_duration(left)}"))
+                        ("Time left", f"about {format_duration(left)}"))
         return rows
 
 

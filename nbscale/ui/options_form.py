@@ -9,14 +9,23 @@ form` stops before a run starts); `form.magic_line()` is the equivalent `%%train
 from __future__ import annotations
 
 import html
-import math
-import types
 from collections.abc import Callable
 from typing import Any
 
 from nbscale.errors import OptionsError
-from nbscale.train import options as rules
-from nbscale.train.options import TrainingOptions, field_names
+from nbscale.train.options import SOLVER_DEFAULTS, TrainingOptions, check_field, field_names
+from nbscale.ui.magic_line import train_magic_line
+from nbscale.ui.option_widgets import (
+    KEPT,
+    NONE,
+    NOTEBOOK_OBJECTS,
+    NUMBER_OR_INF,
+    TEXT_FIELDS,
+    WorkerLoad,
+    make_widget,
+    text_of,
+    value_of,
+)
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "Solver": ("solver", "momentum", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
@@ -28,27 +37,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Hardware": ("execution_environment", "worker_load", "precision", "compile", "on_worker_failure"),
     "Output": ("plots", "verbose", "verbose_frequency", "checkpoint_path", "checkpoint_frequency", "output_fn"),
 }
-_CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOLD_METHODS,
-            "shuffle": rules.SHUFFLE_MODES, "learn_rate_schedule": rules.SCHEDULES,
-            "output_network": rules.OUTPUT_NETWORKS, "precision": rules.PRECISIONS, "plots": rules.PLOTS,
-            "data_placement": rules.DATA_PLACEMENTS, "on_worker_failure": rules.WORKER_FAILURES,
-            "learn_rate_scaling": rules.LEARN_RATE_SCALINGS}
-# compile: off, on (torch.compile's default mode), or a named mode
-_COMPILE_CHOICES = [("off", False), ("on", True), *((f"mode {mode!r}", mode) for mode in rules.COMPILE_MODES)]
-_INTEGERS = ("max_epochs", "learn_rate_drop_period", "validation_frequency", "verbose_frequency",
-             "checkpoint_frequency", "learn_rate_reference_batch")  # all >= 1
-_FRACTIONS = ("momentum", "learn_rate_drop_factor")  # in [0, 1], stepped by 0.05
-_FLOATS = ("initial_learn_rate", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
-           "l2_regularization")  # open bounds: checked by the rules, shown inline
-_INFINITE = ("gradient_threshold", "validation_patience")  # a number or "inf"
-_FLAGS = ("dispatch_in_background", "verbose")
 _SCHEDULE_FIELDS = ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor", "learn_rate_drop_period",
                     "max_epochs", "learn_rate_scaling", "learn_rate_reference_batch")  # what the preview draws from
-_NONE = "None"
-_KEPT = "(value given in options)"
-# %%train's own flags and the field each sets; `%%train` without --options starts from _TRAIN_BASE
-_MAGIC_FLAGS = (("solver", "--solver"), ("execution_environment", "--env"), ("max_epochs", "--epochs"),
-                ("mini_batch_size", "--batch-size"), ("initial_learn_rate", "--lr"))
 
 
 def options_form(options: TrainingOptions | None = None, bind_to: str | None = None, show: bool = True) -> OptionsForm:
@@ -79,7 +69,7 @@ class OptionsForm:
         self._loading = False
         self._kept: dict[str, Any] = {}  # validation_data / output_fn objects not found in the notebook
         self._shown_in: int | None = None
-        self.widgets: dict[str, Any] = {name: self._make_widget(name) for name in field_names()}
+        self.widgets: dict[str, Any] = {name: make_widget(name, self._notebook_names) for name in field_names()}
         self.messages = {name: w.HTML() for name in field_names()}
         self.summary = w.HTML()
         self.line = w.HTML()
@@ -98,39 +88,6 @@ class OptionsForm:
             widget.observe(lambda change, name=name: self._changed(name, change), names="value")
 
     # ---- widgets -----------------------------------------------------------------------------------------------
-
-    def _make_widget(self, name: str) -> Any:
-        import ipywidgets as w
-
-        style, layout = {"description_width": "230px"}, w.Layout(width="420px")
-        common = {"description": name, "style": style, "layout": layout}
-        if name in _CHOICES:
-            return w.Dropdown(options=list(_CHOICES[name]), **common)
-        if name == "execution_environment":
-            return w.Dropdown(options=hardware_choices(), **common)
-        if name == "compile":
-            return w.Dropdown(options=_COMPILE_CHOICES, **common)
-        if name in _INTEGERS:
-            return w.IntText(**common)  # unbounded: a value out of range is shown wrong inline, never clamped
-        if name in _FRACTIONS:
-            return w.FloatText(step=0.05, **common)
-        if name in _FLOATS:
-            return w.FloatText(**common)
-        if name in _INFINITE:
-            return w.Text(placeholder="a number, or inf", **common)
-        if name == "mini_batch_size":
-            return w.Text(placeholder="a whole number, or auto (GPUs)", **common)
-        if name in _FLAGS:
-            return w.Checkbox(indent=False, **{k: v for k, v in common.items() if k != "layout"})
-        if name == "checkpoint_path":
-            return w.Text(placeholder="a folder; empty: no checkpoints", **common)
-        if name == "validation_data":
-            return w.Dropdown(options=[_NONE, *self._notebook_names(_looks_like_data)], **common)
-        if name == "output_fn":
-            return w.Dropdown(options=[_NONE, *self._notebook_names(_is_user_function)], **common)
-        if name == "worker_load":
-            return WorkerLoad()
-        raise AssertionError(f"no widget for TrainingOptions.{name}")  # a new field needs a widget here
 
     def _group(self, title: str, names: tuple[str, ...]) -> Any:
         import ipywidgets as w
@@ -164,13 +121,9 @@ class OptionsForm:
 
     def _set_widget(self, name: str, value: Any) -> None:
         widget = self.widgets[name]
-        if name in _INFINITE:
-            widget.value = "inf" if value == math.inf else _format(value)
-        elif name == "mini_batch_size":
-            widget.value = str(value)
-        elif name == "checkpoint_path":
-            widget.value = "" if value is None else str(value)
-        elif name in ("validation_data", "output_fn"):
+        if name in TEXT_FIELDS:
+            widget.value = text_of(name, value)
+        elif name in NOTEBOOK_OBJECTS:
             widget.value = self._choice_for(name, value)
         elif name == "execution_environment" and value not in [v for _, v in widget.options]:
             widget.options = [*widget.options, (f"{value} (not available here)", value)]
@@ -181,29 +134,24 @@ class OptionsForm:
     def _choice_for(self, name: str, value: Any) -> str:
         widget = self.widgets[name]
         if value is None:
-            return _NONE
-        found = next((n for n in widget.options if n not in (_NONE, _KEPT) and self.namespace.get(n) is value), None)
+            return NONE
+        found = next((n for n in widget.options if n not in (NONE, KEPT) and self.namespace.get(n) is value), None)
         if found is not None:
             return found
         self._kept[name] = value
-        if _KEPT not in widget.options:
-            widget.options = [*widget.options, _KEPT]
-        return _KEPT
+        if KEPT not in widget.options:
+            widget.options = [*widget.options, KEPT]
+        return KEPT
 
     def values(self) -> dict[str, Any]:
         """The widgets' values as option values (not checked)."""
         values: dict[str, Any] = {}
         for name, widget in self.widgets.items():
             value = widget.value
-            if name in _INFINITE:
-                value = _parse_number(value)
-            elif name == "mini_batch_size":  # a whole number or "auto"; anything else is shown as wrong
-                text = value.strip().lower()
-                value = text if text == "auto" else _parse_number(text) if text else None
-            elif name == "checkpoint_path":
-                value = value.strip() or None
-            elif name in ("validation_data", "output_fn"):
-                value = None if value == _NONE else self._kept.get(name) if value == _KEPT else self.namespace.get(value)
+            if name in TEXT_FIELDS:
+                value = value_of(name, value)
+            elif name in NOTEBOOK_OBJECTS:
+                value = None if value == NONE else self._kept.get(name) if value == KEPT else self.namespace.get(value)
             values[name] = value
         return values
 
@@ -238,23 +186,9 @@ class OptionsForm:
             self.namespace[self.bind_to] = options
 
     def magic_line(self, name: str = "form") -> str:
-        """The `%%train` line with these options: flags when they say it all, else `--options NAME` (+ flags)."""
-        options = self.options
-        base = TrainingOptions(options.solver, plots="training-progress")
-        flags = ["%%train"]
-        for field, flag in _MAGIC_FLAGS:
-            if getattr(options, field) != getattr(base, field) or (field == "solver" and options.solver != "sgdm"):
-                flags.append(f"{flag} {getattr(options, field)}")
-        if options.plots == "none":
-            flags.append("--no-plots")
-        if not options.verbose:
-            flags.append("--quiet")
-        expressed = {field for field, _ in _MAGIC_FLAGS} | {"plots", "verbose"}
-        rest = [f for f in field_names() if f not in expressed and getattr(options, f) is not getattr(base, f)
-                and _differs(getattr(options, f), getattr(base, f))]
-        if rest:
-            return f"%%train --options {name}"
-        return " ".join(flags)
+        """The `%%train` line with these options: flags when they say it all, else `--options NAME`
+        (nbscale.ui.magic_line); OptionsError while a value is wrong."""
+        return train_magic_line(self.options, name)
 
     # ---- reacting to edits ----------------------------------------------------------------------------------
 
@@ -263,33 +197,16 @@ class OptionsForm:
             return
         if name == "solver" and change is not None:
             self._solver_defaults(change["old"], change["new"])
-        values = self.values()
-        errors: dict[str, str] = {}
-        for field, value in values.items():
-            try:
-                if field in _INFINITE and value is None:
-                    raise OptionsError(f"TrainingOptions.{field}: write a number or inf.")
-                if field == "mini_batch_size" and value is None:
-                    raise OptionsError("TrainingOptions.mini_batch_size: write a whole number, or auto.")
-                rules._check(field, value)
-            except OptionsError as error:
-                errors[field] = str(error)
-        if not errors:
-            try:
-                TrainingOptions(values.pop("solver"), **values)
-            except OptionsError as error:
-                errors[_field_named_in(str(error))] = str(error)
-        self.errors = errors
+        self.errors = _errors(self.values())
         self._show_state()
-        if not errors and self.bind_to and name is not None:
+        if not self.errors and self.bind_to and name is not None:
             self.namespace[self.bind_to] = self.options
 
     def _solver_defaults(self, old: str, new: str) -> None:
         """A new solver brings its own learn-rate and squared-decay defaults unless they were changed (MATLAB)."""
         self._loading = True
         try:
-            for field, defaults in (("initial_learn_rate", rules._DEFAULT_LEARN_RATE),
-                                    ("squared_gradient_decay_factor", rules._DEFAULT_SQUARED_DECAY)):
+            for field, defaults in SOLVER_DEFAULTS.items():
                 if self.widgets[field].value == defaults[old]:
                     self.widgets[field].value = defaults[new]
         finally:
@@ -374,118 +291,32 @@ class OptionsForm:
         return f"<OptionsForm ({state}) {line}>"
 
 
-class WorkerLoad:
-    """One slider per worker of the current pool: the share of every mini-batch it takes (worker_load)."""
-
-    def __init__(self) -> None:
-        import ipywidgets as w
-
-        from nbscale.pool.pool import current_pool
-
-        pool = current_pool()
-        self.sliders = [w.FloatSlider(value=1.0, min=0.0, max=1.0, step=0.05, description=f"worker {rank} ({device})",
-                                      style={"description_width": "230px"}, layout=w.Layout(width="420px"))
-                        for rank, device in enumerate(pool.devices if pool is not None else [])]
-        self.note = ("<i>Equal sliders: an even split (worker_load=None). 0 leaves a worker out.</i>" if pool
-                     else "<i>worker_load: start a pool (%pool start) to weigh each worker; without one, the "
-                          "mini-batch is split evenly.</i>")
-        self.box = w.VBox([w.Label("worker_load"), *self.sliders] if self.sliders else [])
-        self._explicit: Any = None  # a worker_load that does not match the running pool is kept as given
-
-    @property
-    def value(self) -> Any:
-        if self._explicit is not None:
-            return self._explicit
-        loads = [round(s.value, 4) for s in self.sliders]
-        return None if not loads or (len(set(loads)) == 1 and loads[0] > 0) else loads
-
-    @value.setter
-    def value(self, loads: Any) -> None:
-        if loads is not None and len(list(loads)) != len(self.sliders):
-            self._explicit = loads
-            return
-        self._explicit = None
-        loads = [1.0] * len(self.sliders) if loads is None else [float(load) for load in loads]
-        scale = max(loads) if loads and max(loads) > 1 else 1.0  # sliders run 0..1; weights are relative
-        for slider, load in zip(self.sliders, loads, strict=True):
-            slider.value = load / scale
-
-    @property
-    def disabled(self) -> bool:
-        return all(s.disabled for s in self.sliders)
-
-    @disabled.setter
-    def disabled(self, value: bool) -> None:
-        for slider in self.sliders:
-            slider.disabled = value
-
-    def observe(self, handler: Callable[[dict[str, Any]], None], names: str = "value") -> None:
-        def forget_explicit(change: dict[str, Any]) -> None:
-            self._explicit = None
-            handler(change)
-
-        for slider in self.sliders:
-            slider.observe(forget_explicit, names=names)
-
-
-def hardware_choices() -> list[tuple[str, str]]:
-    """The execution environments this machine and the running pool offer, as (label, value) pairs."""
-    from nbscale.pool.devices import visible_gpu_ids
-    from nbscale.pool.pool import current_pool
-
-    gpus = visible_gpu_ids()  # NVML: no CUDA context is created in the notebook
-    pool = current_pool()
-    choices = [("auto" + (" (the GPU)" if gpus else " (the CPU: no GPU here)"), "auto"), ("cpu", "cpu")]
-    if gpus:
-        choices.append((f"gpu ({len(gpus)} visible)", "gpu"))
-        if pool is None or pool.kind == "gpu":
-            choices.append((f"multi-gpu ({pool.size if pool else len(gpus)} GPU workers)", "multi-gpu"))
-    if pool is not None:
-        choices.append((f"parallel (the running pool: {pool.size} {pool.kind} worker{'s' if pool.size != 1 else ''})", "parallel"))
-    else:
-        choices.append(("parallel (starts a pool with default settings)", "parallel"))
-    return choices
-
-
-def _format(value: Any) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def _parse_number(text: str) -> float | int | None:
-    text = text.strip().lower()
-    if text in ("inf", "infinity", "math.inf"):
-        return math.inf
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    return int(number) if number.is_integer() else number
-
-
-def _differs(a: Any, b: Any) -> bool:
-    try:
-        return bool(a != b)
-    except Exception:  # tensors and the like: compared by identity above
-        return True
+def _errors(values: dict[str, Any]) -> dict[str, str]:
+    """Each wrong field's message by field name: TrainingOptions' own check of each field, then of the whole set
+    (a wrong combination is filed under the first field its message names, or "")."""
+    errors: dict[str, str] = {}
+    for field, value in values.items():
+        try:
+            if field in NUMBER_OR_INF and value is None:
+                raise OptionsError(f"TrainingOptions.{field}: write a number or inf.")
+            if field == "mini_batch_size" and value is None:
+                raise OptionsError("TrainingOptions.mini_batch_size: write a whole number, or auto.")
+            check_field(field, value)
+        except OptionsError as error:
+            errors[field] = str(error)
+    if not errors:
+        try:
+            values = dict(values)
+            TrainingOptions(values.pop("solver"), **values)
+        except OptionsError as error:
+            errors[_field_named_in(str(error))] = str(error)
+    return errors
 
 
 def _field_named_in(message: str) -> str:
     """The field a combination error is about: the first one its message names ("" for none)."""
     places = {name: message.find(name) for name in field_names() if name in message}
     return min(places, key=lambda name: (places[name], -len(name))) if places else ""
-
-
-def _looks_like_data(value: Any) -> bool:
-    from torch import Tensor
-    from torch.utils.data import Dataset
-
-    if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Tensor) for v in value):
-        return True
-    return isinstance(value, Dataset)
-
-
-def _is_user_function(value: Any) -> bool:
-    return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
 
 
 def _shell() -> Any:

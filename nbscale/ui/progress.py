@@ -25,7 +25,9 @@ from nbscale.train.events import (
     TrainingRestarted,
     TrainingStarted,
 )
+from nbscale.ui.click_routing import route_clicks_off_main_thread
 from nbscale.ui.progress_figure import ProgressFigure, figure_for_run, is_drop, smoothed
+from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
 
 
 class TrainingProgress:
@@ -33,7 +35,7 @@ class TrainingProgress:
 
     holds_the_cell = True  # training runs in the cell that shows it (a job monitor may follow from a thread)
     redraws_when_done = False  # a job monitor redraws a finished training; this display hands its figure on
-    stop_tooltip = "Stop training at the end of this iteration (the kernel interrupt does too)"
+    stop_tooltip = STOP_TOOLTIP
 
     def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.005) -> None:
         self.stop, self.min_interval, self.budget = stop, min_interval, budget
@@ -140,12 +142,12 @@ class TrainingProgress:
         """The Stop button and the info panel (the figure follows below them once training starts)."""
         from IPython.display import display
 
-        self.button = _stop_button(self.stop, self.stop_tooltip)
+        self.button = stop_button(self.stop, self.stop_tooltip)
         self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
-        self._click_route = _route_clicks_off_main_thread(self.button)
+        self._click_route = route_clicks_off_main_thread(self.button)
         if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
             if self._click_route is None:
-                _say_stop_needs_the_interrupt(self.button)
+                say_stop_needs_the_interrupt(self.button)
             self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
 
@@ -173,12 +175,12 @@ class TrainingProgress:
             if self.preparing is not None:
                 p = self.preparing
                 rows += [("Preparing data", f"{p.what}: {p.done:,} of {p.total:,} {p.unit}"),
-                         ("Preparation", _duration(time.time() - self._preparing_since))]
+                         ("Preparation", format_duration(time.time() - self._preparing_since))]
             return rows
         total = start.max_epochs * start.iterations_per_epoch
         rows = [("State", self.state),
                 ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.start_time))),
-                ("Elapsed", _duration(time.time() - start.start_time)),
+                ("Elapsed", format_duration(time.time() - start.start_time)),
                 ("Hardware", start.hardware),
                 ("Mini-batch size", str(start.mini_batch_size))]
         if start.choices:  # mini_batch_size="auto", learn_rate_scaling: what was chosen and why
@@ -240,37 +242,8 @@ def _append_smoothed(raw: list[float], smooth: list[float], value: float) -> Non
     smooth.append(smoothed(smooth[-1] if smooth else None, value))
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """`seconds` as HH:MM:SS (whole seconds)."""
     minutes, seconds = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours:02d}:{minutes:02d}:{seconds:02d}"
-
-
-def _stop_button(stop: StopSignal, tooltip: str = TrainingProgress.stop_tooltip) -> Any:
-    import ipywidgets
-
-    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
-
-    def on_click(_: Any) -> None:
-        stop.request("Stopped by the Stop button")
-        button.disabled = True
-        button.description = "Stopping..."
-
-    button.on_click(on_click)
-    return button
-
-
-def _route_clicks_off_main_thread(button: Any) -> Any:
-    """Have the button's clicks handled while the cell still runs (nbscale.ui.click_routing); returns an undo
-    function, or None where clicks wait for the end of the cell."""
-    from nbscale.ui.click_routing import route_clicks_off_main_thread
-
-    return route_clicks_off_main_thread(button)
-
-
-def _say_stop_needs_the_interrupt(button: Any) -> None:
-    """Training holds the cell to its end, so a button whose clicks wait for the cell's end cannot stop it."""
-    button.disabled = True
-    button.description = "Stop: interrupt the kernel"
-    button.tooltip = ("This kernel handles clicks only after the cell (in-cell clicks need ipykernel >= 7.4 with "
-                      "subshells): interrupt the kernel to stop at the end of the current iteration.")

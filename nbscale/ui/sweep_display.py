@@ -9,60 +9,18 @@ are the only widgets, and are removed when every run has ended.
 
 from __future__ import annotations
 
-import html
 import io
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from nbscale.train.run_table import RunsTable, last_line, ranked
+from nbscale.train.run_table import RunsTable, ranked
 from nbscale.train.runs import TrainingRun
 from nbscale.ui.progress_figure import smoothed
-from nbscale.ui.table import html_table, text_table
+from nbscale.ui.runs_table import runs_table_bundle
 
-_STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "failed": "#d62728",
-                  "cancelled": "#ff7f0e"}
 _ENDED = ("done", "failed", "cancelled")
-
-
-def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    columns = list(rows[0]) if rows else ["run"]
-    return [c for c in columns if c != "error" or any(r["error"] for r in rows)]
-
-
-def runs_table_text(table: RunsTable) -> str:
-    """The table as aligned text, each failed run's traceback below it."""
-    rows = table.rows()
-    text = text_table(table.title, _columns(rows), rows)
-    for run in table.runs:
-        if run.state == "failed":
-            text += f"\n\n{run.name} failed:\n{run.error}"
-    return text
-
-
-def runs_table_html(table: RunsTable) -> str:
-    """The table as HTML, each failed run's traceback folded below it."""
-    rows = table.rows()
-    body = f"<b>{html.escape(table.title)}</b>" + html_table(_columns(rows), rows, _STATE_COLOURS)
-    for run in table.runs:
-        if run.state == "failed":
-            body += (f"<details><summary>{html.escape(run.name)} failed: {html.escape(last_line(run.error))}"
-                     f"</summary><pre>{html.escape(run.error or '')}</pre></details>")
-    return body
-
-
-def sweep_result_text(result: Any) -> str:
-    """A SweepResult shows as its results table."""
-    return runs_table_text(result.table())
-
-
-def sweep_result_html(result: Any) -> str:
-    return runs_table_html(result.table())
-
-
-def _bundle(table: RunsTable) -> dict[str, str]:
-    return {"text/html": runs_table_html(table), "text/plain": runs_table_text(table)}
 
 
 class SweepDisplay:
@@ -90,15 +48,15 @@ class SweepDisplay:
         """Display the figure, the table and the buttons, and start redrawing as the runs train."""
         from IPython.display import display
 
-        from nbscale.ui.progress import _route_clicks_off_main_thread
+        from nbscale.ui.click_routing import route_clicks_off_main_thread
 
         self.buttons_handle = display(self._button_box(), display_id=True)
         for buttons in self.buttons.values():
             for button in buttons:  # clicks are handled even while a blocking sweep holds the cell
-                undo = _route_clicks_off_main_thread(button)
+                undo = route_clicks_off_main_thread(button)
                 if undo is not None:
                     self._undo_routes.append(undo)
-        self.table_handle = display(_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True,
+        self.table_handle = display(runs_table_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True,
                                     display_id=True)
         self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
                                      display_id=True)
@@ -130,7 +88,7 @@ class SweepDisplay:
             if self.finished or self.figure_handle is None:
                 return
             self._update_buttons()
-            self.table_handle.update(_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True)
+            self.table_handle.update(runs_table_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True)
             if any(run.info.iteration for run in self.runs):
                 self.figure_handle.update({"image/png": self.png(), "text/plain": "<sweep figure>"}, raw=True)
 
@@ -144,7 +102,7 @@ class SweepDisplay:
                 self.figure_handle.update({"image/png": self.png(), "text/plain": "<sweep figure>"}, raw=True)
             runs = ranked(self.runs) if len(self.runs) > 1 else self.runs
             title = "Results (best first)" if len(self.runs) > 1 else "Result"
-            self.table_handle.update(_bundle(RunsTable(title, tuple(runs))), raw=True)
+            self.table_handle.update(runs_table_bundle(RunsTable(title, tuple(runs))), raw=True)
             for buttons in self.buttons.values():
                 for button in buttons:
                     button.close()

@@ -15,7 +15,7 @@ from torch import nn
 
 from nbscale.errors import ModelError
 from nbscale.models import pretrained
-from nbscale.models.pretrained import network_globals
+from nbscale.models.weight_files import network_globals
 from tests.crafted_pickles import Payload, in_torch_zip, prefix_trick
 
 

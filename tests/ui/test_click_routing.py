@@ -16,13 +16,13 @@ WAIT_FOR_A_CLICK = """
 import time
 import ipywidgets
 from IPython.display import display
-from nbscale.ui.progress import _route_clicks_off_main_thread
+from nbscale.ui.click_routing import route_clicks_off_main_thread
 
 clicks = []
 button = ipywidgets.Button(description="Click me")
 button.on_click(lambda _: clicks.append(time.monotonic()))
 display(button)
-undo = _route_clicks_off_main_thread(button)
+undo = route_clicks_off_main_thread(button)
 deadline = time.monotonic() + 20
 while not clicks and time.monotonic() < deadline:  # the cell holds the main thread, as training does
     time.sleep(0.02)
@@ -41,12 +41,12 @@ def test_the_subshell_exists_while_routed_and_is_deleted_after(kernel) -> None:
     result = kernel.run("""
 import ipywidgets
 from IPython.display import display
-from nbscale.ui.progress import _route_clicks_off_main_thread
+from nbscale.ui.click_routing import route_clicks_off_main_thread
 
 kernel = get_ipython().kernel
 button = ipywidgets.Button()
 display(button)
-undo = _route_clicks_off_main_thread(button)
+undo = route_clicks_off_main_thread(button)
 route = button.comm._reply_subshell_for(None, None)  # where ipykernel sends the comm's incoming messages
 print(route is not None and route in kernel.shell_channel_thread.manager.list_subshell())
 undo()
@@ -60,11 +60,12 @@ def test_outside_a_kernel_nothing_is_routed_and_the_stop_button_says_to_interrup
     import ipywidgets
 
     from nbscale.train.events import StopSignal
-    from nbscale.ui.progress import _route_clicks_off_main_thread, _say_stop_needs_the_interrupt, _stop_button
+    from nbscale.ui.click_routing import route_clicks_off_main_thread
+    from nbscale.ui.stop_button import say_stop_needs_the_interrupt, stop_button
 
-    button = _stop_button(StopSignal())
-    assert _route_clicks_off_main_thread(button) is None
-    _say_stop_needs_the_interrupt(button)
+    button = stop_button(StopSignal())
+    assert route_clicks_off_main_thread(button) is None
+    say_stop_needs_the_interrupt(button)
     assert isinstance(button, ipywidgets.Button) and button.disabled and "interrupt" in button.description
 
 

@@ -1,0 +1,36 @@
+"""The Stop button of a training display: a click asks the run to stop at the end of its iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nbscale.train.events import StopSignal
+
+STOP_TOOLTIP = "Stop training at the end of this iteration (the kernel interrupt does too)"
+
+
+def stop_button(stop: StopSignal, tooltip: str = STOP_TOOLTIP) -> Any:
+    """An ipywidgets Button that requests `stop` when clicked, then shows "Stopping..." (disabled).
+
+    Its clicks arrive only after the running cell ends unless they are routed to a subshell
+    (nbscale.ui.click_routing); where they cannot be, `say_stop_needs_the_interrupt` says so on it.
+    """
+    import ipywidgets
+
+    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
+
+    def on_click(_: Any) -> None:
+        stop.request("Stopped by the Stop button")
+        button.disabled = True
+        button.description = "Stopping..."
+
+    button.on_click(on_click)
+    return button
+
+
+def say_stop_needs_the_interrupt(button: Any) -> None:
+    """Training holds the cell to its end, so a button whose clicks wait for the cell's end cannot stop it."""
+    button.disabled = True
+    button.description = "Stop: interrupt the kernel"
+    button.tooltip = ("This kernel handles clicks only after the cell (in-cell clicks need ipykernel >= 7.4 with "
+                      "subshells): interrupt the kernel to stop at the end of the current iteration.")

@@ -26,6 +26,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool import registry
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
+from nbscale.pool.folders import current_folder
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import Request, next_request_id, secrets_of
@@ -350,13 +351,14 @@ class Pool:
     ) -> list[Any]:
         """Run `fn(*args, **kwargs)` on every worker (or `targets`); a list of return values by rank.
 
-        Worker output streams live; `on_event(rank, payload)` receives `worker_context().emit(payload)`. A Composite
-        argument is each worker's own value, as in a %%spmd cell. Raises WorkerError with each failing rank's traceback.
+        It runs in the notebook's current folder (see docs/pool.md). Worker output streams live; `on_event(rank,
+        payload)` receives `worker_context().emit(payload)`. A Composite argument is each worker's own value, as in a
+        %%spmd cell. Raises WorkerError with each failing rank's traceback.
         """
         name = getattr(fn, "__name__", "the function")
         args = tuple(each_workers_own(a, self, f"Argument {i + 1} of {name}()") for i, a in enumerate(args))
         kwargs = {key: each_workers_own(value, self, f"Argument {key}= of {name}()") for key, value in kwargs.items()}
-        return self.request(lambda rid: p.Call(rid, fn, args, kwargs), targets, on_event, what=f"{name}()",
+        return self.request(lambda rid: p.Call(rid, fn, args, kwargs, current_folder()), targets, on_event, what=f"{name}()",
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
     def spmd(
@@ -451,7 +453,8 @@ class Pool:
     # ---- futures (parfeval, parfor) -------------------------------------------------------------------------
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        """Run `fn(*args, **kwargs)` on a free worker; returns a concurrent.futures.Future (parfeval)."""
+        """Run `fn(*args, **kwargs)` on a free worker, in the notebook's current folder as of this call; returns a
+        concurrent.futures.Future (parfeval)."""
         return self.submit_with_events(fn, None, *args, **kwargs)
 
     def submit_with_events(

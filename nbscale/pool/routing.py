@@ -22,6 +22,7 @@ from typing import Any, cast
 from nbscale.errors import PoolInterrupted
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
+from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import process_state, stall_notice, stalled
 from nbscale.pool.output import end_open_lines, flush_output, print_output
@@ -60,6 +61,7 @@ class Router:
         # set by the pool: how a worker's process ended, from its backend (None: unknown, or it still runs)
         self.exit_status: Callable[[WorkerHandle], str | None] = lambda worker: None
         self.secrets: tuple[str, ...] = ()  # set by the pool: its --env values, kept out of workers' error texts
+        self.missing_folders: set[str] = set()  # notebook folders some worker could not enter: warned once each
 
     def start(self) -> None:
         threading.Thread(target=self._receive_forever, name="nbscale-pool-receiver", daemon=True).start()
@@ -159,6 +161,9 @@ class Router:
             worker.where, worker.still_s = message.where, message.still_s
             worker.status_round = message.request_id
             return
+        if isinstance(message, p.FolderMissing):
+            self._warn_missing_folder(message)
+            return
         with self.lock:
             request = self.requests.get(message.request_id)
             if isinstance(message, p.Done | p.Failed):
@@ -172,6 +177,18 @@ class Router:
             request.inbox.put(message)
         if isinstance(message, p.Done | p.Failed):
             self.on_worker_free()
+
+    def _warn_missing_folder(self, message: p.FolderMissing) -> None:
+        """Say once per folder that workers run where they are: in the cell's output when the cell waits for it."""
+        with self.lock:
+            if message.folder in self.missing_folders:
+                return
+            self.missing_folders.add(message.folder)
+        foreground = self.foreground
+        if foreground is not None and foreground.request_id == message.request_id:
+            foreground.inbox.put(message)
+        else:
+            print(missing_folder_warning(message), file=sys.stderr, flush=True)
 
     def death_description(self, worker: WorkerHandle) -> str:
         """How a worker whose connection closed ended: its exit status from the backend where it knows it."""
@@ -229,6 +246,8 @@ class Router:
             return
         if isinstance(item, p.Output):
             print_output(item, flush=False)
+        elif isinstance(item, p.FolderMissing):
+            print(missing_folder_warning(item), file=sys.stderr, flush=True)
         elif isinstance(item, p.Event):
             if request.on_event is not None:
                 request.on_event(item.rank, item.payload)

@@ -15,6 +15,7 @@ from typing import Any
 
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
+from nbscale.pool.folders import current_folder
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.transport import Frame, serialise
@@ -43,7 +44,7 @@ class TaskQueue:
         future: Future[Any] = Future()
         if what != "The task":
             self._what[future] = what
-        message = p.Call(next_request_id(), fn, args, kwargs)
+        message = p.Call(next_request_id(), fn, args, kwargs, current_folder())  # where it runs, once it does
         try:
             frame = serialise(message)
         except KeyboardInterrupt:

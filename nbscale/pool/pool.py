@@ -28,6 +28,7 @@ from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
 from nbscale.pool.handles import WorkerHandle
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
@@ -333,9 +334,11 @@ class Pool:
             if unsendable is not None:
                 raise unsendable(error) from None
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
-        request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
+        held = HeldInterrupt()
+        with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
+            request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:
-            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
+            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare), held)
         except (WorkerError, PoolInterrupted):
             if on_failure is not None:
                 on_failure(request)

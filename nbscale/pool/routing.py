@@ -25,6 +25,7 @@ from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import process_state, stall_notice, stalled
+from nbscale.pool.interrupts import HeldInterrupt, interrupts_after
 from nbscale.pool.output import end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
@@ -87,7 +88,13 @@ class Router:
         return request
 
     def send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None = None) -> None:
-        """Send (more of) a request to `ranks`."""
+        """Send (more of) a request to `ranks`: to every one of them, whole, even when the kernel is interrupted
+        meanwhile (the interrupt lands once it is sent: a rank left without a request the others run would leave
+        them waiting for it in their collectives)."""
+        with interrupts_after():
+            self._send_to(message, ranks, request, frame)
+
+    def _send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None) -> None:
         frame = frame or serialise(message)
         request.frame = frame
         self.last_activity = time.monotonic()
@@ -269,7 +276,9 @@ class Router:
         if request.frame is not None:
             request.frame.release()
 
-    def wait(self, request: Request, what: str, restart: Restarter | None) -> list[Any]:
+    def wait(
+        self, request: Request, what: str, restart: Restarter | None, held: HeldInterrupt | None = None
+    ) -> list[Any]:
         """Block until every rank answered; replies by rank. Raises the workers' WorkerError.
 
         A worker that stops answering fails the request (the monitor gives it up); one whose main thread has not
@@ -277,11 +286,14 @@ class Router:
         and raises PoolInterrupted; workers that do not stop within INTERRUPT_GRACE_S (or are stopped processes)
         are replaced by calling `restart` (None: the caller stops the pool). Once a rank has failed, the ranks still
         running FAILED_PEER_GRACE_S later are stopped the same way (with `restart` only: not while the group forms).
+        `held`: an interrupt held off while the request was sent lands here, and stops it as any other does.
         """
         noticed = False
         first_failure: float | None = None
         note = ""
         try:
+            if held is not None:
+                held.deliver()
             while request.waiting_for:
                 self.pump(request, timeout=0.25)
                 if any(self.workers[r].dead for r in request.failures):

@@ -16,6 +16,7 @@ from typing import Any
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
 from nbscale.pool.folders import current_folder
+from nbscale.pool.interrupts import interrupts_after
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.transport import Frame, serialise
@@ -59,8 +60,9 @@ class TaskQueue:
         return future
 
     def dispatch(self) -> None:
-        """Start queued tasks on idle workers."""
-        with self.lock:
+        """Start queued tasks on idle workers (every one that can start, even when the kernel is interrupted
+        meanwhile: the interrupt lands once they are sent)."""
+        with interrupts_after(), self.lock:
             while self.queued:
                 idle = [w for w in self.router.workers if not w.dead and w.outstanding == 0]
                 if not idle:

@@ -70,3 +70,13 @@ def test_training_on_a_pool_writes_relative_checkpoints_in_the_notebooks_folder(
     )
     assert trained.ok, trained.text
     assert list((tmp_path / "checkpoints").iterdir())
+
+
+def test_a_task_queued_before_a_cd_runs_in_the_folder_it_was_submitted_from(kernel, tmp_path):
+    kernel.run("%pool start 2 --cpu\nimport os, time, nbscale\npool = nbscale.current_pool()")
+    kernel.run(f"%cd {tmp_path}")
+    queued = kernel.run("busy = [pool.submit(time.sleep, 2) for _ in range(2)]\n"
+                        "later = pool.submit(os.getcwd)\n"
+                        "os.chdir('/')\n"
+                        "print(later.running(), later.result(), pool.submit(os.getcwd).result())")
+    assert queued.stdout == f"False {tmp_path} /\n", queued.text

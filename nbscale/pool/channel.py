@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from nbscale.pool.interrupts import interrupts_after
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.transport import (
     Frame,
     bytes_buffer,
@@ -133,7 +133,7 @@ class Channel:
         inline = [] if shared else frame.buffers
         header = pickle.dumps((paths, sizes, len(inline), receiver_unlinks, frame.label, frame.shm_failure))
         # whole or not at all: an interrupt part-way would leave the peer reading the next message as this one's rest
-        with interrupts_after(), self._send_lock:
+        with HeldInterrupt(), self._send_lock:
             self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
             for buffer in inline:
                 self.connection.send_bytes(buffer)

@@ -334,7 +334,7 @@ class Pool:
             if unsendable is not None:
                 raise unsendable(error) from None
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
-        held = HeldInterrupt()
+        held = HeldInterrupt(deliver_later=True)
         with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
             request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:

@@ -25,7 +25,7 @@ from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import process_state, stall_notice, stalled
-from nbscale.pool.interrupts import HeldInterrupt, interrupts_after
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.output import end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
@@ -91,7 +91,7 @@ class Router:
         """Send (more of) a request to `ranks`: to every one of them, whole, even when the kernel is interrupted
         meanwhile (the interrupt lands once it is sent: a rank left without a request the others run would leave
         them waiting for it in their collectives)."""
-        with interrupts_after():
+        with HeldInterrupt():
             self._send_to(message, ranks, request, frame)
 
     def _send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None) -> None:

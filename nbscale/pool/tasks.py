@@ -16,7 +16,7 @@ from typing import Any
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
 from nbscale.pool.folders import current_folder
-from nbscale.pool.interrupts import interrupts_after
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.transport import Frame, serialise
@@ -62,7 +62,7 @@ class TaskQueue:
     def dispatch(self) -> None:
         """Start queued tasks on idle workers (every one that can start, even when the kernel is interrupted
         meanwhile: the interrupt lands once they are sent)."""
-        with interrupts_after(), self.lock:
+        with HeldInterrupt(), self.lock:
             while self.queued:
                 idle = [w for w in self.router.workers if not w.dead and w.outstanding == 0]
                 if not idle:

@@ -35,7 +35,7 @@ from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.folders import current_folder, enter_folder
-from nbscale.pool.interrupts import interrupts_after
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.sealed import hold_pool_key
@@ -278,7 +278,7 @@ class Worker:
     def _send_reply(self, reply: Any) -> None:
         """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""
         try:
-            with interrupts_after():
+            with HeldInterrupt():
                 self.channel.send(reply)
         except KeyboardInterrupt:
             pass

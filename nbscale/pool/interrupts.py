@@ -5,7 +5,8 @@ one landing while a frame is written to a socket leaves half a frame there (the 
 as the rest of it), and one landing between the ranks a request goes to leaves some ranks without it. While a
 `HeldInterrupt` is active, SIGINT's Python handler only notes the signal; `deliver` then lets it land through the
 handler it held off (KeyboardInterrupt by default, or what the running code installed, such as training's
-"stop at the end of the iteration").
+"stop at the end of the iteration"). A second interrupt while one is held lands at once, as a KeyboardInterrupt:
+a send to a peer that stopped reading would otherwise hold the kernel forever.
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from types import FrameType, TracebackType
 from typing import Any
 
 _holding: HeldInterrupt | None = None  # the hold in force: one nested in it leaves the interrupt to it
+_second_lands = True  # whether a second interrupt during a hold lands at once (see `hold_every_interrupt`)
+
+
+def hold_every_interrupt() -> None:
+    """Hold a second interrupt too, in this process (a worker: its interrupts come from the kernel, which always
+    reads what the worker sends, and a reply cut short would garble the kernel's channel)."""
+    global _second_lands
+    _second_lands = False
 
 
 class HeldInterrupt:
@@ -52,6 +61,9 @@ class HeldInterrupt:
             self.deliver()
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
+        if self.pending and _second_lands:  # a second interrupt: the user wants out now (a send that never ends, to a frozen peer)
+            self.pending = False
+            raise KeyboardInterrupt
         self.pending = True
 
     def deliver(self) -> None:

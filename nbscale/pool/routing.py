@@ -113,6 +113,11 @@ class Router:
                 worker.channel.send_frame(frame)
             except (OSError, ValueError):
                 self.worker_died(worker, "its connection closed")
+            except KeyboardInterrupt:  # a second interrupt, part-way through: the worker cannot tell where the next
+                # message begins, so it is given up (and exits once it reads the end of its connection)
+                self.worker_died(worker, f"worker {rank} was cut off part-way through a message it was sent (a second "
+                                 "interrupt while it was sent)")
+                raise
             finally:
                 worker.transferring = False
                 worker.last_heard = max(worker.last_heard, began)

@@ -35,7 +35,7 @@ from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.folders import current_folder, enter_folder
-from nbscale.pool.interrupts import HeldInterrupt
+from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.sealed import hold_pool_key
@@ -460,6 +460,7 @@ def serve(config: p.WorkerConfig) -> None:
     if config.threads:
         torch.set_num_threads(config.threads)
     announce_failures_here(False)  # a full /dev/shm is said once, by the kernel, not by every worker
+    hold_every_interrupt()
     channel = connect(config.kernel_address, bytes.fromhex(config.secret))
     hold_pool_key(bytes.fromhex(config.secret))  # for the peers' pickles in collectives (nbscale.pool.sealed)
     channel.same_machine = config.kernel_machine_id == machine_id()

@@ -56,3 +56,15 @@ def test_a_held_interrupt_lands_through_the_handler_the_running_code_installed()
         assert calls == [signal.SIGINT]
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_second_interrupt_during_a_hold_lands_at_once():
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        with HeldInterrupt():
+            _interrupt_this_process()
+            steps.append("after the first")
+            _interrupt_this_process()
+            steps.append("after the second")
+    assert steps == ["after the first"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

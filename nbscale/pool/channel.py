@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.transport import (
     Frame,
     bytes_buffer,
@@ -131,7 +132,8 @@ class Channel:
         paths, sizes = (frame.shm_paths, frame.shm_sizes) if shared else ((), ())
         inline = [] if shared else frame.buffers
         header = pickle.dumps((paths, sizes, len(inline), receiver_unlinks, frame.label, frame.shm_failure))
-        with self._send_lock:
+        # whole or not at all: an interrupt part-way would leave the peer reading the next message as this one's rest
+        with HeldInterrupt(), self._send_lock:
             self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
             for buffer in inline:
                 self.connection.send_bytes(buffer)

@@ -26,7 +26,9 @@ from nbscale.pool import protocol as p
 from nbscale.pool import registry
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
+from nbscale.pool.folders import current_folder
 from nbscale.pool.handles import WorkerHandle
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.routing import Restarter, Router, workers_named
@@ -332,9 +334,11 @@ class Pool:
             if unsendable is not None:
                 raise unsendable(error) from None
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
-        request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
+        held = HeldInterrupt(deliver_later=True)
+        with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
+            request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:
-            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare))
+            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare), held)
         except (WorkerError, PoolInterrupted):
             if on_failure is not None:
                 on_failure(request)
@@ -350,13 +354,14 @@ class Pool:
     ) -> list[Any]:
         """Run `fn(*args, **kwargs)` on every worker (or `targets`); a list of return values by rank.
 
-        Worker output streams live; `on_event(rank, payload)` receives `worker_context().emit(payload)`. A Composite
-        argument is each worker's own value, as in a %%spmd cell. Raises WorkerError with each failing rank's traceback.
+        It runs in the notebook's current folder (see docs/pool.md). Worker output streams live; `on_event(rank,
+        payload)` receives `worker_context().emit(payload)`. A Composite argument is each worker's own value, as in a
+        %%spmd cell. Raises WorkerError with each failing rank's traceback.
         """
         name = getattr(fn, "__name__", "the function")
         args = tuple(each_workers_own(a, self, f"Argument {i + 1} of {name}()") for i, a in enumerate(args))
         kwargs = {key: each_workers_own(value, self, f"Argument {key}= of {name}()") for key, value in kwargs.items()}
-        return self.request(lambda rid: p.Call(rid, fn, args, kwargs), targets, on_event, what=f"{name}()",
+        return self.request(lambda rid: p.Call(rid, fn, args, kwargs, current_folder()), targets, on_event, what=f"{name}()",
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
     def spmd(
@@ -451,7 +456,8 @@ class Pool:
     # ---- futures (parfeval, parfor) -------------------------------------------------------------------------
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        """Run `fn(*args, **kwargs)` on a free worker; returns a concurrent.futures.Future (parfeval)."""
+        """Run `fn(*args, **kwargs)` on a free worker, in the notebook's current folder as of this call; returns a
+        concurrent.futures.Future (parfeval)."""
         return self.submit_with_events(fn, None, *args, **kwargs)
 
     def submit_with_events(

@@ -73,7 +73,10 @@ class MakeGroup:
 
 @dataclass(frozen=True)
 class RunCell:
-    """Run an spmd cell: bind `variables`, exec `code`, report which of `result_names` now exist."""
+    """Run an spmd cell: bind `variables`, exec `code`, report which of `result_names` now exist.
+
+    `cwd` is the notebook's current folder when the cell was sent: the worker runs the cell there (see FolderMissing).
+    """
 
     request_id: int
     code: str
@@ -81,16 +84,19 @@ class RunCell:
     variables: dict[str, Any]
     result_names: tuple[str, ...]
     group_ranks: tuple[int, ...] | None = None
+    cwd: str | None = None
 
 
 @dataclass(frozen=True)
 class Call:
-    """Call `function(*args, **kwargs)` and reply with its return value."""
+    """Call `function(*args, **kwargs)` in the folder `cwd` (the notebook's when sent) and reply with its return
+    value."""
 
     request_id: int
     function: Any
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    cwd: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,19 @@ class Output:
     rank: int
     stream: str
     text: str
+
+
+@dataclass(frozen=True)
+class FolderMissing:
+    """The worker could not change to a request's `cwd` (`reason`), so it runs the request in `fallback`, the
+    folder it started in. Sent before the request runs; the kernel warns once per pool and folder."""
+
+    request_id: int
+    rank: int
+    host: str
+    folder: str
+    reason: str
+    fallback: str
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from typing import Any, cast
 from nbscale.errors import PoolInterrupted
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
+from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import process_state, stall_notice, stalled
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.output import end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
@@ -60,6 +62,7 @@ class Router:
         # set by the pool: how a worker's process ended, from its backend (None: unknown, or it still runs)
         self.exit_status: Callable[[WorkerHandle], str | None] = lambda worker: None
         self.secrets: tuple[str, ...] = ()  # set by the pool: its --env values, kept out of workers' error texts
+        self.missing_folders: set[str] = set()  # notebook folders some worker could not enter: warned once each
 
     def start(self) -> None:
         threading.Thread(target=self._receive_forever, name="nbscale-pool-receiver", daemon=True).start()
@@ -85,7 +88,13 @@ class Router:
         return request
 
     def send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None = None) -> None:
-        """Send (more of) a request to `ranks`."""
+        """Send (more of) a request to `ranks`: to every one of them, whole, even when the kernel is interrupted
+        meanwhile (the interrupt lands once it is sent: a rank left without a request the others run would leave
+        them waiting for it in their collectives)."""
+        with HeldInterrupt():
+            self._send_to(message, ranks, request, frame)
+
+    def _send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None) -> None:
         frame = frame or serialise(message)
         request.frame = frame
         self.last_activity = time.monotonic()
@@ -104,6 +113,11 @@ class Router:
                 worker.channel.send_frame(frame)
             except (OSError, ValueError):
                 self.worker_died(worker, "its connection closed")
+            except KeyboardInterrupt:  # a second interrupt, part-way through: the worker cannot tell where the next
+                # message begins, so it is given up (and exits once it reads the end of its connection)
+                self.worker_died(worker, f"worker {rank} was cut off part-way through a message it was sent (a second "
+                                 "interrupt while it was sent)")
+                raise
             finally:
                 worker.transferring = False
                 worker.last_heard = max(worker.last_heard, began)
@@ -159,6 +173,9 @@ class Router:
             worker.where, worker.still_s = message.where, message.still_s
             worker.status_round = message.request_id
             return
+        if isinstance(message, p.FolderMissing):
+            self._warn_missing_folder(message)
+            return
         with self.lock:
             request = self.requests.get(message.request_id)
             if isinstance(message, p.Done | p.Failed):
@@ -172,6 +189,18 @@ class Router:
             request.inbox.put(message)
         if isinstance(message, p.Done | p.Failed):
             self.on_worker_free()
+
+    def _warn_missing_folder(self, message: p.FolderMissing) -> None:
+        """Say once per folder that workers run where they are: in the cell's output when the cell waits for it."""
+        with self.lock:
+            if message.folder in self.missing_folders:
+                return
+            self.missing_folders.add(message.folder)
+        foreground = self.foreground
+        if foreground is not None and foreground.request_id == message.request_id:
+            foreground.inbox.put(message)
+        else:
+            print(missing_folder_warning(message), file=sys.stderr, flush=True)
 
     def death_description(self, worker: WorkerHandle) -> str:
         """How a worker whose connection closed ended: its exit status from the backend where it knows it."""
@@ -229,6 +258,8 @@ class Router:
             return
         if isinstance(item, p.Output):
             print_output(item, flush=False)
+        elif isinstance(item, p.FolderMissing):
+            print(missing_folder_warning(item), file=sys.stderr, flush=True)
         elif isinstance(item, p.Event):
             if request.on_event is not None:
                 request.on_event(item.rank, item.payload)
@@ -250,7 +281,9 @@ class Router:
         if request.frame is not None:
             request.frame.release()
 
-    def wait(self, request: Request, what: str, restart: Restarter | None) -> list[Any]:
+    def wait(
+        self, request: Request, what: str, restart: Restarter | None, held: HeldInterrupt | None = None
+    ) -> list[Any]:
         """Block until every rank answered; replies by rank. Raises the workers' WorkerError.
 
         A worker that stops answering fails the request (the monitor gives it up); one whose main thread has not
@@ -258,11 +291,14 @@ class Router:
         and raises PoolInterrupted; workers that do not stop within INTERRUPT_GRACE_S (or are stopped processes)
         are replaced by calling `restart` (None: the caller stops the pool). Once a rank has failed, the ranks still
         running FAILED_PEER_GRACE_S later are stopped the same way (with `restart` only: not while the group forms).
+        `held`: an interrupt held off while the request was sent lands here, and stops it as any other does.
         """
         noticed = False
         first_failure: float | None = None
         note = ""
         try:
+            if held is not None:
+                held.deliver()
             while request.waiting_for:
                 self.pump(request, timeout=0.25)
                 if any(self.workers[r].dead for r in request.failures):

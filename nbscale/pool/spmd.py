@@ -16,6 +16,7 @@ from nbscale.cellvars import IPYTHON_NAMES, names_assigned, names_deleted, names
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
 from nbscale.pool.composite import Composite, CompositeSource
+from nbscale.pool.folders import current_folder
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.transport import serialise
 from nbscale.pool.unsendable import interrupted_while_pickling, variable_error
@@ -61,7 +62,9 @@ class SpmdCell:
                    tuple(sorted(assigned | names_deleted(code))))
 
     def message(self, request_id: int, group_ranks: tuple[int, ...] | None) -> p.RunCell:
-        return p.RunCell(request_id, self.code, self.filename, self.variables, self.result_names, group_ranks)
+        """The request every worker runs: in the notebook's current folder (as MATLAB's spmd does)."""
+        return p.RunCell(request_id, self.code, self.filename, self.variables, self.result_names, group_ranks,
+                         current_folder())
 
     def bind_results(
         self, pool: CompositeSource, ranks: Sequence[int], present: Sequence[list[str]], namespace: dict[str, Any]

@@ -15,6 +15,8 @@ from typing import Any
 
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
+from nbscale.pool.folders import current_folder
+from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.transport import Frame, serialise
@@ -43,7 +45,7 @@ class TaskQueue:
         future: Future[Any] = Future()
         if what != "The task":
             self._what[future] = what
-        message = p.Call(next_request_id(), fn, args, kwargs)
+        message = p.Call(next_request_id(), fn, args, kwargs, current_folder())  # where it runs, once it does
         try:
             frame = serialise(message)
         except KeyboardInterrupt:
@@ -58,8 +60,9 @@ class TaskQueue:
         return future
 
     def dispatch(self) -> None:
-        """Start queued tasks on idle workers."""
-        with self.lock:
+        """Start queued tasks on idle workers (every one that can start, even when the kernel is interrupted
+        meanwhile: the interrupt lands once they are sent)."""
+        with HeldInterrupt(), self.lock:
             while self.queued:
                 idle = [w for w in self.router.workers if not w.dead and w.outstanding == 0]
                 if not idle:

@@ -34,6 +34,8 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
+from nbscale.pool.folders import current_folder, enter_folder
+from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.sealed import hold_pool_key
@@ -113,6 +115,7 @@ class Worker:
         self.rank = config.rank
         self.world_size = config.world_size
         self.device = torch.device(config.device)
+        self.home = current_folder() or "/"  # where a request runs whose notebook folder does not exist here
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
         self.current_request: int | None = None  # the request the main thread runs (None between requests)
@@ -273,13 +276,12 @@ class Worker:
                 )
 
     def _send_reply(self, reply: Any) -> None:
-        """Send the reply even if a late interrupt lands while it is on its way."""
-        while True:
-            try:
+        """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""
+        try:
+            with HeldInterrupt():
                 self.channel.send(reply)
-                return
-            except KeyboardInterrupt:
-                continue
+        except KeyboardInterrupt:
+            pass
 
     def _emit(self, payload: Any) -> None:
         if self.current_request is not None:
@@ -341,7 +343,15 @@ class Worker:
             raise NameError(f"this worker has no value for Composite {value.key!r}")
         return self.namespace[value.key]
 
+    def _enter_notebook_folder(self, message: p.RunCell | p.Call) -> None:
+        """Run in the notebook's folder of the request (as MATLAB's workers do), or say why it cannot."""
+        reason = enter_folder(message.cwd, self.home)
+        if reason is not None and message.cwd is not None:
+            self.channel.send(p.FolderMissing(message.request_id, self.rank, socket.gethostname(), message.cwd, reason,
+                                              self.home))
+
     def run_cell(self, message: p.RunCell) -> list[str]:
+        self._enter_notebook_folder(message)
         self._bind(message.variables)
         self.namespace.update(self._cell_names(message.group_ranks))
         lines = message.code.splitlines(keepends=True)
@@ -351,6 +361,7 @@ class Worker:
         return [name for name in message.result_names if name in self.namespace]
 
     def call(self, message: p.Call) -> Any:
+        self._enter_notebook_folder(message)
         args = [self._own(a) for a in message.args]
         return message.function(*args, **{key: self._own(value) for key, value in message.kwargs.items()})
 
@@ -449,6 +460,7 @@ def serve(config: p.WorkerConfig) -> None:
     if config.threads:
         torch.set_num_threads(config.threads)
     announce_failures_here(False)  # a full /dev/shm is said once, by the kernel, not by every worker
+    hold_every_interrupt()
     channel = connect(config.kernel_address, bytes.fromhex(config.secret))
     hold_pool_key(bytes.fromhex(config.secret))  # for the peers' pickles in collectives (nbscale.pool.sealed)
     channel.same_machine = config.kernel_machine_id == machine_id()

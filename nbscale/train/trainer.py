@@ -69,8 +69,8 @@ def train(
     """
     dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
     if options.checkpoint_path is not None and not os.path.isabs(os.path.expanduser(options.checkpoint_path)):
-        # the notebook's folder now, where the user looks: a pool's workers keep the folder the pool started in,
-        # which a %cd or os.chdir since then has left (and on_worker_failure="restart" looks here for what they wrote)
+        # the notebook's folder now, where the user looks: a cluster's workers may not have it (they then run in
+        # their own folder), and on_worker_failure="restart" looks here for what they wrote
         options = options.replace(checkpoint_path=os.path.abspath(os.path.expanduser(options.checkpoint_path)))
     check_recovery_options(options)
     resume = _resume_point(resume_from, model, options, len(dataset))

@@ -1,0 +1,73 @@
+"""Holding the kernel interrupt off while a message goes out, so it goes out whole.
+
+A KeyboardInterrupt (the kernel's interrupt, SIGINT) is raised in the main thread between any two bytecodes, so
+one landing while a frame is written to a socket leaves half a frame there (the peer then reads the next message
+as the rest of it), and one landing between the ranks a request goes to leaves some ranks without it. While a
+`HeldInterrupt` is active, SIGINT's Python handler only notes the signal; `deliver` then lets it land through the
+handler it held off (KeyboardInterrupt by default, or what the running code installed, such as training's
+"stop at the end of the iteration"). A second interrupt while one is held lands at once, as a KeyboardInterrupt:
+a send to a peer that stopped reading would otherwise hold the kernel forever.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType, TracebackType
+from typing import Any
+
+_holding: HeldInterrupt | None = None  # the hold in force: one nested in it leaves the interrupt to it
+_second_lands = True  # whether a second interrupt during a hold lands at once (see `hold_every_interrupt`)
+
+
+def hold_every_interrupt() -> None:
+    """Hold a second interrupt too, in this process (a worker: its interrupts come from the kernel, which always
+    reads what the worker sends, and a reply cut short would garble the kernel's channel)."""
+    global _second_lands
+    _second_lands = False
+
+
+class HeldInterrupt:
+    """`with HeldInterrupt():` holds SIGINT off while the block runs and lets a held one land at its end;
+    `HeldInterrupt(deliver_later=True)` leaves that to `deliver()`.
+
+    Only the main thread runs Python signal handlers: elsewhere (and where SIGINT has no Python handler, so
+    ignored or fatal) the block runs unchanged and nothing is held. A hold inside another holds nothing itself.
+    """
+
+    def __init__(self, deliver_later: bool = False) -> None:
+        self.pending = False
+        self._deliver_later = deliver_later
+        self._previous: Any = None
+
+    def __enter__(self) -> HeldInterrupt:
+        global _holding
+        if _holding is not None:
+            return self
+        previous = signal.getsignal(signal.SIGINT)
+        if callable(previous):
+            try:
+                signal.signal(signal.SIGINT, self._note)
+            except ValueError:  # not the main thread: no interrupt is raised in this one
+                return self
+            self._previous, _holding = previous, self
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        global _holding
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous, _holding = None, None
+        if not self._deliver_later:
+            self.deliver()
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        if self.pending and _second_lands:  # a second interrupt: the user wants out now (a send that never ends, to a frozen peer)
+            self.pending = False
+            raise KeyboardInterrupt
+        self.pending = True
+
+    def deliver(self) -> None:
+        """Let the interrupt held off land now, as if it arrived now (outside the `with` block)."""
+        if self.pending:
+            self.pending = False
+            signal.raise_signal(signal.SIGINT)  # runs the handler in place now, in this thread

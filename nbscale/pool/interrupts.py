@@ -11,6 +11,9 @@ a send to a peer that stopped reading would otherwise hold the kernel forever.
 
 from __future__ import annotations
 
+# The C functions under `signal`'s getsignal/signal: the public ones also turn every handler they return into an
+# enum member, which costs far more than the swap itself, and a hold swaps twice on every request and reply.
+import _signal  # type: ignore[import-not-found]  # (no stub: the same signatures as signal's)
 import signal
 from types import FrameType, TracebackType
 from typing import Any
@@ -43,10 +46,10 @@ class HeldInterrupt:
         global _holding
         if _holding is not None:
             return self
-        previous = signal.getsignal(signal.SIGINT)
+        previous = _signal.getsignal(signal.SIGINT)
         if callable(previous):
             try:
-                signal.signal(signal.SIGINT, self._note)
+                _signal.signal(signal.SIGINT, self._note)
             except ValueError:  # not the main thread: no interrupt is raised in this one
                 return self
             self._previous, _holding = previous, self
@@ -55,7 +58,7 @@ class HeldInterrupt:
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
         global _holding
         if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+            _signal.signal(signal.SIGINT, self._previous)
             self._previous, _holding = None, None
         if not self._deliver_later:
             self.deliver()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import TextIO
 
 from nbscale.pool import protocol as p
@@ -13,6 +14,10 @@ _held_lines: dict[str, dict[int, str]] = {}
 # stream name -> ranks whose open line another rank's output ended: the newline that would end it is that one
 _ended_by_others: dict[str, set[int]] = {}
 _unflushed: set[str] = set()  # streams written since their last flush
+# stream name -> other ranks' output that waits, in order, for the open line to end (see print_output)
+_waiting: dict[str, list[p.Output]] = {}
+_opened: dict[str, tuple[float, bool]] = {}  # stream name -> when its open line began, and whether it is plain text
+_PATIENCE_S = 1.0  # how long finished lines of other ranks wait for an open plain line ("loading..." then " ok")
 
 
 def print_output(output: p.Output, flush: bool = True) -> None:
@@ -22,11 +27,45 @@ def print_output(output: p.Output, flush: bool = True) -> None:
     line open: the same rank's next chunk continues it (the notebook redraws a "\r" line in place), and other
     output ends it first. A notebook stream can redraw only its last line, so while one rank's line is open, other
     ranks' unfinished lines are held (a progress bar's latest redraw) and shown when their line ends or the request
-    does: several ranks' progress bars make one line each, not one line per redraw, and `print('loading',
-    end='')` then `print(' ok')` on every rank makes one line per rank. With `flush=False` the caller calls `flush_output()`
+    does: several ranks' progress bars make one line each, not one line per redraw. A rank's finished line waits
+    (up to _PATIENCE_S, then until more output or the request's end) while another rank's plain open line is
+    young, so `print('loading', end='')` then `print(' ok')` on every rank makes one line per rank whichever rank
+    ends first. With `flush=False` the caller calls `flush_output()`
     once a burst has been written: in a kernel each flush is a round trip to its output thread and one message to
     the notebook, so flushing every line of a worker that prints thousands is slow.
     """
+    name = output.stream
+    if _waiting.get(name) and not _worth_waiting(name):
+        _release(name)
+    waiting = _waiting.setdefault(name, [])
+    open_rank = _open_line.get(name)
+    if any(earlier.rank == output.rank for earlier in waiting) or (
+        output.text.endswith("\n") and open_rank not in (None, output.rank) and _worth_waiting(name)
+    ):
+        # a rank's line ends while another rank's plain line is still open (every rank printing "loading", then
+        # " ok"): it waits a moment for that line to end, so neither is cut in two
+        waiting.append(output)
+        return
+    _show(output, flush)
+    if name not in _open_line and waiting:
+        _release(name)
+        if flush:
+            flush_output()
+
+
+def _worth_waiting(name: str) -> bool:
+    """Whether the stream's open line is plain text (no redraw) opened within the patience."""
+    began, plain = _opened.get(name, (0.0, False))
+    return name in _open_line and plain and time.monotonic() - began < _PATIENCE_S
+
+
+def _release(name: str) -> None:
+    """Show what waited for the open line, in the order it came."""
+    for output in _waiting.pop(name, []):
+        _show(output, flush=False)
+
+
+def _show(output: p.Output, flush: bool) -> None:
     stream = sys.stderr if output.stream == "stderr" else sys.stdout
     held = _held_lines.setdefault(output.stream, {})
     if "\n" not in output.text and _open_line.get(output.stream, output.rank) != output.rank:
@@ -59,6 +98,10 @@ def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
                            if line or i < len(lines) - 1 else line for i, line in enumerate(lines)))
     if text and not text.endswith("\n"):
         _open_line[name] = rank
+        if not continues or "\n" in text:
+            _opened[name] = (time.monotonic(), "\r" not in text)
+        elif "\r" in text:
+            _opened[name] = (_opened.get(name, (0.0, False))[0], False)
     _unflushed.add(name)
 
 
@@ -66,6 +109,7 @@ def end_open_lines() -> None:
     """Show held unfinished lines and end the lines workers left open (a request ended): the next cell's output starts on a
     line of its own."""
     for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
+        _release(name)
         held = _held_lines.pop(name, {})
         _ended_by_others.pop(name, None)
         for rank in sorted(held):

@@ -1,70 +1,95 @@
-"""Holding the interrupt off while a message goes out: real SIGINTs to this process, in its main thread."""
+"""Holding the interrupt off while a message goes out: real SIGINTs, each scenario in a fresh Python process.
+
+Signal handlers are process-wide state, so each scenario runs where a user's process starts: SIGINT's default
+handler in place, nothing else installed by earlier tests of this (long-lived) test process.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
+import subprocess
+import sys
+import textwrap
 
-import pytest
+import nbscale
 
+_PRELUDE = """
+import os, signal, time
 from nbscale.pool.interrupts import HeldInterrupt
 
-
-def _interrupt_this_process() -> None:
+def interrupt_this_process():
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.05)  # the handler would run here, part-way through the block, without the hold
+"""
+
+
+def _scenario(body: str) -> list[str]:
+    """What a fresh process running `body` (after the prelude) printed, line by line."""
+    script = _PRELUDE + textwrap.dedent(body)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=str(nbscale.__path__[0] + "/.."))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
 
 
 def test_an_interrupt_during_a_hold_lands_once_the_block_has_run_whole():
-    steps = []
-    with pytest.raises(KeyboardInterrupt):
-        with HeldInterrupt():
-            _interrupt_this_process()
-            steps.append("rest of the block")
-    assert steps == ["rest of the block"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert _scenario("""
+        try:
+            with HeldInterrupt():
+                interrupt_this_process()
+                print("rest-of-the-block")
+        except KeyboardInterrupt:
+            print("interrupted")
+        print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """) == ["rest-of-the-block", "interrupted", "True"]
 
 
 def test_a_hold_inside_another_leaves_the_interrupt_to_the_outer_one():
-    steps = []
-    with pytest.raises(KeyboardInterrupt):
-        with HeldInterrupt():
+    assert _scenario("""
+        try:
             with HeldInterrupt():
-                _interrupt_this_process()
-            steps.append("after the inner hold")
-    assert steps == ["after the inner hold"]
+                with HeldInterrupt():
+                    interrupt_this_process()
+                print("after-the-inner-hold")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """) == ["after-the-inner-hold", "interrupted"]
 
 
 def test_an_interrupt_held_for_later_lands_when_delivered():
-    held = HeldInterrupt(deliver_later=True)
-    with held:
-        _interrupt_this_process()
-    assert held.pending
-    with pytest.raises(KeyboardInterrupt):
-        held.deliver()
-    held.deliver()  # once only
+    assert _scenario("""
+        held = HeldInterrupt(deliver_later=True)
+        with held:
+            interrupt_this_process()
+        print("pending", held.pending)
+        try:
+            held.deliver()
+        except KeyboardInterrupt:
+            print("delivered")
+        held.deliver()  # once only
+        print("once")
+    """) == ["pending", "True", "delivered", "once"]
 
 
 def test_a_held_interrupt_lands_through_the_handler_the_running_code_installed():
-    calls = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))  # as training's "stop"
-    try:
+    assert _scenario("""
+        calls = []
+        signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))  # as training's "stop"
         with HeldInterrupt():
-            _interrupt_this_process()
-            assert calls == []
-        assert calls == [signal.SIGINT]
-    finally:
-        signal.signal(signal.SIGINT, previous)
+            interrupt_this_process()
+            print("inside", len(calls))
+        print("after", len(calls))
+    """) == ["inside", "0", "after", "1"]
 
 
 def test_a_second_interrupt_during_a_hold_lands_at_once():
-    steps = []
-    with pytest.raises(KeyboardInterrupt):
-        with HeldInterrupt():
-            _interrupt_this_process()
-            steps.append("after the first")
-            _interrupt_this_process()
-            steps.append("after the second")
-    assert steps == ["after the first"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert _scenario("""
+        try:
+            with HeldInterrupt():
+                interrupt_this_process()
+                print("after-the-first")
+                interrupt_this_process()
+                print("after-the-second")
+        except KeyboardInterrupt:
+            print("interrupted")
+        print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """) == ["after-the-first", "interrupted", "True"]

@@ -1,7 +1,7 @@
 """Holding the interrupt off while a message goes out: real SIGINTs, each scenario in a fresh Python process.
 
-Signal handlers are process-wide state, so each scenario runs where a user's process starts: SIGINT's default
-handler in place, nothing else installed by earlier tests of this (long-lived) test process.
+Signal handlers are process-wide state, so each scenario runs where a kernel's process starts: SIGINT raising
+KeyboardInterrupt, whatever this test process inherited (a test run started in the background ignores SIGINT).
 """
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ import nbscale
 _PRELUDE = """
 import os, signal, time
 from nbscale.pool.interrupts import HeldInterrupt
+
+# as in a kernel, whose interrupt raises KeyboardInterrupt: a process started from a background job inherits
+# SIGINT ignored, and Python then installs no handler of its own (nor is there one for a hold to hold off)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def interrupt_this_process():
     os.kill(os.getpid(), signal.SIGINT)

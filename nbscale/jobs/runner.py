@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     os.umask(0o077)  # whatever the job writes (checkpoints included) is the user's alone
     pid = os.getpid()
     if not store.mark_running(job_id, pid, start_time(pid)):  # whichever backend started it, it is a process here
-        print(f"[nbscale] job {job_id} was cancelled before it started.", flush=True)
+        print(f"[nbscale] job {job_id} was {store.get(job_id).state} before it started.", flush=True)
         return 0
     record = store.get(job_id)
     code = (job_dir / "cell.py").read_text(encoding="utf-8")

@@ -68,19 +68,32 @@ def submit(
     store = store or JobStore()
     directory = os.fspath(cwd) if cwd is not None else os.getcwd()
     job_id = store.create(name, pool, directory)
-    job_dir = store.job_dir(job_id)
-    write_atomic(job_dir / "cell.py", code.encode("utf-8"))
-    write_atomic(job_dir / "inputs.pkl", inputs)
-    log = store.log_path(job_id)
-    append_text(log, _header(job_id, name, pool, directory))
+    launch = Launch(job_id, store.job_dir(job_id), store.log_path(job_id), directory, environment, pool)
     try:
-        runner = backend_for(cluster).launch(Launch(job_id, job_dir, log, directory, environment, pool))
+        runner = _start(launch, code, inputs, _header(job_id, name, pool, directory), cluster)
     except LaunchFailed as failure:
         store.fail(job_id, failure.reason)
         raise JobError(str(failure)) from None
+    except OSError as error:  # its folder could not be written (a full disk, say)
+        store.fail(job_id, f"its folder could not be written: {error}")
+        raise JobError(
+            f"Job {job_id} could not be written to its folder {launch.job_dir} ({error}). Free space there or fix "
+            "the folder's permissions (docs/jobs.md says where the job store lives) and submit again."
+        ) from None
+    except BaseException:  # interrupted while written or started: the job is failed, never left queued
+        store.fail(job_id, "its submission was interrupted before the job started; submit it again")
+        raise
     if runner is not None:  # a process on this machine: the store follows it by pid
         store.set_process(job_id, *runner)
     return Job(job_id, store)
+
+
+def _start(launch: Launch, code: str, inputs: bytes, header: str, cluster: str | None) -> tuple[int, float | None] | None:
+    """Write the job's folder (code, inputs, the log's first line) and start it; its runner's pid where local."""
+    write_atomic(launch.job_dir / "cell.py", code.encode("utf-8"))
+    write_atomic(launch.job_dir / "inputs.pkl", inputs)
+    append_text(launch.log, header)
+    return backend_for(cluster).launch(launch)
 
 
 def _header(job_id: int, name: str | None, pool: int | None, cwd: str) -> str:

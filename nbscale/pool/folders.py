@@ -5,11 +5,16 @@ The kernel names its folder in each request (`current_folder`); the worker chang
 (`enter_folder`). Where that folder does not exist on the worker (a cluster node, or a folder deleted since), the
 request runs in the folder the worker started in, and the kernel warns once per pool and folder
 (`missing_folder_warning`).
+
+Modules in the notebook's folder are importable on the workers as in the kernel (IPython puts '' on the kernel's
+sys.path): whenever the folder changes, the kernel names it to each worker (`NotebookFolder`) before the request,
+and the worker puts it first on its sys.path in place of the one before (`ImportableFolder`).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from nbscale.pool import protocol as p
 
@@ -56,3 +61,21 @@ def missing_folder_warning(message: p.FolderMissing) -> str:
         f"folder instead ({message.fallback!r} on worker {message.rank}), where relative paths are read. Create the "
         "folder on the workers' machines, or use absolute paths. This is said once per pool and folder."
     )
+
+
+class ImportableFolder:
+    """The notebook's current folder, kept first on this worker's sys.path (the one it replaces is taken off, unless
+    it was on sys.path before, as the folder the worker started in is)."""
+
+    def __init__(self) -> None:
+        self._added: str | None = None
+
+    def follow(self, folder: str) -> None:
+        if folder == self._added:
+            return
+        if self._added is not None and self._added in sys.path:
+            sys.path.remove(self._added)
+        self._added = None
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+            self._added = folder

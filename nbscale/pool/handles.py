@@ -22,6 +22,7 @@ class WorkerHandle:
     memory_mb: float | None = None
     device_memory_mb: float | None = None
     status_round: int = 0  # the last StatusQuery it answered
+    folder_told: str | None = None  # the notebook folder it was last told to make importable (NotebookFolder)
     last_heard: float = field(default_factory=time.monotonic)  # when its last message arrived (monotonic s)
     transferring: bool = False  # a message to or from it is on its way now (a large one can take a while)
     where: str = ""  # where its main thread runs a request, as its last heartbeat said

@@ -15,6 +15,7 @@ from __future__ import annotations
 # enum member, which costs far more than the swap itself, and a hold swaps twice on every request and reply.
 import _signal  # type: ignore[import-not-found]  # (no stub: the same signatures as signal's)
 import signal
+import threading
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -44,13 +45,13 @@ class HeldInterrupt:
 
     def __enter__(self) -> HeldInterrupt:
         global _holding
-        if _holding is not None:
-            return self
+        if _holding is not None or threading.get_ident() != threading.main_thread().ident:
+            return self  # held already, or not the main thread: no interrupt is raised in this one
         previous = _signal.getsignal(signal.SIGINT)
         if callable(previous):
             try:
                 _signal.signal(signal.SIGINT, self._note)
-            except ValueError:  # not the main thread: no interrupt is raised in this one
+            except ValueError:  # not the main interpreter's main thread after all
                 return self
             self._previous, _holding = previous, self
         return self

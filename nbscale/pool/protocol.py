@@ -126,6 +126,14 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
+class NotebookFolder:
+    """The notebook's current folder changed: make it importable on the worker (before the request that follows,
+    whose pickles may name modules there, is read)."""
+
+    folder: str
+
+
+@dataclass(frozen=True)
 class RequestStop:
     """Set the worker's stop flag, which training loops poll (the Stop button)."""
 

@@ -99,6 +99,7 @@ class Router:
         request.frame = frame
         self.last_activity = time.monotonic()
         ranks = list(ranks)
+        folder = getattr(message, "cwd", None)  # the notebook's folder a RunCell or Call runs in
         if all(self.workers[rank].channel.same_machine for rank in ranks) and frame.to_shared_memory():
             frame.buffers = []  # no receiver needs them on the socket: free the copies (a GPU tensor's, say) now
         for rank in ranks:
@@ -110,6 +111,9 @@ class Router:
             # transfer time does not count as silence
             worker.transferring, began = True, time.monotonic()
             try:
+                if folder is not None and folder != worker.folder_told:  # read before the request's own pickles
+                    worker.channel.send(p.NotebookFolder(folder))
+                    worker.folder_told = folder
                 worker.channel.send_frame(frame)
             except (OSError, ValueError):
                 self.worker_died(worker, "its connection closed")

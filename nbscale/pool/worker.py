@@ -34,7 +34,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
-from nbscale.pool.folders import current_folder, enter_folder
+from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
 from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
@@ -147,7 +147,9 @@ class Worker:
             p.Verdict: self.record_verdict,
             p.StatusQuery: self.report_status,
             p.Shutdown: self.shut_down,
+            p.NotebookFolder: self.follow_notebook_folder,
         }
+        self.importable_folder = ImportableFolder()
 
     # ---- receiver thread ------------------------------------------------------------------------------------
 
@@ -177,6 +179,9 @@ class Worker:
                     _interrupt_main_thread()
         elif self.busy:
             _interrupt_main_thread()
+
+    def follow_notebook_folder(self, message: p.NotebookFolder) -> None:
+        self.importable_folder.follow(message.folder)
 
     def request_stop(self, message: p.RequestStop) -> None:
         self.context._stop.set()

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from nbscale.errors import JobError
 from nbscale.jobs import JobStore
 from nbscale.jobs.files import write_atomic
 
 _CRASH_MID_TRANSACTION = """
 import os, signal, sys
+from nbscale.errors import JobError
 from nbscale.jobs import JobStore
 store = JobStore(sys.argv[1])
 with store._transaction() as connection:
@@ -57,3 +59,26 @@ def test_queued_job_whose_process_never_started_is_failed(
     monkeypatch.setattr("nbscale.jobs.store.NEVER_STARTED_S", 0.0)
     record = job_store.get(job_id)
     assert record.state == "failed" and "never started" in (record.error or "")
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt, OSError])
+def test_a_submission_cut_off_while_its_folder_is_written_leaves_a_failed_job_not_a_queued_one(
+    job_store: JobStore, monkeypatch: pytest.MonkeyPatch, fault: type[BaseException]
+) -> None:
+    submitting = sys.modules["nbscale.jobs.submit"]  # the module (nbscale.jobs.submit is also its function's name)
+
+    def cut_off(path: Path, data: bytes) -> None:
+        if path.name == "inputs.pkl":  # an interrupt (or a full disk) while a large input is written
+            raise fault(28, "No space left on device") if fault is OSError else fault()
+        write_atomic(path, data)
+
+    monkeypatch.setattr(submitting, "write_atomic", cut_off)
+    with pytest.raises(KeyboardInterrupt if fault is KeyboardInterrupt else JobError) as raised:
+        submitting.submit("y = x + 1", namespace={"x": 1}, store=job_store)
+    [record] = job_store._read()
+    assert record.state == "failed"
+    if fault is KeyboardInterrupt:
+        assert "submission was interrupted" in (record.error or "")
+    else:
+        assert "No space left on device" in str(raised.value) and str(job_store.job_dir(record.id)) in str(raised.value)
+        assert "could not be written" in (record.error or "")

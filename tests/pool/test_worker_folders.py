@@ -80,3 +80,23 @@ def test_a_task_queued_before_a_cd_runs_in_the_folder_it_was_submitted_from(kern
                         "os.chdir('/')\n"
                         "print(later.running(), later.result(), pool.submit(os.getcwd).result())")
     assert queued.stdout == f"False {tmp_path} /\n", queued.text
+
+
+def test_modules_in_the_notebooks_folder_are_importable_on_the_workers_after_cd(kernel, tmp_path):
+    """As in the kernel (IPython puts '' on its sys.path): a module variable, a function from such a module, and an
+    import inside the cell all find the notebook's current folder."""
+    (tmp_path / "helper.py").write_text("VALUE = 7\ndef where():\n    return __file__\n")
+    (tmp_path / "helper_too.py").write_text("VALUE = 8\n")
+    kernel.run("%pool start 2 --cpu\nimport nbscale\npool = nbscale.current_pool()")
+    assert kernel.run(f"%cd {tmp_path}").ok
+    assert kernel.run("import helper\nfrom helper import where").ok
+    cell = kernel.run("%%spmd\nimport helper_too\nprint(helper.VALUE, helper_too.VALUE, where())")
+    assert cell.ok, cell.text
+    for rank in (0, 1):
+        assert f"[{rank}] 7 8 {tmp_path / 'helper.py'}" in cell.stdout
+    task = kernel.run("print(pool.submit(where).result(), pool.run(where))")
+    assert task.ok and task.stdout == f"{tmp_path / 'helper.py'} {[str(tmp_path / 'helper.py')] * 2}\n", task.text
+    kernel.run("%cd /")  # the folder left behind is no longer searched (nor is it in the kernel)
+    (tmp_path / "helper_three.py").write_text("VALUE = 9\n")
+    gone = kernel.run("%%spmd\nimport helper_three")
+    assert not gone.ok and "No module named 'helper_three'" in gone.text

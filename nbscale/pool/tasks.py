@@ -16,6 +16,7 @@ from typing import Any
 from nbscale.errors import PoolError
 from nbscale.pool import protocol as p
 from nbscale.pool.folders import current_folder
+from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
@@ -63,7 +64,11 @@ class TaskQueue:
         """Start queued tasks on idle workers (every one that can start, even when the kernel is interrupted
         meanwhile: the interrupt lands once they are sent)."""
         with HeldInterrupt(), self.lock:
+            stranded = False
             while self.queued:
+                if all(w.dead for w in self.router.workers):
+                    stranded = True
+                    break
                 idle = [w for w in self.router.workers if not w.dead and w.outstanding == 0]
                 if not idle:
                     return
@@ -73,6 +78,9 @@ class TaskQueue:
                     frame.release()
                     continue
                 self.router.send(message, (idle[0].rank,), future=future, frame=frame, on_event=on_event)
+        if stranded:  # no worker is left to run them: they fail now rather than wait forever
+            self.fail_queued(f"every worker of the pool has died ({_deaths(self.router.workers)}). Run %pool restart "
+                             "(pool.restart()) for fresh workers")
 
     def cancel(self, future: Future[Any]) -> bool:
         """Cancel a queued task, or interrupt a running one; False when it had already finished."""
@@ -82,6 +90,8 @@ class TaskQueue:
             request = self._request_of(future)
             if request is None or future.done():
                 return False
+            if request.request_id in self._cancelled:  # interrupted already, and stopping
+                return True
             self._cancelled.add(request.request_id)
             self.router.tell(p.Interrupt(request.request_id), request.waiting_for)
         return True
@@ -131,3 +141,8 @@ class TaskQueue:
             future.set_exception(request.error(self._what.get(future, "The task")))
         else:
             future.set_result(request.replies[request.ranks[0]])
+
+
+def _deaths(workers: Iterable[WorkerHandle]) -> str:
+    """How each dead worker went, as one clause: 'worker 0: killed by SIGKILL; worker 1: ...'."""
+    return "; ".join(f"worker {w.rank}: {w.dead}" for w in workers if w.dead)

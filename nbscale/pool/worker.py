@@ -9,6 +9,7 @@ or forked from the local forkserver, which calls `serve(config)`.
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # signal's C functions: getsignal without the enum lookup
 import importlib
 import io
 import json
@@ -118,6 +119,8 @@ class Worker:
         self.home = current_folder() or "/"  # where a request runs whose notebook folder does not exist here
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
+        self.interruptible = False  # whether the main thread runs a request's code (SIGINT raises only then)
+        self._gate = self._interrupt_request  # the one bound method installed as SIGINT's handler
         self.current_request: int | None = None  # the request the main thread runs (None between requests)
         # the main thread's last seen spot and activity, and since when it has stood still there
         self._spot: tuple[tuple[int, int], tuple[int, int] | None, float] | None = None
@@ -241,12 +244,15 @@ class Worker:
     def serve(self) -> None:
         """Run requests one by one; every request ends in Done or Failed."""
         self._serving_thread = (threading.get_ident(), threading.get_native_id())
+        signal.signal(signal.SIGINT, self._gate)
         while True:
             try:
                 message = self.inbox.get()
             except KeyboardInterrupt:  # an interrupt that arrived just after the last request ended
                 continue
             self.context.reset()
+            if _signal.getsignal(signal.SIGINT) is not self._gate:  # a cell installed its own handler and left it
+                signal.signal(signal.SIGINT, self._gate)
             try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
                 with self.request_lock:
                     self.current_request = message.request_id
@@ -254,7 +260,11 @@ class Worker:
                     self.cancelled_requests.discard(message.request_id)
                 if cancelled:
                     raise KeyboardInterrupt("cancelled before it started")
-                value = self.handlers[type(message)](message)
+                self.interruptible = True
+                try:
+                    value = self.handlers[type(message)](message)
+                finally:
+                    self.interruptible = False
                 if os.getpid() != self.pid:
                     _end_forked_copy(None)
                 sys.stdout.flush()
@@ -279,6 +289,13 @@ class Worker:
                 self.channel.send(
                     p.Failed(message.request_id, self.rank, type(error).__name__, f"the result could not be sent back: {error}", "")
                 )
+
+    def _interrupt_request(self, signum: int, frame: FrameType | None) -> None:
+        """SIGINT's handler: KeyboardInterrupt in the request that runs, and nowhere else. An interrupt that comes
+        late (a second one for a request already stopping, or one crossing its end) is dropped: raised in the
+        loop that answers requests, it would end the worker."""
+        if self.interruptible:
+            raise KeyboardInterrupt
 
     def _send_reply(self, reply: Any) -> None:
         """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""

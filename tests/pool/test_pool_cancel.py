@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import sys
 import threading
 import time
@@ -86,3 +87,34 @@ def test_a_blocking_call_behind_a_running_task_says_what_it_waits_for(pool, monk
     monkeypatch.setattr(sys, "stdout", printed)
     assert pool.run(os.getpid) == [pool.workers[0].pid]
     assert "Worker 0 still running a task from pool.submit or pool.map" in printed.getvalue()
+
+
+def test_interrupts_that_cross_the_end_of_a_request_never_end_the_worker(pool):
+    """A second interrupt for a task already stopping, or one landing just as a request ends, is dropped by the
+    worker, not raised in the loop that answers requests (which would end the worker: the kernel then waited
+    forever on a pool with no live worker)."""
+    from nbscale.pool import protocol as p
+
+    pid = pool.workers[0].pid
+    stop = threading.Event()
+
+    def storm() -> None:
+        while not stop.is_set():  # untargeted, as the kernel's interrupt of a cell sends them, at uneven intervals
+            pool.router.tell(p.Interrupt(None))  # (so that some land while the worker answers an earlier one)
+            time.sleep(random.uniform(0.00002, 0.0005))
+
+    storming = threading.Thread(target=storm)
+    storming.start()
+    try:
+        outcomes = {"done": 0, "interrupted": 0}
+        for _ in range(300):
+            try:
+                pool.submit(time.sleep, 0.002).result(timeout=30)
+                outcomes["done"] += 1
+            except Exception as error:  # noqa: BLE001 - a task the storm interrupted fails with KeyboardInterrupt
+                assert "KeyboardInterrupt" in str(error), error
+                outcomes["interrupted"] += 1
+    finally:
+        stop.set()
+        storming.join()
+    assert pool.workers[0].state != "dead" and pool.run(os.getpid) == [pid], outcomes

@@ -85,3 +85,18 @@ def test_a_task_running_beside_a_call_that_fails_is_kept(pool):
     with pytest.raises(ValueError, match="rank 1 gave up"):
         pool.run(_raise_on_rank_one_else_sleep)
     assert task.result(timeout=10) is None  # the call was skipped there, the task not interrupted
+
+
+def test_tasks_on_a_pool_whose_workers_all_died_fail_instead_of_waiting_forever(pool):
+    queued = [pool.submit(time.sleep, 60) for _ in range(3)]  # two running, one waiting for a free worker
+    for worker in pool.workers:
+        os.kill(worker.pid, signal.SIGKILL)
+    for future in queued:
+        with pytest.raises(Exception, match="killed by SIGKILL"):
+            future.result(timeout=30)
+    with pytest.raises(Exception, match=r"every worker of the pool has died \(worker 0: .*SIGKILL.*Run %pool restart"):
+        pool.submit(os.getpid).result(timeout=30)
+    with pytest.raises(Exception, match="Run %pool restart"):
+        list(pool.map(abs, [-1, -2]))
+    pool.restart()
+    assert list(pool.map(abs, [-1, -2])) == [1, 2]

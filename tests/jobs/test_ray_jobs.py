@@ -8,12 +8,12 @@ import secrets
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 import nbscale.jobs as jobs
 from nbscale.errors import JobError
 from nbscale.jobs import JobStore
+from tests.jobs.test_jobs import gone
 from tests.kernel_session import KernelSession
 from tests.ray_head import LOOPBACK_ENV, free_port, ray_head
 
@@ -66,7 +66,7 @@ def test_cancel_stops_the_ray_job_and_its_process(job_server):
     assert job.cancel()
     assert job.state == "cancelled" and not job.cancel()
     deadline = time.monotonic() + 30
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+    while not gone(pid):  # (it may exit between any two looks at it)
         assert time.monotonic() < deadline, "Ray did not stop the job's runner"
         time.sleep(0.1)
     assert "cancelled" in job.log()

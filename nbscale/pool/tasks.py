@@ -144,5 +144,5 @@ class TaskQueue:
 
 
 def _deaths(workers: Iterable[WorkerHandle]) -> str:
-    """How each dead worker went, as one clause: 'worker 0: killed by SIGKILL; worker 1: ...'."""
+    """How each dead worker went, as one clause: 'worker 0: it was killed by SIGKILL; worker 1: ...'."""
     return "; ".join(f"worker {w.rank}: {w.dead}" for w in workers if w.dead)

@@ -25,6 +25,11 @@ class TrainingStarted:
     choices: str = ""  # what mini_batch_size="auto" and learn_rate_scaling chose, and why; "" when nothing
     prepare_seconds: float = 0.0  # reading the data before the first iteration (not in the training's time)
     data_placement: str = ""  # where the training data are held, as the info panel says it
+    # the metrics' names in display order (TrainingOptions.metrics resolved: "accuracy", "rmse", a callable's
+    # __name__, ...); each IterationDone's metric dicts use these keys
+    metric_names: tuple[str, ...] = ("accuracy",)
+    objective_metric: str = "loss"  # what validation_patience and "best-validation" follow ("loss": validation loss)
+    objective_goal: str = "minimize"  # "minimize" or "maximize"
 
 
 @dataclass  # not frozen: made every iteration, and a frozen one sets each field through object.__setattr__ (slots would refuse old checkpoints)
@@ -40,6 +45,10 @@ class IterationDone:
     images: int
     validation_loss: float | None = None
     validation_accuracy: float | None = None
+    # every metric of TrainingStarted.metric_names by name (accuracy too, when it is one); None where not computed
+    # (training_accuracy / validation_accuracy stay, equal to the "accuracy" entries)
+    training_metrics: dict[str, float | None] | None = None
+    validation_metrics: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,7 @@ class TrainingDone:
     # the last iteration's validation, when a stop asked as its event went out ended the run before it validated
     validation_loss: float | None = None
     validation_accuracy: float | None = None
+    validation_metrics: dict[str, float | None] | None = None  # with validation_loss, every metric by name
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotun
 WorkerFailure = Literal["error", "restart"]
 LearnRateScaling = Literal["none", "linear"]
 AutoBatch = Literal["auto"]
+ScheduleStep = Literal["iteration", "epoch"]
+ObjectiveGoal = Literal["auto", "minimize", "maximize"]
 
 SOLVERS: tuple[str, ...] = get_args(Solver)
 SHUFFLE_MODES: tuple[str, ...] = get_args(ShuffleMode)
@@ -42,6 +44,8 @@ DATA_PLACEMENTS: tuple[str, ...] = get_args(DataPlacement)
 COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 WORKER_FAILURES: tuple[str, ...] = get_args(WorkerFailure)
 LEARN_RATE_SCALINGS: tuple[str, ...] = get_args(LearnRateScaling)
+SCHEDULE_STEPS: tuple[str, ...] = get_args(ScheduleStep)
+OBJECTIVE_GOALS: tuple[str, ...] = get_args(ObjectiveGoal)
 MAX_EPOCHS_LIMIT = 1_000_000  # more is a typo (1e23), not a plan: it would train until interrupted
 
 # MATLAB's solver-dependent defaults: each field's default by solver
@@ -96,6 +100,13 @@ class TrainingOptions:
     on_worker_failure: WorkerFailure = "error"
     learn_rate_scaling: LearnRateScaling = "none"
     learn_rate_reference_batch: int = 128  # "linear": initial_learn_rate is the rate for a global mini-batch of this
+    # a callable learn_rate_schedule is stepped every "iteration" or every "epoch" (ReduceLROnPlateau: each validation)
+    learn_rate_schedule_step: ScheduleStep = "iteration"
+    loss: Any = None  # None: cross-entropy for class labels; a name (nbscale.train.losses) or (outputs, targets) -> loss
+    metrics: Any = None  # None: ("accuracy",) for class labels, ("rmse",) under a regression loss; else a sequence
+    objective_metric: str = "loss"  # MATLAB's ObjectiveMetricName: "loss" (validation loss) or one of `metrics`
+    objective_goal: ObjectiveGoal = "auto"  # "auto": known for the named metrics; "minimize"/"maximize" otherwise
+    loggers: Sequence[Any] = ()  # objects with log(metrics: dict, step: int) and close() (nbscale.loggers)
     _ready: bool = field(default=False, compare=False, init=False)  # not an argument: dataclasses.replace works
 
     def __init__(self, solver: Solver = "sgdm", **options: Any) -> None:
@@ -283,6 +294,33 @@ def _dataset(value: Any) -> str | None:
     return "None, a torch Dataset, or a tuple (inputs, labels) of tensors or arrays"
 
 
+def _loss(value: Any) -> str | None:
+    """Refined where the loss names live (nbscale.train.losses); here: None, a name or a callable."""
+    return None if value is None or isinstance(value, str) or callable(value) else \
+        "None, a loss name such as 'crossentropy' or 'mse', or a function (outputs, targets) -> loss"
+
+
+def _metrics(value: Any) -> str | None:
+    """Refined where the metric names live (nbscale.train.metrics); here: None or a sequence (not a string)."""
+    if value is None or (isinstance(value, Sequence) and not isinstance(value, str | bytes)):
+        return None
+    return "None or a sequence of metrics, e.g. ('accuracy', 'fscore')"
+
+
+def _objective_metric(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else "'loss' or the name of one of the metrics"
+
+
+def _loggers(value: Any) -> str | None:
+    """Refined in nbscale.loggers; here: a sequence of objects with log(metrics, step) and close()."""
+    if value is None:
+        return None  # no loggers: stored as ()
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes) and all(
+            callable(getattr(logger, "log", None)) and callable(getattr(logger, "close", None)) for logger in value):
+        return None
+    return "a list of loggers, each with log(metrics, step) and close() (e.g. nbscale.loggers.CSVLogger('run.csv'))"
+
+
 def _mini_batch_size(value: Any) -> str | None:
     if isinstance(value, str) and value == "auto":
         return None
@@ -338,6 +376,12 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "on_worker_failure": _choice(WORKER_FAILURES),
     "learn_rate_scaling": _choice(LEARN_RATE_SCALINGS),
     "learn_rate_reference_batch": _number(1, integer=True),
+    "learn_rate_schedule_step": _choice(SCHEDULE_STEPS),
+    "loss": _loss,
+    "metrics": _metrics,
+    "objective_metric": _objective_metric,
+    "objective_goal": _choice(OBJECTIVE_GOALS),
+    "loggers": _loggers,
 }
 
 
@@ -364,6 +408,8 @@ def check_field(name: str, value: Any) -> Any:
         return bool(value)
     if name == "mini_batch_size" and isinstance(value, str):  # "auto", checked above
         return value
+    if name == "loggers":
+        return tuple(value or ())
     if name in _INTEGER_FIELDS or (name == "validation_patience" and math.isfinite(value)):
         return int(value)
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):

@@ -19,7 +19,8 @@ CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOLD
            "shuffle": rules.SHUFFLE_MODES, "learn_rate_schedule": rules.SCHEDULES,
            "output_network": rules.OUTPUT_NETWORKS, "precision": rules.PRECISIONS, "plots": rules.PLOTS,
            "data_placement": rules.DATA_PLACEMENTS, "on_worker_failure": rules.WORKER_FAILURES,
-           "learn_rate_scaling": rules.LEARN_RATE_SCALINGS}
+           "learn_rate_scaling": rules.LEARN_RATE_SCALINGS, "learn_rate_schedule_step": rules.SCHEDULE_STEPS,
+           "objective_goal": rules.OBJECTIVE_GOALS}
 # compile: off, on (torch.compile's default mode), or a named mode
 COMPILE_CHOICES = [("off", False), ("on", True), *((f"mode {mode!r}", mode) for mode in rules.COMPILE_MODES)]
 INTEGERS = ("max_epochs", "learn_rate_drop_period", "validation_frequency", "verbose_frequency",
@@ -29,8 +30,8 @@ FLOATS = ("initial_learn_rate", "gradient_decay_factor", "squared_gradient_decay
           "l2_regularization")  # open bounds: checked by the rules, shown inline
 NUMBER_OR_INF = ("gradient_threshold", "validation_patience")
 FLAGS = ("dispatch_in_background", "verbose")
-NOTEBOOK_OBJECTS = ("validation_data", "output_fn")  # chosen among the notebook's variables
-TEXT_FIELDS = (*NUMBER_OR_INF, "mini_batch_size", "checkpoint_path")  # shown and read through text_of / value_of
+NOTEBOOK_OBJECTS = ("validation_data", "output_fn", "loss", "metrics", "loggers")  # chosen among the notebook's variables
+TEXT_FIELDS = (*NUMBER_OR_INF, "mini_batch_size", "checkpoint_path", "objective_metric")  # shown and read through text_of / value_of
 NONE = "None"
 KEPT = "(value given in options)"  # a validation_data / output_fn object no notebook variable holds
 
@@ -66,8 +67,12 @@ def make_widget(name: str, notebook_names: Callable[[Callable[[Any], bool]], lis
         return w.Text(placeholder="a folder; empty: no checkpoints", **common)
     if name == "validation_data":
         return w.Dropdown(options=[NONE, *notebook_names(looks_like_data)], **common)
-    if name == "output_fn":
+    if name in ("output_fn", "loss"):
         return w.Dropdown(options=[NONE, *notebook_names(is_user_function)], **common)
+    if name in ("metrics", "loggers"):
+        return w.Dropdown(options=[NONE, *notebook_names(is_sequence)], **common)
+    if name == "objective_metric":
+        return w.Text(placeholder="loss, or one of the metrics", **common)
     if name == "worker_load":
         return WorkerLoad()
     raise AssertionError(f"no widget for TrainingOptions.{name}")
@@ -90,6 +95,8 @@ def value_of(name: str, text: str) -> Any:
     if name == "mini_batch_size":  # a whole number or "auto"
         text = text.strip().lower()
         return text if text == "auto" else parse_number(text) if text else None
+    if name == "objective_metric":
+        return text.strip() or "loss"
     return text.strip() or None  # checkpoint_path: empty for none
 
 
@@ -195,6 +202,11 @@ def looks_like_data(value: Any) -> bool:
     if isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, Tensor) for v in value):
         return True
     return isinstance(value, Dataset)
+
+
+def is_sequence(value: Any) -> bool:
+    """True for a list or tuple (what metrics and loggers list)."""
+    return isinstance(value, list | tuple)
 
 
 def is_user_function(value: Any) -> bool:

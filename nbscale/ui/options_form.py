@@ -31,11 +31,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Solver": ("solver", "momentum", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
                "l2_regularization", "gradient_threshold", "gradient_threshold_method"),
     "Learning rate": ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor",
-                      "learn_rate_drop_period", "learn_rate_scaling", "learn_rate_reference_batch"),
+                      "learn_rate_drop_period", "learn_rate_scaling", "learn_rate_reference_batch",
+                      "learn_rate_schedule_step"),
     "Data & batches": ("max_epochs", "mini_batch_size", "shuffle", "dispatch_in_background", "data_placement"),
     "Validation": ("validation_data", "validation_frequency", "validation_patience", "output_network"),
+    "Loss & metrics": ("loss", "metrics", "objective_metric", "objective_goal"),
     "Hardware": ("execution_environment", "worker_load", "precision", "compile", "on_worker_failure"),
-    "Output": ("plots", "verbose", "verbose_frequency", "checkpoint_path", "checkpoint_frequency", "output_fn"),
+    "Output": ("plots", "verbose", "verbose_frequency", "checkpoint_path", "checkpoint_frequency", "output_fn",
+               "loggers"),
 }
 _SCHEDULE_FIELDS = ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor", "learn_rate_drop_period",
                     "max_epochs", "learn_rate_scaling", "learn_rate_reference_batch")  # what the preview draws from

@@ -9,6 +9,7 @@ only %%batch and nbscale.jobs need. Editors see every name (the TYPE_CHECKING im
 from __future__ import annotations
 
 import importlib
+import logging
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,8 @@ __all__ = [
 ]
 
 register_renderers()
+# nbscale's own messages (not the user's output) go to this logger; silent unless the application configures it
+logging.getLogger("nbscale").addHandler(logging.NullHandler())
 
 
 class _TrainPackage(types.ModuleType):
@@ -124,7 +127,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Nothing to undo beyond what IPython does; the pool keeps running until `%pool stop`."""
+    """Undo `%load_ext nbscale` (called by `%unload_ext nbscale`): the magics and nbscale's error display go, the
+    error handler that was there before comes back. A running pool keeps running until `%pool stop`."""
+    from nbscale.magics import unregister
+
+    unregister(ipython)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, str]]:

@@ -16,19 +16,72 @@ _MAGIC_CLASSES: list[tuple[str, str]] = [
 ]
 
 
-def show_user_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
-    """Show an NbscaleError as its message alone: the user made a mistake, the internals are noise."""
-    colour = str(getattr(shell, "colors", "")).lower() != "nocolor"
-    structured = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}" if colour else f"{etype.__name__}: {value}"]
-    shell._showtraceback(etype, value, structured)  # IPython 9 shows nothing of what a handler returns
-    return structured
+_OURS = (NbscaleError, PoolInterrupted)
+
+
+class UserErrorDisplay:
+    """IPython's custom exception handler while nbscale is loaded: an NbscaleError shows as its message alone
+    (the user made a mistake, the internals are noise) unless `%xmode Verbose` asks for every traceback; any other
+    exception goes to the handler that was installed before nbscale's (IPython keeps one), which `restore` puts
+    back at `%unload_ext nbscale`."""
+
+    def __init__(self, shell: Any) -> None:
+        self.previous_types: tuple[type, ...] = tuple(shell.custom_exceptions or ())
+        self.previous_handler: Any = shell.CustomTB if self.previous_types else None
+
+    def install(self, shell: Any) -> None:
+        shell.set_custom_exc((*_OURS, *self.previous_types), self)
+
+    def restore(self, shell: Any) -> None:
+        if self.previous_handler is not None:
+            shell.custom_exceptions, shell.CustomTB = self.previous_types, self.previous_handler
+        else:
+            shell.custom_exceptions = ()
+
+    def __call__(self, shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
+        if not issubclass(etype, _OURS) and self.previous_handler is not None:
+            return list(self.previous_handler(etype, value, tb, tb_offset))
+        if not issubclass(etype, _OURS) or _verbose(shell):
+            structured = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+        else:
+            colour = str(getattr(shell, "colors", "")).lower() != "nocolor"
+            structured = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}" if colour else f"{etype.__name__}: {value}"]
+        shell._showtraceback(etype, value, structured)  # IPython 9 shows nothing of what a handler returns
+        return structured
+
+
+def _verbose(shell: Any) -> bool:
+    return str(getattr(shell.InteractiveTB, "mode", "")).lower() == "verbose"
+
+
+_installed: dict[int, tuple[UserErrorDisplay, list[Any]]] = {}  # by shell: its error display and magics objects
 
 
 def register(ipython: Any) -> None:
-    """Register every magic class and the short display of nbscale's own errors."""
+    """Register every magic class and the short display of nbscale's own errors (once per shell)."""
     import importlib
 
+    if id(ipython) in _installed:
+        return
+    instances = []
     for module_name, class_name in _MAGIC_CLASSES:
         magics_class = getattr(importlib.import_module(module_name), class_name)
-        ipython.register_magics(magics_class)
-    ipython.set_custom_exc((NbscaleError, PoolInterrupted), show_user_error)
+        instance = magics_class(shell=ipython)
+        ipython.register_magics(instance)
+        instances.append(instance)
+    display = UserErrorDisplay(ipython)
+    display.install(ipython)
+    _installed[id(ipython)] = (display, instances)
+
+
+def unregister(ipython: Any) -> None:
+    """Undo `register`: the magics go, and the error handler that was there before comes back."""
+    display, instances = _installed.pop(id(ipython), (None, []))
+    if display is None:
+        return
+    registry = ipython.magics_manager.magics
+    for instance in instances:
+        for kind, names in instance.magics.items():
+            for name in names:
+                registry[kind].pop(name, None)
+    display.restore(ipython)

@@ -15,7 +15,9 @@ class TrainMagics(Magics):
 
     @magic_arguments()
     @argument("--options", metavar="NAME", help="a notebook variable holding TrainingOptions or an options form")
-    @argument("--env", type=str.lower, choices=["auto", "cpu", "gpu", "multi-gpu", "parallel"], help="execution_environment")
+    @argument("-e", "--execution-environment", "--env", dest="env", type=str.lower,
+              choices=["auto", "cpu", "gpu", "multi-gpu", "parallel"],
+              help="execution_environment (--env: the same, as API.md spells it; %%pool and %%batch use --env for variables)")
     @argument("--epochs", type=int, metavar="N", help="max_epochs")
     @argument("--batch-size", type=batch_size, metavar="B", help="mini_batch_size: a number, or auto (GPUs)")
     @argument("--lr", type=float, metavar="LR", help="initial_learn_rate")

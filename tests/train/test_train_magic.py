@@ -35,7 +35,11 @@ def test_env_and_solver_are_taken_in_any_case_as_matlab_takes_them(kernel):
     assert trained.ok, trained.text
     assert kernel.run("print(info.hardware.startswith('CPU'), type(net).__name__)").stdout.split() == ["True", "Linear"]
     wrong = kernel.run("%%train --env GPUs" + CELL)
-    assert "UsageError: argument --env: invalid choice: 'gpus'" in wrong.stderr
+    assert "UsageError: argument -e/--execution-environment/--env: invalid choice: 'gpus'" in wrong.stderr
+    short = kernel.run("%%train -e cpu --epochs 1 --batch-size 4 --no-plots --quiet" + CELL)
+    assert short.ok, short.text
+    full = kernel.run("%%train --execution-environment cpu --epochs 1 --batch-size 4 --no-plots --quiet" + CELL)
+    assert full.ok, full.text
 
 
 def test_options_that_name_no_training_options_say_how_to_create_them(kernel):

@@ -12,6 +12,7 @@ import {
   showDialog
 } from '@jupyterlab/apputils';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ISignal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { requestAPI } from './handler';
@@ -28,7 +29,7 @@ const PANEL_ID = 'nbscale-panel';
 const fetchJson: FetchJson = endPoint => requestAPI(endPoint);
 
 /** The kernel id of the notebook (or console) in front, or null. */
-function currentKernelId(shell: ILabShell): string | null {
+function currentKernelId(shell: JupyterFrontEnd.IShell): string | null {
   const widget = shell.currentWidget as
     (Widget & { sessionContext?: ISessionContext }) | null;
   return widget?.sessionContext?.session?.kernel?.id ?? null;
@@ -121,8 +122,10 @@ const panelPlugin: JupyterFrontEndPlugin<void> = {
   id: 'nbscale:panel',
   description: 'A side panel of nbscale pools, GPUs and batch jobs.',
   autoStart: true,
-  requires: [ILabShell],
-  activate: (app: JupyterFrontEnd, shell: ILabShell) => {
+  optional: [ILabShell],
+  activate: (app: JupyterFrontEnd, labShell: ILabShell | null) => {
+    // JupyterLab's shell, or Notebook 7's (which has the same right area, without ILabShell)
+    const shell: JupyterFrontEnd.IShell = labShell ?? app.shell;
     let panel: NbscalePanel | null = null;
     const model = new NbscaleModel({
       fetchJson,
@@ -180,8 +183,14 @@ const statusPlugin: JupyterFrontEndPlugin<void> = {
   id: 'nbscale:pool-status',
   description: "The current notebook's nbscale pool in the status bar.",
   autoStart: true,
-  requires: [IStatusBar, ILabShell],
-  activate: (app: JupyterFrontEnd, statusBar: IStatusBar, shell: ILabShell) => {
+  requires: [IStatusBar],
+  optional: [ILabShell],
+  activate: (
+    app: JupyterFrontEnd,
+    statusBar: IStatusBar,
+    labShell: ILabShell | null
+  ) => {
+    const shell: JupyterFrontEnd.IShell = labShell ?? app.shell;
     const model = new NbscaleModel({
       fetchJson,
       resources: ['pools', 'gpus'],
@@ -192,7 +201,11 @@ const statusPlugin: JupyterFrontEndPlugin<void> = {
       currentKernelId: () => currentKernelId(shell),
       openPanel: () => void app.commands.execute(OPEN_PANEL)
     });
-    shell.currentChanged.connect(() => {
+    // ILabShell and Notebook 7's shell both signal a new widget in front
+    const changed = (
+      shell as unknown as { currentChanged?: ISignal<unknown, unknown> }
+    ).currentChanged;
+    changed?.connect(() => {
       item.update();
       void model.refresh();
     });

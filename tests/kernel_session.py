@@ -40,10 +40,10 @@ class CellResult:
 class KernelSession:
     """A live python3 kernel started with this interpreter; `run(code)` returns a CellResult."""
 
-    def __init__(self, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(self, cwd: Path | None = None, env: dict[str, str] | None = None, python: str | None = None) -> None:
         self.manager = KernelManager(kernel_name="python3")
         kernel_env = {**os.environ, **(env or {})}
-        self.manager.kernel_spec.argv[0] = sys.executable
+        self.manager.kernel_spec.argv[0] = python or sys.executable
         self.manager.start_kernel(cwd=str(cwd or REPO_ROOT), env=kernel_env)
         self.client = self.manager.client()
         self.client.start_channels()

@@ -1,0 +1,66 @@
+"""Installing nbscale as a user does: a wheel built from this checkout, into a fresh venv, then the Quick start.
+
+The wheel carries the prebuilt JupyterLab extension; with that build present (as in the sdist), building the
+wheel needs no Node (the build hook's skip-if-exists): the build runs here with no node or npm on PATH.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.kernel_session import REPO_ROOT, KernelSession
+from tests.test_readme import quick_start_code
+
+pytestmark = pytest.mark.slow
+
+BUILT_EXTENSION = REPO_ROOT / "nbscale" / "labextension" / "package.json"
+
+
+def _constraints() -> list[str]:
+    """The pins `make venv` installs with (every file named constraints*.txt or a lock under requirements/)."""
+    files = [REPO_ROOT / "constraints.txt", *sorted((REPO_ROOT / "requirements").glob("*.txt"))]
+    return [arg for path in files if path.is_file() for arg in ("-c", str(path))]
+
+
+def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path: Path) -> None:
+    if not BUILT_EXTENSION.is_file():
+        pytest.skip("the lab extension is not built in this checkout: `make venv` builds it")
+    no_node = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python and pip only: no node, no npm
+    no_node.pop("PYTHONPATH", None)
+    dist = tmp_path / "dist"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO_ROOT)],
+                           env=no_node, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stdout + built.stderr
+    wheel = next(dist.glob("nbscale-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(name.endswith("share/jupyter/labextensions/nbscale/package.json") for name in names), names[-20:]
+    assert any(name.endswith("etc/jupyter/jupyter_server_config.d/nbscale.json") for name in names)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    installed = subprocess.run([python, "-m", "pip", "install", "-q", *_constraints(), f"{wheel}[examples]"],
+                               env=no_node, capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    assert (venv / "share" / "jupyter" / "labextensions" / "nbscale" / "package.json").is_file()
+
+    # a kernel of the fresh venv, away from this checkout (so `import nbscale` finds the installed wheel)
+    home = tmp_path / "work"
+    home.mkdir()
+    session = KernelSession(cwd=home, env={"PYTHONPATH": ""}, python=python)
+    try:
+        where = session.run("import nbscale; print(nbscale.__file__)")
+        assert str(venv) in where.stdout, where.text
+        result = session.run(quick_start_code(), timeout=300)
+        assert result.ok, result.text
+        assert len(re.findall(r"validation accuracy (\d\.\d+)", result.stdout)) == 2, result.stdout
+    finally:
+        session.run("import nbscale\np = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=30)
+        session.shutdown()

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test chromium bench lint typecheck clean
+.PHONY: venv demo test chromium bench lint typecheck clean reference
 
 $(STAMP): pyproject.toml constraints.txt labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,3 +39,7 @@ typecheck: venv
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache
+
+# docs/reference.md is made from the code (every magic flag, TrainingOptions field, NBSCALE_* variable)
+reference: venv
+	$(PY) -m tests.reference_doc --write

@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test chromium bench lint typecheck clean reference
+.PHONY: venv demo test chromium bench lint typecheck clean reference examples
 
 $(STAMP): pyproject.toml constraints.txt labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,3 +43,7 @@ clean:
 # docs/reference.md is made from the code (every magic flag, TrainingOptions field, NBSCALE_* variable)
 reference: venv
 	$(PY) -m tests.reference_doc --write
+
+# re-run every example notebook and commit it with its outputs (tests/test_examples_current.py checks them)
+examples: venv
+	for notebook in examples/*.ipynb; do $(PY) examples/run_notebook.py --save $$notebook || exit 1; done

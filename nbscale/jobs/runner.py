@@ -151,7 +151,8 @@ def _run_cell(code: str, filename: str, namespace: dict[str, Any]) -> None:
             summary = f"{type(error).__name__}: {first_line}"
         else:
             shown = "".join(traceback.format_exception(type(error), error, frames)).rstrip("\n")
-            summary = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1]
+            only = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
+            summary = only[-1] if isinstance(error, SyntaxError) else only[0]  # "Type: the message's first line"
         _say(shown, sys.stderr)  # the whole text; the store keeps one bounded line of `summary`
         raise CellFailed(summary) from None
 

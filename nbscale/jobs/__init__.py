@@ -86,8 +86,8 @@ def delete(*job_ids: int | str, older_than: str | timedelta | None = None) -> bu
         if active:
             shown = ", ".join(f"{record.id} ({record.state})" for record in active)
             first = active[0].id
-            raise JobError(f"Job{'s' if len(active) > 1 else ''} {shown} still run{'s' if len(active) == 1 else ''}, "
-                           f"so nothing was deleted: cancel first (nbscale.jobs.cancel({first}), %jobs cancel "
+            raise JobError(f"Job{'s' if len(active) > 1 else ''} {shown} {'are' if len(active) > 1 else 'is'} still "
+                           f"active, so nothing was deleted: cancel first (nbscale.jobs.cancel({first}), %jobs cancel "
                            f"{first}), then delete.")
     return [record.id for record in chosen if store.delete(record.id)]
 

@@ -82,11 +82,11 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 def age_s(value: Any) -> float:
     """An age for `delete(older_than=...)` in seconds: a timedelta, or a number and a unit as `%jobs delete
     --older-than` takes it ('7d', '12h', '30m', '45s', '2w')."""
+    written = _AGE.fullmatch(value.strip().lower()) if isinstance(value, str) else None
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
-    elif isinstance(value, str) and _AGE.fullmatch(value.strip().lower()):
-        number, unit = _AGE.fullmatch(value.strip().lower()).groups()  # type: ignore[union-attr]
-        seconds = float(number) * _UNIT_S[unit]
+    elif written is not None:
+        seconds = float(written.group(1)) * _UNIT_S[written.group(2)]
     else:
         raise JobError(f"older_than takes an age such as '7d' (also '12h', '30m', '45s', '2w') or a "
                        f"datetime.timedelta, not {_shown(value)}.")

@@ -58,6 +58,8 @@ def shown_tail(path: Path, tail: int) -> str:
     with open(path, "rb") as file:
         size = os.fstat(file.fileno()).st_size
         wanted = 4 * tail + 1  # 4 bytes hold any character; redraws make the shown text shorter still
+        if wanted >= size:  # the whole file: read in chunks, so its redraws are never all in memory at once
+            return shown_text(path)[-tail:]
         limit = max(wanted, TAIL_WINDOW_BYTES)
         while True:
             start = max(0, size - wanted)

@@ -37,7 +37,7 @@ def test_tail_of_every_length_is_the_end_of_the_whole_shown_log(job_store: JobSt
 
 def test_a_100_mb_progress_bar_without_a_newline_is_read_in_bounded_memory(job_store: JobStore, tmp_path: Path) -> None:
     """Measured in a fresh process by its peak resident memory (ru_maxrss): a log of 100 MB of '\\r' redraws, as
-    tqdm leaves it, once with tail (what the panel's log endpoint reads) and once whole."""
+    tqdm leaves it, read with the tail the panel's log endpoint asks for, whole, and with a tail longer than it."""
     script = """
 import json, resource, sys
 import nbscale.jobs as jobs
@@ -57,8 +57,11 @@ tail = job.log(tail=200_001)
 after_tail = peak()
 whole = job.log()
 after_whole = peak()
-print(json.dumps({"tail": tail, "whole": whole, "size": store.log_path(job_id).stat().st_size,
-                  "tail_bytes": after_tail - before, "whole_bytes": after_whole - before}))
+everything = job.log(tail=10**9)
+after_everything = peak()
+print(json.dumps({"tail": tail, "whole": whole, "everything": everything, "size": store.log_path(job_id).stat().st_size,
+                  "tail_bytes": after_tail - before, "whole_bytes": after_whole - before,
+                  "everything_bytes": after_everything - before}))
 """
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
@@ -67,6 +70,7 @@ print(json.dumps({"tail": tail, "whole": whole, "size": store.log_path(job_id).s
     found = json.loads(done.stdout)
     assert found["size"] > 100 * 2**20
     assert found["tail"] == "training done"
-    assert found["whole"] == "[nbscale] job started\ntraining done"
+    assert found["whole"] == found["everything"] == "[nbscale] job started\ntraining done"
     assert found["tail_bytes"] < 50 * 2**20, found["tail_bytes"]
     assert found["whole_bytes"] < 50 * 2**20, found["whole_bytes"]
+    assert found["everything_bytes"] < 50 * 2**20, found["everything_bytes"]

@@ -23,7 +23,7 @@ from typing import Any
 import cloudpickle
 
 from nbscale.cellvars import names_assigned
-from nbscale.errors import NbscaleError
+from nbscale.errors import JobError, NbscaleError
 from nbscale.jobs.backends.local import start_time
 from nbscale.jobs.files import write_atomic
 from nbscale.jobs.records import NOT_WRITTEN
@@ -79,8 +79,12 @@ def main(argv: list[str]) -> int:
         if pool is not None:
             pool.close()
     _flush()
-    if store.mark_ended(job_id, state, error, saved, unpicklable):
-        _say(f"[nbscale] job {job_id} {state} {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    try:
+        if store.mark_ended(job_id, state, error, saved, unpicklable):
+            _say(f"[nbscale] job {job_id} {state} {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    except JobError as failure:  # the store's disk is full: readers will find this process gone and say so
+        _say(f"[nbscale] job {job_id} {state}, but its end could not be recorded: {failure}", sys.stderr)
+        return 1
     return 0 if state == "finished" else 1
 
 

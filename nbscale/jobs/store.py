@@ -50,6 +50,7 @@ from nbscale.trust import swappable_by_others
 __all__ = ["ACTIVE_STATES", "END_STATES", "JobRecord", "JobStore", "default_root"]
 
 NEVER_STARTED_S = 120.0  # a queued job with no process after this long was never launched
+FULL_DISK_BYTES = 64 * 1024  # less free space than this: a job's end state may not have fit in the index
 INDEX_NAME = "jobs.sqlite"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -413,6 +414,9 @@ class JobStore:
         if reason is None:
             return record
         reason = self.folder_gone(record.id) or reason  # the likelier cause: the runner could not write its end
+        if shutil.disk_usage(self.root).free < FULL_DISK_BYTES:
+            reason += ("; the job store's disk is full, so it may have ended without being able to record it: free "
+                       f"space in {self.root}")
         try:
             self.fail(record.id, reason)  # only if still active: an end state written meanwhile stays
         except JobError:  # the index cannot be written (a full disk): a read never depends on a write succeeding

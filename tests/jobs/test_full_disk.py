@@ -88,6 +88,7 @@ def test_a_dead_job_on_a_full_store_disk_reads_as_failed_everywhere_and_writes_n
     for state in (jobs.list_jobs()[0]["state"], jobs.list()[0].state, jobs.get(job.id).state, job.state):
         assert state == "failed"
     assert job.error.startswith("process died") and jobs.list_jobs()[0]["error"] == job.error
+    assert "the job store's disk is full, so it may have ended without being able to record it" in job.error
     assert "sleeping" in job.log() and "sleeping" in job.log(tail=100)
     assert job.wait(1)
     kernel = KernelSession()  # NBSCALE_HOME is the full store's: %jobs reads it as the kernel's own
@@ -107,3 +108,13 @@ def test_a_dead_job_on_a_full_store_disk_reads_as_failed_everywhere_and_writes_n
     assert job.state == "failed"
     with sqlite3.connect(jobs.JobStore().index_path) as index:
         assert index.execute("SELECT state FROM jobs WHERE id = ?", (job.id,)).fetchone() == ("failed",)
+
+
+def test_a_job_that_fills_the_store_disk_itself_reads_as_failed_naming_the_full_disk(small_store: Path) -> None:
+    code = (f"value = 1\nfor size in (65536, 1):\n    with open({str(small_store / 'filler')!r}, 'ab', buffering=0) as f:\n"
+            "        try:\n            while True:\n                f.write(bytes(size))\n"
+            "        except OSError:\n            pass\nprint('filled')\n")
+    job = jobs.submit(code, name="filler")
+    assert job.wait(WAIT_S), job.log()
+    assert job.state == "failed" and "the job store's disk is full" in job.error, (job.error, job.log())
+    assert jobs.list_jobs()[0]["state"] == "failed"

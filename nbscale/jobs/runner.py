@@ -1,9 +1,10 @@
 """The job process: `python -m nbscale.jobs.runner <job folder>`, started detached by `submit`.
 
 It marks the job running, rebuilds what the cell needs from the notebook (variables, modules), opens a pool
-if asked, runs the cell as `__main__`, saves every variable the cell assigned into `results/`, and writes the
-end state. Its stdout and stderr are the job's log (set up by the submitter). Tracebacks show the cell's own
-lines (`File "<batch job 3>", line 2`), not this module's frames.
+if asked, runs the cell as `__main__`, saves every variable the cell assigned into `results/` (each on its own,
+so one that does not fit on the disk loses only itself), and writes the end state. Its stdout and stderr are the
+job's log (set up by the submitter). Tracebacks show the cell's own lines (`File "<batch job 3>", line 2`), not
+this module's frames. Its own lines to the log never stop it: on a full disk they are dropped.
 """
 
 from __future__ import annotations
@@ -65,14 +66,14 @@ def main(argv: list[str]) -> int:
         _say(f"[nbscale] {type(failure).__name__}: {failure}", sys.stderr)
         state, error = "failed", f"{type(failure).__name__}: {failure}"
     saved: list[str] = []
-    unpicklable: dict[str, str] = {}
+    not_saved: dict[str, str] = {}  # the store's `unpicklable`: each variable that was not saved, and why
     try:
         gone = store.folder_gone(job_id)  # deleted by hand while the cell ran: nowhere to save, and no log to read
         if gone is not None:
             state, error = "failed", gone
         else:
             skip = {"pool"} if pool is not None else set()
-            saved, unpicklable, not_written = _save_results(store, job_id, code, namespace, skip)
+            saved, not_saved, not_written = _save_results(store, job_id, code, namespace, skip)
             if not_written and state == "finished":  # the cell's own failure, if any, is the first error
                 state, error = "failed", not_written
     finally:
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
             pool.close()
     _flush()
     try:
-        if store.mark_ended(job_id, state, error, saved, unpicklable):
+        if store.mark_ended(job_id, state, error, saved, not_saved):
             _say(f"[nbscale] job {job_id} {state} {time.strftime('%Y-%m-%d %H:%M:%S')}")
     except JobError as failure:  # the store's disk is full: readers will find this process gone and say so
         _say(f"[nbscale] job {job_id} {state}, but its end could not be recorded: {failure}", sys.stderr)

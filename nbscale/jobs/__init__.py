@@ -15,16 +15,20 @@ from __future__ import annotations
 import builtins
 import difflib
 import os
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from nbscale.errors import JobError
 from nbscale.jobs import arguments
 from nbscale.jobs.job import Job, _as_dict
+from nbscale.jobs.records import ACTIVE_STATES, END_STATES
 from nbscale.jobs.store import JobStore, default_root
 from nbscale.jobs.submit import submit
 
-__all__ = ["Job", "JobStore", "cancel", "current_job_dir", "default_root", "get", "list", "list_jobs", "submit"]
+__all__ = ["Job", "JobStore", "cancel", "current_job_dir", "default_root", "delete", "get", "list", "list_jobs",
+           "submit"]
 
 
 def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:
@@ -59,6 +63,33 @@ def list_jobs() -> builtins.list[dict[str, Any]]:
 def cancel(job_id: int | str) -> bool:
     """Cancel the job (kill its process group); False if it had already ended."""
     return get(job_id).cancel()
+
+
+def delete(*job_ids: int | str, older_than: str | timedelta | None = None) -> builtins.list[int]:
+    """Remove jobs from the store (record, log, saved variables, checkpoints); returns the ids removed.
+
+    `delete(3, 4)`: those jobs; JobError, and nothing removed, if one does not exist or is still queued or running
+    (cancel it first). `delete(older_than="7d")` (or '12h', '30m', a timedelta): every ended job that ended longer
+    ago than that; active jobs are left alone.
+    """
+    if bool(job_ids) == (older_than is not None):
+        raise JobError("nbscale.jobs.delete() takes job ids (delete(3, 4)) or an age (delete(older_than='7d')), "
+                       "one of them.")
+    store = JobStore()
+    if older_than is not None:
+        cutoff = time.time() - arguments.age_s(older_than)
+        chosen = [record for record in store.all()
+                  if record.state in END_STATES and (record.finished or record.submitted) < cutoff]
+    else:
+        chosen = [Job(arguments.job_id(job_id), store).record() for job_id in dict.fromkeys(job_ids)]
+        active = [record for record in chosen if record.state in ACTIVE_STATES]
+        if active:
+            shown = ", ".join(f"{record.id} ({record.state})" for record in active)
+            first = active[0].id
+            raise JobError(f"Job{'s' if len(active) > 1 else ''} {shown} {'are' if len(active) > 1 else 'is'} still "
+                           f"active, so nothing was deleted: cancel first (nbscale.jobs.cancel({first}), %jobs cancel "
+                           f"{first}), then delete.")
+    return [record.id for record in chosen if store.delete(record.id)]
 
 
 def current_job_dir() -> Path | None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import operator
 import os
+import re
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from nbscale.errors import JobError
@@ -71,3 +73,23 @@ def submission(code: Any, name: Any, namespace: Any, cwd: Any, env: Any, cluster
                            "character; remove it and submit again.")
     if cluster is not None and not isinstance(cluster, str):
         raise JobError(f"submit(cluster=...) takes a profile name or an address, not {type(cluster).__name__}.")
+
+
+_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def age_s(value: Any) -> float:
+    """An age for `delete(older_than=...)` in seconds: a timedelta, or a number and a unit as `%jobs delete
+    --older-than` takes it ('7d', '12h', '30m', '45s', '2w')."""
+    written = _AGE.fullmatch(value.strip().lower()) if isinstance(value, str) else None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif written is not None:
+        seconds = float(written.group(1)) * _UNIT_S[written.group(2)]
+    else:
+        raise JobError(f"older_than takes an age such as '7d' (also '12h', '30m', '45s', '2w') or a "
+                       f"datetime.timedelta, not {_shown(value)}.")
+    if seconds < 0:
+        raise JobError(f"older_than must be an age of 0 or more, not {_shown(value)}.")
+    return seconds

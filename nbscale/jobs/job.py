@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -15,18 +14,9 @@ from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.backends import backend_of
 from nbscale.jobs.files import append_text
+from nbscale.jobs.log_text import shown_tail, shown_text
+from nbscale.jobs.records import NOT_WRITTEN, error_line
 from nbscale.jobs.store import ACTIVE_STATES, JobRecord, JobStore
-
-
-def terminal_text(text: str) -> str:
-    """`text` as a terminal leaves it on screen: of each line only what follows its last carriage return (a
-    progress line redrawn in place with '\\r'); a '\\r' ending a line, as in '\\r\\n', redraws nothing."""
-    return "\n".join(_shown(line) for line in text.split("\n"))
-
-
-def _shown(line: str) -> str:
-    drawn = line.rstrip("\r")
-    return drawn[drawn.rfind("\r") + 1:]
 
 
 class Job:
@@ -97,24 +87,9 @@ class Job:
         if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
             raise JobError(f"job.log(tail=...) takes a number of characters (>= 0) or None, not {tail!r}.")
         try:
-            with open(self.log_path, "rb") as file:
-                if tail is None:
-                    return terminal_text(file.read().decode("utf-8", errors="replace"))
-                size = os.fstat(file.fileno()).st_size
-                wanted = 4 * tail + 1  # 4 bytes hold any character; redraws make the shown text shorter still
-                while True:
-                    start = max(0, size - wanted)
-                    file.seek(start)
-                    raw = file.read(size - start)
-                    if start:  # a line cut at the start may lack the redraws that decide what it shows: drop it
-                        raw = raw[raw.find(b"\n") + 1:] if b"\n" in raw else b""
-                    text = terminal_text(raw.decode("utf-8", errors="replace"))
-                    if len(text) >= tail or not start:
-                        break
-                    wanted *= 4
+            return shown_text(self.log_path) if tail is None else shown_tail(self.log_path, tail)
         except FileNotFoundError:
             return ""
-        return text[-tail:] if tail else ""
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends (finished, failed or cancelled); False if `timeout` seconds pass first."""
@@ -144,6 +119,17 @@ class Job:
         )
         return True
 
+    def delete(self) -> None:
+        """Remove the job from the store: its record, log, saved variables and checkpoints. Raises JobError while
+        it is queued or running (cancel it first)."""
+        record = self.record()  # a job whose process died is noticed as failed here, and can go
+        if record.state in ACTIVE_STATES:
+            raise JobError(
+                f"Job {self.id} is still {record.state}, so it is not deleted: cancel it first (job.cancel(), "
+                f"%jobs cancel {self.id}, or nbscale jobs cancel {self.id} in a terminal), then delete it."
+            )
+        self.store.delete(self.id)  # False only if another process deleted it meanwhile: it is gone either way
+
     def result(self, name: str) -> Any:
         """The value the cell assigned to `name`, unpickled from the job's folder.
 
@@ -158,10 +144,11 @@ class Job:
                 f"Wait for it with job.wait() (or check job.state), then call job.result({name!r}) again."
             )
         if name in record.unpicklable:
-            raise JobError(
-                f"Job {self.id} assigned {name!r}, but it could not be saved: {record.unpicklable[name]}. "
-                "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job again."
-            )
+            reason = record.unpicklable[name]
+            fix = (f"Free space where the job store is ({self.store.root}), or point NBSCALE_HOME at a larger disk, "
+                   "and run the job again." if reason.startswith(NOT_WRITTEN) else
+                   "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job again.")
+            raise JobError(f"Job {self.id} assigned {name!r}, but it could not be saved: {reason}. {fix}")
         if name not in record.results:
             saved = ", ".join(record.results) or "none"
             ended = {
@@ -257,7 +244,7 @@ def _as_dict(record: JobRecord, store: JobStore) -> dict[str, Any]:
         "started": started,
         "elapsed_s": round(record.elapsed_s, 3) if record.elapsed_s is not None else None,
         "pool": record.pool,
-        "error": record.error,
+        "error": error_line(record.error),  # bounded, also for a row an earlier version stored whole
         "results": list(record.results),
         "log_path": str(store.log_path(record.id)),
         "training": _training_summary(record, store),

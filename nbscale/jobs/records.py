@@ -21,6 +21,8 @@ RECORD_FILE = "record.json"
 COLUMNS = ("id", "name", "state", "submitted", "started", "finished", "pid", "pid_started", "pool", "cwd",
            "error", "results", "unpicklable")
 LARGEST_ID = 2**63 - 1  # SQLite's INTEGER
+NOT_WRITTEN = "its file could not be written"  # how an unsaved result's reason starts when the disk refused it
+ERROR_CHARS = 500  # a job's error in the store: the panel polls every job's every 3 s; the log keeps the whole text
 
 
 class DamagedRecord(ValueError):
@@ -90,6 +92,18 @@ class JobRecord:
         if self.started is None:
             return None
         return max(0.0, (self.finished or time.time()) - self.started)
+
+
+def error_line(error: str | None) -> str | None:
+    """`error` as the store keeps it: its first non-empty line, at most ERROR_CHARS characters (the job's log has
+    the whole text)."""
+    if error is None:
+        return None
+    line = next((line.strip() for line in error.splitlines() if line.strip()), "")
+    if len(line) <= ERROR_CHARS:
+        return line
+    kept = ERROR_CHARS - 60  # room for the note, which names how much was cut
+    return f"{line[:kept]}... ({len(line) - kept:,} more characters in job.log())"
 
 
 def _json_field(values: dict[str, Any], field: str) -> Any:

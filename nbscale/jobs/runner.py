@@ -1,9 +1,10 @@
 """The job process: `python -m nbscale.jobs.runner <job folder>`, started detached by `submit`.
 
 It marks the job running, rebuilds what the cell needs from the notebook (variables, modules), opens a pool
-if asked, runs the cell as `__main__`, saves every variable the cell assigned into `results/`, and writes the
-end state. Its stdout and stderr are the job's log (set up by the submitter). Tracebacks show the cell's own
-lines (`File "<batch job 3>", line 2`), not this module's frames.
+if asked, runs the cell as `__main__`, saves every variable the cell assigned into `results/` (each on its own,
+so one that does not fit on the disk loses only itself), and writes the end state. Its stdout and stderr are the
+job's log (set up by the submitter). Tracebacks show the cell's own lines (`File "<batch job 3>", line 2`), not
+this module's frames. Its own lines to the log never stop it: on a full disk they are dropped.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any
 import cloudpickle
 
 from nbscale.cellvars import names_assigned
-from nbscale.errors import NbscaleError
+from nbscale.errors import JobError, NbscaleError
 from nbscale.jobs.backends.local import start_time
 from nbscale.jobs.files import write_atomic
+from nbscale.jobs.records import NOT_WRITTEN
 from nbscale.jobs.store import JobStore
 
 _PACKAGE_FOLDER = str(Path(__file__).parent.parent) + os.sep  # nbscale's own files
@@ -42,11 +44,11 @@ def main(argv: list[str]) -> int:
     os.umask(0o077)  # whatever the job writes (checkpoints included) is the user's alone
     pid = os.getpid()
     if not store.mark_running(job_id, pid, start_time(pid)):  # whichever backend started it, it is a process here
-        print(f"[nbscale] job {job_id} was {store.get(job_id).state} before it started.", flush=True)
+        _say(f"[nbscale] job {job_id} was {store.get(job_id).state} before it started.")
         return 0
     record = store.get(job_id)
     code = (job_dir / "cell.py").read_text(encoding="utf-8")
-    print(f"[nbscale] job {job_id} started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {pid})", flush=True)
+    _say(f"[nbscale] job {job_id} started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {pid})")
     sys.path.insert(0, record.cwd)  # as in the kernel, the notebook's folder is importable
     namespace = _main_namespace()
     state, error, pool = "finished", None, None
@@ -61,24 +63,47 @@ def main(argv: list[str]) -> int:
     except CellFailed as failure:
         state, error = "failed", str(failure)
     except Exception as failure:  # the pool could not start, or an input could not be rebuilt
-        print(f"[nbscale] {type(failure).__name__}: {failure}", file=sys.stderr, flush=True)
+        _say(f"[nbscale] {type(failure).__name__}: {failure}", sys.stderr)
         state, error = "failed", f"{type(failure).__name__}: {failure}"
     saved: list[str] = []
-    unpicklable: dict[str, str] = {}
+    not_saved: dict[str, str] = {}  # the store's `unpicklable`: each variable that was not saved, and why
     try:
         gone = store.folder_gone(job_id)  # deleted by hand while the cell ran: nowhere to save, and no log to read
         if gone is not None:
             state, error = "failed", gone
         else:
-            saved, unpicklable = _save_results(store, job_id, code, namespace, {"pool"} if pool is not None else set())
+            skip = {"pool"} if pool is not None else set()
+            saved, not_saved, not_written = _save_results(store, job_id, code, namespace, skip)
+            if not_written and state == "finished":  # the cell's own failure, if any, is the first error
+                state, error = "failed", not_written
     finally:
         if pool is not None:
             pool.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if store.mark_ended(job_id, state, error, saved, unpicklable):
-        print(f"[nbscale] job {job_id} {state} {time.strftime('%Y-%m-%d %H:%M:%S')}", flush=True)
+    _flush()
+    try:
+        if store.mark_ended(job_id, state, error, saved, not_saved):
+            _say(f"[nbscale] job {job_id} {state} {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    except JobError as failure:  # the store's disk is full: readers will find this process gone and say so
+        _say(f"[nbscale] job {job_id} {state}, but its end could not be recorded: {failure}", sys.stderr)
+        return 1
     return 0 if state == "finished" else 1
+
+
+def _say(text: str, stream: Any = None) -> None:
+    """Print one of the runner's own lines to the log; a log that cannot be written (a full disk) must not stop
+    the job from saving its variables and its end state."""
+    try:
+        print(text, file=stream or sys.stdout, flush=True)
+    except OSError:
+        pass
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except OSError:
+            pass
 
 
 def _main_namespace() -> dict[str, Any]:
@@ -118,31 +143,33 @@ def _run_cell(code: str, filename: str, namespace: dict[str, Any]) -> None:
         if exit_request.code not in (None, 0):
             raise CellFailed(f"the cell called sys.exit({exit_request.code!r})") from None
     except BaseException as error:
-        sys.stdout.flush()
+        _flush()
         frames = error.__traceback__.tb_next if error.__traceback__ else None
         if isinstance(error, NbscaleError):
             # a user error, shown as the notebook shows it: the user's frames up to the call into nbscale, then the
             # message; nbscale's own frames are noise
-            print("Traceback (most recent call last):", file=sys.stderr)
             user_frames = itertools.takewhile(lambda frame: not frame.filename.startswith(_PACKAGE_FOLDER),
                                               traceback.extract_tb(frames))
-            print("".join(traceback.format_list(list(user_frames))), end="", file=sys.stderr)
-            print(f"{type(error).__name__}: {error}", file=sys.stderr)
+            shown = ("Traceback (most recent call last):\n" + "".join(traceback.format_list(list(user_frames)))
+                     + f"{type(error).__name__}: {error}")
             first_line = (str(error).strip().splitlines() or [""])[0]  # a WorkerError's ranks' tracebacks follow it
             summary = f"{type(error).__name__}: {first_line}"
         else:
-            traceback.print_exception(type(error), error, frames)
-            summary = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[-1]
-        sys.stderr.flush()
+            shown = "".join(traceback.format_exception(type(error), error, frames)).rstrip("\n")
+            only = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()
+            summary = only[-1] if isinstance(error, SyntaxError) else only[0]  # "Type: the message's first line"
+        _say(shown, sys.stderr)  # the whole text; the store keeps one bounded line of `summary`
         raise CellFailed(summary) from None
 
 
 def _save_results(
     store: JobStore, job_id: int, code: str, namespace: dict[str, Any], skip: set[str]
-) -> tuple[list[str], dict[str, str]]:
-    """Pickle each variable the cell assigned into results/; returns (saved names, {unpicklable: reason})."""
+) -> tuple[list[str], dict[str, str], str | None]:
+    """Pickle each variable the cell assigned into results/, each on its own, so that one that does not fit on the
+    disk loses only itself. Returns (saved names, {not saved: reason}, the first write failure or None)."""
     saved: list[str] = []
-    unpicklable: dict[str, str] = {}
+    not_saved: dict[str, str] = {}
+    first_failure: str | None = None
     for name in sorted(names_assigned(code) - skip):
         if name not in namespace or isinstance(namespace[name], types.ModuleType):
             continue
@@ -150,12 +177,21 @@ def _save_results(
         try:
             data = cloudpickle.dumps(value)
         except Exception as error:
-            unpicklable[name] = f"{type(value).__name__} cannot be pickled: {error}"
-            print(f"[nbscale] result {name!r} not saved: {unpicklable[name]}", file=sys.stderr, flush=True)
+            not_saved[name] = f"{type(value).__name__} cannot be pickled: {error}"
+            _say(f"[nbscale] result {name!r} not saved: {not_saved[name]}", sys.stderr)
             continue
-        write_atomic(store.result_path(job_id, name), data)
+        try:
+            write_atomic(store.result_path(job_id, name), data)
+        except OSError as error:  # a full disk, a file-size limit: its partial file is gone, the next may fit
+            why = error.strerror or str(error)
+            not_saved[name] = f"{NOT_WRITTEN} ({len(data):,} bytes): {why}"
+            first_failure = first_failure or f"could not save {name}: {why}"
+            _say(f"[nbscale] result {name!r} not saved: {not_saved[name]}", sys.stderr)
+            continue
+        finally:
+            del data  # a large value's pickle is not held while the next is made
         saved.append(name)
-    return saved, unpicklable
+    return saved, not_saved, first_failure
 
 
 def _plain_value(value: Any) -> Any:

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ from nbscale.jobs.records import (
     LARGEST_ID,
     DamagedRecord,
     JobRecord,
+    error_line,
     mirror,
     recovered,
 )
@@ -47,6 +50,7 @@ from nbscale.trust import swappable_by_others
 __all__ = ["ACTIVE_STATES", "END_STATES", "JobRecord", "JobStore", "default_root"]
 
 NEVER_STARTED_S = 120.0  # a queued job with no process after this long was never launched
+FULL_DISK_BYTES = 64 * 1024  # less free space than this: a job's end state may not have fit in the index
 INDEX_NAME = "jobs.sqlite"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -67,6 +71,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     unpicklable TEXT NOT NULL DEFAULT '{}'
 )
 """
+
+
+def _roll_back(connection: sqlite3.Connection) -> None:
+    """Undo the open transaction, if SQLite has not already (it does on a full disk): the error that caused it is
+    the one to report, never "cannot rollback - no transaction is active"."""
+    if connection.in_transaction:
+        try:
+            connection.execute("ROLLBACK")
+        except sqlite3.DatabaseError:
+            pass
 
 
 def default_root() -> Path:
@@ -186,9 +200,13 @@ class JobStore:
             try:
                 yield connection
             except BaseException:
-                connection.execute("ROLLBACK")
+                _roll_back(connection)
                 raise
-            connection.execute("COMMIT")
+            try:
+                connection.execute("COMMIT")
+            except sqlite3.DatabaseError:
+                _roll_back(connection)
+                raise
         except sqlite3.DatabaseError as error:
             raise self._database_error(error, "written") from None
         finally:
@@ -215,7 +233,10 @@ class JobStore:
         then holds the job's state, so the state change still happens and the store stays readable."""
         row = connection.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if self.job_dir(job_id).is_dir():
-            mirror(self.job_dir(job_id), self._record(row))
+            try:
+                mirror(self.job_dir(job_id), self._record(row))
+            except OSError:  # a full disk: the index, which is the truth, still changes; the copy stays as it was
+                pass
 
     def _rebuild(self, job_ids: list[int]) -> None:
         """A new index holding the record of every job folder, put in place only if no index appeared meanwhile."""
@@ -258,25 +279,32 @@ class JobStore:
         """
         if name is not None and not isinstance(name, str):
             raise JobError(f"A job's name is a string (or None), not {type(name).__name__} {name!r}.")
-        with self._transaction() as connection:
-            given = connection.execute(
-                "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0), "
-                "coalesce((SELECT max(id) FROM jobs), 0))"
-            ).fetchone()[0]
-            job_id = max(given, *self.job_ids_on_disk(), 0) + 1
-            while True:
-                try:
-                    self.job_dir(job_id).mkdir(mode=0o700)
-                    break
-                except FileExistsError:  # made by something else since we listed: never reuse it
-                    job_id += 1
-            connection.execute(
-                "INSERT INTO jobs (id, name, state, submitted, pool, cwd) VALUES (?, ?, 'queued', ?, ?, ?)",
-                (job_id, name, time.time(), pool, cwd),
-            )
-            private_dir(self.job_dir(job_id))
-            private_dir(self.job_dir(job_id) / "results")
-            self._mirror(connection, job_id)
+        made: list[Path] = []
+        try:
+            with self._transaction() as connection:
+                given = connection.execute(
+                    "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0), "
+                    "coalesce((SELECT max(id) FROM jobs), 0))"
+                ).fetchone()[0]
+                job_id = max(given, *self.job_ids_on_disk(), 0) + 1
+                while True:
+                    try:
+                        self.job_dir(job_id).mkdir(mode=0o700)
+                        made.append(self.job_dir(job_id))
+                        break
+                    except FileExistsError:  # made by something else since we listed: never reuse it
+                        job_id += 1
+                connection.execute(
+                    "INSERT INTO jobs (id, name, state, submitted, pool, cwd) VALUES (?, ?, 'queued', ?, ?, ?)",
+                    (job_id, name, time.time(), pool, cwd),
+                )
+                private_dir(self.job_dir(job_id))
+                private_dir(self.job_dir(job_id) / "results")
+                self._mirror(connection, job_id)
+        except BaseException:  # the row was not written (a full disk): its new folder must not stay behind
+            for folder in made:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
         return job_id
 
     def set_process(self, job_id: int, pid: int, pid_started: float | None) -> None:
@@ -294,7 +322,7 @@ class JobStore:
     ) -> bool:
         """running -> finished/failed with what it saved; False if it was cancelled meanwhile."""
         return self._update(
-            job_id, ("running",), state=state, finished=time.time(), error=error,
+            job_id, ("running",), state=state, finished=time.time(), error=error_line(error),
             results=json.dumps(sorted(results)), unpicklable=json.dumps(unpicklable),
         )  # fmt: skip
 
@@ -303,11 +331,37 @@ class JobStore:
         return self._update(job_id, ACTIVE_STATES, state="cancelled", finished=time.time(), error="cancelled")
 
     def fail(self, job_id: int, reason: str) -> bool:
-        """queued/running -> failed with `reason`, noted at the end of the log; False if it had ended."""
-        if not self._update(job_id, ACTIVE_STATES, state="failed", finished=time.time(), error=reason):
+        """queued/running -> failed with `reason` (its first line, bounded, in the store; all of it at the end of the
+        log); False if it had ended. Raises JobError when the index cannot be written."""
+        if not self._update(job_id, ACTIVE_STATES, state="failed", finished=time.time(), error=error_line(reason)):
             return False
         if self.job_dir(job_id).is_dir():
-            append_text(self.log_path(job_id), f"\n[nbscale] job {job_id} failed: {reason}\n")
+            try:
+                append_text(self.log_path(job_id), f"\n[nbscale] job {job_id} failed: {reason}\n")
+            except OSError:  # a full disk: the state is what matters, and it is written
+                pass
+        return True
+
+    def delete(self, job_id: int) -> bool:
+        """Remove an ended job: its row and its folder (log, results, checkpoints). False if it is not in the store
+        or is still queued or running (cancel it first). The folder is renamed aside in the transaction that drops
+        the row, then removed: a crash in between leaves a hidden `.deleted-*` folder (removed by the next delete),
+        never a row without its folder or a folder that looks like a job."""
+        trash = self.root / f".deleted-{job_id}-{os.getpid()}"
+        marks = ", ".join("?" for _ in END_STATES)
+        with self._transaction() as connection:
+            cursor = connection.execute(f"DELETE FROM jobs WHERE id = ? AND state IN ({marks})", (job_id, *END_STATES))
+            if cursor.rowcount != 1:
+                return False
+            try:
+                os.rename(self.job_dir(job_id), trash)
+            except FileNotFoundError:  # deleted by hand already: the row goes alone
+                pass
+            except OSError as error:
+                raise JobError(f"Job {job_id}'s folder {self.job_dir(job_id)} cannot be deleted "
+                               f"({error.strerror or error}): check the job store folder's permissions.") from None
+        for leftover in self.root.glob(".deleted-*"):  # this one, and any a crashed delete left
+            shutil.rmtree(leftover, ignore_errors=True)
         return True
 
     # ---- reading --------------------------------------------------------------------------------------------
@@ -360,8 +414,21 @@ class JobStore:
         if reason is None:
             return record
         reason = self.folder_gone(record.id) or reason  # the likelier cause: the runner could not write its end
-        self.fail(record.id, reason)  # only if still active: an end state written meanwhile stays
+        if shutil.disk_usage(self.root).free < FULL_DISK_BYTES:
+            reason += ("; the job store's disk is full, so it may have ended without being able to record it: free "
+                       f"space in {self.root}")
+        try:
+            self.fail(record.id, reason)  # only if still active: an end state written meanwhile stays
+        except JobError:  # the index cannot be written (a full disk): a read never depends on a write succeeding
+            return replace(record, state="failed", finished=self._last_sign_of_life(record), error=error_line(reason))
         return self._read("WHERE id = ?", (record.id,))[0]
+
+    def _last_sign_of_life(self, record: JobRecord) -> float:
+        """When a job whose death could not be written was last heard of: its log's last change, else now."""
+        try:
+            return max(self.log_path(record.id).stat().st_mtime, record.started or record.submitted)
+        except OSError:
+            return time.time()
 
     def folder_gone(self, job_id: int) -> str | None:
         """Why job `job_id` lost its results when its folder was deleted while it was active; None if the folder is

@@ -51,19 +51,32 @@ class BatchMagics(Magics):
         print("\n".join([*lines, "%jobs lists every job."]))
 
     @magic_arguments()
-    @argument("action", nargs="?", choices=["show"], help="show: the live training plot of job ID")
-    @argument("id", nargs="?", help="the job's id, as %%jobs lists it")
+    @argument("action", nargs="?", choices=["show", "cancel", "delete"],
+              help="show: the live training plot of job ID; cancel: stop job ID; delete: remove jobs ID... (or "
+                   "--older-than AGE) from the store")  # fmt: skip
+    @argument("ids", nargs="*", metavar="ID", help="job ids, as %%jobs lists them")
     @argument("--training", type=int, metavar="N", help="which training of the job to show (default: the latest)")
     @argument("--wait", action="store_true", help="follow in this cell until the job ends")
+    @argument("--older-than", metavar="AGE", help="with delete: every ended job older than AGE (7d, 12h, 30m)")
     @line_magic
     def jobs(self, line: str) -> None:
         """List the batch jobs in the store: id, name, state, started, elapsed; `%jobs show ID` shows the live
-        training-progress figure of a training inside job ID (job.show())."""
+        training-progress figure of a training inside job ID (job.show()); `%jobs cancel ID` stops it;
+        `%jobs delete ID [ID ...]` or `%jobs delete --older-than 7d` removes ended jobs (nbscale.jobs.delete())."""
         args = parse_line(self.jobs, line)
         if args.action is None:  # shown wherever the line stands in its cell, as %pool and %gpu show theirs
             display(JobsTable.from_jobs(jobs.list_jobs(), str(jobs.default_root())))
             return None
-        if args.id is None:
-            raise JobError("%jobs show takes a job id: %jobs show 3 (%jobs lists the ids).")
-        jobs.get(args.id).show(training=args.training, wait=args.wait)
+        if args.action == "delete":
+            deleted = jobs.delete(*args.ids, older_than=args.older_than)
+            print(f"Deleted job{'s' if len(deleted) != 1 else ''} {', '.join(map(str, deleted))}." if deleted
+                  else f"No ended job is older than {args.older_than}: nothing deleted.")
+            return None
+        if len(args.ids) != 1:
+            raise JobError(f"%jobs {args.action} takes one job id: %jobs {args.action} 3 (%jobs lists the ids).")
+        if args.action == "cancel":
+            job = jobs.get(args.ids[0])
+            print(f"Job {job.id} cancelled." if job.cancel() else f"Job {job.id} had already ended ({job.state}).")
+            return None
+        jobs.get(args.ids[0]).show(training=args.training, wait=args.wait)
         return None

@@ -176,8 +176,9 @@ def _jobs_offering(function: str) -> Any:
 
 
 def _log_end(job: Any) -> str:
-    """The last LOG_TAIL_CHARS + 1 characters (one more tells that it was cut), read from the end of the file:
-    a runaway job's log may be gigabytes."""
+    """The last LOG_TAIL_CHARS + 1 characters (one more tells that it was cut), as job.log(tail=...) reads them: from
+    a bounded window at the end of the file, since a runaway job's log (a progress bar redrawn with '\r' and no
+    newline) may be gigabytes."""
     return job.log(tail=LOG_TAIL_CHARS + 1)
 
 

@@ -245,3 +245,19 @@ def test_a_batch_with_other_class_count_than_the_first_is_refused() -> None:
     metrics.check(scores, labels)
     with pytest.raises(OptionsError, match="the outputs have 3 classes, but the first batch had 6"):
         metrics.state(scores[:, :3], labels % 3)
+
+
+def test_a_state_reads_nothing_to_the_host_so_it_runs_on_meta_tensors_that_hold_no_data() -> None:
+    # a meta tensor has a shape and no values: any .item(), .tolist() or branch on a value would raise, as on a
+    # GPU it would wait for the device; this is how the loop keeps metrics from syncing every iteration
+    def error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (outputs.argmax(1) != targets).float()
+
+    classes = resolve_metrics(["accuracy", "top3-accuracy", "precision", "recall", "fscore", error],
+                              regression=False)
+    scores, labels = predictions()
+    classes.check(scores, labels)
+    state = classes.state(scores.to("meta"), labels.to("meta"))
+    assert state.device.type == "meta" and state.shape == (classes.size,)
+    regression = resolve_metrics(["rmse", "mae"], regression=True)
+    assert regression.state(torch.randn(8, 1, device="meta"), torch.randn(8, device="meta")).shape == (4,)

@@ -2,7 +2,9 @@
 
 Every kind turns one batch into a 1-D float32 state whose sum over batches and ranks is the state of their union,
 and reads its value from a summed state on the host. States are computed on the device without reading anything
-to the host (no .item(), no branching on values): only shapes decide.
+to the host (no .item(), no branching on values): only shapes decide. The named kinds compute a whole bunch of
+iterations' batches at once (`Stacked`, one computation per bunch, as the loop reads); a callable and a
+torchmetrics Metric see one batch at a time (`Batch`).
 """
 
 from __future__ import annotations
@@ -27,11 +29,6 @@ def fail(message: str) -> OptionsError:
     return OptionsError(f"TrainingOptions.metrics: {message}")
 
 
-def count(number: int, device: torch.device) -> torch.Tensor:
-    """`number` as a float32 scalar on `device`, filled there (no copy from the host)."""
-    return torch.full((), float(number), device=device)
-
-
 def _described(tensor: Any) -> str:
     if not isinstance(tensor, torch.Tensor):
         return f"a {type(tensor).__name__}"
@@ -39,37 +36,55 @@ def _described(tensor: Any) -> str:
 
 
 class Batch:
-    """One batch's outputs and targets, with what several class metrics share (predictions, class counts) worked
-    out once per `MetricSet.state`."""
+    """One batch's outputs and targets; `target` is the first target tensor, as the outputs are the first output."""
 
-    def __init__(self, outputs: Any, targets: Any, classes: int | None) -> None:
-        self.outputs, self.targets, self.classes = outputs, targets, classes
-        self.target = first_tensor(targets)  # the first target, as the outputs are the first output
+    def __init__(self, outputs: Any, targets: Any) -> None:
+        self.outputs, self.targets = outputs, targets
+        self.target = first_tensor(targets)
+
+
+class Stacked:
+    """The batches of several iterations, all of one shape, stacked (iterations first), with what several named
+    metrics share (predictions, class counts) worked out once."""
+
+    def __init__(self, batches: Sequence[Batch], classes: int | None) -> None:
+        outputs, targets = [b.outputs for b in batches], [b.target for b in batches]
+        self.outputs = outputs[0][None] if len(batches) == 1 else torch.stack(outputs)
+        self.target = targets[0][None] if len(batches) == 1 else torch.stack(targets)  # type: ignore[index, arg-type]
+        self.iterations, self.classes = len(batches), classes
+
+    def counts(self, number: int) -> torch.Tensor:
+        """`number` for every iteration, filled on the device (not copied from the host)."""
+        return torch.full((self.iterations,), float(number), device=self.outputs.device)
 
     @cached_property
     def labels(self) -> torch.Tensor:
-        """The class of each sample, flattened (class probabilities or one-hot targets: their largest)."""
+        """The class of each sample, iterations x samples (class probabilities or one-hot targets: their largest)."""
         target = self.target
-        assert target is not None
-        labels = target.argmax(1) if target.is_floating_point() else target
-        return labels.reshape(-1)
+        labels = target.argmax(2) if target.is_floating_point() else target
+        return labels.reshape(self.iterations, -1)
 
     @cached_property
     def predicted(self) -> torch.Tensor:
-        return self.outputs.argmax(1).reshape(-1)
+        return self.outputs.argmax(2).reshape(self.iterations, -1)
+
+    @cached_property
+    def correct(self) -> torch.Tensor:
+        return self.predicted == self.labels
 
     @cached_property
     def class_counts(self) -> torch.Tensor:
-        """Per-class true positives, false positives and false negatives, concatenated (3 x classes);
-        scatter_add_, not bincount: bincount on CUDA reads the largest label to the host."""
+        """Per-class true positives, predictions and labels of each iteration (iterations x 3 classes), in one
+        scatter_add (not bincount: on CUDA it reads the largest label to the host)."""
         assert self.classes is not None
-        labels, predicted = self.labels, self.predicted
-        ones = torch.ones(labels.shape, dtype=torch.float32, device=labels.device)
-        zeros = torch.zeros(self.classes, dtype=torch.float32, device=labels.device)
-        true_positives = zeros.scatter_add(0, labels, (predicted == labels).float())
-        predicted_counts = zeros.scatter_add(0, predicted, ones)
-        actual_counts = zeros.scatter_add(0, labels, ones)
-        return torch.cat([true_positives, predicted_counts - true_positives, actual_counts - true_positives])
+        labels, classes, samples = self.labels, self.classes, self.labels.shape[1]
+        index = torch.cat([labels, self.predicted + classes, labels + 2 * classes], 1)
+        if self.iterations > 1:
+            index = index + torch.arange(0, self.iterations * 3 * classes, 3 * classes, device=index.device)[:, None]
+        counted = torch.ones(index.shape, dtype=torch.float32, device=index.device)
+        counted[:, :samples] = self.correct
+        counts = torch.zeros(self.iterations * 3 * classes, dtype=torch.float32, device=index.device)
+        return counts.scatter_add_(0, index.reshape(-1), counted.reshape(-1)).reshape(self.iterations, -1)
 
 
 def check_class_scores(name: str, batch: Batch, regression: bool) -> None:
@@ -104,14 +119,14 @@ class ClassFraction:
             raise fail(f"{self.name!r} needs at least {self.k} classes, but the outputs have "
                        f"{batch.outputs.shape[1]}: use a smaller k, e.g. 'accuracy'.")
 
-    def state(self, batch: Batch) -> torch.Tensor:
-        labels = batch.labels
+    def states(self, stacked: Stacked) -> torch.Tensor:
+        labels = stacked.labels
         if self.k == 1:
-            hits = (batch.predicted == labels).sum()
+            hits = stacked.correct.sum(1)
         else:
-            best = batch.outputs.topk(self.k, 1).indices.movedim(1, -1).reshape(-1, self.k)
-            hits = (best == labels[:, None]).any(1).sum()
-        return torch.stack([hits.float(), count(labels.numel(), labels.device)])
+            best = stacked.outputs.topk(self.k, 2).indices.movedim(2, -1).reshape(stacked.iterations, -1, self.k)
+            hits = (best == labels[:, :, None]).any(2).sum(1)
+        return torch.stack([hits.float(), stacked.counts(labels.shape[1])], 1)
 
     def value(self, state: Sequence[float]) -> float | None:
         hits, count = state
@@ -141,13 +156,11 @@ class ErrorSum:
                 f"{self.name!r} compares the outputs with targets of the same size, but the outputs are "
                 f"{_described(outputs)} and the targets {_described(target)}.")
 
-    def state(self, batch: Batch) -> torch.Tensor:
-        outputs = batch.outputs
-        target = batch.target
-        assert target is not None  # check() saw a tensor
-        errors = outputs.float() - target.reshape(outputs.shape).float()
-        total = errors.square().sum() if self.squared else errors.abs().sum()
-        return torch.stack([total, count(errors.numel(), errors.device)])
+    def states(self, stacked: Stacked) -> torch.Tensor:
+        outputs = stacked.outputs
+        errors = (outputs.float() - stacked.target.reshape(outputs.shape).float()).reshape(stacked.iterations, -1)
+        total = errors.square().sum(1) if self.squared else errors.abs().sum(1)
+        return torch.stack([total, stacked.counts(errors.shape[1])], 1)
 
     def value(self, state: Sequence[float]) -> float | None:
         total, count = state
@@ -158,7 +171,7 @@ class ErrorSum:
 
 class ClassAverage:
     """precision, recall and fscore, macro-averaged over the classes seen (in the labels or the predictions),
-    from per-class true positives, false positives and false negatives: [tp (C), fp (C), fn (C)]."""
+    from per-class counts: [true positives (C), predictions (C), labels (C)]."""
 
     goal = "maximize"
     needs_classes = True
@@ -175,13 +188,15 @@ class ClassAverage:
     def check(self, batch: Batch, regression: bool) -> None:
         check_class_scores(self.name, batch, regression)
 
-    def state(self, batch: Batch) -> torch.Tensor:
-        return batch.class_counts
+    def states(self, stacked: Stacked) -> torch.Tensor:
+        return stacked.class_counts
 
     def value(self, state: Sequence[float]) -> float | None:
         classes = len(state) // 3
         scores = []
-        for tp, fp, fn in zip(state[:classes], state[classes:2 * classes], state[2 * classes:], strict=True):
+        for tp, predicted, actual in zip(state[:classes], state[classes:2 * classes], state[2 * classes:],
+                                         strict=True):
+            fp, fn = predicted - tp, actual - tp
             if tp + fp + fn <= 0:
                 continue  # a class neither in the labels nor predicted: left out, as sklearn and torchmetrics do
             denominator = {"precision": tp + fp, "recall": tp + fn, "fscore": 2 * tp + fp + fn}[self.measure]
@@ -223,7 +238,7 @@ class SampleMean:
         device = batch.outputs.device if isinstance(batch.outputs, torch.Tensor) else None
         result = torch.as_tensor(result, dtype=torch.float32, device=device)
         total = result * samples if result.ndim == 0 else result.float().sum()
-        return torch.stack([total, count(samples, total.device)])
+        return torch.stack([total, torch.full((), float(samples), device=total.device)])
 
     def value(self, state: Sequence[float]) -> float | None:
         total, count = state

@@ -27,6 +27,7 @@ from nbscale.train.metric_kinds import (
     ClassFraction,
     ErrorSum,
     SampleMean,
+    Stacked,
     TorchMetric,
     fail,
 )
@@ -41,6 +42,7 @@ _ALIASES = {"acc": "accuracy", "top1-accuracy": "accuracy", "f1": "fscore", "f1s
             "top5_accuracy": "top5-accuracy", "top_5_accuracy": "top5-accuracy"}
 
 Kind = ClassFraction | ErrorSum | ClassAverage | SampleMean | TorchMetric
+PER_BATCH = (SampleMean, TorchMetric)  # the kinds that see one batch at a time; the named ones stack a bunch
 
 
 class MetricSet:
@@ -54,6 +56,8 @@ class MetricSet:
         self.metrics, self.regression = tuple(metrics), regression
         self.names: tuple[str, ...] = tuple(metric.name for metric in self.metrics)
         self.classes: int | None = None
+        self._needs_classes = any(metric.needs_classes for metric in self.metrics)
+        self._stacks = any(not isinstance(metric, PER_BATCH) for metric in self.metrics)
 
     @property
     def size(self) -> int:
@@ -61,11 +65,6 @@ class MetricSet:
 
     def __repr__(self) -> str:
         return f"MetricSet({', '.join(self.names)})"
-
-    def _batch(self, outputs: Any, targets: Any) -> Batch:
-        if self.classes is None and any(metric.needs_classes for metric in self.metrics):
-            self._set_classes(outputs)
-        return Batch(outputs, targets, self.classes)
 
     def _set_classes(self, outputs: Any) -> None:
         if isinstance(outputs, torch.Tensor) and outputs.ndim >= 2:
@@ -78,23 +77,45 @@ class MetricSet:
         """OptionsError (one line naming the metric and the fix) when a metric does not fit the first batch:
         a callable returning more than a value per sample, a regression metric on class labels, a
         classification metric on a regression's outputs, a torchmetrics Metric that fails on them."""
+        if self.classes is None and self._needs_classes:
+            self._set_classes(outputs)
         with torch.no_grad():
-            batch = self._batch(outputs, targets)
+            batch = Batch(outputs, targets)
             for metric in self.metrics:
                 metric.check(batch, self.regression)
 
     def state(self, outputs: Any, targets: Any) -> torch.Tensor:
         """This batch's state: a 1-D float32 tensor of `size` on the outputs' device, summable over batches and
         ranks. Nothing is read to the host."""
+        return self.states([(outputs, targets)])[0]
+
+    def states(self, batches: Sequence[tuple[Any, Any]]) -> torch.Tensor:
+        """The states of several iterations' (outputs, targets), iterations x `size`: what stacking their `state`s
+        gives, in one computation for the named metrics where the batches share their shapes (the loop reads a
+        bunch of iterations at once, and many small computations would cost more than the one)."""
         with torch.no_grad():
-            batch = self._batch(outputs, targets)
+            group = [Batch(outputs, targets) for outputs, targets in batches]
+            if self.classes is None and self._needs_classes:
+                self._set_classes(group[0].outputs)
             if not self.metrics:
-                device = outputs.device if isinstance(outputs, torch.Tensor) else None
-                return torch.zeros(0, device=device)
-            if batch.classes is not None and isinstance(outputs, torch.Tensor) and outputs.shape[1] != batch.classes:
-                raise fail(f"the outputs have {outputs.shape[1]} classes, but the first batch had {batch.classes}.")
-            states = [metric.state(batch) for metric in self.metrics]
-            return torch.cat(states) if len(states) > 1 else states[0]
+                device = group[0].outputs.device if isinstance(group[0].outputs, torch.Tensor) else None
+                return torch.zeros(len(group), 0, device=device)
+            if _same_shapes(group):
+                return self._states(group)
+            return torch.cat([self._states([batch]) for batch in group])
+
+    def _states(self, group: list[Batch]) -> torch.Tensor:
+        stacked = Stacked(group, self.classes) if self._stacks else None
+        if stacked is not None and self.classes is not None and stacked.outputs.shape[2] != self.classes:
+            raise fail(f"the outputs have {stacked.outputs.shape[2]} classes, but the first batch had {self.classes}.")
+        columns = []
+        for metric in self.metrics:
+            if isinstance(metric, PER_BATCH):
+                columns.append(torch.stack([metric.state(batch) for batch in group]))
+            else:
+                assert stacked is not None  # made when any metric stacks
+                columns.append(metric.states(stacked))
+        return torch.cat(columns, 1) if len(columns) > 1 else columns[0]
 
     def values(self, state: torch.Tensor | Sequence[float]) -> dict[str, float | None]:
         """Each metric's value from a (summed) state, read to the host once; None where no sample counted."""
@@ -109,6 +130,17 @@ class MetricSet:
     def goal(self, name: str) -> str | None:
         """"minimize"/"maximize" for a metric whose direction is known, else None."""
         return next(metric.goal for metric in self.metrics if metric.name == name)
+
+
+def _same_shapes(group: list[Batch]) -> bool:
+    """Whether the batches stack: every output and first target a tensor of the first batch's shape and type."""
+    first = group[0]
+    if not (isinstance(first.outputs, torch.Tensor) and isinstance(first.target, torch.Tensor)):
+        return len(group) == 1
+    return all(isinstance(b.outputs, torch.Tensor) and isinstance(b.target, torch.Tensor)
+               and b.outputs.shape == first.outputs.shape and b.outputs.dtype == first.outputs.dtype
+               and b.target.shape == first.target.shape and b.target.dtype == first.target.dtype
+               for b in group[1:])
 
 
 def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> MetricSet:

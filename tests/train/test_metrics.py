@@ -261,3 +261,22 @@ def test_a_state_reads_nothing_to_the_host_so_it_runs_on_meta_tensors_that_hold_
     assert state.device.type == "meta" and state.shape == (classes.size,)
     regression = resolve_metrics(["rmse", "mae"], regression=True)
     assert regression.state(torch.randn(8, 1, device="meta"), torch.randn(8, device="meta")).shape == (4,)
+
+
+def test_a_bunchs_states_computed_together_equal_each_iterations_state() -> None:
+    def error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (outputs.argmax(1) != targets).float()
+
+    metrics = resolve_metrics(["accuracy", "top2-accuracy", "fscore", error,
+                               torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES)],
+                              regression=False)
+    scores, labels = predictions()
+    metrics.check(scores[:50], labels[:50])
+    bunch = [(scores[i:i + 50], labels[i:i + 50]) for i in range(0, 300, 50)]
+    each = torch.stack([metrics.state(outputs, targets) for outputs, targets in bunch])
+    assert torch.equal(metrics.states(bunch), each)
+    uneven = [*bunch[:2], (scores[100:130], labels[100:130])]  # a validation's last, smaller batch
+    assert torch.equal(metrics.states(uneven), torch.stack([metrics.state(o, y) for o, y in uneven]))
+    regression = resolve_metrics(["rmse", "mae"], regression=True)
+    pairs = [(torch.randn(16, 2), torch.randn(16, 2)) for _ in range(4)]
+    assert torch.allclose(regression.states(pairs), torch.stack([regression.state(o, y) for o, y in pairs]))

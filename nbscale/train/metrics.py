@@ -147,7 +147,7 @@ def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> Metri
     """`TrainingOptions.metrics` as a MetricSet; None gives ("accuracy",), or ("rmse",) under a regression.
 
     Items: a name ("accuracy", "top{k}-accuracy", "rmse", "mae", "precision", "recall", "fscore", in any case),
-    a torchmetrics Metric, a callable (outputs, targets) -> value per sample (named by its __name__), or a
+    a torchmetrics Metric (or MetricCollection: its metrics by key), a callable (outputs, targets) -> value per sample (named by its __name__), or a
     (name, metric) pair; one metric alone counts as a sequence of one. Raises OptionsError for an unknown name
     (with "did you mean"), a duplicate name, or anything else.
     """
@@ -159,13 +159,21 @@ def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> Metri
     elif not isinstance(metrics, Sequence) or isinstance(metrics, bytes):
         raise OptionsError(f"TrainingOptions.metrics={type(metrics).__name__} is not allowed: metrics must be "
                            "None or a sequence of metrics, e.g. ('accuracy', 'fscore').")
-    kinds = [_kind(item) for item in metrics]
+    kinds = [_kind(metric, name) for item in metrics for name, metric in _expanded(item)]
     names = [kind.name for kind in kinds]
     for name in names:
         if names.count(name) > 1:
             raise fail(f"two metrics are named {name!r}: name one differently with a (name, metric) pair, "
                        f"e.g. ('{name}2', ...).")
     return MetricSet(kinds, regression)
+
+
+def _expanded(item: Any) -> list[tuple[str | None, Any]]:
+    """A torchmetrics MetricCollection as its metrics, named by its keys; anything else as itself."""
+    torchmetrics = sys.modules.get("torchmetrics")
+    if torchmetrics is not None and isinstance(item, torchmetrics.MetricCollection):
+        return list(item.items(keep_base=False))
+    return [(None, item)]
 
 
 def _kind(item: Any, name: str | None = None) -> Kind:

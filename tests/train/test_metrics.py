@@ -280,3 +280,15 @@ def test_a_bunchs_states_computed_together_equal_each_iterations_state() -> None
     regression = resolve_metrics(["rmse", "mae"], regression=True)
     pairs = [(torch.randn(16, 2), torch.randn(16, 2)) for _ in range(4)]
     assert torch.allclose(regression.states(pairs), torch.stack([regression.state(o, y) for o, y in pairs]))
+
+
+def test_a_torchmetrics_collection_gives_its_metrics_by_key() -> None:
+    collection = torchmetrics.MetricCollection({
+        "f1": torchmetrics.classification.MulticlassF1Score(num_classes=CLASSES, average="macro"),
+        "recall_tm": torchmetrics.classification.MulticlassRecall(num_classes=CLASSES, average="macro")})
+    metrics = resolve_metrics(["accuracy", collection], regression=False)
+    assert metrics.names == ("accuracy", "f1", "recall_tm")
+    scores, labels = predictions()
+    values = summed_over_batches(metrics, scores, labels)
+    assert values["recall_tm"] == pytest.approx(sk.recall_score(labels, scores.argmax(1), average="macro", zero_division=0),
+                                                 rel=1e-6)

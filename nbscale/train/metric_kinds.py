@@ -4,12 +4,11 @@ Every kind turns one batch into a 1-D float32 state whose sum over batches and r
 and reads its value from a summed state on the host. States are computed on the device without reading anything
 to the host (no .item(), no branching on values): only shapes decide. The named kinds compute a whole bunch of
 iterations' batches at once (`Stacked`, one computation per bunch, as the loop reads); a callable and a
-torchmetrics Metric see one batch at a time (`Batch`).
+torchmetrics Metric (nbscale.train.torch_metric) see one batch at a time (`Batch`).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -29,7 +28,8 @@ def fail(message: str) -> OptionsError:
     return OptionsError(f"TrainingOptions.metrics: {message}")
 
 
-def _described(tensor: Any) -> str:
+def described(tensor: Any) -> str:
+    """A tensor's dtype and shape as an error message names them."""
     if not isinstance(tensor, torch.Tensor):
         return f"a {type(tensor).__name__}"
     return f"{str(tensor.dtype).removeprefix('torch.')} of shape {tuple(tensor.shape)}"
@@ -99,7 +99,7 @@ def check_class_scores(name: str, batch: Batch, regression: bool) -> None:
     if not labels_fit:
         raise fail(
             f"{name!r} is a classification metric: it needs class scores (N x classes) and class labels (N "
-            f"integers), but the outputs are {_described(outputs)} and the targets {_described(target)}. For a "
+            f"integers), but the outputs are {described(outputs)} and the targets {described(target)}. For a "
             "regression use metrics=('rmse',) or ('mae',); metrics=() computes none.")
 
 
@@ -148,13 +148,13 @@ class ErrorSum:
         if (isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor) and outputs.ndim >= 2
                 and not target.is_floating_point() and target.ndim == outputs.ndim - 1 and outputs.shape[1] > 1):
             raise fail(
-                f"{self.name!r} is a regression metric, but the targets are class labels ({_described(target)}) "
-                f"for class scores ({_described(outputs)}): use 'accuracy', 'precision', 'recall' or 'fscore'.")
+                f"{self.name!r} is a regression metric, but the targets are class labels ({described(target)}) "
+                f"for class scores ({described(outputs)}): use 'accuracy', 'precision', 'recall' or 'fscore'.")
         if not (isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)
                 and outputs.is_floating_point() and target.numel() == outputs.numel() and outputs.numel() > 0):
             raise fail(
                 f"{self.name!r} compares the outputs with targets of the same size, but the outputs are "
-                f"{_described(outputs)} and the targets {_described(target)}.")
+                f"{described(outputs)} and the targets {described(target)}.")
 
     def states(self, stacked: Stacked) -> torch.Tensor:
         outputs = stacked.outputs
@@ -228,7 +228,7 @@ class SampleMean:
             result.ndim == 0 or (result.shape[0] == samples and result.numel() == samples))
         if not ok:
             raise fail(
-                f"the metric {self.name!r} returned {_described(result)} for a batch of {samples} samples; a "
+                f"the metric {self.name!r} returned {described(result)} for a batch of {samples} samples; a "
                 f"metric returns one value per sample (shape ({samples},)) or the batch's mean (a scalar "
                 "tensor): reduce the other dimensions, e.g. with .mean(1).")
 
@@ -247,83 +247,3 @@ class SampleMean:
 
 def _samples(batch: Batch) -> int:
     return batch_length(batch.outputs) or batch_length(batch.targets)
-
-
-class TorchMetric:
-    """A torchmetrics Metric whose states are all tensors reduced by a sum: a batch's state is its states after
-    `update` from their defaults, flattened; a value is `compute` on a host copy holding the summed states.
-    Copies are used, so the user's Metric is never changed; they never synchronise across ranks themselves
-    (their update and compute are called unwrapped), since the summed state already covers every rank."""
-
-    goal: str | None
-    needs_classes = False
-
-    def __init__(self, name: str, metric: Any) -> None:
-        from torchmetrics.utilities.data import dim_zero_sum
-
-        self.name = name
-        refused = [state for state, reduce in metric._reductions.items()
-                   if reduce is not dim_zero_sum or not isinstance(metric._defaults[state], torch.Tensor)]
-        if refused or not metric._defaults:
-            what = f"keeps state {refused[0]!r} that is not a sum" if refused else "has no states"
-            raise fail(
-                f"the torchmetrics metric {name!r} ({type(metric).__name__}) {what} (e.g. a list of every "
-                "prediction), so it cannot be summed over batches and ranks. Use a version with summable states "
-                "(e.g. thresholds=200 for AUROC and average-precision metrics), or a callable (outputs, targets) "
-                "-> value per sample.")
-        self.host = copy.deepcopy(metric).cpu()
-        self.shapes = {state: default.shape for state, default in self.host._defaults.items()}
-        self.dtypes = {state: default.dtype for state, default in self.host._defaults.items()}
-        self.size = sum(default.numel() for default in self.host._defaults.values())
-        higher = getattr(metric, "higher_is_better", None)
-        self.goal = None if higher is None else "maximize" if higher else "minimize"
-        self.on_device: dict[torch.device, Any] = {}  # a copy per device the states are computed on
-
-    def _copy_on(self, device: torch.device) -> Any:
-        metric = self.on_device.get(device)
-        if metric is None:
-            metric = self.on_device[device] = copy.deepcopy(self.host).to(device)
-        return metric
-
-    def _update(self, metric: Any, batch: Batch) -> torch.Tensor:
-        for state, default in metric._defaults.items():
-            setattr(metric, state, default.detach().clone())
-        type(metric).update(metric, batch.outputs, batch.target)
-        return torch.cat([getattr(metric, state).reshape(-1).float() for state in metric._defaults])
-
-    def check(self, batch: Batch, regression: bool) -> None:
-        metric = self._copy_on(batch.outputs.device if isinstance(batch.outputs, torch.Tensor) else
-                               torch.device("cpu"))
-        try:
-            state = self._update(metric, batch)
-            value = self.value(state.tolist(), strict=True)
-        except OptionsError:
-            raise
-        except Exception as error:
-            raise fail(f"the torchmetrics metric {self.name!r} ({type(metric).__name__}) failed on the first "
-                       f"batch (outputs {_described(batch.outputs)}, targets {_described(batch.target)}): "
-                       f"{type(error).__name__}: {error}") from error
-        del value
-        if hasattr(metric, "validate_args"):  # its input checks read tensors to the host: once is enough
-            metric.validate_args = False
-
-    def state(self, batch: Batch) -> torch.Tensor:
-        return self._update(self._copy_on(batch.outputs.device), batch)
-
-    def value(self, state: Sequence[float], strict: bool = False) -> float | None:
-        metric, offset = self.host, 0
-        for name, shape in self.shapes.items():
-            count = math.prod(shape)
-            values = torch.tensor(state[offset:offset + count], dtype=torch.float64)
-            offset += count
-            dtype = self.dtypes[name]
-            values = values if dtype.is_floating_point else values.round()
-            setattr(metric, name, values.to(dtype).reshape(shape))
-        result = type(metric).compute(metric)
-        if isinstance(result, torch.Tensor) and result.numel() == 1:
-            number = float(result)
-            return None if math.isnan(number) and not strict else number
-        if strict:
-            raise fail(f"the torchmetrics metric {self.name!r} ({type(metric).__name__}) computes "
-                       f"{_described(result)}, not one number: ask it for one (e.g. average='macro').")
-        return None

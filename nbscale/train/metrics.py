@@ -5,7 +5,7 @@
 states over the iterations of a bunch or a validation and over the ranks (one all_reduce), and reads the
 `values` once. A sum of states is the state of all the batches together, so a metric over 2 ranks is the
 metric of all their predictions, never a mean of per-rank values. The metric kinds live in
-nbscale.train.metric_kinds.
+nbscale.train.metric_kinds and nbscale.train.torch_metric.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from nbscale.train.metric_kinds import (
     ErrorSum,
     SampleMean,
     Stacked,
-    TorchMetric,
     fail,
 )
+from nbscale.train.torch_metric import TorchMetric
 
 NAMES = ("accuracy", "top5-accuracy", "rmse", "mae", "precision", "recall", "fscore")
 GOALS = ("minimize", "maximize")
@@ -93,6 +93,8 @@ class MetricSet:
         """The states of several iterations' (outputs, targets), iterations x `size`: what stacking their `state`s
         gives, in one computation for the named metrics where the batches share their shapes (the loop reads a
         bunch of iterations at once, and many small computations would cost more than the one)."""
+        if not batches:
+            raise ValueError("MetricSet.states needs at least one (outputs, targets)")
         with torch.no_grad():
             group = [Batch(outputs, targets) for outputs, targets in batches]
             if self.classes is None and self._needs_classes:

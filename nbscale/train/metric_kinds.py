@@ -193,16 +193,17 @@ class ClassAverage:
 
     def value(self, state: Sequence[float]) -> float | None:
         classes = len(state) // 3
-        scores = []
-        for tp, predicted, actual in zip(state[:classes], state[classes:2 * classes], state[2 * classes:],
-                                         strict=True):
-            fp, fn = predicted - tp, actual - tp
-            if tp + fp + fn <= 0:
-                continue  # a class neither in the labels nor predicted: left out, as sklearn and torchmetrics do
-            denominator = {"precision": tp + fp, "recall": tp + fn, "fscore": 2 * tp + fp + fn}[self.measure]
-            numerator = 2 * tp if self.measure == "fscore" else tp
-            scores.append(numerator / denominator if denominator > 0 else 0.0)
-        return sum(scores) / len(scores) if scores else None
+        hits, predicted, actual = state[:classes], state[classes:2 * classes], state[2 * classes:]
+        # a class neither in the labels nor predicted is left out, as sklearn and torchmetrics do
+        seen = [c for c in range(classes) if predicted[c] + actual[c] > 0]
+        if not seen:
+            return None
+        if self.measure == "fscore":  # 2 tp / (2 tp + fp + fn)
+            scores = [2 * hits[c] / (predicted[c] + actual[c]) for c in seen]
+        else:  # tp / (tp + fp), tp / (tp + fn); 0 where never predicted (or never a label)
+            totals = predicted if self.measure == "precision" else actual
+            scores = [hits[c] / totals[c] if totals[c] > 0 else 0.0 for c in seen]
+        return sum(scores) / len(scores)
 
 
 class SampleMean:

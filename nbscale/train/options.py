@@ -302,8 +302,10 @@ def _loss(value: Any) -> str | None:
 
 
 def _metrics(value: Any) -> str | None:
-    """Names and types checked now (nbscale.train.metrics raises OptionsError naming the metric and the fix); what
-    depends on the data is checked on the first batch."""
+    """None, a sequence of metrics, or one alone; the names and types in it are checked by nbscale.train.metrics,
+    whose OptionsError names the metric and the fix (what depends on the data is checked on the first batch)."""
+    if value is not None and not callable(value) and (not isinstance(value, Sequence) or isinstance(value, bytes)):
+        return "None or a sequence of metrics, e.g. ('accuracy', 'fscore')"
     from nbscale.train.metrics import resolve_metrics
 
     resolve_metrics(value, regression=False)

@@ -159,6 +159,7 @@ class TrainingOptions:
                 "output_network='best-validation' needs validation_data: pass validation_data=... "
                 "or use output_network='last-iteration'."
             )
+        _objective_fits(self)
 
     def replace(self, **changes: Any) -> TrainingOptions:
         """A copy with `changes` applied (checked like the constructor)."""
@@ -301,14 +302,29 @@ def _loss(value: Any) -> str | None:
 
 
 def _metrics(value: Any) -> str | None:
-    """Refined where the metric names live (nbscale.train.metrics); here: None or a sequence (not a string)."""
-    if value is None or (isinstance(value, Sequence) and not isinstance(value, str | bytes)):
-        return None
-    return "None or a sequence of metrics, e.g. ('accuracy', 'fscore')"
+    """None, a sequence of metrics, or one alone; the names and types in it are checked by nbscale.train.metrics,
+    whose OptionsError names the metric and the fix (what depends on the data is checked on the first batch)."""
+    if value is not None and not callable(value) and (not isinstance(value, Sequence) or isinstance(value, bytes)):
+        return "None or a sequence of metrics, e.g. ('accuracy', 'fscore')"
+    from nbscale.train.metrics import resolve_metrics
+
+    resolve_metrics(value, regression=False)
+    return None
 
 
 def _objective_metric(value: Any) -> str | None:
     return None if isinstance(value, str) and value else "'loss' or the name of one of the metrics"
+
+
+def _objective_fits(options: TrainingOptions) -> None:
+    """OptionsError when objective_metric is not among the metrics or objective_goal contradicts it. With
+    metrics=None the default is "accuracy", or "rmse" under a regression, which the data may yet decide."""
+    from nbscale.train.metrics import objective, resolve_metrics
+
+    regression = options.loss in ("mse", "l1")
+    if options.metrics is None and not regression and options.objective_metric == "rmse":
+        regression = True  # float targets make "rmse" the default: known on the first batch
+    objective(options.objective_metric, options.objective_goal, resolve_metrics(options.metrics, regression=regression))
 
 
 def _loggers(value: Any) -> str | None:

@@ -18,6 +18,8 @@ import signal
 import time
 from collections.abc import Iterable
 
+import psutil
+
 from nbscale.pool.handles import WorkerHandle
 
 UNRESPONSIVE_S = 20.0
@@ -32,19 +34,24 @@ def unresponsive(worker: WorkerHandle, now: float | None = None) -> bool:
 
 def process_state(worker: WorkerHandle) -> str | None:
     """The kernel's view of a worker's process on this machine: "stopped", "gone" or "running" (None: on
-    another machine, or unknown)."""
+    another machine, or unknown). A later process reusing the pid reads as "gone" (its start time differs)."""
     if not worker.channel.same_machine:
         return None
     try:
-        with open(f"/proc/{worker.pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+        process = psutil.Process(worker.pid)
+        started = process.create_time()
+        status = process.status()
+    except psutil.NoSuchProcess:
         return "gone"
-    except (OSError, IndexError):
+    except psutil.Error:
         return None
-    if state in ("T", "t"):
+    if worker.started is None:
+        worker.started = started
+    elif abs(started - worker.started) > 0.01:
+        return "gone"
+    if status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
         return "stopped"
-    return "gone" if state in ("Z", "X") else "running"
+    return "gone" if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD) else "running"
 
 
 def unresponsive_description(worker: WorkerHandle) -> str:

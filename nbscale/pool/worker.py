@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -231,9 +232,7 @@ class Worker:
         )
 
     def _memory(self) -> tuple[float, float | None]:
-        with open("/proc/self/statm") as handle:
-            resident_pages = int(handle.read().split()[1])
-        memory_mb = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        memory_mb = psutil.Process().memory_info().rss / 2**20
         device_mb = None
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             device_mb = torch.cuda.memory_reserved(self.device) / 2**20
@@ -398,7 +397,9 @@ class Worker:
 
 
 def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
-    """(CPU clock ticks, context switches) of one thread of this process so far; None where /proc cannot tell."""
+    """(CPU clock ticks, context switches) of one thread of this process so far; None where /proc cannot tell
+    (off Linux: the stall notice then goes by the thread's position alone). Not psutil: it has no per-thread
+    context switches, and its threads() reads every thread's files to give one."""
     if native_id is None:
         return None
     try:

@@ -39,3 +39,18 @@ except GpuError as error:
 """)
     assert result.returncode == 0, result.stderr
     assert "GPU reservations need fcntl's file locks (Linux or macOS)" in result.stdout
+
+
+def test_starting_a_pool_where_processes_cannot_fork_says_pools_need_linux_or_macos():
+    result = _run("""
+import os
+import nbscale
+from nbscale.errors import PoolError
+del os.fork  # as on Windows
+try:
+    nbscale.Pool(2, cpu=True)
+except PoolError as error:
+    print(error)
+""")
+    assert result.returncode == 0, result.stderr
+    assert "Pools need Linux or macOS" in result.stdout and "Train in the notebook instead" in result.stdout

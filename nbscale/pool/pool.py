@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import operator
+import os
 import secrets
 import shutil
 import sys
@@ -100,6 +101,16 @@ def take_shutdown_notice() -> str | None:
     return notice
 
 
+def _require_fork() -> None:
+    """Pools need a POSIX system: workers are forked from a server process, and find each other through
+    POSIX-only calls. Windows has none of it."""
+    if not hasattr(os, "fork"):
+        raise PoolError(
+            f"Pools need Linux or macOS: this platform ({sys.platform}) cannot fork worker processes. Train in the "
+            "notebook instead (%%train, nbscale.train), or run the notebook on Linux (WSL on Windows)."
+        )
+
+
 class Pool:
     """A pool of worker processes in one torch.distributed group (parpool).
 
@@ -154,6 +165,7 @@ class Pool:
 
     def _start_workers(self, backend: Backend | None) -> None:
         global _current
+        _require_fork()
         started = time.monotonic()
         self.start_seconds: float | None = None
         self.generation = secrets.token_hex(4)  # Composites of an earlier start know they are stale

@@ -19,6 +19,7 @@ import threading
 from types import FrameType, TracebackType
 from typing import Any
 
+_task_cancelled = threading.Event()  # on a worker: the interrupt now landing is pool.cancel's
 _holding: HeldInterrupt | None = None  # the hold in force: one nested in it leaves the interrupt to it
 _second_lands = True  # whether a second interrupt during a hold lands at once (see `hold_every_interrupt`)
 
@@ -28,6 +29,21 @@ def hold_every_interrupt() -> None:
     reads what the worker sends, and a reply cut short would garble the kernel's channel)."""
     global _second_lands
     _second_lands = False
+
+
+def task_cancelled() -> bool:
+    """On a pool worker: whether the interrupt landing now is `pool.cancel`'s, for a task whose result nobody
+    waits for, rather than the user's interrupt of the kernel. Code that stops gracefully on the user's interrupt
+    (training stops at the end of its iteration, and says so) stops at once and silently for a cancel."""
+    return _task_cancelled.is_set()
+
+
+def set_task_cancelled(cancelled: bool) -> None:
+    """Set by the worker: before interrupting a task for pool.cancel (True), and when its request ends (False)."""
+    if cancelled:
+        _task_cancelled.set()
+    else:
+        _task_cancelled.clear()
 
 
 class HeldInterrupt:

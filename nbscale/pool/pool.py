@@ -485,8 +485,10 @@ class Pool:
     def cancel(self, future: Future[Any]) -> bool:
         """Cancel a task from `submit`: a queued one never runs; a running one is interrupted on its worker.
 
-        The worker is free for the next task as soon as it has stopped. A running task's future then ends with
-        `concurrent.futures.CancelledError` as its exception. Returns False when the task had already finished.
+        Either way the future is cancelled at once, as concurrent.futures cancels a pending one: `cancelled()` is
+        True and `result()` raises `concurrent.futures.CancelledError`. The worker is free for the next task as
+        soon as the task has stopped; code that stops gracefully on the user's interrupt (training) stops at once,
+        and says nothing. Returns False when the task had already finished.
         """
         return self.tasks.cancel(future)
 

@@ -37,7 +37,7 @@ from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
-from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt
+from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt, set_task_cancelled
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.sealed import hold_pool_key
@@ -180,6 +180,7 @@ class Worker:
             with self.request_lock:
                 self.cancelled_requests.add(message.request_id)
                 if self.current_request == message.request_id:
+                    set_task_cancelled(True)  # a cancel, not the user's interrupt: see interrupts.task_cancelled
                     _interrupt_main_thread()
         elif self.busy:
             _interrupt_main_thread()
@@ -280,7 +281,9 @@ class Worker:
                     message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
                     (type(error).__module__, type(error).__qualname__), held,
                 )  # fmt: skip
-            self.current_request = None
+            with self.request_lock:
+                self.current_request = None
+                set_task_cancelled(False)
             self.busy = not self.inbox.empty()
             try:
                 self._send_reply(reply)

@@ -48,10 +48,40 @@ def test_cancelling_a_running_task_frees_its_worker_for_the_queued_one(pool):
     queued = pool.submit(os.getpid)
     assert started.wait(30)
     assert pool.cancel(running)
+    # cancelled at once, as concurrent.futures cancels a pending future: every view agrees
+    assert running.cancelled() and running.done()
     with pytest.raises(CancelledError):
         running.result(timeout=30)
+    with pytest.raises(CancelledError):
+        running.exception(timeout=30)
     assert queued.result(timeout=30) == pool.workers[0].pid  # the one worker took the queued task
     assert not pool.cancel(queued)  # already finished
+    assert pool.cancel(running) and running.cancelled()  # cancelling again changes nothing
+
+
+def _emit_each_iteration(info) -> None:
+    worker_context().emit(info.iteration)
+
+
+def _train_for_long() -> None:
+    import nbscale
+    from tests.train.digits import digits, tiny_net
+
+    (x, y), _ = digits()
+    options = nbscale.TrainingOptions("sgdm", mini_batch_size=32, max_epochs=100000, execution_environment="cpu",
+                                      plots="none", verbose=False, output_fn=_emit_each_iteration)  # fmt: skip
+    nbscale.train(tiny_net(), (x, y), options)
+
+
+def test_cancelling_a_task_that_trains_stops_it_at_once_without_the_interrupt_message(pool, capfd):
+    """Training stops gracefully on the user's interrupt, saying so; a cancel is nobody's interrupt."""
+    started = threading.Event()
+    running = pool.submit_with_events(_train_for_long, lambda rank, iteration: started.set())
+    assert started.wait(120), "the training did not start"
+    assert pool.cancel(running) and running.cancelled()
+    assert pool.submit(sum, [2, 3]).result(timeout=60) == 5  # the worker stopped and is free
+    output = capfd.readouterr()
+    assert "Stopping at the end of this iteration" not in output.out + output.err
 
 
 def test_cancelling_a_queued_task_means_it_never_runs(pool):

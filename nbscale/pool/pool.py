@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import operator
 import os
 import secrets
 import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -99,6 +101,9 @@ def take_shutdown_notice() -> str | None:
     global _last_shutdown_notice
     notice, _last_shutdown_notice = _last_shutdown_notice, None
     return notice
+
+
+MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
 
 
 def _require_fork() -> None:
@@ -495,31 +500,54 @@ class Pool:
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
         """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor).
 
-        `timeout` counts from this call, as in concurrent.futures. A failing item raises its WorkerError naming the
-        item; interrupting the kernel raises PoolInterrupted. Either way the items not yet done are cancelled (the
-        running ones interrupted on their workers).
+        Items are submitted in a window of MAP_AHEAD_PER_WORKER per worker ahead of the result taken last (as
+        Executor.map's `buffersize` in Python 3.14): the first window now, the rest as results are taken, so an
+        endless iterable works and a long one costs no time up front. `timeout` counts from this call, as in
+        concurrent.futures. A failing item raises its WorkerError naming the item; interrupting the kernel raises
+        PoolInterrupted. Either way the submitted items not yet done are cancelled (the running ones interrupted on
+        their workers), and no more are submitted.
         """
         self._check_usable(())
         deadline = None if timeout is None else time.monotonic() + timeout
         name = getattr(fn, "__name__", "the function")
-        futures = [self.tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}")
-                   for index, args in enumerate(zip(*iterables, strict=False))]
+        items = enumerate(zip(*iterables, strict=False))
+        window = MAP_AHEAD_PER_WORKER * max(1, self.size)
+        pending: deque[Future[Any]] = deque()
+
+        def fill() -> None:
+            for index, args in itertools.islice(items, window - len(pending)):
+                pending.append(self.tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}"))
+
+        def interrupted() -> PoolInterrupted:
+            running = sum(future.running() for future in pending)
+            queued = sum(not future.done() for future in pending) - running
+            self._cancel_unfinished(pending)
+            return PoolInterrupted(
+                f"Interrupted pool.map: {running} running call{'s' if running != 1 else ''} interrupted on the "
+                f"workers and {queued} queued one{'s' if queued != 1 else ''} cancelled. The pool is ready for "
+                "the next cell."
+            )
+
+        try:
+            fill()
+        except KeyboardInterrupt:
+            raise interrupted() from None
+        except BaseException:
+            self._cancel_unfinished(pending)
+            raise
 
         def results() -> Iterator[Any]:
             try:
-                for future in futures:
-                    yield future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                while pending:
+                    future = pending[0]
+                    value = future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                    pending.popleft()
+                    fill()  # before yielding: the workers go on while the caller handles this result
+                    yield value
             except KeyboardInterrupt:
-                running = sum(future.running() for future in futures)
-                queued = sum(not future.done() for future in futures) - running
-                self._cancel_unfinished(futures)
-                raise PoolInterrupted(
-                    f"Interrupted pool.map: {running} running call{'s' if running != 1 else ''} interrupted on the "
-                    f"workers and {queued} queued one{'s' if queued != 1 else ''} cancelled. The pool is ready for "
-                    "the next cell."
-                ) from None
+                raise interrupted() from None
             finally:  # failed or abandoned too: queued items never run, running ones are interrupted
-                self._cancel_unfinished(futures)
+                self._cancel_unfinished(pending)
 
         return results()
 

@@ -4,6 +4,7 @@ request_stop(future), on real worker processes."""
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import random
 import sys
@@ -100,6 +101,21 @@ def test_leaving_a_map_early_interrupts_its_running_items_and_frees_the_worker(p
     assert next(results) is None
     results.close()  # as when the loop over it is interrupted or left with break
     assert pool.submit(os.getpid).result(timeout=60) == pool.workers[0].pid
+
+
+def test_map_draws_items_a_few_per_worker_ahead_of_the_results_taken(pool):
+    drawn = []
+
+    def endless():
+        for item in itertools.count():
+            drawn.append(item)
+            yield item
+
+    results = pool.map(abs, endless())
+    assert len(drawn) <= 2 * pool.size + 1  # submitted at the call, before any result is taken
+    assert [next(results) for _ in range(10)] == list(range(10))
+    assert len(drawn) <= 10 + 2 * pool.size + 1
+    results.close()
 
 
 def test_a_blocking_call_behind_a_running_task_says_what_it_waits_for(pool, monkeypatch):

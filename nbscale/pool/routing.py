@@ -34,6 +34,8 @@ INTERRUPT_GRACE_S = 3.0
 PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
 # once a rank has failed, the others still running this long after are interrupted: a collective would wait forever
 FAILED_PEER_GRACE_S = 2.0
+RESTART_NOTICE = ("Restarting the pool with fresh workers: interrupts are held until it is ready (a few seconds; "
+                  "the cell stops then).")
 
 
 @dataclass(frozen=True)
@@ -378,9 +380,13 @@ class Router:
         if restart is None:
             return f"{reason}."
         started = time.monotonic()
-        restart.restart()
+        # once begun, the restart finishes (bounded by the start timeout): interrupted, it left no pool at all
+        with HeldInterrupt(notice=RESTART_NOTICE) as held:
+            restart.restart()
+        ignored = (f" The {held.dropped} interrupt{'s' if held.dropped != 1 else ''} during the restart "
+                   f"{'were' if held.dropped != 1 else 'was'} held until it was done.") if held.dropped else ""
         return (f"{reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
-                "variables on the workers are lost.")
+                f"variables on the workers are lost.{ignored}")
 
     def _stopped(self, ranks: Iterable[int]) -> list[int]:
         """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""

@@ -24,7 +24,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
-from nbscale.pool.health import process_state, stall_notice, stalled
+from nbscale.pool.health import collective_mismatch, process_state, stall_notice, stalled
 from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.output import end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
@@ -108,7 +108,8 @@ class Router:
             worker = self.workers[rank]
             with self.lock:
                 worker.outstanding += 1
-                worker.where, worker.still_s = "", 0.0  # a spot from the last request says nothing of this one
+                # a spot from the last request says nothing of this one
+                worker.where, worker.still_s, worker.collective = "", 0.0, ""
             # a large message keeps the worker's receiver thread reading instead of answering the heartbeat: its
             # transfer time does not count as silence
             worker.transferring, began = True, time.monotonic()
@@ -176,7 +177,7 @@ class Router:
             return
         if isinstance(message, p.StatusReport):
             worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb
-            worker.where, worker.still_s = message.where, message.still_s
+            worker.where, worker.still_s, worker.collective = message.where, message.still_s, message.collective
             worker.status_round = message.request_id
             return
         if isinstance(message, p.FolderMissing):
@@ -299,7 +300,7 @@ class Router:
         running FAILED_PEER_GRACE_S later are stopped the same way (with `restart` only: not while the group forms).
         `held`: an interrupt held off while the request was sent lands here, and stops it as any other does.
         """
-        noticed = False
+        noticed = mismatch_noticed = False
         first_failure: float | None = None
         note = ""
         try:
@@ -319,6 +320,11 @@ class Router:
                     if stuck:
                         noticed = True
                         print(stall_notice(stuck), file=sys.stderr, flush=True)
+                if not mismatch_noticed:
+                    mismatch = collective_mismatch(self.workers, request.ranks, request.waiting_for)
+                    if mismatch:
+                        mismatch_noticed = True
+                        print(mismatch, file=sys.stderr, flush=True)
             self._drain_output(request)
         except KeyboardInterrupt:
             raise PoolInterrupted(self._interrupt(request, restart)) from None

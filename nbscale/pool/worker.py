@@ -34,7 +34,7 @@ import torch.distributed as dist
 from nbscale.errors import UnsendableError
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
-from nbscale.pool.collectives import Collectives
+from nbscale.pool.collectives import Collectives, current_collective, new_request
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
 from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt, set_task_cancelled
@@ -196,7 +196,9 @@ class Worker:
 
     def report_status(self, message: p.StatusQuery) -> None:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
-        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot()))
+        collective = current_collective() if self.current_request is not None else ""
+        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot(),
+                                         collective))  # fmt: skip
 
     def _main_thread_spot(self) -> tuple[str, float]:
         """Where the main thread is, and for how long it has stood still there: at the same instruction, and (where
@@ -251,6 +253,7 @@ class Worker:
             except KeyboardInterrupt:  # an interrupt that arrived just after the last request ended
                 continue
             self.context.reset()
+            new_request()  # collectives counted per request, for the kernel's mismatch check
             if _signal.getsignal(signal.SIGINT) is not self._gate:  # a cell installed its own handler and left it
                 signal.signal(signal.SIGINT, self._gate)
             try:  # a targeted Interrupt lands inside this try from the moment current_request names the request

@@ -275,11 +275,26 @@ def test_another_user_locking_the_registry_folder_delays_nothing_and_no_gpu_is_t
 
 
 @needs_root
-def test_another_user_cannot_open_the_lock_that_orders_a_users_reservations(shared_folder):
+def test_another_user_cannot_open_the_lock_that_orders_a_users_reservations(shared_folder, monkeypatch):
+    home = Path(tempfile.mkdtemp(prefix="nbscale-home-", dir="/tmp"))
+    try:
+        home.chmod(0o755)  # others may look in: the lock file's own mode must keep them out
+        monkeypatch.setenv("NBSCALE_HOME", str(home))
+        registry.reserve(lambda: ["GPU-a"], "pool").release()
+        lock = registry.lock_path()
+        assert lock.parent == home and stat.S_IMODE(lock.stat().st_mode) == 0o600
+        assert _as_nobody(f"test -r {home} && exec 3< {lock}").returncode != 0
+        assert _as_nobody(f"exec 3< {home}/..").returncode == 0  # the folder is reachable: the mode is what stops it
+    finally:
+        shutil.rmtree(home)
+
+
+def test_a_lock_file_others_may_write_is_refused_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
     registry.reserve(lambda: ["GPU-a"], "pool").release()
-    lock = registry.lock_path()
-    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
-    assert _as_nobody(f"exec 3< {lock}").returncode != 0
+    registry.lock_path().chmod(0o666)
+    with pytest.raises(GpuError, match=r"lock file .*gpu-registry.lock cannot be used: .*others may write to it"):
+        registry.reserve(lambda: ["GPU-a"], "pool")
 
 
 @needs_root

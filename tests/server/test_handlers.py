@@ -62,18 +62,21 @@ async def test_gpus_name_each_gpus_holder_from_the_machine_wide_registry(jp_fetc
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs root")  # CI runs as root
-async def test_another_users_reservation_naming_this_kernel_is_not_marked_as_the_servers_users(jp_fetch, monkeypatch,
-                                                                                                tmp_path):
+async def test_another_users_reservation_naming_this_kernel_is_not_marked_as_the_servers_users(jp_fetch, monkeypatch):
     """A file planted by another user claims this server's kernel and pid: the panel must not call it its own."""
+    import shutil
     import signal
+    import tempfile
+    from pathlib import Path
 
     from tests.nvml_probe import fake_pynvml
 
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    tmp_path.chmod(0o1777)
-    monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(tmp_path))
-    planted = tmp_path / "nbscale-gpu.GPU-aaaa0-1111.0123456789abcdef"
+    folder = Path(tempfile.mkdtemp(prefix="nbscale-gpu-registry-", dir="/tmp"))  # reachable by the other user
+    folder.chmod(0o1777)
+    monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(folder))
+    planted = folder / "nbscale-gpu.GPU-aaaa0-1111.0123456789abcdef"
     claim = json.dumps({"pid": 0, "purpose": "pool", "kernel_id": "the-kernel-in-front", "notebook": "mine.ipynb"})
     claim = claim.replace('"pid": 0', '"pid": \'$$\'')  # the other user's live shell, which `exec sleep` keeps
     other = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
@@ -88,8 +91,10 @@ async def test_another_users_reservation_naming_this_kernel_is_not_marked_as_the
             await asyncio.sleep(1.1)  # the server reads the registry at most once a second
         assert (held["uid"], held["kernel_id"], held["mine"]) == (65534, "the-kernel-in-front", False)
     finally:
-        os.killpg(other.pid, signal.SIGKILL)
+        if other.poll() is None:
+            os.killpg(other.pid, signal.SIGKILL)
         other.wait()
+        shutil.rmtree(folder)
 
 
 async def test_gpu_cache_reads_nvml_once_per_max_age():

@@ -22,6 +22,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
+from nbscale.pool.interrupts import task_cancelled
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
@@ -246,7 +247,7 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
         # kernel's interrupt reaches its whole process group: the notebook's process alone stops the run
         if state["done"] or os.getpid() != notebook:
             return
-        if stop.requested:
+        if stop.requested or task_cancelled():  # pool.cancel of a task training on a worker: nobody waits
             raise KeyboardInterrupt
         stop.request(INTERRUPT_REASON)
         if on_pool:

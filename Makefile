@@ -3,13 +3,15 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
+LOCK := requirements/lock.txt
 
-.PHONY: venv demo test chromium bench lint typecheck clean reference examples
+.PHONY: venv demo test test-latest lock chromium bench lint typecheck clean reference examples
 
-$(STAMP): pyproject.toml constraints.txt labextension/package.json
+$(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install -q -c $(LOCK) pip
+	$(PY) -m pip install -q -c constraints.txt -c $(LOCK) -e ".[dev]"
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/jupyter labextension develop --overwrite .
 	touch $(STAMP)
 
@@ -21,6 +23,28 @@ demo: venv
 test: venv chromium
 	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test
 	$(PY) -m pytest -q -ra
+
+# the suite against the newest releases of every dependency (torch and torchvision stay at constraints.txt's
+# versions: others download several GB), in a venv of its own; not part of .ci/run. PYTEST_ARGS narrows it.
+VENV_LATEST := .venv-latest
+PYTEST_ARGS ?= -q -ra
+test-latest: chromium
+	test -x $(VENV_LATEST)/bin/python || $(PYTHON) -m venv $(VENV_LATEST)
+	$(VENV_LATEST)/bin/python -m pip install -q --upgrade pip
+	$(VENV_LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c constraints.txt -e ".[dev]"
+	$(VENV_LATEST)/bin/python -m pip freeze --exclude-editable > $(VENV_LATEST)/resolved.txt
+	$(VENV_LATEST)/bin/python -m pytest $(PYTEST_ARGS)
+
+# remake requirements/lock.txt from a clean resolve of pyproject.toml (with constraints.txt's torch), dated
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	.venv-lock/bin/python -m pip install -q -c constraints.txt ".[dev,lab,cluster,s3,examples]"
+	mkdir -p requirements
+	{ echo "# Every dependency of nbscale pinned, made by \`make lock\` on $$(date -u +%Y-%m-%d) from a clean resolve"; \
+	  echo "# (Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())')). make venv installs with it: refresh it on purpose, then run make test."; \
+	  .venv-lock/bin/python -m pip freeze --all --exclude nbscale --exclude setuptools --exclude wheel; } > $(LOCK)
+	rm -rf .venv-lock
 
 # Debian's headless Chromium for the JupyterLab browser test (Playwright drives it; no Playwright browser download)
 chromium:
@@ -38,7 +62,7 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) build dist .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(VENV_LATEST) build dist .pytest_cache .mypy_cache
 
 # docs/reference.md is made from the code (every magic flag, TrainingOptions field, NBSCALE_* variable)
 reference: venv

@@ -5,8 +5,9 @@ ends. ipykernel 7 has subshells (JEP 91), each with its own thread, and ipykerne
 messages to the subshell named by the comm's `_reply_subshell_id`. So: ask the kernel for a subshell with a
 `create_subshell_request` on its own control channel (the public protocol, from a client in this process), and
 point the widgets' comms at it. `_reply_subshell_id` is ipykernel's private attribute: tests/ui/test_click_routing.py
-fails when ipykernel changes it, and pyproject requires the versions where it works. Anywhere else (an older
-kernel, another kernel, no kernel) nothing is routed and the caller is told so.
+fails when ipykernel changes it. The routing is used only where it works (ipykernel >= 7.4, found at run time);
+anywhere else (an older ipykernel, another kernel, no kernel) nothing is routed and the caller is told so (the
+Stop button then says to interrupt the kernel).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def route_clicks_off_main_thread(*widgets: Any) -> Callable[[], None] | None:
     (it deletes the subshell), or None where clicks can only be handled after the cell."""
     kernel = _kernel()
     comms = [widget.comm for widget in widgets if getattr(widget, "comm", None) is not None]
-    if kernel is None or not comms or SUBSHELLS not in kernel.kernel_info.get("supported_features", []):
+    if kernel is None or not comms or not routes_comms_to_subshells(kernel):
         return None
     try:
         client = _control_client()
@@ -50,6 +51,17 @@ def route_clicks_off_main_thread(*widgets: Any) -> Callable[[], None] | None:
             client.stop_channels()
 
     return undo
+
+
+def routes_comms_to_subshells(kernel: Any) -> bool:
+    """True where `kernel` has subshells and routes a comm's messages to one (ipykernel 7.4 and later)."""
+    if SUBSHELLS not in kernel.kernel_info.get("supported_features", []):
+        return False
+    try:
+        from ipykernel import version_info
+    except ImportError:  # a kernel that is not ipykernel but says it has subshells
+        return False
+    return tuple(version_info[:2]) >= (7, 4)
 
 
 def _kernel() -> Any:

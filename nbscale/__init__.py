@@ -91,6 +91,10 @@ class _TrainPackage(types.ModuleType):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _train(*args, **kwargs)
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        """Pickled by name, as modules are: a function sent to a pool or a job may call `nbscale.train`."""
+        return importlib.import_module, (self.__name__,)
+
 
 _train_package.__class__ = _TrainPackage
 _train_package.__wrapped__ = _train  # type: ignore[attr-defined]  # inspect.signature and `nbscale.train?` show its

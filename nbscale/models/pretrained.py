@@ -6,6 +6,7 @@ import difflib
 import os
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import ModelError
+from nbscale.models.normalization import LAYER_NAME, weights_normalization, with_normalization
 from nbscale.models.weight_files import network_from_file, network_globals
 
 if TYPE_CHECKING:
@@ -81,8 +83,9 @@ def _check_reachable(name: str, weights: WeightsEnum) -> None:
                          f"{_OFFLINE_FIX.format(cache=cached)}") from None
 
 
-def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEFAULT", **kwargs: object) -> nn.Module:
-    """Build torchvision network `name` (e.g. "resnet18") with `weights`.
+def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEFAULT",
+               normalize: bool | tuple[Sequence[float], Sequence[float]] = True, **kwargs: object) -> nn.Module:
+    """Build torchvision network `name` (e.g. "resnet18") with `weights`, normalizing its input as they need.
 
     weights: "DEFAULT" (or any torchvision weights name such as "IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1",
     or the enum itself, ResNet18_Weights.DEFAULT) loads through torchvision's own cache, downloaded once if the
@@ -92,8 +95,35 @@ def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEF
     prefixed by DDP's "module.", or a classification layer with another class count, as transfer() leaves it);
     a whole network saved with `torch.save(model, path)` is returned as it is when it is made of torch and
     torchvision layers; None gives random weights. Extra keyword arguments go to the torchvision constructor.
+    normalize: True (the default) builds the weights' input normalization into the network (a `normalize` layer
+    applied first, nbscale.models.normalization), so images scaled to [0, 1] go in as MATLAB's pretrained networks
+    take them; for a local weights file it is the normalization of `name`'s torchvision default weights (ImageNet's
+    mean/std for the classification networks); with weights=None, none. `(mean, std)` gives another; False none.
     Raises ModelError for an unknown name or a missing or mismatching file.
     """
+    network = _network(name, weights, kwargs)
+    if normalize is False or hasattr(network, LAYER_NAME):  # a whole saved network may carry its normalization
+        return network
+    mean: Sequence[float]
+    std: Sequence[float]
+    if normalize is True:
+        if weights is None:
+            return network
+        named = _torchvision_weights(name, weights)
+        found = weights_normalization(name, named)
+        if found is None:  # weights whose preprocessing has no mean/std (detection, video)
+            return network
+        mean, std = found
+    elif isinstance(normalize, tuple) and len(normalize) == 2:
+        mean, std = normalize
+    else:
+        raise ModelError(f"pretrained: normalize must be True, False or a (mean, std) pair of per-channel "
+                         f"sequences, not {normalize!r}.")
+    return with_normalization(network, mean, std)
+
+
+def _network(name: str, weights: str | os.PathLike | WeightsEnum | None, kwargs: dict[str, object]) -> nn.Module:
+    """The network of `pretrained`, before its normalization."""
     import torchvision
 
     available = torchvision.models.list_models()

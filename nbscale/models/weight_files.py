@@ -27,6 +27,8 @@ _LAYER_MODULES = ("torch.nn.modules.", "torchvision.models.", "torchvision.ops."
 # the other globals torchvision's networks hold: quantization stubs, detection helpers, norm_layer partials
 _NETWORK_EXTRAS = (
     ("functools", "partial"),
+    ("nbscale.models.normalization", "Normalize"),  # pretrained(..., normalize=True): the layer and its hook
+    ("nbscale.models.normalization", "normalize_inputs"),
     ("torch.ao.nn.quantized.modules.functional_modules", "FloatFunctional"),
     ("torch.ao.quantization.stubs", "DeQuantStub"),
     ("torch.ao.quantization.stubs", "QuantStub"),
@@ -108,6 +110,8 @@ def network_globals() -> dict[tuple[str, str], Callable[..., Any]]:
     every layer class of torch.nn and torchvision's networks and ops, and the few helpers they hold."""
     import torchvision.models.detection  # noqa: F401 (imported by torchvision.models; named for the reader)
     import torchvision.models.optical_flow  # noqa: F401
+
+    import nbscale.models.normalization  # noqa: F401 (its layer and hook are in _NETWORK_EXTRAS)
 
     found: dict[tuple[str, str], Callable[..., Any]] = {}
     for module_name, module in list(sys.modules.items()):

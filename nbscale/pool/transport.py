@@ -26,6 +26,7 @@ from typing import Any
 import cloudpickle
 
 from nbscale.processes import pid_running
+from nbscale.trust import swappable_by_others
 
 OUT_OF_BAND_BYTES = 256 * 1024
 
@@ -36,13 +37,35 @@ _warned_full: set[str] = set()
 _announce_failures = True
 
 
-def shared_memory_dir() -> Path:
-    """Where out-of-band buffers go: `$NBSCALE_SHM_DIR`, else /dev/shm, else the temporary folder."""
+def shared_memory_dir() -> Path | None:
+    """Where out-of-band buffers go: `$NBSCALE_SHM_DIR`, else /dev/shm, else the temporary folder.
+
+    None when `$NBSCALE_SHM_DIR` names a folder in which another user could swap the files between sender and
+    receiver (nbscale.trust): large values then go on the pool's sockets, and the kernel says why once.
+    """
     override = os.environ.get(SHARED_MEMORY_DIR_VARIABLE)
     if override:
-        return Path(override)
+        folder = Path(override)
+        reason = swappable_by_others(folder / "nbscale-transfer")
+        if reason is None:
+            return folder
+        _warn_untrusted(folder, reason)
+        return None
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _warn_untrusted(folder: Path, reason: str) -> None:
+    if not _announce_failures or str(folder) in _warned_full:
+        return
+    _warned_full.add(str(folder))
+    print(
+        f"Warning: nbscale does not use {SHARED_MEMORY_DIR_VARIABLE}={folder} for the pool's large values: {reason}, "
+        "so another user could swap them on their way to a worker. They go through the pool's sockets instead "
+        f"(slower). Name a folder of yours that only you can write (mode 0700), or unset {SHARED_MEMORY_DIR_VARIABLE}.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def remove_stale_files(directory: Path | None = None) -> int:
@@ -50,6 +73,8 @@ def remove_stale_files(directory: Path | None = None) -> int:
     mid-transfer leaves its files behind until reboot); returns how many. Files of running processes, of other
     users, and anything that is not a plain file are left alone."""
     directory = directory or shared_memory_dir()
+    if directory is None:
+        return 0
     removed = 0
     try:
         entries = list(os.scandir(directory))
@@ -144,6 +169,8 @@ class Frame:
         if self.shm_paths or not self.buffers or self.shm_failure:
             return bool(self.shm_paths)
         directory = shared_memory_dir()
+        if directory is None:  # a folder others could write: the socket (said once by shared_memory_dir)
+            return False
         try:
             try:
                 paths = _write_files(self.buffers, directory)

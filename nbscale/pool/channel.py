@@ -115,7 +115,7 @@ class Channel:
 
     def send(self, message: Any) -> None:
         """Serialise and send one message (the receiver removes any shared-memory file)."""
-        frame = serialise(message)
+        frame = serialise(message, keep=False)  # nothing here would release a kept file
         try:
             self.send_frame(frame, receiver_unlinks=True)
         except (OSError, ValueError):
@@ -129,9 +129,9 @@ class Channel:
         Raises OSError or ValueError only when the connection fails.
         """
         shared = self.same_machine and frame.to_shared_memory()
-        paths, sizes = (frame.shm_paths, frame.shm_sizes) if shared else ((), ())
+        paths, sizes, kept = (frame.shm_paths, frame.shm_sizes, frame.shm_kept) if shared else ((), (), ())
         inline = [] if shared else frame.buffers
-        header = pickle.dumps((paths, sizes, len(inline), receiver_unlinks, frame.label, frame.shm_failure))
+        header = pickle.dumps((paths, sizes, kept, len(inline), receiver_unlinks, frame.label, frame.shm_failure))
         # whole or not at all: an interrupt part-way would leave the peer reading the next message as this one's rest
         with HeldInterrupt(), self._send_lock:
             self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
@@ -146,7 +146,7 @@ class Channel:
         data = self.connection.recv_bytes()
         (header_length,) = struct.unpack("!I", data[:4])
         label: tuple[str, int | None, int | None]  # Frame.label: the message's kind, request_id and rank
-        shm_paths, shm_sizes, inline_count, receiver_unlinks, label, shm_failure = pickle.loads(
+        shm_paths, shm_sizes, shm_kept, inline_count, receiver_unlinks, label, shm_failure = pickle.loads(
             data[4 : 4 + header_length]
         )
         if shm_failure is not None:  # the sender found shared memory full: the kernel says so once
@@ -156,12 +156,13 @@ class Channel:
         unmappable: Exception | None = None
         if shm_paths:
             try:
-                buffers = map_shared_memory(shm_paths, shm_sizes)
+                buffers = map_shared_memory(shm_paths, shm_sizes, shm_kept)
             except Exception as error:  # noqa: BLE001 - a file gone or unreadable: this message is lost, not the channel
                 unmappable = error
-            if receiver_unlinks:
-                for path in shm_paths:
-                    Path(path).unlink(missing_ok=True)
+            if receiver_unlinks:  # a kept tensor's file stays for later messages (nbscale.pool.resident)
+                for path, kept in zip(shm_paths, shm_kept or (False,) * len(shm_paths), strict=True):
+                    if not kept:
+                        Path(path).unlink(missing_ok=True)
         for _ in range(inline_count):
             buffers.append(bytes_buffer(self.connection.recv_bytes()))
         if unmappable is not None:

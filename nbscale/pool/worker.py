@@ -39,6 +39,7 @@ from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
 from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
+from nbscale.pool.resident import keep_tensors_here
 from nbscale.pool.sealed import hold_pool_key
 from nbscale.pool.transport import announce_failures_here
 
@@ -482,6 +483,7 @@ def serve(config: p.WorkerConfig) -> None:
     if config.threads:
         torch.set_num_threads(config.threads)
     announce_failures_here(False)  # a full /dev/shm is said once, by the kernel, not by every worker
+    keep_tensors_here(False)  # a reply's files are the kernel's to remove once read (nbscale.pool.resident)
     hold_every_interrupt()
     channel = connect(config.kernel_address, bytes.fromhex(config.secret))
     hold_pool_key(bytes.fromhex(config.secret))  # for the peers' pickles in collectives (nbscale.pool.sealed)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, UnsendableError, WorkerError
+from nbscale.pool.requests import worker_error_as
 from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
@@ -89,20 +90,21 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
             pool.request_stop()
 
     stop.on_request.append(pool.request_stop)
-    out_of_memory: str | None = None
+    out_of_memory: WorkerError | None = None
     try:
         results = pool.run(train_on_worker, job, on_event=on_event)
     except WorkerError as error:
         failure = _training_failure(error, options)
         if not any(_ran_out_of_memory(text) for text in failure.failures.values()):
             raise failure from None
-        out_of_memory = str(failure)
+        # a WorkerError that is also the notebook's torch.OutOfMemoryError, raised below, after the handler
+        out_of_memory = worker_error_as(torch.OutOfMemoryError, str(failure), failure.failures)
     except UnsendableError as error:
         raise UnsendableError(_unsendable(job) or str(error)) from None
     finally:
         stop.on_request.remove(pool.request_stop)
-    if out_of_memory is not None:  # the notebook's type, as when training there (nbscale.train.out_of_memory)
-        raise torch.OutOfMemoryError(out_of_memory)
+    if out_of_memory is not None:  # the type training in the notebook raises (nbscale.train.out_of_memory)
+        raise out_of_memory
     if listener_failures:
         raise listener_failures[0]
     result = next(r for r in results if r is not None)

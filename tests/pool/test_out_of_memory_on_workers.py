@@ -1,4 +1,4 @@
-"""A worker that runs out of GPU memory raises torch.OutOfMemoryError in the notebook, as training there does,
+"""A worker that runs out of GPU memory raises torch.OutOfMemoryError in the notebook (a WorkerError too), as training there does,
 naming the worker and its share of the mini-batch (a loss function raises it on the CPU workers of a real pool)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ def test_out_of_memory_on_a_worker_is_torchs_type_in_the_notebook_and_the_pool_t
     with nbscale.Pool(2, cpu=True) as pool:
         with pytest.raises(torch.OutOfMemoryError) as caught:
             nbscale.train(nn.Linear(4, 2), data, options, loss_fn=OutOfMemoryOnSecondStep())
+        assert isinstance(caught.value, nbscale.WorkerError)  # and still what a failed pool run raises
         message = str(caught.value)
         assert "Out of GPU memory on worker" in message and "samples per iteration: lower mini_batch_size (now 16)" in message
         assert caught.value.__context__ is None and caught.value.__cause__ is None

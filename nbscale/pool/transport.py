@@ -320,7 +320,8 @@ def serialise(message: Any, keep: bool = True) -> Frame:
     return Frame(stream.getvalue(), buffers, label=label, residents=residents)
 
 
-def _empty_bytes(size: int) -> Any:
+def empty_bytes(size: int) -> Any:
+    """An uninitialised byte tensor of `size` bytes, to receive a buffer into."""
     import torch
 
     return torch.empty(size, dtype=torch.uint8)
@@ -350,8 +351,3 @@ def deserialise(body: bytes, buffers: list[Any]) -> Any:
         _incoming.buffers = previous
 
 
-def bytes_buffer(data: bytes) -> Any:
-    """Wrap raw received bytes as an aligned byte tensor for `deserialise`."""
-    buffer = _empty_bytes(len(data))
-    memoryview(buffer.numpy())[:] = data
-    return buffer

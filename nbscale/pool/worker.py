@@ -52,6 +52,9 @@ _HIDDEN_FILES = (_NBSCALE_DIR, *_TORCH_CALL_PLUMBING)  # what a user's traceback
 _LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
 
 
+_PENDING_CHARS = 64 * 1024  # the most of an unfinished line a worker keeps before sending it
+
+
 class _StreamToKernel(io.TextIOBase):
     """sys.stdout/sys.stderr replacement: sends whole lines to the kernel as Output messages."""
 
@@ -71,10 +74,16 @@ class _StreamToKernel(io.TextIOBase):
 
     def write(self, text: str) -> int:
         with self._lock:
-            self._pending += text
-            if "\n" in self._pending:
-                complete, _, self._pending = self._pending.rpartition("\n")
+            pending = self._pending + text
+            if "\n" in text:
+                complete, _, pending = pending.rpartition("\n")
                 self._send(complete + "\n")
+            if "\r" in pending:  # a redraw replaces the line so far, in the notebook too: only the latest is kept
+                pending = pending[pending.rfind("\r"):]
+            if len(pending) > _PENDING_CHARS:  # a long unfinished line goes in pieces (it stays one line there)
+                self._send(pending)
+                pending = ""
+            self._pending = pending
         return len(text)
 
     def flush(self) -> None:

@@ -25,7 +25,9 @@ nbscale the weights copied back), after one warm-up call of each side; runs alte
 Run on a GPU machine: `python bench/bench_gpu.py` (a markdown table; `make bench` runs it where CUDA is visible).
 BENCH_GPU_ON_CPU=1 runs every row on the CPU at a tiny size (single precision, a pool of one CPU worker) to check
 the code; BENCH_GPU_REPEATS (default 5) and BENCH_GPU_ROWS (e.g. "airbench,resnet,parallel,compile,display") choose
-more; BENCH_GPU_DISPLAY_EPOCHS sets the display row's epochs.
+more; BENCH_GPU_DISPLAY_EPOCHS sets the display row's epochs and
+BENCH_GPU_PARALLEL_EPOCHS the parallel row's, one row per count on one pool (e.g. "5,20"; rows after the first
+skip the warm-up).
 """
 
 from __future__ import annotations
@@ -238,9 +240,11 @@ def images_per_second(run: Callable[[], int]) -> float:
 
 
 def pairs(key: str, label: str, ours: Callable[[], int], peer: Callable[[], int],
-          runs: dict[str, list[float]]) -> str:
-    """Warm each side up once, then REPEATS alternating pairs; the table row (`key` names the row's runs)."""
-    ours(), peer()
+          runs: dict[str, list[float]], warm_up: bool = True) -> str:
+    """Warm each side up once (unless a row before warmed up the same code), then REPEATS alternating pairs; the
+    table row (`key` names the row's runs)."""
+    if warm_up:
+        ours(), peer()
     mine, theirs = runs.setdefault(f"{key} nbscale", []), runs.setdefault(f"{key} peer", [])
     for _ in range(REPEATS):
         mine.append(images_per_second(ours))
@@ -299,11 +303,15 @@ def run() -> str:
     if "parallel" in ROWS:
         import nbscale
 
+        counts = [int(n) for n in os.environ.get("BENCH_GPU_PARALLEL_EPOCHS", str(resnet_epochs)).split(",")]
         with nbscale.Pool(1, cpu=True) if ON_CPU else nbscale.Pool(gpus=[0]):
-            rows.append(pairs(
-                "parallel", "ResNet-50 as above, execution_environment='parallel' on a pool of 1 vs nbscale in-process",
-                lambda: nbscale_train(resnet50, resnet_data, resnet_batch, resnet_epochs, "parallel"),
-                in_process, runs))
+            for index, count in enumerate(counts):
+                rows.append(pairs(
+                    f"parallel {count}", f"ResNet-50 as above, {_epochs(count)}, execution_environment='parallel' on a "
+                    "pool of 1 vs nbscale in-process",
+                    lambda count=count: nbscale_train(resnet50, resnet_data, resnet_batch, count, "parallel"),
+                    lambda count=count: nbscale_train(resnet50, resnet_data, resnet_batch, count), runs,
+                    warm_up=index == 0))
     if "display" in ROWS:
         rows.append(display_pairs(size, runs))
     name = "CPU (BENCH_GPU_ON_CPU=1: tiny sizes, a code check only)" if ON_CPU else torch.cuda.get_device_name(0)

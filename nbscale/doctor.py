@@ -54,6 +54,10 @@ def _shared_memory() -> Check:
     from nbscale.pool.transport import SHARED_MEMORY_DIR_VARIABLE, shared_memory_dir
 
     folder = shared_memory_dir()
+    if folder is None:
+        return Check("shared memory", "problem", f"{SHARED_MEMORY_DIR_VARIABLE}={os.environ.get(SHARED_MEMORY_DIR_VARIABLE)} "
+                                                 "is a folder another user could write: pools pass large values on "
+                                                 "their sockets instead. Name a folder only you can write.")
     if not os.access(folder, os.W_OK):
         return Check("shared memory", "problem", f"{folder} cannot be written: pools pass large values through it. "
                                                  f"Set {SHARED_MEMORY_DIR_VARIABLE} to a folder you can write to.")

@@ -208,6 +208,14 @@ def training_gpu(current: int) -> int:
     return current
 
 
+def release_training_gpus() -> None:
+    """Let go of the GPUs training in this process reserved (after a run that ran out of GPU memory, which holds
+    nothing there any more: a pool may take them at once). Training again reserves them again."""
+    for reservation in set(_training_reservations.values()):
+        reservation.release()
+    _training_reservations.clear()
+
+
 def _init_failure(pynvml: Any, error: Exception) -> str:
     if isinstance(error, pynvml.NVMLError_LibraryNotFound | pynvml.NVMLError_DriverNotLoaded):
         return NO_DRIVER

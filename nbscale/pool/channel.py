@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import pickle
 import queue
 import secrets
@@ -22,8 +23,8 @@ from typing import Any
 from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.transport import (
     Frame,
-    bytes_buffer,
     deserialise,
+    empty_bytes,
     map_shared_memory,
     serialise,
     warn_shared_memory_failure,
@@ -44,6 +45,16 @@ def machine_id() -> str:
         except OSError:
             continue
     return socket.gethostname()
+
+
+def _read_exactly(descriptor: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(descriptor, size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
 
 
 class AuthenticationError(ConnectionError):
@@ -115,7 +126,7 @@ class Channel:
 
     def send(self, message: Any) -> None:
         """Serialise and send one message (the receiver removes any shared-memory file)."""
-        frame = serialise(message)
+        frame = serialise(message, keep=False)  # nothing here would release a kept file
         try:
             self.send_frame(frame, receiver_unlinks=True)
         except (OSError, ValueError):
@@ -129,12 +140,15 @@ class Channel:
         Raises OSError or ValueError only when the connection fails.
         """
         shared = self.same_machine and frame.to_shared_memory()
-        paths, sizes = (frame.shm_paths, frame.shm_sizes) if shared else ((), ())
+        paths, sizes, kept = (frame.shm_paths, frame.shm_sizes, frame.shm_kept) if shared else ((), (), ())
         inline = [] if shared else frame.buffers
-        header = pickle.dumps((paths, sizes, len(inline), receiver_unlinks, frame.label, frame.shm_failure))
-        # whole or not at all: an interrupt part-way would leave the peer reading the next message as this one's rest
+        inline_sizes = tuple(memoryview(buffer).nbytes for buffer in inline)  # so the peer reads each into place
+        header = pickle.dumps((paths, sizes, kept, inline_sizes, receiver_unlinks, frame.label, frame.shm_failure))
+        # whole or not at all: an interrupt part-way would leave the peer reading the next message as this one's rest.
+        # The body goes on its own, not joined to the header: joining would copy it (a 2 GB return value, twice)
         with HeldInterrupt(), self._send_lock:
-            self.connection.send_bytes(struct.pack("!I", len(header)) + header + frame.body)
+            self.connection.send_bytes(header)
+            self.connection.send_bytes(frame.body)
             for buffer in inline:
                 self.connection.send_bytes(buffer)
 
@@ -143,33 +157,50 @@ class Channel:
 
         Raises MessageUnreadable when the message arrived but cannot be unpickled here.
         """
-        data = self.connection.recv_bytes()
-        (header_length,) = struct.unpack("!I", data[:4])
         label: tuple[str, int | None, int | None]  # Frame.label: the message's kind, request_id and rank
-        shm_paths, shm_sizes, inline_count, receiver_unlinks, label, shm_failure = pickle.loads(
-            data[4 : 4 + header_length]
+        shm_paths, shm_sizes, shm_kept, inline_sizes, receiver_unlinks, label, shm_failure = pickle.loads(
+            self.connection.recv_bytes()
         )
         if shm_failure is not None:  # the sender found shared memory full: the kernel says so once
             warn_shared_memory_failure(shm_failure)
-        body = data[4 + header_length :]
+        body = self.connection.recv_bytes()
         buffers: list[Any] = []
         unmappable: Exception | None = None
         if shm_paths:
             try:
-                buffers = map_shared_memory(shm_paths, shm_sizes)
+                buffers = map_shared_memory(shm_paths, shm_sizes, shm_kept)
             except Exception as error:  # noqa: BLE001 - a file gone or unreadable: this message is lost, not the channel
                 unmappable = error
-            if receiver_unlinks:
-                for path in shm_paths:
-                    Path(path).unlink(missing_ok=True)
-        for _ in range(inline_count):
-            buffers.append(bytes_buffer(self.connection.recv_bytes()))
+            if receiver_unlinks:  # a kept tensor's file stays for later messages (nbscale.pool.resident)
+                for path, kept in zip(shm_paths, shm_kept or (False,) * len(shm_paths), strict=True):
+                    if not kept:
+                        Path(path).unlink(missing_ok=True)
+        for size in inline_sizes:  # straight into an aligned tensor's memory: no bytes object in between
+            buffer = empty_bytes(size)
+            self._receive_into(memoryview(buffer.numpy()))
+            buffers.append(buffer)
         if unmappable is not None:
             raise MessageUnreadable(*label, unmappable)
         try:
             return deserialise(body, buffers)
         except Exception as error:  # noqa: BLE001 - any unpickling failure: a missing module, class or attribute
             raise MessageUnreadable(*label, error) from error
+
+    def _receive_into(self, view: memoryview) -> None:
+        """Read one message sent with `send_bytes` into `view`, which it must fill exactly. Connection's own
+        recv_bytes_into reads the whole message into a BytesIO first and copies it over: twice the memory."""
+        descriptor = self.connection.fileno()
+        (size,) = struct.unpack("!i", _read_exactly(descriptor, 4))
+        if size == -1:  # multiprocessing's framing of a message of 2 GiB or more
+            (size,) = struct.unpack("!Q", _read_exactly(descriptor, 8))
+        if size != view.nbytes:
+            raise OSError(f"a buffer of {size} bytes arrived where {view.nbytes} were announced")
+        view = view.cast("B")
+        while view:
+            count = os.readv(descriptor, [view])
+            if count == 0:
+                raise EOFError
+            view = view[count:]
 
     def fileno(self) -> int:
         return self.connection.fileno()

@@ -34,6 +34,7 @@ from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import Request, next_request_id, secrets_of
+from nbscale.pool.resident import forget_all
 from nbscale.pool.routing import Restarter, Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell, each_workers_own
@@ -224,6 +225,7 @@ class Pool:
             lambda: self.tasks.fail_queued(queued),
             lambda: self.router.fail_everything(running),
             self._remove_store_folder,
+            forget_all,  # notebook tensors kept in shared memory for the workers (nbscale.pool.resident)
         ])
         if _current is self:
             _current = None

@@ -153,6 +153,11 @@ def _exception_class(where: tuple[str, str] | None) -> type[Exception] | None:
     return None
 
 
+def worker_error_as(original: type[Exception], message: str, failures: dict[int, str]) -> WorkerError:
+    """A WorkerError (`message`, `failures`) that is also an `original`, as a worker's own exception is raised."""
+    return _worker_error_class(original)(message, failures)  # type: ignore[arg-type]  # classes are hashable
+
+
 @functools.cache
 def _worker_error_class(original: type[Exception]) -> type[WorkerError]:
     """A WorkerError that is also an `original` (shown and pickled as a plain WorkerError)."""

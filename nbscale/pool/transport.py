@@ -21,13 +21,15 @@ import sys
 import tempfile
 import threading
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 
+from nbscale.pool import resident
 from nbscale.processes import pid_running
+from nbscale.trust import swappable_by_others
 
 OUT_OF_BAND_BYTES = 256 * 1024
 
@@ -38,13 +40,35 @@ _warned_full: set[str] = set()
 _announce_failures = True
 
 
-def shared_memory_dir() -> Path:
-    """Where out-of-band buffers go: `$NBSCALE_SHM_DIR`, else /dev/shm, else the temporary folder."""
+def shared_memory_dir() -> Path | None:
+    """Where out-of-band buffers go: `$NBSCALE_SHM_DIR`, else /dev/shm, else the temporary folder.
+
+    None when `$NBSCALE_SHM_DIR` names a folder in which another user could swap the files between sender and
+    receiver (nbscale.trust): large values then go on the pool's sockets, and the kernel says why once.
+    """
     override = os.environ.get(SHARED_MEMORY_DIR_VARIABLE)
     if override:
-        return Path(override)
+        folder = Path(override)
+        reason = swappable_by_others(folder / "nbscale-transfer")
+        if reason is None:
+            return folder
+        _warn_untrusted(folder, reason)
+        return None
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def _warn_untrusted(folder: Path, reason: str) -> None:
+    if not _announce_failures or str(folder) in _warned_full:
+        return
+    _warned_full.add(str(folder))
+    print(
+        f"Warning: nbscale does not use {SHARED_MEMORY_DIR_VARIABLE}={folder} for the pool's large values: {reason}, "
+        "so another user could swap them on their way to a worker. They go through the pool's sockets instead "
+        f"(slower). Name a folder of yours that only you can write (mode 0700), or unset {SHARED_MEMORY_DIR_VARIABLE}.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def remove_stale_files(directory: Path | None = None) -> int:
@@ -52,6 +76,8 @@ def remove_stale_files(directory: Path | None = None) -> int:
     mid-transfer leaves its files behind until reboot); returns how many. Files of running processes, of other
     users, and anything that is not a plain file are left alone."""
     directory = directory or shared_memory_dir()
+    if directory is None:
+        return 0
     removed = 0
     try:
         entries = list(os.scandir(directory))
@@ -135,6 +161,10 @@ class Frame:
     label: tuple[str, int | None, int | None] = ("", None, None)
     # (folder, bytes, cause) when shared memory could not hold the buffers: they go on the socket
     shm_failure: tuple[str, int, str] | None = None
+    # per buffer: (tensor, resident.fingerprint) for a tensor kept in shared memory across calls, else None
+    residents: list[tuple[Any, tuple[Any, ...]] | None] = field(default_factory=list)
+    shm_kept: tuple[bool, ...] = ()  # per file: a kept tensor's, which receivers must not remove
+    _kept_files: list[resident.ResidentFile] = field(default_factory=list)
 
     def to_shared_memory(self) -> bool:
         """Write each buffer to its own shared-memory file (mode 0600: readable by this user only), once.
@@ -146,26 +176,57 @@ class Frame:
         if self.shm_paths or not self.buffers or self.shm_failure:
             return bool(self.shm_paths)
         directory = shared_memory_dir()
+        if directory is None:  # a folder others could write: the socket (said once by shared_memory_dir)
+            return False
         try:
             try:
-                paths = _write_files(self.buffers, directory)
+                paths = self._write(directory)
             except OSError as error:
                 if error.errno not in (errno.ENOSPC, errno.EDQUOT) or not remove_stale_files(directory):
                     raise
-                paths = _write_files(self.buffers, directory)
+                paths = self._write(directory)
         except OSError as error:
             self.shm_failure = (str(directory), sum(memoryview(b).nbytes for b in self.buffers), error.strerror or str(error))
             warn_shared_memory_failure(self.shm_failure)
             return False
         self.shm_paths = tuple(paths)
         self.shm_sizes = tuple(memoryview(b).nbytes for b in self.buffers)
+        self.shm_kept = tuple(kept is not None for kept in self._residents())
         return True
 
+    def _residents(self) -> list[tuple[Any, tuple[Any, ...]] | None]:
+        return self.residents or [None] * len(self.buffers)
+
+    def _write(self, directory: Path) -> list[str]:
+        """A file per buffer: a kept tensor's existing one (resident), a new one for the rest; all or none."""
+        paths: list[str] = []
+        try:
+            for buffer, kept in zip(self.buffers, self._residents(), strict=True):
+                if kept is None:
+                    paths += _write_files([buffer], directory)
+                else:
+                    file = resident.acquire(kept[0], kept[1], buffer, lambda one: _write_files(one, directory))
+                    self._kept_files.append(file)
+                    paths.append(file.path)
+        except BaseException:
+            self._release_files(paths)
+            raise
+        return paths
+
+    def _release_files(self, paths: list[str] | tuple[str, ...]) -> None:
+        kept = {file.path for file in self._kept_files}
+        for path in paths:
+            if path not in kept:
+                Path(path).unlink(missing_ok=True)
+        for file in self._kept_files:
+            resident.release(file)
+        self._kept_files = []
+
     def release(self) -> None:
-        """Delete the shared-memory files once every receiver has mapped them."""
-        for path in self.shm_paths:
-            Path(path).unlink(missing_ok=True)
+        """Delete the shared-memory files once every receiver has mapped them (a kept tensor's file stays)."""
+        self._release_files(self.shm_paths)
         self.shm_paths = ()
+        self.residents = []  # the tensors themselves: the frame no longer holds them alive
 
 
 # ---- tensors and arrays out of band -------------------------------------------------------------------------
@@ -192,6 +253,7 @@ class _Pickler(cloudpickle.Pickler):
     def __init__(self, file: io.BytesIO, buffers: list[memoryview]) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self._buffers = buffers
+        self.residents: list[tuple[Any, tuple[Any, ...]] | None] = []  # per buffer, see Frame.residents
 
     def reducer_override(self, obj: Any) -> Any:
         kind = type(obj)
@@ -225,9 +287,11 @@ class _Pickler(cloudpickle.Pickler):
         data = tensor.detach()
         if data.device.type != "cpu":
             data = data.cpu()
+        stamp = resident.fingerprint(tensor)  # read before the data: a change meanwhile makes a new file next time
         data = data.contiguous()
         index = len(self._buffers)
         self._buffers.append(memoryview(data.view(-1).view(torch.uint8).numpy()))
+        self.residents.append(None if stamp is None else (tensor, stamp))
         return _rebuild_out_of_band, (index, "tensor", data.dtype, tuple(data.shape), tensor.requires_grad)
 
     def _reduce_array(self, array: Any) -> Any:
@@ -235,6 +299,7 @@ class _Pickler(cloudpickle.Pickler):
             return None
         index = len(self._buffers)
         self._buffers.append(memoryview(array.reshape(-1).view("uint8")))
+        self.residents.append(None)
         return _rebuild_out_of_band, (index, "array", array.dtype.str, array.shape, False)
 
 
@@ -249,26 +314,37 @@ def _rebuild_out_of_band(index: int, kind: str, dtype: Any, shape: tuple[int, ..
     return _rebuild_array(buffer, dtype, shape)
 
 
-def serialise(message: Any) -> Frame:
-    """Pickle `message` (functions and classes by value where needed), large buffers set aside."""
+def serialise(message: Any, keep: bool = True) -> Frame:
+    """Pickle `message` (functions and classes by value where needed), large buffers set aside; with `keep`, large
+    tensors stay in shared memory for later messages (nbscale.pool.resident: the kernel's requests)."""
     stream = io.BytesIO()
     buffers: list[memoryview] = []
-    _Pickler(stream, buffers).dump(message)
+    pickler = _Pickler(stream, buffers)
+    pickler.dump(message)
     label = (type(message).__name__, getattr(message, "request_id", None), getattr(message, "rank", None))
-    return Frame(stream.getvalue(), buffers, label=label)
+    residents = pickler.residents if keep and any(kept is not None for kept in pickler.residents) else []
+    return Frame(stream.getvalue(), buffers, label=label, residents=residents)
 
 
-def _empty_bytes(size: int) -> Any:
+def empty_bytes(size: int) -> Any:
+    """An uninitialised byte tensor of `size` bytes, to receive a buffer into."""
     import torch
 
     return torch.empty(size, dtype=torch.uint8)
 
 
-def map_shared_memory(paths: tuple[str, ...], sizes: tuple[int, ...]) -> list[Any]:
-    """Map each shared-memory file copy-on-write: no copy is made, and writes stay private to this process."""
+def _map_file(path: str, size: int) -> Any:
     import torch
 
-    return [torch.from_file(path, shared=False, size=size, dtype=torch.uint8) for path, size in zip(paths, sizes, strict=True)]
+    return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+
+
+def map_shared_memory(paths: tuple[str, ...], sizes: tuple[int, ...], kept: tuple[bool, ...] = ()) -> list[Any]:
+    """Map each shared-memory file copy-on-write: no copy is made, and writes stay private to this process. A kept
+    tensor's file (`kept`) reuses this process's mapping of it from an earlier message (nbscale.pool.resident)."""
+    kept = kept or (False,) * len(paths)
+    return [resident.mapped(path, size, _map_file) if keep else _map_file(path, size)
+            for path, size, keep in zip(paths, sizes, kept, strict=True)]
 
 
 def deserialise(body: bytes, buffers: list[Any]) -> Any:
@@ -281,8 +357,3 @@ def deserialise(body: bytes, buffers: list[Any]) -> Any:
         _incoming.buffers = previous
 
 
-def bytes_buffer(data: bytes) -> Any:
-    """Wrap raw received bytes as an aligned byte tensor for `deserialise`."""
-    buffer = _empty_bytes(len(data))
-    memoryview(buffer.numpy())[:] = data
-    return buffer

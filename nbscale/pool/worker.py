@@ -40,6 +40,7 @@ from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
 from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt, set_task_cancelled
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
+from nbscale.pool.resident import keep_tensors_here
 from nbscale.pool.sealed import hold_pool_key
 from nbscale.pool.transport import announce_failures_here
 
@@ -50,6 +51,9 @@ _TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *part
                                            ("distributed", "")))
 _HIDDEN_FILES = (_NBSCALE_DIR, *_TORCH_CALL_PLUMBING)  # what a user's traceback leaves out
 _LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
+
+
+_PENDING_CHARS = 64 * 1024  # the most of an unfinished line a worker keeps before sending it
 
 
 class _StreamToKernel(io.TextIOBase):
@@ -71,10 +75,16 @@ class _StreamToKernel(io.TextIOBase):
 
     def write(self, text: str) -> int:
         with self._lock:
-            self._pending += text
-            if "\n" in self._pending:
-                complete, _, self._pending = self._pending.rpartition("\n")
+            pending = self._pending + text
+            if "\n" in text:
+                complete, _, pending = pending.rpartition("\n")
                 self._send(complete + "\n")
+            if "\r" in pending:  # a redraw replaces the line so far, in the notebook too: only the latest is kept
+                pending = pending[pending.rfind("\r"):]
+            if len(pending) > _PENDING_CHARS:  # a long unfinished line goes in pieces (it stays one line there)
+                self._send(pending)
+                pending = ""
+            self._pending = pending
         return len(text)
 
     def flush(self) -> None:
@@ -489,6 +499,7 @@ def serve(config: p.WorkerConfig) -> None:
     if config.threads:
         torch.set_num_threads(config.threads)
     announce_failures_here(False)  # a full /dev/shm is said once, by the kernel, not by every worker
+    keep_tensors_here(False)  # a reply's files are the kernel's to remove once read (nbscale.pool.resident)
     hold_every_interrupt()
     channel = connect(config.kernel_address, bytes.fromhex(config.secret))
     hold_pool_key(bytes.fromhex(config.secret))  # for the peers' pickles in collectives (nbscale.pool.sealed)

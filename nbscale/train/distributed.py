@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, UnsendableError, WorkerError
+from nbscale.pool.requests import worker_error_as
 from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
@@ -89,14 +90,21 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
             pool.request_stop()
 
     stop.on_request.append(pool.request_stop)
+    out_of_memory: WorkerError | None = None
     try:
         results = pool.run(train_on_worker, job, on_event=on_event)
     except WorkerError as error:
-        raise _training_failure(error, options) from None
+        failure = _training_failure(error, options)
+        if not any(_ran_out_of_memory(text) for text in failure.failures.values()):
+            raise failure from None
+        # a WorkerError that is also the notebook's torch.OutOfMemoryError, raised below, after the handler
+        out_of_memory = worker_error_as(torch.OutOfMemoryError, str(failure), failure.failures)
     except UnsendableError as error:
         raise UnsendableError(_unsendable(job) or str(error)) from None
     finally:
         stop.on_request.remove(pool.request_stop)
+    if out_of_memory is not None:  # the type training in the notebook raises (nbscale.train.out_of_memory)
+        raise out_of_memory
     if listener_failures:
         raise listener_failures[0]
     result = next(r for r in results if r is not None)
@@ -132,6 +140,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
 
         def stop_reason() -> str | None:
             return "Stopped on request" if context.told_to_stop(answered_run) else None
+    out_of_memory: str | None = None  # raised after the handler, so that it holds none of the run's frames
     try:
         result = run_training(LoopSetup(
             model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn, device=device,
@@ -149,23 +158,27 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         # a rank woken that way only lets go of it (destroying it then can kill the process: gloo's threads are
         # still winding down)
         _abort(active, destroy=not _woken_by_a_peer(error))
-        if isinstance(error, torch.OutOfMemoryError):
-            raise _out_of_memory(error, job, context.rank, device) from None
-        raise
+        if not isinstance(error, torch.OutOfMemoryError):
+            raise
+        out_of_memory = _out_of_memory(error, job, context.rank, device)
     finally:
         sender.flush()
+    if out_of_memory is not None:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise torch.OutOfMemoryError(out_of_memory)  # the type the notebook raises, on any rank
     _forget_compiled(job.options)
     return result if is_main else None
 
 
-def _out_of_memory(error: torch.OutOfMemoryError, job: WorkerJob, rank: int, device: torch.device) -> RuntimeError:
+def _out_of_memory(error: torch.OutOfMemoryError, job: WorkerJob, rank: int, device: torch.device) -> str:
     """What a worker that ran out of GPU memory says: which mini-batch size to lower."""
     if job.options.mini_batch_size == "auto":
-        return RuntimeError(f"Out of GPU memory on worker {rank} ({device}) with mini_batch_size='auto' (its probe "
-                            "left too little memory for the rest of training): give mini_batch_size a number below "
-                            f"the one it chose. {error}")
-    return RuntimeError(f"Out of GPU memory on worker {rank} ({device}) with {job.counts[rank]} samples per "
-                        f"iteration: lower mini_batch_size (now {sum(job.counts)}). {error}")
+        return (f"Out of GPU memory on worker {rank} ({device}) with mini_batch_size='auto' (its probe left too "
+                "little memory for the rest of training): give mini_batch_size a number below the one it chose. "
+                f"{error}")
+    return (f"Out of GPU memory on worker {rank} ({device}) with {job.counts[rank]} samples per iteration: lower "
+            f"mini_batch_size (now {sum(job.counts)}). {error}")
 
 
 def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> None:
@@ -303,6 +316,12 @@ def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerErr
              + (f" (worker{'s' * (len(woken) > 1)} {', '.join(map(str, woken))} stopped with it)." if woken else ".")]
     parts += [f"\n--- rank {rank} ---\n{origin[rank].rstrip()}" for rank in ranks]
     return WorkerError(_with_recovery_hint("\n".join(parts), options), origin)
+
+
+def _ran_out_of_memory(failure: str) -> bool:
+    """Whether a rank's traceback ends in torch's out-of-memory error (train_on_worker raises it)."""
+    lines = failure.rstrip().splitlines()
+    return bool(lines) and lines[-1].startswith("torch.OutOfMemoryError: ")
 
 
 def _with_recovery_hint(message: str, options: TrainingOptions) -> str:

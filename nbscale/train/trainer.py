@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, PoolInterrupted
+from nbscale.gpu import release_training_gpus
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
 from nbscale.pool.interrupts import task_cancelled
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
@@ -39,6 +40,7 @@ from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
+from nbscale.train.out_of_memory import released_on_out_of_memory
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
 from nbscale.user_warnings import warn_user
 
@@ -145,18 +147,20 @@ def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, loss_f
     """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
     device = training_device(options.execution_environment)
     check_auto_batch_device(options, device.type == "cuda", "the CPU")
-    try:
-        return run_training(LoopSetup(
-            model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
-            hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
-            validation_data=options.validation_data, resume=resume,
-            counts=batch_counts(options, len(dataset), 1), read_each_iteration=options.output_fn is not None))
-    except torch.OutOfMemoryError as error:  # re-raised without its frames, which hold the GPU's tensors
+
+    def message(error: torch.OutOfMemoryError) -> str:
         tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
             "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset)))
-        raise torch.OutOfMemoryError(
-            f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
-            f"mini_batch_size, or try precision='mixed'. ({error})") from None
+        return (f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
+                f"mini_batch_size, or try precision='mixed'. ({error})")
+
+    # raised holding none of the run's frames (which hold the GPU's tensors); the GPU's reservation goes with them
+    return released_on_out_of_memory(lambda: run_training(LoopSetup(
+        model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
+        hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
+        validation_data=options.validation_data, resume=resume,
+        counts=batch_counts(options, len(dataset), 1), read_each_iteration=options.output_fn is not None)),
+        message, after=release_training_gpus if device.type == "cuda" else None)
 
 
 def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any) -> tuple[Any, TrainingOptions, Any]:

@@ -11,7 +11,7 @@ def test_gpu_pool_allreduces_on_the_device(kernel):
     import torch
 
     count = torch.cuda.device_count()
-    assert kernel.run("%pool start").stdout.startswith(f"Started {count} GPU workers")
+    assert kernel.run("%pool start").stdout.startswith(f"Started {count} GPU worker{'s' * (count != 1)} in")
     cell = kernel.run("%%spmd\nx = torch.ones(4, device=device) * (rank + 1)\ntotal = allreduce(x)\nprint(total.device, total.sum().item())")
     expected = 4 * sum(range(1, count + 1))
     assert cell.ok, cell.text

@@ -37,7 +37,7 @@ from nbscale.ui.options_form import options_form
 from nbscale.ui.renderers import register_renderers
 
 if TYPE_CHECKING:
-    from nbscale import data, jobs, models
+    from nbscale import data, jobs, loggers, models
     from nbscale.confusion import confusion_chart
     from nbscale.inference import accuracy, activations, classify, predict
     from nbscale.notebook import train
@@ -69,6 +69,7 @@ __all__ = [
     "gpus",
     "jobs",
     "load_ipython_extension",
+    "loggers",
     "models",
     "options_form",
     "predict",
@@ -108,7 +109,7 @@ _NEED_TORCH: dict[str, str] = {
     "confusion_chart": "nbscale.confusion",
     "train_async": "nbscale.train.runs",
 }
-_SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs"}
+_SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs", "loggers"}
 
 
 def __getattr__(name: str) -> Any:

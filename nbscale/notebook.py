@@ -49,7 +49,11 @@ def train(
     options = trainer.as_options(options)
     info, stop = TrainingInfo(), StopSignal()
     listeners = training_listeners(options, info, stop)
-    return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop, info=info)
+    try:
+        return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop,
+                             info=info)
+    finally:
+        close_loggers(listeners)
 
 
 def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> list[Callable[[Any], None]]:
@@ -75,7 +79,20 @@ def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopS
                 stop.request("Stopped by output_fn")
 
         listeners.append(call_output_fn)
+    if options.loggers:
+        from nbscale.loggers import TrainingLoggers
+
+        listeners.append(TrainingLoggers(tuple(options.loggers)))
     return listeners
+
+
+def close_loggers(listeners: list[Callable[[Any], None]]) -> None:
+    """Close the loggers among `listeners` (the run has ended, however it ended)."""
+    from nbscale.loggers import TrainingLoggers
+
+    for listener in listeners:
+        if isinstance(listener, TrainingLoggers):
+            listener.close()
 
 
 def sweep(

@@ -39,6 +39,12 @@ class TrainingInfo:
     choices: str = ""  # what "auto" and learn_rate_scaling chose, and why ("" when nothing was chosen)
     prepare_seconds: float = 0.0  # reading the data before training: not in `time` nor in images_per_second
     data_placement: str = ""  # where the training data were held (resident on the device, or streamed)
+    metric_names: tuple[str, ...] = ("accuracy",)  # TrainingOptions.metrics resolved, in display order
+    objective_metric: str = "loss"  # what validation_patience and "best-validation" followed
+    # each metric's per-iteration values by name: training on every iteration, validation where it validated (None
+    # elsewhere), aligned with `iteration` as the other history lists are
+    metrics: dict[str, list[float | None]] = field(default_factory=dict)
+    validation_metrics: dict[str, list[float | None]] = field(default_factory=dict)
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -51,12 +57,15 @@ class TrainingInfo:
             self.validation_loss.append(event.validation_loss)
             self.validation_accuracy.append(event.validation_accuracy)
             self.learn_rate.append(event.learn_rate)
+            self._record_metrics(event.training_metrics, event.validation_metrics, event.training_accuracy,
+                                 event.validation_accuracy)
         elif isinstance(event, TrainingStarted):
             self.hardware = event.hardware
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
             self.mini_batch_size, self.initial_learn_rate = event.mini_batch_size, event.initial_learn_rate
             self.choices = event.choices
             self.prepare_seconds, self.data_placement = event.prepare_seconds, event.data_placement
+            self.metric_names, self.objective_metric = tuple(event.metric_names), event.objective_metric
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second
@@ -64,8 +73,33 @@ class TrainingInfo:
             if event.validation_loss is not None and self.iteration and self.iteration[-1] == event.iteration:
                 self.validation_loss[-1] = event.validation_loss  # validated after its event went out
                 self.validation_accuracy[-1] = event.validation_accuracy
+                for name, value in (event.validation_metrics or {}).items():
+                    if self.validation_metrics.get(name):
+                        self.validation_metrics[name][-1] = value
         elif isinstance(event, TrainingRestarted):
             self.restarts.append(event.description)
+
+    def _record_metrics(self, training: dict[str, float | None] | None, validation: dict[str, float | None] | None,
+                        training_accuracy: float | None, validation_accuracy: float | None) -> None:
+        """One iteration's metrics into the per-name lists (events without metric dicts carry accuracy alone)."""
+        if training is None and validation is None:
+            training, validation = {"accuracy": training_accuracy}, {"accuracy": validation_accuracy}
+        count = len(self.iteration) - 1  # entries before this iteration's
+        for name in self.metric_names:
+            for values, source in ((self.metrics, training), (self.validation_metrics, validation)):
+                column = values.setdefault(name, [None] * count)
+                column.append((source or {}).get(name))
+
+    @property
+    def final_validation(self) -> dict[str, float | None]:
+        """The returned network's validation figures by name: "loss" and every metric (MATLAB's
+        info.FinalValidation...); empty without validation data."""
+        if not any(value is not None for value in self.validation_loss):
+            return {}
+        figures = {"loss": self.final_validation_loss}
+        for name in self.metric_names:
+            figures[name] = self._returned_networks(self.validation_metrics.get(name, [None] * len(self.iteration)))
+        return figures
 
     @property
     def final_validation_loss(self) -> float | None:
@@ -89,8 +123,14 @@ class TrainingInfo:
         return next((v for v in reversed(figures) if v is not None), None)
 
     def history(self) -> dict[str, list[Any]]:
-        """The per-iteration history as columns."""
-        return {name: list(getattr(self, name)) for name in _COLUMNS}
+        """The per-iteration history as columns: the fixed ones, then `training_<metric>` and `validation_<metric>`
+        for each metric that is not accuracy (already a column)."""
+        columns = {name: list(getattr(self, name)) for name in _COLUMNS}
+        for name in self.metric_names:
+            if name != "accuracy":
+                columns[f"training_{name}"] = list(self.metrics.get(name, []))
+                columns[f"validation_{name}"] = list(self.validation_metrics.get(name, []))
+        return columns
 
     def to_dataframe(self) -> Any:
         """The history as a pandas DataFrame, one row per iteration (needs pandas)."""

@@ -15,6 +15,21 @@ from nbscale.train.events import IterationDone, PreparingData, StopSignal, Train
 
 _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
            "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
+# metrics shown as percentages (fractions of samples or classes); the others as numbers
+_FRACTIONS = ("accuracy", "precision", "recall", "fscore")
+_TITLES = {"accuracy": "Accuracy", "rmse": "RMSE", "mae": "MAE", "precision": "Precision", "recall": "Recall",
+           "fscore": "FScore"}
+
+
+def metric_title(name: str) -> str:
+    """How a metric's name heads its columns: "Accuracy", "RMSE", "Top5-accuracy", a callable's own name."""
+    return _TITLES.get(name, name[:1].upper() + name[1:])
+
+
+def _header(metric_names: tuple[str, ...]) -> tuple[str, ...]:
+    metrics = tuple(f"{kind} {metric_title(name)}" for name in metric_names for kind in ("Mini-batch", "Validation"))
+    return ("Epoch", "Iteration", "Time Elapsed", *metrics, "Mini-batch Loss", "Validation Loss",
+            "Base Learning Rate")
 
 
 class VerboseTable:
@@ -31,6 +46,7 @@ class VerboseTable:
         self.total = 0
         self.last: IterationDone | None = None
         self.last_printed = 0
+        self.metric_names: tuple[str, ...] = ("accuracy",)
         self.widths = [max(len(h), 9) for h in _HEADER]
 
     def __call__(self, event: Any) -> None:
@@ -39,6 +55,9 @@ class VerboseTable:
                 self._print_preparing(event)
         elif isinstance(event, TrainingStarted):
             self.total = event.max_epochs * event.iterations_per_epoch
+            self.metric_names = tuple(event.metric_names)
+            header = _header(self.metric_names)
+            self.widths = [max(len(h), 9) for h in header]
             rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
             if self.preparing_line:  # the count stays as it ended, on its own line
                 self._write("\n")
@@ -46,7 +65,7 @@ class VerboseTable:
                 self._print(f"Data: {event.data_placement}; read in {event.prepare_seconds:.1f} s before training "
                             "(not in Time Elapsed).")
             chosen = [f"Chosen: {event.choices}."] if event.choices else []  # "auto", learn_rate_scaling
-            self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(_HEADER), rule)
+            self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(header), rule)
         elif isinstance(event, IterationDone):
             self.last = event
             due = event.iteration == 1 or event.iteration % self.frequency == 0 or event.iteration == self.total
@@ -57,7 +76,8 @@ class VerboseTable:
             if last is not None and event.validation_loss is not None and event.iteration == last.iteration:
                 # validated after its row was due (a stop asked as its event went out): its row with the figures
                 last = dataclasses.replace(last, validation_loss=event.validation_loss,
-                                           validation_accuracy=event.validation_accuracy)
+                                           validation_accuracy=event.validation_accuracy,
+                                           validation_metrics=event.validation_metrics or last.validation_metrics)
                 self.last_printed = -1  # printed again, now with them
             if last is not None and self.last_printed != last.iteration:
                 self._print_event(last)
@@ -75,8 +95,14 @@ class VerboseTable:
 
         seconds = int(e.time_since_start)
         elapsed = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, percent(e.training_accuracy),
-                               percent(e.validation_accuracy), number(e.training_loss),
+        training = e.training_metrics if e.training_metrics is not None else {"accuracy": e.training_accuracy}
+        validation = e.validation_metrics if e.validation_metrics is not None else {
+            "accuracy": e.validation_accuracy}
+        metrics = []
+        for name in self.metric_names:
+            shown = percent if name in _FRACTIONS or name.endswith("-accuracy") else number
+            metrics += [shown(training.get(name)), shown(validation.get(name))]
+        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, *metrics, number(e.training_loss),
                                number(e.validation_loss), f"{e.learn_rate:.4g}")))
         self.last_printed = e.iteration
 

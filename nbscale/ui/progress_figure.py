@@ -1,13 +1,14 @@
-"""The training-progress figure, as MATLAB's: accuracy and loss panels with raw, smoothed and validation
-curves, each panel with its legend, epochs as alternating shaded bands labelled along the top, and learn-rate
+"""The training-progress figure, as MATLAB's: a panel per metric (accuracy by default; rmse, fscore, ... as
+TrainingOptions.metrics asks) and the loss panel, with raw, smoothed and validation curves, each panel with its
+legend, epochs as alternating shaded bands labelled along the top, and learn-rate
 drops and restarts after a lost worker marked where they happen.
 
 Drawn with matplotlib's Agg canvas (no pyplot, no GUI) and blitted: the axes, ticks, grid, epoch bands and
 labels, learn-rate marks and legends are drawn once into a cached background, and an update only pastes that
-background and draws the six curves onto it. The axes keep fixed limits (iterations 0..total, accuracy 0..100,
-loss 0..a margin above the highest loss seen) so the background stays valid. The loss axis, fitted to the
-first losses and refitted when a loss leaves it, is cached apart: a refit redraws only that axis onto the
-background without it. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
+background and draws the curves onto it. The axes keep fixed limits (iterations 0..total, percentages
+(accuracy, precision, recall, F-score) 0..100, loss and other metrics 0..a margin above the highest value seen) so
+the background stays valid. Those fitted axes, fitted to the first values and refitted when a value leaves them,
+are cached apart: a refit redraws only them onto the background without them. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
 piecewise schedule does; smooth schedules change every iteration and are not marked) redraws the background
 once. An update stays a paste and six curves, much cheaper than a full matplotlib draw.
 
@@ -33,6 +34,19 @@ SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn ov
 # MATLAB's colours: a light raw curve (opaque, so it shows on a white or shaded background) under a darker
 # smoothed one; validation in black
 _COLOURS = {"accuracy": ("#80bfe6", "#0072bd"), "loss": ("#f4b183", "#d95319")}
+_OTHER_COLOURS = (("#a9d18e", "#3b7d23"), ("#c9a0dc", "#7030a0"), ("#ffd966", "#bf9000"), ("#9dc3e6", "#2e75b6"))
+PANEL_HEIGHT = 2.6  # inches per panel
+
+
+def is_percentage(name: str) -> bool:
+    """Metrics drawn (and shown) as percentages: fractions of samples or classes."""
+    return name in ("accuracy", "precision", "recall", "fscore") or name.endswith("-accuracy")
+
+
+def panel_label(name: str) -> str:
+    from nbscale.ui.verbose_table import metric_title
+
+    return f"{metric_title(name)} (%)" if is_percentage(name) else metric_title(name)
 _BAND = "#f0f0f0"
 _DROP = "#6a3d9a"
 _RESTART = "#c00000"
@@ -42,52 +56,67 @@ _spare: ProgressFigure | None = None  # the last released figure (one kept: its 
 _spare_lock = threading.Lock()  # job monitors draw from threads
 
 
-def figure_for_run(total_iterations: int, iterations_per_epoch: int) -> ProgressFigure:
+def figure_for_run(total_iterations: int, iterations_per_epoch: int,
+                   metrics: tuple[str, ...] = ("accuracy",)) -> ProgressFigure:
     """An empty figure for a run: the last released one when its layout is the same, else a new one."""
     global _spare
+    layout = (total_iterations, iterations_per_epoch, tuple(metrics))
     with _spare_lock:
-        figure = _spare if _spare is not None and _spare.layout == (total_iterations, iterations_per_epoch) else None
+        figure = _spare if _spare is not None and _spare.layout == layout else None
         if figure is not None:
             _spare = None
     if figure is None:
-        return ProgressFigure(total_iterations, iterations_per_epoch)
+        return ProgressFigure(total_iterations, iterations_per_epoch, metrics)
     figure.reset()
     return figure
 
 
 class ProgressFigure:
-    """Two panels (accuracy, loss) over the whole run's iterations, with epoch bands and learn-rate marks."""
+    """A panel per metric, then the loss panel, over the whole run's iterations, with epoch bands and learn-rate
+    marks. `metrics` names the metric panels (the columns `name`, `name_smooth`, `val_name` of `render`)."""
 
-    def __init__(self, total_iterations: int, iterations_per_epoch: int) -> None:
+    def __init__(self, total_iterations: int, iterations_per_epoch: int,
+                 metrics: tuple[str, ...] = ("accuracy",)) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        self.figure = Figure(figsize=(9, 5.2), dpi=72)
-        self.figure.subplots_adjust(left=0.08, right=0.98, top=0.92, bottom=0.09, hspace=0.1)  # no layout engine
+        keys = (*metrics, "loss")
+        height = PANEL_HEIGHT * len(keys)
+        self.figure = Figure(figsize=(9, height), dpi=72)
+        # no layout engine: margins in inches, as the two-panel figure had them
+        self.figure.subplots_adjust(left=0.08, right=0.98, top=1 - 0.42 / height, bottom=0.47 / height, hspace=0.1)
         self.canvas = FigureCanvasAgg(self.figure)
-        accuracy_axes, loss_axes = self.figure.subplots(2, 1, sharex=True)
+        all_axes = self.figure.subplots(len(keys), 1, sharex=True, squeeze=False)[:, 0]
         self.panels: list[tuple[Any, str, Any, Any, Any]] = []
-        for axes, key, label in ((accuracy_axes, "accuracy", "Accuracy (%)"), (loss_axes, "loss", "Loss")):
-            light, dark = _COLOURS[key]
+        self.fitted: dict[str, Any] = {}  # axes whose y limits follow the values: the loss, and non-percentages
+        others = iter(_OTHER_COLOURS * 4)
+        for axes, key in zip(all_axes, keys, strict=True):
+            light, dark = _COLOURS.get(key) or next(others)
             raw, = axes.plot([], [], color=light, linewidth=1.0, label="Training", animated=True)
             smooth, = axes.plot([], [], color=dark, linewidth=1.8, label="Training (smoothed)", animated=True)
             validation, = axes.plot([], [], "o--", color="black", markersize=4, linewidth=1, label="Validation",
                                     animated=True)
-            axes.set_ylabel(label)
+            axes.set_ylabel("Loss" if key == "loss" else panel_label(key))
             axes.grid(alpha=0.3)
             _mark_epochs(axes, total_iterations, iterations_per_epoch)
-            # in the background: text is the costly part to draw
-            axes.legend(loc="lower right" if key == "accuracy" else "center right", fontsize=8, framealpha=0.9)
+            # in the background: text is the costly part to draw. Rising curves end top right, falling ones bottom
+            # right: the legend sits in the other corner, off the last points
+            percentage = key != "loss" and is_percentage(key)
+            axes.legend(loc="lower right" if percentage else "upper right", fontsize=8, framealpha=0.9)
+            if percentage:
+                axes.set_ylim(0, 100)
+            else:
+                axes.set_ylim(0.0, 1.0)  # a guess until the first values set the scale
+                axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
+                self.fitted[key] = axes
             self.panels.append((axes, key, raw, smooth, validation))
-        _label_epochs(accuracy_axes, total_iterations, iterations_per_epoch)
-        accuracy_axes.set_ylim(0, 100)
+        _label_epochs(all_axes[0], total_iterations, iterations_per_epoch)
+        loss_axes = all_axes[-1]
         loss_axes.set_xlabel("Iteration")
         loss_axes.set_xlim(0, max(total_iterations, 1))
         self.loss_axes = loss_axes
-        self.loss_fitted = False  # (0, 1) is a guess until the first losses set the scale
-        loss_axes.set_ylim(0.0, 1.0)
-        loss_axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
-        self.layout = (total_iterations, iterations_per_epoch)
+        self.fitted_keys: set[str] = set()  # the fitted axes whose limits the values have set
+        self.layout = (total_iterations, iterations_per_epoch, tuple(metrics))
         self.drops_marked = 0
         self.restarts_marked = 0
         self.background_without_loss_axis: Any = None
@@ -106,18 +135,19 @@ class ProgressFigure:
     def reset(self) -> None:
         """Back to the figure of a new run before its first loss: the loss axis' guess (its background redrawn);
         `render` sets the curves from the run's columns."""
-        self.loss_fitted = False
-        self.loss_axes.set_ylim(0.0, 1.0)
+        self.fitted_keys = set()
+        for axes in self.fitted.values():
+            axes.set_ylim(0.0, 1.0)
         self.background = None
 
     def render(self, c: dict[str, list[float]]) -> bytes:
         """The figure with the curves in `c` (the columns TrainingProgress keeps), as PNG."""
         for _, key, raw_line, smooth_line, validation_line in self.panels:
-            raw = c[key]
-            x = c["iteration"][-len(raw):] if raw else []
+            raw = c.get(key, [])
+            x = c.get(f"{key}_iteration", c["iteration"])[-len(raw):] if raw else []
             raw_line.set_data(*_thinned(x, raw))
-            smooth_line.set_data(*_thinned(x, c[f"{key}_smooth"]))
-            validation_line.set_data(c["val_iteration"], c[f"val_{key}"])
+            smooth_line.set_data(*_thinned(x, c.get(f"{key}_smooth", [])))
+            validation_line.set_data(c["val_iteration"], c.get(f"val_{key}", [math.nan] * len(c["val_iteration"])))
         empty = not c["iteration"] and not c["val_iteration"]
         if empty and self.empty_png is not None:
             return self.empty_png
@@ -129,29 +159,33 @@ class ProgressFigure:
             self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
         if self.background is None:
             self.canvas.restore_region(self.background_without_loss_axis)
-            self.loss_axes.draw_artist(self.loss_axes.yaxis)
+            for axes in self.fitted.values():
+                axes.draw_artist(axes.yaxis)
             self.background = self.canvas.copy_from_bbox(self.figure.bbox)
         self.canvas.restore_region(self.background)
         for axes, _, *lines in self.panels:
             for line in lines:
                 axes.draw_artist(line)
         png = _png(self.canvas)
-        if empty and not self.loss_fitted:
+        if empty and not self.fitted_keys:
             self.empty_png = png
         return png
 
     def _fit_limits(self, c: dict[str, list[float]]) -> None:
-        """Widen the loss and iteration axes when the data left them (the cached backgrounds are then stale)."""
-        values = [v for v in (*c["loss"][-_PLOT_BUCKETS:], *c["val_loss"]) if math.isfinite(v)]
-        if not values:
-            return
-        low, high = self.loss_axes.get_ylim()
-        if not self.loss_fitted or min(values) < low or max(values) > high:
-            self.loss_fitted = True
-            top = max(max(values), max((v for v in c["loss"] if math.isfinite(v)), default=0.0))
-            bottom = min(0.0, min(values) * _LOSS_MARGIN)
-            self.loss_axes.set_ylim(bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))
-            self.background = None
+        """Widen the fitted axes (loss, other metrics) and the iteration axis when the data left them (the cached
+        backgrounds are then stale)."""
+        for key, axes in self.fitted.items():
+            column = c.get(key, [])
+            values = [v for v in (*column[-_PLOT_BUCKETS:], *c.get(f"val_{key}", [])) if math.isfinite(v)]
+            if not values:
+                continue
+            low, high = axes.get_ylim()
+            if key not in self.fitted_keys or min(values) < low or max(values) > high:
+                self.fitted_keys.add(key)
+                top = max(max(values), max((v for v in column if math.isfinite(v)), default=0.0))
+                bottom = min(0.0, min(values) * _LOSS_MARGIN)
+                axes.set_ylim(bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))
+                self.background = None
         last = c["iteration"][-1] if c["iteration"] else 0
         if last > self.loss_axes.get_xlim()[1]:
             self.loss_axes.set_xlim(0, last)
@@ -192,9 +226,13 @@ class ProgressFigure:
 
 
 def is_drop(rates: list[float], rate: float) -> bool:
-    """Whether `rate`, coming after `rates`, is a learn-rate drop worth a mark: lower than the rate before,
-    which had stayed put (piecewise schedules); smooth schedules, which change every iteration, are not marked."""
-    return len(rates) >= 2 and rate < rates[-1] and rates[-1] == rates[-2]
+    """Whether `rate`, coming after `rates`, is a learn-rate drop worth a mark: clearly lower (by more than
+    DROP_AT_LEAST) than the rate before, which had stayed put (piecewise schedules); smooth schedules, which change
+    every iteration, and the end of a warm-up (where the cosine begins a hair below the peak) are not marked."""
+    return len(rates) >= 2 and rate < rates[-1] * (1 - DROP_AT_LEAST) and rates[-1] == rates[-2]
+
+
+DROP_AT_LEAST = 0.02  # a piecewise drop_factor of 0.98 or lower is marked
 
 
 def smoothed(previous: float | None, value: float) -> float:

@@ -163,3 +163,43 @@ def test_a_figure_with_learn_rate_marks_is_not_reused() -> None:
     figure.render(columns)
     figure.release()
     assert figure_for_run(30, 10) is not figure
+
+
+def test_a_panel_per_metric_fitted_or_in_percent_above_the_loss_panel() -> None:
+    import io
+
+    from PIL import Image
+
+    figure = ProgressFigure(20, 10, ("rmse", "fscore"))
+    columns = {"iteration": list(range(1, 11)), "loss": [1.0 / i for i in range(1, 11)],
+               "loss_smooth": [1.0 / i for i in range(1, 11)], "rmse": [5.0 - 0.1 * i for i in range(1, 11)],
+               "rmse_smooth": [5.0 - 0.1 * i for i in range(1, 11)], "rmse_iteration": list(range(1, 11)),
+               "fscore": [50.0] * 10, "fscore_smooth": [50.0] * 10, "fscore_iteration": list(range(1, 11)),
+               "val_iteration": [5, 10], "val_loss": [0.3, 0.2], "val_rmse": [4.8, 4.2], "val_fscore": [40.0, 45.0],
+               "learn_rate": [0.1] * 10, "drop_iteration": [], "drop_rate": [], "restart_iteration": []}
+    png = figure.render(columns)
+    keys = [key for _, key, *_ in figure.panels]
+    assert keys == ["rmse", "fscore", "loss"]
+    assert figure.panels[0][0].get_ylabel() == "RMSE" and figure.panels[1][0].get_ylabel() == "FScore (%)"
+    assert figure.panels[1][0].get_ylim() == (0, 100)
+    low, high = figure.fitted["rmse"].get_ylim()
+    assert low <= 4.0 and 5.0 <= high <= 6.0  # fitted to the rmse values, not a percentage
+    assert Image.open(io.BytesIO(png)).size[1] == int(3 * 2.6 * 72)
+
+
+def test_the_end_of_a_warm_up_is_no_learn_rate_drop() -> None:
+    from nbscale.train.options import TrainingOptions
+    from nbscale.train.schedules import learn_rate_schedule
+    from nbscale.ui.progress_figure import is_drop
+
+    options = TrainingOptions("sgdm", learn_rate_schedule="warmup-cosine", max_epochs=10, initial_learn_rate=0.1)
+    rate = learn_rate_schedule(options, 20)
+    rates: list[float] = []
+    drops = []
+    for iteration in range(200):
+        value = rate(iteration)
+        if is_drop(rates[-2:], value):
+            drops.append(iteration)
+        rates.append(value)
+    assert drops == []
+    assert is_drop([0.1, 0.1], 0.01)  # a piecewise drop still is one

@@ -36,9 +36,10 @@ from nbscale.ui.options_form import options_form
 from nbscale.ui.renderers import register_renderers
 
 if TYPE_CHECKING:
-    from nbscale import data, jobs, models
+    from nbscale import data, jobs, loggers, models
     from nbscale.confusion import confusion_chart
     from nbscale.inference import accuracy, activations, classify, predict
+    from nbscale.monitor import TrainingMonitor
     from nbscale.notebook import train
     from nbscale.train.runs import train_async
 
@@ -56,6 +57,7 @@ __all__ = [
     "PoolError",
     "PoolInterrupted",
     "TrainingInfo",
+    "TrainingMonitor",
     "TrainingOptions",
     "UnsendableError",
     "WorkerError",
@@ -68,6 +70,7 @@ __all__ = [
     "gpus",
     "jobs",
     "load_ipython_extension",
+    "loggers",
     "models",
     "options_form",
     "predict",
@@ -100,8 +103,9 @@ _NEED_TORCH: dict[str, str] = {
     "accuracy": "nbscale.inference",
     "confusion_chart": "nbscale.confusion",
     "train_async": "nbscale.train.runs",
+    "TrainingMonitor": "nbscale.monitor",
 }
-_SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs"}
+_SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs", "loggers"}
 
 
 def __getattr__(name: str) -> Any:

@@ -49,7 +49,18 @@ def train(
     options = trainer.as_options(options)
     info, stop = TrainingInfo(), StopSignal()
     listeners = training_listeners(options, info, stop)
-    return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop, info=info)
+    feed = None
+    if options.loggers:
+        from nbscale.loggers import LoggerFeed
+
+        feed = LoggerFeed(options.loggers)
+        listeners.append(feed)
+    try:
+        return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop,
+                             info=info)
+    finally:
+        if feed is not None:  # however the run ended: what was logged is in the files
+            feed.close()
 
 
 def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> list[Callable[[Any], None]]:

@@ -17,6 +17,15 @@ _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validat
            "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
 
 
+def header(metric_names: tuple[str, ...]) -> tuple[str, ...]:
+    """MATLAB's columns, with a mini-batch and a validation column per metric (accuracy's as MATLAB names them)."""
+    cells: list[str] = []
+    for name in metric_names:
+        title = {"accuracy": "Accuracy", "rmse": "RMSE", "mae": "MAE"}.get(name, name)
+        cells += [f"Mini-batch {title}", f"Validation {title}"]
+    return (*_HEADER[:3], *cells, *_HEADER[5:])
+
+
 class VerboseTable:
     """Listener for the training event channel that prints the verbose table."""
 
@@ -31,7 +40,9 @@ class VerboseTable:
         self.total = 0
         self.last: IterationDone | None = None
         self.last_printed = 0
-        self.widths = [max(len(h), 9) for h in _HEADER]
+        self.metric_names: tuple[str, ...] = ("accuracy",)
+        self.header = _HEADER
+        self.widths = [max(len(h), 9) for h in self.header]
 
     def __call__(self, event: Any) -> None:
         if isinstance(event, PreparingData):
@@ -39,6 +50,9 @@ class VerboseTable:
                 self._print_preparing(event)
         elif isinstance(event, TrainingStarted):
             self.total = event.max_epochs * event.iterations_per_epoch
+            self.metric_names = tuple(event.metric_names)
+            self.header = header(self.metric_names)
+            self.widths = [max(len(h), 9) for h in self.header]
             rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
             if self.preparing_line:  # the count stays as it ended, on its own line
                 self._write("\n")
@@ -46,7 +60,7 @@ class VerboseTable:
                 self._print(f"Data: {event.data_placement}; read in {event.prepare_seconds:.1f} s before training "
                             "(not in Time Elapsed).")
             chosen = [f"Chosen: {event.choices}."] if event.choices else []  # "auto", learn_rate_scaling
-            self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(_HEADER), rule)
+            self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(self.header), rule)
         elif isinstance(event, IterationDone):
             self.last = event
             due = event.iteration == 1 or event.iteration % self.frequency == 0 or event.iteration == self.total
@@ -57,7 +71,8 @@ class VerboseTable:
             if last is not None and event.validation_loss is not None and event.iteration == last.iteration:
                 # validated after its row was due (a stop asked as its event went out): its row with the figures
                 last = dataclasses.replace(last, validation_loss=event.validation_loss,
-                                           validation_accuracy=event.validation_accuracy)
+                                           validation_accuracy=event.validation_accuracy,
+                                           validation_metrics=event.validation_metrics)
                 self.last_printed = -1  # printed again, now with them
             if last is not None and self.last_printed != last.iteration:
                 self._print_event(last)
@@ -75,8 +90,14 @@ class VerboseTable:
 
         seconds = int(e.time_since_start)
         elapsed = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, percent(e.training_accuracy),
-                               percent(e.validation_accuracy), number(e.training_loss),
+        training = e.training_metrics if e.training_metrics is not None else {"accuracy": e.training_accuracy}
+        validation = e.validation_metrics if e.validation_metrics is not None else {
+            "accuracy": e.validation_accuracy}
+        cells: list[str] = []
+        for name in self.metric_names:
+            shown = percent if name == "accuracy" else number
+            cells += [shown(training.get(name)), shown(validation.get(name) if e.validation_loss is not None else None)]
+        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, *cells, number(e.training_loss),
                                number(e.validation_loss), f"{e.learn_rate:.4g}")))
         self.last_printed = e.iteration
 

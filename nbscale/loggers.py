@@ -1,0 +1,132 @@
+"""Loggers: every metric of a run (nbscale.train's, or a TrainingMonitor's) written to a CSV file or TensorBoard.
+
+A logger is any object with `log(metrics: dict, step: int)` and `close()`. nbscale.train feeds them from the
+notebook's training events (a pool's events arrive there too), in bunches, and closes them however the run ends.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from nbscale.errors import OptionsError
+from nbscale.train.events import IterationDone, TrainingDone
+
+__all__ = ["CSVLogger", "TensorBoardLogger"]
+
+
+class CSVLogger:
+    """One row per step, one column per metric (the columns grow when a metric first appears, e.g. the first
+    validation: the file is then rewritten with the wider header). Empty cells where a metric was not logged."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise OptionsError(f"CSVLogger({str(path)!r}) is a folder: give a file name, such as 'runs/run1.csv'.")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.columns: list[str] = ["step"]
+        self.rows: list[dict[str, Any]] = []
+        self._file: Any = None
+        self._writer: Any = None
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        row = {"step": step, **metrics}
+        self.rows.append(row)
+        new = [name for name in metrics if name not in self.columns]
+        if new or self._file is None:
+            self.columns += new
+            self._rewrite()
+        else:
+            self._writer.writerow(row)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _rewrite(self) -> None:
+        self.close()
+        self._file = self.path.open("w", newline="")
+        self._writer = csv.DictWriter(self._file, self.columns, restval="")
+        self._writer.writeheader()
+        self._writer.writerows(self.rows)
+
+
+class TensorBoardLogger:
+    """Each metric as a TensorBoard scalar (its name is the tag) under `log_dir` (torch.utils.tensorboard)."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise OptionsError("TensorBoardLogger needs the tensorboard package, which is not installed: "
+                               "pip install tensorboard (or log to a file with nbscale.loggers.CSVLogger).") from None
+        self.log_dir = Path(log_dir)
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for name, value in metrics.items():
+            if value is not None:
+                self.writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class LoggerFeed:
+    """Listener for the training event channel: each iteration's loss, metrics, learn rate and validation, handed
+    to the loggers every `interval` seconds and at the end."""
+
+    def __init__(self, loggers: Sequence[Any], interval: float = 1.0) -> None:
+        self.loggers, self.interval = list(loggers), interval
+        self.rows: list[tuple[dict[str, Any], int]] = []
+        self.next = time.perf_counter() + interval
+        self.closed = False
+
+    def __call__(self, event: Any) -> None:
+        if isinstance(event, IterationDone):
+            self.rows.append((iteration_row(event), event.iteration))
+            if time.perf_counter() >= self.next:
+                self.flush()
+        elif isinstance(event, TrainingDone):
+            if event.validation_loss is not None and self.rows and self.rows[-1][1] == event.iteration:
+                self.rows[-1][0].update(_validation(event.validation_loss, event.validation_metrics,
+                                                    event.validation_accuracy))
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.rows = self.rows, []
+        for logger in self.loggers:
+            for metrics, step in rows:
+                logger.log(metrics, step)
+        self.next = time.perf_counter() + self.interval
+
+    def close(self) -> None:
+        """What is left logged, then every logger closed (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.flush()
+        finally:
+            for logger in self.loggers:
+                logger.close()
+
+
+def iteration_row(event: IterationDone) -> dict[str, Any]:
+    """An iteration's figures by name: loss, each metric, learn_rate, and val_loss, val_<metric> when validated."""
+    metrics = event.training_metrics if event.training_metrics is not None else {"accuracy": event.training_accuracy}
+    row: dict[str, Any] = {"loss": event.training_loss}
+    row.update((name, value) for name, value in metrics.items() if value is not None)
+    row["learn_rate"] = event.learn_rate
+    if event.validation_loss is not None:
+        row.update(_validation(event.validation_loss, event.validation_metrics, event.validation_accuracy))
+    return row
+
+
+def _validation(loss: float, metrics: dict[str, float | None] | None, accuracy: float | None) -> dict[str, Any]:
+    metrics = metrics if metrics is not None else {"accuracy": accuracy}
+    return {"val_loss": loss, **{f"val_{name}": value for name, value in metrics.items() if value is not None}}

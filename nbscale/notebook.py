@@ -54,7 +54,7 @@ def train(
         from nbscale.loggers import LoggerFeed
 
         feed = LoggerFeed(options.loggers)
-        listeners.append(feed)
+        listeners.insert(0, feed)  # before output_fn, whose failure ends the run
     try:
         return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop,
                              info=info)

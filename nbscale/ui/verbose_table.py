@@ -41,7 +41,7 @@ class VerboseTable:
         self.last: IterationDone | None = None
         self.last_printed = 0
         self.metric_names: tuple[str, ...] = ("accuracy",)
-        self.header = _HEADER
+        self.header: tuple[str, ...] = _HEADER
         self.widths = [max(len(h), 9) for h in self.header]
 
     def __call__(self, event: Any) -> None:

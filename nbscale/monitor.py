@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nbscale.errors import OptionsError
@@ -25,6 +26,8 @@ _MAX_PENDING = 4096  # without a display, records are still read in bunches of a
 
 class TrainingMonitor:
     """A live monitor for your own training loop: see docs/training.md, "Your own loop"."""
+
+    interrupt_stops = True  # in the notebook, the kernel interrupt sets `stop` (a second one raises)
 
     def __init__(self, metrics: Sequence[str], info: Sequence[str] = (), x_label: str = "iteration",
                  groups: Mapping[str, Sequence[str]] | None = None, reduce: str = "first",
@@ -282,7 +285,7 @@ class _NotebookSink(_Sink):
         self.shell.events.register("post_run_cell", self._on_cell_end)
         self.previous_handler: Any = None
         self.pid = os.getpid()
-        if threading.current_thread() is threading.main_thread():
+        if monitor.interrupt_stops and threading.current_thread() is threading.main_thread():
             self.previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
@@ -314,9 +317,131 @@ class _NotebookSink(_Sink):
         self.display.close()
 
 
+_created_on_this_worker = 0  # the n-th monitor of a worker: the same on every rank, which run the same cell
+
+
+@dataclass
+class MonitorRecords:
+    """What a rank of a %%spmd cell sends the notebook: its monitor's layout, new rows, info and progress."""
+
+    key: int
+    panels: list[tuple[str, list[str]]]
+    x_label: str
+    metrics: tuple[str, ...]
+    reduce: str
+    world_size: int
+    rows: list[tuple[Any, dict[str, float]]]
+    info: dict[str, Any]
+    progress: float | None
+    log_panels: dict[int, bool]
+    done: bool = False
+
+    def show_in_notebook(self, pool: Any, rank: int) -> None:
+        """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
+        view = _views.get(self.key)
+        if view is None or view.closed:
+            view = _views[self.key] = _NotebookView(self, pool)
+        view.add(self, rank)
+
+
+class _RankSink(_Sink):
+    """A %%spmd rank: rank 0 (every rank with reduce="mean") sends its rows to the notebook's one display,
+    whose Stop (pool.request_stop) reaches every rank."""
+
+    def __init__(self, monitor: TrainingMonitor) -> None:
+        from nbscale.pool.context import worker_context
+
+        global _created_on_this_worker
+        _created_on_this_worker += 1
+        self.key = _created_on_this_worker
+        self.context = worker_context()
+        self.monitor = monitor
+        self.sends = self.context.rank == 0 or monitor.reduce == "mean"
+        self.rows: list[tuple[Any, dict[str, float]]] = []
+        self.log_panels: dict[int, bool] = {}
+        self.context.at_cell_end.append(monitor.close)
+
+    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
+        self.rows.extend(rows)
+        return rows
+
+    def draw(self, monitor: TrainingMonitor) -> None:
+        self._send(done=False)
+
+    def set_log(self, panel: int, log: bool) -> None:
+        self.log_panels[panel] = log
+
+    def stop_requested(self) -> bool:
+        return self.context.stop_requested
+
+    def close(self, state: str) -> None:
+        self._send(done=True)
+
+    def _send(self, done: bool) -> None:
+        if not self.sends:
+            return
+        m = self.monitor
+        rows, self.rows = self.rows, []
+        self.context.emit(MonitorRecords(self.key, m._panels, m.x_label, m.metrics, m.reduce,
+                                         self.context.world_size, [(_step_number(s), v) for s, v in rows],
+                                         dict(m.info), m._progress, dict(self.log_panels), done))
+
+
+class _NotebookView(TrainingMonitor):
+    """The notebook's monitor for a %%spmd cell's ranks: rank 0's rows, or with reduce="mean" each step's mean
+    once every rank sent it; its Stop asks every rank to stop (pool.request_stop)."""
+
+    interrupt_stops = False  # the pool's own interrupt handling stops the ranks
+
+    def __init__(self, first: MonitorRecords, pool: Any) -> None:
+        groups = {title: members for title, members in first.panels if [title] != members}
+        super().__init__(first.metrics, x_label=first.x_label, groups=groups)
+        self.world_size = first.world_size
+        self.waiting: dict[tuple[Any, str], list[float]] = {}
+        self.done_ranks: set[int] = set()
+        self._stop.on_request.append(pool.request_stop)
+        self.info_names = ()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add(self, records: MonitorRecords, rank: int) -> None:
+        for panel, log in records.log_panels.items():
+            self._sink.set_log(panel, log)
+        self.info, self._progress = records.info if rank == 0 else self.info, records.progress
+        for step, values in records.rows:
+            if records.reduce == "mean":
+                values = self._means(step, values)
+            if values:
+                self._pending.append((step, values))
+        if records.done:
+            self.done_ranks.add(rank)
+        if records.done and (records.reduce != "mean" or len(self.done_ranks) == self.world_size):
+            self.close()
+        else:
+            self._flush(time.perf_counter(), force=True)
+
+    def _means(self, step: Any, values: dict[str, float]) -> dict[str, float]:
+        means = {}
+        for name, value in values.items():
+            seen = self.waiting.setdefault((step, name), [])
+            seen.append(value)
+            if len(seen) == self.world_size:
+                means[name] = sum(seen) / len(seen)
+                del self.waiting[(step, name)]
+        return means
+
+
+_views: dict[int, _NotebookView] = {}
+
+
 def _sink_for(monitor: TrainingMonitor) -> _Sink:
     from nbscale.notebook import in_notebook
+    from nbscale.pool.context import in_worker
 
+    if in_worker():
+        return _RankSink(monitor)
     if in_notebook():
         return _NotebookSink(monitor)
     return _Sink()

@@ -123,3 +123,42 @@ def test_a_custom_loop_in_a_real_kernel_draws_the_figure_and_its_stop_button_end
     assert check.ok and check.stdout.split() == ["['loss',", "'accuracy']", "log", "True"]
     texts = [d.get("text/plain", "") for d in result.displays]
     assert any("Progress:" in t and "epoch:" in t for t in texts)  # the info panel with the loop's info
+
+
+SPMD_LOOP = """%%spmd
+import time, torch, nbscale
+from nbscale.pool.context import worker_context
+rank = worker_context().rank
+monitor = nbscale.TrainingMonitor(metrics=["loss"], x_label="step", reduce=REDUCE, min_interval=0.05)
+last = 0
+for step in range(1, 100000):
+    monitor.record(step, loss=torch.tensor(float(rank + 1) / step))
+    last = step
+    if monitor.stop or step == STEPS:
+        break
+    time.sleep(0.005)
+stopped = bool(monitor.stop)
+"""
+
+
+@pytest.mark.slow
+def test_a_monitor_in_an_spmd_cell_shows_once_in_the_notebook_and_its_stop_reaches_every_rank(kernel) -> None:
+    assert kernel.run("%load_ext nbscale\n%pool start 2 --cpu").ok
+    try:
+        assert kernel.run("REDUCE, STEPS = 'first', 10**9").ok
+        result = run_and_click(kernel, SPMD_LOOP, click_after=3.0, timeout=120)
+        assert result.ok, result.text
+        buttons = [d for d in result.displays if "application/vnd.jupyter.widget-view+json" in d]
+        assert len(buttons) == 1  # one monitor for the two ranks
+        check = kernel.run("print(list(stopped), min(last) > 10)")
+        assert check.ok and check.stdout.split() == ["[True,", "True]", "True"], check.text
+        # reduce="mean": the notebook's curve is the mean of the ranks' (1/step and 2/step)
+        assert kernel.run("REDUCE, STEPS = 'mean', 20").ok
+        result = kernel.run(SPMD_LOOP)
+        assert result.ok, result.text
+        check = kernel.run("from nbscale.monitor import _views\nview = _views[max(_views)]\n"
+                           "print(view.history['step'] == list(range(1, 21)), "
+                           "all(abs(v - 1.5 / s) < 1e-6 for s, v in zip(view.history['step'], view.history['loss'])))")
+        assert check.ok and check.stdout.split() == ["True", "True"], check.text
+    finally:
+        kernel.run("%pool stop")

@@ -70,11 +70,19 @@ def encode(event: Event) -> bytes:
     """One line (with its newline) of strict JSON for `event`."""
     line = {"event": type(event).__name__}
     for field in fields(event):
-        value = getattr(event, field.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            value = "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-        line[field.name] = value
+        line[field.name] = _data(getattr(event, field.name))
     return json.dumps(line, allow_nan=False, separators=(",", ":")).encode() + b"\n"
+
+
+def _data(value: Any) -> Any:
+    """`value` as strict JSON takes it: non-finite floats as strings, also inside a metric dict or name tuple."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {str(k): _data(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_data(v) for v in value]
+    return value
 
 
 def decode(line: bytes) -> Event | None:
@@ -104,7 +112,17 @@ _WRONG = object()
 
 
 def _checked(value: Any, accepts: tuple[type, ...]) -> Any:
-    """`value` as one of the `accepts` types (int, float, str, None), or _WRONG."""
+    """`value` as one of the `accepts` types (int, float, str, None; a tuple of str; a dict of str to float or
+    None, as the metric fields are), or _WRONG."""
+    for kind in accepts:
+        origin = typing.get_origin(kind)
+        if origin is tuple and isinstance(value, list):
+            items = [_checked(v, (typing.get_args(kind)[0],)) for v in value]
+            return _WRONG if any(v is _WRONG for v in items) else tuple(items)
+        if origin is dict and isinstance(value, dict):
+            item_types = _alternatives(typing.get_args(kind)[1])
+            entries = {k: _checked(v, item_types) for k, v in value.items()}
+            return _WRONG if any(v is _WRONG for v in entries.values()) else entries
     if value is None:
         return None if type(None) in accepts else _WRONG
     if isinstance(value, bool):
@@ -128,12 +146,13 @@ def _field_types(kind: type) -> dict[str, tuple[type, ...]]:
     """{field: the types it takes}: `float | None` -> (float, NoneType)."""
     if kind not in _TYPES_CACHE:
         hints = typing.get_type_hints(kind)
-        _TYPES_CACHE[kind] = {
-            field.name: tuple(typing.get_args(hints[field.name])) if isinstance(hints[field.name], types.UnionType)
-            else (hints[field.name],)
-            for field in fields(kind)
-        }
+        _TYPES_CACHE[kind] = {field.name: _alternatives(hints[field.name]) for field in fields(kind)}
     return _TYPES_CACHE[kind]
+
+
+def _alternatives(hint: Any) -> tuple[Any, ...]:
+    """`float | None` -> (float, NoneType); a single type -> (it,)."""
+    return tuple(typing.get_args(hint)) if isinstance(hint, types.UnionType) else (hint,)
 
 
 def _defaults(kind: type) -> set[str]:

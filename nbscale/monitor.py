@@ -436,12 +436,54 @@ class _NotebookView(TrainingMonitor):
 _views: dict[int, _NotebookView] = {}
 
 
+class _JobSink(_Sink):
+    """Inside a %%batch job: the records go to the job's training record as nbscale.train's events do (the loss as
+    the loss, every other metric by name), so `%jobs show ID` follows the loop and its Stop sets `stop`."""
+
+    def __init__(self, monitor: TrainingMonitor, job_dir: str) -> None:
+        import atexit
+        from pathlib import Path
+
+        from nbscale.jobs.training_recorder import TrainingRecorder
+        from nbscale.train.events import TrainingStarted
+
+        self.monitor = monitor
+        self.recorder = TrainingRecorder(Path(job_dir), monitor._stop)
+        self.names = tuple(name for name in monitor.metrics if name != "loss")
+        self.start = time.time()
+        self.rows: list[tuple[Any, dict[str, float]]] = []
+        self.recorder(TrainingStarted(1, 0, 0, "your own loop (nbscale.TrainingMonitor)", self.start,
+                                      metric_names=self.names))
+        atexit.register(monitor.close)  # the job's process ends: the record gets its end
+
+    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
+        from nbscale.train.events import IterationDone
+
+        for step, values in rows:
+            self.recorder(IterationDone(int(self.monitor.info.get("epoch", 1)) if isinstance(
+                self.monitor.info.get("epoch", 1), int) else 1, int(_step_number(step)), time.time() - self.start,
+                values.get("loss", float("nan")), None, float(self.monitor.info.get("learn_rate", 0.0) or 0.0), 0,
+                training_metrics={name: values[name] for name in self.names if name in values}))
+        return rows
+
+    def close(self, state: str) -> None:
+        from nbscale.train.events import TrainingDone
+
+        steps = self.monitor.history[self.monitor.x_label]
+        last = int(_step_number(steps[-1])) if steps else 0
+        self.recorder(TrainingDone(self.monitor._stop.reason or state, 1, last, time.time() - self.start, last, 0.0))
+        self.recorder.close()
+
+
 def _sink_for(monitor: TrainingMonitor) -> _Sink:
     from nbscale.notebook import in_notebook
     from nbscale.pool.context import in_worker
 
     if in_worker():
         return _RankSink(monitor)
+    job_dir = os.environ.get("NBSCALE_JOB_DIR")
+    if job_dir:
+        return _JobSink(monitor, job_dir)
     if in_notebook():
         return _NotebookSink(monitor)
     return _Sink()

@@ -162,3 +162,42 @@ def test_a_monitor_in_an_spmd_cell_shows_once_in_the_notebook_and_its_stop_reach
         assert check.ok and check.stdout.split() == ["True", "True"], check.text
     finally:
         kernel.run("%pool stop")
+
+
+BATCH_LOOP = """%%batch --name own-loop
+import time, torch, nbscale
+monitor = nbscale.TrainingMonitor(metrics=["loss", "fscore"], info=["epoch"])
+for step in range(1, 100000):
+    monitor.record(step, loss=torch.tensor(1.0 / step), fscore=torch.tensor(1 - 1.0 / step))
+    monitor.update_info(epoch=1 + step // 100)
+    if monitor.stop:
+        break
+    time.sleep(0.02)
+reason = monitor.stop_reason
+"""
+
+
+@pytest.mark.slow
+def test_a_monitor_in_a_batch_job_is_followed_by_jobs_show_and_stopped_from_its_button(kernel) -> None:
+    import nbscale.jobs as jobs
+    from tests.jobs.test_batch_magic import submitted_id
+    from tests.jobs.test_job_monitor import WIDGET_VIEW, Outputs
+    from tests.jobs.test_training_record import wait_for_iterations
+
+    assert kernel.run("%load_ext nbscale").ok
+    job_id = submitted_id(kernel.run(BATCH_LOOP).stdout)
+    job = jobs.get(job_id)
+    wait_for_iterations(job, 5, timeout=120)
+    assert job.training_info().metrics["fscore"][:2] == pytest.approx([0.0, 0.5])
+    outputs = Outputs(kernel)
+    show = outputs.execute(f"%jobs show {job_id}")
+    outputs.wait_until(lambda: show in outputs.idle, 60, "%jobs show did not return")
+    assert show not in outputs.errors, outputs.errors
+    [button] = [d[WIDGET_VIEW]["model_id"] for d in outputs.by_cell[show] if WIDGET_VIEW in d]
+    client = kernel.client
+    click = {"comm_id": button, "data": {"method": "custom", "content": {"event": "click"}}}
+    client.shell_channel.send(client.session.msg("comm_msg", click))
+    assert job.wait(60), job.log()
+    assert job.state == "finished", job.log()
+    assert job.result("reason") == "Stopped from the job monitor"
+    assert outputs.images(show) >= 1

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from nbscale import data, jobs, loggers, models
     from nbscale.confusion import confusion_chart
     from nbscale.inference import accuracy, activations, classify, predict
+    from nbscale.monitor import TrainingMonitor
     from nbscale.notebook import train
     from nbscale.train.runs import train_async
 
@@ -57,6 +58,7 @@ __all__ = [
     "PoolError",
     "PoolInterrupted",
     "TrainingInfo",
+    "TrainingMonitor",
     "TrainingOptions",
     "UnsendableError",
     "WorkerError",
@@ -108,6 +110,7 @@ _NEED_TORCH: dict[str, str] = {
     "accuracy": "nbscale.inference",
     "confusion_chart": "nbscale.confusion",
     "train_async": "nbscale.train.runs",
+    "TrainingMonitor": "nbscale.monitor",
 }
 _SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs", "loggers"}
 

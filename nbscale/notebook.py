@@ -49,11 +49,18 @@ def train(
     options = trainer.as_options(options)
     info, stop = TrainingInfo(), StopSignal()
     listeners = training_listeners(options, info, stop)
+    feed = None
+    if options.loggers:
+        from nbscale.loggers import LoggerFeed
+
+        feed = LoggerFeed(options.loggers)
+        listeners.insert(0, feed)  # before output_fn, whose failure ends the run
     try:
         return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop,
                              info=info)
     finally:
-        close_loggers(listeners)
+        if feed is not None:  # however the run ended: what was logged is in the files
+            feed.close()
 
 
 def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> list[Callable[[Any], None]]:
@@ -79,20 +86,7 @@ def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopS
                 stop.request("Stopped by output_fn")
 
         listeners.append(call_output_fn)
-    if options.loggers:
-        from nbscale.loggers import TrainingLoggers
-
-        listeners.append(TrainingLoggers(tuple(options.loggers)))
     return listeners
-
-
-def close_loggers(listeners: list[Callable[[Any], None]]) -> None:
-    """Close the loggers among `listeners` (the run has ended, however it ended)."""
-    from nbscale.loggers import TrainingLoggers
-
-    for listener in listeners:
-        if isinstance(listener, TrainingLoggers):
-            listener.close()
 
 
 def sweep(

@@ -68,20 +68,20 @@ def stop_requested(job_dir: Path, training: int) -> bool:
 
 def encode(event: Event) -> bytes:
     """One line (with its newline) of strict JSON for `event`."""
-    line: dict[str, Any] = {"event": type(event).__name__}
+    line = {"event": type(event).__name__}
     for field in fields(event):
-        line[field.name] = _plain(getattr(event, field.name))
+        line[field.name] = _data(getattr(event, field.name))
     return json.dumps(line, allow_nan=False, separators=(",", ":")).encode() + b"\n"
 
 
-def _plain(value: Any) -> Any:
-    """`value` in strict JSON's terms: non-finite floats as their names (in metric dicts too), tuples as lists."""
+def _data(value: Any) -> Any:
+    """`value` as strict JSON takes it: non-finite floats as strings, also inside a metric dict or name tuple."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
+        return {str(k): _data(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
+        return [_data(v) for v in value]
     return value
 
 
@@ -111,20 +111,20 @@ def decode(line: bytes) -> Event | None:
 _WRONG = object()
 
 
-def _checked(value: Any, accepts: tuple[Any, ...]) -> Any:
-    """`value` as one of the `accepts` types (int, float, str, None, `tuple[str, ...]`, `dict[str, float | None]`),
-    or _WRONG."""
+def _checked(value: Any, accepts: tuple[type, ...]) -> Any:
+    """`value` as one of the `accepts` types (int, float, str, None; a tuple of str; a dict of str to float or
+    None, as the metric fields are), or _WRONG."""
+    for kind in accepts:
+        origin = typing.get_origin(kind)
+        if origin is tuple and isinstance(value, list):
+            items = [_checked(v, (typing.get_args(kind)[0],)) for v in value]
+            return _WRONG if any(v is _WRONG for v in items) else tuple(items)
+        if origin is dict and isinstance(value, dict):
+            item_types = _alternatives(typing.get_args(kind)[1])
+            entries = {k: _checked(v, item_types) for k, v in value.items()}
+            return _WRONG if any(v is _WRONG for v in entries.values()) else entries
     if value is None:
         return None if type(None) in accepts else _WRONG
-    for kind in accepts:
-        container = typing.get_origin(kind)
-        if container is tuple and isinstance(value, list):
-            items = [_checked(item, (typing.get_args(kind)[0],)) for item in value]
-            return _WRONG if _WRONG in items else tuple(items)
-        if container is dict and isinstance(value, dict):
-            item_types = _union_members(typing.get_args(kind)[1])
-            checked = {key: _checked(item, item_types) for key, item in value.items()}
-            return _WRONG if any(item is _WRONG for item in checked.values()) else checked
     if isinstance(value, bool):
         return _WRONG
     if isinstance(value, int) and int in accepts:
@@ -139,18 +139,19 @@ def _checked(value: Any, accepts: tuple[Any, ...]) -> Any:
     return _WRONG
 
 
-_TYPES_CACHE: dict[type, dict[str, tuple[Any, ...]]] = {}
+_TYPES_CACHE: dict[type, dict[str, tuple[type, ...]]] = {}
 
 
-def _field_types(kind: type) -> dict[str, tuple[Any, ...]]:
+def _field_types(kind: type) -> dict[str, tuple[type, ...]]:
     """{field: the types it takes}: `float | None` -> (float, NoneType)."""
     if kind not in _TYPES_CACHE:
         hints = typing.get_type_hints(kind)
-        _TYPES_CACHE[kind] = {field.name: _union_members(hints[field.name]) for field in fields(kind)}
+        _TYPES_CACHE[kind] = {field.name: _alternatives(hints[field.name]) for field in fields(kind)}
     return _TYPES_CACHE[kind]
 
 
-def _union_members(hint: Any) -> tuple[Any, ...]:
+def _alternatives(hint: Any) -> tuple[Any, ...]:
+    """`float | None` -> (float, NoneType); a single type -> (it,)."""
     return tuple(typing.get_args(hint)) if isinstance(hint, types.UnionType) else (hint,)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ class WorkerContext:
     _stop: threading.Event = field(default_factory=threading.Event)
     _verdicts: dict[str, tuple[int, bool]] = field(default_factory=dict)  # run -> (last iteration answered, stop)
     _verdict_came: threading.Condition = field(default_factory=threading.Condition)
+    # run once when the running %%spmd cell ends, however it ends (a TrainingMonitor's last records go out)
+    at_cell_end: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def stop_requested(self) -> bool:
@@ -51,6 +54,12 @@ class WorkerContext:
         self._stop.clear()
         with self._verdict_came:
             self._verdicts.clear()
+
+    def cell_ended(self) -> None:
+        """Run and forget the `at_cell_end` callbacks."""
+        callbacks, self.at_cell_end = self.at_cell_end, []
+        for callback in callbacks:
+            callback()
 
     def emit(self, payload: Any) -> None:
         """Send `payload` to the notebook, where `pool.run(..., on_event=...)` receives it as it arrives."""

@@ -410,8 +410,8 @@ class Pool:
                 held = [request.replies.get(rank) or list(request.names_held.get(rank, ())) for rank in ranks]
                 cell.bind_results(self, ranks, held, namespace)
 
-        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, what="The cell",
-                               on_failure=keep_what_workers_hold)
+        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, _shown_in_notebook(self),
+                               what="The cell", on_failure=keep_what_workers_hold)
         return cell.bind_results(self, ranks, present, namespace)
 
     def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None:
@@ -578,3 +578,14 @@ class Pool:
             for w in self.workers
         )
         return PoolStatus(self.size, self.kind, self.backend.name, self.monitor.idle_left_s(), workers)
+
+
+def _shown_in_notebook(pool: Pool) -> Callable[[int, Any], None]:
+    """An spmd cell's events: a payload that shows itself in the notebook (a TrainingMonitor's records) does."""
+
+    def on_event(rank: int, payload: Any) -> None:
+        show = getattr(payload, "show_in_notebook", None)
+        if show is not None:
+            show(pool, rank)
+
+    return on_event

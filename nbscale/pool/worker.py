@@ -394,7 +394,10 @@ class Worker:
         lines = message.code.splitlines(keepends=True)
         linecache.cache[message.filename] = (len(message.code), None, lines, message.filename)
         self._cell_file = message.filename
-        exec(compile(message.code, message.filename, "exec"), self.namespace)
+        try:
+            exec(compile(message.code, message.filename, "exec"), self.namespace)
+        finally:
+            self.context.cell_ended()
         return [name for name in message.result_names if name in self.namespace]
 
     def call(self, message: p.Call) -> Any:

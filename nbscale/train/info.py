@@ -39,12 +39,10 @@ class TrainingInfo:
     choices: str = ""  # what "auto" and learn_rate_scaling chose, and why ("" when nothing was chosen)
     prepare_seconds: float = 0.0  # reading the data before training: not in `time` nor in images_per_second
     data_placement: str = ""  # where the training data were held (resident on the device, or streamed)
-    metric_names: tuple[str, ...] = ("accuracy",)  # TrainingOptions.metrics resolved, in display order
-    objective_metric: str = "loss"  # what validation_patience and "best-validation" followed
-    # each metric's per-iteration values by name: training on every iteration, validation where it validated (None
-    # elsewhere), aligned with `iteration` as the other history lists are
-    metrics: dict[str, list[float | None]] = field(default_factory=dict)
-    validation_metrics: dict[str, list[float | None]] = field(default_factory=dict)
+    metric_names: tuple[str, ...] = ("accuracy",)  # the run's metrics, in display order
+    # name -> one value per iteration (None where not computed); validation: None on iterations that did not validate
+    metrics: dict[str, list[float | None]] = field(default_factory=lambda: {"accuracy": []})
+    validation_metrics: dict[str, list[float | None]] = field(default_factory=lambda: {"accuracy": []})
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -57,15 +55,23 @@ class TrainingInfo:
             self.validation_loss.append(event.validation_loss)
             self.validation_accuracy.append(event.validation_accuracy)
             self.learn_rate.append(event.learn_rate)
-            self._record_metrics(event.training_metrics, event.validation_metrics, event.training_accuracy,
-                                 event.validation_accuracy)
+            training = event.training_metrics
+            validation = event.validation_metrics
+            for name in self.metric_names:
+                self.metrics[name].append(training.get(name) if training is not None else
+                                          event.training_accuracy if name == "accuracy" else None)
+                self.validation_metrics[name].append(validation.get(name) if validation is not None else
+                                                     event.validation_accuracy if name == "accuracy" else None)
         elif isinstance(event, TrainingStarted):
             self.hardware = event.hardware
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
             self.mini_batch_size, self.initial_learn_rate = event.mini_batch_size, event.initial_learn_rate
             self.choices = event.choices
             self.prepare_seconds, self.data_placement = event.prepare_seconds, event.data_placement
-            self.metric_names, self.objective_metric = tuple(event.metric_names), event.objective_metric
+            if tuple(event.metric_names) != self.metric_names and not self.iteration:
+                self.metric_names = tuple(event.metric_names)
+                self.metrics = {name: [] for name in self.metric_names}
+                self.validation_metrics = {name: [] for name in self.metric_names}
         elif isinstance(event, TrainingDone):
             self.stop_reason = self.stop_reason or event.stop_reason
             self.images_per_second = event.images_per_second
@@ -73,33 +79,12 @@ class TrainingInfo:
             if event.validation_loss is not None and self.iteration and self.iteration[-1] == event.iteration:
                 self.validation_loss[-1] = event.validation_loss  # validated after its event went out
                 self.validation_accuracy[-1] = event.validation_accuracy
-                for name, value in (event.validation_metrics or {}).items():
-                    if self.validation_metrics.get(name):
-                        self.validation_metrics[name][-1] = value
+                for name in self.metric_names:
+                    self.validation_metrics[name][-1] = (
+                        event.validation_metrics.get(name) if event.validation_metrics is not None
+                        else event.validation_accuracy if name == "accuracy" else None)
         elif isinstance(event, TrainingRestarted):
             self.restarts.append(event.description)
-
-    def _record_metrics(self, training: dict[str, float | None] | None, validation: dict[str, float | None] | None,
-                        training_accuracy: float | None, validation_accuracy: float | None) -> None:
-        """One iteration's metrics into the per-name lists (events without metric dicts carry accuracy alone)."""
-        if training is None and validation is None:
-            training, validation = {"accuracy": training_accuracy}, {"accuracy": validation_accuracy}
-        count = len(self.iteration) - 1  # entries before this iteration's
-        for name in self.metric_names:
-            for values, source in ((self.metrics, training), (self.validation_metrics, validation)):
-                column = values.setdefault(name, [None] * count)
-                column.append((source or {}).get(name))
-
-    @property
-    def final_validation(self) -> dict[str, float | None]:
-        """The returned network's validation figures by name: "loss" and every metric (MATLAB's
-        info.FinalValidation...); empty without validation data."""
-        if not any(value is not None for value in self.validation_loss):
-            return {}
-        figures = {"loss": self.final_validation_loss}
-        for name in self.metric_names:
-            figures[name] = self._returned_networks(self.validation_metrics.get(name, [None] * len(self.iteration)))
-        return figures
 
     @property
     def final_validation_loss(self) -> float | None:
@@ -110,6 +95,15 @@ class TrainingInfo:
     def final_validation_accuracy(self) -> float | None:
         """The validation accuracy of the returned network (None without validation data or class scores)."""
         return self._returned_networks(self.validation_accuracy)
+
+    @property
+    def final_validation(self) -> dict[str, float | None]:
+        """The returned network's validation figures by name: "loss" and every metric (empty without validation
+        data)."""
+        if self.final_validation_loss is None:
+            return {}
+        return {"loss": self.final_validation_loss,
+                **{name: self._returned_networks(values) for name, values in self.validation_metrics.items()}}
 
     def _returned_networks(self, figures: list[float | None]) -> float | None:
         """The figure validated at `output_network_iteration` (the returned network's: with output_network=
@@ -123,13 +117,15 @@ class TrainingInfo:
         return next((v for v in reversed(figures) if v is not None), None)
 
     def history(self) -> dict[str, list[Any]]:
-        """The per-iteration history as columns: the fixed ones, then `training_<metric>` and `validation_<metric>`
-        for each metric that is not accuracy (already a column)."""
+        """The per-iteration history as columns: those of _COLUMNS, then training_<metric> and
+        validation_<metric> for each metric other than accuracy (a regression run has no accuracy columns)."""
         columns = {name: list(getattr(self, name)) for name in _COLUMNS}
+        if "accuracy" not in self.metric_names:
+            del columns["training_accuracy"], columns["validation_accuracy"]
         for name in self.metric_names:
             if name != "accuracy":
-                columns[f"training_{name}"] = list(self.metrics.get(name, []))
-                columns[f"validation_{name}"] = list(self.validation_metrics.get(name, []))
+                columns[f"training_{name}"] = list(self.metrics[name])
+                columns[f"validation_{name}"] = list(self.validation_metrics[name])
         return columns
 
     def to_dataframe(self) -> Any:

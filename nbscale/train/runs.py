@@ -50,6 +50,7 @@ class TrainingRun(Future):
         self.pool: Any = None
         self._task: Future[Any] | None = None
         self._listeners: list[Callable[[TrainingRun], None]] = []
+        self._event_listeners: list[Callable[[Any], None]] = []  # each training event, as it arrives
         self._final_state: str | None = None
         self._lock = threading.Lock()
 
@@ -66,6 +67,8 @@ class TrainingRun(Future):
                 if isinstance(event, TrainingStarted) and self.started_at is None:
                     self.started_at = time.time()
                 self.info.record(event)
+                for listener in self._event_listeners:
+                    listener(event)
         self._notify()
 
     def _task_done(self, task: Future[Any]) -> None:
@@ -93,6 +96,15 @@ class TrainingRun(Future):
                 listener(self)
             except Exception:  # a broken display must not break the pool's receiver thread
                 pass
+
+    def subscribe_events(self, listener: Callable[[Any], None],
+                         history: Callable[[TrainingRun], list[Any]] | None = None) -> None:
+        """Call `listener(event)` with each training event from now on (on the pool's thread: keep it short),
+        after the events `history(run)` rebuilds of what came before (none lost or repeated between them)."""
+        with self._lock:
+            for event in history(self) if history is not None else ():
+                listener(event)
+            self._event_listeners.append(listener)
 
     def subscribe(self, listener: Callable[[TrainingRun], None]) -> None:
         """Call `listener(run)` after every bunch of events and when the run ends (on the pool's thread)."""

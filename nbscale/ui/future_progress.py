@@ -1,7 +1,7 @@
 """`nbscale.show(future)`: watch a run on the pool while the notebook stays free (parfeval + afterEach).
 
-For a training run from `nbscale.train_async` it shows the live figure (accuracy, loss), a status table and
-Stop / Cancel buttons, drawn by a background thread from the events the worker sends. For any other future
+For a training run from `nbscale.train_async` it shows the same training-progress display as `nbscale.train`
+(figure, info panel, Stop), drawn by a background thread from the events the worker sends. For any other future
 from `pool.submit` it shows one status line that changes when the task ends.
 """
 
@@ -18,18 +18,16 @@ def show(future: Future[Any]) -> Any:
     """Show the progress of `future` in the cell's output and return at once.
 
     `future` is a TrainingRun (from `nbscale.train_async` or a sweep's `runs`) or any future from
-    `pool.submit`. Returns the display object (a SweepDisplay, or None for a plain future).
+    `pool.submit`. Returns the display object (a RunProgress, or None for a plain future).
     """
     from IPython.display import display
 
     from nbscale.train.runs import TrainingRun
 
     if isinstance(future, TrainingRun):
-        from nbscale.ui.sweep_display import SweepDisplay
+        from nbscale.ui.run_progress import show_run
 
-        view = SweepDisplay([future], title=f"Training {future.name} on the pool", stop_buttons=True)
-        view.show()
-        return view
+        return show_run(future)
     if not isinstance(future, Future):
         raise NbscaleError(f"nbscale.show takes a future from nbscale.train_async(...) or pool.submit(...), not "
                            f"{type(future).__name__}.")

@@ -26,7 +26,7 @@ from nbscale.train.events import (
     TrainingStarted,
 )
 from nbscale.ui.click_routing import route_clicks_off_main_thread
-from nbscale.ui.progress_figure import ProgressFigure, figure_for_run, is_drop, is_percentage, smoothed
+from nbscale.ui.progress_figure import ProgressFigure, figure_for_run, is_drop, metric_panels, smoothed
 from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
 
 
@@ -41,8 +41,7 @@ class TrainingProgress:
         self.stop, self.min_interval, self.budget = stop, min_interval, budget
         self.start: TrainingStarted | None = None
         self.metric_names: tuple[str, ...] = ("accuracy",)
-        self.columns: dict[str, list[float]] = {}
-        self._new_columns()
+        self.columns: dict[str, list[float]] = metric_columns(self.metric_names)
         self.restarts: list[str] = []
         self.last: IterationDone | None = None
         self.done: TrainingDone | None = None
@@ -75,8 +74,8 @@ class TrainingProgress:
             self.state = f"Done: {self.stop.reason or event.stop_reason}"
             self.done = event
             if event.validation_loss is not None:  # the last iteration, validated after its event went out
-                self._add_validation(event.iteration, event.validation_loss, event.validation_metrics,
-                                     event.validation_accuracy)
+                self._add_validation(event.iteration, event.validation_loss,
+                                     validation_metrics(event.validation_metrics, event.validation_accuracy))
             self._draw()
             self._close_button()
             if self._figure is not None and not self.redraws_when_done:
@@ -90,43 +89,34 @@ class TrainingProgress:
 
     # ---- data ------------------------------------------------------------------------------------------------
 
-    def _new_columns(self) -> None:
-        """Empty columns for the run's metrics (`name`, `name_smooth`, `name_iteration`, `val_name` each)."""
-        keys = ["iteration", "loss", "loss_smooth", "val_iteration", "val_loss", "learn_rate", "drop_iteration",
-                "drop_rate", "restart_iteration"]
-        for name in self.metric_names:
-            keys += [name, f"{name}_smooth", f"{name}_iteration", f"val_{name}"]
-        self.columns = {key: [] for key in keys}
-
     def _add(self, event: IterationDone) -> None:
         c = self.columns
         c["iteration"].append(event.iteration)
         _append_smoothed(c["loss"], c["loss_smooth"], event.training_loss)
-        training = event.training_metrics if event.training_metrics is not None else {
-            "accuracy": event.training_accuracy}
+        metrics = event.training_metrics
+        if metrics is None:  # events from before metric dicts: accuracy only
+            metrics = {"accuracy": event.training_accuracy}
         for name in self.metric_names:
-            value = training.get(name)
+            value = metrics.get(name)
             if value is not None:
                 _append_smoothed(c[name], c[f"{name}_smooth"], _shown(name, value))
                 c[f"{name}_iteration"].append(event.iteration)
         if event.validation_loss is not None:
-            self._add_validation(event.iteration, event.validation_loss, event.validation_metrics,
-                                 event.validation_accuracy)
-        if is_drop(c["learn_rate"][-2:], event.learn_rate):
-            c["drop_iteration"].append(event.iteration)
+            self._add_validation(event.iteration, event.validation_loss,
+                                 validation_metrics(event.validation_metrics, event.validation_accuracy))
+        if is_drop(c["learn_rate"][-3:], event.learn_rate):  # confirmed an iteration after the fall
+            c["drop_iteration"].append(event.iteration - 1)
             c["drop_rate"].append(event.learn_rate)
         c["learn_rate"].append(event.learn_rate)
         self.last = event
 
-    def _add_validation(self, iteration: int, loss: float, metrics: dict[str, float | None] | None,
-                        accuracy: float | None) -> None:
+    def _add_validation(self, iteration: int, loss: float, metrics: dict[str, float | None]) -> None:
         c = self.columns
         c["val_iteration"].append(iteration)
         c["val_loss"].append(loss)
-        values = metrics if metrics is not None else {"accuracy": accuracy}
         for name in self.metric_names:
-            value = values.get(name)
-            c[f"val_{name}"].append(float("nan") if value is None else _shown(name, value))
+            value = metrics.get(name)
+            c[f"val_{name}"].append(_shown(name, value) if value is not None else float("nan"))
 
     # ---- display ---------------------------------------------------------------------------------------------
 
@@ -150,13 +140,16 @@ class TrainingProgress:
 
         self.start = event
         self._wall_start = event.start_time
-        if tuple(event.metric_names) != self.metric_names:
+        if event.metric_names != self.metric_names:
             self.metric_names = tuple(event.metric_names)
-            self._new_columns()
+            self.columns = metric_columns(self.metric_names) | {k: v for k, v in self.columns.items()
+                                                                if k.startswith(("restart", "drop"))}
         if self.info_handle is None:
             self._open_panel()
+        rising = tuple(n for n in self.metric_names if n in RISING
+                       or (n == event.objective_metric and event.objective_goal == "maximize"))
         self._figure = figure_for_run(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch,
-                                      self.metric_names)
+                                      metric_panels(self.metric_names, rising))
         self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
         self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
 
@@ -229,12 +222,12 @@ class TrainingProgress:
         if done is not None and done.output_network_iteration in c["val_iteration"][:-1]:
             index = c["val_iteration"].index(done.output_network_iteration)
             note = f" (the returned network, iteration {done.output_network_iteration})"
-        shown = [f"loss {c['val_loss'][index]:.4f}"]
+        parts = [f"loss {c['val_loss'][index]:.4f}"]
         for name in self.metric_names:
             value = c[f"val_{name}"][index]
             if value == value:
-                shown.append(f"{name} {value:.2f}%" if is_percentage(name) else f"{name} {value:.4g}")
-        return ("Validation", ", ".join(shown) + note)
+                parts.append(f"accuracy {value:.2f}%" if name == "accuracy" else f"{name} {value:.4g}")
+        return ("Validation", ", ".join(parts) + note)
 
     def _close_when_the_cell_ends(self) -> None:
         """A run that fails sends no TrainingDone: the cell's end removes the button and its subshell then."""
@@ -262,9 +255,27 @@ class TrainingProgress:
             self._click_route = None
 
 
+RISING = frozenset({"accuracy", "top5-accuracy", "precision", "recall", "fscore"})  # the higher the better
+
+
+def metric_columns(metric_names: tuple[str, ...]) -> dict[str, list[float]]:
+    """The columns a training's figure is drawn from: the loss and each metric, raw, smoothed, at which
+    iterations, and validated; learn rates and their drops, restarts."""
+    keys = ["iteration", "loss", "loss_smooth", "val_iteration", "val_loss", "learn_rate", "drop_iteration",
+            "drop_rate", "restart_iteration"]
+    for name in metric_names:
+        keys += [name, f"{name}_smooth", f"{name}_iteration", f"val_{name}"]
+    return {k: [] for k in keys}
+
+
+def validation_metrics(metrics: dict[str, float | None] | None, accuracy: float | None) -> dict[str, float | None]:
+    """An event's validation metrics by name (events from before metric dicts carry the accuracy only)."""
+    return metrics if metrics is not None else {"accuracy": accuracy}
+
+
 def _shown(name: str, value: float) -> float:
-    """A metric as the figure draws it: percentages as 0..100."""
-    return 100.0 * value if is_percentage(name) else value
+    """A metric as plotted: accuracy in percent, as MATLAB's figure shows it; others as computed."""
+    return 100.0 * value if name == "accuracy" else value
 
 
 def _append_smoothed(raw: list[float], smooth: list[float], value: float) -> None:

@@ -1,14 +1,13 @@
-"""The training-progress figure, as MATLAB's: a panel per metric (accuracy by default; rmse, fscore, ... as
-TrainingOptions.metrics asks) and the loss panel, with raw, smoothed and validation curves, each panel with its
-legend, epochs as alternating shaded bands labelled along the top, and learn-rate
+"""The training-progress figure, as MATLAB's: accuracy and loss panels with raw, smoothed and validation
+curves, each panel with its legend, epochs as alternating shaded bands labelled along the top, and learn-rate
 drops and restarts after a lost worker marked where they happen.
 
 Drawn with matplotlib's Agg canvas (no pyplot, no GUI) and blitted: the axes, ticks, grid, epoch bands and
 labels, learn-rate marks and legends are drawn once into a cached background, and an update only pastes that
-background and draws the curves onto it. The axes keep fixed limits (iterations 0..total, percentages
-(accuracy, precision, recall, F-score) 0..100, loss and other metrics 0..a margin above the highest value seen) so
-the background stays valid. Those fitted axes, fitted to the first values and refitted when a value leaves them,
-are cached apart: a refit redraws only them onto the background without them. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
+background and draws the six curves onto it. The axes keep fixed limits (iterations 0..total, accuracy 0..100,
+loss 0..a margin above the highest loss seen) so the background stays valid. The loss axis, fitted to the
+first losses and refitted when a loss leaves it, is cached apart: a refit redraws only that axis onto the
+background without it. A learn-rate drop (a few per run at most: the rate falls after staying put, as a
 piecewise schedule does; smooth schedules change every iteration and are not marked) redraws the background
 once. An update stays a paste and six curves, much cheaper than a full matplotlib draw.
 
@@ -22,6 +21,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 _PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps its lowest and highest point
@@ -32,24 +32,50 @@ _LOSS_MARGIN = 1.15  # the loss axis' top, as a factor of the highest loss seen
 SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn over the raw curves
 
 # MATLAB's colours: a light raw curve (opaque, so it shows on a white or shaded background) under a darker
-# smoothed one; validation in black
+# smoothed one; validation in black. Metrics beyond accuracy and loss (and a monitor's series) take the next pair.
 _COLOURS = {"accuracy": ("#80bfe6", "#0072bd"), "loss": ("#f4b183", "#d95319")}
-_OTHER_COLOURS = (("#a9d18e", "#3b7d23"), ("#c9a0dc", "#7030a0"), ("#ffd966", "#bf9000"), ("#9dc3e6", "#2e75b6"))
-PANEL_HEIGHT = 2.6  # inches per panel
-
-
-def is_percentage(name: str) -> bool:
-    """Metrics drawn (and shown) as percentages: fractions of samples or classes."""
-    return name in ("accuracy", "precision", "recall", "fscore") or name.endswith("-accuracy")
-
-
-def panel_label(name: str) -> str:
-    from nbscale.ui.verbose_table import metric_title
-
-    return f"{metric_title(name)} (%)" if is_percentage(name) else metric_title(name)
+_MORE_COLOURS = (("#b3d89c", "#3a8a2a"), ("#c9b3e0", "#7e2f8e"), ("#f7d794", "#b8860b"), ("#a6dcd5", "#1b7f79"),
+                 ("#f2a6b8", "#a2142f"), ("#cccccc", "#555555"))
 _BAND = "#f0f0f0"
 _DROP = "#6a3d9a"
 _RESTART = "#c00000"
+
+
+@dataclass(frozen=True)
+class Series:
+    """One curve of a panel: column `key` of the columns rendered; "train" draws it raw and smoothed (column
+    `key`_smooth), "validation" as dots. Its x values are column `key`_iteration when there is one, else
+    "val_iteration" for validation, else the last iterations."""
+
+    key: str
+    kind: str = "train"  # "train" or "validation"
+    label: str = "Training"
+    colours: tuple[str, str] = _COLOURS["loss"]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: its y label, fixed limits (None: fitted to the data, as the loss axis is), its curves."""
+
+    label: str
+    series: tuple[Series, ...]
+    limits: tuple[float, float] | None = None
+    rising: bool = False  # the values grow as training goes (accuracy): the legend sits low, away from the last points
+    log: bool = False
+
+
+def metric_panels(metric_names: tuple[str, ...] = ("accuracy",), rising: tuple[str, ...] = ()) -> tuple[Panel, ...]:
+    """nbscale.train's panels: one per metric (in display order) then the loss, each with its training curve
+    (raw and smoothed) and validation dots. Accuracy (in %) keeps 0..100; the other metrics are fitted."""
+    panels = []
+    for index, name in enumerate((*metric_names, "loss")):
+        colours = _COLOURS.get(name) or _MORE_COLOURS[index % len(_MORE_COLOURS)]
+        label = {"accuracy": "Accuracy (%)", "loss": "Loss"}.get(name, name)
+        panels.append(Panel(label, (Series(name, "train", "Training", colours),
+                                    Series(f"val_{name}", "validation", "Validation", colours)),
+                            (0.0, 100.0) if name == "accuracy" else None,
+                            rising=name == "accuracy" or name in rising))
+    return tuple(panels)
 
 
 _spare: ProgressFigure | None = None  # the last released figure (one kept: its canvas holds a few MB)
@@ -57,71 +83,87 @@ _spare_lock = threading.Lock()  # job monitors draw from threads
 
 
 def figure_for_run(total_iterations: int, iterations_per_epoch: int,
-                   metrics: tuple[str, ...] = ("accuracy",)) -> ProgressFigure:
+                   panels: tuple[Panel, ...] | None = None) -> ProgressFigure:
     """An empty figure for a run: the last released one when its layout is the same, else a new one."""
     global _spare
-    layout = (total_iterations, iterations_per_epoch, tuple(metrics))
+    panels = panels if panels is not None else metric_panels()
     with _spare_lock:
+        layout = (total_iterations, iterations_per_epoch, panels)
         figure = _spare if _spare is not None and _spare.layout == layout else None
         if figure is not None:
             _spare = None
     if figure is None:
-        return ProgressFigure(total_iterations, iterations_per_epoch, metrics)
+        return ProgressFigure(total_iterations, iterations_per_epoch, panels)
     figure.reset()
     return figure
 
 
 class ProgressFigure:
-    """A panel per metric, then the loss panel, over the whole run's iterations, with epoch bands and learn-rate
-    marks. `metrics` names the metric panels (the columns `name`, `name_smooth`, `val_name` of `render`)."""
+    """Panels stacked over a shared iteration axis (nbscale.train's: accuracy and loss, or one per metric and
+    the loss; a TrainingMonitor's: one per metric or group), with epoch bands and learn-rate marks.
+
+    `total_iterations` 0: the length is unknown (a user's own loop), and the x axis doubles when passed."""
 
     def __init__(self, total_iterations: int, iterations_per_epoch: int,
-                 metrics: tuple[str, ...] = ("accuracy",)) -> None:
+                 panels: tuple[Panel, ...] | None = None, x_label: str = "Iteration") -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        keys = (*metrics, "loss")
-        height = PANEL_HEIGHT * len(keys)
+        panels = panels if panels is not None else metric_panels()
+        self.spec = panels
+        height = 1.2 + 2.0 * len(panels) if len(panels) > 2 else 5.2
         self.figure = Figure(figsize=(9, height), dpi=72)
-        # no layout engine: margins in inches, as the two-panel figure had them
+        # the same room in inches above and below, whatever the number of panels; no layout engine
         self.figure.subplots_adjust(left=0.08, right=0.98, top=1 - 0.42 / height, bottom=0.47 / height, hspace=0.1)
         self.canvas = FigureCanvasAgg(self.figure)
-        all_axes = self.figure.subplots(len(keys), 1, sharex=True, squeeze=False)[:, 0]
-        self.panels: list[tuple[Any, str, Any, Any, Any]] = []
-        self.fitted: dict[str, Any] = {}  # axes whose y limits follow the values: the loss, and non-percentages
-        others = iter(_OTHER_COLOURS * 4)
-        for axes, key in zip(all_axes, keys, strict=True):
-            light, dark = _COLOURS.get(key) or next(others)
-            raw, = axes.plot([], [], color=light, linewidth=1.0, label="Training", animated=True)
-            smooth, = axes.plot([], [], color=dark, linewidth=1.8, label="Training (smoothed)", animated=True)
-            validation, = axes.plot([], [], "o--", color="black", markersize=4, linewidth=1, label="Validation",
-                                    animated=True)
-            axes.set_ylabel("Loss" if key == "loss" else panel_label(key))
+        axes_list = self.figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+        self.panels: list[tuple[Any, Panel, list[tuple[Series, Any, Any]]]] = []
+        self.fitted_axes: list[tuple[Any, Panel]] = []  # axes whose y limits follow the data
+        for axes, panel in zip(axes_list, panels, strict=True):
+            lines = []
+            for series in panel.series:
+                light, dark = series.colours
+                if series.kind == "validation":
+                    dots, = axes.plot([], [], "o--", color="black", markersize=4, linewidth=1, label=series.label,
+                                      animated=True)
+                    lines.append((series, dots, None))
+                else:
+                    raw, = axes.plot([], [], color=light, linewidth=1.0, label=series.label, animated=True)
+                    smooth, = axes.plot([], [], color=dark, linewidth=1.8, label=f"{series.label} (smoothed)",
+                                        animated=True)
+                    lines.append((series, raw, smooth))
+            axes.set_ylabel(panel.label)
             axes.grid(alpha=0.3)
-            _mark_epochs(axes, total_iterations, iterations_per_epoch)
-            # in the background: text is the costly part to draw. Rising curves end top right, falling ones bottom
-            # right: the legend sits in the other corner, off the last points
-            percentage = key != "loss" and is_percentage(key)
-            axes.legend(loc="lower right" if percentage else "upper right", fontsize=8, framealpha=0.9)
-            if percentage:
-                axes.set_ylim(0, 100)
+            if panel.log:
+                axes.set_yscale("log")
+            if total_iterations:
+                _mark_epochs(axes, total_iterations, iterations_per_epoch)
+            # in the background: text is the costly part to draw. Upper right for a falling curve, lower right
+            # for a rising one: the last points end at the other corner, never under the legend
+            axes.legend(loc="lower right" if panel.rising else "upper right", fontsize=8, framealpha=0.9)
+            if panel.limits is not None:
+                axes.set_ylim(*panel.limits)
             else:
-                axes.set_ylim(0.0, 1.0)  # a guess until the first values set the scale
+                axes.set_ylim(*((0.1, 1.0) if panel.log else (0.0, 1.0)))
                 axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
-                self.fitted[key] = axes
-            self.panels.append((axes, key, raw, smooth, validation))
-        _label_epochs(all_axes[0], total_iterations, iterations_per_epoch)
-        loss_axes = all_axes[-1]
-        loss_axes.set_xlabel("Iteration")
-        loss_axes.set_xlim(0, max(total_iterations, 1))
-        self.loss_axes = loss_axes
-        self.fitted_keys: set[str] = set()  # the fitted axes whose limits the values have set
-        self.layout = (total_iterations, iterations_per_epoch, tuple(metrics))
+                self.fitted_axes.append((axes, panel))
+            self.panels.append((axes, panel, lines))
+        if total_iterations:
+            _label_epochs(axes_list[0], total_iterations, iterations_per_epoch)
+        self.loss_axes = axes_list[-1]
+        self.loss_axes.set_xlabel(x_label)
+        self.loss_axes.set_xlim(0, max(total_iterations, 1))
+        self.fitted: set[int] = set()  # ids of the fitted axes whose (0, 1) guess the data replaced
+        self.layout = (total_iterations, iterations_per_epoch, panels)
         self.drops_marked = 0
         self.restarts_marked = 0
-        self.background_without_loss_axis: Any = None
-        self.background: Any = None  # the one above with the loss axis drawn at its current limits
+        self.background_without_loss_axis: Any = None  # without the fitted axes' y axes
+        self.background: Any = None  # the one above with the fitted y axes drawn at their current limits
         self.empty_png: bytes | None = None  # the figure before the first iteration, as a run opens with it
+
+    @property
+    def loss_fitted(self) -> bool:
+        return id(self.loss_axes) in self.fitted
 
     def release(self) -> None:
         """Offer this figure to the next run of the same layout (`figure_for_run`); the caller draws it no more.
@@ -133,64 +175,88 @@ class ProgressFigure:
             _spare = self
 
     def reset(self) -> None:
-        """Back to the figure of a new run before its first loss: the loss axis' guess (its background redrawn);
-        `render` sets the curves from the run's columns."""
-        self.fitted_keys = set()
-        for axes in self.fitted.values():
-            axes.set_ylim(0.0, 1.0)
+        """Back to the figure of a new run before its first values: the fitted axes' guess (their background
+        redrawn); `render` sets the curves from the run's columns."""
+        self.fitted.clear()
+        for axes, panel in self.fitted_axes:
+            axes.set_ylim(*((0.1, 1.0) if panel.log else (0.0, 1.0)))
         self.background = None
+
+    def set_log(self, index: int, log: bool) -> None:
+        """Panel `index` on a log (or linear) y scale; the backgrounds are redrawn once."""
+        axes, panel, lines = self.panels[index]
+        axes.set_yscale("log" if log else "linear")
+        panel = Panel(panel.label, panel.series, panel.limits, panel.rising, log)
+        self.panels[index] = (axes, panel, lines)
+        self.fitted_axes = [(a, panel if a is axes else p) for a, p in self.fitted_axes]
+        self.fitted.discard(id(axes))
+        self.background_without_loss_axis = self.background = None
 
     def render(self, c: dict[str, list[float]]) -> bytes:
         """The figure with the curves in `c` (the columns TrainingProgress keeps), as PNG."""
-        for _, key, raw_line, smooth_line, validation_line in self.panels:
-            raw = c.get(key, [])
-            x = c.get(f"{key}_iteration", c["iteration"])[-len(raw):] if raw else []
-            raw_line.set_data(*_thinned(x, raw))
-            smooth_line.set_data(*_thinned(x, c.get(f"{key}_smooth", [])))
-            validation_line.set_data(c["val_iteration"], c.get(f"val_{key}", [math.nan] * len(c["val_iteration"])))
-        empty = not c["iteration"] and not c["val_iteration"]
+        empty = True
+        for _, _, lines in self.panels:
+            for series, line, smooth_line in lines:
+                y = c.get(series.key, [])
+                x = _x_of(c, series, len(y))
+                empty = empty and not y
+                if smooth_line is None:
+                    line.set_data(x, y)
+                else:
+                    line.set_data(*_thinned(x, y))
+                    smooth_line.set_data(*_thinned(x, c.get(f"{series.key}_smooth", [])))
         if empty and self.empty_png is not None:
             return self.empty_png
         self._fit_limits(c)
         self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
         self._mark_restarts(c.get("restart_iteration", []))
         if self.background_without_loss_axis is None:
-            self.canvas.draw()  # everything but the animated curves and loss axis
+            self.canvas.draw()  # everything but the animated curves and fitted y axes
             self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
         if self.background is None:
             self.canvas.restore_region(self.background_without_loss_axis)
-            for axes in self.fitted.values():
+            for axes, _ in self.fitted_axes:
                 axes.draw_artist(axes.yaxis)
             self.background = self.canvas.copy_from_bbox(self.figure.bbox)
         self.canvas.restore_region(self.background)
-        for axes, _, *lines in self.panels:
-            for line in lines:
-                axes.draw_artist(line)
+        for axes, _, lines in self.panels:
+            for _, *drawn in lines:
+                for line in drawn:
+                    if line is not None:
+                        axes.draw_artist(line)
         png = _png(self.canvas)
-        if empty and not self.fitted_keys:
+        if empty and not self.fitted:
             self.empty_png = png
         return png
 
     def _fit_limits(self, c: dict[str, list[float]]) -> None:
-        """Widen the fitted axes (loss, other metrics) and the iteration axis when the data left them (the cached
-        backgrounds are then stale)."""
-        for key, axes in self.fitted.items():
-            column = c.get(key, [])
-            values = [v for v in (*column[-_PLOT_BUCKETS:], *c.get(f"val_{key}", [])) if math.isfinite(v)]
+        """Widen the fitted y axes and the iteration axis when the data left them (the cached backgrounds are
+        then stale)."""
+        for axes, panel in self.fitted_axes:
+            recent: list[float] = []
+            every: list[float] = []
+            for series in panel.series:
+                column = c.get(series.key, [])
+                recent += column[-_PLOT_BUCKETS:] if series.kind == "train" else column
+                every += column
+            values = [v for v in recent if math.isfinite(v) and (v > 0 or not panel.log)]
             if not values:
                 continue
             low, high = axes.get_ylim()
-            if key not in self.fitted_keys or min(values) < low or max(values) > high:
-                self.fitted_keys.add(key)
-                top = max(max(values), max((v for v in column if math.isfinite(v)), default=0.0))
-                bottom = min(0.0, min(values) * _LOSS_MARGIN)
-                axes.set_ylim(bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))
+            if id(axes) not in self.fitted or min(values) < low or max(values) > high:
+                self.fitted.add(id(axes))
+                top = max(max(values), max((v for v in every if math.isfinite(v)), default=0.0))
+                if panel.log:
+                    axes.set_ylim(min(values) / 1.5, top * 1.5)
+                else:
+                    bottom = min(0.0, min(values) * _LOSS_MARGIN)
+                    axes.set_ylim(bottom, max(top * _LOSS_MARGIN, bottom + 1e-6))
                 self.background = None
-        last = c["iteration"][-1] if c["iteration"] else 0
-        if last > self.loss_axes.get_xlim()[1]:
-            self.loss_axes.set_xlim(0, last)
+        last = max((column[-1] for key, column in c.items() if key.endswith("iteration") and column), default=0)
+        right = self.loss_axes.get_xlim()[1]
+        if last > right:
+            self.loss_axes.set_xlim(0, last if self.layout[0] else max(2 * right, last))  # unknown length: doubles
             self.background_without_loss_axis = self.background = None
-
 
     def _mark_drops(self, iterations: list[float], rates: list[float]) -> None:
         """A dashed line across both panels where the learn rate dropped, labelled with the new rate (the first
@@ -226,13 +292,10 @@ class ProgressFigure:
 
 
 def is_drop(rates: list[float], rate: float) -> bool:
-    """Whether `rate`, coming after `rates`, is a learn-rate drop worth a mark: clearly lower (by more than
-    DROP_AT_LEAST) than the rate before, which had stayed put (piecewise schedules); smooth schedules, which change
-    every iteration, and the end of a warm-up (where the cosine begins a hair below the peak) are not marked."""
-    return len(rates) >= 2 and rate < rates[-1] * (1 - DROP_AT_LEAST) and rates[-1] == rates[-2]
-
-
-DROP_AT_LEAST = 0.02  # a piecewise drop_factor of 0.98 or lower is marked
+    """Whether `rate`, coming after `rates`, confirms a learn-rate drop at the previous iteration: the rate
+    stayed put, fell, and stays put again (piecewise schedules). Smooth schedules, which change every iteration,
+    are not marked, nor is the end of a warm-up (its peak held an iteration, then a smooth decay)."""
+    return len(rates) >= 3 and rate == rates[-1] and rates[-1] < rates[-2] and rates[-2] == rates[-3]
 
 
 def smoothed(previous: float | None, value: float) -> float:
@@ -269,6 +332,14 @@ def _label_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -
                    fontsize=8)
     top.tick_params(length=0, pad=2)
     top.set_xlabel("Epoch", fontsize=9, labelpad=2)
+
+
+def _x_of(c: dict[str, list[float]], series: Series, length: int) -> list[float]:
+    """The x values of `series`' `length` points: see Series."""
+    x = c.get(f"{series.key}_iteration")
+    if x is None:
+        x = c.get("val_iteration", []) if series.kind == "validation" else c.get("iteration", [])
+    return x[-length:] if length else []
 
 
 def _png(canvas: Any) -> bytes:

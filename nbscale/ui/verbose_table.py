@@ -15,21 +15,15 @@ from nbscale.train.events import IterationDone, PreparingData, StopSignal, Train
 
 _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
            "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
-# metrics shown as percentages (fractions of samples or classes); the others as numbers
-_FRACTIONS = ("accuracy", "precision", "recall", "fscore")
-_TITLES = {"accuracy": "Accuracy", "rmse": "RMSE", "mae": "MAE", "precision": "Precision", "recall": "Recall",
-           "fscore": "FScore"}
 
 
-def metric_title(name: str) -> str:
-    """How a metric's name heads its columns: "Accuracy", "RMSE", "Top5-accuracy", a callable's own name."""
-    return _TITLES.get(name, name[:1].upper() + name[1:])
-
-
-def _header(metric_names: tuple[str, ...]) -> tuple[str, ...]:
-    metrics = tuple(f"{kind} {metric_title(name)}" for name in metric_names for kind in ("Mini-batch", "Validation"))
-    return ("Epoch", "Iteration", "Time Elapsed", *metrics, "Mini-batch Loss", "Validation Loss",
-            "Base Learning Rate")
+def header(metric_names: tuple[str, ...]) -> tuple[str, ...]:
+    """MATLAB's columns, with a mini-batch and a validation column per metric (accuracy's as MATLAB names them)."""
+    cells: list[str] = []
+    for name in metric_names:
+        title = {"accuracy": "Accuracy", "rmse": "RMSE", "mae": "MAE"}.get(name, name)
+        cells += [f"Mini-batch {title}", f"Validation {title}"]
+    return (*_HEADER[:3], *cells, *_HEADER[5:])
 
 
 class VerboseTable:
@@ -47,7 +41,8 @@ class VerboseTable:
         self.last: IterationDone | None = None
         self.last_printed = 0
         self.metric_names: tuple[str, ...] = ("accuracy",)
-        self.widths = [max(len(h), 9) for h in _HEADER]
+        self.header: tuple[str, ...] = _HEADER
+        self.widths = [max(len(h), 9) for h in self.header]
 
     def __call__(self, event: Any) -> None:
         if isinstance(event, PreparingData):
@@ -56,8 +51,8 @@ class VerboseTable:
         elif isinstance(event, TrainingStarted):
             self.total = event.max_epochs * event.iterations_per_epoch
             self.metric_names = tuple(event.metric_names)
-            header = _header(self.metric_names)
-            self.widths = [max(len(h), 9) for h in header]
+            self.header = header(self.metric_names)
+            self.widths = [max(len(h), 9) for h in self.header]
             rule = "|" + "|".join("=" * (w + 2) for w in self.widths) + "|"
             if self.preparing_line:  # the count stays as it ended, on its own line
                 self._write("\n")
@@ -65,7 +60,7 @@ class VerboseTable:
                 self._print(f"Data: {event.data_placement}; read in {event.prepare_seconds:.1f} s before training "
                             "(not in Time Elapsed).")
             chosen = [f"Chosen: {event.choices}."] if event.choices else []  # "auto", learn_rate_scaling
-            self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(header), rule)
+            self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(self.header), rule)
         elif isinstance(event, IterationDone):
             self.last = event
             due = event.iteration == 1 or event.iteration % self.frequency == 0 or event.iteration == self.total
@@ -77,7 +72,7 @@ class VerboseTable:
                 # validated after its row was due (a stop asked as its event went out): its row with the figures
                 last = dataclasses.replace(last, validation_loss=event.validation_loss,
                                            validation_accuracy=event.validation_accuracy,
-                                           validation_metrics=event.validation_metrics or last.validation_metrics)
+                                           validation_metrics=event.validation_metrics)
                 self.last_printed = -1  # printed again, now with them
             if last is not None and self.last_printed != last.iteration:
                 self._print_event(last)
@@ -98,11 +93,11 @@ class VerboseTable:
         training = e.training_metrics if e.training_metrics is not None else {"accuracy": e.training_accuracy}
         validation = e.validation_metrics if e.validation_metrics is not None else {
             "accuracy": e.validation_accuracy}
-        metrics = []
+        cells: list[str] = []
         for name in self.metric_names:
-            shown = percent if name in _FRACTIONS or name.endswith("-accuracy") else number
-            metrics += [shown(training.get(name)), shown(validation.get(name))]
-        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, *metrics, number(e.training_loss),
+            shown = percent if name == "accuracy" else number
+            cells += [shown(training.get(name)), shown(validation.get(name) if e.validation_loss is not None else None)]
+        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, *cells, number(e.training_loss),
                                number(e.validation_loss), f"{e.learn_rate:.4g}")))
         self.last_printed = e.iteration
 

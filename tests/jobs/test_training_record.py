@@ -192,3 +192,18 @@ def test_training_numbers_are_checked_with_a_clear_error() -> None:
         job.training_info(True)
     with pytest.raises(JobError, match="job.show\\(\\) draws in a notebook"):
         job.show()
+
+
+def test_metric_fields_survive_the_record_with_non_finite_values_and_missing_metrics() -> None:
+    import math
+
+    from nbscale.jobs.training_record import decode, encode
+    from nbscale.train.events import IterationDone
+    from tests.metric_events import metric_run
+
+    events = [*metric_run(("rmse", "fscore")),
+              IterationDone(1, 21, 2.1, 1.0, None, 0.1, 8, training_metrics={"rmse": math.inf, "fscore": None})]
+    back = [decode(encode(event)) for event in events]
+    assert back == events
+    assert back[0].metric_names == ("rmse", "fscore") and back[-1].training_metrics == {"rmse": math.inf,
+                                                                                        "fscore": None}

@@ -97,8 +97,10 @@ def test_a_smooth_schedule_is_not_marked_and_many_epochs_get_few_labels() -> Non
     from nbscale.ui.progress_figure import is_drop
 
     rates = [0.1 * 0.5 * (1 + math.cos(math.pi * i / 50)) for i in range(50)]  # cosine: changes every iteration
-    assert not any(is_drop(rates[max(0, i - 2):i], rate) for i, rate in enumerate(rates))
-    assert is_drop([0.1, 0.1], 0.01) and not is_drop([0.1], 0.01) and not is_drop([0.01, 0.01], 0.1)
+    assert not any(is_drop(rates[max(0, i - 3):i], rate) for i, rate in enumerate(rates))
+    # a drop is confirmed when the new rate holds an iteration (piecewise), not by a fall alone
+    assert is_drop([0.1, 0.1, 0.01], 0.01) and not is_drop([0.1, 0.1], 0.01)
+    assert not is_drop([0.1, 0.01], 0.01) and not is_drop([0.01, 0.01, 0.1], 0.1)
     figure = ProgressFigure(5000 * 3, 3)
     figure.render({key: [] for key in ("iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
                                        "val_iteration", "val_loss", "val_accuracy")})
@@ -165,41 +167,72 @@ def test_a_figure_with_learn_rate_marks_is_not_reused() -> None:
     assert figure_for_run(30, 10) is not figure
 
 
-def test_a_panel_per_metric_fitted_or_in_percent_above_the_loss_panel() -> None:
-    import io
-
-    from PIL import Image
-
-    figure = ProgressFigure(20, 10, ("rmse", "fscore"))
-    columns = {"iteration": list(range(1, 11)), "loss": [1.0 / i for i in range(1, 11)],
-               "loss_smooth": [1.0 / i for i in range(1, 11)], "rmse": [5.0 - 0.1 * i for i in range(1, 11)],
-               "rmse_smooth": [5.0 - 0.1 * i for i in range(1, 11)], "rmse_iteration": list(range(1, 11)),
-               "fscore": [50.0] * 10, "fscore_smooth": [50.0] * 10, "fscore_iteration": list(range(1, 11)),
-               "val_iteration": [5, 10], "val_loss": [0.3, 0.2], "val_rmse": [4.8, 4.2], "val_fscore": [40.0, 45.0],
-               "learn_rate": [0.1] * 10, "drop_iteration": [], "drop_rate": [], "restart_iteration": []}
-    png = figure.render(columns)
-    keys = [key for _, key, *_ in figure.panels]
-    assert keys == ["rmse", "fscore", "loss"]
-    assert figure.panels[0][0].get_ylabel() == "RMSE" and figure.panels[1][0].get_ylabel() == "FScore (%)"
-    assert figure.panels[1][0].get_ylim() == (0, 100)
-    low, high = figure.fitted["rmse"].get_ylim()
-    assert low <= 4.0 and 5.0 <= high <= 6.0  # fitted to the rmse values, not a percentage
-    assert Image.open(io.BytesIO(png)).size[1] == int(3 * 2.6 * 72)
-
-
-def test_the_end_of_a_warm_up_is_no_learn_rate_drop() -> None:
-    from nbscale.train.options import TrainingOptions
-    from nbscale.train.schedules import learn_rate_schedule
+def test_the_end_of_a_warmup_held_for_an_iteration_then_cosine_is_not_marked_as_a_drop() -> None:
     from nbscale.ui.progress_figure import is_drop
 
-    options = TrainingOptions("sgdm", learn_rate_schedule="warmup-cosine", max_epochs=10, initial_learn_rate=0.1)
-    rate = learn_rate_schedule(options, 20)
-    rates: list[float] = []
-    drops = []
-    for iteration in range(200):
-        value = rate(iteration)
-        if is_drop(rates[-2:], value):
-            drops.append(iteration)
-        rates.append(value)
-    assert drops == []
-    assert is_drop([0.1, 0.1], 0.01)  # a piecewise drop still is one
+    warmup = [0.1 * (i + 1) / 10 for i in range(10)]
+    rates = [*warmup, 0.1, *(0.05 * (1 + math.cos(math.pi * i / 40)) for i in range(1, 40))]  # peak held, then cosine
+    assert not any(is_drop(rates[max(0, i - 3):i], rate) for i, rate in enumerate(rates))
+
+
+def _metric_columns(names: tuple[str, ...], steps: int) -> dict[str, list[float]]:
+    """A run's columns as TrainingProgress keeps them, fed its IterationDone events with metric dicts."""
+    from nbscale.train.events import IterationDone, StopSignal, TrainingStarted
+
+    progress = TrainingProgress(StopSignal())
+    progress.metric_names = names  # as _open sets them (without opening a display outside a notebook)
+    from nbscale.ui.progress import metric_columns
+
+    progress.columns = metric_columns(names)
+    start = TrainingStarted(1, steps, 8, "cpu", 0.0, metric_names=names)
+    assert start.metric_names == names
+    for i in range(1, steps + 1):
+        values = {name: 0.5 + 0.4 * i / steps for name in names}
+        progress(IterationDone(1, i, 0.01 * i, 1.0 / i, None, 0.01, 8 * i, training_metrics=values,
+                               validation_loss=1.2 / i if i % 5 == 0 else None,
+                               validation_metrics=values if i % 5 == 0 else None))
+    return progress.columns
+
+
+def test_every_metric_gets_its_own_panel_with_training_and_validation_curves() -> None:
+    from nbscale.ui.progress_figure import metric_panels
+
+    names = ("accuracy", "fscore", "top5-accuracy")
+    columns = _metric_columns(names, 40)
+    figure = ProgressFigure(40, 10, metric_panels(names, rising=("fscore", "top5-accuracy")))
+    png = figure.render(columns)
+    assert png.startswith(b"\x89PNG")
+    axes = figure.figure.axes[:4]
+    assert [a.get_ylabel() for a in axes] == ["Accuracy (%)", "fscore", "top5-accuracy", "Loss"]
+    fscore_raw = figure.panels[1][2][0][1]
+    assert list(fscore_raw.get_ydata()) == columns["fscore"] and len(columns["fscore"]) == 40
+    assert columns["val_fscore"] == pytest.approx([0.5 + 0.4 * i / 40 for i in (5, 10, 15, 20, 25, 30, 35, 40)])
+    assert columns["accuracy"][-1] == pytest.approx(90.0)  # accuracy in percent, as MATLAB plots it
+    low, high = axes[1].get_ylim()  # fitted to the F-score's values, not 0..100
+    assert low <= 0.5 and 0.9 <= high < 2
+
+
+def test_a_regression_run_shows_rmse_and_no_accuracy_panel() -> None:
+    from nbscale.ui.progress_figure import metric_panels
+
+    columns = _metric_columns(("rmse",), 30)
+    assert "accuracy" not in columns
+    figure = ProgressFigure(30, 10, metric_panels(("rmse",)))
+    figure.render(columns)
+    assert [a.get_ylabel() for a in figure.figure.axes[:2]] == ["rmse", "Loss"]
+
+
+def test_the_loss_legend_sits_away_from_the_last_points_of_a_falling_loss() -> None:
+    columns = _metric_columns(("accuracy",), 100)
+    figure = ProgressFigure(100, 10)
+    figure.render(columns)
+    loss_axes = figure.figure.axes[1]
+    legend = loss_axes.get_legend().get_window_extent()
+    to_pixels = loss_axes.transData.transform
+    last = [to_pixels((x, y)) for x, y in zip(columns["iteration"][-10:], columns["loss"][-10:], strict=True)]
+    assert not any(legend.contains(px, py) for px, py in last)
+    accuracy_axes = figure.figure.axes[0]
+    legend = accuracy_axes.get_legend().get_window_extent()
+    last = [accuracy_axes.transData.transform((x, y))
+            for x, y in zip(columns["iteration"][-10:], columns["accuracy"][-10:], strict=True)]
+    assert not any(legend.contains(px, py) for px, py in last)

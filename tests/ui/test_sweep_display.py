@@ -34,7 +34,7 @@ val_data = val
     assert check.stdout.strip() == "['done', 'done', 'done', 'done'] True True", check.text
 
 
-def test_show_draws_a_run_while_the_notebook_keeps_working(kernel) -> None:
+def test_show_draws_a_run_with_trains_figure_while_the_notebook_keeps_working(kernel) -> None:
     assert kernel.run(SETUP).ok
     started = kernel.run("""
 options = nbscale.TrainingOptions("sgdm", max_epochs=3000, mini_batch_size=500, verbose=False)
@@ -43,11 +43,11 @@ view = nbscale.show(run)
 print("the cell returned while", run.name, "trains")
 """)
     assert started.ok and "the cell returned while run trains" in started.stdout, started.text
-    assert any(WIDGET_VIEW in d for d in started.displays)  # Stop / Cancel
-    # the table's options column says what the run trains with (a single run has no grid values)
-    tables = [d["text/plain"] for d in started.displays if "text/html" in d and "options" in d.get("text/plain", "")]
-    assert tables
-    assert "solver=sgdm, initial_learn_rate=0.01, mini_batch_size=500, max_epochs=3000" in tables[0], tables[0]
+    assert any(WIDGET_VIEW in d for d in started.displays)  # Stop
+    # the info panel says what the run trains with (a single run has no grid values)
+    panels = [d["text/plain"] for d in started.displays if d.get("text/plain", "").startswith("Run:")]
+    assert panels
+    assert "solver=sgdm, initial_learn_rate=0.01, mini_batch_size=500, max_epochs=3000" in panels[0], panels[0]
     meanwhile = kernel.run("""
 while not run.info.iteration: time.sleep(0.1)
 print(1 + 1, run.state)
@@ -57,9 +57,12 @@ print(1 + 1, run.state)
 run.stop()
 net, details = run.result(timeout=60)
 while not view.finished: time.sleep(0.1)
-print(details.stop_reason, run.state, len(view.png()) > 1000)
+from nbscale.ui.progress import TrainingProgress
+print(details.stop_reason, run.state, len(view.png()) > 1000, isinstance(view, TrainingProgress),
+      [a.get_ylabel() for a in view._figure.figure.axes[:2]], len(view.columns["loss"]) == len(details.iteration))
 """, timeout=90)
-    assert stopped.stdout.strip() == "Stopped on request done True", stopped.text
+    # train's figure (accuracy and loss panels, every iteration), not the sweep's comparison figure
+    assert stopped.stdout.strip() == "Stopped on request done True True ['Accuracy (%)', 'Loss'] True", stopped.text
 
 
 def test_train_magic_sweep_with_a_seed_repeats_its_results_and_seed_needs_a_sweep(kernel) -> None:

@@ -27,3 +27,25 @@ def test_ordinary_losses_keep_four_decimals(capsys) -> None:
     lines = _table_lines(0.05, capsys)
     first = [cell.strip() for cell in lines[3].strip("|").split("|")]
     assert first[:2] == ["1", "1"] and len(first[5].split(".")[1]) == 4
+
+
+def test_a_column_per_metric_and_a_regression_table_shows_rmse_never_a_blank_accuracy() -> None:
+    import io
+
+    from nbscale.ui.verbose_table import VerboseTable
+    from tests.metric_events import metric_run
+
+    for names, titles in ((("rmse",), ["Mini-batch RMSE", "Validation RMSE"]),
+                          (("accuracy", "fscore"), ["Mini-batch Accuracy", "Validation Accuracy",
+                                                    "Mini-batch fscore", "Validation fscore"])):
+        stream = io.StringIO()
+        table = VerboseTable(5, stream=stream)
+        for event in metric_run(names):
+            table(event)
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in stream.getvalue().splitlines()
+                if line.startswith("| ")]
+        assert rows[0][3:3 + len(titles)] == titles and "Accuracy" not in " ".join(rows[0]) or "accuracy" in names
+        last = rows[-1]
+        assert all(cell for cell in last[:3 + len(titles)])  # every metric's cell filled on a validated row
+        if names == ("rmse",):
+            assert last[3] == "0.9000" and last[4] == "0.9500"

@@ -1,0 +1,489 @@
+"""`nbscale.TrainingMonitor`: nbscale.train's live figure, info panel and Stop for a user's own loop (MATLAB's
+trainingProgressMonitor: recordMetrics, updateInfo, Progress, Stop, groupSubPlot).
+
+`record` only keeps what it is given: tensors stay on their device, and are read in one bunch (one host sync per
+device) at most every `min_interval` seconds, when the figure is drawn, so a fast loop pays for a list append.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from nbscale.errors import OptionsError
+from nbscale.train.events import StopSignal
+from nbscale.ui.progress_figure import smoothed
+
+_REDUCES = ("first", "mean")
+_MAX_PENDING = 4096  # without a display, records are still read in bunches of at most this many
+
+
+class TrainingMonitor:
+    """A live monitor for your own training loop: see docs/training.md, "Your own loop"."""
+
+    interrupt_stops = True  # in the notebook, the kernel interrupt sets `stop` (a second one raises)
+
+    def __init__(self, metrics: Sequence[str], info: Sequence[str] = (), x_label: str = "iteration",
+                 groups: Mapping[str, Sequence[str]] | None = None, reduce: str = "first",
+                 loggers: Sequence[Any] = (), min_interval: float = 0.5, budget: float = 0.005) -> None:
+        self.metrics = _names("metrics", metrics, required=True)
+        self.info_names = _names("info", info)
+        self.x_label = str(x_label)
+        self.groups = _groups(groups or {}, self.metrics)
+        if reduce not in _REDUCES:
+            raise OptionsError(f"TrainingMonitor(reduce={reduce!r}): give 'first' (rank 0's values) or 'mean' (the "
+                               "mean over the ranks of a %%spmd cell).")
+        self.reduce = reduce
+        self.loggers = _checked_loggers(loggers)
+        self.min_interval, self.budget = min_interval, budget
+        self.history: dict[str, list[Any]] = {self.x_label: [], **{name: [] for name in self.metrics}}
+        self.info: dict[str, Any] = {}
+        self._progress: float | None = None
+        self._stop = StopSignal()
+        self._pending: list[tuple[Any, dict[str, Any]]] = []
+        self._next_flush = 0.0
+        self._columns: dict[str, list[float]] = {}
+        for name in self.metrics:
+            self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
+        self._closed = False
+        self._sink = _sink_for(self)
+
+    # ---- the loop's side -----------------------------------------------------------------------------------------
+
+    def record(self, step: Any, **values: Any) -> None:
+        """Record metric values (numbers or 0-d tensors, never read here) at `step` (the x value)."""
+        if not values.keys() <= self._known:
+            unknown = sorted(set(values) - self._known)
+            raise OptionsError(f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
+                               f"metrics {list(self.metrics)}; add it to TrainingMonitor(metrics=[...]).")
+        self._pending.append((step, values))
+        now = time.perf_counter()
+        if now >= self._next_flush or len(self._pending) >= _MAX_PENDING:
+            self._flush(now)
+
+    def update_info(self, **values: Any) -> None:
+        """Show `values` in the info panel (names given as TrainingMonitor(info=[...]))."""
+        unknown = sorted(set(values) - set(self.info_names))
+        if unknown:
+            raise OptionsError(f"monitor.update_info({unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
+                               f"info fields {list(self.info_names)}; add it to TrainingMonitor(info=[...]).")
+        self.info.update(values)
+
+    @property
+    def progress(self) -> float | None:
+        """The loop's progress in percent (0..100), shown as a bar above the info panel."""
+        return self._progress
+
+    @progress.setter
+    def progress(self, percent: float) -> None:
+        self._progress = float(percent)
+        if self._progress >= 100:
+            self._flush(time.perf_counter())
+
+    @property
+    def stop(self) -> bool:
+        """True once the Stop button (or the kernel interrupt, or a rank's Stop in %%spmd) asked the loop to end."""
+        return self._stop.requested or self._sink.stop_requested()
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop.reason
+
+    def request_stop(self, reason: str = "Stopped by request") -> None:
+        """What the Stop button does: `monitor.stop` becomes True."""
+        self._stop.request(reason)
+
+    def y_scale(self, name: str, scale: str) -> None:
+        """The y scale of the panel that shows `name` (a metric or a group): "log" or "linear"."""
+        if scale not in ("log", "linear"):
+            raise OptionsError(f"monitor.y_scale({name!r}, {scale!r}): the scale is 'log' or 'linear'.")
+        titles = [title for title, _ in self._panels]
+        panel = next((i for i, (title, members) in enumerate(self._panels) if name == title or name in members), None)
+        if panel is None:
+            raise OptionsError(f"monitor.y_scale({name!r}, ...): no panel shows {name!r}; the panels are {titles}.")
+        self._sink.set_log(panel, scale == "log")
+
+    def to_dataframe(self) -> Any:
+        """The history as a pandas DataFrame: one row per step, one column per metric (NaN where not recorded)."""
+        import pandas as pd
+
+        self.flush()
+        return pd.DataFrame(self.history)
+
+    def flush(self) -> None:
+        """Read what is recorded and not yet read, draw it and log it (done by itself every `min_interval`)."""
+        self._flush(time.perf_counter(), force=True)
+
+    def close(self) -> None:
+        """The last figure drawn, the loggers closed, the Stop button removed (done at the cell's end)."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._sink.close("Stopped" if self._stop.requested else "Done")
+        for logger in self.loggers:
+            logger.close()
+
+    def __enter__(self) -> TrainingMonitor:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    # ---- inside --------------------------------------------------------------------------------------------------
+
+    @property
+    def _known(self) -> set[str]:
+        return set(self.metrics)
+
+    @property
+    def _panels(self) -> list[tuple[str, list[str]]]:
+        """(title, metrics) per subplot: each group where its first metric comes, each other metric alone."""
+        panels: list[tuple[str, list[str]]] = []
+        placed: set[str] = set()
+        for name in self.metrics:
+            if name in placed:
+                continue
+            group = next(((title, members) for title, members in self.groups.items() if name in members), None)
+            title, members = group if group is not None else (name, [name])
+            panels.append((title, list(members)))
+            placed.update(members)
+        return panels
+
+    def _flush(self, now: float, force: bool = False) -> None:
+        if not self._pending:
+            if force:
+                self._sink.draw(self)
+            return
+        pending, self._pending = self._pending, []
+        rows = _read(pending)
+        rows = self._sink.reduce(rows)
+        self._add(rows)
+        for logger in self.loggers:
+            for step, values in rows:
+                logger.log(dict(values), _step_number(step))
+        self._sink.draw(self)
+        spent = time.perf_counter() - now
+        self._next_flush = time.perf_counter() + max(self.min_interval, spent / self.budget)
+
+    def _add(self, rows: list[tuple[Any, dict[str, float]]]) -> None:
+        h, c = self.history, self._columns
+        steps = h[self.x_label]
+        for step, values in rows:
+            if not steps or steps[-1] != step:  # a step recorded in several calls is one row
+                steps.append(step)
+                for name in self.metrics:
+                    h[name].append(None)
+            for name, value in values.items():
+                h[name][-1] = value
+                c[name].append(value)
+                smooth = c[f"{name}_smooth"]
+                smooth.append(smoothed(smooth[-1] if smooth else None, value))
+                c[f"{name}_iteration"].append(_step_number(step))
+
+
+def _read(pending: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, dict[str, float]]]:
+    """The pending records with every tensor read: one stack and one copy to the host per device."""
+    tensors: dict[Any, list[Any]] = {}
+    for _, values in pending:
+        for value in values.values():
+            if hasattr(value, "detach"):
+                tensors.setdefault(value.device, []).append(value)
+    read: dict[int, float] = {}
+    if tensors:
+        import torch
+
+        for group in tensors.values():
+            numbers = torch.stack([t.detach().reshape(()).float() for t in group]).tolist()
+            read.update((id(t), v) for t, v in zip(group, numbers, strict=True))
+    rows = []
+    for step, values in pending:
+        rows.append((step, {name: read[id(v)] if id(v) in read else float(v) for name, v in values.items()}))
+    return rows
+
+
+def _step_number(step: Any) -> Any:
+    return step.item() if hasattr(step, "item") else step
+
+
+def _names(what: str, names: Any, required: bool = False) -> tuple[str, ...]:
+    if isinstance(names, str):
+        names = [names]
+    try:
+        out = tuple(names)
+    except TypeError:
+        out = ()
+    if (required and not out) or not all(isinstance(n, str) and n.isidentifier() for n in out) or len(set(out)) < len(out):
+        raise OptionsError(f"TrainingMonitor({what}={names!r}): give a list of distinct names usable as keywords, "
+                           f"such as {what}=['loss', 'val_loss']" + (" (at least one)." if required else "."))
+    return out
+
+
+def _groups(groups: Mapping[str, Sequence[str]], metrics: tuple[str, ...]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for title, members in groups.items():
+        members = [members] if isinstance(members, str) else list(members)
+        bad = [m for m in members if m not in metrics or m in seen]
+        if bad or not members:
+            raise OptionsError(f"TrainingMonitor(groups={{{title!r}: {members!r}}}): each group lists metrics of "
+                               f"metrics={list(metrics)}, each metric in one group at most.")
+        seen.update(members)
+        out[str(title)] = members
+    return out
+
+
+def _checked_loggers(loggers: Iterable[Any]) -> list[Any]:
+    from nbscale.train.options import _loggers
+
+    problem = _loggers(loggers)
+    if problem is not None:
+        raise OptionsError(f"TrainingMonitor(loggers=...): give {problem}.")
+    return list(loggers or ())
+
+
+# ---- where the monitor shows ---------------------------------------------------------------------------------------
+
+
+class _Sink:
+    """Nowhere to draw (a script, a worker without a notebook): the history and the loggers only."""
+
+    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
+        return rows
+
+    def draw(self, monitor: TrainingMonitor) -> None:
+        pass
+
+    def set_log(self, panel: int, log: bool) -> None:
+        pass
+
+    def stop_requested(self) -> bool:
+        return False
+
+    def close(self, state: str) -> None:
+        pass
+
+
+class _NotebookSink(_Sink):
+    """The live display in this notebook; the kernel interrupt sets `stop` (a second one raises at once), and
+    the cell's end draws the last figure and closes the monitor."""
+
+    def __init__(self, monitor: TrainingMonitor) -> None:
+        from IPython import get_ipython
+
+        from nbscale.ui.monitor_display import MonitorDisplay
+
+        self.display = MonitorDisplay(monitor._stop, monitor._panels, monitor.x_label)
+        self.monitor = monitor
+        self.shell = get_ipython()
+        self.shell.events.register("post_run_cell", self._on_cell_end)
+        self.previous_handler: Any = None
+        self.pid = os.getpid()
+        if monitor.interrupt_stops and threading.current_thread() is threading.main_thread():
+            self.previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.pid:  # a forked DataLoader process inherits the handler
+            return
+        if self.monitor._stop.requested:
+            raise KeyboardInterrupt
+        self.monitor._stop.request("Stopped by the kernel interrupt")
+
+    def draw(self, monitor: TrainingMonitor) -> None:
+        state = "Stopping" if monitor._stop.requested else "Running"
+        self.display.draw(monitor._columns, monitor.info, monitor._progress, state)
+
+    def set_log(self, panel: int, log: bool) -> None:
+        self.display.set_log(panel, log)
+
+    def _on_cell_end(self, _result: Any = None) -> None:
+        self.monitor.close()
+
+    def close(self, state: str) -> None:
+        with contextlib.suppress(ValueError):
+            self.shell.events.unregister("post_run_cell", self._on_cell_end)
+        if self.previous_handler is not None:
+            signal.signal(signal.SIGINT, self.previous_handler)
+            self.previous_handler = None
+        reason = self.monitor._stop.reason
+        self.display.draw(self.monitor._columns, self.monitor.info, self.monitor._progress,
+                          f"{state}: {reason}" if reason else state)
+        self.display.close()
+
+
+_created_on_this_worker = 0  # the n-th monitor of a worker: the same on every rank, which run the same cell
+
+
+@dataclass
+class MonitorRecords:
+    """What a rank of a %%spmd cell sends the notebook: its monitor's layout, new rows, info and progress."""
+
+    key: int
+    panels: list[tuple[str, list[str]]]
+    x_label: str
+    metrics: tuple[str, ...]
+    reduce: str
+    world_size: int
+    rows: list[tuple[Any, dict[str, float]]]
+    info: dict[str, Any]
+    progress: float | None
+    log_panels: dict[int, bool]
+    done: bool = False
+
+    def show_in_notebook(self, pool: Any, rank: int) -> None:
+        """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
+        view = _views.get(self.key)
+        if view is None or view.closed:
+            view = _views[self.key] = _NotebookView(self, pool)
+        view.add(self, rank)
+
+
+class _RankSink(_Sink):
+    """A %%spmd rank: rank 0 (every rank with reduce="mean") sends its rows to the notebook's one display,
+    whose Stop (pool.request_stop) reaches every rank."""
+
+    def __init__(self, monitor: TrainingMonitor) -> None:
+        from nbscale.pool.context import worker_context
+
+        global _created_on_this_worker
+        _created_on_this_worker += 1
+        self.key = _created_on_this_worker
+        self.context = worker_context()
+        self.monitor = monitor
+        self.sends = self.context.rank == 0 or monitor.reduce == "mean"
+        self.rows: list[tuple[Any, dict[str, float]]] = []
+        self.log_panels: dict[int, bool] = {}
+        self.context.at_cell_end.append(monitor.close)
+
+    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
+        self.rows.extend(rows)
+        return rows
+
+    def draw(self, monitor: TrainingMonitor) -> None:
+        self._send(done=False)
+
+    def set_log(self, panel: int, log: bool) -> None:
+        self.log_panels[panel] = log
+
+    def stop_requested(self) -> bool:
+        return self.context.stop_requested
+
+    def close(self, state: str) -> None:
+        self._send(done=True)
+
+    def _send(self, done: bool) -> None:
+        if not self.sends:
+            return
+        m = self.monitor
+        rows, self.rows = self.rows, []
+        self.context.emit(MonitorRecords(self.key, m._panels, m.x_label, m.metrics, m.reduce,
+                                         self.context.world_size, [(_step_number(s), v) for s, v in rows],
+                                         dict(m.info), m._progress, dict(self.log_panels), done))
+
+
+class _NotebookView(TrainingMonitor):
+    """The notebook's monitor for a %%spmd cell's ranks: rank 0's rows, or with reduce="mean" each step's mean
+    once every rank sent it; its Stop asks every rank to stop (pool.request_stop)."""
+
+    interrupt_stops = False  # the pool's own interrupt handling stops the ranks
+
+    def __init__(self, first: MonitorRecords, pool: Any) -> None:
+        groups = {title: members for title, members in first.panels if [title] != members}
+        super().__init__(first.metrics, x_label=first.x_label, groups=groups)
+        self.world_size = first.world_size
+        self.waiting: dict[tuple[Any, str], list[float]] = {}
+        self.done_ranks: set[int] = set()
+        self._stop.on_request.append(pool.request_stop)
+        self.info_names = ()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add(self, records: MonitorRecords, rank: int) -> None:
+        for panel, log in records.log_panels.items():
+            self._sink.set_log(panel, log)
+        self.info, self._progress = records.info if rank == 0 else self.info, records.progress
+        for step, values in records.rows:
+            if records.reduce == "mean":
+                values = self._means(step, values)
+            if values:
+                self._pending.append((step, values))
+        if records.done:
+            self.done_ranks.add(rank)
+        if records.done and (records.reduce != "mean" or len(self.done_ranks) == self.world_size):
+            self.close()
+        else:
+            self._flush(time.perf_counter(), force=True)
+
+    def _means(self, step: Any, values: dict[str, float]) -> dict[str, float]:
+        means = {}
+        for name, value in values.items():
+            seen = self.waiting.setdefault((step, name), [])
+            seen.append(value)
+            if len(seen) == self.world_size:
+                means[name] = sum(seen) / len(seen)
+                del self.waiting[(step, name)]
+        return means
+
+
+_views: dict[int, _NotebookView] = {}
+
+
+class _JobSink(_Sink):
+    """Inside a %%batch job: the records go to the job's training record as nbscale.train's events do (the loss as
+    the loss, every other metric by name), so `%jobs show ID` follows the loop and its Stop sets `stop`."""
+
+    def __init__(self, monitor: TrainingMonitor, job_dir: str) -> None:
+        import atexit
+        from pathlib import Path
+
+        from nbscale.jobs.training_recorder import TrainingRecorder
+        from nbscale.train.events import TrainingStarted
+
+        self.monitor = monitor
+        self.recorder = TrainingRecorder(Path(job_dir), monitor._stop)
+        self.names = tuple(name for name in monitor.metrics if name != "loss")
+        self.start = time.time()
+        self.rows: list[tuple[Any, dict[str, float]]] = []
+        self.recorder(TrainingStarted(1, 0, 0, "your own loop (nbscale.TrainingMonitor)", self.start,
+                                      metric_names=self.names))
+        atexit.register(monitor.close)  # the job's process ends: the record gets its end
+
+    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
+        from nbscale.train.events import IterationDone
+
+        for step, values in rows:
+            self.recorder(IterationDone(int(self.monitor.info.get("epoch", 1)) if isinstance(
+                self.monitor.info.get("epoch", 1), int) else 1, int(_step_number(step)), time.time() - self.start,
+                values.get("loss", float("nan")), None, float(self.monitor.info.get("learn_rate", 0.0) or 0.0), 0,
+                training_metrics={name: values[name] for name in self.names if name in values}))
+        return rows
+
+    def close(self, state: str) -> None:
+        from nbscale.train.events import TrainingDone
+
+        steps = self.monitor.history[self.monitor.x_label]
+        last = int(_step_number(steps[-1])) if steps else 0
+        self.recorder(TrainingDone(self.monitor._stop.reason or state, 1, last, time.time() - self.start, last, 0.0))
+        self.recorder.close()
+
+
+def _sink_for(monitor: TrainingMonitor) -> _Sink:
+    from nbscale.notebook import in_notebook
+    from nbscale.pool.context import in_worker
+
+    if in_worker():
+        return _RankSink(monitor)
+    job_dir = os.environ.get("NBSCALE_JOB_DIR")
+    if job_dir:
+        return _JobSink(monitor, job_dir)
+    if in_notebook():
+        return _NotebookSink(monitor)
+    return _Sink()

@@ -1,0 +1,90 @@
+"""A TrainingMonitor's display: the Stop button, the info panel and the same progress figure as nbscale.train's
+(nbscale.ui.progress_figure), with one panel per metric or group of the user's own loop."""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import Any
+
+from nbscale.train.events import StopSignal
+from nbscale.ui.click_routing import route_clicks_off_main_thread
+from nbscale.ui.progress import format_duration
+from nbscale.ui.progress_figure import _MORE_COLOURS, Panel, ProgressFigure, Series
+from nbscale.ui.stop_button import say_stop_needs_the_interrupt, stop_button
+
+STOP_TOOLTIP = "Set monitor.stop, for the loop to end itself (the kernel interrupt does too)"
+
+
+def monitor_panels(panels: list[tuple[str, list[str]]]) -> tuple[Panel, ...]:
+    """One figure panel per (title, series) pair, each series a raw and a smoothed curve in its own colour."""
+    out = []
+    index = 0
+    for title, names in panels:
+        series = []
+        for name in names:
+            colours = _MORE_COLOURS[index % len(_MORE_COLOURS)] if index else ("#f4b183", "#d95319")
+            series.append(Series(name, "train", name, colours))
+            index += 1
+        out.append(Panel(title, tuple(series), rising="acc" in title.lower()))
+    return tuple(out)
+
+
+class MonitorDisplay:
+    """Draws a monitor's columns and info; built in the notebook, from records made there or sent by ranks."""
+
+    def __init__(self, stop: StopSignal, panels: list[tuple[str, list[str]]], x_label: str,
+                 holds_the_cell: bool = True) -> None:
+        from IPython.display import display
+
+        self.stop = stop
+        self.start = time.time()
+        self.figure = ProgressFigure(0, 1, monitor_panels(panels), x_label=x_label.capitalize())
+        self.button = stop_button(stop, STOP_TOOLTIP)
+        self.button_handle = display(self.button, display_id=True)
+        self._click_route = route_clicks_off_main_thread(self.button)
+        if self._click_route is None and holds_the_cell:
+            say_stop_needs_the_interrupt(self.button)
+        self.info_handle = display(self._info_bundle({}, None, "Running"), raw=True, display_id=True)
+        self.figure_handle = display(self._figure_bundle({}), raw=True, display_id=True)
+
+    def set_log(self, panel: int, log: bool) -> None:
+        self.figure.set_log(panel, log)
+
+    def draw(self, columns: dict[str, list[float]], info: dict[str, Any], progress: float | None,
+             state: str) -> None:
+        self.figure_handle.update(self._figure_bundle(columns), raw=True)
+        self.info_handle.update(self._info_bundle(info, progress, state), raw=True)
+
+    def close(self) -> None:
+        """Remove the Stop button (no dead widget in the saved notebook) and its subshell."""
+        if self.button is not None:
+            self.button.close()
+            self.button = None
+            self.button_handle.update({"text/plain": ""}, raw=True)
+        if self._click_route is not None:
+            self._click_route()
+            self._click_route = None
+
+    def _figure_bundle(self, columns: dict[str, list[float]]) -> dict[str, Any]:
+        return {"image/png": self.figure.render(columns), "text/plain": "<training progress figure>"}
+
+    def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
+        rows = [("State", state), ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start))),
+                ("Elapsed", format_duration(time.time() - self.start))]
+        if progress is not None:
+            rows.append(("Progress", f"{progress:.0f}%"))
+        rows += [(name, _shown(value)) for name, value in info.items()]
+        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
+                       f"<td style='text-align:left'>{escape(v)}</td></tr>" for k, v in rows)
+        text = "\n".join(f"{k}: {v}" for k, v in rows)
+        bar = ""
+        if progress is not None:
+            done = max(0.0, min(progress, 100.0))
+            bar = (f"<div style='width:300px;height:8px;background:#e0e0e0;margin:2px 0 4px 0'>"
+                   f"<div style='width:{done:.1f}%;height:8px;background:#0072bd'></div></div>")
+        return {"text/html": f"{bar}<table style='font-size:12px'>{html}</table>", "text/plain": text}
+
+
+def _shown(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,96 @@
+"""`nbscale.show(run)` for a run of `nbscale.train_async`: the same training-progress display as `nbscale.train`
+(nbscale.ui.progress), fed from the events the worker sends and drawn by a thread, so the notebook stays free."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from nbscale.train.events import StopSignal, TrainingDone, TrainingStarted
+from nbscale.ui.job_monitor import _kernel_shell, _outputs_to_this_cell
+from nbscale.ui.progress import TrainingProgress
+from nbscale.ui.progress_figure import figure_for_run
+
+_ENDED = object()  # queued when the run ends
+_STATES_ENDED = ("done", "failed", "cancelled")
+
+
+class RunProgress(TrainingProgress):
+    """TrainingProgress for a pool run: its Stop asks the run to stop (run.stop()); its thread draws."""
+
+    holds_the_cell = False  # the run goes on after show()'s cell; its end removes the button
+    redraws_when_done = True
+
+    def __init__(self, run: Any) -> None:
+        stop = StopSignal()
+        stop.on_request.append(run.stop)
+        super().__init__(stop)
+        self.run = run
+        self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.finished = False  # the run ended and its last figure is drawn
+
+    def png(self) -> bytes:
+        """The figure as last drawn from the run's events."""
+        figure = self._figure or figure_for_run(0, 1)
+        return figure.render(self.columns)
+
+    def _info_rows(self) -> list[tuple[str, str]]:
+        from nbscale.train.run_table import run_row
+
+        return [("Run", f"{self.run.name}: {run_row(self.run)['options']}"), *super()._info_rows()]
+
+    def follow(self, pin: Any) -> None:
+        """The drawing thread: every event in turn until the run ends."""
+        pin()
+        try:
+            while True:
+                event = self.events.get()
+                if event is _ENDED:
+                    break
+                self(event)
+            if self.done is None:  # failed or cancelled: no TrainingDone came
+                self.state = f"Run {self.run.state}" + (f": {self.run.error}" if self.run.error else "")
+            self._draw()
+        finally:
+            self._close_button()
+            self.finished = True
+
+
+def show_run(run: Any) -> RunProgress:
+    """Show `run`'s progress below the cell and return at once (what it trained before is drawn first)."""
+    view = RunProgress(run)
+    view.state = "Waiting for a worker" if run.state == "queued" else "Starting"
+    view._open_panel()  # the Stop button and the info panel at once, in this cell; the figure at the first events
+    run.subscribe_events(view.events.put, _history)
+    # a run's listeners hear its end before its future is done: its state says it
+    run.subscribe(lambda r: view.events.put(_ENDED) if r.state in _STATES_ENDED else None)
+    if run.state in _STATES_ENDED:
+        view.events.put(_ENDED)
+    shell = _kernel_shell()
+    pin = _outputs_to_this_cell(shell) if shell is not None else (lambda: None)
+    threading.Thread(target=view.follow, args=(pin,), name=f"nbscale-run-{run.name}", daemon=True).start()
+    return view
+
+
+def _history(run: Any) -> list[Any]:
+    """The events of what `run` trained before it was shown, rebuilt from its info."""
+    from nbscale.train.events import IterationDone
+
+    info = run.info
+    if not info.iteration:
+        return []
+    events: list[Any] = [TrainingStarted(info.max_epochs, info.iterations_per_epoch, info.mini_batch_size,
+                                         info.hardware, run.started_at or 0.0, info.iteration[0],
+                                         metric_names=info.metric_names)]
+    for index, iteration in enumerate(info.iteration):
+        events.append(IterationDone(
+            info.epoch[index], iteration, info.time[index], info.training_loss[index], info.training_accuracy[index],
+            info.learn_rate[index], 0, info.validation_loss[index], info.validation_accuracy[index],
+            training_metrics={name: values[index] for name, values in info.metrics.items()},
+            validation_metrics={name: values[index] for name, values in info.validation_metrics.items()}
+            if info.validation_loss[index] is not None else None))
+    if run.done() and info.stop_reason:
+        events.append(TrainingDone(info.stop_reason, info.epoch[-1], info.iteration[-1], info.time[-1],
+                                   info.output_network_iteration, info.images_per_second))
+    return events

@@ -1,0 +1,89 @@
+"""nbscale.loggers: every metric of a run in a CSV file and in TensorBoard, closed however the run ends."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+import nbscale
+from nbscale.loggers import CSVLogger, LoggerFeed, TensorBoardLogger
+from tests.metric_events import metric_run
+from tests.train.digits import digits, tiny_net
+
+
+def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_train_writes_every_figure_to_csv_and_tensorboard(tmp_path) -> None:
+    (train_x, train_y), val = digits()
+    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
+                                      validation_data=val, validation_frequency=10,
+                                      loggers=[CSVLogger(tmp_path / "run.csv"), TensorBoardLogger(tmp_path / "tb")])
+    _, info = nbscale.train(tiny_net(), (train_x, train_y), options)
+    rows = list(csv.DictReader((tmp_path / "run.csv").open()))
+    assert [int(r["step"]) for r in rows] == info.iteration
+    assert set(rows[0]) == {"step", "loss", "accuracy", "learn_rate", "val_loss", "val_accuracy"}
+    assert [float(r["loss"]) for r in rows] == pytest.approx(info.training_loss)
+    assert [float(r["val_loss"]) for r in rows if r["val_loss"]] == pytest.approx(
+        [v for v in info.validation_loss if v is not None])
+    scalars = _scalars(tmp_path / "tb")
+    assert set(scalars) == {"loss", "accuracy", "learn_rate", "val_loss", "val_accuracy"}
+    assert [step for step, _ in scalars["loss"]] == info.iteration
+
+
+def test_every_metric_of_the_events_reaches_the_loggers(tmp_path) -> None:
+    feed = LoggerFeed([CSVLogger(tmp_path / "m.csv"), TensorBoardLogger(tmp_path / "tb")])
+    for event in metric_run(("rmse", "mae")):
+        feed(event)
+    feed.close()
+    rows = list(csv.DictReader((tmp_path / "m.csv").open()))
+    assert list(rows[0]) == ["step", "loss", "rmse", "mae", "learn_rate", "val_loss", "val_rmse", "val_mae"]
+    assert len(rows) == 20 and sum(1 for r in rows if r["val_mae"]) == 4
+    assert set(_scalars(tmp_path / "tb")) == {"loss", "rmse", "mae", "learn_rate", "val_loss", "val_rmse", "val_mae"}
+
+
+class Counting:
+    """A logger of the user's own: any object with log and close."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.closed = 0
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.steps.append(step)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_run_that_fails_still_logs_what_it_did_and_closes_its_loggers() -> None:
+    (train_x, train_y), _ = digits()
+    logger = Counting()
+
+    def fail_at_five(info) -> bool:
+        if info.iteration[-1] == 5:
+            raise RuntimeError("the user's output_fn failed")
+        return False
+
+    options = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False, loggers=[logger],
+                                      output_fn=fail_at_five)
+    with pytest.raises(RuntimeError, match="output_fn failed"):
+        nbscale.train(tiny_net(), (train_x, train_y), options)
+    assert logger.steps == [1, 2, 3, 4, 5] and logger.closed == 1
+
+
+def test_tensorboard_missing_is_one_error_naming_the_package() -> None:
+    code = ("import sys; sys.modules['tensorboard'] = None\n"
+            "from nbscale.loggers import TensorBoardLogger\n"
+            "try:\n    TensorBoardLogger('runs')\n"
+            "except Exception as error:\n    print(type(error).__name__, error)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.startswith("OptionsError TensorBoardLogger needs the tensorboard package") and "pip install tensorboard" in out

@@ -40,7 +40,7 @@ REPEATS = int(os.environ.get("BENCH_REPEATS", 8))
 GPU_EPOCHS = int(os.environ.get("BENCH_GPU_EPOCHS", 50))  # the MLP on a GPU
 CONV_EPOCHS = int(os.environ.get("BENCH_CONV_EPOCHS", 10))  # the conv net on a GPU, single and mixed precision
 CONV_SIZE = int(os.environ.get("BENCH_CONV_SIZE", 64))  # its images' side (a multiple of 8)
-ROWS = os.environ.get("BENCH_ROWS", "cpu,metrics,parallel,gpu").split(",")  # which runs (gpu rows need a GPU)
+ROWS = os.environ.get("BENCH_ROWS", "cpu,metrics,monitor,parallel,gpu").split(",")  # which runs (gpu rows need a GPU)
 WORKERS = 2
 
 SETUP = f"""
@@ -77,6 +77,18 @@ for epoch in range({epochs}):
         last_loss = loss.item()
 {rate} = images / (time.perf_counter() - started)
 """
+
+# the same hand loop followed by a TrainingMonitor (figure, info panel, Stop), as a user's own loop uses it
+MONITORED = HAND_WRITTEN.replace("started = time.perf_counter(); images = 0", """monitor = nbscale.TrainingMonitor(
+    metrics=["loss"], info=["epoch"], x_label="iteration")
+total = {epochs} * (len({x}) // BATCH); step = 0
+started = time.perf_counter(); images = 0""").replace("        last_loss = loss.item()", """        last_loss = loss.item()
+        step += 1
+        monitor.record(step, loss=loss)
+        monitor.update_info(epoch=epoch + 1)
+        monitor.progress = 100 * step / total
+        if monitor.stop:
+            break""")
 
 NBSCALE = """
 options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, l2_regularization=0.0,
@@ -245,6 +257,8 @@ def run() -> str:
         rows = []
         if "cpu" in ROWS:
             rows += _in_process_rows(kernel, runs, updates)
+        if "monitor" in ROWS:
+            rows += _monitor_rows(kernel, runs)
         if "plots" in ROWS:
             rows += _plot_rows(kernel, runs, updates)
         if "parallel" in ROWS:
@@ -300,6 +314,17 @@ def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: A
         if not _value(kernel, "int(metrics_computed)"):  # before the loop computes them, a bare run is no figure
             return [f"| {label} | not measured: nbscale.train does not compute metrics=... yet | | | | |"]
     return [_row(label, ours, hand)]
+
+
+def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+    """The hand-written loop with a TrainingMonitor against without it, interleaved in the same kernel."""
+    hand, watched = runs.setdefault("hand, no monitor", []), runs.setdefault("hand + monitor", [])
+    for _ in range(REPEATS):
+        hand.append(_measured(kernel, HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate",
+                                                          epochs="EPOCHS"), "hand_rate")[0])
+        watched.append(_measured(kernel, MONITORED.format(device="cpu", x="X", y="Y", rate="monitored_rate",
+                                                          epochs="EPOCHS"), "monitored_rate")[0])
+    return [_row("CPU hand-written loop with nbscale.TrainingMonitor vs without (the monitor's cost)", watched, hand)]
 
 
 def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:  # noqa: ANN001

@@ -21,7 +21,7 @@ from nbscale.train.events import StopSignal
 from nbscale.ui.progress_figure import smoothed
 
 _REDUCES = ("first", "mean")
-_MAX_PENDING = 4096  # without a display, records are still read in bunches of at most this many
+_MAX_PENDING = 65536  # without a display, records are still read in bunches of at most this many
 
 
 class TrainingMonitor:
@@ -33,7 +33,9 @@ class TrainingMonitor:
                  groups: Mapping[str, Sequence[str]] | None = None, reduce: str = "first",
                  loggers: Sequence[Any] = (), min_interval: float = 0.5, budget: float = 0.005) -> None:
         self.metrics = _names("metrics", metrics, required=True)
+        self._known = frozenset(self.metrics)
         self.info_names = _names("info", info)
+        self._info_known = frozenset(self.info_names)
         self.x_label = str(x_label)
         self.groups = _groups(groups or {}, self.metrics)
         if reduce not in _REDUCES:
@@ -69,8 +71,8 @@ class TrainingMonitor:
 
     def update_info(self, **values: Any) -> None:
         """Show `values` in the info panel (names given as TrainingMonitor(info=[...]))."""
-        unknown = sorted(set(values) - set(self.info_names))
-        if unknown:
+        if not values.keys() <= self._info_known:
+            unknown = sorted(set(values) - set(self.info_names))
             raise OptionsError(f"monitor.update_info({unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
                                f"info fields {list(self.info_names)}; add it to TrainingMonitor(info=[...]).")
         self.info.update(values)
@@ -139,10 +141,6 @@ class TrainingMonitor:
     # ---- inside --------------------------------------------------------------------------------------------------
 
     @property
-    def _known(self) -> set[str]:
-        return set(self.metrics)
-
-    @property
     def _panels(self) -> list[tuple[str, list[str]]]:
         """(title, metrics) per subplot: each group where its first metric comes, each other metric alone."""
         panels: list[tuple[str, list[str]]] = []
@@ -199,9 +197,13 @@ def _read(pending: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, dict[str
     if tensors:
         import torch
 
-        for group in tensors.values():
-            numbers = torch.stack([t.detach().reshape(()).float() for t in group]).tolist()
-            read.update((id(t), v) for t, v in zip(group, numbers, strict=True))
+        with torch.no_grad():  # a loss is kept as recorded: its graph's buffers were freed by its backward
+            for group in tensors.values():
+                try:
+                    numbers = torch.stack(group).float().tolist()  # 0-d tensors: one copy to the host
+                except RuntimeError:  # other shapes: one-element tensors, read as such
+                    numbers = torch.stack([t.reshape(()) for t in group]).float().tolist()
+                read.update((id(t), v) for t, v in zip(group, numbers, strict=True))
     rows = []
     for step, values in pending:
         rows.append((step, {name: read[id(v)] if id(v) in read else float(v) for name, v in values.items()}))

@@ -44,12 +44,23 @@ def run_row(run: TrainingRun) -> dict[str, Any]:
         "epoch": f"{info.epoch[-1]} of {info.max_epochs}" if info.epoch else "",
         "iteration": f"{info.iteration[-1]} of {total}" if info.iteration else "",
         "training loss": _number(info.training_loss[-1] if info.training_loss else None),
-        "training accuracy": _percent(info.training_accuracy[-1] if info.training_accuracy else None),
-        "validation accuracy": _percent(info.final_validation_accuracy),
+        **_metric_cells(info),
         "elapsed": elapsed,
         "data prepared in": f"{info.prepare_seconds:.2f} s" if info.data_placement else "",
         "error": last_line(run.error) if run.state == "failed" else "",
     }
+
+
+def _metric_cells(info: Any) -> dict[str, str]:
+    """A training and a validation cell per metric (accuracy in %, as before; a regression run has no accuracy)."""
+    cells: dict[str, str] = {}
+    final = info.final_validation
+    for name in info.metric_names:
+        values = info.metrics.get(name, [])
+        shown = _percent if name == "accuracy" else _number
+        cells[f"training {name}"] = shown(values[-1] if values else None)
+        cells[f"validation {name}"] = shown(final.get(name))
+    return cells
 
 
 @dataclass(frozen=True, repr=False)

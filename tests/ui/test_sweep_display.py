@@ -82,3 +82,16 @@ val_data = val
     assert same.stdout.strip() == "True", same.text
     alone = kernel.run("%%train --seed 3\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n")
     assert alone.error_name == "OptionsError" and "needs --sweep" in alone.error_value, alone.text
+
+
+def test_the_runs_table_has_a_column_per_metric_and_no_accuracy_for_a_regression_run() -> None:
+    from nbscale.train.run_table import run_row
+    from nbscale.train.runs import TrainingRun
+    from tests.metric_events import metric_run
+
+    run = TrainingRun("r")
+    for event in metric_run(("rmse", "mae")):
+        run.info.record(event)
+    row = run_row(run)
+    assert "training accuracy" not in row and "validation accuracy" not in row
+    assert row["training rmse"] == "0.9000" and row["validation mae"] == "0.9600"

@@ -35,10 +35,13 @@ def train(
     options: TrainingOptions | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     resume_from: str | os.PathLike[str] | None = None,
+    *,
+    step_fn: Callable[..., Any] | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
 
-    `loss_fn(outputs, labels)` must average over the batch (cross-entropy by default). `resume_from` is a
+    `loss_fn(outputs, labels)` must average over the batch (default: `options.loss`, cross-entropy when None).
+    `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and loss. `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
     trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
@@ -49,7 +52,8 @@ def train(
     options = trainer.as_options(options)
     info, stop = TrainingInfo(), StopSignal()
     listeners = training_listeners(options, info, stop)
-    return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop, info=info)
+    return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop, info=info,
+                         step_fn=step_fn)
 
 
 def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> list[Callable[[Any], None]]:

@@ -53,10 +53,12 @@ class WorkerJob:
     counts: list[int]
     hardware: str
     answered_run: str | None = None  # with output_fn: every iteration waits for the notebook's answer to it
+    step_fn: Any = None  # train(step_fn=...): replaces the forward and loss_fn
 
 
 def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
-                  resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal) -> LoopResult:
+                  resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
+                  step_fn: Any = None) -> LoopResult:
     """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
     pool = _pool_for(options.execution_environment)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
@@ -70,7 +72,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     # its answer to each iteration, so a stop it asks for lands after the iteration it saw, as in the notebook
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
     answered_run = secrets.token_hex(8) if options.output_fn is not None else None
-    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered_run)
+    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered_run,
+                    step_fn)
 
     preparing = _PreparingTotals()
     listener_failures: list[Exception] = []
@@ -134,7 +137,8 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             return "Stopped on request" if context.told_to_stop(answered_run) else None
     try:
         result = run_training(LoopSetup(
-            model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn, device=device,
+            model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn,
+            step_fn=job.step_fn, device=device,
             seed=job.seed, hardware=job.hardware, publish=publish, stop_reason=stop_reason,
             validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
             rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
@@ -324,7 +328,8 @@ def _unsendable(job: WorkerJob) -> str | None:
     import cloudpickle
 
     parts = (("the model", job.model), ("train_data", job.train_data),
-             ("validation_data", job.options.validation_data), ("loss_fn", job.loss_fn))
+             ("validation_data", job.options.validation_data), ("loss_fn", job.loss_fn),
+             ("step_fn", job.step_fn))
     for name, value in parts:
         try:
             cloudpickle.dumps(value)

@@ -33,9 +33,9 @@ from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pendin
 from nbscale.train.layout import layout_restored, train_channels_last
 from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.optimizer import make_optimizer
-from nbscale.train.options import TrainingOptions
+from nbscale.train.options import FACTORY_FIELDS, TrainingOptions, shown_choice
 from nbscale.train.preparing import Progress, Readers
-from nbscale.train.schedules import learn_rate_schedule
+from nbscale.train.schedules import base_rate, make_schedule
 from nbscale.user_warnings import warn_user
 
 
@@ -63,6 +63,8 @@ class LoopSetup:
     warn: Callable[[str], None] | None = field(default=lambda message: warn_user(message, RuntimeWarning))
     # a listener needs every iteration's figures at once (output_fn; on a pool publish waits for its answer)
     read_each_iteration: bool = False
+    # step_fn(model, inputs, targets) -> loss | (loss, outputs): replaces the forward and loss_fn
+    step_fn: Callable[..., Any] | None = None
 
 
 @dataclass
@@ -83,7 +85,8 @@ def run_training(setup: LoopSetup) -> LoopResult:
 
 def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     """The loop; `closing` stops the data's background processes when it ends, however it ends."""
-    device, loss_fn = setup.device, setup.loss_fn
+    device = setup.device
+    forward = _forward(setup.loss_fn, setup.step_fn)  # (net, inputs, labels) -> (loss, outputs or None)
 
     # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
     # before the clock starts: info.prepare_seconds, not training time --------------------------------------------
@@ -117,7 +120,7 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     max_epochs = int(options.max_epochs)
     total_iterations = iterations_per_epoch * max_epochs
     optimizer = make_optimizer(model, options)
-    rate = learn_rate_schedule(options, iterations_per_epoch)
+    schedule = make_schedule(options, optimizer, iterations_per_epoch)
     net: nn.Module = model
     figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
     if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
@@ -125,7 +128,7 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
         first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
                             global_batch, offset, local)[:1]
-        trial = _trial(data, first, setup.seed, autocast, loss_fn)
+        trial = _trial(data, first, setup.seed, autocast, forward)
         net = compiled_network(net, options.compile, trial, model, device, warn=setup.warn)
     clip = _clipping(model, optimizer, scaler, options)
 
@@ -133,11 +136,11 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     history: list[IterationDone] = []
     best: dict[str, Any] = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
     if setup.resume is not None:
-        epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler)
+        epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler, schedule)
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
     setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
-                                  first_iteration=iteration + 1, initial_learn_rate=float(options.initial_learn_rate),
+                                  first_iteration=iteration + 1, initial_learn_rate=base_rate(optimizer),
                                   choices=chosen, prepare_seconds=prepare_seconds,
                                   data_placement=_placement(data, readers)))
     setup.publish(list(history))  # a resumed run shows its whole history
@@ -147,7 +150,6 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     # a resumed run goes on counting time and images from where its checkpoint ended
     start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
     images, stop_reason = (history[-1].images if history else 0), None
-    optimizer_rate = math.nan  # the base learn rate the optimizer's groups were last set to
     last_read = time.perf_counter()
 
     # ---- epochs -------------------------------------------------------------------------------------------------
@@ -158,27 +160,25 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
         model.train()
         for step, (inputs, labels) in enumerate(data.epoch(rows, _epoch_seed(setup.seed, epoch)), 1):
             iteration += 1
-            learn_rate = rate(iteration - 1)
-            if learn_rate != optimizer_rate:
-                optimizer_rate = learn_rate
-                for group in optimizer.param_groups:
-                    group["lr"] = learn_rate * group.get("lr_factor", 1.0)
+            learn_rate = schedule.before_iteration(iteration)
 
-            # the step: forward, loss, backward, clip, step
+            # the step: forward, loss (or the user's step_fn), backward, clip, step
             try:
                 with autocast:
-                    outputs = main_output(net(inputs))
-                    loss = loss_fn(outputs, labels)
+                    loss, outputs = forward(net, inputs, labels)
             except Exception as error:
                 if iteration == first_iteration and not out_of_memory(error):
                     raise misfit_error(error, inputs, labels) from error
                 raise
+            if iteration == first_iteration:
+                _check_loss(loss, setup.step_fn)
             kept = figures.keep(loss, outputs, labels)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             clip()
             scaler.step(optimizer)
             scaler.update()
+            schedule.after_iteration()
             images += global_batch
             pending.append(Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, kept))
 
@@ -211,6 +211,7 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
                 if (reading is readings[-1] and validation is not None and (due or stop_reason is not None)
                         and finite):
                     validation_loss, validation_accuracy = validation.evaluate()
+                    schedule.after_validation(validation_loss)  # ReduceLROnPlateau's step
                     if validation_loss < best["loss"]:
                         best.update(loss=validation_loss, iteration=reading.iteration, bad=0)
                         if options.output_network == "best-validation":
@@ -237,11 +238,14 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
             if stop_reason is not None:
                 break
 
+        if stop_reason is None:
+            schedule.after_epoch()
         # checkpoint (complete epochs only, so resume continues with no lost or repeated epoch)
         path = options.checkpoint_path
         if stop_reason is None and setup.is_main and path and _checkpoint_due(options, epoch):
             save_checkpoint(path, epoch, {
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                "schedule": schedule.state_dict(),
                 "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
                 "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options),
                 "samples": len(setup.train_data),
@@ -412,15 +416,48 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: Any,
-           loss_fn: Callable[[Any, Any], torch.Tensor]) -> Callable[[nn.Module], None]:
+           forward: Callable[..., tuple[torch.Tensor, Any]]) -> Callable[[nn.Module], None]:
     """One forward and backward of a network on the first batch (whether a network compiles shows there)."""
     def trial(candidate: nn.Module) -> None:
         inputs, labels = next(iter(data.epoch(rows, seed)))
         with autocast:
-            loss = loss_fn(main_output(candidate(inputs)), labels)
+            loss, _ = forward(candidate, inputs, labels)
         loss.backward()
 
     return trial
+
+
+def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
+             step_fn: Callable[..., Any] | None) -> Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]:
+    """The forward and loss of one iteration, (net, inputs, labels) -> (loss, outputs): the network's main output
+    into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
+    if step_fn is None:
+        def forward(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+            outputs = main_output(net(inputs))
+            return loss_fn(outputs, labels), outputs
+
+        return forward
+
+    def step(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+        result = step_fn(net, inputs, labels)
+        if isinstance(result, tuple) and len(result) == 2:
+            return result[0], main_output(result[1])
+        return result, None
+
+    return step
+
+
+def _check_loss(loss: Any, step_fn: Callable[..., Any] | None) -> None:
+    """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+        return
+    what = ("step_fn must return the batch's loss (a scalar tensor with a gradient) or (loss, outputs)"
+            if step_fn is not None else "loss_fn must return the batch's mean loss (a scalar tensor with a gradient)")
+    got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+    from nbscale.errors import OptionsError
+
+    raise OptionsError(f"{what}; it returned {got}: average the loss over the batch (e.g. .mean()), "
+                       "and compute it from the model's outputs.")
 
 
 def _clipping(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
@@ -539,10 +576,11 @@ def _precision(precision: str, device: torch.device,
     return torch.float16, torch.amp.GradScaler("cuda")
 
 
-def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any,
-             scaler: torch.amp.GradScaler) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
+def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler,
+             schedule: Any) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state.get("schedule") or {})
     if state.get("scaler") and scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])
@@ -554,5 +592,7 @@ def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _plain_options(options: TrainingOptions) -> dict[str, Any]:
-    return {k: v for k, v in options.to_dict().items() if k not in ("validation_data", "output_fn")}
+    # a factory is kept as "custom" (check_resume compares solvers by that name)
+    return {k: shown_choice(v) if k in FACTORY_FIELDS else v for k, v in options.to_dict().items()
+            if k not in ("validation_data", "output_fn")}
 

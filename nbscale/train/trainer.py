@@ -36,8 +36,8 @@ from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset
-from nbscale.train.losses import resolve_loss
 from nbscale.train.loop import LoopSetup, run_training
+from nbscale.train.losses import resolve_loss
 from nbscale.train.optimizer import check_factories
 from nbscale.train.options import TrainingOptions, shown_choice
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers

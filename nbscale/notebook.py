@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from nbscale.train.sweep import SweepResult
 
-CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "make_model")
+CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "step_fn", "make_model")
 
 
 def train(
@@ -168,7 +168,7 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
     """Run `cell` in the notebook, then train its `model` on its `train_data` (and `val_data`): `%%train`.
 
     The cell must define `model` and `train_data` (with --sweep, `make_model` may stand for `model`); it may
-    define `val_data` and `loss_fn`. Only what this cell assigns counts, not what earlier cells left. Flags
+    define `val_data`, `loss_fn` and `step_fn`. Only what this cell assigns counts, not what earlier cells left. Flags
     override the options; afterwards the network and the info are notebook variables (`request.net`,
     `request.info`), and with --sweep every run is in `sweep_result`.
     """
@@ -196,6 +196,10 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
     if request.sweep:
         from nbscale.train.sweep import parse_grid
 
+        if "step_fn" in values:
+            raise OptionsError("%%train --sweep does not take a step_fn yet: sweep with loss_fn, or train each "
+                               "setting with nbscale.train(..., step_fn=step_fn).")
+
         make_model = values.get("make_model")
         result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
                        parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed)
@@ -203,7 +207,8 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
         if result.best is not None:
             namespace[request.net], namespace[request.info] = result.best.net, result.best.info
         return
-    net, info = train(values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"))
+    net, info = train(values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"),
+                      step_fn=values.get("step_fn"))
     namespace[request.net], namespace[request.info] = net, info
 
 

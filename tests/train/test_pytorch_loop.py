@@ -177,8 +177,8 @@ def test_reduce_on_plateau_lowers_the_rate_after_validations_that_do_not_improve
             optimizer, mode="max", factor=0.5, patience=0)))
     validated = [i for i, loss in zip(info.iteration, info.validation_loss, strict=True)
                  if loss is not None and not math.isnan(loss)]
-    drops = [i for i, (before, after) in zip(info.iteration[1:], zip(info.learn_rate, info.learn_rate[1:]))
-             if after < before]
+    rates = info.learn_rate
+    drops = [info.iteration[k] for k in range(1, len(rates)) if rates[k] < rates[k - 1]]
     assert drops and all(i - 1 in validated for i in drops) and len(drops) == len(validated) - 1 - (
         info.iteration[-1] in validated)
     assert info.learn_rate[-1] == pytest.approx(0.1 * 0.5 ** len(drops))

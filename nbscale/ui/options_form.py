@@ -129,7 +129,10 @@ class OptionsForm:
         elif name in NOTEBOOK_OBJECTS:
             widget.value = self._choice_for(name, value)
         elif name in FACTORY_FIELDS and callable(value):  # the user's factory: a "custom" entry holding it
-            widget.options = [*(o for o in widget.options if isinstance(o, str)), ("custom", value)]
+            # pairs throughout: a mixed list reads as values; an earlier "custom" entry is replaced
+            names = [o if isinstance(o, tuple) else (o, o) for o in widget.options if not isinstance(o, tuple)
+                     or o[0] != "custom"]
+            widget.options = [*names, ("custom", value)]
             widget.value = value
         elif name == "execution_environment" and value not in [v for _, v in widget.options]:
             widget.options = [*widget.options, (f"{value} (not available here)", value)]

@@ -50,6 +50,25 @@ def _first_target(data: Any) -> Any:
     return item[1] if isinstance(item, tuple | list) and len(item) >= 2 else None
 
 
+def check_on_first_sample(options: TrainingOptions, loss_fn: Any, model: nn.Module, first_item: Any) -> None:
+    """OptionsError (naming the metric and the fix) in the notebook, before any worker starts, when a metric
+    the user named does not fit the network's outputs for the first sample; the loop checks its first batch too.
+    Nothing is said where the network cannot run on one sample here: the loop's first step says why."""
+    from nbscale.train.checks import outputs_for_one
+
+    if options.metrics is None or not isinstance(first_item, tuple | list) or len(first_item) < 2:
+        return
+    try:
+        outputs = outputs_for_one(model, torch.as_tensor(first_item[0]))
+        targets = torch.as_tensor(first_item[1])[None]
+    except Exception:
+        return
+    if isinstance(loss_fn, _CLASS_LOSSES[:2]) and targets.is_floating_point() and targets.ndim == 1:
+        targets = targets.long()  # whole-number float labels, made class indices for cross-entropy
+    metrics = resolve_metrics(options.metrics, regression=is_regression(options, loss_fn, first_item[1]))
+    metrics.check(outputs, targets)
+
+
 class Objective:
     """What validation_patience and output_network="best-validation" follow: the validation loss or a metric,
     minimized or maximized (`nbscale.train.metrics.objective`)."""

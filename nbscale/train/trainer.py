@@ -40,6 +40,7 @@ from nbscale.train.loading import as_dataset
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.train.run_metrics import check_on_first_sample
 from nbscale.user_warnings import warn_user
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
@@ -188,6 +189,7 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
         check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
     if loss_fn is None:
         loss_fn = nn.CrossEntropyLoss()
+    check_on_first_sample(options, loss_fn, model, first_item)  # the metrics named: a clear error here, not on a worker
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)
     return dataset, options, loss_fn

@@ -15,7 +15,7 @@ from sklearn import metrics as sk
 from torch import nn
 
 import nbscale
-from nbscale.errors import NbscaleError, OptionsError
+from nbscale.errors import OptionsError
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
 from nbscale.train.runs import train_run_on_worker
 from nbscale.train.trainer import train
@@ -152,7 +152,7 @@ def test_a_metric_that_does_not_fit_the_data_is_a_clear_error_before_training_go
 
 
 def test_a_metric_that_does_not_fit_on_a_pool_names_the_metric_and_the_fix() -> None:
-    with nbscale.Pool(2, cpu=True), pytest.raises(NbscaleError, match=r"'rmse' is a regression metric"):
+    with nbscale.Pool(2, cpu=True), pytest.raises(OptionsError, match=r"'rmse' is a regression metric"):
         trained(class_options("parallel", metrics=("rmse",)))
 
 

@@ -1,16 +1,43 @@
-"""Whether a process still runs, by pid (pool registry, pool workers, batch jobs)."""
+"""Whether a process still runs, by pid (pool registry, pool workers, batch jobs, GPU reservations), through psutil:
+portable, and able to tell a process from a later one that reuses its pid (by its start time)."""
 
 from __future__ import annotations
 
-import os
+import psutil
+
+# psutil derives a start time from the boot time, which Linux gives in whole seconds: two readings of one process's
+# start time agree exactly, but one compared with a clock reading may be off by up to a second
+START_TIME_SLACK_S = 1.0
 
 
-def pid_running(pid: int) -> bool:
-    """True while a process with this pid exists (one of another user's counts as existing)."""
+def start_time(pid: int) -> float | None:
+    """When the process `pid` started (seconds since the epoch, psutil's create_time), or None if there is none."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, ValueError, OverflowError):
+        return None
+
+
+def pid_running(pid: int, started: float | None = None) -> bool:
+    """True while a process with this pid exists (one of another user's counts; a zombie does not).
+
+    With `started` (a start time `start_time` gave for it earlier), a later process that reuses the pid does not
+    count.
+    """
+    if pid <= 0:
         return False
-    except PermissionError:
-        return True
-    return True
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or abs(process.create_time() - started) < 0.01
+    except (psutil.Error, ValueError, OverflowError):
+        return False
+
+
+def process_uid(pid: int) -> int | None:
+    """The real user id of process `pid`, or None where there is no such process (or the platform has none)."""
+    try:
+        return int(psutil.Process(pid).uids().real)
+    except (psutil.Error, AttributeError, ValueError, OverflowError):
+        return None

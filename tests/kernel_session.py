@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,9 @@ class KernelSession:
     def pid(self) -> int:
         return self.manager.provisioner.process.pid  # type: ignore[union-attr]
 
-    def run(self, code: str, timeout: float = 120, interrupt_after: float | None = None) -> CellResult:
-        """Execute `code` as one cell; with `interrupt_after`, interrupt the kernel that many seconds in."""
+    def run(self, code: str, timeout: float = 120, interrupt_after: float | Sequence[float] | None = None) -> CellResult:
+        """Execute `code` as one cell; with `interrupt_after`, interrupt the kernel that many seconds in (a sequence:
+        at each of those times, while the cell runs)."""
         result = CellResult()
 
         def collect(message: dict[str, Any]) -> None:
@@ -72,11 +74,13 @@ class KernelSession:
 
         message_id = self.client.execute(code)
         deadline = time.monotonic() + timeout
-        interrupt_at = time.monotonic() + interrupt_after if interrupt_after is not None else None
+        started = time.monotonic()
+        times = [interrupt_after] if isinstance(interrupt_after, int | float) else list(interrupt_after or [])
+        interrupts = sorted(started + after for after in times)
         while True:
-            if interrupt_at is not None and time.monotonic() >= interrupt_at:
+            if interrupts and time.monotonic() >= interrupts[0]:
                 self.manager.interrupt_kernel()
-                interrupt_at = None
+                interrupts.pop(0)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}\n--- so far:\n{result.text}")
             try:

@@ -1,6 +1,7 @@
-"""The machine-wide GPU registry (nbscale.gpu_reservations) with real processes holding real flocks: who holds
-what is seen by every reader, a killed holder releases at once, simultaneous reservations never share a GPU, a
-forked child neither keeps nor drops its parent's hold, and no user can remove or disguise another's hold."""
+"""The machine-wide GPU registry (nbscale.gpu_reservations) with real holder processes: who holds what is seen by
+every reader, a killed holder releases at once, simultaneous reservations never share a GPU, a forked child
+neither keeps nor drops its parent's hold, and no other user (a real second user, as root can make one) can
+remove, disguise, prolong or block a hold, nor make a reservation wait."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_a_holder_is_seen_with_its_user_notebook_and_pid_and_a_killed_holder_rel
         assert not seen.this_process
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=10)
-        assert registry.holders() == {}  # at once: the kernel dropped the dead process's lock
+        assert registry.holders() == {}  # at once: its pid has no process
     assert list(registry_folder.iterdir()) == []  # and the owner's next read removed its stale file
 
 
@@ -61,9 +62,9 @@ def test_reservation_files_are_readable_by_everyone_and_writable_by_their_owner_
         assert file.name.startswith("nbscale-gpu.GPU-a.")
 
 
-def test_reservations_made_at_the_same_moment_never_take_the_same_gpu(registry_folder):
-    """Four processes, started together, each take the first GPU no one holds: four different GPUs."""
-    go = registry_folder.parent / "go"
+def _race(go: Path, racers: int) -> list[str]:
+    """`racers` processes, started together, each take the first GPU no one holds; the GPUs they took."""
+    keys = ["GPU-a", "GPU-b", "GPU-c", "GPU-d"][:racers]
     code = f"""
 import os, sys, time
 from nbscale import gpu_reservations as r
@@ -71,26 +72,31 @@ while not os.path.exists({str(go)!r}):
     time.sleep(0.001)
 def first_free():
     held = r.holders()
-    return [next(key for key in ["GPU-a", "GPU-b", "GPU-c", "GPU-d"] if key not in held)]
+    return [next(key for key in {keys!r} if key not in held)]
 reservation = r.reserve(first_free, "pool")
 print(reservation.gpus[0], flush=True)
 sys.stdin.read()
 """
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    racers = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True, env=env) for _ in range(4)]  # fmt: skip
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=env) for _ in range(racers)]  # fmt: skip
     try:
         time.sleep(1.0)  # every racer imported nbscale and waits for the go
         go.touch()
-        taken = [racer.stdout.readline().strip() for racer in racers]  # type: ignore[union-attr]
-        assert sorted(taken) == ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
+        taken = [racer.stdout.readline().strip() for racer in processes]  # type: ignore[union-attr]
         assert {key: [h.pid for h in held] for key, held in registry.holders().items()} == {
-            key: [racer.pid] for key, racer in zip(taken, racers, strict=True)
+            key: [racer.pid] for key, racer in zip(taken, processes, strict=True)
         }
+        return taken
     finally:
-        for racer in racers:
+        for racer in processes:
             racer.stdin.close()  # type: ignore[union-attr]
             racer.wait(timeout=30)
+
+
+def test_reservations_made_at_the_same_moment_never_take_the_same_gpu(registry_folder):
+    """Four processes, started together, each take the first GPU no one holds: four different GPUs."""
+    assert sorted(_race(registry_folder.parent / "go", 4)) == ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]
 
 
 def test_a_forked_child_neither_keeps_nor_releases_its_parents_reservation():
@@ -146,7 +152,7 @@ def test_a_folder_anyone_may_write_without_the_sticky_bit_is_refused(registry_fo
 # --- two users (the second is `nobody`, which only root can become) ----------------------------------------------
 
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("flock"),
+    os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("flock"),  # CI runs as root
     reason="switching to a second user needs root, setpriv and flock",
 )
 NOBODY = 65534
@@ -179,24 +185,142 @@ def test_another_user_can_neither_remove_nor_rewrite_a_reservation(shared_folder
 
 
 @needs_root
+def _as_nobody_in_background(command: str) -> subprocess.Popen[bytes]:
+    """`command` run by the shell as the second user, in its own session (kill its group to end it)."""
+    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c",
+                             command], start_new_session=True)  # fmt: skip
+
+
+def _wait_until(condition, what: str, process: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline and (process is None or process.poll() is None), what
+        time.sleep(0.02)
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@needs_root
 def test_another_users_reservation_shows_its_real_owner_whatever_its_file_claims(shared_folder):
-    claim = json.dumps({"pid": 1, "purpose": "pool", "notebook": "yours.ipynb", "user": ME, "uid": os.geteuid()})
     name = shared_folder / "nbscale-gpu.GPU-b.0123456789abcdef"
-    holder = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c",
-                               f"echo '{claim}' > {name} && exec flock --close {name} sleep 60"],
-                              start_new_session=True)  # fmt: skip
+    claim = json.dumps({"pid": 0, "purpose": "pool", "notebook": "yours.ipynb", "user": ME, "uid": os.geteuid()})
+    claim = claim.replace('"pid": 0', '"pid": \'$$\'')  # the shell's pid, which `exec sleep` keeps
+    holder = _as_nobody_in_background(f"echo '{claim}' > {name} && exec sleep 60")  # its own live process
     try:
-        deadline = time.monotonic() + 10
-        while "GPU-b" not in registry.holders():
-            assert time.monotonic() < deadline and holder.poll() is None, "the other user's holder did not start"
-            time.sleep(0.05)
+        _wait_until(lambda: "GPU-b" in registry.holders(), "the other user's holder did not start", holder)
         [held] = registry.holders()["GPU-b"]
-        assert (held.user, held.uid, held.notebook) == ("nobody", NOBODY, "yours.ipynb")
+        assert (held.user, held.uid, held.pid, held.notebook) == ("nobody", NOBODY, holder.pid, "yours.ipynb")
         assert held.describe().startswith("nobody's pool")
     finally:
-        os.killpg(holder.pid, signal.SIGKILL)  # flock (the holder) and its sleep
-        holder.wait()
+        _end(holder)
     assert registry.holders() == {} and name.exists()  # its stale file is its owner's to remove, not ours
+
+
+@needs_root
+def test_a_reservation_naming_a_process_of_another_user_is_no_hold(shared_folder):
+    """The other user's file names this (live) process: the pid runs as root, not as the file's owner."""
+    name = shared_folder / "nbscale-gpu.GPU-a.0123456789abcdef"
+    claim = json.dumps({"pid": os.getpid(), "purpose": "pool", "since": time.time()})
+    assert _as_nobody(f"echo '{claim}' > {name}").returncode == 0
+    assert name.exists() and registry.holders() == {}
+
+
+def test_a_reservation_whose_pid_a_later_process_reuses_is_no_hold(registry_folder):
+    """A reused pid: the process now behind it started after the reservation (or at another time than recorded)."""
+    later = subprocess.Popen(["sleep", "60"])
+    try:
+        for record in ({"pid": later.pid, "since": time.time() - 60},  # reserved a minute before it started
+                       {"pid": later.pid, "since": time.time(), "started": time.time() - 3600}):  # fmt: skip
+            stale = registry_folder / f"nbscale-gpu.GPU-a.{os.urandom(8).hex()}"
+            stale.write_text(json.dumps({**record, "purpose": "pool"}))
+            assert registry.holders() == {}
+            assert not stale.exists()  # ours: removed as stale
+    finally:
+        later.kill()
+        later.wait()
+
+
+@needs_root
+def test_another_user_flocking_a_dead_holders_file_does_not_keep_its_reservation(shared_folder):
+    with gpu_holder(["GPU-a"]) as holder:
+        [file] = shared_folder.iterdir()
+        # a read-only descriptor is enough to flock a 0644 file
+        locker = _as_nobody_in_background(f"exec 3< {file} && flock -s 3 && exec sleep 60")
+        try:
+            time.sleep(0.5)
+            assert locker.poll() is None, "the other user could not lock the file"
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(timeout=10)
+            assert registry.holders() == {}  # at once, lock or no lock
+            assert not file.exists()
+        finally:
+            _end(locker)
+
+
+@needs_root
+def test_another_user_locking_the_registry_folder_delays_nothing_and_no_gpu_is_taken_twice(shared_folder):
+    locker = _as_nobody_in_background(f"exec 3< {shared_folder} && flock -x 3 && exec sleep 60")
+    try:
+        time.sleep(0.5)
+        assert locker.poll() is None, "the other user could not lock the folder"
+        started = time.monotonic()
+        taken = _race(shared_folder.parent / f"go-{os.getpid()}", 3)
+        assert sorted(taken) == ["GPU-a", "GPU-b", "GPU-c"]
+        assert time.monotonic() - started < 8.0  # a locked folder made each wait 10 s, then go on unlocked
+    finally:
+        _end(locker)
+
+
+@needs_root
+def test_another_user_cannot_open_the_lock_that_orders_a_users_reservations(shared_folder, monkeypatch):
+    home = Path(tempfile.mkdtemp(prefix="nbscale-home-", dir="/tmp"))
+    try:
+        home.chmod(0o755)  # others may look in: the lock file's own mode must keep them out
+        monkeypatch.setenv("NBSCALE_HOME", str(home))
+        registry.reserve(lambda: ["GPU-a"], "pool").release()
+        lock = registry.lock_path()
+        assert lock.parent == home and stat.S_IMODE(lock.stat().st_mode) == 0o600
+        assert _as_nobody(f"test -r {home} && exec 3< {lock}").returncode != 0
+        assert _as_nobody(f"exec 3< {home}/..").returncode == 0  # the folder is reachable: the mode is what stops it
+    finally:
+        shutil.rmtree(home)
+
+
+def test_a_lock_file_others_may_write_is_refused_naming_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    registry.reserve(lambda: ["GPU-a"], "pool").release()
+    registry.lock_path().chmod(0o666)
+    with pytest.raises(GpuError, match=r"lock file .*gpu-registry.lock cannot be used: .*others may write to it"):
+        registry.reserve(lambda: ["GPU-a"], "pool")
+
+
+@needs_root
+def test_a_reservation_announced_by_another_user_while_choosing_makes_the_chooser_choose_again(shared_folder):
+    """Another user's process takes GPU-a between this process's look and its write: this one sees it after
+    announcing, withdraws, and takes GPU-b."""
+    name = shared_folder / "nbscale-gpu.GPU-a.fedcba9876543210"
+    racers: list[subprocess.Popen[bytes]] = []
+
+    def first_free() -> list[str]:
+        held = registry.holders()
+        choice = next(key for key in ["GPU-a", "GPU-b"] if key not in held)
+        if not racers:  # the other user announces GPU-a now, after this look
+            racers.append(_as_nobody_in_background(f"echo '{{\"pid\": '$$'}}' > {name} && exec sleep 60"))
+            _wait_until(name.exists, "the other user's reservation was not written", racers[0])
+            time.sleep(0.1)  # its sleep has replaced its shell (same pid)
+        return [choice]
+
+    try:
+        with registry.reserve(first_free, "pool") as reservation:
+            assert reservation.gpus == ("GPU-b",)
+            assert [h.uid for h in registry.holders()["GPU-a"]] == [NOBODY]
+            assert [h.pid for h in registry.holders()["GPU-b"]] == [os.getpid()]
+    finally:
+        for racer in racers:
+            _end(racer)
 
 
 @needs_root

@@ -29,9 +29,13 @@ export function poolGpus(
   if (pool.kind !== 'gpu') {
     return [];
   }
+  // another user's reservation may name any pid: only the server's user's count
   const reserved = gpus.filter(gpu =>
     (gpu.holders ?? []).some(
-      holder => holder.pid === pool.pid && holder.purpose === 'pool'
+      holder =>
+        holder.mine === true &&
+        holder.pid === pool.pid &&
+        holder.purpose === 'pool'
     )
   );
   if (reserved.length > 0) {
@@ -170,7 +174,8 @@ export function trainingText(training: IJobTraining): string {
 }
 
 /**
- * Who holds a GPU: "alice's pool · analysis.ipynb · pid 4242"; the notebook in front is "this notebook".
+ * Who holds a GPU: "alice's pool · analysis.ipynb · pid 4242"; the notebook in front is "this notebook", for a
+ * reservation of the server's own user only (another user's file may name any kernel id).
  */
 export function holderText(
   holder: IGpuHolder,
@@ -180,7 +185,9 @@ export function holderText(
     ? `${holder.user}'s ${holder.purpose}`
     : holder.user;
   const isCurrent =
-    currentKernelId !== null && holder.kernel_id === currentKernelId;
+    holder.mine === true &&
+    currentKernelId !== null &&
+    holder.kernel_id === currentKernelId;
   const where = isCurrent
     ? 'this notebook'
     : (holder.notebook ??

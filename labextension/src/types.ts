@@ -54,6 +54,8 @@ export interface IGpuHolder {
   kernel_id: string | null;
   /** Seconds since the epoch. */
   since: number | null;
+  /** Whether the server's own user holds it (absent from servers before this field: taken as not). */
+  mine?: boolean;
 }
 
 /** One GPU from NVML; `GET /nbscale/api/gpus` answers `{gpus: IGpuInfo[], message}`. */

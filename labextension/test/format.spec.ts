@@ -99,12 +99,15 @@ describe('statusText', () => {
       purpose,
       notebook: null,
       kernel_id: null,
-      since: 0
+      since: 0,
+      mine: true
     });
     const gpus = [
       { ...gpu(0, 90), holders: [reservedBy(7, 'pool')] },
       { ...gpu(1, 40), holders: [reservedBy(4242, 'pool')] },
-      { ...gpu(2, 10), holders: [reservedBy(4242, 'training')] }
+      { ...gpu(2, 10), holders: [reservedBy(4242, 'training')] },
+      // another user's reservation naming this pool's pid is not this pool's
+      { ...gpu(3, 70), holders: [{ ...reservedBy(4242, 'pool'), mine: false }] }
     ];
     expect(poolGpus(gpuPool, gpus).map(g => g.index)).toEqual([1]);
     expect(statusText(gpuPool, gpus)).toBe('1 worker · 1 busy · GPU 40%');

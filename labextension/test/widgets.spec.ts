@@ -237,7 +237,7 @@ describe('NbscalePanel', () => {
     );
   });
 
-  it('names who holds each GPU, marking the notebook in front', async () => {
+  it("names who holds each GPU, marking the notebook in front only for the server's user", async () => {
     const held = (index: number, holders: unknown[]) => ({
       index,
       nvml_index: index,
@@ -259,18 +259,28 @@ describe('NbscalePanel', () => {
       purpose: 'pool',
       notebook: 'analysis.ipynb',
       kernel_id: 'kernel-x',
-      since: 0
+      since: 0,
+      mine: false
     };
     const mine = {
       ...alice,
       user: 'me',
+      uid: 1000,
       pid: 10,
       purpose: 'training',
       notebook: 'a.ipynb',
-      kernel_id: 'kernel-a'
+      kernel_id: 'kernel-a',
+      mine: true
     };
+    // another user's file naming the kernel in front: only the server's user's reservations are "this notebook"
+    const planted = { ...alice, kernel_id: 'kernel-a', notebook: 'b.ipynb' };
     const model = modelWith({
-      gpus: [held(0, [alice]), held(1, [mine]), held(2, [])],
+      gpus: [
+        held(0, [alice]),
+        held(1, [mine]),
+        held(2, []),
+        held(3, [planted])
+      ],
       message: null
     });
     const panel = panelFor(model, []);
@@ -282,7 +292,8 @@ describe('NbscalePanel', () => {
     expect(lines).toEqual([
       "held by alice's pool · analysis.ipynb · pid 4242",
       "held by me's training · this notebook · pid 10",
-      'free'
+      'free',
+      "held by alice's pool · b.ipynb · pid 4242"
     ]);
   });
 

@@ -3,6 +3,10 @@
 Tensors go through torch.distributed collectives on the device where they live; any other picklable value
 goes pickled and sealed with the pool's key (nbscale.pool.sealed), so a peer's bytes are checked before they are
 unpickled. Shapes may differ between ranks for gather/allgather, not for allreduce.
+
+Each rank records which helper it is in and how many it has called in this request (`current_collective`), which
+its heartbeat reports: ranks waiting in different collectives (allreduce on one, broadcast on another) never
+return, and the kernel names them (nbscale.pool.health.collective_mismatch).
 """
 
 from __future__ import annotations
@@ -25,6 +29,39 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.R
 _PAIRWISE: dict[str, Callable[[Any, Any], Any]] = {
     "sum": operator.add, "mean": operator.add, "max": np.maximum, "min": np.minimum,
 }
+
+
+_calls = 0  # collectives this worker called in the request it runs
+_inside = ""  # the one it is in now, as "allreduce#3" (empty: none)
+
+
+def new_request() -> None:
+    """Count this worker's collectives from 1 again (each request of the worker)."""
+    global _calls, _inside
+    _calls, _inside = 0, ""
+
+
+def current_collective() -> str:
+    """The collective this worker's main thread is in, as "<helper>#<its number in this request>", or ""."""
+    return _inside
+
+
+def _recorded(helper: Callable[..., Any]) -> Callable[..., Any]:
+    """Record `helper` as the collective this worker is in while it runs (not the helpers it calls itself)."""
+
+    @functools.wraps(helper)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        global _calls, _inside
+        if _inside:  # gather through allgather: the user called gather
+            return helper(*args, **kwargs)
+        _calls += 1
+        _inside = f"{helper.__name__}#{_calls}"
+        try:
+            return helper(*args, **kwargs)
+        finally:
+            _inside = ""
+
+    return recording
 
 
 # broadcast's header: kind, dtype index or pickled length, device kind, number of dimensions, the dimensions
@@ -67,6 +104,7 @@ class Collectives:
                 f"{', '.join(map(str, self.ranks))} (--targets). Give {role}= one of them: {role} is a global rank."
             )
 
+    @_recorded
     def broadcast(self, value: Any = None, src: int = 0) -> Any:
         """Rank `src`'s value on every rank (others may pass None).
 
@@ -92,6 +130,7 @@ class Collectives:
         dist.broadcast(data, src=src, group=self.group)
         return value if sender else pickle.loads(open_sealed(pool_key(), src, data.numpy().tobytes()))
 
+    @_recorded
     def allreduce(self, value: Any, op: str = "sum") -> Any:
         """The reduction (sum, mean, max, min) of every rank's value, on every rank.
 
@@ -120,12 +159,14 @@ class Collectives:
                 "NumPy arrays and numbers. Use allgather(value) for the list of every rank's value."
             ) from None
 
+    @_recorded
     def gather(self, value: Any, dst: int = 0) -> list[Any] | None:
         """Every rank's value in a list on rank `dst`; None elsewhere."""
         self._check_member("gather", "dst", dst)
         values = self.allgather(value)
         return values if dist.get_rank() == dst else None
 
+    @_recorded
     def allgather(self, value: Any) -> list[Any]:
         """Every rank's value, in rank order, on every rank."""
         if self._kinds(value) == "same tensors":
@@ -134,6 +175,7 @@ class Collectives:
             return tensors
         return all_gather_objects(value, self.group)
 
+    @_recorded
     def barrier(self) -> None:
         """Wait until every rank gets here."""
         dist.barrier(group=self.group)

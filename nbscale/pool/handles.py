@@ -27,6 +27,8 @@ class WorkerHandle:
     transferring: bool = False  # a message to or from it is on its way now (a large one can take a while)
     where: str = ""  # where its main thread runs a request, as its last heartbeat said
     still_s: float = 0.0  # for how long that spot had not changed
+    collective: str = ""  # the spmd collective it was in then ("allreduce#2"), as its last heartbeat said
+    started: float | None = None  # its process's start time (psutil), once read: a reused pid is not it
 
     @property
     def state(self) -> str:

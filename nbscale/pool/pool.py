@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import operator
+import os
 import secrets
 import shutil
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -100,6 +103,19 @@ def take_shutdown_notice() -> str | None:
     return notice
 
 
+MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
+
+
+def _require_fork() -> None:
+    """Pools need a POSIX system: workers are forked from a server process, and find each other through
+    POSIX-only calls. Windows has none of it."""
+    if not hasattr(os, "fork"):
+        raise PoolError(
+            f"Pools need Linux or macOS: this platform ({sys.platform}) cannot fork worker processes. Train in the "
+            "notebook instead (%%train, nbscale.train), or run the notebook on Linux (WSL on Windows)."
+        )
+
+
 class Pool:
     """A pool of worker processes in one torch.distributed group (parpool).
 
@@ -154,6 +170,7 @@ class Pool:
 
     def _start_workers(self, backend: Backend | None) -> None:
         global _current
+        _require_fork()
         started = time.monotonic()
         self.start_seconds: float | None = None
         self.generation = secrets.token_hex(4)  # Composites of an earlier start know they are stale
@@ -473,39 +490,64 @@ class Pool:
     def cancel(self, future: Future[Any]) -> bool:
         """Cancel a task from `submit`: a queued one never runs; a running one is interrupted on its worker.
 
-        The worker is free for the next task as soon as it has stopped. A running task's future then ends with
-        `concurrent.futures.CancelledError` as its exception. Returns False when the task had already finished.
+        Either way the future is cancelled at once, as concurrent.futures cancels a pending one: `cancelled()` is
+        True and `result()` raises `concurrent.futures.CancelledError`. The worker is free for the next task as
+        soon as the task has stopped; code that stops gracefully on the user's interrupt (training) stops at once,
+        and says nothing. Returns False when the task had already finished.
         """
         return self.tasks.cancel(future)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
         """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor).
 
-        `timeout` counts from this call, as in concurrent.futures. A failing item raises its WorkerError naming the
-        item; interrupting the kernel raises PoolInterrupted. Either way the items not yet done are cancelled (the
-        running ones interrupted on their workers).
+        Items are submitted in a window of MAP_AHEAD_PER_WORKER per worker ahead of the result taken last (as
+        Executor.map's `buffersize` in Python 3.14): the first window now, the rest as results are taken, so an
+        endless iterable works and a long one costs no time up front. `timeout` counts from this call, as in
+        concurrent.futures. A failing item raises its WorkerError naming the item; interrupting the kernel raises
+        PoolInterrupted. Either way the submitted items not yet done are cancelled (the running ones interrupted on
+        their workers), and no more are submitted.
         """
         self._check_usable(())
         deadline = None if timeout is None else time.monotonic() + timeout
         name = getattr(fn, "__name__", "the function")
-        futures = [self.tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}")
-                   for index, args in enumerate(zip(*iterables, strict=False))]
+        items = enumerate(zip(*iterables, strict=False))
+        window = MAP_AHEAD_PER_WORKER * max(1, self.size)
+        pending: deque[Future[Any]] = deque()
+
+        def fill() -> None:
+            for index, args in itertools.islice(items, window - len(pending)):
+                pending.append(self.tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}"))
+
+        def interrupted() -> PoolInterrupted:
+            running = sum(future.running() for future in pending)
+            queued = sum(not future.done() for future in pending) - running
+            self._cancel_unfinished(pending)
+            return PoolInterrupted(
+                f"Interrupted pool.map: {running} running call{'s' if running != 1 else ''} interrupted on the "
+                f"workers and {queued} queued one{'s' if queued != 1 else ''} cancelled. The pool is ready for "
+                "the next cell."
+            )
+
+        try:
+            fill()
+        except KeyboardInterrupt:
+            raise interrupted() from None
+        except BaseException:
+            self._cancel_unfinished(pending)
+            raise
 
         def results() -> Iterator[Any]:
             try:
-                for future in futures:
-                    yield future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                while pending:
+                    future = pending[0]
+                    value = future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+                    pending.popleft()
+                    fill()  # before yielding: the workers go on while the caller handles this result
+                    yield value
             except KeyboardInterrupt:
-                running = sum(future.running() for future in futures)
-                queued = sum(not future.done() for future in futures) - running
-                self._cancel_unfinished(futures)
-                raise PoolInterrupted(
-                    f"Interrupted pool.map: {running} running call{'s' if running != 1 else ''} interrupted on the "
-                    f"workers and {queued} queued one{'s' if queued != 1 else ''} cancelled. The pool is ready for "
-                    "the next cell."
-                ) from None
+                raise interrupted() from None
             finally:  # failed or abandoned too: queued items never run, running ones are interrupted
-                self._cancel_unfinished(futures)
+                self._cancel_unfinished(pending)
 
         return results()
 

@@ -230,7 +230,8 @@ class Failed:
 @dataclass(frozen=True)
 class StatusReport:
     """Answer to StatusQuery (the heartbeat): memory, and where the main thread runs a request (`where`, empty
-    while idle) and for how many seconds it has stayed at that exact spot (`still_s`)."""
+    while idle), for how many seconds it has stayed at that exact spot (`still_s`), and the spmd collective it is
+    in (`collective`, "allreduce#2": the helper and its number in the request; empty when in none)."""
 
     request_id: int
     rank: int
@@ -238,3 +239,4 @@ class StatusReport:
     device_memory_mb: float | None
     where: str = ""
     still_s: float = 0.0
+    collective: str = ""

@@ -24,7 +24,7 @@ from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
-from nbscale.pool.health import process_state, stall_notice, stalled
+from nbscale.pool.health import collective_mismatch, process_state, stall_notice, stalled
 from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.output import end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
@@ -34,6 +34,8 @@ INTERRUPT_GRACE_S = 3.0
 PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
 # once a rank has failed, the others still running this long after are interrupted: a collective would wait forever
 FAILED_PEER_GRACE_S = 2.0
+RESTART_NOTICE = ("Restarting the pool with fresh workers: interrupts are held until it is ready (a few seconds; "
+                  "the cell stops then).")
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ class Router:
             worker = self.workers[rank]
             with self.lock:
                 worker.outstanding += 1
-                worker.where, worker.still_s = "", 0.0  # a spot from the last request says nothing of this one
+                # a spot from the last request says nothing of this one
+                worker.where, worker.still_s, worker.collective = "", 0.0, ""
             # a large message keeps the worker's receiver thread reading instead of answering the heartbeat: its
             # transfer time does not count as silence
             worker.transferring, began = True, time.monotonic()
@@ -174,7 +177,7 @@ class Router:
             return
         if isinstance(message, p.StatusReport):
             worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb
-            worker.where, worker.still_s = message.where, message.still_s
+            worker.where, worker.still_s, worker.collective = message.where, message.still_s, message.collective
             worker.status_round = message.request_id
             return
         if isinstance(message, p.FolderMissing):
@@ -297,7 +300,7 @@ class Router:
         running FAILED_PEER_GRACE_S later are stopped the same way (with `restart` only: not while the group forms).
         `held`: an interrupt held off while the request was sent lands here, and stops it as any other does.
         """
-        noticed = False
+        noticed = mismatch_noticed = False
         first_failure: float | None = None
         note = ""
         try:
@@ -317,6 +320,11 @@ class Router:
                     if stuck:
                         noticed = True
                         print(stall_notice(stuck), file=sys.stderr, flush=True)
+                if not mismatch_noticed:
+                    mismatch = collective_mismatch(self.workers, request.ranks, request.waiting_for)
+                    if mismatch:
+                        mismatch_noticed = True
+                        print(mismatch, file=sys.stderr, flush=True)
             self._drain_output(request)
         except KeyboardInterrupt:
             raise PoolInterrupted(self._interrupt(request, restart)) from None
@@ -378,9 +386,13 @@ class Router:
         if restart is None:
             return f"{reason}."
         started = time.monotonic()
-        restart.restart()
+        # once begun, the restart finishes (bounded by the start timeout): interrupted, it left no pool at all
+        with HeldInterrupt(notice=RESTART_NOTICE) as held:
+            restart.restart()
+        ignored = (f" The {held.dropped} interrupt{'s' if held.dropped != 1 else ''} during the restart "
+                   f"{'were' if held.dropped != 1 else 'was'} held until it was done.") if held.dropped else ""
         return (f"{reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
-                "variables on the workers are lost.")
+                f"variables on the workers are lost.{ignored}")
 
     def _stopped(self, ranks: Iterable[int]) -> list[int]:
         """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""

@@ -2,7 +2,9 @@
 their `concurrent.futures.Future`.
 
 A task is serialised once when submitted. A queued task can be cancelled and never runs; a running one is
-interrupted on its worker (`pool.cancel`), which is then free for the next task.
+interrupted on its worker (`pool.cancel`), which is then free for the next task. Either way its future is
+cancelled at once, as concurrent.futures cancels a pending one: `cancelled()` and `done()` are True and `result()`
+raises CancelledError (concurrent.futures itself cannot cancel a running future; see `_cancel_running`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 from typing import Any
 
 from nbscale.errors import PoolError
@@ -83,18 +86,19 @@ class TaskQueue:
                              "(pool.restart()) for fresh workers")
 
     def cancel(self, future: Future[Any]) -> bool:
-        """Cancel a queued task, or interrupt a running one; False when it had already finished."""
+        """Cancel a queued task, or interrupt a running one (its future is cancelled now, its worker free once the
+        task stopped); False when it had already finished."""
         if future.cancel():
             return True
         with self.lock:  # held while sending, so no next task reaches that worker before the Interrupt
             request = self._request_of(future)
-            if request is None or future.done():
+            if request is None or (future.done() and not future.cancelled()):
                 return False
             if request.request_id in self._cancelled:  # interrupted already, and stopping
                 return True
             self._cancelled.add(request.request_id)
             self.router.tell(p.Interrupt(request.request_id), request.waiting_for)
-        return True
+        return _cancel_running(future)
 
     def ranks_running_tasks(self, ranks: Iterable[int]) -> list[int]:
         """Which of `ranks` are running a task."""
@@ -132,15 +136,35 @@ class TaskQueue:
         self.router.finish(request)
         future = request.future
         assert future is not None
-        if future.done():
-            return
-        if request.request_id in self._cancelled:
+        if request.request_id in self._cancelled:  # its future was cancelled when it was interrupted
             self._cancelled.discard(request.request_id)
-            future.set_exception(CancelledError(f"Cancelled with pool.cancel(); worker {request.ranks[0]} is free."))
-        elif request.failures:
-            future.set_exception(request.error(self._what.get(future, "The task")))
-        else:
-            future.set_result(request.replies[request.ranks[0]])
+            return
+        try:
+            if request.failures:
+                future.set_exception(request.error(self._what.get(future, "The task")))
+            else:
+                future.set_result(request.replies[request.ranks[0]])
+        except InvalidStateError:  # done already: the pool stopped meanwhile and failed it
+            pass
+
+
+def _cancel_running(future: Future[Any]) -> bool:
+    """Cancel a running future, as `Future.cancel` does a pending one (waiters and callbacks told, `result()`
+    raises CancelledError); False when it had finished. concurrent.futures has no public way: its cancel()
+    refuses running futures, since an executor cannot stop a thread, but a pool interrupts its worker. Uses the
+    internals cancel() itself uses, unchanged since Python 3.8."""
+    with future._condition:
+        state = future._state
+        if state in (CANCELLED, CANCELLED_AND_NOTIFIED):
+            return True
+        if state == FINISHED:
+            return False
+        future._state = CANCELLED_AND_NOTIFIED
+        for waiter in future._waiters:  # concurrent.futures.wait, as_completed
+            waiter.add_cancelled(future)
+        future._condition.notify_all()
+    future._invoke_callbacks()  # type: ignore[attr-defined]
+    return True
 
 
 def _deaths(workers: Iterable[WorkerHandle]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import io
+import marshal
 import os
 import pickle
 import re
@@ -19,6 +20,7 @@ import stat
 import sys
 import tempfile
 import threading
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,6 +204,10 @@ class _Pickler(cloudpickle.Pickler):
             reduced = self._reduce_array(obj)
             if reduced is not None:
                 return reduced
+        elif kind is types.CodeType:
+            # whole, with its file name: cloudpickle 3.1.3 renames every function's file to "<dynamic-code>", and a
+            # worker's traceback then cannot be mapped back to the notebook cell ("Cell In[3], line 3")
+            return marshal.loads, (marshal.dumps(obj),)
         elif kind is io.TextIOWrapper and not any(obj is getattr(sys, name, None) for name in _STANDARD_STREAMS):
             # cloudpickle would send a copy of what is left to read: neither the file nor an error
             raise TypeError(f"{obj.name!r} is a file opened here: each process must open the file itself")

@@ -27,16 +27,17 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
 from nbscale.errors import UnsendableError
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
-from nbscale.pool.collectives import Collectives
+from nbscale.pool.collectives import Collectives, current_collective, new_request
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
-from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt
+from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt, set_task_cancelled
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.sealed import hold_pool_key
@@ -179,6 +180,7 @@ class Worker:
             with self.request_lock:
                 self.cancelled_requests.add(message.request_id)
                 if self.current_request == message.request_id:
+                    set_task_cancelled(True)  # a cancel, not the user's interrupt: see interrupts.task_cancelled
                     _interrupt_main_thread()
         elif self.busy:
             _interrupt_main_thread()
@@ -194,7 +196,9 @@ class Worker:
 
     def report_status(self, message: p.StatusQuery) -> None:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
-        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot()))
+        collective = current_collective() if self.current_request is not None else ""
+        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot(),
+                                         collective))  # fmt: skip
 
     def _main_thread_spot(self) -> tuple[str, float]:
         """Where the main thread is, and for how long it has stood still there: at the same instruction, and (where
@@ -231,9 +235,7 @@ class Worker:
         )
 
     def _memory(self) -> tuple[float, float | None]:
-        with open("/proc/self/statm") as handle:
-            resident_pages = int(handle.read().split()[1])
-        memory_mb = resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        memory_mb = psutil.Process().memory_info().rss / 2**20
         device_mb = None
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             device_mb = torch.cuda.memory_reserved(self.device) / 2**20
@@ -251,6 +253,7 @@ class Worker:
             except KeyboardInterrupt:  # an interrupt that arrived just after the last request ended
                 continue
             self.context.reset()
+            new_request()  # collectives counted per request, for the kernel's mismatch check
             if _signal.getsignal(signal.SIGINT) is not self._gate:  # a cell installed its own handler and left it
                 signal.signal(signal.SIGINT, self._gate)
             try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
@@ -281,7 +284,9 @@ class Worker:
                     message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
                     (type(error).__module__, type(error).__qualname__), held,
                 )  # fmt: skip
-            self.current_request = None
+            with self.request_lock:
+                self.current_request = None
+                set_task_cancelled(False)
             self.busy = not self.inbox.empty()
             try:
                 self._send_reply(reply)
@@ -398,7 +403,9 @@ class Worker:
 
 
 def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
-    """(CPU clock ticks, context switches) of one thread of this process so far; None where /proc cannot tell."""
+    """(CPU clock ticks, context switches) of one thread of this process so far; None where /proc cannot tell
+    (off Linux: the stall notice then goes by the thread's position alone). Not psutil: it has no per-thread
+    context switches, and its threads() reads every thread's files to give one."""
     if native_id is None:
         return None
     try:

@@ -3,7 +3,7 @@
 - `GET  gpus`              `{"gpus": [...], "message": str | None}`; NVML and the machine-wide GPU registry are
                            read at most once a second. Each GPU's `holders` (user, pid, purpose "pool" or
                            "training", notebook, kernel_id, since) are the processes, any user's, that reserved
-                           it (nbscale.gpu_reservations).
+                           it (nbscale.gpu_reservations); `mine` says whether the server's user holds it.
 - `GET  pools`             `{"pools": [...]}`: the state every running pool publishes (`nbscale.pool.registry`).
 - `GET  jobs`              `{"jobs": [...], "available": bool}`: the batch-job store, where nbscale.jobs exists; a
                            running job's `training` (epoch, iteration, loss, time left) comes from the data-only
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -72,7 +73,17 @@ class GpuCache:
 def _read_gpus() -> dict[str, Any]:
     from nbscale.gpu import gpus
 
-    return gpus().to_dict()
+    return mark_own_holders(gpus().to_dict(), os.geteuid())
+
+
+def mark_own_holders(answer: dict[str, Any], uid: int) -> dict[str, Any]:
+    """`answer` with `mine` on each GPU holder: whether the reservation is the server's user's (its file's owner,
+    which no other user can fake). Only those can be "this notebook" in the panel: another user's reservation may
+    name any pid or kernel id."""
+    for gpu in answer.get("gpus", []):
+        for holder in gpu.get("holders", []):
+            holder["mine"] = holder.get("uid") == uid
+    return answer
 
 
 def jobs_module() -> ModuleType | None:

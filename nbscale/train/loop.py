@@ -25,16 +25,18 @@ from torch import nn
 
 from nbscale.outputs import main_output
 from nbscale.train.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
+from nbscale.train.batches import batch_length, call_model
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.checks import misfit_error
 from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
-from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pending, PoolFigures, correct
+from nbscale.train.figures import READ_EVERY, CarryingHook, KeptMetrics, LocalFigures, Pending, PoolFigures
 from nbscale.train.layout import layout_restored, train_channels_last
 from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import FACTORY_FIELDS, TrainingOptions, shown_choice
 from nbscale.train.preparing import Progress, Readers
+from nbscale.train.run_metrics import Objective, run_metrics, summed_over
 from nbscale.train.schedules import base_rate, make_schedule
 from nbscale.user_warnings import warn_user
 
@@ -122,9 +124,13 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     optimizer = make_optimizer(model, options)
     schedule = make_schedule(options, optimizer, iterations_per_epoch)
     net: nn.Module = model
-    figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
+    # the metrics (options.metrics, or the default its loss and targets give) and what patience follows
+    metric_set = run_metrics(options, setup.loss_fn, setup.train_data)
+    metrics, objective = KeptMetrics(metric_set, options.metrics is not None), Objective(options, metric_set)
+    figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options),
+                                                       metrics)
     if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
-        net, figures = _distributed(model, setup, local / global_batch)
+        net, figures = _distributed(model, setup, local / global_batch, metrics)
     if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
         first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
                             global_batch, offset, local)[:1]
@@ -134,15 +140,18 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
 
     epoch, iteration = 0, 0
     history: list[IterationDone] = []
-    best: dict[str, Any] = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
+    # the best validation so far by the objective's score (lower is better: Objective.score)
+    best: dict[str, Any] = {"score": math.inf, "iteration": 0, "state": None, "bad": 0}
     if setup.resume is not None:
         epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler, schedule)
+        best.setdefault("score", best.pop("loss", math.inf))  # a checkpoint from before the objective
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
     setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
                                   first_iteration=iteration + 1, initial_learn_rate=base_rate(optimizer),
                                   choices=chosen, prepare_seconds=prepare_seconds,
-                                  data_placement=_placement(data, readers)))
+                                  data_placement=_placement(data, readers), metric_names=metrics.names,
+                                  objective_metric=objective.name, objective_goal=objective.goal))
     setup.publish(list(history))  # a resumed run shows its whole history
 
     pending: list[Pending] = []
@@ -207,26 +216,22 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
                         setup.warn(stop_reason)
                 elif reading.stops and stop_reason is None:
                     stop_reason = setup.stop_reason() or "Stopped on request"
-                validation_loss = validation_accuracy = None
+                validation_loss, validation_metrics = None, None
                 if (reading is readings[-1] and validation is not None and (due or stop_reason is not None)
                         and finite):
-                    validation_loss, validation_accuracy = validation.evaluate()
+                    validation_loss, validation_metrics = validation.evaluate(metrics)
                     schedule.after_validation(validation_loss)  # ReduceLROnPlateau's step
-                    if validation_loss < best["loss"]:
-                        best.update(loss=validation_loss, iteration=reading.iteration, bad=0)
-                        if options.output_network == "best-validation":
-                            best["state"] = _cpu_copy(model.state_dict())
-                    else:
-                        best["bad"] += 1
-                        if best["bad"] >= options.validation_patience and stop_reason is None:
-                            stop_reason = (f"Met validation criterion "
-                                           f"(validation_patience={options.validation_patience})")
+                    improved = _best_updated(best, objective.score(validation_loss, validation_metrics),
+                                             reading.iteration, model, options)
+                    if not improved and best["bad"] >= options.validation_patience and stop_reason is None:
+                        stop_reason = _patience_met(options, objective)
                     model.train()
                     reading.time = time.perf_counter() - start  # the iteration's time includes its validation
 
                 event = IterationDone(reading.epoch, reading.iteration, reading.time, reading.training_loss,
                                       reading.accuracy, reading.learn_rate, reading.images, validation_loss,
-                                      validation_accuracy)
+                                      (validation_metrics or {}).get("accuracy"), reading.metrics,
+                                      validation_metrics)
                 history.append(event)
                 setup.publish(event)
                 # a listener (output_fn, the Stop button) may have asked just now; with a later bunch trained and
@@ -254,14 +259,11 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     # ---- the end ----------------------------------------------------------------------------------------------
     # a stop asked while an iteration's event went out (output_fn, the Stop button) ends the run after that
     # iteration, which was not validated: validate it now, so the final figures are the returned network's
-    final_loss = final_accuracy = None
+    final_loss, final_metrics = None, None
     if validation is not None and history and history[-1].validation_loss is None \
             and math.isfinite(history[-1].training_loss):
-        final_loss, final_accuracy = validation.evaluate()
-        if final_loss < best["loss"]:
-            best.update(loss=final_loss, iteration=iteration, bad=0)
-            if options.output_network == "best-validation":
-                best["state"] = _cpu_copy(model.state_dict())
+        final_loss, final_metrics = validation.evaluate(metrics)
+        _best_updated(best, objective.score(final_loss, final_metrics), iteration, model, options)
     stop_reason = stop_reason or "Max epochs completed"
     output_iteration = iteration
     if options.output_network == "best-validation" and best["state"] is not None:
@@ -269,11 +271,33 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
         output_iteration = best["iteration"]
     elapsed = time.perf_counter() - start
     setup.publish(TrainingDone(stop_reason, epoch, iteration, elapsed, output_iteration,
-                               images / elapsed if elapsed > 0 else 0.0, final_loss, final_accuracy))
+                               images / elapsed if elapsed > 0 else 0.0, final_loss,
+                               (final_metrics or {}).get("accuracy"), final_metrics))
     return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, iteration)
 
 
 # ---- pieces the loop uses ----------------------------------------------------------------------------------------
+
+def _best_updated(best: dict[str, Any], score: float, iteration: int, model: nn.Module,
+                  options: TrainingOptions) -> bool:
+    """Count a validation's `score` (lower is better) against the best so far; True when it is the new best
+    (kept as the output network under output_network="best-validation"), else one more validation without."""
+    if not score < best["score"]:  # NaN (no value) is never better
+        best["bad"] += 1
+        return False
+    best.update(score=score, iteration=iteration, bad=0)
+    if options.output_network == "best-validation":
+        best["state"] = _cpu_copy(model.state_dict())
+    return True
+
+
+def _patience_met(options: TrainingOptions, objective: Objective) -> str:
+    """The stop reason once validation_patience validations in a row did not improve the objective."""
+    if objective.name == "loss":
+        return f"Met validation criterion (validation_patience={options.validation_patience})"
+    return (f"Met validation criterion (validation_patience={options.validation_patience}, "
+            f"objective_metric={objective.name!r})")
+
 
 @contextlib.contextmanager
 def _cheap_garbage_collection() -> Iterator[None]:
@@ -384,7 +408,8 @@ def _graphs(options: TrainingOptions) -> bool:
     return options.compile in ("reduce-overhead", "max-autotune")
 
 
-def _distributed(model: nn.Module, setup: LoopSetup, share: float) -> tuple[nn.Module, PoolFigures]:
+def _distributed(model: nn.Module, setup: LoopSetup, share: float,
+                 metrics: KeptMetrics) -> tuple[nn.Module, PoolFigures]:
     """`model` in DistributedDataParallel over the ranks with work, and the figures that travel with its
     gradients (nbscale.train.figures)."""
     from torch.nn.parallel import DistributedDataParallel
@@ -394,7 +419,7 @@ def _distributed(model: nn.Module, setup: LoopSetup, share: float) -> tuple[nn.M
                                   process_group=setup.group)
     hook = CarryingHook(setup.group, share)
     net.register_comm_hook(None, hook.reduce)
-    return net, PoolFigures(hook, setup.group, device, setup.stop_reason, setup.read_each_iteration)
+    return net, PoolFigures(hook, setup.group, device, setup.stop_reason, metrics, setup.read_each_iteration)
 
 
 def _epoch_rows(order: torch.Tensor, iterations: int, global_batch: int, offset: int, local: int) -> torch.Tensor:
@@ -433,7 +458,7 @@ def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
     into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
     if step_fn is None:
         def forward(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
-            outputs = main_output(net(inputs))
+            outputs = main_output(call_model(net, inputs))
             return loss_fn(outputs, labels), outputs
 
         return forward
@@ -503,7 +528,7 @@ def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
 
 
 class _Validator:
-    """Loss and accuracy over the validation data, with the plain network in eval mode (never the compiled one:
+    """Loss and metrics over the validation data (their states summed over the batches and the ranks), with the plain network in eval mode (never the compiled one:
     its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample,
     with the main rank's buffers (the network the user gets back: see `_take_main_ranks_buffers`)."""
 
@@ -530,25 +555,25 @@ class _Validator:
             self.batches = list(torch.split(torch.arange(len(self.source)), batch))
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float | None]:
+    def evaluate(self, metrics: KeptMetrics) -> tuple[float, dict[str, float | None]]:
+        """(validation loss, each metric's value): one read to the host, after one all_reduce on a pool."""
         if self.setup.group is not None:
             _take_main_ranks_buffers(self.model, self.setup.group)
         self.model.eval()
         device = self.setup.device
-        totals = torch.zeros(3, device=device)
+        totals = torch.zeros(2 + metrics.size, device=device)  # loss sum, samples, the metrics' summed state
         # the same augmentation draws at every validation, so its figures compare over the run
         for inputs, labels in self.source.epoch(self.batches, self.setup.seed) if self.source is not None else ():
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                outputs = main_output(self.model(inputs))
+                outputs = main_output(call_model(self.model, inputs))
                 loss = self.setup.loss_fn(outputs, labels)
-            totals[0] += loss.float() * len(labels)
-            totals[1] += correct(outputs, labels, device)
-            totals[2] += len(labels)
-        if self.setup.group is not None:
-            torch.distributed.all_reduce(totals, group=self.setup.group)
-        loss_sum, correct_count, count = totals.tolist()
-        count = max(count, 1)
-        return loss_sum / count, (correct_count / count if correct_count >= 0 else None)
+            count = batch_length(labels)
+            totals[0] += loss.float() * count
+            totals[1] += count
+            if metrics.size:
+                totals[2:] += metrics.metrics.state(outputs, labels).to(device)
+        loss_sum, count, *state = summed_over(self.setup.group, totals).tolist()
+        return loss_sum / max(count, 1), metrics.values(state)
 
 
 def _take_main_ranks_buffers(model: nn.Module, group: Any) -> None:

@@ -22,6 +22,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
+from nbscale.pool.interrupts import task_cancelled
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
@@ -41,6 +42,7 @@ from nbscale.train.losses import resolve_loss
 from nbscale.train.optimizer import check_factories
 from nbscale.train.options import TrainingOptions, shown_choice
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.train.run_metrics import check_on_first_sample
 from nbscale.user_warnings import warn_user
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
@@ -202,6 +204,7 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
         check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
     if loss_fn is None:
         loss_fn = nn.CrossEntropyLoss()
+    check_on_first_sample(options, loss_fn, model, first_item)  # the metrics named: a clear error here, not on a worker
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)
     check_factories(model, options)
@@ -262,7 +265,7 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
         # kernel's interrupt reaches its whole process group: the notebook's process alone stops the run
         if state["done"] or os.getpid() != notebook:
             return
-        if stop.requested:
+        if stop.requested or task_cancelled():  # pool.cancel of a task training on a worker: nobody waits
             raise KeyboardInterrupt
         stop.request(INTERRUPT_REASON)
         if on_pool:

@@ -106,6 +106,37 @@ def test_a_collective_one_worker_never_joins_is_interrupted_within_10_s_by_resta
     assert "[0] fine" in kernel.run("%%spmd\nprint('fine')").stdout
 
 
+def test_ranks_in_different_collectives_are_named_within_the_heartbeat_window(kernel):
+    """allreduce on rank 0, broadcast on rank 1: both wait forever (it hung with no word until interrupted)."""
+    kernel.run("%pool start 2 --cpu")
+    mismatch = "%%spmd\nif rank == 0:\n    allreduce(torch.ones(1))\nelse:\n    broadcast(torch.ones(1))\n"
+    cell = kernel.run(mismatch, interrupt_after=8.0, timeout=60)  # named at the first heartbeat (every 3 s)
+    assert ("Collective mismatch, the ranks wait for each other forever: rank 0 in allreduce (its collective 1 of "
+            "this cell); rank 1 in broadcast (its collective 1 of this cell). Every rank must call the same "
+            "collectives in the same order.") in cell.stderr, cell.text
+    assert cell.error_name == "PoolInterrupted" and "the pool was restarted" in cell.traceback
+    matched = "%%spmd\nvalues = gather(rank) if rank == 0 else allgather(rank)\nprint(allreduce(rank))\n"
+    cell = kernel.run(matched, timeout=60)  # gather meets allgather: no mismatch
+    assert "[0] 1" in cell.stdout and "[1] 1" in cell.stdout and "mismatch" not in cell.stderr
+
+
+def test_interrupts_during_the_automatic_restart_are_held_so_the_pool_is_never_lost(kernel):
+    """A worker stuck in a collective: the first interrupt, then one that cuts the grace short and starts the
+    restart, then a storm while it runs (each lost the pool: "Starting the pool was interrupted ... no pool is
+    running", 3 of 3)."""
+    kernel.run("%pool start 2 --cpu")
+    pids = _worker_pids(kernel)
+    storm = [3.0, 3.5, 3.7, 3.9, 4.1, 4.3]  # the restart takes over a second: the last four come during it
+    cell = kernel.run("%%spmd\nif rank == 0:\n    allreduce(torch.ones(1))\n", interrupt_after=storm, timeout=60)
+    assert cell.error_name == "PoolInterrupted", cell.text
+    assert "the pool was restarted with fresh workers" in cell.traceback
+    assert "during the restart" in cell.traceback and "held until it was done" in cell.traceback
+    assert "interrupts are held until it is ready" in cell.stderr
+    assert "no pool is running" not in cell.text
+    assert set(_worker_pids(kernel)).isdisjoint(pids)
+    assert "[1] fine" in kernel.run("%%spmd\nprint('fine')").stdout
+
+
 def test_one_interrupt_of_a_pool_training_with_a_stopped_worker_returns_within_10_s_and_says_why(kernel):
     assert kernel.run(TRAINING_SETUP).ok
     cell, seconds, pids = _run_with_worker_1_stopped(kernel, TRAINING, after=3.0, interrupt_after=5.0, timeout=60)

@@ -355,11 +355,30 @@ def test_interrupting_pool_map_cancels_its_items_and_says_so(kernel):
     kernel.run("%pool start 2 --cpu\nimport nbscale, time\npool = nbscale.current_pool()")
     cell = kernel.run("results = list(pool.map(time.sleep, [30] * 5))", interrupt_after=2.0, timeout=60)
     assert cell.error_name == "PoolInterrupted", cell.text
-    assert ("Interrupted pool.map: 2 running calls interrupted on the workers and 3 queued ones cancelled. "
+    # submitted two per worker ahead: the fifth item was never sent
+    assert ("Interrupted pool.map: 2 running calls interrupted on the workers and 2 queued ones cancelled. "
             "The pool is ready for the next cell.") in cell.traceback
     assert "site-packages" not in cell.traceback and "nbscale/pool" not in cell.traceback
     after = kernel.run("print(list(pool.map(abs, [-1, -2, -3])))", timeout=30)
     assert after.stdout.strip() == "[1, 2, 3]"
+
+
+def test_interrupting_a_long_map_leaves_nothing_running_and_an_endless_one_holds_the_kernels_memory(kernel):
+    """A 100,000-item map spent ~25 s submitting, where an interrupt cancelled nothing and the next task waited for
+    every item; over an endless iterable the kernel grew ~55 MB/s. Items now go a few per worker ahead."""
+    kernel.run("%pool start 2 --cpu\nimport itertools, os, time, psutil, nbscale\npool = nbscale.current_pool()")
+    cell = kernel.run("results = list(pool.map(time.sleep, [0.01] * 100000))", interrupt_after=3.0, timeout=60)
+    assert cell.error_name == "PoolInterrupted", cell.text
+    waited = kernel.run("started = time.monotonic()\npool.submit(os.getpid).result(timeout=60)\n"
+                        "print(f'{time.monotonic() - started:.1f}')")  # fmt: skip
+    assert float(waited.stdout) < 5, waited.text  # nothing of the map's left to run first
+    kernel.run("before = psutil.Process().memory_info().rss")
+    cell = kernel.run("for _ in pool.map(abs, itertools.count()):\n    pass", interrupt_after=8.0, timeout=60)
+    assert cell.error_name == "PoolInterrupted", cell.text
+    grown = kernel.run("print((psutil.Process().memory_info().rss - before) / 2**20)")
+    print(f"kernel grew {float(grown.stdout):.1f} MB over an 8 s endless map")
+    assert float(grown.stdout) < 50
+    assert kernel.run("print(list(pool.map(abs, [-1, -2, -3])))", timeout=30).stdout.strip() == "[1, 2, 3]"
 
 
 def test_a_task_traceback_shows_the_lines_of_functions_defined_in_the_notebook(kernel):

@@ -4,6 +4,7 @@ request_stop(future), on real worker processes."""
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import random
 import sys
@@ -48,10 +49,40 @@ def test_cancelling_a_running_task_frees_its_worker_for_the_queued_one(pool):
     queued = pool.submit(os.getpid)
     assert started.wait(30)
     assert pool.cancel(running)
+    # cancelled at once, as concurrent.futures cancels a pending future: every view agrees
+    assert running.cancelled() and running.done()
     with pytest.raises(CancelledError):
         running.result(timeout=30)
+    with pytest.raises(CancelledError):
+        running.exception(timeout=30)
     assert queued.result(timeout=30) == pool.workers[0].pid  # the one worker took the queued task
     assert not pool.cancel(queued)  # already finished
+    assert pool.cancel(running) and running.cancelled()  # cancelling again changes nothing
+
+
+def _emit_each_iteration(info) -> None:
+    worker_context().emit(info.iteration)
+
+
+def _train_for_long() -> None:
+    import nbscale
+    from tests.train.digits import digits, tiny_net
+
+    (x, y), _ = digits()
+    options = nbscale.TrainingOptions("sgdm", mini_batch_size=32, max_epochs=100000, execution_environment="cpu",
+                                      plots="none", verbose=False, output_fn=_emit_each_iteration)  # fmt: skip
+    nbscale.train(tiny_net(), (x, y), options)
+
+
+def test_cancelling_a_task_that_trains_stops_it_at_once_without_the_interrupt_message(pool, capfd):
+    """Training stops gracefully on the user's interrupt, saying so; a cancel is nobody's interrupt."""
+    started = threading.Event()
+    running = pool.submit_with_events(_train_for_long, lambda rank, iteration: started.set())
+    assert started.wait(120), "the training did not start"
+    assert pool.cancel(running) and running.cancelled()
+    assert pool.submit(sum, [2, 3]).result(timeout=60) == 5  # the worker stopped and is free
+    output = capfd.readouterr()
+    assert "Stopping at the end of this iteration" not in output.out + output.err
 
 
 def test_cancelling_a_queued_task_means_it_never_runs(pool):
@@ -70,6 +101,21 @@ def test_leaving_a_map_early_interrupts_its_running_items_and_frees_the_worker(p
     assert next(results) is None
     results.close()  # as when the loop over it is interrupted or left with break
     assert pool.submit(os.getpid).result(timeout=60) == pool.workers[0].pid
+
+
+def test_map_draws_items_a_few_per_worker_ahead_of_the_results_taken(pool):
+    drawn = []
+
+    def endless():
+        for item in itertools.count():
+            drawn.append(item)
+            yield item
+
+    results = pool.map(abs, endless())
+    assert len(drawn) <= 2 * pool.size + 1  # submitted at the call, before any result is taken
+    assert [next(results) for _ in range(10)] == list(range(10))
+    assert len(drawn) <= 10 + 2 * pool.size + 1
+    results.close()
 
 
 def test_a_blocking_call_behind_a_running_task_says_what_it_waits_for(pool, monkeypatch):

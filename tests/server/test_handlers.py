@@ -54,10 +54,47 @@ async def test_gpus_name_each_gpus_holder_from_the_machine_wide_registry(jp_fetc
     with gpu_holder(["GPU-aaaa0-1111"], notebook="analysis.ipynb") as holder:
         first, second = (await _json(jp_fetch, "gpus"))["gpus"]
     [held] = first["holders"]
-    assert {key: held[key] for key in ("user", "pid", "purpose", "notebook")} == {
-        "user": pwd.getpwuid(os.geteuid()).pw_name, "pid": holder.pid, "purpose": "pool", "notebook": "analysis.ipynb"
+    assert {key: held[key] for key in ("user", "pid", "purpose", "notebook", "mine")} == {
+        "user": pwd.getpwuid(os.geteuid()).pw_name, "pid": holder.pid, "purpose": "pool", "notebook": "analysis.ipynb",
+        "mine": True,
     }
     assert second["holders"] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a second user needs root")  # CI runs as root
+async def test_another_users_reservation_naming_this_kernel_is_not_marked_as_the_servers_users(jp_fetch, monkeypatch):
+    """A file planted by another user claims this server's kernel and pid: the panel must not call it its own."""
+    import shutil
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    from tests.nvml_probe import fake_pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    folder = Path(tempfile.mkdtemp(prefix="nbscale-gpu-registry-", dir="/tmp"))  # reachable by the other user
+    folder.chmod(0o1777)
+    monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(folder))
+    planted = folder / "nbscale-gpu.GPU-aaaa0-1111.0123456789abcdef"
+    claim = json.dumps({"pid": 0, "purpose": "pool", "kernel_id": "the-kernel-in-front", "notebook": "mine.ipynb"})
+    claim = claim.replace('"pid": 0', '"pid": \'$$\'')  # the other user's live shell, which `exec sleep` keeps
+    other = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                              f"echo '{claim}' > {planted} && exec sleep 60"], start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            [held] = (await _json(jp_fetch, "gpus"))["gpus"][0]["holders"] or [None]
+            if held is not None:
+                break
+            assert time.monotonic() < deadline and other.poll() is None, "the other user's reservation never showed"
+            await asyncio.sleep(1.1)  # the server reads the registry at most once a second
+        assert (held["uid"], held["kernel_id"], held["mine"]) == (65534, "the-kernel-in-front", False)
+    finally:
+        if other.poll() is None:
+            os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
+        shutil.rmtree(folder)
 
 
 async def test_gpu_cache_reads_nvml_once_per_max_age():

@@ -37,7 +37,7 @@ from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import FACTORY_FIELDS, TrainingOptions, shown_choice
 from nbscale.train.preparing import Progress, Readers
 from nbscale.train.run_metrics import Objective, run_metrics, summed_over
-from nbscale.train.schedules import base_rate, make_schedule
+from nbscale.train.schedules import Schedule, base_rate, make_schedule
 from nbscale.user_warnings import warn_user
 
 
@@ -87,193 +87,304 @@ def run_training(setup: LoopSetup) -> LoopResult:
 
 def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     """The loop; `closing` stops the data's background processes when it ends, however it ends."""
+    run = _set_up(setup, closing)
+    _start(run)
+    while run.epoch < run.max_epochs and run.stop_reason is None:
+        _train_epoch(run)
+        _end_epoch(run)
+    return _finish(run)
+
+
+@dataclass(eq=False)
+class _Run:
+    """What the loop's parts share: the variants chosen in setup, then the run's counters."""
+
+    setup: LoopSetup
+    model: nn.Module
+    net: nn.Module  # the model, in DDP and/or compiled
+    data: BatchSource
+    validation: _Validator | None
+    forward: Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]  # forward + loss, or step_fn
+    autocast: Any
+    scaler: torch.amp.GradScaler
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    clip: Callable[[], None]
+    figures: LocalFigures | PoolFigures  # how the figures are kept and read (one process, or with DDP's hook)
+    reading: _ReadRule  # when they are read
+    metrics: KeptMetrics
+    objective: Objective
+    iterations_per_epoch: int
+    global_batch: int
+    offset: int  # this rank's first sample in each global batch
+    local: int  # and how many it takes
+    started: dict[str, Any]  # what TrainingStarted says of the setup (chosen, prepare_seconds, data_placement)
+    epoch: int = 0
+    iteration: int = 0
+    images: int = 0
+    history: list[IterationDone] = field(default_factory=list)
+    # the best validation so far by the objective's score (lower is better: Objective.score)
+    best: dict[str, Any] = field(default_factory=lambda: {"score": math.inf, "iteration": 0, "state": None, "bad": 0})
+    pending: list[Pending] = field(default_factory=list)
+    first_iteration: int = 1  # a failure of its step is the network not fitting the data (misfit_error)
+    start: float = 0.0
+    stop_reason: str | None = None
+
+    @property
+    def options(self) -> TrainingOptions:
+        return self.setup.options
+
+    @property
+    def max_epochs(self) -> int:
+        return int(self.setup.options.max_epochs)
+
+
+# ---- setup: every variant chosen once --------------------------------------------------------------------------
+
+def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
+    """The data held where training runs, precision, layout, the settled batch, the solver and schedule, DDP,
+    compile, the metrics and how the figures are read."""
+    model = setup.model.to(setup.device)
+    data, validation, autocast_dtype, scaler, started = _held_data(setup, model, closing)
     device = setup.device
-    forward = _forward(setup.loss_fn, setup.step_fn)  # (net, inputs, labels) -> (loss, outputs or None)
-
-    # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
-    # before the clock starts: info.prepare_seconds, not training time --------------------------------------------
-    model = setup.model.to(device)
-    options = setup.options
-    # the scaler scales fp16 losses, else passes
-    autocast_dtype, scaler = _precision(options.precision, device, setup.warn)
-    preparing = time.perf_counter()
-    readers = _readers(setup)
-    # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
-    background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
-    data = make_batch_source(setup.train_data, device, options.data_placement, background, seed=_loader_seed(setup),
-                             readers=readers, progress=_progress(setup, "training data", setup.train_data))
-    if isinstance(data, StreamBatches):
-        closing.callback(data.close)
-    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
-    prepare_seconds = time.perf_counter() - preparing
-
-    # ---- setup: the solver, and every variant, chosen once ----------------------------------------------------
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     train_channels_last(model, device, _first_input(data, setup.seed), autocast)  # undone by layout_restored
     _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     # mini_batch_size="auto" (a probe of the GPU, with the data in place) and learn_rate_scaling, settled
-    setup, chosen = _settled(setup, model, data, autocast)
+    setup, started["choices"] = _settled(setup, model, data, autocast)
     options = setup.options
     if validation is not None:
         validation.split(max(setup.counts))  # a rank's training batch fits, so this does
-    samples, global_batch = len(data), sum(setup.counts)
-    offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
-    iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
-    max_epochs = int(options.max_epochs)
-    total_iterations = iterations_per_epoch * max_epochs
+    global_batch, local = sum(setup.counts), setup.counts[setup.rank]
+    iterations_per_epoch = max(1, len(data) // global_batch)  # MATLAB drops the last incomplete mini-batch
     optimizer = make_optimizer(model, options)
-    schedule = make_schedule(options, optimizer, iterations_per_epoch)
-    net: nn.Module = model
+    forward = _forward(setup.loss_fn, setup.step_fn)  # (net, inputs, labels) -> (loss, outputs or None)
     # the metrics (options.metrics, or the default its loss and targets give) and what patience follows
     metric_set = run_metrics(options, setup.loss_fn, setup.train_data)
     metrics, objective = KeptMetrics(metric_set, options.metrics is not None), Objective(options, metric_set)
-    figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options),
-                                                       metrics)
-    if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
-        net, figures = _distributed(model, setup, local / global_batch, metrics)
+    net, figures = _network_and_figures(setup, model, metrics, local / global_batch)
     if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
-        first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
-                            global_batch, offset, local)[:1]
+        first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, len(data)), iterations_per_epoch,
+                            global_batch, sum(setup.counts[: setup.rank]), local)[:1]
         trial = _trial(data, first, setup.seed, autocast, forward)
         net = compiled_network(net, options.compile, trial, model, device, warn=setup.warn)
-    clip = _clipping(model, optimizer, scaler, options)
+    reading = _ReadRule(figures, options.validation_frequency, iterations_per_epoch * int(options.max_epochs),
+                        validation is not None)
+    return _Run(setup, model, net, data, validation, forward, autocast, scaler, optimizer,
+                make_schedule(options, optimizer, iterations_per_epoch), _clipping(model, optimizer, scaler, options),
+                figures, reading, metrics, objective, iterations_per_epoch, global_batch,
+                sum(setup.counts[: setup.rank]), local, started)
 
-    epoch, iteration = 0, 0
-    history: list[IterationDone] = []
-    # the best validation so far by the objective's score (lower is better: Objective.score)
-    best: dict[str, Any] = {"score": math.inf, "iteration": 0, "state": None, "bad": 0}
+
+def _held_data(setup: LoopSetup, model: nn.Module, closing: contextlib.ExitStack) -> tuple[
+        BatchSource, _Validator | None, Any, torch.amp.GradScaler, dict[str, Any]]:
+    """The data, read and held where training runs (on a pool each rank reads a block and they share them), before
+    the clock starts (info.prepare_seconds, not training time): (training batches, validator, autocast dtype,
+    scaler, what TrainingStarted says of them)."""
+    options = setup.options
+    autocast_dtype, scaler = _precision(options.precision, setup.device, setup.warn)  # the scaler scales fp16 losses
+    preparing = time.perf_counter()
+    readers = _readers(setup)
+    # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
+    background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
+    data = make_batch_source(setup.train_data, setup.device, options.data_placement, background,
+                             seed=_loader_seed(setup), readers=readers,
+                             progress=_progress(setup, "training data", setup.train_data))
+    if isinstance(data, StreamBatches):
+        closing.callback(data.close)
+    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
+    started = {"prepare_seconds": time.perf_counter() - preparing, "data_placement": _placement(data, readers)}
+    return data, validation, autocast_dtype, scaler, started
+
+
+def _network_and_figures(setup: LoopSetup, model: nn.Module, metrics: KeptMetrics,
+                         share: float) -> tuple[nn.Module, LocalFigures | PoolFigures]:
+    """The network the step calls and how the figures are kept and read: on several ranks with work, DDP with the
+    figures summed with the last gradient bucket; else the model and the figures read in this process."""
+    if setup.group is not None:
+        return _distributed(model, setup, share, metrics)
+    return model, LocalFigures(setup.stop_reason, _read_every(setup), _graphs(setup.options), metrics)
+
+
+class _ReadRule:
+    """When the loop reads the figures (nbscale.train.figures): a bunch is full, this iteration needs its figures
+    now (validation, the last iteration, a checkpoint, a stop asked), an epoch ends, or the interval passed."""
+
+    def __init__(self, figures: LocalFigures | PoolFigures, validation_frequency: int, total_iterations: int,
+                 validating: bool) -> None:
+        self.figures, self.frequency, self.total, self.validating = figures, validation_frequency, total_iterations, \
+            validating
+        self.last_read = time.perf_counter()
+
+    def validation_due(self, iteration: int) -> bool:
+        return iteration == 1 or iteration % self.frequency == 0 or iteration == self.total
+
+    def needed(self, iteration: int, asked: bool, due: bool, checkpoint: bool) -> bool:
+        """True when this iteration's own figures must be read now (the read waits for them)."""
+        return asked or (self.validating and due) or iteration == self.total or checkpoint
+
+    def now(self, unread: int, needed: bool, epoch_end: bool) -> bool:
+        """True when the figures are read after this iteration (a read reports the bunch before)."""
+        now = time.perf_counter()
+        if not (unread >= self.figures.read_every or needed or epoch_end or now - self.last_read >= self.figures.interval):
+            return False
+        self.last_read = now
+        return True
+
+
+# ---- the run: start, epochs, steps, reports, end ---------------------------------------------------------------
+
+def _start(run: _Run) -> None:
+    """Restore a checkpoint's state, then tell the listeners what this run is (a resumed run: its history)."""
+    setup, options = run.setup, run.options
     if setup.resume is not None:
-        epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler, schedule)
-        best.setdefault("score", best.pop("loss", math.inf))  # a checkpoint from before the objective
+        run.epoch, run.iteration, run.history, run.best = _restore(setup.resume, run.model, run.optimizer,
+                                                                   run.scaler, run.schedule)
+        run.best.setdefault("score", run.best.pop("loss", math.inf))  # a checkpoint from before the objective
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
-    setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
-                                  first_iteration=iteration + 1, initial_learn_rate=base_rate(optimizer),
-                                  choices=chosen, prepare_seconds=prepare_seconds,
-                                  data_placement=_placement(data, readers), metric_names=metrics.names,
-                                  objective_metric=objective.name, objective_goal=objective.goal))
-    setup.publish(list(history))  # a resumed run shows its whole history
-
-    pending: list[Pending] = []
-    first_iteration = iteration + 1  # a failure of its step is the network not fitting the data (misfit_error)
+    setup.publish(TrainingStarted(run.max_epochs, run.iterations_per_epoch, run.global_batch, setup.hardware,
+                                  time.time(), first_iteration=run.iteration + 1,
+                                  initial_learn_rate=base_rate(run.optimizer), metric_names=run.metrics.names,
+                                  objective_metric=run.objective.name, objective_goal=run.objective.goal,
+                                  **run.started))
+    setup.publish(list(run.history))  # a resumed run shows its whole history
+    run.first_iteration = run.iteration + 1
     # a resumed run goes on counting time and images from where its checkpoint ended
-    start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
-    images, stop_reason = (history[-1].images if history else 0), None
-    last_read = time.perf_counter()
+    run.start = time.perf_counter() - (run.history[-1].time_since_start if run.history else 0.0)
+    run.images = run.history[-1].images if run.history else 0
+    run.reading.last_read = time.perf_counter()
 
-    # ---- epochs -------------------------------------------------------------------------------------------------
-    while epoch < max_epochs and stop_reason is None:
-        epoch += 1
-        order = epoch_order(options.shuffle, setup.seed, epoch, samples)
-        rows = _epoch_rows(order, iterations_per_epoch, global_batch, offset, local)
-        model.train()
-        for step, (inputs, labels) in enumerate(data.epoch(rows, _epoch_seed(setup.seed, epoch)), 1):
-            iteration += 1
-            learn_rate = schedule.before_iteration(iteration)
 
-            # the step: forward, loss (or the user's step_fn), backward, clip, step
-            try:
-                with autocast:
-                    loss, outputs = forward(net, inputs, labels)
-            except Exception as error:
-                if iteration == first_iteration and not out_of_memory(error):
-                    raise misfit_error(error, inputs, labels) from error
-                raise
-            if iteration == first_iteration:
-                _check_loss(loss, setup.step_fn)
-            kept = figures.keep(loss, outputs, labels)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            clip()
-            scaler.step(optimizer)
-            scaler.update()
-            schedule.after_iteration()
-            images += global_batch
-            pending.append(Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, kept))
+def _train_epoch(run: _Run) -> None:
+    """One epoch's steps, with the figures read in bunches (or when an iteration needs them) and reported."""
+    run.epoch += 1
+    setup, options = run.setup, run.options
+    order = epoch_order(options.shuffle, setup.seed, run.epoch, len(run.data))
+    rows = _epoch_rows(order, run.iterations_per_epoch, run.global_batch, run.offset, run.local)
+    run.model.train()
+    for step, (inputs, labels) in enumerate(run.data.epoch(rows, _epoch_seed(setup.seed, run.epoch)), 1):
+        _step(run, inputs, labels)
+        epoch_end = step == len(rows)
+        due = run.reading.validation_due(run.iteration)
+        asked = run.figures.stop_asked()
+        needed = run.reading.needed(run.iteration, asked, due, epoch_end and _checkpoint_due(options, run.epoch))
+        if not run.reading.now(len(run.pending), needed, epoch_end):
+            continue
+        readings, run.pending = run.figures.read(run.pending, asked, wait=needed), []
+        _report(run, readings, due)
+        if run.stop_reason is not None:
+            break
 
-            # read the figures in bunches, or when this iteration needs them (nbscale.train.figures): a read
-            # reports the bunch before, and waits for its own only where this iteration needs its figures now
-            due = iteration == 1 or iteration % options.validation_frequency == 0 or iteration == total_iterations
-            asked = figures.stop_asked()
-            now = time.perf_counter()
-            needed = (asked or (validation is not None and due) or iteration == total_iterations
-                      or (step == len(rows) and _checkpoint_due(options, epoch)))
-            if not (len(pending) >= figures.read_every or needed or step == len(rows)
-                    or now - last_read >= figures.interval):
-                continue
-            last_read = now
-            readings, pending = figures.read(pending, asked, wait=needed), []
 
-            # stop checks (acted on at the end of the last iteration read; a non-finite loss ends the history
-            # at its iteration), then validation, then events
-            for reading in readings:
-                finite = math.isfinite(reading.training_loss)
-                if not finite:
-                    epoch, iteration, images = reading.epoch, reading.iteration, reading.images
-                    stop_reason = (f"Training loss is {reading.training_loss} at iteration {iteration} "
-                                   f"(epoch {epoch}): lower initial_learn_rate or set gradient_threshold.")
-                    if setup.warn is not None:
-                        setup.warn(stop_reason)
-                elif reading.stops and stop_reason is None:
-                    stop_reason = setup.stop_reason() or "Stopped on request"
-                validation_loss, validation_metrics = None, None
-                if (reading is readings[-1] and validation is not None and (due or stop_reason is not None)
-                        and finite):
-                    validation_loss, validation_metrics = validation.evaluate(metrics)
-                    schedule.after_validation(validation_loss)  # ReduceLROnPlateau's step
-                    improved = _best_updated(best, objective.score(validation_loss, validation_metrics),
-                                             reading.iteration, model, options)
-                    if not improved and best["bad"] >= options.validation_patience and stop_reason is None:
-                        stop_reason = _patience_met(options, objective)
-                    model.train()
-                    reading.time = time.perf_counter() - start  # the iteration's time includes its validation
+def _step(run: _Run, inputs: Any, labels: Any) -> None:
+    """One iteration: forward and loss (or the user's step_fn), backward, clip, step; its figures kept unread."""
+    run.iteration += 1
+    learn_rate = run.schedule.before_iteration(run.iteration)
+    try:
+        with run.autocast:
+            loss, outputs = run.forward(run.net, inputs, labels)
+    except Exception as error:
+        if run.iteration == run.first_iteration and not out_of_memory(error):
+            raise misfit_error(error, inputs, labels) from error
+        raise
+    if run.iteration == run.first_iteration:
+        _check_loss(loss, run.setup.step_fn)
+    kept = run.figures.keep(loss, outputs, labels)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scaler.scale(loss).backward()
+    run.clip()
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.schedule.after_iteration()
+    run.images += run.global_batch
+    run.pending.append(Pending(run.epoch, run.iteration, time.perf_counter() - run.start, learn_rate, run.images,
+                               kept))
 
-                event = IterationDone(reading.epoch, reading.iteration, reading.time, reading.training_loss,
-                                      reading.accuracy, reading.learn_rate, reading.images, validation_loss,
-                                      (validation_metrics or {}).get("accuracy"), reading.metrics,
-                                      validation_metrics)
-                history.append(event)
-                setup.publish(event)
-                # a listener (output_fn, the Stop button) may have asked just now; with a later bunch trained and
-                # unread, the next iteration's stop check reads that bunch too and stops
-                if stop_reason is None and figures.unread is None and figures.stop_asked():
-                    stop_reason = setup.stop_reason()
-                if not finite:
-                    break
-            if stop_reason is not None:
-                break
 
-        if stop_reason is None:
-            schedule.after_epoch()
-        # checkpoint (complete epochs only, so resume continues with no lost or repeated epoch)
-        path = options.checkpoint_path
-        if stop_reason is None and setup.is_main and path and _checkpoint_due(options, epoch):
-            save_checkpoint(path, epoch, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "schedule": schedule.state_dict(),
-                "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
-                "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options),
-                "samples": len(setup.train_data),
-            })
+def _report(run: _Run, readings: list[Any], due: bool) -> None:
+    """Stop checks (acted on at the end of the last iteration read; a non-finite loss ends the history at its
+    iteration), then validation, then each iteration's event."""
+    for reading in readings:
+        finite = math.isfinite(reading.training_loss)
+        if not finite:
+            run.epoch, run.iteration, run.images = reading.epoch, reading.iteration, reading.images
+            run.stop_reason = (f"Training loss is {reading.training_loss} at iteration {run.iteration} "
+                               f"(epoch {run.epoch}): lower initial_learn_rate or set gradient_threshold.")
+            if run.setup.warn is not None:
+                run.setup.warn(run.stop_reason)
+        elif reading.stops and run.stop_reason is None:
+            run.stop_reason = run.setup.stop_reason() or "Stopped on request"
+        validation_loss, validation_metrics = None, None
+        if (reading is readings[-1] and run.validation is not None and (due or run.stop_reason is not None)
+                and finite):
+            validation_loss, validation_metrics = _validate(run, reading.iteration)
+            reading.time = time.perf_counter() - run.start  # the iteration's time includes its validation
+        event = IterationDone(reading.epoch, reading.iteration, reading.time, reading.training_loss,
+                              reading.accuracy, reading.learn_rate, reading.images, validation_loss,
+                              (validation_metrics or {}).get("accuracy"), reading.metrics, validation_metrics)
+        run.history.append(event)
+        run.setup.publish(event)
+        # a listener (output_fn, the Stop button) may have asked just now; with a later bunch trained and unread,
+        # the next iteration's stop check reads that bunch too and stops
+        if run.stop_reason is None and run.figures.unread is None and run.figures.stop_asked():
+            run.stop_reason = run.setup.stop_reason()
+        if not finite:
+            break
 
-    # ---- the end ----------------------------------------------------------------------------------------------
-    # a stop asked while an iteration's event went out (output_fn, the Stop button) ends the run after that
-    # iteration, which was not validated: validate it now, so the final figures are the returned network's
+
+def _validate(run: _Run, iteration: int) -> tuple[float, dict[str, float | None]]:
+    """Validate `iteration`'s network: the schedule (ReduceLROnPlateau) and the objective's patience see it."""
+    assert run.validation is not None  # the caller validates only with validation data
+    validation_loss, validation_metrics = run.validation.evaluate(run.metrics)
+    run.schedule.after_validation(validation_loss)  # ReduceLROnPlateau's step
+    improved = _best_updated(run.best, run.objective.score(validation_loss, validation_metrics), iteration,
+                             run.model, run.options)
+    if not improved and run.best["bad"] >= run.options.validation_patience and run.stop_reason is None:
+        run.stop_reason = _patience_met(run.options, run.objective)
+    run.model.train()
+    return validation_loss, validation_metrics
+
+
+def _end_epoch(run: _Run) -> None:
+    """The schedule's epoch step, and a checkpoint (complete epochs only, so resume continues with no lost or
+    repeated epoch)."""
+    if run.stop_reason is not None:
+        return
+    run.schedule.after_epoch()
+    setup, options = run.setup, run.options
+    if setup.is_main and options.checkpoint_path and _checkpoint_due(options, run.epoch):
+        save_checkpoint(options.checkpoint_path, run.epoch, {
+            "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "scaler": run.scaler.state_dict(), "schedule": run.schedule.state_dict(),
+            "epoch": run.epoch, "iteration": run.iteration, "seed": setup.seed, "history": run.history,
+            "best": run.best, "rng": torch.get_rng_state(), "options": _plain_options(options),
+            "samples": len(setup.train_data),
+        })
+
+
+def _finish(run: _Run) -> LoopResult:
+    """The output network and the TrainingDone event.
+
+    A stop asked while an iteration's event went out (output_fn, the Stop button) ends the run after that
+    iteration, which was not validated: it is validated now, so the final figures are the returned network's.
+    """
     final_loss, final_metrics = None, None
-    if validation is not None and history and history[-1].validation_loss is None \
+    history, model, options = run.history, run.model, run.options
+    if run.validation is not None and history and history[-1].validation_loss is None \
             and math.isfinite(history[-1].training_loss):
-        final_loss, final_metrics = validation.evaluate(metrics)
-        _best_updated(best, objective.score(final_loss, final_metrics), iteration, model, options)
-    stop_reason = stop_reason or "Max epochs completed"
-    output_iteration = iteration
-    if options.output_network == "best-validation" and best["state"] is not None:
-        model.load_state_dict(best["state"])
-        output_iteration = best["iteration"]
-    elapsed = time.perf_counter() - start
-    setup.publish(TrainingDone(stop_reason, epoch, iteration, elapsed, output_iteration,
-                               images / elapsed if elapsed > 0 else 0.0, final_loss,
-                               (final_metrics or {}).get("accuracy"), final_metrics))
-    return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, iteration)
+        final_loss, final_metrics = run.validation.evaluate(run.metrics)
+        _best_updated(run.best, run.objective.score(final_loss, final_metrics), run.iteration, model, options)
+    stop_reason = run.stop_reason or "Max epochs completed"
+    output_iteration = run.iteration
+    if options.output_network == "best-validation" and run.best["state"] is not None:
+        model.load_state_dict(run.best["state"])
+        output_iteration = run.best["iteration"]
+    elapsed = time.perf_counter() - run.start
+    run.setup.publish(TrainingDone(stop_reason, run.epoch, run.iteration, elapsed, output_iteration,
+                                   run.images / elapsed if elapsed > 0 else 0.0, final_loss,
+                                   (final_metrics or {}).get("accuracy"), final_metrics))
+    return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, run.iteration)
 
 
 # ---- pieces the loop uses ----------------------------------------------------------------------------------------

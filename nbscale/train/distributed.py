@@ -30,7 +30,7 @@ from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, IterationDone, PreparingData, StopSignal
-from nbscale.train.loop import LoopResult, LoopSetup, run_training
+from nbscale.train.loop import LoopResult, loop_setup, run_training
 from nbscale.train.options import TrainingOptions
 from nbscale.user_warnings import warn_user
 
@@ -136,12 +136,10 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         def stop_reason() -> str | None:
             return "Stopped on request" if context.told_to_stop(answered_run) else None
     try:
-        result = run_training(LoopSetup(
-            model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn,
-            step_fn=job.step_fn, device=device,
-            seed=job.seed, hardware=job.hardware, publish=publish, stop_reason=stop_reason,
-            validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
-            rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
+        result = run_training(loop_setup(
+            job.model, job.train_data, job.options, job.loss_fn, job.step_fn, device=device, seed=job.seed,
+            hardware=job.hardware, publish=publish, stop_reason=stop_reason, counts=job.counts,
+            resume=job.resume, rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
             read_each_iteration=answered_run is not None))
         result.warnings = warnings
     except BaseException as error:

@@ -69,6 +69,17 @@ class LoopSetup:
     step_fn: Callable[..., Any] | None = None
 
 
+def loop_setup(model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any, *,
+               device: torch.device, seed: int, hardware: str, publish: Callable[[Any], None],
+               stop_reason: Callable[[], str | None], counts: list[int], **where: Any) -> LoopSetup:
+    """The one place a LoopSetup is built: in the notebook (trainer), on each pool rank (distributed) and on a
+    train_async worker (runs). The validation data are the options'; the loss is cross-entropy when None;
+    `where` holds what differs by place (resume, rank, group, is_main, warn, read_each_iteration)."""
+    return LoopSetup(model=model, train_data=train_data, options=options, loss_fn=loss_fn or nn.CrossEntropyLoss(),
+                     step_fn=step_fn, device=device, seed=seed, hardware=hardware, publish=publish,
+                     stop_reason=stop_reason, validation_data=options.validation_data, counts=counts, **where)
+
+
 @dataclass
 class LoopResult:
     stop_reason: str

@@ -200,7 +200,7 @@ def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOpti
     from nbscale.pool.context import worker_context
     from nbscale.train.batch_fitting import batch_counts
     from nbscale.train.loading import as_dataset
-    from nbscale.train.loop import LoopSetup, run_training
+    from nbscale.train.loop import loop_setup, run_training
     from nbscale.train.trainer import draw_seed
 
     context = worker_context()
@@ -227,12 +227,10 @@ def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOpti
         torch.cuda.manual_seed_all(seeded.seed)
         torch.set_rng_state(seeded.random_state)
     try:
-        result = run_training(LoopSetup(
-            model=model, train_data=dataset, options=options, loss_fn=loss_fn or nn.CrossEntropyLoss(),
-            step_fn=step_fn,
-            device=device, seed=seeded.data_order_seed if seeded is not None else draw_seed(),
+        result = run_training(loop_setup(
+            model, dataset, options, loss_fn, step_fn, device=device,
+            seed=seeded.data_order_seed if seeded is not None else draw_seed(),
             hardware=f"worker {context.rank} ({device})", publish=publish, stop_reason=stop,
-            validation_data=options.validation_data,
             # torch's Dataset declares no __len__; as_dataset checked it
             counts=batch_counts(options, len(dataset), 1)))  # type: ignore[arg-type]
     finally:

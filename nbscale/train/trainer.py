@@ -37,7 +37,7 @@ from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset
-from nbscale.train.loop import LoopSetup, run_training
+from nbscale.train.loop import loop_setup, run_training
 from nbscale.train.losses import resolve_loss
 from nbscale.train.optimizer import check_factories
 from nbscale.train.options import TrainingOptions, shown_choice
@@ -153,11 +153,10 @@ def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: 
     device = training_device(options.execution_environment)
     check_auto_batch_device(options, device.type == "cuda", "the CPU")
     try:
-        return run_training(LoopSetup(
-            model=model, train_data=dataset, options=options, loss_fn=step[0], step_fn=step[1], device=device, seed=seed,
-            hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
-            validation_data=options.validation_data, resume=resume,
-            counts=batch_counts(options, len(dataset), 1), read_each_iteration=options.output_fn is not None))
+        return run_training(loop_setup(
+            model, dataset, options, step[0], step[1], device=device, seed=seed, hardware=describe_device(device),
+            publish=channel.publish, stop_reason=lambda: stop.reason, counts=batch_counts(options, len(dataset), 1),
+            resume=resume, read_each_iteration=options.output_fn is not None))
     except torch.OutOfMemoryError as error:  # re-raised without its frames, which hold the GPU's tensors
         tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
             "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset)))

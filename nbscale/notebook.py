@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from nbscale.train.sweep import SweepResult
 
-CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "make_model")
+CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "step_fn", "make_model")
 
 
 def train(
@@ -35,10 +35,13 @@ def train(
     options: TrainingOptions | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     resume_from: str | os.PathLike[str] | None = None,
+    *,
+    step_fn: Callable[..., Any] | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
 
-    `loss_fn(outputs, labels)` must average over the batch (cross-entropy by default). `resume_from` is a
+    `loss_fn(outputs, labels)` must average over the batch (default: `options.loss`, cross-entropy when None).
+    `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and loss. `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
     trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
@@ -57,7 +60,7 @@ def train(
         listeners.insert(0, feed)  # before output_fn, whose failure ends the run
     try:
         return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop,
-                             info=info)
+                             info=info, step_fn=step_fn)
     finally:
         if feed is not None:  # however the run ended: what was logged is in the files
             feed.close()
@@ -175,7 +178,7 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
     """Run `cell` in the notebook, then train its `model` on its `train_data` (and `val_data`): `%%train`.
 
     The cell must define `model` and `train_data` (with --sweep, `make_model` may stand for `model`); it may
-    define `val_data` and `loss_fn`. Only what this cell assigns counts, not what earlier cells left. Flags
+    define `val_data`, `loss_fn` and `step_fn`. Only what this cell assigns counts, not what earlier cells left. Flags
     override the options; afterwards the network and the info are notebook variables (`request.net`,
     `request.info`), and with --sweep every run is in `sweep_result`.
     """
@@ -203,6 +206,10 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
     if request.sweep:
         from nbscale.train.sweep import parse_grid
 
+        if "step_fn" in values:
+            raise OptionsError("%%train --sweep does not take a step_fn yet: sweep with loss_fn, or train each "
+                               "setting with nbscale.train(..., step_fn=step_fn).")
+
         make_model = values.get("make_model")
         result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
                        parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed)
@@ -210,7 +217,8 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
         if result.best is not None:
             namespace[request.net], namespace[request.info] = result.best.net, result.best.info
         return
-    net, info = train(values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"))
+    net, info = train(values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"),
+                      step_fn=values.get("step_fn"))
     namespace[request.net], namespace[request.info] = net, info
 
 

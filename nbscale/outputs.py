@@ -16,5 +16,7 @@ def main_output(outputs: Any) -> Any:
     """
     if type(outputs) is torch.Tensor:  # the usual case, without getattr's failed lookup on every iteration
         return outputs
+    if isinstance(outputs, tuple | list) and outputs and not hasattr(outputs, "_fields"):
+        return main_output(outputs[0])  # several outputs (a plain tuple or list): the first is the main one
     logits = getattr(outputs, "logits", None)
     return logits if logits is not None else outputs

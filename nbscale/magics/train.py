@@ -33,7 +33,7 @@ class TrainMagics(Magics):
     def train(self, line: str, cell: str) -> None:
         """Run the cell in the notebook, then train its `model` on its `train_data` (and `val_data`).
 
-        The cell must define `model` and `train_data`; it may define `val_data` and `loss_fn`. Flags override
+        The cell must define `model` and `train_data`; it may define `val_data`, `loss_fn` and `step_fn`. Flags override
         the options; afterwards the network and the info are notebook variables (--net, --info).
         Python equivalent: `net, info = nbscale.train(model, train_data, options, loss_fn=loss_fn)`.
         """

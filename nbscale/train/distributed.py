@@ -31,7 +31,7 @@ from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import EventChannel, IterationDone, PreparingData, StopSignal
-from nbscale.train.loop import LoopResult, LoopSetup, run_training
+from nbscale.train.loop import LoopResult, loop_setup, run_training
 from nbscale.train.options import TrainingOptions
 from nbscale.user_warnings import warn_user
 
@@ -54,10 +54,12 @@ class WorkerJob:
     counts: list[int]
     hardware: str
     answered_run: str | None = None  # with output_fn: every iteration waits for the notebook's answer to it
+    step_fn: Any = None  # train(step_fn=...): replaces the forward and loss_fn
 
 
 def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
-                  resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal) -> LoopResult:
+                  resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
+                  step_fn: Any = None) -> LoopResult:
     """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
     pool = _pool_for(options.execution_environment)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
@@ -71,7 +73,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     # its answer to each iteration, so a stop it asks for lands after the iteration it saw, as in the notebook
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
     answered_run = secrets.token_hex(8) if options.output_fn is not None else None
-    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered_run)
+    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered_run,
+                    step_fn)
 
     preparing = _PreparingTotals()
     listener_failures: list[Exception] = []
@@ -142,11 +145,10 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             return "Stopped on request" if context.told_to_stop(answered_run) else None
     out_of_memory: str | None = None  # raised after the handler, so that it holds none of the run's frames
     try:
-        result = run_training(LoopSetup(
-            model=job.model, train_data=job.train_data, options=job.options, loss_fn=job.loss_fn, device=device,
-            seed=job.seed, hardware=job.hardware, publish=publish, stop_reason=stop_reason,
-            validation_data=job.options.validation_data, resume=job.resume, counts=job.counts,
-            rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
+        result = run_training(loop_setup(
+            job.model, job.train_data, job.options, job.loss_fn, job.step_fn, device=device, seed=job.seed,
+            hardware=job.hardware, publish=publish, stop_reason=stop_reason, counts=job.counts,
+            resume=job.resume, rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
             read_each_iteration=answered_run is not None))
         result.warnings = warnings
     except BaseException as error:
@@ -343,7 +345,8 @@ def _unsendable(job: WorkerJob) -> str | None:
     import cloudpickle
 
     parts = (("the model", job.model), ("train_data", job.train_data),
-             ("validation_data", job.options.validation_data), ("loss_fn", job.loss_fn))
+             ("validation_data", job.options.validation_data), ("loss_fn", job.loss_fn),
+             ("step_fn", job.step_fn))
     for name, value in parts:
         try:
             cloudpickle.dumps(value)

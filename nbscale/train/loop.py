@@ -25,17 +25,19 @@ from torch import nn
 
 from nbscale.outputs import main_output
 from nbscale.train.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
+from nbscale.train.batches import batch_length, call_model
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.checks import misfit_error
 from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
-from nbscale.train.figures import READ_EVERY, CarryingHook, LocalFigures, Pending, PoolFigures, correct
+from nbscale.train.figures import READ_EVERY, CarryingHook, KeptMetrics, LocalFigures, Pending, PoolFigures
 from nbscale.train.layout import layout_restored, train_channels_last
 from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.optimizer import make_optimizer
-from nbscale.train.options import TrainingOptions
+from nbscale.train.options import FACTORY_FIELDS, TrainingOptions, shown_choice
 from nbscale.train.preparing import Progress, Readers
-from nbscale.train.schedules import learn_rate_schedule
+from nbscale.train.run_metrics import Objective, run_metrics, summed_over
+from nbscale.train.schedules import Schedule, base_rate, make_schedule
 from nbscale.user_warnings import warn_user
 
 
@@ -63,6 +65,19 @@ class LoopSetup:
     warn: Callable[[str], None] | None = field(default=lambda message: warn_user(message, RuntimeWarning))
     # a listener needs every iteration's figures at once (output_fn; on a pool publish waits for its answer)
     read_each_iteration: bool = False
+    # step_fn(model, inputs, targets) -> loss | (loss, outputs): replaces the forward and loss_fn
+    step_fn: Callable[..., Any] | None = None
+
+
+def loop_setup(model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any, *,
+               device: torch.device, seed: int, hardware: str, publish: Callable[[Any], None],
+               stop_reason: Callable[[], str | None], counts: list[int], **where: Any) -> LoopSetup:
+    """The one place a LoopSetup is built: in the notebook (trainer), on each pool rank (distributed) and on a
+    train_async worker (runs). The validation data are the options'; the loss is cross-entropy when None;
+    `where` holds what differs by place (resume, rank, group, is_main, warn, read_each_iteration)."""
+    return LoopSetup(model=model, train_data=train_data, options=options, loss_fn=loss_fn or nn.CrossEntropyLoss(),
+                     step_fn=step_fn, device=device, seed=seed, hardware=hardware, publish=publish,
+                     stop_reason=stop_reason, validation_data=options.validation_data, counts=counts, **where)
 
 
 @dataclass
@@ -83,193 +98,328 @@ def run_training(setup: LoopSetup) -> LoopResult:
 
 def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     """The loop; `closing` stops the data's background processes when it ends, however it ends."""
-    device, loss_fn = setup.device, setup.loss_fn
+    run = _set_up(setup, closing)
+    _start(run)
+    while run.epoch < run.max_epochs and run.stop_reason is None:
+        _train_epoch(run)
+        _end_epoch(run)
+    return _finish(run)
 
-    # ---- the data, read and held where training runs (on a pool each rank reads a block and they share them),
-    # before the clock starts: info.prepare_seconds, not training time --------------------------------------------
-    model = setup.model.to(device)
-    options = setup.options
-    # the scaler scales fp16 losses, else passes
-    autocast_dtype, scaler = _precision(options.precision, device, setup.warn)
-    preparing = time.perf_counter()
-    readers = _readers(setup)
-    # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
-    background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
-    data = make_batch_source(setup.train_data, device, options.data_placement, background, seed=_loader_seed(setup),
-                             readers=readers, progress=_progress(setup, "training data", setup.train_data))
-    if isinstance(data, StreamBatches):
-        closing.callback(data.close)
-    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
-    prepare_seconds = time.perf_counter() - preparing
 
-    # ---- setup: the solver, and every variant, chosen once ----------------------------------------------------
+@dataclass(eq=False)
+class _Run:
+    """What the loop's parts share: the variants chosen in setup, then the run's counters."""
+
+    setup: LoopSetup
+    model: nn.Module
+    net: nn.Module  # the model, in DDP and/or compiled
+    data: BatchSource
+    validation: _Validator | None
+    forward: Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]  # forward + loss, or step_fn
+    autocast: Any
+    scaler: torch.amp.GradScaler
+    optimizer: torch.optim.Optimizer
+    schedule: Schedule
+    clip: Callable[[], None]
+    figures: LocalFigures | PoolFigures  # how the figures are kept and read (one process, or with DDP's hook)
+    reading: _ReadRule  # when they are read
+    metrics: KeptMetrics
+    objective: Objective
+    iterations_per_epoch: int
+    global_batch: int
+    offset: int  # this rank's first sample in each global batch
+    local: int  # and how many it takes
+    started: dict[str, Any]  # what TrainingStarted says of the setup (chosen, prepare_seconds, data_placement)
+    epoch: int = 0
+    iteration: int = 0
+    images: int = 0
+    history: list[IterationDone] = field(default_factory=list)
+    # the best validation so far by the objective's score (lower is better: Objective.score)
+    best: dict[str, Any] = field(default_factory=lambda: {"score": math.inf, "iteration": 0, "state": None, "bad": 0})
+    pending: list[Pending] = field(default_factory=list)
+    first_iteration: int = 1  # a failure of its step is the network not fitting the data (misfit_error)
+    start: float = 0.0
+    stop_reason: str | None = None
+
+    @property
+    def options(self) -> TrainingOptions:
+        return self.setup.options
+
+    @property
+    def max_epochs(self) -> int:
+        return int(self.setup.options.max_epochs)
+
+
+# ---- setup: every variant chosen once --------------------------------------------------------------------------
+
+def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
+    """The data held where training runs, precision, layout, the settled batch, the solver and schedule, DDP,
+    compile, the metrics and how the figures are read."""
+    model = setup.model.to(setup.device)
+    data, validation, autocast_dtype, scaler, started = _held_data(setup, model, closing)
+    device = setup.device
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
     train_channels_last(model, device, _first_input(data, setup.seed), autocast)  # undone by layout_restored
     _autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     # mini_batch_size="auto" (a probe of the GPU, with the data in place) and learn_rate_scaling, settled
-    setup, chosen = _settled(setup, model, data, autocast)
+    setup, started["choices"] = _settled(setup, model, data, autocast)
     options = setup.options
     if validation is not None:
         validation.split(max(setup.counts))  # a rank's training batch fits, so this does
-    samples, global_batch = len(data), sum(setup.counts)
-    offset, local = sum(setup.counts[: setup.rank]), setup.counts[setup.rank]
-    iterations_per_epoch = max(1, samples // global_batch)  # MATLAB drops the last incomplete mini-batch
-    max_epochs = int(options.max_epochs)
-    total_iterations = iterations_per_epoch * max_epochs
+    global_batch, local = sum(setup.counts), setup.counts[setup.rank]
+    iterations_per_epoch = max(1, len(data) // global_batch)  # MATLAB drops the last incomplete mini-batch
     optimizer = make_optimizer(model, options)
-    rate = learn_rate_schedule(options, iterations_per_epoch)
-    net: nn.Module = model
-    figures: LocalFigures | PoolFigures = LocalFigures(setup.stop_reason, _read_every(setup), _graphs(options))
-    if setup.group is not None:  # several ranks with work: DDP, the figures summed with the last gradient bucket
-        net, figures = _distributed(model, setup, local / global_batch)
+    forward = _forward(setup.loss_fn, setup.step_fn)  # (net, inputs, labels) -> (loss, outputs or None)
+    # the metrics (options.metrics, or the default its loss and targets give) and what patience follows
+    metric_set = run_metrics(options, setup.loss_fn, setup.train_data)
+    metrics, objective = KeptMetrics(metric_set, options.metrics is not None), Objective(options, metric_set)
+    net, figures = _network_and_figures(setup, model, metrics, local / global_batch)
     if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
-        first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, samples), iterations_per_epoch,
-                            global_batch, offset, local)[:1]
-        trial = _trial(data, first, setup.seed, autocast, loss_fn)
+        first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, len(data)), iterations_per_epoch,
+                            global_batch, sum(setup.counts[: setup.rank]), local)[:1]
+        trial = _trial(data, first, setup.seed, autocast, forward)
         net = compiled_network(net, options.compile, trial, model, device, warn=setup.warn)
-    clip = _clipping(model, optimizer, scaler, options)
+    reading = _ReadRule(figures, options.validation_frequency, iterations_per_epoch * int(options.max_epochs),
+                        validation is not None)
+    return _Run(setup, model, net, data, validation, forward, autocast, scaler, optimizer,
+                make_schedule(options, optimizer, iterations_per_epoch), _clipping(model, optimizer, scaler, options),
+                figures, reading, metrics, objective, iterations_per_epoch, global_batch,
+                sum(setup.counts[: setup.rank]), local, started)
 
-    epoch, iteration = 0, 0
-    history: list[IterationDone] = []
-    best: dict[str, Any] = {"loss": math.inf, "iteration": 0, "state": None, "bad": 0}
+
+def _held_data(setup: LoopSetup, model: nn.Module, closing: contextlib.ExitStack) -> tuple[
+        BatchSource, _Validator | None, Any, torch.amp.GradScaler, dict[str, Any]]:
+    """The data, read and held where training runs (on a pool each rank reads a block and they share them), before
+    the clock starts (info.prepare_seconds, not training time): (training batches, validator, autocast dtype,
+    scaler, what TrainingStarted says of them)."""
+    options = setup.options
+    autocast_dtype, scaler = _precision(options.precision, setup.device, setup.warn)  # the scaler scales fp16 losses
+    preparing = time.perf_counter()
+    readers = _readers(setup)
+    # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
+    background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
+    data = make_batch_source(setup.train_data, setup.device, options.data_placement, background,
+                             seed=_loader_seed(setup), readers=readers,
+                             progress=_progress(setup, "training data", setup.train_data))
+    if isinstance(data, StreamBatches):
+        closing.callback(data.close)
+    validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
+    started = {"prepare_seconds": time.perf_counter() - preparing, "data_placement": _placement(data, readers)}
+    return data, validation, autocast_dtype, scaler, started
+
+
+def _network_and_figures(setup: LoopSetup, model: nn.Module, metrics: KeptMetrics,
+                         share: float) -> tuple[nn.Module, LocalFigures | PoolFigures]:
+    """The network the step calls and how the figures are kept and read: on several ranks with work, DDP with the
+    figures summed with the last gradient bucket; else the model and the figures read in this process."""
+    if setup.group is not None:
+        return _distributed(model, setup, share, metrics)
+    return model, LocalFigures(setup.stop_reason, _read_every(setup), _graphs(setup.options), metrics)
+
+
+class _ReadRule:
+    """When the loop reads the figures (nbscale.train.figures): a bunch is full, this iteration needs its figures
+    now (validation, the last iteration, a checkpoint, a stop asked), an epoch ends, or the interval passed."""
+
+    def __init__(self, figures: LocalFigures | PoolFigures, validation_frequency: int, total_iterations: int,
+                 validating: bool) -> None:
+        self.figures, self.frequency, self.total, self.validating = figures, validation_frequency, total_iterations, \
+            validating
+        self.last_read = time.perf_counter()
+
+    def validation_due(self, iteration: int) -> bool:
+        return iteration == 1 or iteration % self.frequency == 0 or iteration == self.total
+
+    def needed(self, iteration: int, asked: bool, due: bool, checkpoint: bool) -> bool:
+        """True when this iteration's own figures must be read now (the read waits for them)."""
+        return asked or (self.validating and due) or iteration == self.total or checkpoint
+
+    def now(self, unread: int, needed: bool, epoch_end: bool) -> bool:
+        """True when the figures are read after this iteration (a read reports the bunch before)."""
+        now = time.perf_counter()
+        if not (unread >= self.figures.read_every or needed or epoch_end or now - self.last_read >= self.figures.interval):
+            return False
+        self.last_read = now
+        return True
+
+
+# ---- the run: start, epochs, steps, reports, end ---------------------------------------------------------------
+
+def _start(run: _Run) -> None:
+    """Restore a checkpoint's state, then tell the listeners what this run is (a resumed run: its history)."""
+    setup, options = run.setup, run.options
     if setup.resume is not None:
-        epoch, iteration, history, best = _restore(setup.resume, model, optimizer, scaler)
+        run.epoch, run.iteration, run.history, run.best = _restore(setup.resume, run.model, run.optimizer,
+                                                                   run.scaler, run.schedule)
+        run.best.setdefault("score", run.best.pop("loss", math.inf))  # a checkpoint from before the objective
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
-    setup.publish(TrainingStarted(max_epochs, iterations_per_epoch, global_batch, setup.hardware, time.time(),
-                                  first_iteration=iteration + 1, initial_learn_rate=float(options.initial_learn_rate),
-                                  choices=chosen, prepare_seconds=prepare_seconds,
-                                  data_placement=_placement(data, readers)))
-    setup.publish(list(history))  # a resumed run shows its whole history
-
-    pending: list[Pending] = []
-    first_iteration = iteration + 1  # a failure of its step is the network not fitting the data (misfit_error)
+    setup.publish(TrainingStarted(run.max_epochs, run.iterations_per_epoch, run.global_batch, setup.hardware,
+                                  time.time(), first_iteration=run.iteration + 1,
+                                  initial_learn_rate=base_rate(run.optimizer), metric_names=run.metrics.names,
+                                  objective_metric=run.objective.name, objective_goal=run.objective.goal,
+                                  **run.started))
+    setup.publish(list(run.history))  # a resumed run shows its whole history
+    run.first_iteration = run.iteration + 1
     # a resumed run goes on counting time and images from where its checkpoint ended
-    start = time.perf_counter() - (history[-1].time_since_start if history else 0.0)
-    images, stop_reason = (history[-1].images if history else 0), None
-    optimizer_rate = math.nan  # the base learn rate the optimizer's groups were last set to
-    last_read = time.perf_counter()
+    run.start = time.perf_counter() - (run.history[-1].time_since_start if run.history else 0.0)
+    run.images = run.history[-1].images if run.history else 0
+    run.reading.last_read = time.perf_counter()
 
-    # ---- epochs -------------------------------------------------------------------------------------------------
-    while epoch < max_epochs and stop_reason is None:
-        epoch += 1
-        order = epoch_order(options.shuffle, setup.seed, epoch, samples)
-        rows = _epoch_rows(order, iterations_per_epoch, global_batch, offset, local)
-        model.train()
-        for step, (inputs, labels) in enumerate(data.epoch(rows, _epoch_seed(setup.seed, epoch)), 1):
-            iteration += 1
-            learn_rate = rate(iteration - 1)
-            if learn_rate != optimizer_rate:
-                optimizer_rate = learn_rate
-                for group in optimizer.param_groups:
-                    group["lr"] = learn_rate * group.get("lr_factor", 1.0)
 
-            # the step: forward, loss, backward, clip, step
-            try:
-                with autocast:
-                    outputs = main_output(net(inputs))
-                    loss = loss_fn(outputs, labels)
-            except Exception as error:
-                if iteration == first_iteration and not out_of_memory(error):
-                    raise misfit_error(error, inputs, labels) from error
-                raise
-            kept = figures.keep(loss, outputs, labels)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            clip()
-            scaler.step(optimizer)
-            scaler.update()
-            images += global_batch
-            pending.append(Pending(epoch, iteration, time.perf_counter() - start, learn_rate, images, kept))
+def _train_epoch(run: _Run) -> None:
+    """One epoch's steps, with the figures read in bunches (or when an iteration needs them) and reported."""
+    run.epoch += 1
+    setup, options = run.setup, run.options
+    order = epoch_order(options.shuffle, setup.seed, run.epoch, len(run.data))
+    rows = _epoch_rows(order, run.iterations_per_epoch, run.global_batch, run.offset, run.local)
+    run.model.train()
+    for step, (inputs, labels) in enumerate(run.data.epoch(rows, _epoch_seed(setup.seed, run.epoch)), 1):
+        _step(run, inputs, labels)
+        epoch_end = step == len(rows)
+        due = run.reading.validation_due(run.iteration)
+        asked = run.figures.stop_asked()
+        needed = run.reading.needed(run.iteration, asked, due, epoch_end and _checkpoint_due(options, run.epoch))
+        if not run.reading.now(len(run.pending), needed, epoch_end):
+            continue
+        readings, run.pending = run.figures.read(run.pending, asked, wait=needed), []
+        _report(run, readings, due)
+        if run.stop_reason is not None:
+            break
 
-            # read the figures in bunches, or when this iteration needs them (nbscale.train.figures): a read
-            # reports the bunch before, and waits for its own only where this iteration needs its figures now
-            due = iteration == 1 or iteration % options.validation_frequency == 0 or iteration == total_iterations
-            asked = figures.stop_asked()
-            now = time.perf_counter()
-            needed = (asked or (validation is not None and due) or iteration == total_iterations
-                      or (step == len(rows) and _checkpoint_due(options, epoch)))
-            if not (len(pending) >= figures.read_every or needed or step == len(rows)
-                    or now - last_read >= figures.interval):
-                continue
-            last_read = now
-            readings, pending = figures.read(pending, asked, wait=needed), []
 
-            # stop checks (acted on at the end of the last iteration read; a non-finite loss ends the history
-            # at its iteration), then validation, then events
-            for reading in readings:
-                finite = math.isfinite(reading.training_loss)
-                if not finite:
-                    epoch, iteration, images = reading.epoch, reading.iteration, reading.images
-                    stop_reason = (f"Training loss is {reading.training_loss} at iteration {iteration} "
-                                   f"(epoch {epoch}): lower initial_learn_rate or set gradient_threshold.")
-                    if setup.warn is not None:
-                        setup.warn(stop_reason)
-                elif reading.stops and stop_reason is None:
-                    stop_reason = setup.stop_reason() or "Stopped on request"
-                validation_loss = validation_accuracy = None
-                if (reading is readings[-1] and validation is not None and (due or stop_reason is not None)
-                        and finite):
-                    validation_loss, validation_accuracy = validation.evaluate()
-                    if validation_loss < best["loss"]:
-                        best.update(loss=validation_loss, iteration=reading.iteration, bad=0)
-                        if options.output_network == "best-validation":
-                            best["state"] = _cpu_copy(model.state_dict())
-                    else:
-                        best["bad"] += 1
-                        if best["bad"] >= options.validation_patience and stop_reason is None:
-                            stop_reason = (f"Met validation criterion "
-                                           f"(validation_patience={options.validation_patience})")
-                    model.train()
-                    reading.time = time.perf_counter() - start  # the iteration's time includes its validation
+def _step(run: _Run, inputs: Any, labels: Any) -> None:
+    """One iteration: forward and loss (or the user's step_fn), backward, clip, step; its figures kept unread."""
+    run.iteration += 1
+    learn_rate = run.schedule.before_iteration(run.iteration)
+    try:
+        with run.autocast:
+            loss, outputs = run.forward(run.net, inputs, labels)
+    except Exception as error:
+        if run.iteration == run.first_iteration and not out_of_memory(error):
+            raise misfit_error(error, inputs, labels) from error
+        raise
+    if run.iteration == run.first_iteration:
+        _check_loss(loss, run.setup.step_fn)
+    kept = run.figures.keep(loss, outputs, labels)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scaler.scale(loss).backward()
+    run.clip()
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.schedule.after_iteration()
+    run.images += run.global_batch
+    run.pending.append(Pending(run.epoch, run.iteration, time.perf_counter() - run.start, learn_rate, run.images,
+                               kept))
 
-                event = IterationDone(reading.epoch, reading.iteration, reading.time, reading.training_loss,
-                                      reading.accuracy, reading.learn_rate, reading.images, validation_loss,
-                                      validation_accuracy)
-                history.append(event)
-                setup.publish(event)
-                # a listener (output_fn, the Stop button) may have asked just now; with a later bunch trained and
-                # unread, the next iteration's stop check reads that bunch too and stops
-                if stop_reason is None and figures.unread is None and figures.stop_asked():
-                    stop_reason = setup.stop_reason()
-                if not finite:
-                    break
-            if stop_reason is not None:
-                break
 
-        # checkpoint (complete epochs only, so resume continues with no lost or repeated epoch)
-        path = options.checkpoint_path
-        if stop_reason is None and setup.is_main and path and _checkpoint_due(options, epoch):
-            save_checkpoint(path, epoch, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "epoch": epoch, "iteration": iteration, "seed": setup.seed, "history": history,
-                "best": best, "rng": torch.get_rng_state(), "options": _plain_options(options),
-                "samples": len(setup.train_data),
-            })
+def _report(run: _Run, readings: list[Any], due: bool) -> None:
+    """Stop checks (acted on at the end of the last iteration read; a non-finite loss ends the history at its
+    iteration), then validation, then each iteration's event."""
+    for reading in readings:
+        finite = math.isfinite(reading.training_loss)
+        if not finite:
+            run.epoch, run.iteration, run.images = reading.epoch, reading.iteration, reading.images
+            run.stop_reason = (f"Training loss is {reading.training_loss} at iteration {run.iteration} "
+                               f"(epoch {run.epoch}): lower initial_learn_rate or set gradient_threshold.")
+            if run.setup.warn is not None:
+                run.setup.warn(run.stop_reason)
+        elif reading.stops and run.stop_reason is None:
+            run.stop_reason = run.setup.stop_reason() or "Stopped on request"
+        validation_loss, validation_metrics = None, None
+        if (reading is readings[-1] and run.validation is not None and (due or run.stop_reason is not None)
+                and finite):
+            validation_loss, validation_metrics = _validate(run, reading.iteration)
+            reading.time = time.perf_counter() - run.start  # the iteration's time includes its validation
+        event = IterationDone(reading.epoch, reading.iteration, reading.time, reading.training_loss,
+                              reading.accuracy, reading.learn_rate, reading.images, validation_loss,
+                              (validation_metrics or {}).get("accuracy"), reading.metrics, validation_metrics)
+        run.history.append(event)
+        run.setup.publish(event)
+        # a listener (output_fn, the Stop button) may have asked just now; with a later bunch trained and unread,
+        # the next iteration's stop check reads that bunch too and stops
+        if run.stop_reason is None and run.figures.unread is None and run.figures.stop_asked():
+            run.stop_reason = run.setup.stop_reason()
+        if not finite:
+            break
 
-    # ---- the end ----------------------------------------------------------------------------------------------
-    # a stop asked while an iteration's event went out (output_fn, the Stop button) ends the run after that
-    # iteration, which was not validated: validate it now, so the final figures are the returned network's
-    final_loss = final_accuracy = None
-    if validation is not None and history and history[-1].validation_loss is None \
+
+def _validate(run: _Run, iteration: int) -> tuple[float, dict[str, float | None]]:
+    """Validate `iteration`'s network: the schedule (ReduceLROnPlateau) and the objective's patience see it."""
+    assert run.validation is not None  # the caller validates only with validation data
+    validation_loss, validation_metrics = run.validation.evaluate(run.metrics)
+    run.schedule.after_validation(validation_loss)  # ReduceLROnPlateau's step
+    improved = _best_updated(run.best, run.objective.score(validation_loss, validation_metrics), iteration,
+                             run.model, run.options)
+    if not improved and run.best["bad"] >= run.options.validation_patience and run.stop_reason is None:
+        run.stop_reason = _patience_met(run.options, run.objective)
+    run.model.train()
+    return validation_loss, validation_metrics
+
+
+def _end_epoch(run: _Run) -> None:
+    """The schedule's epoch step, and a checkpoint (complete epochs only, so resume continues with no lost or
+    repeated epoch)."""
+    if run.stop_reason is not None:
+        return
+    run.schedule.after_epoch()
+    setup, options = run.setup, run.options
+    if setup.is_main and options.checkpoint_path and _checkpoint_due(options, run.epoch):
+        save_checkpoint(options.checkpoint_path, run.epoch, {
+            "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "scaler": run.scaler.state_dict(), "schedule": run.schedule.state_dict(),
+            "epoch": run.epoch, "iteration": run.iteration, "seed": setup.seed, "history": run.history,
+            "best": run.best, "rng": torch.get_rng_state(), "options": _plain_options(options),
+            "samples": len(setup.train_data),
+        })
+
+
+def _finish(run: _Run) -> LoopResult:
+    """The output network and the TrainingDone event.
+
+    A stop asked while an iteration's event went out (output_fn, the Stop button) ends the run after that
+    iteration, which was not validated: it is validated now, so the final figures are the returned network's.
+    """
+    final_loss, final_metrics = None, None
+    history, model, options = run.history, run.model, run.options
+    if run.validation is not None and history and history[-1].validation_loss is None \
             and math.isfinite(history[-1].training_loss):
-        final_loss, final_accuracy = validation.evaluate()
-        if final_loss < best["loss"]:
-            best.update(loss=final_loss, iteration=iteration, bad=0)
-            if options.output_network == "best-validation":
-                best["state"] = _cpu_copy(model.state_dict())
-    stop_reason = stop_reason or "Max epochs completed"
-    output_iteration = iteration
-    if options.output_network == "best-validation" and best["state"] is not None:
-        model.load_state_dict(best["state"])
-        output_iteration = best["iteration"]
-    elapsed = time.perf_counter() - start
-    setup.publish(TrainingDone(stop_reason, epoch, iteration, elapsed, output_iteration,
-                               images / elapsed if elapsed > 0 else 0.0, final_loss, final_accuracy))
-    return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, iteration)
+        final_loss, final_metrics = run.validation.evaluate(run.metrics)
+        _best_updated(run.best, run.objective.score(final_loss, final_metrics), run.iteration, model, options)
+    stop_reason = run.stop_reason or "Max epochs completed"
+    output_iteration = run.iteration
+    if options.output_network == "best-validation" and run.best["state"] is not None:
+        model.load_state_dict(run.best["state"])
+        output_iteration = run.best["iteration"]
+    elapsed = time.perf_counter() - run.start
+    run.setup.publish(TrainingDone(stop_reason, run.epoch, run.iteration, elapsed, output_iteration,
+                                   run.images / elapsed if elapsed > 0 else 0.0, final_loss,
+                                   (final_metrics or {}).get("accuracy"), final_metrics))
+    return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, run.iteration)
 
 
 # ---- pieces the loop uses ----------------------------------------------------------------------------------------
+
+def _best_updated(best: dict[str, Any], score: float, iteration: int, model: nn.Module,
+                  options: TrainingOptions) -> bool:
+    """Count a validation's `score` (lower is better) against the best so far; True when it is the new best
+    (kept as the output network under output_network="best-validation"), else one more validation without."""
+    if not score < best["score"]:  # NaN (no value) is never better
+        best["bad"] += 1
+        return False
+    best.update(score=score, iteration=iteration, bad=0)
+    if options.output_network == "best-validation":
+        best["state"] = _cpu_copy(model.state_dict())
+    return True
+
+
+def _patience_met(options: TrainingOptions, objective: Objective) -> str:
+    """The stop reason once validation_patience validations in a row did not improve the objective."""
+    if objective.name == "loss":
+        return f"Met validation criterion (validation_patience={options.validation_patience})"
+    return (f"Met validation criterion (validation_patience={options.validation_patience}, "
+            f"objective_metric={objective.name!r})")
+
 
 @contextlib.contextmanager
 def _cheap_garbage_collection() -> Iterator[None]:
@@ -380,7 +530,8 @@ def _graphs(options: TrainingOptions) -> bool:
     return options.compile in ("reduce-overhead", "max-autotune")
 
 
-def _distributed(model: nn.Module, setup: LoopSetup, share: float) -> tuple[nn.Module, PoolFigures]:
+def _distributed(model: nn.Module, setup: LoopSetup, share: float,
+                 metrics: KeptMetrics) -> tuple[nn.Module, PoolFigures]:
     """`model` in DistributedDataParallel over the ranks with work, and the figures that travel with its
     gradients (nbscale.train.figures)."""
     from torch.nn.parallel import DistributedDataParallel
@@ -390,7 +541,7 @@ def _distributed(model: nn.Module, setup: LoopSetup, share: float) -> tuple[nn.M
                                   process_group=setup.group)
     hook = CarryingHook(setup.group, share)
     net.register_comm_hook(None, hook.reduce)
-    return net, PoolFigures(hook, setup.group, device, setup.stop_reason, setup.read_each_iteration)
+    return net, PoolFigures(hook, setup.group, device, setup.stop_reason, metrics, setup.read_each_iteration)
 
 
 def _epoch_rows(order: torch.Tensor, iterations: int, global_batch: int, offset: int, local: int) -> torch.Tensor:
@@ -412,15 +563,48 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 
 def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: Any,
-           loss_fn: Callable[[Any, Any], torch.Tensor]) -> Callable[[nn.Module], None]:
+           forward: Callable[..., tuple[torch.Tensor, Any]]) -> Callable[[nn.Module], None]:
     """One forward and backward of a network on the first batch (whether a network compiles shows there)."""
     def trial(candidate: nn.Module) -> None:
         inputs, labels = next(iter(data.epoch(rows, seed)))
         with autocast:
-            loss = loss_fn(main_output(candidate(inputs)), labels)
+            loss, _ = forward(candidate, inputs, labels)
         loss.backward()
 
     return trial
+
+
+def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
+             step_fn: Callable[..., Any] | None) -> Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]:
+    """The forward and loss of one iteration, (net, inputs, labels) -> (loss, outputs): the network's main output
+    into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
+    if step_fn is None:
+        def forward(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+            outputs = main_output(call_model(net, inputs))
+            return loss_fn(outputs, labels), outputs
+
+        return forward
+
+    def step(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+        result = step_fn(net, inputs, labels)
+        if isinstance(result, tuple) and len(result) == 2:
+            return result[0], main_output(result[1])
+        return result, None
+
+    return step
+
+
+def _check_loss(loss: Any, step_fn: Callable[..., Any] | None) -> None:
+    """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+        return
+    what = ("step_fn must return the batch's loss (a scalar tensor with a gradient) or (loss, outputs)"
+            if step_fn is not None else "loss_fn must return the batch's mean loss (a scalar tensor with a gradient)")
+    got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+    from nbscale.errors import OptionsError
+
+    raise OptionsError(f"{what}; it returned {got}: average the loss over the batch (e.g. .mean()), "
+                       "and compute it from the model's outputs.")
 
 
 def _clipping(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
@@ -466,7 +650,7 @@ def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
 
 
 class _Validator:
-    """Loss and accuracy over the validation data, with the plain network in eval mode (never the compiled one:
+    """Loss and metrics over the validation data (their states summed over the batches and the ranks), with the plain network in eval mode (never the compiled one:
     its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample,
     with the main rank's buffers (the network the user gets back: see `_take_main_ranks_buffers`)."""
 
@@ -493,25 +677,25 @@ class _Validator:
             self.batches = list(torch.split(torch.arange(len(self.source)), batch))
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float | None]:
+    def evaluate(self, metrics: KeptMetrics) -> tuple[float, dict[str, float | None]]:
+        """(validation loss, each metric's value): one read to the host, after one all_reduce on a pool."""
         if self.setup.group is not None:
             _take_main_ranks_buffers(self.model, self.setup.group)
         self.model.eval()
         device = self.setup.device
-        totals = torch.zeros(3, device=device)
+        totals = torch.zeros(2 + metrics.size, device=device)  # loss sum, samples, the metrics' summed state
         # the same augmentation draws at every validation, so its figures compare over the run
         for inputs, labels in self.source.epoch(self.batches, self.setup.seed) if self.source is not None else ():
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                outputs = main_output(self.model(inputs))
+                outputs = main_output(call_model(self.model, inputs))
                 loss = self.setup.loss_fn(outputs, labels)
-            totals[0] += loss.float() * len(labels)
-            totals[1] += correct(outputs, labels, device)
-            totals[2] += len(labels)
-        if self.setup.group is not None:
-            torch.distributed.all_reduce(totals, group=self.setup.group)
-        loss_sum, correct_count, count = totals.tolist()
-        count = max(count, 1)
-        return loss_sum / count, (correct_count / count if correct_count >= 0 else None)
+            count = batch_length(labels)
+            totals[0] += loss.float() * count
+            totals[1] += count
+            if metrics.size:
+                totals[2:] += metrics.metrics.state(outputs, labels).to(device)
+        loss_sum, count, *state = summed_over(self.setup.group, totals).tolist()
+        return loss_sum / max(count, 1), metrics.values(state)
 
 
 def _take_main_ranks_buffers(model: nn.Module, group: Any) -> None:
@@ -539,10 +723,11 @@ def _precision(precision: str, device: torch.device,
     return torch.float16, torch.amp.GradScaler("cuda")
 
 
-def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any,
-             scaler: torch.amp.GradScaler) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
+def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler,
+             schedule: Any) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state.get("schedule") or {})
     if state.get("scaler") and scaler.is_enabled():
         scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])
@@ -554,5 +739,7 @@ def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _plain_options(options: TrainingOptions) -> dict[str, Any]:
-    return {k: v for k, v in options.to_dict().items() if k not in ("validation_data", "output_fn")}
+    # a factory is kept as "custom" (check_resume compares solvers by that name)
+    return {k: shown_choice(v) if k in FACTORY_FIELDS else v for k, v in options.to_dict().items()
+            if k not in ("validation_data", "output_fn")}
 

@@ -19,6 +19,8 @@ def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Op
 
     base = float(options.initial_learn_rate)
     groups = param_groups(model, base)
+    if not isinstance(options.solver, str):
+        return _custom_optimizer(model, options.solver, groups, base)
     names = {id(p): name for name, p in model.named_parameters()}
     l2 = float(options.l2_regularization)
     split: list[dict[str, Any]] = []
@@ -45,3 +47,39 @@ def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Op
         return torch.optim.AdamW(split, lr=base, betas=betas, eps=float(options.epsilon))
     return torch.optim.RMSprop(split, lr=base, alpha=float(options.squared_gradient_decay_factor),
                                eps=float(options.epsilon))
+
+
+def _custom_optimizer(model: nn.Module, factory: Any, groups: list[dict[str, Any]],
+                      base: float) -> torch.optim.Optimizer:
+    """`factory(groups)` (solver=callable): each group holds its trainable parameters and its "lr_factor"; the
+    factory's lr (and weight_decay) apply to every group, its lr times the group's factor (l2_regularization and
+    initial_learn_rate do not apply: the factory's own arguments say them)."""
+    from nbscale.errors import OptionsError
+
+    given = [{"params": [p for p in g["params"] if p.requires_grad],
+              "lr_factor": float(g.get("lr", base)) / base} for g in groups]
+    given = [g for g in given if g["params"]]
+    if not given:
+        raise OptionsError("The model has no trainable parameters (all frozen?): unfreeze a layer to train.")
+    how = ("solver must be a function of the parameter groups returning a torch optimizer, e.g. "
+           "solver=lambda params: torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95))")
+    name = getattr(factory, "__name__", type(factory).__name__)
+    try:
+        optimizer = factory(given)
+    except TypeError as error:
+        raise OptionsError(f"solver={name} failed on the parameter groups ({error}): {how}.") from None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise OptionsError(f"solver={name} returned {type(optimizer).__name__}, not a torch.optim.Optimizer: {how}.")
+    for group in optimizer.param_groups:  # the factory's lr is the base rate; a group's factor scales it
+        group["lr"] = group["lr"] * group.get("lr_factor", 1.0)
+    return optimizer
+
+
+def check_factories(model: nn.Module, options: TrainingOptions) -> None:
+    """A callable solver or learn_rate_schedule tried once on `model`'s parameters (their OptionsError before
+    training starts); the optimizer made is thrown away (its state is made lazily: nothing is allocated)."""
+    if isinstance(options.solver, str) and isinstance(options.learn_rate_schedule, str):
+        return
+    from nbscale.train.schedules import make_schedule
+
+    make_schedule(options, make_optimizer(model, options), 1)

@@ -53,6 +53,14 @@ SOLVER_DEFAULTS: dict[str, dict[str, float]] = {
     "initial_learn_rate": {"sgdm": 0.01, "adam": 0.001, "adamw": 0.001, "rmsprop": 0.001},
     "squared_gradient_decay_factor": {"sgdm": 0.999, "adam": 0.999, "adamw": 0.999, "rmsprop": 0.9},
 }
+
+
+def _defaults_key(solver: Any) -> str:
+    """The SOLVER_DEFAULTS column of `solver`: a callable solver (the user's factory) takes the generic
+    defaults, Adam's (initial_learn_rate 0.001)."""
+    return solver if isinstance(solver, str) else "adam"
+
+
 # the default of those fields: None, which construction and assignment replace by the solver's float
 _SOLVER_DEFAULT: Any = None
 
@@ -123,7 +131,7 @@ class TrainingOptions:
             object.__setattr__(self, name, value)
         for name, defaults in SOLVER_DEFAULTS.items():
             if getattr(self, name) is None:
-                object.__setattr__(self, name, defaults[self.solver])
+                object.__setattr__(self, name, defaults[_defaults_key(self.solver)])
         self.validate()
         object.__setattr__(self, "_ready", True)
 
@@ -136,7 +144,7 @@ class TrainingOptions:
         if name == "solver":
             changes.update(self._defaults_of(value))
         elif name in SOLVER_DEFAULTS and value is None:
-            changes[name] = SOLVER_DEFAULTS[name][self.solver]
+            changes[name] = SOLVER_DEFAULTS[name][_defaults_key(self.solver)]
         previous = {changed: getattr(self, changed) for changed in changes}
         try:
             for changed, new in changes.items():
@@ -173,8 +181,8 @@ class TrainingOptions:
         """The solver-dependent fields that hold the current solver's default, at `solver`'s default instead
         (a value the user set stays)."""
         solver = check_field("solver", solver)
-        return {name: defaults[solver] for name, defaults in SOLVER_DEFAULTS.items()
-                if getattr(self, name) == defaults[self.solver]}
+        return {name: defaults[_defaults_key(solver)] for name, defaults in SOLVER_DEFAULTS.items()
+                if getattr(self, name) == defaults[_defaults_key(self.solver)]}
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (solver included)."""
@@ -184,10 +192,11 @@ class TrainingOptions:
         return isinstance(other, TrainingOptions) and self.to_dict() == other.to_dict()
 
     def __repr__(self) -> str:
-        lines = [f"TrainingOptions({self.solver!r},"]
+        lines = [f"TrainingOptions({_short(shown_choice(self.solver))},"]
         for name in field_names():
             if name != "solver":
-                lines.append(f"    {name}={_short(getattr(self, name))},")
+                value = getattr(self, name)
+                lines.append(f"    {name}={_short(shown_choice(value) if name in FACTORY_FIELDS else value)},")
         return "\n".join(lines) + "\n)"
 
     def __getstate__(self) -> dict[str, Any]:
@@ -202,6 +211,15 @@ class TrainingOptions:
 def field_names() -> tuple[str, ...]:
     """The option names, in declaration order (solver first)."""
     return tuple(f.name for f in fields(TrainingOptions) if not f.name.startswith("_"))
+
+
+# the fields that take a name or the user's own factory (a callable solver or learn-rate schedule)
+FACTORY_FIELDS = ("solver", "learn_rate_schedule")
+
+
+def shown_choice(value: Any) -> Any:
+    """`value` as shown to the user (repr, options form, %%train): "custom" for a factory, else itself."""
+    return "custom" if callable(value) and not isinstance(value, str) else value
 
 
 def _short(value: Any) -> str:
@@ -221,7 +239,31 @@ def _short(value: Any) -> str:
     return f"<{type(value).__name__}{size}>"
 
 
+# PyTorch's names for what TrainingOptions holds under MATLAB's: each points to its field, or says what to do
+PYTORCH_NAMES = {
+    "lr": "the learn rate is initial_learn_rate=...",
+    "learning_rate": "the learn rate is initial_learn_rate=...",
+    "weight_decay": "L2 weight decay is l2_regularization=... (added to the gradients, as torch's weight_decay; "
+                    "for decoupled AdamW decay pass solver=lambda params: torch.optim.AdamW(params, weight_decay=...))",
+    "label_smoothing": "not supported as an option: pass loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1)",
+    "patience": "early stopping is validation_patience=... (counted in validations, not epochs)",
+    "epochs": "the number of epochs is max_epochs=...",
+    "batch_size": "the mini-batch is mini_batch_size=...",
+    "optimizer": "the optimizer is solver='sgdm'/'adam'/'adamw'/'rmsprop', or solver=lambda params: "
+                 "torch.optim.X(params, ...)",
+    "scheduler": "the schedule is learn_rate_schedule='piecewise'/'cosine'/'warmup-cosine', or "
+                 "learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.X(optimizer, ...)",
+    "lr_scheduler": "the schedule is learn_rate_schedule=... (a name, or optimizer -> LRScheduler)",
+    "clip_grad_norm": "gradient clipping is gradient_threshold=... with gradient_threshold_method='global-l2norm' "
+                      "(torch's clip_grad_norm_)",
+    "max_grad_norm": "gradient clipping is gradient_threshold=... with gradient_threshold_method='global-l2norm'",
+    "loss_fn": "the loss is loss=... (a name such as 'mse', or a function (outputs, targets) -> loss)",
+}
+
+
 def _unknown_field_message(name: str, names: Sequence[str]) -> str:
+    if name in PYTORCH_NAMES:
+        return f"TrainingOptions has no field {name!r}: {PYTORCH_NAMES[name]} (docs/training.md, From PyTorch)."
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"TrainingOptions has no field {name!r}.{hint} The fields are: {', '.join(names)}."
@@ -238,6 +280,20 @@ class _choice:  # noqa: N801 - read as the other checks' makers
 
     def __call__(self, value: Any) -> str | None:
         return None if value in self.allowed else "one of " + ", ".join(repr(a) for a in self.allowed)
+
+
+class _choice_or_callable(_choice):  # noqa: N801
+    """A choice, or the user's own factory (a callable solver or learn-rate schedule: shown as "custom")."""
+
+    def __init__(self, allowed: Sequence[str], factory: str) -> None:
+        super().__init__(allowed)
+        self.factory = factory
+
+    def __call__(self, value: Any) -> str | None:
+        if callable(value) and not isinstance(value, str):
+            return None
+        allowed = super().__call__(value)
+        return None if allowed is None else f"{allowed}, or a function {self.factory}"
 
 
 def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False,
@@ -296,9 +352,14 @@ def _dataset(value: Any) -> str | None:
 
 
 def _loss(value: Any) -> str | None:
-    """Refined where the loss names live (nbscale.train.losses); here: None, a name or a callable."""
-    return None if value is None or isinstance(value, str) or callable(value) else \
-        "None, a loss name such as 'crossentropy' or 'mse', or a function (outputs, targets) -> loss"
+    """None (cross-entropy), a name of nbscale.train.losses (a misspelt one gets the closest), or a callable."""
+    if value is None or callable(value):
+        return None
+    if not isinstance(value, str):
+        return "None, a loss name such as 'crossentropy' or 'mse', or a function (outputs, targets) -> loss"
+    from nbscale.train.losses import unknown_loss
+
+    return unknown_loss(value)
 
 
 def _metrics(value: Any) -> str | None:
@@ -319,9 +380,10 @@ def _objective_metric(value: Any) -> str | None:
 def _objective_fits(options: TrainingOptions) -> None:
     """OptionsError when objective_metric is not among the metrics or objective_goal contradicts it. With
     metrics=None the default is "accuracy", or "rmse" under a regression, which the data may yet decide."""
+    from nbscale.train.losses import is_regression_loss
     from nbscale.train.metrics import objective, resolve_metrics
 
-    regression = options.loss in ("mse", "l1")
+    regression = is_regression_loss(options.loss)
     if options.metrics is None and not regression and options.objective_metric == "rmse":
         regression = True  # float targets make "rmse" the default: known on the first batch
     objective(options.objective_metric, options.objective_goal, resolve_metrics(options.metrics, regression=regression))
@@ -358,7 +420,7 @@ def _worker_load(value: Any) -> str | None:
 
 
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "solver": _choice(SOLVERS),
+    "solver": _choice_or_callable(SOLVERS, "params -> torch.optim.Optimizer"),
     "initial_learn_rate": _number(0, low_open=True),
     "momentum": _number(0, 1),
     "gradient_decay_factor": _number(0, 1, high_open=True),
@@ -370,7 +432,7 @@ _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "max_epochs": _number(1, MAX_EPOCHS_LIMIT, integer=True),
     "mini_batch_size": _mini_batch_size,
     "shuffle": _choice(SHUFFLE_MODES),
-    "learn_rate_schedule": _choice(SCHEDULES),
+    "learn_rate_schedule": _choice_or_callable(SCHEDULES, "optimizer -> torch.optim.lr_scheduler.LRScheduler"),
     "learn_rate_drop_factor": _number(0, 1),
     "learn_rate_drop_period": _number(1, integer=True),
     "validation_data": _dataset,

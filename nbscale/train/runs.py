@@ -178,7 +178,7 @@ def seeded_model(make_model: Callable[[], nn.Module] | nn.Module, seed: int) -> 
 def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | None = None,
                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, pool: Any = None,
                 name: str = "run", params: dict[str, Any] | None = None,
-                seeded: SeededStart | None = None) -> TrainingRun:
+                seeded: SeededStart | None = None, step_fn: Callable[..., Any] | None = None) -> TrainingRun:
     """Train `model` on one free worker of `pool` (default: the current pool, started if none runs).
 
     Returns at once with a `TrainingRun` (a Future of `(net, info)`); `nbscale.show(run)` draws its progress live
@@ -191,27 +191,28 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     from nbscale.train.batch_fitting import check_auto_batch_device
     from nbscale.train.trainer import as_options, checked_inputs
 
-    train_data, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
+    train_data, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
     pool = pool if pool is not None else current_pool(start=True)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
     task = pool.submit_with_events(train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
-                                   seeded)
+                                   seeded, step_fn)
     run._attach(pool, task)
     return run
 
 
 def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
-                        seeded: SeededStart | None = None) -> tuple[nn.Module, TrainingInfo]:
+                        seeded: SeededStart | None = None,
+                        step_fn: Callable[..., Any] | None = None) -> tuple[nn.Module, TrainingInfo]:
     """What the worker of a `train_async` run executes: the whole training loop on this one worker's device,
     events sent to the notebook (unlike nbscale.train.distributed.train_on_worker, one rank of a DDP run)."""
     from nbscale.pool.context import worker_context
     from nbscale.train.batch_fitting import batch_counts
     from nbscale.train.loading import as_dataset
-    from nbscale.train.loop import LoopSetup, run_training
+    from nbscale.train.loop import loop_setup, run_training
     from nbscale.train.trainer import draw_seed
 
     context = worker_context()
@@ -238,11 +239,10 @@ def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOpti
         torch.cuda.manual_seed_all(seeded.seed)
         torch.set_rng_state(seeded.random_state)
     try:
-        result = run_training(LoopSetup(
-            model=model, train_data=dataset, options=options, loss_fn=loss_fn or nn.CrossEntropyLoss(),
-            device=device, seed=seeded.data_order_seed if seeded is not None else draw_seed(),
+        result = run_training(loop_setup(
+            model, dataset, options, loss_fn, step_fn, device=device,
+            seed=seeded.data_order_seed if seeded is not None else draw_seed(),
             hardware=f"worker {context.rank} ({device})", publish=publish, stop_reason=stop,
-            validation_data=options.validation_data,
             # torch's Dataset declares no __len__; as_dataset checked it
             counts=batch_counts(options, len(dataset), 1)))  # type: ignore[arg-type]
     finally:

@@ -38,10 +38,13 @@ from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
 from nbscale.train.loading import as_dataset
-from nbscale.train.loop import LoopSetup, run_training
-from nbscale.train.options import TrainingOptions
+from nbscale.train.loop import loop_setup, run_training
+from nbscale.train.losses import resolve_loss
+from nbscale.train.optimizer import check_factories
+from nbscale.train.options import TrainingOptions, shown_choice
 from nbscale.train.out_of_memory import released_on_out_of_memory
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.train.run_metrics import check_on_first_sample
 from nbscale.user_warnings import warn_user
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
@@ -55,13 +58,16 @@ def train(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     resume_from: str | os.PathLike[str] | None = None,
     *,
+    step_fn: Callable[..., Any] | None = None,
     listeners: Sequence[Callable[[Any], None]] = (),
     stop: StopSignal | None = None,
     info: TrainingInfo | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
 
-    `loss_fn(outputs, labels)` must average over the batch (cross-entropy by default). `resume_from` is a
+    `loss_fn(outputs, labels)` must average over the batch (default: `options.loss`, cross-entropy when None).
+    `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and the loss (mixup,
+    distillation); precision, backward, clipping, the step, DDP and compile stay nbscale's. `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
     trained weights are copied back).
@@ -70,7 +76,7 @@ def train(
     (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and
     the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
-    dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn)
+    dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
     if options.checkpoint_path is not None and not os.path.isabs(os.path.expanduser(options.checkpoint_path)):
         # the notebook's folder now, where the user looks: a cluster's workers may not have it (they then run in
         # their own folder), and on_worker_failure="restart" looks here for what they wrote
@@ -90,9 +96,10 @@ def train(
     # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
     with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
         if on_pool:
-            result, restarts = _train_on_pool(model, dataset, options, loss_fn, seed, resume, channel, stop, forced)
+            result, restarts = _train_on_pool(model, dataset, options, (loss_fn, step_fn), seed, resume, channel,
+                                              stop, forced)
         else:
-            result = _train_here(model, dataset, options, loss_fn, seed, resume, channel, stop, info)
+            result = _train_here(model, dataset, options, (loss_fn, step_fn), seed, resume, channel, stop, info)
     info.stop_reason = stop.reason or result.stop_reason
     if restarts:
         info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
@@ -107,7 +114,7 @@ def _resume_point(resume_from: str | os.PathLike[str] | None, model: nn.Module, 
         return None
     resume = load_checkpoint(resume_from)
     batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
-    check_resume(resume, model, options.solver, batch, items, resume_from)
+    check_resume(resume, model, shown_choice(options.solver), batch, items, resume_from)
     if resume["epoch"] >= options.max_epochs:
         warn_user(f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
                   f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
@@ -122,7 +129,7 @@ def _check_worker_load(options: TrainingOptions, on_pool: bool) -> None:
                            "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
 
 
-def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
+def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
                    resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
                    forced: Callable[[], bool]) -> tuple[Any, list[str]]:
     """(the pool's result, the restarts it took): the run on the pool, restarted without lost workers under
@@ -130,7 +137,7 @@ def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, los
     from nbscale.train.distributed import train_on_pool
 
     def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
-        return train_on_pool(model, dataset, options, loss_fn, seed, resume, events, stop)
+        return train_on_pool(model, dataset, options, step[0], seed, resume, events, stop, step_fn=step[1])
 
     try:
         if options.on_worker_failure == "restart":
@@ -142,7 +149,7 @@ def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, los
         raise
 
 
-def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
+def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
                 resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> Any:
     """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
     device = training_device(options.execution_environment)
@@ -155,22 +162,30 @@ def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, loss_f
                 f"mini_batch_size, or try precision='mixed'. ({error})")
 
     # raised holding none of the run's frames (which hold the GPU's tensors); the GPU's reservation goes with them
-    return released_on_out_of_memory(lambda: run_training(LoopSetup(
-        model=model, train_data=dataset, options=options, loss_fn=loss_fn, device=device, seed=seed,
-        hardware=describe_device(device), publish=channel.publish, stop_reason=lambda: stop.reason,
-        validation_data=options.validation_data, resume=resume,
-        counts=batch_counts(options, len(dataset), 1), read_each_iteration=options.output_fn is not None)),
+    return released_on_out_of_memory(lambda: run_training(loop_setup(
+        model, dataset, options, step[0], step[1], device=device, seed=seed, hardware=describe_device(device),
+        publish=channel.publish, stop_reason=lambda: stop.reason, counts=batch_counts(options, len(dataset), 1),
+        resume=resume, read_each_iteration=options.output_fn is not None)),
         message, after=release_training_gpus if device.type == "cuda" else None)
 
 
-def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any) -> tuple[Any, TrainingOptions, Any]:
+def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any,
+                   step_fn: Any = None) -> tuple[Any, TrainingOptions, Any]:
     """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.train.checks).
+
+    `loss_fn` None takes `options.loss` (a name of nbscale.train.losses, or a callable); a callable solver or
+    learn_rate_schedule is tried once on `model` here, so a bad factory fails before training starts.
 
     With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64; with a
     class loss (that one, CrossEntropyLoss, NLLLoss) the labels must fit the network's outputs (check_classes).
     """
     check_model(model)
     check_loss_fn(loss_fn)
+    if step_fn is not None and not callable(step_fn):
+        raise OptionsError(f"step_fn must be a function (model, inputs, targets) -> loss or (loss, outputs), not "
+                           f"{type(step_fn).__name__}: leave it out to use the model's output and loss_fn.")
+    if loss_fn is None and options.loss not in (None, "crossentropy"):
+        loss_fn = resolve_loss(options.loss)
     dataset = as_dataset(train_data)
     # torch's Dataset declares no __len__; as_dataset checked it
     if len(dataset) == 0:  # type: ignore[arg-type]
@@ -192,8 +207,10 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
         check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
     if loss_fn is None:
         loss_fn = nn.CrossEntropyLoss()
+    check_on_first_sample(options, loss_fn, model, first_item)  # the metrics named: a clear error here, not on a worker
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)
+    check_factories(model, options)
     return dataset, options, loss_fn
 
 

@@ -17,6 +17,8 @@ def train_magic_line(options: TrainingOptions, name: str = "form") -> str:
     `%%train` without --options starts from TrainingOptions(solver, plots="training-progress"); a field that
     differs from that and has no flag of its own needs the options object, named `name` in the notebook.
     """
+    if callable(options.solver):  # a factory has no flag: the options object says it
+        return f"%%train --options {name}"
     base = TrainingOptions(options.solver, plots="training-progress")
     flags = ["%%train"]
     for field, flag in _MAGIC_FLAGS:

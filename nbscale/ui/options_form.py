@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbscale.errors import OptionsError
-from nbscale.train.options import SOLVER_DEFAULTS, TrainingOptions, check_field, field_names
+from nbscale.train.options import FACTORY_FIELDS, SOLVER_DEFAULTS, TrainingOptions, check_field, field_names
 from nbscale.ui.magic_line import train_magic_line
 from nbscale.ui.option_widgets import (
     KEPT,
@@ -128,6 +128,12 @@ class OptionsForm:
             widget.value = text_of(name, value)
         elif name in NOTEBOOK_OBJECTS:
             widget.value = self._choice_for(name, value)
+        elif name in FACTORY_FIELDS and callable(value):  # the user's factory: a "custom" entry holding it
+            # pairs throughout: a mixed list reads as values; an earlier "custom" entry is replaced
+            names = [o if isinstance(o, tuple) else (o, o) for o in widget.options if not isinstance(o, tuple)
+                     or o[0] != "custom"]
+            widget.options = [*names, ("custom", value)]
+            widget.value = value
         elif name == "execution_environment" and value not in [v for _, v in widget.options]:
             widget.options = [*widget.options, (f"{value} (not available here)", value)]
             widget.value = value
@@ -210,7 +216,7 @@ class OptionsForm:
         self._loading = True
         try:
             for field, defaults in SOLVER_DEFAULTS.items():
-                if self.widgets[field].value == defaults[old]:
+                if isinstance(old, str) and isinstance(new, str) and self.widgets[field].value == defaults[old]:
                     self.widgets[field].value = defaults[new]
         finally:
             self._loading = False
@@ -243,6 +249,8 @@ class OptionsForm:
         try:
             if wrong:
                 raise OptionsError(f"Fix {', '.join(wrong)} to see the learn-rate schedule.")
+            if callable(values["learn_rate_schedule"]):
+                raise OptionsError("A custom learn_rate_schedule (a torch scheduler) is not previewed.")
             options = TrainingOptions("sgdm", **values)
         except OptionsError as error:
             self.schedule_image.layout.display = "none"

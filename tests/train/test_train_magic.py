@@ -60,3 +60,15 @@ def test_a_cell_whose_loss_fn_is_a_loss_class_gets_the_fix_not_a_torch_error(ker
     assert "loss_fn is the class CrossEntropyLoss, not a loss: create one, e.g. loss_fn=CrossEntropyLoss()" \
         in refused.traceback
     assert "Traceback" not in refused.traceback
+
+
+def test_a_cell_may_define_step_fn_which_replaces_forward_and_loss(kernel):
+    trained = kernel.run("%%train --no-plots --quiet --epochs 2 --batch-size 4" + CELL + """
+calls = []
+def step_fn(model, inputs, targets):
+    calls.append(len(inputs))
+    outputs = model(inputs)
+    return torch.nn.functional.cross_entropy(outputs, targets), outputs
+""")
+    assert trained.ok, trained.text
+    assert kernel.run("print(calls, len(info.iteration))").stdout.strip() == "[4, 4, 4, 4] 4"

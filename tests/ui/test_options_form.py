@@ -160,3 +160,18 @@ def test_in_a_script_the_form_is_returned_without_printing_its_widgets() -> None
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "30\n"  # not the thousands of characters of the widgets' repr
+
+
+def test_factory_solver_and_schedule_show_as_custom_and_come_back_unchanged(kernel) -> None:
+    assert kernel.run(CAPTURE).ok
+    made = kernel.run("""
+adamw = lambda params: torch.optim.AdamW(params, lr=1e-3)
+steps = lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=2)
+form = nbscale.options_form(nbscale.TrainingOptions(solver=adamw, learn_rate_schedule=steps))
+w = form.widgets
+print(w["solver"].label, w["learn_rate_schedule"].label, form.options.solver is adamw,
+      form.options.learn_rate_schedule is steps, form.magic_line())
+""")
+    assert made.ok, made.text
+    assert made.stdout.split() == ["custom", "custom", "True", "True", "%%train", "--options", "form"], made.text
+    assert kernel.run('w["solver"].value = "adam"\nprint(form.options.solver)').stdout.strip() == "adam"

@@ -36,6 +36,7 @@ from nbscale.train.checks import (
 from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
+from nbscale.train.loader_data import with_loader_batch_size
 from nbscale.train.loading import as_dataset
 from nbscale.train.loop import LoopSetup, run_training
 from nbscale.train.options import TrainingOptions
@@ -168,6 +169,7 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
     check_model(model)
     check_loss_fn(loss_fn)
     dataset = as_dataset(train_data)
+    options = with_loader_batch_size(options, dataset)  # a DataLoader's batch_size, unless the options set one
     # torch's Dataset declares no __len__; as_dataset checked it
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise OptionsError("train_data is empty: give it at least one sample.")

@@ -25,6 +25,7 @@ from torch import nn
 
 from nbscale.outputs import main_output
 from nbscale.train.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
+from nbscale.train.batches import batch_length, call_model
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.checks import misfit_error
 from nbscale.train.compiling import compiled_network
@@ -96,7 +97,8 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
     # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
     background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
     data = make_batch_source(setup.train_data, device, options.data_placement, background, seed=_loader_seed(setup),
-                             readers=readers, progress=_progress(setup, "training data", setup.train_data))
+                             readers=readers, progress=_progress(setup, "training data", setup.train_data),
+                             warn=setup.warn)
     if isinstance(data, StreamBatches):
         closing.callback(data.close)
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
@@ -167,7 +169,7 @@ def _train(setup: LoopSetup, closing: contextlib.ExitStack) -> LoopResult:
             # the step: forward, loss, backward, clip, step
             try:
                 with autocast:
-                    outputs = main_output(net(inputs))
+                    outputs = main_output(call_model(net, inputs))
                     loss = loss_fn(outputs, labels)
             except Exception as error:
                 if iteration == first_iteration and not out_of_memory(error):
@@ -417,7 +419,7 @@ def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: Any,
     def trial(candidate: nn.Module) -> None:
         inputs, labels = next(iter(data.epoch(rows, seed)))
         with autocast:
-            loss = loss_fn(main_output(candidate(inputs)), labels)
+            loss = loss_fn(main_output(call_model(candidate, inputs)), labels)
         loss.backward()
 
     return trial
@@ -502,11 +504,12 @@ class _Validator:
         # the same augmentation draws at every validation, so its figures compare over the run
         for inputs, labels in self.source.epoch(self.batches, self.setup.seed) if self.source is not None else ():
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                outputs = main_output(self.model(inputs))
+                outputs = main_output(call_model(self.model, inputs))
                 loss = self.setup.loss_fn(outputs, labels)
-            totals[0] += loss.float() * len(labels)
+            count = batch_length(labels)
+            totals[0] += loss.float() * count
             totals[1] += correct(outputs, labels, device)
-            totals[2] += len(labels)
+            totals[2] += count
         if self.setup.group is not None:
             torch.distributed.all_reduce(totals, group=self.setup.group)
         loss_sum, correct_count, count = totals.tolist()

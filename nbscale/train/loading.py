@@ -303,9 +303,10 @@ def make_batch_source(dataset: Dataset, device: torch.device, placement: str, ba
         return StreamBatches(_part(dataset, rows), device, background, seed)
     said = warn if warn is not None else (lambda message: None)  # None: a pool's other ranks, which stay quiet
     why_not = _cannot_be_resident(dataset)
-    if why_not is not None:  # only under "device": "auto" streamed it above
-        said(f"data_placement='device' cannot hold this data on the device ({why_not}): it is streamed by a "
-             "DataLoader instead. Give data_placement='stream' (or 'auto') to say so and silence this.")
+    if why_not is not None:  # "auto" streams it quietly (a TensorDataset of three tensors); "device" says why
+        if placement == "device":
+            said(f"data_placement='device' cannot hold this data on the device ({why_not}): it is streamed by a "
+                 "DataLoader instead. Give data_placement='stream' (or 'auto') to say so and silence this.")
         return StreamBatches(_part(dataset, rows), device, background, seed)
     if placement == "device" and not deterministic(dataset):
         said(f"data_placement='device' reads this {type(dataset).__name__} once and keeps it on the device: any "

@@ -6,8 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import (BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler,
-                              WeightedRandomSampler, default_collate)
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    SequentialSampler,
+    WeightedRandomSampler,
+    default_collate,
+)
 
 import nbscale
 from nbscale import OptionsError, TrainingOptions

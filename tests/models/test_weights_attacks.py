@@ -72,7 +72,8 @@ def test_the_allow_list_is_layer_classes_and_a_few_named_helpers_only() -> None:
                       ("torchvision.models.detection._utils", "Matcher"),
                       ("torchvision.models.detection._utils", "SSDMatcher"),
                       ("torchvision.models.optical_flow.raft", "_pass_through_h"),
-                      ("torchvision.ops.boxes", "box_iou")}
+                      ("torchvision.ops.boxes", "box_iou"),
+                      ("nbscale.models.normalization", "normalize_inputs")}  # pretrained(normalize=True)'s hook
     modules = {module for module, _ in allowed}
     assert all(m.startswith(("torch.nn.modules.", "torchvision.models.", "torchvision.ops.", "torch.ao."))
                for m in modules - {"functools"})

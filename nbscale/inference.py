@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, Dataset
 from nbscale.confusion import ConfusionChart, confusion_chart
 from nbscale.errors import ModelError, NbscaleError
 from nbscale.models.learn_rates import layers_near
-from nbscale.outputs import main_output
 from nbscale.train.batch_fitting import out_of_memory
+from nbscale.train.batches import call_model, first_output, first_tensor, to_device
 from nbscale.train.checks import misfit_error
 from nbscale.train.loading import tensor_of
 
@@ -55,7 +55,7 @@ def _labelled_pair(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     return inputs, labels
 
 
-def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+def _batches(data: Data, batch_size: int) -> Iterator[tuple[Any, Any]]:
     """(inputs, labels or None) in order, `batch_size` at a time."""
     if isinstance(data, np.ndarray):
         data = tensor_of(data)
@@ -81,10 +81,14 @@ def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.
         yield _split_batch(batch)
 
 
-def _split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(inputs, labels or None) of a DataLoader's batch: a tensor, or a list of inputs and labels."""
+def _split_batch(batch: Any) -> tuple[Any, Any]:
+    """(inputs, labels or None) of a DataLoader's batch: a tensor, or a list of inputs and labels (inputs may be
+    nested: a tuple/list or dict of tensors; labels a tensor, or a tuple/dict of them)."""
     if isinstance(batch, list | tuple) and len(batch) >= 2:
-        return batch[0], torch.as_tensor(batch[1])
+        labels = batch[1]
+        if not isinstance(labels, torch.Tensor | tuple | list | dict):
+            labels = torch.as_tensor(labels)
+        return batch[0], labels
     return (batch[0] if isinstance(batch, list | tuple) else batch), None
 
 
@@ -101,7 +105,7 @@ def _one_image_as_batch(net: nn.Module, data: Any) -> Any:
 
 
 def _run(net: nn.Module, data: Data, batch_size: int,
-         each: Callable[[torch.Tensor, torch.Tensor | None], None]) -> None:
+         each: Callable[[torch.Tensor, Any], None]) -> None:
     """Run `net` over `data` in batches, calling `each(outputs, labels or None)` for every batch; a first batch
     that fails (not for lack of memory) is reported as the network not fitting the data."""
     device, was_training = _device_of(net), net.training
@@ -112,15 +116,24 @@ def _run(net: nn.Module, data: Data, batch_size: int,
         with torch.inference_mode():
             for inputs, labels in _batches(data, batch_size):
                 try:
-                    outputs = net(inputs.to(device))
+                    outputs = call_model(net, to_device(inputs, device))
                 except Exception as error:
                     if first and not out_of_memory(error):
                         raise misfit_error(error, inputs, what="The first batch") from error
                     raise
                 first = False
-                each(main_output(outputs), labels)
+                each(_output_tensor(outputs), labels)
     finally:
         net.train(was_training)
+
+
+def _output_tensor(outputs: Any) -> torch.Tensor:
+    """The output predictions use: the logits, or the first of several outputs (a tuple or list)."""
+    first = first_output(outputs)
+    if not isinstance(first, torch.Tensor):
+        raise ModelError(f"The network returned a {type(first).__name__}, not a tensor of outputs: make its forward "
+                         "return a tensor (or a tuple whose first item is the tensor to predict from).")
+    return first
 
 
 def predict(net: nn.Module, data: Data, batch_size: int = 256) -> torch.Tensor:
@@ -152,8 +165,9 @@ def accuracy(net: nn.Module, data: Data, batch_size: int = 256) -> float:
     """The fraction of items whose predicted class is their label, in [0, 1]."""
     correct, total = 0, 0
 
-    def count(outputs: torch.Tensor, labels: torch.Tensor | None) -> None:
+    def count(outputs: torch.Tensor, labels: Any) -> None:
         nonlocal correct, total
+        labels = first_tensor(labels)  # several targets: the first is the class label
         if labels is None or (labels < 0).any():
             raise NbscaleError("accuracy needs labelled data: a Dataset yielding (input, label) or an "
                                "(inputs, labels) pair of tensors.")

@@ -28,6 +28,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError
 from nbscale.outputs import main_output
+from nbscale.train.batches import call_model
 from nbscale.train.loading import split_batch
 from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import TrainingOptions
@@ -156,7 +157,7 @@ def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions, loss_fn: Ca
             try:
                 inputs, labels = next(iter(batches))
                 with autocast:
-                    loss = loss_fn(main_output(model(inputs)), labels)
+                    loss = loss_fn(main_output(call_model(model, inputs)), labels)
                 loss.backward()
                 optimizer.step()
             finally:

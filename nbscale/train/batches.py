@@ -55,3 +55,22 @@ def batch_length(batch: Any) -> int:
     """How many samples `batch` holds: the length of its first tensor (0 for a batch without one)."""
     tensor = first_tensor(batch)
     return 0 if tensor is None or tensor.dim() == 0 else len(tensor)
+
+
+def one_sample_batch(sample: Any) -> Any:
+    """A batch of one from a single sample's inputs (a tensor, array, tuple/list or dict of them), as a
+    DataLoader would make it."""
+    from torch.utils.data import default_collate
+
+    return default_collate([sample])
+
+
+def first_output(outputs: Any) -> Any:
+    """The output metrics and predictions use: the logits of a structure holding them (nbscale.outputs), else the
+    first of several outputs (a tuple or list), else `outputs` itself."""
+    from nbscale.outputs import main_output
+
+    outputs = main_output(outputs)
+    while isinstance(outputs, tuple | list) and outputs:
+        outputs = outputs[0]
+    return outputs

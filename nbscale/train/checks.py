@@ -18,7 +18,7 @@ from torch.nn.parameter import is_lazy
 from torch.utils.data import Dataset, TensorDataset
 
 from nbscale.errors import ModelError, OptionsError
-from nbscale.outputs import main_output
+from nbscale.train.batches import call_model, first_output, one_sample_batch, to_device
 
 
 def check_model(model: Any) -> None:
@@ -85,6 +85,10 @@ def described(value: Any) -> str:
     """A value for an error message: a tensor's dtype and shape (as 60x1x8x8), else its type."""
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {'x'.join(map(str, value.shape)) or '()'}"
+    if isinstance(value, dict):  # nested batches: what each part is
+        return "a dict {" + ", ".join(f"{key!r}: {described(part)}" for key, part in value.items()) + "}"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} (" + ", ".join(described(part) for part in value) + ")"
     return f"a {type(value).__name__}"
 
 
@@ -175,15 +179,16 @@ def materialise_lazy_layers(model: nn.Module, first_item: Any) -> None:
     without lazy layers is left untouched. ModelError (misfit_error) when that run fails."""
     if first_item is None or not any(is_lazy(parameter) for parameter in model.parameters()):
         return
-    inputs = torch.as_tensor(first_item[0])
+    inputs = first_item[0]
     try:
         outputs_for_one(model, inputs)
     except Exception as error:
-        raise misfit_error(error, inputs[None], first_item[1], "The first sample") from error
+        raise misfit_error(error, one_sample_batch(inputs), first_item[1], "The first sample") from error
 
 
-def outputs_for_one(model: nn.Module, sample: torch.Tensor) -> Any:
-    """The network's outputs for one sample (given without the batch dimension), in eval mode without gradients, on
+def outputs_for_one(model: nn.Module, sample: Any) -> Any:
+    """The network's (first) outputs for one sample (given without the batch dimension: a tensor, array, tuple or
+    dict of them), in eval mode without gradients, on
     the device of its parameters; the modes of its layers and the caller's random number stream stay as they were."""
     parameter = next(model.parameters(), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
@@ -193,7 +198,7 @@ def outputs_for_one(model: nn.Module, sample: torch.Tensor) -> Any:
     try:
         model.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            return main_output(model(sample[None].to(device)))
+            return first_output(call_model(model, to_device(one_sample_batch(sample), device)))
     finally:
         for module, training in modes.items():
             module.training = training

@@ -42,7 +42,7 @@ def network_outputs(model: nn.Module, sample: Any) -> tuple[int, str] | None:
         return last.out_features, f"its last layer is Linear(in_features={last.in_features}, " \
                                   f"out_features={last.out_features})"
     try:
-        outputs = outputs_for_one(model, torch.as_tensor(sample))
+        outputs = outputs_for_one(model, sample)
     except Exception:  # the training loop reports a network that cannot run on the data, with its context
         return None
     if not isinstance(outputs, torch.Tensor) or outputs.ndim < 2:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
+from nbscale.train.batches import call_model, to_device
+
 
 def train_channels_last(model: nn.Module, device: torch.device, first_input: Callable[[], torch.Tensor],
                         autocast: contextlib.AbstractContextManager) -> None:
@@ -52,9 +54,9 @@ def _runs_on(model: nn.Module, first_input: Callable[[], torch.Tensor], device: 
     was_training = model.training
     model.eval()
     try:
-        inputs = first_input().to(device)
+        inputs = to_device(first_input(), device)
         with torch.no_grad(), autocast:
-            model(inputs)
+            call_model(model, inputs)
         return True
     except Exception:  # not this layout, or not a tensor input: train as before, where any real error shows
         return False

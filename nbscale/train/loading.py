@@ -15,7 +15,7 @@ validation data are its own share (`rows`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -23,8 +23,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from nbscale.errors import OptionsError
+from nbscale.train.batches import to_device
 from nbscale.train.labels import as_labels
+from nbscale.train.loader_data import LoaderData, loader_data, loader_of
 from nbscale.train.preparing import Progress, Readers
+from nbscale.user_warnings import warn_user
+
+__all__ = ["LoaderData", "as_dataset", "make_batch_source", "StreamBatches", "split_batch", "tensor_of",
+           "deterministic"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -41,12 +47,15 @@ class BatchSource(Protocol):
 
 
 def as_dataset(data: Any, what: str = "train_data") -> Dataset:
-    """A Dataset from a Dataset or an (inputs, labels) pair; OptionsError otherwise.
+    """A Dataset from a Dataset, a DataLoader (nbscale.train.loader_data) or an (inputs, labels) pair;
+    OptionsError otherwise.
 
     The pair is a tuple, or a list of two tensors or arrays (`[X, y]`). In it either part may be a tensor, a numpy
     array or a list: numpy floats become the default float dtype (float32), and integer labels of any width
     become int64 (what cross-entropy takes).
     """
+    if isinstance(data, DataLoader):
+        return loader_data(data, what)
     if _is_pair(data):
         inputs, labels = (_as_tensor(part) for part in data)
         if inputs.ndim == 0 or labels.ndim == 0 or len(inputs) != len(labels):
@@ -158,10 +167,14 @@ class StreamBatches:
         self.sampler = _EpochBatchSampler()
         self.device = device
         self.by_seed = isinstance(dataset, AugmentedImageDatastore)
+        loader = loader_of(dataset)  # a user's DataLoader: its collate_fn and num_workers
         workers = min(4, os.cpu_count() or 1) if background else 0
+        if loader is not None and loader.num_workers:
+            workers = loader.num_workers
+        collate: Callable[[list[Any]], Any] | None = loader.collate_fn if loader is not None else None
         extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
         read = _AugmentedBySeed(dataset) if self.by_seed else dataset
-        self.loader = DataLoader(read, batch_sampler=self.sampler, num_workers=workers,
+        self.loader = DataLoader(read, batch_sampler=self.sampler, num_workers=workers, collate_fn=collate,
                                  pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(seed),
                                  **extra)
         self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
@@ -180,9 +193,10 @@ class StreamBatches:
     def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
         self.sampler.lists = rows
         self.sampler.seed = seed if self.by_seed else None
-        non_blocking = self.device.type == "cuda"
-        for x, y in self.loader:
-            yield x.to(self.device, non_blocking=non_blocking), as_labels(y.to(self.device, non_blocking=non_blocking))
+        non_blocking, device = self.device.type == "cuda", self.device
+        for x, y in self.loader:  # nested inputs and targets (tuples, dicts) move whole
+            y = to_device(y, device, non_blocking)
+            yield to_device(x, device, non_blocking), (as_labels(y) if isinstance(y, torch.Tensor) else y)
 
 
 def _stop_worker_processes(loader: DataLoader) -> None:
@@ -231,10 +245,51 @@ class _AugmentedBySeed(Dataset):
         return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
 
 
+def deterministic(dataset: Any) -> bool:
+    """True for data nbscale knows reads the same every time: tensors (a TensorDataset), its datastores and
+    augmented datastores (whose random values it draws itself), and Subsets of them. Any other Dataset (random
+    torchvision transforms inside, say) may read differently each epoch, so "auto" reads it afresh each epoch."""
+    from nbscale.data.augmented import AugmentedImageDatastore
+    from nbscale.data.datastore import ImageDatastore
+
+    if isinstance(dataset, Subset):
+        return deterministic(dataset.dataset)
+    return isinstance(dataset, TensorDataset | ImageDatastore | AugmentedImageDatastore)
+
+
+def _warn_here(message: str) -> None:
+    warn_user(message, RuntimeWarning)
+
+
+def _cannot_be_resident(dataset: Any) -> str | None:
+    """Why `dataset` cannot be held resident (a DataLoader's own collate_fn, nested samples), or None."""
+    loader = loader_of(dataset)
+    if loader is not None and loader.collate_fn is not None:
+        return "its DataLoader has its own collate_fn"
+    inner = dataset.dataset if isinstance(dataset, Subset | LoaderData) else dataset
+    if isinstance(inner, Subset | LoaderData):
+        return _cannot_be_resident(inner)
+    if isinstance(inner, TensorDataset) and len(inner.tensors) != 2:
+        return f"its samples are {len(inner.tensors)} tensors, not (input, label)"
+    if len(inner) == 0 or isinstance(inner, TensorDataset):  # type: ignore[arg-type]
+        return None
+    with torch.random.fork_rng(devices=[]):
+        item = inner[0]
+    if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], torch.Tensor | np.ndarray)
+            and isinstance(item[1], torch.Tensor | np.ndarray | int)):
+        return "its samples are nested (inputs or labels that are tuples or dicts)"
+    return None
+
+
 def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *, seed: int,
                       rows: Sequence[int] | torch.Tensor | None = None, readers: Readers | None = None,
-                      progress: Progress | None = None) -> BatchSource:
+                      progress: Progress | None = None,
+                      warn: Callable[[str], None] | None = _warn_here) -> BatchSource:
     """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring.
+
+    "auto" streams data nbscale cannot prove deterministic (`deterministic`), so it is read afresh each epoch;
+    "device" keeps it resident anyway, warning (through `warn`, once per run) that its randomness is frozen,
+    and streams what cannot be resident (a DataLoader's collate_fn, nested samples), warning so.
 
     `seed` seeds a DataLoader's own random stream (its background processes' seeds; see StreamBatches);
     `rows` keeps only those items (a pool rank's share of the validation data: batches then index into them);
@@ -242,8 +297,21 @@ def make_batch_source(dataset: Dataset, device: torch.device, placement: str, ba
     `progress` counts the items read before training.
     """
     rows = [int(row) for row in rows] if rows is not None else None
-    if placement == "stream" or (placement == "auto" and background):
+    if isinstance(dataset, LoaderData) and dataset.collate_fn is None and deterministic(dataset.dataset):
+        dataset = dataset.dataset  # a DataLoader of tensors or datastores: resident as they are
+    if placement == "stream" or (placement == "auto" and (background or not deterministic(dataset))):
         return StreamBatches(_part(dataset, rows), device, background, seed)
+    said = warn if warn is not None else (lambda message: None)  # None: a pool's other ranks, which stay quiet
+    why_not = _cannot_be_resident(dataset)
+    if why_not is not None:  # "auto" streams it quietly (a TensorDataset of three tensors); "device" says why
+        if placement == "device":
+            said(f"data_placement='device' cannot hold this data on the device ({why_not}): it is streamed by a "
+                 "DataLoader instead. Give data_placement='stream' (or 'auto') to say so and silence this.")
+        return StreamBatches(_part(dataset, rows), device, background, seed)
+    if placement == "device" and not deterministic(dataset):
+        said(f"data_placement='device' reads this {type(dataset).__name__} once and keeps it on the device: any "
+             "randomness in it (random transforms) is frozen for the whole run. Use data_placement='auto' or "
+             "'stream' to read it afresh every epoch.")
     from nbscale.data.device_resident import DeviceResidentData, fits_on_device, holds_tensors, residence
 
     if holds_tensors(dataset):  # tensors need no reading: on a GPU too small, batches go over one by one

@@ -200,7 +200,7 @@ def _held_data(setup: LoopSetup, model: nn.Module, closing: contextlib.ExitStack
     background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
     data = make_batch_source(setup.train_data, setup.device, options.data_placement, background,
                              seed=_loader_seed(setup), readers=readers,
-                             progress=_progress(setup, "training data", setup.train_data))
+                             progress=_progress(setup, "training data", setup.train_data), warn=setup.warn)
     if isinstance(data, StreamBatches):
         closing.callback(data.close)
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None

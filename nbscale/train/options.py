@@ -343,12 +343,16 @@ def _compile(value: Any) -> str | None:
 
 
 def _dataset(value: Any) -> str | None:
+    from torch.utils.data import DataLoader
+
+    if isinstance(value, DataLoader):  # what nbscale cannot follow in it is refused with the data (loader_data)
+        return None
     is_array = hasattr(value, "shape") and hasattr(value, "dtype")  # inputs without labels
     odd_tuple = isinstance(value, tuple) and len(value) != 2
     if value is None or (hasattr(value, "__getitem__") and hasattr(value, "__len__") and not is_array
                          and not odd_tuple and not isinstance(value, str | bytes)):
         return None
-    return "None, a torch Dataset, or a tuple (inputs, labels) of tensors or arrays"
+    return "None, a torch Dataset or DataLoader, or a tuple (inputs, labels) of tensors or arrays"
 
 
 def _loss(value: Any) -> str | None:

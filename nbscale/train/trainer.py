@@ -37,6 +37,7 @@ from nbscale.train.checks import (
 from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
+from nbscale.train.loader_data import with_loader_batch_size
 from nbscale.train.loading import as_dataset
 from nbscale.train.loop import loop_setup, run_training
 from nbscale.train.losses import resolve_loss
@@ -187,6 +188,7 @@ def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_f
     if loss_fn is None and options.loss not in (None, "crossentropy"):
         loss_fn = resolve_loss(options.loss)
     dataset = as_dataset(train_data)
+    options = with_loader_batch_size(options, dataset)  # a DataLoader's batch_size, unless the options set one
     # torch's Dataset declares no __len__; as_dataset checked it
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise OptionsError("train_data is empty: give it at least one sample.")

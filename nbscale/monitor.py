@@ -44,7 +44,7 @@ class TrainingMonitor:
         self.reduce = reduce
         self.loggers = _checked_loggers(loggers)
         self.min_interval, self.budget = min_interval, budget
-        self.history: dict[str, list[Any]] = {self.x_label: [], **{name: [] for name in self.metrics}}
+        self._history: dict[str, list[Any]] = {self.x_label: [], **{name: [] for name in self.metrics}}
         self.info: dict[str, Any] = {}
         self._progress: float | None = None
         self._stop = StopSignal()
@@ -111,12 +111,20 @@ class TrainingMonitor:
             raise OptionsError(f"monitor.y_scale({name!r}, ...): no panel shows {name!r}; the panels are {titles}.")
         self._sink.set_log(panel, scale == "log")
 
+    @property
+    def history(self) -> dict[str, list[Any]]:
+        """Every recorded step as columns: the x values under `x_label`, then each metric (None where a step did
+        not record it). Reading it reads what was recorded since the last draw."""
+        if self._pending:
+            self.flush()
+        return self._history
+
     def to_dataframe(self) -> Any:
         """The history as a pandas DataFrame: one row per step, one column per metric (NaN where not recorded)."""
         import pandas as pd
 
         self.flush()
-        return pd.DataFrame(self.history)
+        return pd.DataFrame(self._history)
 
     def flush(self) -> None:
         """Read what is recorded and not yet read, draw it and log it (done by itself every `min_interval`)."""
@@ -171,7 +179,7 @@ class TrainingMonitor:
         self._next_flush = time.perf_counter() + max(self.min_interval, spent / self.budget)
 
     def _add(self, rows: list[tuple[Any, dict[str, float]]]) -> None:
-        h, c = self.history, self._columns
+        h, c = self._history, self._columns
         steps = h[self.x_label]
         for step, values in rows:
             if not steps or steps[-1] != step:  # a step recorded in several calls is one row
@@ -471,7 +479,7 @@ class _JobSink(_Sink):
     def close(self, state: str) -> None:
         from nbscale.train.events import TrainingDone
 
-        steps = self.monitor.history[self.monitor.x_label]
+        steps = self.monitor._history[self.monitor.x_label]
         last = int(_step_number(steps[-1])) if steps else 0
         self.recorder(TrainingDone(self.monitor._stop.reason or state, 1, last, time.time() - self.start, last, 0.0))
         self.recorder.close()

@@ -16,7 +16,20 @@ def main_output(outputs: Any) -> Any:
     """
     if type(outputs) is torch.Tensor:  # the usual case, without getattr's failed lookup on every iteration
         return outputs
-    if isinstance(outputs, tuple | list) and outputs and not hasattr(outputs, "_fields"):
-        return main_output(outputs[0])  # several outputs (a plain tuple or list): the first is the main one
     logits = getattr(outputs, "logits", None)
     return logits if logits is not None else outputs
+
+
+def loss_and_first_output(loss_fn: Any, outputs: Any, targets: Any) -> tuple[Any, Any]:
+    """(the loss, the output metrics and predictions use) of what a network's forward returned.
+
+    Several outputs (a plain tuple or list): metrics use the first; torch's loss modules and nbscale's named
+    losses take the first too, while a loss function of the user's own gets them all, as it was written for them.
+    """
+    outputs = main_output(outputs)
+    first = outputs
+    while isinstance(first, tuple | list) and first:
+        first = first[0]
+    takes_all = first is not outputs and not isinstance(loss_fn, torch.nn.modules.loss._Loss) and \
+        getattr(loss_fn, "__module__", "") != "nbscale.train.losses"
+    return loss_fn(outputs if takes_all else first, targets), first

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError
-from nbscale.outputs import main_output
+from nbscale.outputs import loss_and_first_output
 from nbscale.train.batches import call_model
 from nbscale.train.loading import split_batch
 from nbscale.train.optimizer import make_optimizer
@@ -157,7 +157,7 @@ def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions, loss_fn: Ca
             try:
                 inputs, labels = next(iter(batches))
                 with autocast:
-                    loss = loss_fn(main_output(call_model(model, inputs)), labels)
+                    loss, _ = loss_and_first_output(loss_fn, call_model(model, inputs), labels)
                 loss.backward()
                 optimizer.step()
             finally:

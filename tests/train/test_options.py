@@ -82,7 +82,7 @@ def test_open_ended_ranges_do_not_offer_infinity_unless_it_is_allowed() -> None:
 
 @pytest.mark.parametrize("data", ["abc", (1, 2, 3), math.nan])
 def test_validation_data_without_labels_is_refused(data: object) -> None:
-    with pytest.raises(OptionsError, match="validation_data must be None, a torch Dataset, or a tuple"):
+    with pytest.raises(OptionsError, match="validation_data must be None, a torch Dataset or DataLoader, or a tuple"):
         TrainingOptions("sgdm", validation_data=data)
 
 

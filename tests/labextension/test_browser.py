@@ -413,7 +413,8 @@ def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_
         _run_cell(page, 0, FORM_CELLS)
         form = _run_cell(page, 1, FORM_CELLS).locator(".jp-OutputArea-output")
         tabs = form.get_by_role("tab")
-        expect(tabs).to_have_text(["Solver", "Learning rate", "Data & batches", "Validation", "Hardware", "Output"])
+        expect(tabs).to_have_text(["Solver", "Learning rate", "Data & batches", "Validation", "Loss & metrics", "Hardware",
+                                  "Output"])
         expect(form).to_contain_text("Valid training options")
 
         threshold = form.locator(".widget-text", has_text="gradient_threshold").first

@@ -20,6 +20,13 @@ def main_output(outputs: Any) -> Any:
     return logits if logits is not None else outputs
 
 
+def first_of(outputs: Any) -> Any:
+    """The first of several outputs (a plain tuple or list, nested), else `outputs` itself."""
+    while isinstance(outputs, tuple | list) and outputs:
+        outputs = outputs[0]
+    return outputs
+
+
 def loss_and_first_output(loss_fn: Any, outputs: Any, targets: Any) -> tuple[Any, Any]:
     """(the loss, the output metrics and predictions use) of what a network's forward returned.
 
@@ -27,9 +34,7 @@ def loss_and_first_output(loss_fn: Any, outputs: Any, targets: Any) -> tuple[Any
     losses take the first too, while a loss function of the user's own gets them all, as it was written for them.
     """
     outputs = main_output(outputs)
-    first = outputs
-    while isinstance(first, tuple | list) and first:
-        first = first[0]
+    first = first_of(outputs)
     takes_all = first is not outputs and not isinstance(loss_fn, torch.nn.modules.loss._Loss) and \
         getattr(loss_fn, "__module__", "") != "nbscale.train.losses"
     return loss_fn(outputs if takes_all else first, targets), first

@@ -68,9 +68,6 @@ def one_sample_batch(sample: Any) -> Any:
 def first_output(outputs: Any) -> Any:
     """The output metrics and predictions use: the logits of a structure holding them (nbscale.outputs), else the
     first of several outputs (a tuple or list), else `outputs` itself."""
-    from nbscale.outputs import main_output
+    from nbscale.outputs import first_of, main_output
 
-    outputs = main_output(outputs)
-    while isinstance(outputs, tuple | list) and outputs:
-        outputs = outputs[0]
-    return outputs
+    return first_of(main_output(outputs))

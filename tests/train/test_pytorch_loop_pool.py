@@ -10,26 +10,16 @@ import torch
 from torch import nn
 
 import nbscale
-from nbscale import TrainingOptions
-from tests.train.digits import digits, tiny_net
-
-TRAIN, VAL = digits()
-SMALL = (TRAIN[0][:512], TRAIN[1][:512])
+from tests.train.digits import tiny_net
+from tests.train.test_pytorch_loop import SMALL, options, weights
+from tests.train.test_pytorch_loop import same as same_within
 
 pytestmark = pytest.mark.slow
 
 
-def options(**fields: Any) -> TrainingOptions:
-    base = {"solver": "sgdm", "initial_learn_rate": 0.1, "max_epochs": 2, "mini_batch_size": 64, "verbose": False}
-    return TrainingOptions(**{**base, **fields})
-
-
-def weights(net: nn.Module) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in net.parameters()]
-
-
 def same(a: list[torch.Tensor], b: list[torch.Tensor], atol: float = 1e-5) -> bool:
-    return all(torch.allclose(p, q, atol=atol) for p, q in zip(a, b, strict=True))
+    """Weights equal within `atol` (a pool sums gradients in another order than one process)."""
+    return same_within(a, b, atol=atol)
 
 
 def adamw(params: list[dict[str, Any]]) -> torch.optim.Optimizer:

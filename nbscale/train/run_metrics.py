@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from nbscale.train.batches import first_tensor
+from nbscale.train.losses import is_regression_loss
 from nbscale.train.metrics import MetricSet, objective, resolve_metrics
 from nbscale.train.options import TrainingOptions
 
-_REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss)
 _REGRESSION_FUNCTIONS = (F.mse_loss, F.l1_loss, F.smooth_l1_loss, F.huber_loss)
 _CLASS_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss, nn.BCELoss, nn.BCEWithLogitsLoss, nn.KLDivLoss)
 _CLASS_FUNCTIONS = (F.cross_entropy, F.nll_loss, F.binary_cross_entropy, F.binary_cross_entropy_with_logits)
@@ -28,7 +28,7 @@ _CLASS_FUNCTIONS = (F.cross_entropy, F.nll_loss, F.binary_cross_entropy, F.binar
 def is_regression(options: TrainingOptions, loss_fn: Any, first_target: Any) -> bool:
     """Whether the run is a regression (see the module docstring); `first_target` may be a function giving it, called
     only where the loss does not decide (reading a sample can cost a file or an S3 request)."""
-    if options.loss in ("mse", "l1") or isinstance(loss_fn, _REGRESSION_LOSSES) or loss_fn in _REGRESSION_FUNCTIONS:
+    if is_regression_loss(options.loss) or is_regression_loss(loss_fn) or loss_fn in _REGRESSION_FUNCTIONS:
         return True
     if options.loss in ("crossentropy", "binary-crossentropy") or isinstance(loss_fn, _CLASS_LOSSES) \
             or loss_fn in _CLASS_FUNCTIONS:

@@ -55,6 +55,7 @@ class TrainingMonitor:
             self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
         self._closed = False
         self._sink = _sink_for(self)
+        self._next_flush = time.perf_counter() + min_interval  # the empty figure is drawn: no draw for 1 point
 
     # ---- the loop's side -----------------------------------------------------------------------------------------
 
@@ -84,9 +85,7 @@ class TrainingMonitor:
 
     @progress.setter
     def progress(self, percent: float) -> None:
-        self._progress = float(percent)
-        if self._progress >= 100:
-            self._flush(time.perf_counter())
+        self._progress = float(percent)  # shown at the next draw: drawing now would cost a loop's end a figure
 
     @property
     def stop(self) -> bool:

@@ -7,7 +7,6 @@ field and its allowed values (a misspelt name suggests the right one).
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from nbscale.errors import OptionsError
+from nbscale.suggestions import did_you_mean
 
 Solver = Literal["sgdm", "adam", "adamw", "rmsprop"]
 ShuffleMode = Literal["once", "never", "every-epoch"]
@@ -264,9 +264,7 @@ PYTORCH_NAMES = {
 def _unknown_field_message(name: str, names: Sequence[str]) -> str:
     if name in PYTORCH_NAMES:
         return f"TrainingOptions has no field {name!r}: {PYTORCH_NAMES[name]} (docs/training.md, From PyTorch)."
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"TrainingOptions has no field {name!r}.{hint} The fields are: {', '.join(names)}."
+    return f"TrainingOptions has no field {name!r}.{did_you_mean(name, names)} The fields are: {', '.join(names)}."
 
 
 # ---- per-field checks: each returns None when fine, or the allowed values as words ---------------------------

@@ -123,6 +123,9 @@ class TrainingOptions:
             if name not in names:
                 raise OptionsError(_unknown_field_message(name, names))
         object.__setattr__(self, "_ready", False)
+        # told of each accepted change made from code; not a dataclass field, so out of eq, repr, pickle, asdict
+        self._observer: Callable[[TrainingOptions], None] | None
+        object.__setattr__(self, "_observer", None)
         for f in fields(self):
             if f.name not in ("_ready",):
                 object.__setattr__(self, f.name, f.default)
@@ -154,9 +157,13 @@ class TrainingOptions:
             for changed, old in previous.items():  # a refused change leaves the options as they were
                 object.__setattr__(self, changed, old)
             raise
-        watcher = self.__dict__.get("_watcher")  # the options form these came from shows the change too
-        if watcher is not None:
-            watcher(self)
+        if self._observer is not None:
+            self._observer(self)
+
+    def observe(self, observer: Callable[[TrainingOptions], None] | None) -> None:
+        """Call `observer(self)` after each accepted change of a field (None: no more); the options form these
+        came from uses it to show a change made from code. Copies and pickles do not keep it."""
+        object.__setattr__(self, "_observer", observer)
 
     def validate(self) -> None:
         """Check every field and the combinations; raises OptionsError."""
@@ -205,6 +212,7 @@ class TrainingOptions:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "_observer", None)
         object.__setattr__(self, "_ready", True)
 
 

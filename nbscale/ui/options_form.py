@@ -181,7 +181,7 @@ class OptionsForm:
                                "the form; nothing was run.")
         values = self.values()
         options = TrainingOptions(values.pop("solver"), **values)
-        object.__setattr__(options, "_watcher", self._set_from_code)  # these options, changed from code, change the form
+        options.observe(self._set_from_code)  # these options, changed from code, change the form
         return options
 
     @options.setter

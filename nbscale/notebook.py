@@ -18,7 +18,7 @@ from nbscale.cellvars import names_bound
 from nbscale.errors import NbscaleError, OptionsError
 from nbscale.train.events import IterationDone, StopSignal
 from nbscale.train.info import TrainingInfo
-from nbscale.train.options import Environment, Solver, TrainingOptions
+from nbscale.train.options import Environment, Solver, TrainingOptions, unwrap_form
 
 if TYPE_CHECKING:
     import torch
@@ -242,8 +242,7 @@ def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: An
             raise OptionsError(f"--options {request.options}: no notebook variable named {request.options!r}. Create "
                                f"it in an earlier cell: {request.options} = nbscale.TrainingOptions('sgdm', ...), or "
                                f"{request.options} = nbscale.options_form() for a form.")
-        base = namespace[request.options]
-        base = getattr(base, "options", base)  # an options form carries its TrainingOptions
+        base = unwrap_form(namespace[request.options])
         if not isinstance(base, TrainingOptions):
             kind = type(base).__name__
             kind = f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}"

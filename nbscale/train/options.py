@@ -221,6 +221,13 @@ def field_names() -> tuple[str, ...]:
     return tuple(f.name for f in fields(TrainingOptions) if not f.name.startswith("_"))
 
 
+def unwrap_form(value: object) -> object:
+    """The TrainingOptions an options form carries (its `.options`, which raises OptionsError while a value in
+    the form is wrong), or `value` itself when it is no form."""
+    carried = getattr(value, "options", None)
+    return carried if isinstance(carried, TrainingOptions) else value
+
+
 # the fields that take a name or the user's own factory (a callable solver or learn-rate schedule)
 FACTORY_FIELDS = ("solver", "learn_rate_schedule")
 

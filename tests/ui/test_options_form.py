@@ -175,3 +175,15 @@ print(w["solver"].label, w["learn_rate_schedule"].label, form.options.solver is 
     assert made.ok, made.text
     assert made.stdout.split() == ["custom", "custom", "True", "True", "%%train", "--options", "form"], made.text
     assert kernel.run('w["solver"].value = "adam"\nprint(form.options.solver)').stdout.strip() == "adam"
+
+
+def test_a_form_unwraps_to_its_options_and_anything_else_stays_as_it_is() -> None:
+    from nbscale import OptionsError, TrainingOptions, options_form
+    from nbscale.train.options import unwrap_form
+    from nbscale.train.trainer import as_options
+
+    form, plain = options_form(TrainingOptions("adam", max_epochs=3), show=False), TrainingOptions("sgdm")
+    assert unwrap_form(form) == TrainingOptions("adam", max_epochs=3) == as_options(form)
+    assert unwrap_form(plain) is plain and unwrap_form(7) == 7
+    with pytest.raises(OptionsError, match="options must be a TrainingOptions .* not int"):
+        as_options(7)

@@ -69,15 +69,6 @@ def reopens_idle_pool() -> bool:
     return (_current is None or _current.closed) and _idle_settings is not None
 
 
-def require_pool() -> Pool:
-    """The running pool, or a PoolError that says how to start one (and why the last one stopped)."""
-    pool = current_pool()
-    if pool is None:
-        reason = f" {_last_shutdown_notice}" if _last_shutdown_notice else ""
-        raise PoolError(f"No pool is running.{reason} Start one with %pool start [N] (or nbscale.Pool(N)).")
-    return pool
-
-
 def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
     """Run every step; one a KeyboardInterrupt cuts short runs once more (each is safe to repeat). Whether an
     interrupt came."""

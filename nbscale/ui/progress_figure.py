@@ -161,10 +161,6 @@ class ProgressFigure:
         self.background: Any = None  # the one above with the fitted y axes drawn at their current limits
         self.empty_png: bytes | None = None  # the figure before the first iteration, as a run opens with it
 
-    @property
-    def loss_fitted(self) -> bool:
-        return id(self.loss_axes) in self.fitted
-
     def release(self) -> None:
         """Offer this figure to the next run of the same layout (`figure_for_run`); the caller draws it no more.
         A figure with learn-rate or restart marks, or a widened iteration axis, is not kept."""

@@ -165,7 +165,7 @@ conv_rate = info.images_per_second
 """
 
 
-def _measured(kernel, code: str, name: str, timeout: float = 600) -> tuple[float, object]:  # noqa: ANN001
+def _measured(kernel, code: str, name: str, timeout: float = 600) -> tuple[float, object]:
     """Run `code` in the kernel and read the images/s it left in `name`; each run is told on stderr as it ends."""
     started = time.perf_counter()
     result = kernel.run(code, timeout=timeout)
@@ -290,7 +290,7 @@ def run() -> str:
     ])
 
 
-def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:  # noqa: ANN001
+def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:
     """nbscale.train on the CPU in the kernel's process against the hand-written loop, interleaved."""
     hand, ours, wall = runs.setdefault("hand", []), runs.setdefault("ours", []), runs.setdefault("wall", [])
     for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
@@ -304,7 +304,7 @@ def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -
             _row("same, end to end (setup, widgets, final figure included)", wall, hand)]
 
 
-def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """nbscale.train with metrics=("accuracy", "fscore") against the hand-written loop computing the same."""
     hand, ours = runs.setdefault("hand metrics", []), runs.setdefault("ours metrics", [])
     label = "CPU, notebook process, plots on, metrics accuracy and fscore, vs hand-written loop computing them"
@@ -316,7 +316,7 @@ def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: A
     return [_row(label, ours, hand)]
 
 
-def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """The hand-written loop with a TrainingMonitor against without it, interleaved in the same kernel."""
     hand, watched = runs.setdefault("hand, no monitor", []), runs.setdefault("hand + monitor", [])
     for _ in range(REPEATS):
@@ -327,7 +327,7 @@ def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: A
     return [_row("CPU hand-written loop with nbscale.TrainingMonitor vs without (the monitor's cost)", watched, hand)]
 
 
-def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:  # noqa: ANN001
+def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:
     """nbscale.train in the kernel's process with the progress figure and info panel against without them."""
     shown, hidden = runs.setdefault("plots on", []), runs.setdefault("plots none", [])
     shown_wall, hidden_wall = runs.setdefault("plots on, wall", []), runs.setdefault("plots none, wall", [])
@@ -342,7 +342,7 @@ def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list
             _row("same, whole calls (the empty figure, widgets and final figure included)", shown_wall, hidden_wall)]
 
 
-def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """execution_environment="parallel" on a pool of 1 CPU worker (all cores' threads) against in-process."""
     kernel.run("pool = nbscale.Pool(1, cpu=True)", timeout=180)
     one, alone = runs.setdefault("pool of 1", []), runs.setdefault("in-process", [])
@@ -358,7 +358,7 @@ def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa
             _row("same, whole calls (sending the job, start, weights back included)", one_wall, alone_wall)]
 
 
-def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """execution_environment="parallel" on 2 CPU workers against hand-written DDP, interleaved."""
     kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
     parallel, ddp = runs.setdefault("parallel", []), runs.setdefault("ddp", [])
@@ -370,7 +370,7 @@ def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: 
     return [_row(f"parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time)", parallel, ddp)]
 
 
-def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001 - a KernelSession
+def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # kernel: a KernelSession
     """Rows for "gpu" vs the hand-written loop and "mixed" vs "single" (none without a GPU)."""
     on_cpu = os.environ.get("BENCH_GPU_ROWS_ON_CPU") == "1"
     if not (torch.cuda.is_available() or on_cpu):
@@ -395,7 +395,7 @@ def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN00
             _row(f"mixed vs single precision ({name}), conv net 64-128-256 on {CONV_SIZE}x{CONV_SIZE}x3, mini-batch 256", mixed, single)]
 
 
-def _updates_during_training(result) -> int:  # noqa: ANN001 - a tests.kernel_session.CellResult
+def _updates_during_training(result) -> int:  # result: a tests.kernel_session.CellResult
     """Figure updates a run showed between the empty figure before its first iteration and the final one."""
     return sum("image/png" in shown for shown in result.displays) - 2
 

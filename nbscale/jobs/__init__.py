@@ -46,7 +46,7 @@ def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:
     return Job(named[-1].id, store)
 
 
-def list() -> builtins.list[Job]:  # noqa: A001 (nbscale.jobs.list(), as the API names it)
+def list() -> builtins.list[Job]:  # shadows the builtin: nbscale.jobs.list(), as the API names it
     """Every job in the store as a Job (`.id`, `.name`, `.state`, ...), oldest first."""
     store = JobStore()
     return [Job.listed(record.id, store) for record in store.all()]

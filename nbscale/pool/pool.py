@@ -260,12 +260,12 @@ class Pool:
             return
         try:
             spare = make_backend(self.settings)
-        except Exception:  # noqa: BLE001 - only a head start: a restart that follows tries again and says why
+        except Exception:  # only a head start: a restart that follows tries again and says why
             return
         self._spare = spare
         try:
             spare.prepare()
-        except Exception:  # noqa: BLE001 - as above
+        except Exception:  # as above
             self._drop_spare()
 
     def _drop_spare(self) -> None:

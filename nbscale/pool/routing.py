@@ -214,7 +214,7 @@ class Router:
         who = f"worker {worker.rank} (pid {worker.pid})"
         try:
             status = self.exit_status(worker)
-        except Exception:  # noqa: BLE001 - the backend could not tell: say what the kernel saw
+        except Exception:  # the backend could not tell: say what the kernel saw
             status = None
         if status is not None:
             return f"{who} died: it {status}"

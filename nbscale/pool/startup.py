@@ -108,7 +108,7 @@ def _hello(channel: Channel, count: int) -> WorkerHandle | None:
         return None
     try:
         hello = channel.recv()
-    except Exception:  # noqa: BLE001 - a peer with the secret that sent no Hello: not one of ours
+    except Exception:  # a peer with the secret that sent no Hello: not one of ours
         return None
     if not isinstance(hello, p.Hello) or not 0 <= hello.rank < count:
         return None

@@ -283,7 +283,7 @@ class Worker:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 reply: Any = p.Done(message.request_id, self.rank, value)
-            except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
+            except BaseException as error:  # every failure goes back to the kernel
                 if os.getpid() != self.pid:
                     _end_forked_copy(error)
                 sys.stdout.flush()

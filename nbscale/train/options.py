@@ -285,7 +285,7 @@ def _unknown_field_message(name: str, names: Sequence[str]) -> str:
 # ---- per-field checks: each returns None when fine, or the allowed values as words ---------------------------
 
 
-class _choice:  # noqa: N801 - read as the other checks' makers
+class _choice:  # lower case: read as the other checks' makers
     """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by check_field)."""
 
     def __init__(self, allowed: Sequence[str]) -> None:
@@ -295,7 +295,7 @@ class _choice:  # noqa: N801 - read as the other checks' makers
         return None if value in self.allowed else "one of " + ", ".join(repr(a) for a in self.allowed)
 
 
-class _choice_or_callable(_choice):  # noqa: N801
+class _choice_or_callable(_choice):
     """A choice, or the user's own factory (a callable solver or learn-rate schedule: shown as "custom")."""
 
     def __init__(self, allowed: Sequence[str], factory: str) -> None:

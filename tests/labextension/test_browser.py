@@ -160,7 +160,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         "NBSCALE_HOME": str(tmp_path / "nbscale-home"),  # this test's own job store
         **_serve_this_checkouts_build(tmp_path),
     }
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed when the server has stopped
+    log = open(tmp_path / "server.log", "wb")  # closed when the server has stopped
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", "--LabApp.expose_app_in_browser=True", *root],

@@ -51,7 +51,7 @@ def test_idle_and_garbage_connections_during_start_do_not_stop_it():
     def start() -> None:
         try:
             outcome["pool"] = nbscale.Pool(2, cpu=True)
-        except Exception as error:  # noqa: BLE001 - the test reports it
+        except Exception as error:  # the test reports it
             outcome["error"] = error
 
     starter = threading.Thread(target=start)

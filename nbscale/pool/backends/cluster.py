@@ -135,7 +135,7 @@ class RayBackend(Backend):
                     if time.monotonic() > deadline - 5:
                         outcome["error"] = error
                         return
-                except Exception as error:  # noqa: BLE001 - reported below
+                except Exception as error:  # reported below
                     outcome["error"] = error
                     return
 
@@ -231,7 +231,7 @@ class RayBackend(Backend):
             return
         try:
             ray.get([actor.kill.remote() for actor in self.actors], timeout=5)
-        except Exception:  # noqa: BLE001 - an actor already gone is fine
+        except Exception:  # an actor already gone is fine
             pass
         for actor in self.actors:
             ray.kill(actor)
@@ -287,7 +287,7 @@ def _connection_id() -> tuple[str | None, str | None]:
 
     try:
         job_id: str | None = ray.get_runtime_context().get_job_id()
-    except Exception:  # noqa: BLE001 - an older or client connection may not say
+    except Exception:  # an older or client connection may not say
         job_id = None
     return _gcs_address(), job_id
 
@@ -298,7 +298,7 @@ def _gcs_address() -> str | None:
 
     try:
         return ray.get_runtime_context().gcs_address
-    except Exception:  # noqa: BLE001 - a Ray client connection has no GCS address here
+    except Exception:  # a Ray client connection has no GCS address here
         return None
 
 

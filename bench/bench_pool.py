@@ -159,7 +159,7 @@ def run() -> str:
          f"{push_bandwidth / 1e9:.1f} GB/s over 4 copies = {push_bandwidth / memcpy:.0%} of memcpy "
          f"({memcpy / 1e9:.1f} GB/s; target >= 25%)"),
         ("`%pool stop`", f"{ours['stop'] * 1e3:.0f} ms", f"{peer['stop'] * 1e3:.0f} ms", "target < 1 s"),
-    ]  # fmt: skip
+    ]
     lines = [
         "## Pool (issue 2): nbscale vs ipyparallel, same run",
         "",

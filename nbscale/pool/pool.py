@@ -179,7 +179,7 @@ class Pool:
         self.router.exit_status = lambda worker: self.backend.exit_status(worker.rank, worker.pid)
         self.tasks = TaskQueue(self.router)
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
-                               self.state, self._stop_idle)  # fmt: skip
+                               self.state, self._stop_idle)
         self._groups: set[tuple[int, ...]] = set()
         self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False

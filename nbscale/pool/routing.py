@@ -415,7 +415,7 @@ def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:
             "worker must load there too: its class must be importable in the notebook or job that started the pool, "
             "not only on the workers.",
             "",
-        )  # fmt: skip
+        )
     if unreadable.kind == "Event":
         return p.Output(rank, "stderr", f"an event from this worker could not be read where the pool was started ({unreadable})\n")
     return None

@@ -62,7 +62,7 @@ def launch_workers(backend: Backend, settings: PoolSettings) -> tuple[list[Worke
                 kernel_address=(backend.kernel_host, listener.address[1]), secret=secret.hex(), rank=rank,
                 world_size=len(specs), device=spec.device, kernel_machine_id=machine_id(), env=spec.env,
                 threads=spec.threads,
-            )  # fmt: skip
+            )
             for rank, spec in enumerate(specs)
         ]
         backend.start(configs)

@@ -191,7 +191,7 @@ def test_job_folder_and_store_are_private(job_store: JobStore) -> None:
 def test_env_values_reach_the_job_but_never_the_store(job_store: JobStore) -> None:
     secret = "s3cr3t-token-value-1234"
     job = jobs.submit("import os\nmatches = os.environ['API_TOKEN'] == expected\n", namespace={"expected": "x"},
-                      env={"API_TOKEN": secret})  # fmt: skip
+                      env={"API_TOKEN": secret})
     job.wait(WAIT_S)
     assert job.result("matches") is False  # compared, not printed
     for path in job_store.root.rglob("*"):
@@ -230,6 +230,6 @@ def test_wait_with_timeout_returns_false_while_running() -> None:
 def test_private_looking_notebook_variables_are_sent_but_ipython_history_is_not() -> None:
     namespace = {"_offset": 5, "_i3": "x = 1", "_oh": {}}
     job = jobs.submit("total = _offset + 1\ntry:\n    _i3\n    seen = True\nexcept NameError:\n    seen = False\n",
-                      namespace=namespace)  # fmt: skip
+                      namespace=namespace)
     job.wait(WAIT_S)
     assert (job.result("total"), job.result("seen")) == (6, False)

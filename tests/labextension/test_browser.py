@@ -165,7 +165,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", "--LabApp.expose_app_in_browser=True", *root],
         env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
+    )
     info_file = tmp_path / "runtime" / f"jpserver-{server.pid}.json"  # names the port the OS gave (--port=0)
     deadline = time.monotonic() + 90
     while True:

@@ -70,7 +70,7 @@ def _train_for_long() -> None:
 
     (x, y), _ = digits()
     options = nbscale.TrainingOptions("sgdm", mini_batch_size=32, max_epochs=100000, execution_environment="cpu",
-                                      plots="none", verbose=False, output_fn=_emit_each_iteration)  # fmt: skip
+                                      plots="none", verbose=False, output_fn=_emit_each_iteration)
     nbscale.train(tiny_net(), (x, y), options)
 
 

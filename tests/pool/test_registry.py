@@ -72,7 +72,7 @@ NOBODY = 65534
 
 def _as_nobody(command: str) -> None:
     done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+                          capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
 
 

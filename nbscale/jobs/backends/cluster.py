@@ -161,7 +161,7 @@ def submit_ray_job(
                 metadata={"nbscale_job": str(job_id)},
             ),
             SUBMIT_TIMEOUT_S, f"Submitting to the Ray job server at {job_address}",
-        )  # fmt: skip
+        )
     except Exception as error:
         (job_dir / RAY_JOB_FILE).unlink(missing_ok=True)
         raise JobError(

@@ -145,7 +145,8 @@ def run() -> str:
          "-", f"Ray pool {on_ray['run_round_trip'] / local['run_round_trip']:.2f}x local pool"),
         ("64 MiB broadcast to 4 workers (median)", ms(on_ray["push"]), ms(local["push"]),
          f"{ms(plain['push'])} (`ray.put` + 4 actors get it)",
-         f"Ray pool {on_ray['push'] / local['push']:.2f}x local pool, {on_ray['push'] / plain['push']:.2f}x plain Ray; "
+         f"Ray pool {on_ray['push'] / local['push']:.2f}x local pool, "
+         f"{on_ray['push'] / plain['push']:.2f}x plain Ray; "
          f"Ray pool {WORKERS * PUSH_BYTES / on_ray['push'] / 1e9:.1f} GB/s over 4 copies"),
     ]
     lines = [

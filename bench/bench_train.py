@@ -12,12 +12,12 @@ The table gives the best run of each (interference from other tenants only ever 
 the least disturbed one, as timeit reports its minimum), the ratio of medians, and the median of the pairs' ratios
 (each nbscale run over the peer run beside it: drift of the machine's load between pairs cancels out); every run's
 figure is printed too. Run: `python bench/bench_train.py`
-(BENCH_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and BENCH_REPEATS
-override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "metrics" is metrics=("accuracy", "fscore")
-against the hand-written loop computing both each iteration; "plots" (plots on vs none in the kernel) and
-"pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs are long enough
-(~10 s on 2 cores) for the progress figure to update during training, not only before and after it; the table
-says how many times it did.
+(BENCH_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and
+BENCH_REPEATS override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "metrics" is
+metrics=("accuracy", "fscore") against the hand-written loop computing both each iteration; "plots" (plots on vs
+none in the kernel) and "pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs
+are long enough (~10 s on 2 cores) for the progress figure to update during training, not only before and after
+it; the table says how many times it did.
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ conv_data = (d_images, Y.clone())
 def make_conv():
     torch.manual_seed(0)
     block = lambda i, o: nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
-    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(), nn.Linear(256 * {size} ** 2 // 64, 10))
+    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(),
+                         nn.Linear(256 * {size} ** 2 // 64, 10))
 """
 
 NBSCALE_GPU = """
@@ -277,10 +278,11 @@ def run() -> str:
         "## Training (bench/bench_train.py)",
         "",
         f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs in the "
-        f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs (ratios of medians "
-        f"and pairs beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
+        f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs "
+        f"(ratios of medians and pairs beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
         "",
-        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians | median pair ratio |",
+        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians "
+        "| median pair ratio |",
         "|---|---:|---:|---:|---:|---:|",
         *rows,
         "",

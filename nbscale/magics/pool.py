@@ -70,7 +70,8 @@ class PoolMagics(Magics):
             )
             # which GPUs it took, and who holds the others (this machine's GPUs: not for a cluster pool)
             note = pool_gpus_note(gpus()) if pool.kind == "gpu" and args.cluster is None else "."
-            print(f"Started {pool.size} {pool.kind.upper()} worker{'s' if pool.size != 1 else ''} in {pool.start_seconds:.1f} s{note}")
+            print(f"Started {pool.size} {pool.kind.upper()} worker{'s' if pool.size != 1 else ''} in "
+                  f"{pool.start_seconds:.1f} s{note}")
             return None
         if args.action == "restart":
             if running is None and reopens_idle_pool():  # the pool the user had, as %%spmd would start it again

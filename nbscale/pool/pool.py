@@ -134,9 +134,8 @@ class Pool:
     ) -> None:
         if _current is not None and not _current.closed:
             raise PoolError(
-                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it first "
-                "with %pool stop "
-                "(pool.close()), or get fresh workers with %pool restart."
+                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it "
+                "first with %pool stop (pool.close()), or get fresh workers with %pool restart."
             )
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
         self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]

@@ -88,7 +88,8 @@ def _accept_workers(listener: ChannelListener, backend: Backend, count: int) -> 
         if not backend.alive():
             raise PoolError(
                 f"The workers' launcher ({backend.describe()}) exited before every worker connected "
-                f"({len(handles)} of {count}); its error is on this process's stderr (the Jupyter server's log for a kernel, job.log() for a batch job).{_refused_note(listener)}"
+                f"({len(handles)} of {count}); its error is on this process's stderr (the Jupyter server's log for "
+                f"a kernel, job.log() for a batch job).{_refused_note(listener)}"
             )
         try:
             channel = listener.next_channel(timeout=0.25)

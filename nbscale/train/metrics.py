@@ -149,9 +149,9 @@ def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> Metri
     """`TrainingOptions.metrics` as a MetricSet; None gives ("accuracy",), or ("rmse",) under a regression.
 
     Items: a name ("accuracy", "top{k}-accuracy", "rmse", "mae", "precision", "recall", "fscore", in any case),
-    a torchmetrics Metric (or MetricCollection: its metrics by key), a callable (outputs, targets) -> value per sample (named by its __name__), or a
-    (name, metric) pair; one metric alone counts as a sequence of one. Raises OptionsError for an unknown name
-    (with "did you mean"), a duplicate name, or anything else.
+    a torchmetrics Metric (or MetricCollection: its metrics by key), a callable (outputs, targets) -> value per
+    sample (named by its __name__), or a (name, metric) pair; one metric alone counts as a sequence of one.
+    Raises OptionsError for an unknown name (with "did you mean"), a duplicate name, or anything else.
     """
     if metrics is None:
         metrics = ("rmse",) if regression else ("accuracy",)

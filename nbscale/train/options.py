@@ -286,7 +286,8 @@ def _unknown_field_message(name: str, names: Sequence[str]) -> str:
 
 
 class _choice:  # lower case: read as the other checks' makers
-    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by check_field)."""
+    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by
+    check_field)."""
 
     def __init__(self, allowed: Sequence[str]) -> None:
         self.allowed = allowed

@@ -111,8 +111,8 @@ class RayBackend(Backend):
                 return
             if made_here is None:
                 raise PoolError(
-                    f"This process is already connected to a Ray cluster (a ray.init before the pool), so a pool cannot "
-                    f"start on {self.profile.address}. Pass that cluster's address to --cluster, or call "
+                    "This process is already connected to a Ray cluster (a ray.init before the pool), so a pool "
+                    f"cannot start on {self.profile.address}. Pass that cluster's address to --cluster, or call "
                     "ray.shutdown() first."
                 )
             ray.shutdown()  # the last pool's cluster: only one pool runs at a time, and it has stopped
@@ -187,8 +187,9 @@ class RayBackend(Backend):
             raise PoolError(f"A pool needs at least one worker, not {n!r}: use %pool start N with N >= 1.")
         if gpus_per_worker and n * gpus_per_worker > resources.get("GPU", 0):
             raise PoolError(
-                f"{n} workers with {gpus_per_worker:g} GPU each need {n * gpus_per_worker:g} GPUs, but the Ray cluster at "
-                f"{self.profile.address} has {resources.get('GPU', 0):g}. Ask for fewer workers, or add --cpu."
+                f"{n} workers with {gpus_per_worker:g} GPU each need {n * gpus_per_worker:g} GPUs, but the Ray "
+                f"cluster at {self.profile.address} has {resources.get('GPU', 0):g}. Ask for fewer workers, or add "
+                "--cpu."
             )
         if n > resources.get("CPU", 0):
             raise PoolError(

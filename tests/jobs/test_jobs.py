@@ -129,7 +129,8 @@ def test_stop_training_of_a_job_that_ended_without_training_is_false() -> None:
 
 
 def test_cancel_kills_the_whole_process_group() -> None:
-    code = "import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\nprint('child', child.pid, flush=True)\ntime.sleep(60)\n"
+    code = ("import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
+            "print('child', child.pid, flush=True)\ntime.sleep(60)\n")
     job = jobs.submit(code)
     wait_for_log(job, "child ")
     child_pid = int(job.log().split("child ")[1].split()[0])

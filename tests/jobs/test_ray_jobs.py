@@ -107,7 +107,8 @@ def test_batch_magic_with_a_cluster_profile_runs_a_ray_job_the_kernel_can_forget
         kernel.run("%load_ext nbscale")
         kernel.run("base = 5")
         shown = kernel.run(
-            "%%batch --name lab-run --cluster lab --env TOKEN=abc123\nimport os\nvalue = base + len(os.environ['TOKEN'])\n"
+            "%%batch --name lab-run --cluster lab --env TOKEN=abc123\nimport os\n"
+            "value = base + len(os.environ['TOKEN'])\n"
         )
         assert shown.ok, shown.text
         assert "submitted to lab" in shown.stdout and "abc123" not in shown.text

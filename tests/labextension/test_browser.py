@@ -1,7 +1,8 @@
 """End to end: a real JupyterLab on loopback, Debian's headless Chromium driven by Playwright.
 
 Open a notebook, start a pool of 2 CPU workers, see the status bar say so, open the panel, see the workers.
-The screenshot goes to tests/artifacts/; with NBSCALE_UPDATE_SCREENSHOT=1 it rewrites docs/screenshot-panel.png (the README shows it).
+The screenshot goes to tests/artifacts/; with NBSCALE_UPDATE_SCREENSHOT=1 it rewrites docs/screenshot-panel.png
+(the README shows it).
 """
 
 from __future__ import annotations

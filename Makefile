@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
 
-.PHONY: venv demo test test-latest lock chromium bench lint typecheck clean reference examples
+.PHONY: venv demo test test-latest lock chromium bench lint style typecheck clean reference examples
 
 $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,9 +53,13 @@ chromium:
 bench: venv
 	$(PY) bench/run_all.py --write BENCHMARKS.md
 
-lint: typecheck
-	$(VENV)/bin/ruff check nbscale tests bench examples
+lint: typecheck style
 	cd labextension && npm run lint
+
+# ruff's rules and layout, settings in pyproject.toml ([tool.ruff]); CI runs it too
+style: venv
+	$(VENV)/bin/ruff check nbscale tests bench examples
+	$(VENV)/bin/ruff format --check nbscale tests bench examples
 
 # mypy over nbscale/, settings in pyproject.toml ([tool.mypy])
 typecheck: venv

@@ -58,7 +58,7 @@ def start_ray_head() -> str:
     """`ray start --head` with 4 CPUs on 127.0.0.1; returns its address."""
     port = _free_port()
     command = [_ray_cli(), "start", "--head", f"--port={port}", f"--num-cpus={WORKERS}", "--node-ip-address=127.0.0.1",
-               "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
+               "--include-dashboard=false", "--disable-usage-stats"]
     subprocess.run(command, check=True, capture_output=True, timeout=180)
     return f"127.0.0.1:{port}"
 
@@ -145,9 +145,10 @@ def run() -> str:
          "-", f"Ray pool {on_ray['run_round_trip'] / local['run_round_trip']:.2f}x local pool"),
         ("64 MiB broadcast to 4 workers (median)", ms(on_ray["push"]), ms(local["push"]),
          f"{ms(plain['push'])} (`ray.put` + 4 actors get it)",
-         f"Ray pool {on_ray['push'] / local['push']:.2f}x local pool, {on_ray['push'] / plain['push']:.2f}x plain Ray; "
+         f"Ray pool {on_ray['push'] / local['push']:.2f}x local pool, "
+         f"{on_ray['push'] / plain['push']:.2f}x plain Ray; "
          f"Ray pool {WORKERS * PUSH_BYTES / on_ray['push'] / 1e9:.1f} GB/s over 4 copies"),
-    ]  # fmt: skip
+    ]
     lines = [
         "## Cluster (issue 6): pool on a 4-CPU local Ray cluster vs local pool vs plain Ray actors, same run",
         "",

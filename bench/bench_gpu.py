@@ -272,7 +272,8 @@ def run() -> str:
     if "airbench" in ROWS:
         rows.append(pairs(
             "airbench",
-            f"airbench94-class, {size.images:,} 32x32 uint8, flip + translate 2, mini-batch {batch}, {_epochs(epochs)}",
+            f"airbench94-class, {size.images:,} 32x32 uint8, flip + translate 2, mini-batch {batch}, "
+            f"{_epochs(epochs)}",
             lambda: nbscale_train(airbench_class_net, augmented_store(images, labels), batch, epochs,
                                   data_placement="device"),
             lambda: hand_loop(airbench_class_net, images, labels, batch, epochs, augment=True), runs))
@@ -297,7 +298,8 @@ def run() -> str:
     if "resnet" in ROWS:
         rows.append(pairs(
             "resnet",
-            f"ResNet-50, {size.resnet_images:,} {side}x{side} float, mini-batch {resnet_batch}, {_epochs(resnet_epochs)}",
+            f"ResNet-50, {size.resnet_images:,} {side}x{side} float, mini-batch {resnet_batch}, "
+            f"{_epochs(resnet_epochs)}",
             in_process, lambda: hand_loop(resnet50, resnet_images, resnet_labels, resnet_batch, resnet_epochs,
                                           augment=False), runs))
     if "parallel" in ROWS:
@@ -322,7 +324,8 @@ def run() -> str:
         f"whole calls timed, {REPEATS} alternating pairs after a warm-up of each; SGD momentum 0.9, L2 1e-4 on "
         "weights only (MATLAB's), constant learn rate.",
         "",
-        "| run | nbscale images/s (median) | peer images/s (median) | median pair ratio | best nbscale / best peer |",
+        "| run | nbscale images/s (median) | peer images/s (median) | median pair ratio "
+        "| best nbscale / best peer |",
         "|---|---:|---:|---:|---:|",
         *rows,
         "",

@@ -123,7 +123,8 @@ def data_path_section() -> str:
     rows = [
         (f"`nbscale.train`, 1 epoch, linear net on a {size} TensorDataset: pool of 1 CPU worker vs the notebook "
          "(whole calls, median)", f"{data['pool']:.2f} s", f"{data['here']:.2f} s",
-         f"{data['ratio']:.2f}x (median pair ratio; target <= 1.25x, issue 28 measured 1.81x); pairs (s, pool/notebook): "
+         f"{data['ratio']:.2f}x (median pair ratio; target <= 1.25x, issue 28 measured 1.81x); "
+         "pairs (s, pool/notebook): "
          f"{data['runs']}"),
         (f"`pool.push` of one {size} tensor: first, then again unchanged", f"{data['push_first'] * 1e3:.0f} ms",
          f"{data['push_second'] * 1e3:.1f} ms", f"the second {data['push_first'] / data['push_second']:.0f}x faster"),
@@ -148,7 +149,8 @@ def run() -> str:
     rows = [
         ("`%pool start 4` (CPU) until torch imported + group joined", f"{ours['start']:.2f} s",
          f"{peer['start']:.2f} s ({peer['start_only']:.2f} s start + import torch)",
-         f"{ours['start'] / torch_import:.2f}x one `python -c \"import torch\"` ({torch_import:.2f} s); target <= 1.3x; "
+         f"{ours['start'] / torch_import:.2f}x one `python -c \"import torch\"` ({torch_import:.2f} s); "
+         "target <= 1.3x; "
          f"{peer['start'] / ours['start']:.1f}x faster than ipyparallel"),
         ("empty spmd round trip, 4 workers, blocking (median)", f"{ours['round_trip'] * 1e3:.2f} ms",
          f"{peer['round_trip'] * 1e3:.2f} ms (`execute('pass')`)",
@@ -159,7 +161,7 @@ def run() -> str:
          f"{push_bandwidth / 1e9:.1f} GB/s over 4 copies = {push_bandwidth / memcpy:.0%} of memcpy "
          f"({memcpy / 1e9:.1f} GB/s; target >= 25%)"),
         ("`%pool stop`", f"{ours['stop'] * 1e3:.0f} ms", f"{peer['stop'] * 1e3:.0f} ms", "target < 1 s"),
-    ]  # fmt: skip
+    ]
     lines = [
         "## Pool (issue 2): nbscale vs ipyparallel, same run",
         "",

@@ -12,12 +12,12 @@ The table gives the best run of each (interference from other tenants only ever 
 the least disturbed one, as timeit reports its minimum), the ratio of medians, and the median of the pairs' ratios
 (each nbscale run over the peer run beside it: drift of the machine's load between pairs cancels out); every run's
 figure is printed too. Run: `python bench/bench_train.py`
-(BENCH_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and BENCH_REPEATS
-override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "metrics" is metrics=("accuracy", "fscore")
-against the hand-written loop computing both each iteration; "plots" (plots on vs none in the kernel) and
-"pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs are long enough
-(~10 s on 2 cores) for the progress figure to update during training, not only before and after it; the table
-says how many times it did.
+(BENCH_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and
+BENCH_REPEATS override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "metrics" is
+metrics=("accuracy", "fscore") against the hand-written loop computing both each iteration; "plots" (plots on vs
+none in the kernel) and "pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs
+are long enough (~10 s on 2 cores) for the progress figure to update during training, not only before and after
+it; the table says how many times it did.
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ conv_data = (d_images, Y.clone())
 def make_conv():
     torch.manual_seed(0)
     block = lambda i, o: nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2))
-    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(), nn.Linear(256 * {size} ** 2 // 64, 10))
+    return nn.Sequential(block(3, 64), block(64, 128), block(128, 256), nn.Flatten(),
+                         nn.Linear(256 * {size} ** 2 // 64, 10))
 """
 
 NBSCALE_GPU = """
@@ -165,7 +166,7 @@ conv_rate = info.images_per_second
 """
 
 
-def _measured(kernel, code: str, name: str, timeout: float = 600) -> tuple[float, object]:  # noqa: ANN001
+def _measured(kernel, code: str, name: str, timeout: float = 600) -> tuple[float, object]:
     """Run `code` in the kernel and read the images/s it left in `name`; each run is told on stderr as it ends."""
     started = time.perf_counter()
     result = kernel.run(code, timeout=timeout)
@@ -277,10 +278,11 @@ def run() -> str:
         "## Training (bench/bench_train.py)",
         "",
         f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs in the "
-        f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs (ratios of medians "
-        f"and pairs beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
+        f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs "
+        f"(ratios of medians and pairs beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
         "",
-        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians | median pair ratio |",
+        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians "
+        "| median pair ratio |",
         "|---|---:|---:|---:|---:|---:|",
         *rows,
         "",
@@ -290,7 +292,7 @@ def run() -> str:
     ])
 
 
-def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:  # noqa: ANN001
+def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:
     """nbscale.train on the CPU in the kernel's process against the hand-written loop, interleaved."""
     hand, ours, wall = runs.setdefault("hand", []), runs.setdefault("ours", []), runs.setdefault("wall", [])
     for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
@@ -304,7 +306,7 @@ def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -
             _row("same, end to end (setup, widgets, final figure included)", wall, hand)]
 
 
-def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """nbscale.train with metrics=("accuracy", "fscore") against the hand-written loop computing the same."""
     hand, ours = runs.setdefault("hand metrics", []), runs.setdefault("ours metrics", [])
     label = "CPU, notebook process, plots on, metrics accuracy and fscore, vs hand-written loop computing them"
@@ -316,7 +318,7 @@ def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: A
     return [_row(label, ours, hand)]
 
 
-def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """The hand-written loop with a TrainingMonitor against without it, interleaved in the same kernel."""
     hand, watched = runs.setdefault("hand, no monitor", []), runs.setdefault("hand + monitor", [])
     for _ in range(REPEATS):
@@ -327,7 +329,7 @@ def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: A
     return [_row("CPU hand-written loop with nbscale.TrainingMonitor vs without (the monitor's cost)", watched, hand)]
 
 
-def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:  # noqa: ANN001
+def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:
     """nbscale.train in the kernel's process with the progress figure and info panel against without them."""
     shown, hidden = runs.setdefault("plots on", []), runs.setdefault("plots none", [])
     shown_wall, hidden_wall = runs.setdefault("plots on, wall", []), runs.setdefault("plots none, wall", [])
@@ -342,7 +344,7 @@ def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list
             _row("same, whole calls (the empty figure, widgets and final figure included)", shown_wall, hidden_wall)]
 
 
-def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """execution_environment="parallel" on a pool of 1 CPU worker (all cores' threads) against in-process."""
     kernel.run("pool = nbscale.Pool(1, cpu=True)", timeout=180)
     one, alone = runs.setdefault("pool of 1", []), runs.setdefault("in-process", [])
@@ -358,7 +360,7 @@ def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa
             _row("same, whole calls (sending the job, start, weights back included)", one_wall, alone_wall)]
 
 
-def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001
+def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """execution_environment="parallel" on 2 CPU workers against hand-written DDP, interleaved."""
     kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
     parallel, ddp = runs.setdefault("parallel", []), runs.setdefault("ddp", [])
@@ -370,7 +372,7 @@ def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: 
     return [_row(f"parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time)", parallel, ddp)]
 
 
-def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN001 - a KernelSession
+def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # kernel: a KernelSession
     """Rows for "gpu" vs the hand-written loop and "mixed" vs "single" (none without a GPU)."""
     on_cpu = os.environ.get("BENCH_GPU_ROWS_ON_CPU") == "1"
     if not (torch.cuda.is_available() or on_cpu):
@@ -395,7 +397,7 @@ def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # noqa: ANN00
             _row(f"mixed vs single precision ({name}), conv net 64-128-256 on {CONV_SIZE}x{CONV_SIZE}x3, mini-batch 256", mixed, single)]
 
 
-def _updates_during_training(result) -> int:  # noqa: ANN001 - a tests.kernel_session.CellResult
+def _updates_during_training(result) -> int:  # result: a tests.kernel_session.CellResult
     """Figure updates a run showed between the empty figure before its first iteration and the final one."""
     return sum("image/png" in shown for shown in result.displays) - 2
 

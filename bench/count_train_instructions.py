@@ -73,7 +73,8 @@ def run() -> str:
     return "\n".join([
         "## Training instructions per iteration (bench/count_train_instructions.py)",
         "",
-        f"MLP 64-256-256-10, SGDM, mini-batch {BATCH}, one torch thread, no plots, counted by valgrind's callgrind.",
+        f"MLP 64-256-256-10, SGDM, mini-batch {BATCH}, one torch thread, no plots, counted by valgrind's "
+        "callgrind.",
         "",
         "| loop | instructions per iteration |",
         "|---|---:|",

@@ -77,7 +77,7 @@ class GpuHolder:
         """"alice's pool (notebook analysis.ipynb, pid 4242)"."""
         where = [f"notebook {self.notebook}" if self.notebook else None,
                  f"kernel {self.kernel_id[:8]}" if self.kernel_id and not self.notebook else None,
-                 f"pid {self.pid}" if self.pid is not None else None]  # fmt: skip
+                 f"pid {self.pid}" if self.pid is not None else None]
         details = ", ".join(part for part in where if part)
         what = f"{self.user}'s {self.purpose}" if self.purpose in ("pool", "training") else self.user
         return f"{what} ({details})" if details else what
@@ -179,7 +179,7 @@ def reserve(choose: Callable[[], Sequence[str]], purpose: Purpose) -> GpuReserva
                     reservation._files.append(_write_holder_file(folder, key, purpose))
                 mine = {path.name for _, path in reservation._files}
                 appeared = {name for name, key in _live_files(folder).items()
-                            if key in keys and name not in seen and name not in mine}  # fmt: skip
+                            if key in keys and name not in seen and name not in mine}
             except BaseException:
                 reservation.release()
                 raise

@@ -18,7 +18,7 @@ from nbscale.cellvars import names_bound
 from nbscale.errors import NbscaleError, OptionsError
 from nbscale.train.events import IterationDone, StopSignal
 from nbscale.train.info import TrainingInfo
-from nbscale.train.options import Environment, Solver, TrainingOptions
+from nbscale.train.options import Environment, Solver, TrainingOptions, unwrap_form
 
 if TYPE_CHECKING:
     import torch
@@ -204,22 +204,28 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
                            "val_data and loss_fn too.")
     options = _cell_options(request, namespace, values.get("val_data", _NOT_ASSIGNED))
     if request.sweep:
-        from nbscale.train.sweep import parse_grid
-
-        if "step_fn" in values:
-            raise OptionsError("%%train --sweep does not take a step_fn yet: sweep with loss_fn, or train each "
-                               "setting with nbscale.train(..., step_fn=step_fn).")
-
-        make_model = values.get("make_model")
-        result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
-                       parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed)
-        namespace["sweep_result"] = result
-        if result.best is not None:
-            namespace[request.net], namespace[request.info] = result.best.net, result.best.info
+        _sweep_cell(request, values, options, namespace)
         return
     net, info = train(values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"),
                       step_fn=values.get("step_fn"))
     namespace[request.net], namespace[request.info] = net, info
+
+
+def _sweep_cell(request: CellTraining, values: dict[str, Any], options: TrainingOptions,
+                namespace: dict[str, Any]) -> None:
+    """`%%train --sweep`: every run in `sweep_result`, the best one's network and info in the notebook."""
+    from nbscale.train.sweep import parse_grid
+
+    if "step_fn" in values:
+        raise OptionsError("%%train --sweep does not take a step_fn yet: sweep with loss_fn, or train each "
+                           "setting with nbscale.train(..., step_fn=step_fn).")
+
+    make_model = values.get("make_model")
+    result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
+                   parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed)
+    namespace["sweep_result"] = result
+    if result.best is not None:
+        namespace[request.net], namespace[request.info] = result.best.net, result.best.info
 
 
 def _assigned_names(shell: Any, cell: str) -> set[str]:
@@ -242,8 +248,7 @@ def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: An
             raise OptionsError(f"--options {request.options}: no notebook variable named {request.options!r}. Create "
                                f"it in an earlier cell: {request.options} = nbscale.TrainingOptions('sgdm', ...), or "
                                f"{request.options} = nbscale.options_form() for a form.")
-        base = namespace[request.options]
-        base = getattr(base, "options", base)  # an options form carries its TrainingOptions
+        base = unwrap_form(namespace[request.options])
         if not isinstance(base, TrainingOptions):
             kind = type(base).__name__
             kind = f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}"

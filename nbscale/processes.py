@@ -34,10 +34,3 @@ def pid_running(pid: int, started: float | None = None) -> bool:
     except (psutil.Error, ValueError, OverflowError):
         return False
 
-
-def process_uid(pid: int) -> int | None:
-    """The real user id of process `pid`, or None where there is no such process (or the platform has none)."""
-    try:
-        return int(psutil.Process(pid).uids().real)
-    except (psutil.Error, AttributeError, ValueError, OverflowError):
-        return None

@@ -21,7 +21,8 @@ def _unicode(text: str) -> bytes:
 
 
 def global_call(module: str, name: str, argument: str) -> bytes:
-    """A protocol-4 pickle (where dotted names resolve attribute by attribute): GLOBAL module name, then REDUCE it on (argument,): `module.name(argument)`."""
+    """A protocol-4 pickle (where dotted names resolve attribute by attribute): GLOBAL module name, then REDUCE it
+    on (argument,): `module.name(argument)`."""
     return (pickle.PROTO + b"\x04" + pickle.GLOBAL + f"{module}\n{name}\n".encode()
             + _unicode(argument) + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP)
 

@@ -36,7 +36,7 @@ def gpu_holder(keys: Sequence[str], purpose: str = "pool", notebook: str | None 
     process = subprocess.Popen(
         [sys.executable, "-c", _HOLD, ",".join(keys), purpose], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         text=True, env=env, cwd=str(REPO_ROOT), preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
-    )  # fmt: skip
+    )
     try:
         assert process.stdout is not None and process.stdout.readline() == "held\n", "the holder did not start"
         yield process

@@ -30,7 +30,7 @@ def nbscale(*args: str, extra_path: Path | None = None, **env: str) -> subproces
     environment = {**os.environ, **env,
                    "PYTHONPATH": os.pathsep.join([*paths, str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "nbscale", *args], capture_output=True, text=True,
-                          env=environment, timeout=120)  # fmt: skip
+                          env=environment, timeout=120)
 
 
 def test_jobs_list_show_log_cancel_and_delete_act_on_the_notebooks_job_store() -> None:

@@ -21,7 +21,8 @@ MODEL = """\
 import nbscale, torch
 from torch import nn
 torch.manual_seed(0)
-model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 4 * 4, 10))
+model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                      nn.Linear(16 * 4 * 4, 10))
 """
 CONTRACT_TRAINING = """\
 opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, mini_batch_size=128, max_epochs=10,

@@ -10,7 +10,7 @@ import pytest
 from tests.kernel_session import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "examples"))
-from run_notebook import code_hash  # noqa: E402
+from run_notebook import code_hash
 
 EXAMPLES = sorted((REPO_ROOT / "examples").glob("*.ipynb"))
 EXAMPLES = [path for path in EXAMPLES if not path.name.endswith(".executed.ipynb")]

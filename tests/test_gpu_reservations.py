@@ -79,7 +79,7 @@ sys.stdin.read()
 """
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     processes = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, env=env) for _ in range(racers)]  # fmt: skip
+                                  text=True, env=env) for _ in range(racers)]
     try:
         time.sleep(1.0)  # every racer imported nbscale and waits for the go
         go.touch()
@@ -160,7 +160,7 @@ NOBODY = 65534
 
 def _as_nobody(command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+                          capture_output=True, text=True, timeout=30)
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def test_another_user_can_neither_remove_nor_rewrite_a_reservation(shared_folder
 def _as_nobody_in_background(command: str) -> subprocess.Popen[bytes]:
     """`command` run by the shell as the second user, in its own session (kill its group to end it)."""
     return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c",
-                             command], start_new_session=True)  # fmt: skip
+                             command], start_new_session=True)
 
 
 def _wait_until(condition, what: str, process: subprocess.Popen[bytes] | None = None) -> None:
@@ -233,7 +233,7 @@ def test_a_reservation_whose_pid_a_later_process_reuses_is_no_hold(registry_fold
     later = subprocess.Popen(["sleep", "60"])
     try:
         for record in ({"pid": later.pid, "since": time.time() - 60},  # reserved a minute before it started
-                       {"pid": later.pid, "since": time.time(), "started": time.time() - 3600}):  # fmt: skip
+                       {"pid": later.pid, "since": time.time(), "started": time.time() - 3600}):
             stale = registry_folder / f"nbscale-gpu.GPU-a.{os.urandom(8).hex()}"
             stale.write_text(json.dumps({**record, "purpose": "pool"}))
             assert registry.holders() == {}

@@ -85,7 +85,8 @@ def _as_image_tensor(image: Any) -> torch.Tensor:
 
 
 def _preprocessing_for(channels: int, color_preprocessing: str, output_size: Any) -> str:
-    """The colour preprocessing that gives `channels` channels (3: gray2rgb, 1: rgb2gray), checked against the one given."""
+    """The colour preprocessing that gives `channels` channels (3: gray2rgb, 1: rgb2gray), checked against the one
+    given."""
     wanted = {3: "gray2rgb", 1: "rgb2gray"}.get(channels)
     if wanted is None:
         raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} asks for {channels} channels; "

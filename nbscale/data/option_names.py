@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from nbscale.errors import OptionsError
+from nbscale.suggestions import did_you_mean
 
 
 def check_option_names(owner: str, given: Iterable[str], known: Sequence[str],
@@ -21,9 +21,7 @@ def check_option_names(owner: str, given: Iterable[str], known: Sequence[str],
         if name in known:
             continue
         snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-        close = [(meant or {}).get(snake) or snake] if snake in known or snake in (meant or {}) else \
-            difflib.get_close_matches(snake, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(snake, known, meant=meant)
         raise OptionsError(f"{owner} has no option {name!r}.{hint} Its options are: {', '.join(known)}.")
 
 

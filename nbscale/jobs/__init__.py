@@ -13,7 +13,6 @@ or the user's data folder), so jobs outlive kernel restarts and closed notebooks
 from __future__ import annotations
 
 import builtins
-import difflib
 import os
 import time
 from datetime import timedelta
@@ -26,6 +25,7 @@ from nbscale.jobs.job import Job, _as_dict
 from nbscale.jobs.records import ACTIVE_STATES, END_STATES
 from nbscale.jobs.store import JobStore, default_root
 from nbscale.jobs.submit import submit
+from nbscale.suggestions import did_you_mean
 
 __all__ = ["Job", "JobStore", "cancel", "current_job_dir", "default_root", "delete", "get", "list", "list_jobs",
            "submit"]
@@ -40,14 +40,13 @@ def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:
     store = JobStore()
     named = store.named(arguments.job_name(name))
     if not named:
-        close = difflib.get_close_matches(name, sorted({r.name for r in store.all() if r.name}), n=3)
-        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        hint = did_you_mean(name, sorted({r.name for r in store.all() if r.name}), n=3)
         raise JobError(f"There is no job named {name!r} in the job store at {store.root}.{hint} %jobs lists the "
                        "jobs with their names.")
     return Job(named[-1].id, store)
 
 
-def list() -> builtins.list[Job]:  # noqa: A001 (nbscale.jobs.list(), as the API names it)
+def list() -> builtins.list[Job]:  # shadows the builtin: nbscale.jobs.list(), as the API names it
     """Every job in the store as a Job (`.id`, `.name`, `.state`, ...), oldest first."""
     store = JobStore()
     return [Job.listed(record.id, store) for record in store.all()]

@@ -147,7 +147,8 @@ class Job:
             reason = record.unpicklable[name]
             fix = (f"Free space where the job store is ({self.store.root}), or point NBSCALE_HOME at a larger disk, "
                    "and run the job again." if reason.startswith(NOT_WRITTEN) else
-                   "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job again.")
+                   "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job "
+                   "again.")
             raise JobError(f"Job {self.id} assigned {name!r}, but it could not be saved: {reason}. {fix}")
         if name not in record.results:
             saved = ", ".join(record.results) or "none"

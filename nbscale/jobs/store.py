@@ -324,7 +324,7 @@ class JobStore:
         return self._update(
             job_id, ("running",), state=state, finished=time.time(), error=error_line(error),
             results=json.dumps(sorted(results)), unpicklable=json.dumps(unpicklable),
-        )  # fmt: skip
+        )
 
     def mark_cancelled(self, job_id: int) -> bool:
         """queued/running -> cancelled; False if it had already ended."""

@@ -61,7 +61,7 @@ def submit(
     if cluster is not None:  # a profile name with a typo is an error here, not a failed job in %jobs
         try:
             resolve_cluster(cluster)
-        except Exception as error:  # noqa: BLE001 - resolve_cluster's errors name the profile file and the fix
+        except Exception as error:  # resolve_cluster's errors name the profile file and the fix
             raise JobError(str(error)) from None
     namespace = namespace if namespace is not None else sys._getframe(1).f_globals
     inputs = _inputs(code, namespace, pool_bound=pool is not None)

@@ -258,4 +258,4 @@ def summary(job_dir: Path) -> TrainingSummary | None:
         max_epochs=start.max_epochs, iteration=last.iteration if last else None, total_iterations=total,
         loss=last.training_loss if last else None, validation_loss=validation_loss, time_left_s=time_left,
         done=done is not None, stop_reason=done.stop_reason if done else None,
-    )  # fmt: skip
+    )

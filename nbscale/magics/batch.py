@@ -26,11 +26,11 @@ class BatchMagics(Magics):
     @argument(
         "--env", nargs="+", action="extend", metavar="KEY=VALUE",
         help="environment variables for the job (credentials); never stored or printed",
-    )  # fmt: skip
+    )
     @argument(
         "--cluster", metavar="PROFILE_OR_ADDRESS",
         help="run the job as a Ray job on this cluster (a profile name, or the job server's http://HEAD:8265)",
-    )  # fmt: skip
+    )
     @cell_magic
     def batch(self, line: str, cell: str) -> None:
         """Run the cell as a detached job that outlives this kernel; variables it reads are sent along."""
@@ -53,7 +53,7 @@ class BatchMagics(Magics):
     @magic_arguments()
     @argument("action", nargs="?", choices=["show", "cancel", "delete"],
               help="show: the live training plot of job ID; cancel: stop job ID; delete: remove jobs ID... (or "
-                   "--older-than AGE) from the store")  # fmt: skip
+                   "--older-than AGE) from the store")
     @argument("ids", nargs="*", metavar="ID", help="job ids, as %%jobs lists them")
     @argument("--training", type=int, metavar="N", help="which training of the job to show (default: the latest)")
     @argument("--wait", action="store_true", help="follow in this cell until the job ends")

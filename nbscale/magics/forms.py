@@ -32,9 +32,8 @@ class FormMagics(Magics):
         args = parse_line(self.train_options, line)
         if not args.name.isidentifier():
             raise OptionsError(f"%train_options {args.name}: NAME must be a Python variable name.")
-        from nbscale.train.options import TrainingOptions
+        from nbscale.train.options import TrainingOptions, unwrap_form
         from nbscale.ui.options_form import options_form
 
-        current = self.shell.user_ns.get(args.name)
-        current = getattr(current, "options", current)  # an options form carries its TrainingOptions
+        current = unwrap_form(self.shell.user_ns.get(args.name))
         return options_form(current if isinstance(current, TrainingOptions) else None, bind_to=args.name)

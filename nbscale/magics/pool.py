@@ -67,10 +67,11 @@ class PoolMagics(Magics):
                 args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster,
                 idle_timeout=args.idle_timeout, env=env_pairs(args.env), force=args.force,
                 connect_timeout=args.connect_timeout,
-            )  # fmt: skip
+            )
             # which GPUs it took, and who holds the others (this machine's GPUs: not for a cluster pool)
             note = pool_gpus_note(gpus()) if pool.kind == "gpu" and args.cluster is None else "."
-            print(f"Started {pool.size} {pool.kind.upper()} worker{'s' if pool.size != 1 else ''} in {pool.start_seconds:.1f} s{note}")
+            print(f"Started {pool.size} {pool.kind.upper()} worker{'s' if pool.size != 1 else ''} in "
+                  f"{pool.start_seconds:.1f} s{note}")
             return None
         if args.action == "restart":
             if running is None and reopens_idle_pool():  # the pool the user had, as %%spmd would start it again

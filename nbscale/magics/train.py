@@ -42,5 +42,5 @@ class TrainMagics(Magics):
             options=args.options, environment=args.env, epochs=args.epochs, batch_size=args.batch_size,
             learn_rate=args.lr, solver=args.solver, plots=not args.no_plots, verbose=not args.quiet, net=args.net,
             info=args.info, sweep=tuple(args.sweep or ()), seed=args.seed,
-        )  # fmt: skip
+        )
         train_cell(self.shell, cell, request)

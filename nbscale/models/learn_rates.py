@@ -10,7 +10,6 @@ names ("layer4.*", "features.1?", "*.bn*"). A trainer builds its optimizer from 
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import math
 from collections.abc import Mapping
@@ -19,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from nbscale.errors import ModelError
+from nbscale.suggestions import did_you_mean
 
 FACTORS_ATTRIBUTE = "nbscale_learn_rate_factors"
 _GLOB_CHARACTERS = "*?["
@@ -84,8 +84,7 @@ def layers_near(model: nn.Module, name: str) -> str:
     """For an error about a layer `name` that `model` does not have: up to three close names, then every layer
     name (or, in a large network, the top-level ones and how to list the rest). Starts with a space."""
     shown = [layer for layer, _ in model.named_modules() if layer]
-    close = difflib.get_close_matches(name, shown, n=3)
-    hint = f" Did you mean {', '.join(repr(layer) for layer in close)}?" if close else ""
+    hint = did_you_mean(name, shown, n=3)
     if len(shown) > _LISTED_NAMES:
         top = [layer for layer, _ in model.named_children()]
         return (f"{hint} Its top-level layers are {', '.join(top)} ({len(shown)} layers in all: "

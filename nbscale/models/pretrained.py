@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import urllib.parse
 import urllib.request
@@ -16,6 +15,7 @@ from torch import nn
 from nbscale.errors import ModelError
 from nbscale.models.normalization import LAYER_NAME, weights_normalization, with_normalization
 from nbscale.models.weight_files import network_from_file, network_globals
+from nbscale.suggestions import did_you_mean
 
 if TYPE_CHECKING:
     from torchvision.models import WeightsEnum
@@ -128,9 +128,8 @@ def _network(name: str, weights: str | os.PathLike | WeightsEnum | None, kwargs:
 
     available = torchvision.models.list_models()
     if name not in available:
-        close = difflib.get_close_matches(name, available, n=5)
-        hint = f"Did you mean {close}?" if close else "See torchvision.models.list_models() for the names."
-        raise ModelError(f"pretrained: {name!r} is not a torchvision network. {hint}")
+        hint = did_you_mean(name, available, n=5) or " See torchvision.models.list_models() for the names."
+        raise ModelError(f"pretrained: {name!r} is not a torchvision network.{hint}")
     if weights is None:
         return torchvision.models.get_model(name, weights=None, **kwargs)
     named = _torchvision_weights(name, weights)

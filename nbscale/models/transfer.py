@@ -87,26 +87,7 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
     if isinstance(getattr(model, "num_classes", None), int):  # SqueezeNet keeps its class count
         setattr(model, "num_classes", num_classes)  # noqa: B010 - nn.Module types attributes as tensors or modules
 
-    modules = dict(model.named_modules())
-    if freeze == TRUNK:
-        def holds_head(name: str) -> bool:
-            return head_name == name or head_name.startswith(name + ".")
-
-        frozen = [name for name, _ in model.named_children() if not holds_head(name)]
-        frozen += [name for name, _ in model.named_modules() if name and head_name.startswith(name + ".")]
-        frozen_parameters = [p for n, p in model.named_parameters() if not n.startswith(head_name + ".")]
-    else:
-        named = [freeze] if isinstance(freeze, str) else list(freeze or [])
-        unknown = [name for name in named if isinstance(name, str) and name not in modules
-                   and not any(c in name for c in "*?[")]  # a non-string: matching_layers says what names a layer
-        if unknown:
-            raise ModelError(f"transfer: freeze names {unknown[0]!r}, which is no layer of {type(model).__name__}."
-                             f"{layers_near(model, unknown[0])}. Name layers as model.named_modules() does "
-                             "('layer4', 'layer4.0.conv1'), use a glob pattern ('layer4.*'), or pass freeze='trunk' "
-                             "to freeze every layer but the new one.")
-        frozen = list(dict.fromkeys(layer for name in named for layer in matching_layers(model, name)))
-        frozen_parameters = [p for name in frozen for p in modules[name].parameters()]
-
+    frozen, frozen_parameters = _frozen(model, head_name, freeze)
     factors = {n: f for n, f in parameter_factors(model).items() if not n.startswith(head_name + ".")}
     for name, _ in new.named_parameters():
         factors[f"{head_name}.{name}"] = head_factor
@@ -117,3 +98,27 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
         parameter.requires_grad_(False)
     setattr(model, "nbscale_frozen_layers", tuple(frozen))  # noqa: B010 - as above
     return model
+
+
+def _frozen(model: nn.Module, head_name: str, freeze: str | Iterable[str] | None,
+            ) -> tuple[list[str], list[nn.Parameter]]:
+    """The layers `freeze` names in `model` whose new classification layer is `head_name`, and their parameters;
+    ModelError for a name that is no layer."""
+    if freeze == TRUNK:
+        def holds_head(name: str) -> bool:
+            return head_name == name or head_name.startswith(name + ".")
+
+        frozen = [name for name, _ in model.named_children() if not holds_head(name)]
+        frozen += [name for name, _ in model.named_modules() if name and head_name.startswith(name + ".")]
+        return frozen, [p for n, p in model.named_parameters() if not n.startswith(head_name + ".")]
+    modules = dict(model.named_modules())
+    named = [freeze] if isinstance(freeze, str) else list(freeze or [])
+    unknown = [name for name in named if isinstance(name, str) and name not in modules
+               and not any(c in name for c in "*?[")]  # a non-string: matching_layers says what names a layer
+    if unknown:
+        raise ModelError(f"transfer: freeze names {unknown[0]!r}, which is no layer of {type(model).__name__}."
+                         f"{layers_near(model, unknown[0])}. Name layers as model.named_modules() does "
+                         "('layer4', 'layer4.0.conv1'), use a glob pattern ('layer4.*'), or pass freeze='trunk' "
+                         "to freeze every layer but the new one.")
+    frozen = list(dict.fromkeys(layer for name in named for layer in matching_layers(model, name)))
+    return frozen, [p for name in frozen for p in modules[name].parameters()]

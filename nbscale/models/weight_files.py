@@ -108,7 +108,7 @@ def _strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.T
 def network_globals() -> dict[tuple[str, str], Callable[..., Any]]:
     """The exact (module, name) pairs a whole saved network may refer to, besides what torch needs for tensors:
     every layer class of torch.nn and torchvision's networks and ops, and the few helpers they hold."""
-    import torchvision.models.detection  # noqa: F401 (imported by torchvision.models; named for the reader)
+    import torchvision.models.detection  # imported by torchvision.models; named for the reader
     import torchvision.models.optical_flow  # noqa: F401
 
     import nbscale.models.normalization  # noqa: F401 (its layer and hook are in _NETWORK_EXTRAS)
@@ -178,7 +178,7 @@ def _check_whole_network(name: str, loaded: nn.Module, path: Path) -> None:
         try:
             with torch.device("meta"):  # only names and shapes are compared: no memory, no initialisation
                 expected = torchvision.models.get_model(name, weights=None, **options)
-        except Exception:  # noqa: BLE001 - a few networks (RegNet) cannot initialise meta tensors
+        except Exception:  # a few networks (RegNet) cannot initialise meta tensors
             expected = torchvision.models.get_model(name, weights=None, **options)
     fix = ("Pass the name of the network the file holds, or load it with torch.load(path, weights_only=False) if "
            "you trust it.")

@@ -169,7 +169,7 @@ class Channel:
         if shm_paths:
             try:
                 buffers = map_shared_memory(shm_paths, shm_sizes, shm_kept)
-            except Exception as error:  # noqa: BLE001 - a file gone or unreadable: this message is lost, not the channel
+            except Exception as error:  # a file gone or unreadable: this message is lost, not the channel
                 unmappable = error
             if receiver_unlinks:  # a kept tensor's file stays for later messages (nbscale.pool.resident)
                 for path, kept in zip(shm_paths, shm_kept or (False,) * len(shm_paths), strict=True):
@@ -183,7 +183,7 @@ class Channel:
             raise MessageUnreadable(*label, unmappable)
         try:
             return deserialise(body, buffers)
-        except Exception as error:  # noqa: BLE001 - any unpickling failure: a missing module, class or attribute
+        except Exception as error:  # any unpickling failure: a missing module, class or attribute
             raise MessageUnreadable(*label, error) from error
 
     def _receive_into(self, view: memoryview) -> None:

@@ -109,6 +109,11 @@ def plan_devices(
                 "--force (force=True) to share held GPUs."
             )
         return [gpu.device_id for gpu in usable[: n or len(usable)]]
+    return _cpu_workers(n)
+
+
+def _cpu_workers(n: int | None) -> list[str | None]:
+    """`plan_devices` on a machine without GPUs (or with --cpu): `n` CPU workers, or one per core up to a limit."""
     cores = os.cpu_count() or 1
     if n is not None and n > CPU_WORKERS_PER_CORE * cores:
         raise PoolError(

@@ -105,7 +105,7 @@ def collective_mismatch(workers: list[WorkerHandle], ranks: Iterable[int], waiti
     if not sure and any(w.still_s < MISMATCH_STILL_S for w in running):
         return None
     each = "; ".join(f"rank {rank} in {name} (its collective {number} of this cell)"
-                     for rank, (name, _, number) in calls.items())  # fmt: skip
+                     for rank, (name, _, number) in calls.items())
     if finished:
         ended = ", ".join(map(str, finished))
         each += f"; rank{'s' if len(finished) > 1 else ''} {ended} finished the cell without it"

@@ -9,7 +9,8 @@ from typing import TextIO
 from nbscale.pool import protocol as p
 
 _open_line: dict[str, int] = {}  # stream name -> rank whose last line has not ended yet (no newline so far)
-# stream name -> rank -> that rank's unfinished line (from its last redraw "\r..." on), held while another rank's is live
+# stream name -> rank -> that rank's unfinished line (from its last redraw "\r..." on), held while another rank's
+# is live
 _held_lines: dict[str, dict[int, str]] = {}
 # stream name -> ranks whose open line another rank's output ended: the newline that would end it is that one
 _ended_by_others: dict[str, set[int]] = {}
@@ -106,8 +107,8 @@ def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
 
 
 def end_open_lines() -> None:
-    """Show held unfinished lines and end the lines workers left open (a request ended): the next cell's output starts on a
-    line of its own."""
+    """Show held unfinished lines and end the lines workers left open (a request ended): the next cell's output
+    starts on a line of its own."""
     for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
         _release(name)
         held = _held_lines.pop(name, {})

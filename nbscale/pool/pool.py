@@ -69,15 +69,6 @@ def reopens_idle_pool() -> bool:
     return (_current is None or _current.closed) and _idle_settings is not None
 
 
-def require_pool() -> Pool:
-    """The running pool, or a PoolError that says how to start one (and why the last one stopped)."""
-    pool = current_pool()
-    if pool is None:
-        reason = f" {_last_shutdown_notice}" if _last_shutdown_notice else ""
-        raise PoolError(f"No pool is running.{reason} Start one with %pool start [N] (or nbscale.Pool(N)).")
-    return pool
-
-
 def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
     """Run every step; one a KeyboardInterrupt cuts short runs once more (each is safe to repeat). Whether an
     interrupt came."""
@@ -143,9 +134,8 @@ class Pool:
     ) -> None:
         if _current is not None and not _current.closed:
             raise PoolError(
-                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it first "
-                "with %pool stop "
-                "(pool.close()), or get fresh workers with %pool restart."
+                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it "
+                "first with %pool stop (pool.close()), or get fresh workers with %pool restart."
             )
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
         self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
@@ -188,7 +178,7 @@ class Pool:
         self.router.exit_status = lambda worker: self.backend.exit_status(worker.rank, worker.pid)
         self.tasks = TaskQueue(self.router)
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
-                               self.state, self._stop_idle)  # fmt: skip
+                               self.state, self._stop_idle)
         self._groups: set[tuple[int, ...]] = set()
         self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
@@ -269,12 +259,12 @@ class Pool:
             return
         try:
             spare = make_backend(self.settings)
-        except Exception:  # noqa: BLE001 - only a head start: a restart that follows tries again and says why
+        except Exception:  # only a head start: a restart that follows tries again and says why
             return
         self._spare = spare
         try:
             spare.prepare()
-        except Exception:  # noqa: BLE001 - as above
+        except Exception:  # as above
             self._drop_spare()
 
     def _drop_spare(self) -> None:

@@ -88,7 +88,8 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
         known = ", ".join(sorted(profiles)) or "none"
         raise PoolError(
             f"--cluster {cluster!r} is neither an address (ray://HOST:PORT) nor a profile in {profiles_path()} "
-            f"(profiles there: {known}). Add a [profiles.{cluster}] table with backend and address, or pass the address."
+            f"(profiles there: {known}). Add a [profiles.{cluster}] table with backend and address, or pass the "
+            "address."
         )
     entry = profiles[cluster]
     backend = entry.get("backend", "ray")

@@ -123,7 +123,7 @@ def kernel_id() -> str | None:
         from ipykernel.connect import get_connection_file
 
         name = os.path.basename(get_connection_file())
-    except Exception:  # noqa: BLE001 - not a kernel, or ipykernel cannot tell
+    except Exception:  # not a kernel, or ipykernel cannot tell
         return None
     return name[len("kernel-") : -len(".json")] if name.startswith("kernel-") and name.endswith(".json") else None
 

@@ -90,7 +90,7 @@ class Request:
             try:
                 # a class is hashable; mypy checks Exception's instance __hash__ against Hashable instead
                 return _worker_error_class(original)(message, failures)  # type: ignore[arg-type]
-            except Exception:  # noqa: BLE001 - an exception class whose constructor wants other arguments
+            except Exception:  # an exception class whose constructor wants other arguments
                 pass
         return WorkerError(message, failures)
 

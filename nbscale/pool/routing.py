@@ -214,7 +214,7 @@ class Router:
         who = f"worker {worker.rank} (pid {worker.pid})"
         try:
             status = self.exit_status(worker)
-        except Exception:  # noqa: BLE001 - the backend could not tell: say what the kernel saw
+        except Exception:  # the backend could not tell: say what the kernel saw
             status = None
         if status is not None:
             return f"{who} died: it {status}"
@@ -415,7 +415,7 @@ def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:
             "worker must load there too: its class must be importable in the notebook or job that started the pool, "
             "not only on the workers.",
             "",
-        )  # fmt: skip
+        )
     if unreadable.kind == "Event":
         return p.Output(rank, "stderr", f"an event from this worker could not be read where the pool was started ({unreadable})\n")
     return None

@@ -62,7 +62,7 @@ def launch_workers(backend: Backend, settings: PoolSettings) -> tuple[list[Worke
                 kernel_address=(backend.kernel_host, listener.address[1]), secret=secret.hex(), rank=rank,
                 world_size=len(specs), device=spec.device, kernel_machine_id=machine_id(), env=spec.env,
                 threads=spec.threads,
-            )  # fmt: skip
+            )
             for rank, spec in enumerate(specs)
         ]
         backend.start(configs)
@@ -88,7 +88,8 @@ def _accept_workers(listener: ChannelListener, backend: Backend, count: int) -> 
         if not backend.alive():
             raise PoolError(
                 f"The workers' launcher ({backend.describe()}) exited before every worker connected "
-                f"({len(handles)} of {count}); its error is on this process's stderr (the Jupyter server's log for a kernel, job.log() for a batch job).{_refused_note(listener)}"
+                f"({len(handles)} of {count}); its error is on this process's stderr (the Jupyter server's log for "
+                f"a kernel, job.log() for a batch job).{_refused_note(listener)}"
             )
         try:
             channel = listener.next_channel(timeout=0.25)
@@ -108,7 +109,7 @@ def _hello(channel: Channel, count: int) -> WorkerHandle | None:
         return None
     try:
         hello = channel.recv()
-    except Exception:  # noqa: BLE001 - a peer with the secret that sent no Hello: not one of ours
+    except Exception:  # a peer with the secret that sent no Hello: not one of ours
         return None
     if not isinstance(hello, p.Hello) or not 0 <= hello.rank < count:
         return None

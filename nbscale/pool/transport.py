@@ -2,9 +2,9 @@
 
 Large buffers (tensors and numpy arrays of at least `OUT_OF_BAND_BYTES`) leave the pickle stream. Between
 processes on one machine they travel through one file in shared memory (`/dev/shm`, mode 0600) that every
-receiver copies from once; between machines, or when shared memory is full, they follow the pickle on the socket. One `Frame` can be sent to
-many workers: it is serialised and written once, and every receiver maps it copy-on-write (no copy at all
-until a receiver writes to it).
+receiver copies from once; between machines, or when shared memory is full, they follow the pickle on the socket.
+One `Frame` can be sent to many workers: it is serialised and written once, and every receiver maps it
+copy-on-write (no copy at all until a receiver writes to it).
 """
 
 from __future__ import annotations

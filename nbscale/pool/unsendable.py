@@ -59,6 +59,6 @@ def call_error(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], e
 def _failure(value: Any) -> str | None:
     try:
         serialise(value)
-    except Exception as error:  # noqa: BLE001 - any pickling failure is the answer
+    except Exception as error:  # any pickling failure is the answer
         return str(error)
     return None

@@ -208,7 +208,7 @@ class Worker:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
         collective = current_collective() if self.current_request is not None else ""
         self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot(),
-                                         collective))  # fmt: skip
+                                         collective))
 
     def _main_thread_spot(self) -> tuple[str, float]:
         """Where the main thread is, and for how long it has stood still there: at the same instruction, and (where
@@ -241,7 +241,7 @@ class Worker:
                 "that folder on the workers' sys.path too (add it with pool.run or a %%spmd cell), or define the code "
                 "in the cell.",
                 "",
-            )  # fmt: skip
+            )
         )
 
     def _memory(self) -> tuple[float, float | None]:
@@ -283,7 +283,7 @@ class Worker:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 reply: Any = p.Done(message.request_id, self.rank, value)
-            except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
+            except BaseException as error:  # every failure goes back to the kernel
                 if os.getpid() != self.pid:
                     _end_forked_copy(error)
                 sys.stdout.flush()
@@ -293,7 +293,7 @@ class Worker:
                 reply = p.Failed(
                     message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
                     (type(error).__module__, type(error).__qualname__), held,
-                )  # fmt: skip
+                )
             with self.request_lock:
                 self.current_request = None
                 set_task_cancelled(False)

@@ -155,7 +155,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = path.resolve()
     refuse_untrusted(path.parent, name, folder=True, sticky_ok=True)
     try:
-        stream = open(path, "rb")  # noqa: SIM115 (closed below; checked as opened, so it cannot be swapped)
+        stream = open(path, "rb")  # closed below; checked as opened, so it cannot be swapped
     except OSError as error:
         raise OptionsError(f"{name} cannot be opened ({error.strerror or error}): pass a checkpoint file you "
                            "can read.") from None

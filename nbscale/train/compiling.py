@@ -52,7 +52,7 @@ def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: T
         with _untouched(model, device), _unactionable_notes_dropped():
             trial(compiled)  # compiles, and so logs what it logs, here (torch logs each note once per process)
         return compiled
-    except Exception as error:  # noqa: BLE001 - whatever compiling raises, the eager trial below tells
+    except Exception as error:  # whatever compiling raises, the eager trial below tells
         failure = error
     with _untouched(model, device):
         trial(net)  # an error of the network or the data fails here too, and is raised as it is

@@ -32,7 +32,9 @@ class TrainingStarted:
     objective_goal: str = "minimize"  # "minimize" or "maximize"
 
 
-@dataclass  # not frozen: made every iteration, and a frozen one sets each field through object.__setattr__ (slots would refuse old checkpoints)
+# not frozen: made every iteration, and a frozen one sets each field through object.__setattr__ (slots would refuse
+# old checkpoints)
+@dataclass
 class IterationDone:
     """Sent after every iteration; validation figures only on iterations that validated."""
 

@@ -12,10 +12,11 @@ figures where they are and reads them together, chosen once in setup:
   now (`wait`: a stop request, validation, a checkpoint, the last iteration; every read for output_fn).
 - `PoolFigures`, on a pool of several ranks with work: an iteration's loss sum, sample count, stop flag and
   metric state (`MetricSet.state`: sums, so the sum over the ranks is the state of all their samples, never a
-  mean of per-rank values) are summed over the ranks by the same collective as the last gradient bucket (`CarryingHook`, DDP's
-  communication hook), so an iteration needs one collective, not two. Every rank reads at the same iterations:
-  every iteration on CPU workers (the collective waited already), every READ_EVERY on GPUs; every iteration where
-  the notebook's output_fn answers each one (nbscale.train.distributed), whose stop every rank then takes at once.
+  mean of per-rank values) are summed over the ranks by the same collective as the last gradient bucket
+  (`CarryingHook`, DDP's communication hook), so an iteration needs one collective, not two. Every rank reads at
+  the same iterations: every iteration on CPU workers (the collective waited already), every READ_EVERY on GPUs;
+  every iteration where the notebook's output_fn answers each one (nbscale.train.distributed), whose stop every
+  rank then takes at once.
 Figures are also read whenever an iteration needs them (validation, the end of an epoch, a stop request).
 The metrics are checked against the first batch (`MetricSet.check`): a metric the user asked for that does not fit
 is an OptionsError before training goes on; the default one (accuracy or rmse) that does not fit is left out, its
@@ -230,7 +231,7 @@ class CarryingHook:
         self.group, self.share = group, share
         self.carried: Carried | None = None
 
-    def reduce(self, state, bucket):  # noqa: ANN001, ANN201 - DDP rejects annotations other than its own
+    def reduce(self, state, bucket):  # DDP rejects annotations other than its own
         gradients = bucket.buffer()
         gradients.mul_(self.share)
         carried = self.carried if bucket.is_last() and gradients.dtype == torch.float32 else None

@@ -649,9 +649,10 @@ def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
 
 
 class _Validator:
-    """Loss and metrics over the validation data (their states summed over the batches and the ranks), with the plain network in eval mode (never the compiled one:
-    its last smaller batch and eval mode would compile it again); on a pool each rank takes every k-th sample,
-    with the main rank's buffers (the network the user gets back: see `_take_main_ranks_buffers`)."""
+    """Loss and metrics over the validation data (their states summed over the batches and the ranks), with the
+    plain network in eval mode (never the compiled one: its last smaller batch and eval mode would compile it
+    again); on a pool each rank takes every k-th sample, with the main rank's buffers (the network the user gets
+    back: see `_take_main_ranks_buffers`)."""
 
     def __init__(self, setup: LoopSetup, model: nn.Module, autocast_dtype: Any) -> None:
         from nbscale.train.loading import as_dataset

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +9,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError
+from nbscale.suggestions import close_names
 
 
 def binary_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -31,7 +31,7 @@ def unknown_loss(name: str) -> str | None:
     """None for a known loss name, else the words of an error: the names, and the closest one."""
     if name in LOSSES:
         return None
-    close = difflib.get_close_matches(name.lower(), list(LOSSES), n=1, cutoff=0.5)
+    close = close_names(name.lower(), LOSSES, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return "one of " + ", ".join(repr(n) for n in LOSSES) + f", or a function (outputs, targets) -> loss{hint}"
 

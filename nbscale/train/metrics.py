@@ -10,7 +10,6 @@ nbscale.train.metric_kinds and nbscale.train.torch_metric.
 
 from __future__ import annotations
 
-import difflib
 import re
 import sys
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from nbscale.errors import OptionsError
+from nbscale.suggestions import did_you_mean
 from nbscale.train.metric_kinds import (
     CLASS_NAMES,
     REGRESSION_NAMES,
@@ -149,9 +149,9 @@ def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> Metri
     """`TrainingOptions.metrics` as a MetricSet; None gives ("accuracy",), or ("rmse",) under a regression.
 
     Items: a name ("accuracy", "top{k}-accuracy", "rmse", "mae", "precision", "recall", "fscore", in any case),
-    a torchmetrics Metric (or MetricCollection: its metrics by key), a callable (outputs, targets) -> value per sample (named by its __name__), or a
-    (name, metric) pair; one metric alone counts as a sequence of one. Raises OptionsError for an unknown name
-    (with "did you mean"), a duplicate name, or anything else.
+    a torchmetrics Metric (or MetricCollection: its metrics by key), a callable (outputs, targets) -> value per
+    sample (named by its __name__), or a (name, metric) pair; one metric alone counts as a sequence of one.
+    Raises OptionsError for an unknown name (with "did you mean"), a duplicate name, or anything else.
     """
     if metrics is None:
         metrics = ("rmse",) if regression else ("accuracy",)
@@ -212,8 +212,7 @@ def _named(text: str) -> Kind:
     top = _TOP_K.fullmatch(name)
     if top and int(top.group(1)) >= 1:
         return ClassFraction(name, int(top.group(1)))
-    close = _ALIASES.get(name) or next(iter(difflib.get_close_matches(name, NAMES, n=1, cutoff=0.6)), None)
-    hint = f" Did you mean {close!r}?" if close else ""
+    hint = did_you_mean(name, NAMES, meant=_ALIASES)
     raise fail(f"there is no metric named {text!r}.{hint} The names are: {', '.join(NAMES)} (any "
                "top{k}-accuracy); a torchmetrics Metric or a callable (outputs, targets) -> value per sample "
                "gives any other.")
@@ -249,8 +248,7 @@ def objective(objective_metric: str, objective_goal: str, metrics: MetricSet) ->
         known = metrics.goal(objective_metric)
     else:
         listed = ", ".join(repr(name) for name in metrics.names) or "none"
-        close = difflib.get_close_matches(objective_metric, ("loss", *metrics.names), n=1, cutoff=0.6)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(objective_metric, ("loss", *metrics.names))
         raise OptionsError(
             f"TrainingOptions.objective_metric={objective_metric!r} is not among the metrics ({listed}).{hint} "
             f"Use 'loss' (the validation loss) or add it: metrics=(..., {objective_metric!r}).")

@@ -7,7 +7,6 @@ field and its allowed values (a misspelt name suggests the right one).
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -15,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from nbscale.errors import OptionsError
+from nbscale.suggestions import did_you_mean
 
 Solver = Literal["sgdm", "adam", "adamw", "rmsprop"]
 ShuffleMode = Literal["once", "never", "every-epoch"]
@@ -123,6 +123,9 @@ class TrainingOptions:
             if name not in names:
                 raise OptionsError(_unknown_field_message(name, names))
         object.__setattr__(self, "_ready", False)
+        # told of each accepted change made from code; not a dataclass field, so out of eq, repr, pickle, asdict
+        self._observer: Callable[[TrainingOptions], None] | None
+        object.__setattr__(self, "_observer", None)
         for f in fields(self):
             if f.name not in ("_ready",):
                 object.__setattr__(self, f.name, f.default)
@@ -154,9 +157,13 @@ class TrainingOptions:
             for changed, old in previous.items():  # a refused change leaves the options as they were
                 object.__setattr__(self, changed, old)
             raise
-        watcher = self.__dict__.get("_watcher")  # the options form these came from shows the change too
-        if watcher is not None:
-            watcher(self)
+        if self._observer is not None:
+            self._observer(self)
+
+    def observe(self, observer: Callable[[TrainingOptions], None] | None) -> None:
+        """Call `observer(self)` after each accepted change of a field (None: no more); the options form these
+        came from uses it to show a change made from code. Copies and pickles do not keep it."""
+        object.__setattr__(self, "_observer", observer)
 
     def validate(self) -> None:
         """Check every field and the combinations; raises OptionsError."""
@@ -205,12 +212,20 @@ class TrainingOptions:
     def __setstate__(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "_observer", None)
         object.__setattr__(self, "_ready", True)
 
 
 def field_names() -> tuple[str, ...]:
     """The option names, in declaration order (solver first)."""
     return tuple(f.name for f in fields(TrainingOptions) if not f.name.startswith("_"))
+
+
+def unwrap_form(value: object) -> object:
+    """The TrainingOptions an options form carries (its `.options`, which raises OptionsError while a value in
+    the form is wrong), or `value` itself when it is no form."""
+    carried = getattr(value, "options", None)
+    return carried if isinstance(carried, TrainingOptions) else value
 
 
 # the fields that take a name or the user's own factory (a callable solver or learn-rate schedule)
@@ -264,16 +279,15 @@ PYTORCH_NAMES = {
 def _unknown_field_message(name: str, names: Sequence[str]) -> str:
     if name in PYTORCH_NAMES:
         return f"TrainingOptions has no field {name!r}: {PYTORCH_NAMES[name]} (docs/training.md, From PyTorch)."
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return f"TrainingOptions has no field {name!r}.{hint} The fields are: {', '.join(names)}."
+    return f"TrainingOptions has no field {name!r}.{did_you_mean(name, names)} The fields are: {', '.join(names)}."
 
 
 # ---- per-field checks: each returns None when fine, or the allowed values as words ---------------------------
 
 
-class _choice:  # noqa: N801 - read as the other checks' makers
-    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by check_field)."""
+class _choice:  # lower case: read as the other checks' makers
+    """The check of a field whose value is one of `allowed` (lower-case names, compared in lower case by
+    check_field)."""
 
     def __init__(self, allowed: Sequence[str]) -> None:
         self.allowed = allowed
@@ -282,7 +296,7 @@ class _choice:  # noqa: N801 - read as the other checks' makers
         return None if value in self.allowed else "one of " + ", ".join(repr(a) for a in self.allowed)
 
 
-class _choice_or_callable(_choice):  # noqa: N801
+class _choice_or_callable(_choice):
     """A choice, or the user's own factory (a callable solver or learn-rate schedule: shown as "custom")."""
 
     def __init__(self, allowed: Sequence[str], factory: str) -> None:

@@ -42,7 +42,7 @@ from nbscale.train.loading import as_dataset
 from nbscale.train.loop import loop_setup, run_training
 from nbscale.train.losses import resolve_loss
 from nbscale.train.optimizer import check_factories
-from nbscale.train.options import TrainingOptions, shown_choice
+from nbscale.train.options import TrainingOptions, shown_choice, unwrap_form
 from nbscale.train.out_of_memory import released_on_out_of_memory
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
 from nbscale.train.run_metrics import check_on_first_sample
@@ -225,10 +225,9 @@ def as_options(options: Any) -> TrainingOptions:
     """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
     if options is None:
         return TrainingOptions("sgdm")
-    if isinstance(options, TrainingOptions):
-        return options
-    if isinstance(getattr(options, "options", None), TrainingOptions):  # an options form
-        return options.options
+    unwrapped = unwrap_form(options)
+    if isinstance(unwrapped, TrainingOptions):
+        return unwrapped
     raise OptionsError(f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), "
                        f"not {type(options).__name__}.")
 

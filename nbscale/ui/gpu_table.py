@@ -83,6 +83,6 @@ def pool_gpus_note(gpus: GpuList) -> str:
     pool reserved and the holders of the others (or of the same ones, where --force shared them)."""
     taken = [str(gpu.index) for gpu in gpus if any(h.this_process and h.purpose == "pool" for h in gpu.holders)]
     held = [f"GPU {gpu.index} by {' and '.join(h.describe() for h in gpu.held_by_others())}"
-            for gpu in gpus if gpu.held_by_others()]  # fmt: skip
+            for gpu in gpus if gpu.held_by_others()]
     note = f" on GPU {', '.join(taken)}." if taken else "."
     return note + (f" Held by others: {'; '.join(held)}." if held else "")

@@ -72,7 +72,7 @@ class JobMonitor:
         try:
             while not self.step():
                 time.sleep(POLL_INTERVAL_S)
-        except Exception as error:  # noqa: BLE001 - shown where the user looks, not lost in a thread
+        except Exception as error:  # shown where the user looks, not lost in a thread
             self.say(f"Job {self.job.id}: the monitor stopped following: {type(error).__name__}: {error}")
 
     def step(self) -> bool:

@@ -34,6 +34,9 @@ NOTEBOOK_OBJECTS = ("validation_data", "output_fn", "loss", "metrics", "loggers"
 TEXT_FIELDS = (*NUMBER_OR_INF, "mini_batch_size", "checkpoint_path", "objective_metric")  # shown and read through text_of / value_of
 NONE = "None"
 KEPT = "(value given in options)"  # a validation_data / output_fn object no notebook variable holds
+# the text boxes' hints, by field
+_PLACEHOLDERS = {**dict.fromkeys(NUMBER_OR_INF, "a number, or inf"), "mini_batch_size": "a whole number, or auto (GPUs)",
+                 "checkpoint_path": "a folder; empty: no checkpoints", "objective_metric": "loss, or one of the metrics"}
 
 _LABEL_STYLE = {"description_width": "230px"}
 _WIDTH = "420px"
@@ -45,37 +48,35 @@ def make_widget(name: str, notebook_names: Callable[[Callable[[Any], bool]], lis
     import ipywidgets as w
 
     common = {"description": name, "style": _LABEL_STYLE, "layout": w.Layout(width=_WIDTH)}
-    if name in CHOICES:
-        return w.Dropdown(options=list(CHOICES[name]), **common)
-    if name == "execution_environment":
-        return w.Dropdown(options=hardware_choices(), **common)
-    if name == "compile":
-        return w.Dropdown(options=COMPILE_CHOICES, **common)
+    dropdown = _dropdown_options(name)
+    if dropdown is not None:
+        return w.Dropdown(options=dropdown, **common)
+    if name in _NOTEBOOK_CHOICES:
+        return w.Dropdown(options=[NONE, *notebook_names(_NOTEBOOK_CHOICES[name])], **common)
+    if name in _PLACEHOLDERS:
+        return w.Text(placeholder=_PLACEHOLDERS[name], **common)
     if name in INTEGERS:
         return w.IntText(**common)
     if name in FRACTIONS:
         return w.FloatText(step=0.05, **common)
     if name in FLOATS:
         return w.FloatText(**common)
-    if name in NUMBER_OR_INF:
-        return w.Text(placeholder="a number, or inf", **common)
-    if name == "mini_batch_size":
-        return w.Text(placeholder="a whole number, or auto (GPUs)", **common)
     if name in FLAGS:
         return w.Checkbox(indent=False, **{k: v for k, v in common.items() if k != "layout"})
-    if name == "checkpoint_path":
-        return w.Text(placeholder="a folder; empty: no checkpoints", **common)
-    if name == "validation_data":
-        return w.Dropdown(options=[NONE, *notebook_names(looks_like_data)], **common)
-    if name in ("output_fn", "loss"):
-        return w.Dropdown(options=[NONE, *notebook_names(is_user_function)], **common)
-    if name in ("metrics", "loggers"):
-        return w.Dropdown(options=[NONE, *notebook_names(is_sequence)], **common)
-    if name == "objective_metric":
-        return w.Text(placeholder="loss, or one of the metrics", **common)
     if name == "worker_load":
         return WorkerLoad()
     raise AssertionError(f"no widget for TrainingOptions.{name}")
+
+
+def _dropdown_options(name: str) -> list[Any] | None:
+    """The choices of field `name` when a dropdown of fixed choices shows it, else None."""
+    if name in CHOICES:
+        return list(CHOICES[name])
+    if name == "execution_environment":
+        return hardware_choices()
+    if name == "compile":
+        return COMPILE_CHOICES
+    return None
 
 
 def text_of(name: str, value: Any) -> str:
@@ -212,3 +213,9 @@ def is_sequence(value: Any) -> bool:
 def is_user_function(value: Any) -> bool:
     """True for a function defined in the notebook (what output_fn lists)."""
     return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
+
+
+# the fields whose dropdown lists the notebook's variables, with the test of the values each takes
+_NOTEBOOK_CHOICES: dict[str, Callable[[Any], bool]] = {
+    "validation_data": looks_like_data, "output_fn": is_user_function, "loss": is_user_function,
+    "metrics": is_sequence, "loggers": is_sequence}

@@ -48,8 +48,9 @@ def options_form(options: TrainingOptions | None = None, bind_to: str | None = N
     """A widget form of every training option, grouped, with inline validation (shown in a notebook; in a script,
     or with show=False, only returned).
 
-    `options` fills the form (default: what `%%train` starts from, TrainingOptions("sgdm", plots="training-progress")). `bind_to` names a notebook variable that holds
-    the form's TrainingOptions and is updated on every valid edit (what `%train_options NAME` does).
+    `options` fills the form (default: what `%%train` starts from, TrainingOptions("sgdm",
+    plots="training-progress")). `bind_to` names a notebook variable that holds the form's TrainingOptions and is
+    updated on every valid edit (what `%train_options NAME` does).
     `form.options` is the TrainingOptions; `%%train --options form` trains with it.
     """
     form = OptionsForm(options, bind_to=bind_to)
@@ -181,7 +182,7 @@ class OptionsForm:
                                "the form; nothing was run.")
         values = self.values()
         options = TrainingOptions(values.pop("solver"), **values)
-        object.__setattr__(options, "_watcher", self._set_from_code)  # these options, changed from code, change the form
+        options.observe(self._set_from_code)  # these options, changed from code, change the form
         return options
 
     @options.setter

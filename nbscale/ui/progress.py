@@ -54,7 +54,6 @@ class TrainingProgress:
         self.button: Any = None
         self._click_route: Any = None
         self._figure: ProgressFigure | None = None
-        self._wall_start = time.time()
 
     def __call__(self, event: Any) -> None:
         if isinstance(event, IterationDone):  # first: this runs every iteration
@@ -139,7 +138,6 @@ class TrainingProgress:
         from IPython.display import display
 
         self.start = event
-        self._wall_start = event.start_time
         if event.metric_names != self.metric_names:
             self.metric_names = tuple(event.metric_names)
             self.columns = metric_columns(self.metric_names) | {k: v for k, v in self.columns.items()

@@ -98,6 +98,24 @@ def figure_for_run(total_iterations: int, iterations_per_epoch: int,
     return figure
 
 
+def _series_lines(axes: Any, panel: Panel) -> list[tuple[Series, Any, Any]]:
+    """Each series of `panel` as (series, its raw line, its smoothed line), drawn empty on `axes`: a validation
+    series as dots (no smoothed line)."""
+    lines = []
+    for series in panel.series:
+        light, dark = series.colours
+        if series.kind == "validation":
+            dots, = axes.plot([], [], "o--", color="black", markersize=4, linewidth=1, label=series.label,
+                              animated=True)
+            lines.append((series, dots, None))
+        else:
+            raw, = axes.plot([], [], color=light, linewidth=1.0, label=series.label, animated=True)
+            smooth, = axes.plot([], [], color=dark, linewidth=1.8, label=f"{series.label} (smoothed)",
+                                animated=True)
+            lines.append((series, raw, smooth))
+    return lines
+
+
 class ProgressFigure:
     """Panels stacked over a shared iteration axis (nbscale.train's: accuracy and loss, or one per metric and
     the loss; a TrainingMonitor's: one per metric or group), with epoch bands and learn-rate marks.
@@ -120,18 +138,7 @@ class ProgressFigure:
         self.panels: list[tuple[Any, Panel, list[tuple[Series, Any, Any]]]] = []
         self.fitted_axes: list[tuple[Any, Panel]] = []  # axes whose y limits follow the data
         for axes, panel in zip(axes_list, panels, strict=True):
-            lines = []
-            for series in panel.series:
-                light, dark = series.colours
-                if series.kind == "validation":
-                    dots, = axes.plot([], [], "o--", color="black", markersize=4, linewidth=1, label=series.label,
-                                      animated=True)
-                    lines.append((series, dots, None))
-                else:
-                    raw, = axes.plot([], [], color=light, linewidth=1.0, label=series.label, animated=True)
-                    smooth, = axes.plot([], [], color=dark, linewidth=1.8, label=f"{series.label} (smoothed)",
-                                        animated=True)
-                    lines.append((series, raw, smooth))
+            lines = _series_lines(axes, panel)
             axes.set_ylabel(panel.label)
             axes.grid(alpha=0.3)
             if panel.log:
@@ -160,10 +167,6 @@ class ProgressFigure:
         self.background_without_loss_axis: Any = None  # without the fitted axes' y axes
         self.background: Any = None  # the one above with the fitted y axes drawn at their current limits
         self.empty_png: bytes | None = None  # the figure before the first iteration, as a run opens with it
-
-    @property
-    def loss_fitted(self) -> bool:
-        return id(self.loss_axes) in self.fitted
 
     def release(self) -> None:
         """Offer this figure to the next run of the same layout (`figure_for_run`); the caller draws it no more.

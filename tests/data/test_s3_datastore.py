@@ -130,7 +130,7 @@ def test_pool_worker_reads_s3_with_credentials_given_only_as_pool_env(
     ds = ImageDatastore(f"s3://{BUCKET}/digits")
     expected = [ds[i][0].sum().item() for i in (0, 13, 49)]
     credentials = {key: s3_env[key] for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                                "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}  # fmt: skip
+                                                "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
     for (
         key
     ) in credentials:  # the workers must get them from env=, not by inheriting this process's environment

@@ -19,59 +19,59 @@ class NVMLError(Exception):
     pass
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's own names
+class NVMLError_NotSupported(NVMLError):  # pynvml's own names
     pass
 
 
-class NVMLError_LibraryNotFound(NVMLError):  # noqa: N801
+class NVMLError_LibraryNotFound(NVMLError):
     pass
 
 
-class NVMLError_DriverNotLoaded(NVMLError):  # noqa: N801
+class NVMLError_DriverNotLoaded(NVMLError):
     pass
 
 
-def nvmlInit() -> None:  # noqa: N802
+def nvmlInit() -> None:
     pass
 
 
-def nvmlShutdown() -> None:  # noqa: N802
+def nvmlShutdown() -> None:
     pass
 
 
-def nvmlDeviceGetCount() -> int:  # noqa: N802
+def nvmlDeviceGetCount() -> int:
     return GPU_COUNT
 
 
-def nvmlDeviceGetHandleByIndex(index: int) -> int:  # noqa: N802
+def nvmlDeviceGetHandleByIndex(index: int) -> int:
     return index
 
 
-def nvmlDeviceGetUUID(handle: int) -> str:  # noqa: N802
+def nvmlDeviceGetUUID(handle: int) -> str:
     return f"GPU-aaaa{handle}-1111"
 
 
-def nvmlDeviceGetName(handle: int) -> str | bytes:  # noqa: N802
+def nvmlDeviceGetName(handle: int) -> str | bytes:
     return b"NVIDIA H100 80GB HBM3" if handle == 0 else "NVIDIA A100-SXM4-40GB"
 
 
-def nvmlDeviceGetCudaComputeCapability(handle: int) -> tuple[int, int]:  # noqa: N802
+def nvmlDeviceGetCudaComputeCapability(handle: int) -> tuple[int, int]:
     return (9, 0) if handle == 0 else (8, 0)
 
 
-def nvmlDeviceGetMemoryInfo(handle: int) -> Memory:  # noqa: N802
+def nvmlDeviceGetMemoryInfo(handle: int) -> Memory:
     return Memory(80 * 2**30, 70 * 2**30, 10 * 2**30)
 
 
-def nvmlDeviceGetUtilizationRates(handle: int) -> Utilization:  # noqa: N802
+def nvmlDeviceGetUtilizationRates(handle: int) -> Utilization:
     return Utilization(63 if handle == 0 else 0, 10)
 
 
-def nvmlDeviceGetTemperature(handle: int, sensor: int) -> int:  # noqa: N802
+def nvmlDeviceGetTemperature(handle: int, sensor: int) -> int:
     return 41 + handle
 
 
-def nvmlDeviceGetPowerUsage(handle: int) -> int:  # noqa: N802
+def nvmlDeviceGetPowerUsage(handle: int) -> int:
     if handle == 1:
         raise NVMLError_NotSupported("Not Supported")
     return 312_500
@@ -80,12 +80,12 @@ def nvmlDeviceGetPowerUsage(handle: int) -> int:  # noqa: N802
 nvmlDeviceGetEnforcedPowerLimit = nvmlDeviceGetPowerUsage
 
 
-def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[Process]:  # noqa: N802
+def nvmlDeviceGetComputeRunningProcesses(handle: int) -> list[Process]:
     return [Process(4242, 2 * 2**30)] if handle == 0 else []
 
 
 nvmlDeviceGetGraphicsRunningProcesses = nvmlDeviceGetComputeRunningProcesses
 
 
-def nvmlSystemGetProcessName(pid: int) -> bytes:  # noqa: N802
+def nvmlSystemGetProcessName(pid: int) -> bytes:
     return b"python"

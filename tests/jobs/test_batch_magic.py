@@ -103,16 +103,19 @@ def test_cancel_from_the_kernel(kernel: KernelSession) -> None:
 
 def test_batch_sends_notebook_functions_and_keeps_env_values_out_of_the_output(kernel: KernelSession) -> None:
     kernel.run(
-        "class Scale:\n    def __init__(self, k):\n        self.k = k\n\ndef square(v):\n    return v * v\n\nscale = Scale(3)"
+        "class Scale:\n    def __init__(self, k):\n        self.k = k\n\n"
+        "def square(v):\n    return v * v\n\nscale = Scale(3)"
     )
     cell = kernel.run(
-        "%%batch --env API_TOKEN=tok-98765 --name env\nimport os\nvalue = square(scale.k)\ntoken_seen = os.environ['API_TOKEN'][:3]"
+        "%%batch --env API_TOKEN=tok-98765 --name env\nimport os\nvalue = square(scale.k)\n"
+        "token_seen = os.environ['API_TOKEN'][:3]"
     )
     assert cell.ok, cell.text
     assert "tok-98765" not in cell.text
     job_id = submitted_id(cell.stdout)
     result = kernel.run(
-        f"import nbscale\njob = nbscale.jobs.get({job_id})\njob.wait(60)\nprint(job.result('value'), job.result('token_seen'))"
+        f"import nbscale\njob = nbscale.jobs.get({job_id})\njob.wait(60)\n"
+        "print(job.result('value'), job.result('token_seen'))"
     )
     assert "9 tok" in result.stdout, result.text
     assert "tok-98765" not in jobs.get(job_id).log()

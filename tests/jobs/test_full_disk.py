@@ -27,7 +27,7 @@ def small_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     folder = tmp_path / "small"
     folder.mkdir(mode=0o700)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES},mode=0700", "tmpfs", str(folder)],
-                             capture_output=True, text=True)  # fmt: skip
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): run as root to test a full disk")
     monkeypatch.setenv("NBSCALE_HOME", str(folder / "home"))

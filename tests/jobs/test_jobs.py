@@ -129,7 +129,8 @@ def test_stop_training_of_a_job_that_ended_without_training_is_false() -> None:
 
 
 def test_cancel_kills_the_whole_process_group() -> None:
-    code = "import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\nprint('child', child.pid, flush=True)\ntime.sleep(60)\n"
+    code = ("import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
+            "print('child', child.pid, flush=True)\ntime.sleep(60)\n")
     job = jobs.submit(code)
     wait_for_log(job, "child ")
     child_pid = int(job.log().split("child ")[1].split()[0])
@@ -191,7 +192,7 @@ def test_job_folder_and_store_are_private(job_store: JobStore) -> None:
 def test_env_values_reach_the_job_but_never_the_store(job_store: JobStore) -> None:
     secret = "s3cr3t-token-value-1234"
     job = jobs.submit("import os\nmatches = os.environ['API_TOKEN'] == expected\n", namespace={"expected": "x"},
-                      env={"API_TOKEN": secret})  # fmt: skip
+                      env={"API_TOKEN": secret})
     job.wait(WAIT_S)
     assert job.result("matches") is False  # compared, not printed
     for path in job_store.root.rglob("*"):
@@ -230,6 +231,6 @@ def test_wait_with_timeout_returns_false_while_running() -> None:
 def test_private_looking_notebook_variables_are_sent_but_ipython_history_is_not() -> None:
     namespace = {"_offset": 5, "_i3": "x = 1", "_oh": {}}
     job = jobs.submit("total = _offset + 1\ntry:\n    _i3\n    seen = True\nexcept NameError:\n    seen = False\n",
-                      namespace=namespace)  # fmt: skip
+                      namespace=namespace)
     job.wait(WAIT_S)
     assert (job.result("total"), job.result("seen")) == (6, False)

@@ -16,7 +16,8 @@ def test_batch_with_a_pool_runs_pool_run_in_the_job(kernel: KernelSession) -> No
     kernel.run("factor = 3")
     cell = kernel.run(
         "%%batch --pool 2 --name pooled\nimport nbscale\n"
-        "products = pool.run(lambda x: x * factor, 7)\nsame_pool = nbscale.current_pool() is pool\nprint('ran on', pool.size)"
+        "products = pool.run(lambda x: x * factor, 7)\nsame_pool = nbscale.current_pool() is pool\n"
+        "print('ran on', pool.size)"
     )
     assert cell.ok, cell.text
     job_id = int(re.search(r"Job (\d+)", cell.stdout).group(1))  # type: ignore[union-attr]

@@ -37,7 +37,7 @@ def test_ray_job_returns_its_variables_and_log_and_no_secret_reaches_the_store(
     secret = secrets.token_hex(16)
     code = "import os\nprint('doubling', x)\ny = x * 2\nsecret_arrived = len(os.environ['NBSCALE_TEST_SECRET'])\n"
     job = jobs.submit(code, name="on ray", namespace={"x": 21}, env={"NBSCALE_TEST_SECRET": secret},
-                      cluster=job_server)  # fmt: skip
+                      cluster=job_server)
     assert job.wait(WAIT_S), job.log()
     assert job.state == "finished", job.log()
     assert (job.result("y"), job.result("secret_arrived")) == (42, 32)
@@ -107,7 +107,8 @@ def test_batch_magic_with_a_cluster_profile_runs_a_ray_job_the_kernel_can_forget
         kernel.run("%load_ext nbscale")
         kernel.run("base = 5")
         shown = kernel.run(
-            "%%batch --name lab-run --cluster lab --env TOKEN=abc123\nimport os\nvalue = base + len(os.environ['TOKEN'])\n"
+            "%%batch --name lab-run --cluster lab --env TOKEN=abc123\nimport os\n"
+            "value = base + len(os.environ['TOKEN'])\n"
         )
         assert shown.ok, shown.text
         assert "submitted to lab" in shown.stdout and "abc123" not in shown.text

@@ -67,7 +67,8 @@ def test_an_index_truncated_to_nothing_is_refused_and_job_1_is_never_overwritten
     (lambda path: os.truncate(path, 4096), "database disk image is malformed"),
     (lambda path: _rows_of(path, "ALTER TABLE jobs DROP COLUMN unpicklable"), "its jobs table has the columns"),
     (lambda path: _rows_of(path, "UPDATE jobs SET results = '{\"value\": 1}'"),
-     "the row of job 1 is not one nbscale wrote (results is '{\"value\": 1}', not a JSON list of variable names)"),
+     "the row of job 1 is not one nbscale wrote (results is '{\"value\": 1}', not a JSON list of variable "
+     "names)"),
     (lambda path: _rows_of(path, "UPDATE jobs SET results = 'not json'"), "(results is 'not json', not JSON text)"),
     (lambda path: _rows_of(path, "UPDATE jobs SET unpicklable = '[1, 2]'"), "unpicklable is '[1, 2]'"),
     (lambda path: _rows_of(path, "UPDATE jobs SET pool = 'many'"), "pool is 'many' (str), which the store never writes"),

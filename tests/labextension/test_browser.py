@@ -1,7 +1,8 @@
 """End to end: a real JupyterLab on loopback, Debian's headless Chromium driven by Playwright.
 
 Open a notebook, start a pool of 2 CPU workers, see the status bar say so, open the panel, see the workers.
-The screenshot goes to tests/artifacts/; with NBSCALE_UPDATE_SCREENSHOT=1 it rewrites docs/screenshot-panel.png (the README shows it).
+The screenshot goes to tests/artifacts/; with NBSCALE_UPDATE_SCREENSHOT=1 it rewrites docs/screenshot-panel.png
+(the README shows it).
 """
 
 from __future__ import annotations
@@ -160,12 +161,12 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         "NBSCALE_HOME": str(tmp_path / "nbscale-home"),  # this test's own job store
         **_serve_this_checkouts_build(tmp_path),
     }
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed when the server has stopped
+    log = open(tmp_path / "server.log", "wb")  # closed when the server has stopped
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", "--LabApp.expose_app_in_browser=True", *root],
         env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
+    )
     info_file = tmp_path / "runtime" / f"jpserver-{server.pid}.json"  # names the port the OS gave (--port=0)
     deadline = time.monotonic() + 90
     while True:

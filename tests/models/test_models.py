@@ -35,7 +35,7 @@ def test_missing_file_unknown_name_and_mismatched_weights_are_clear_errors(
     with pytest.raises(ModelError, match="does not exist") as missing:
         pretrained("resnet18", weights=tmp_path / "nope.pth")
     assert "nope.pth" in str(missing.value)
-    with pytest.raises(ModelError, match="resnet18"):
+    with pytest.raises(ModelError, match=r"'resnet81' is not a torchvision network\. Did you mean 'resnet18'"):
         pretrained("resnet81", weights=None)
     with pytest.raises(ModelError, match="do not fit resnet34"):
         pretrained("resnet34", weights=resnet18_file[1])

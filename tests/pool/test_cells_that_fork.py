@@ -46,7 +46,7 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     ("pass", ""),  # runs on to the end of the cell, as a script's child would
     ("import sys; sys.exit(0)", ""),
     ("raise ValueError('the child failed')", "ValueError: the child failed"),
-])  # fmt: skip
+])
 def test_a_cell_whose_forked_child_runs_to_the_end_returns_and_the_pool_keeps_working(kernel, child_end, child_says):
     kernel.run("%pool start 2 --cpu")
     forked = kernel.run(FORK_AND_WAIT.format(child_end=child_end), timeout=60)

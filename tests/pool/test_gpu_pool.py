@@ -12,7 +12,8 @@ def test_gpu_pool_allreduces_on_the_device(kernel):
 
     count = torch.cuda.device_count()
     assert kernel.run("%pool start").stdout.startswith(f"Started {count} GPU worker{'s' * (count != 1)} in")
-    cell = kernel.run("%%spmd\nx = torch.ones(4, device=device) * (rank + 1)\ntotal = allreduce(x)\nprint(total.device, total.sum().item())")
+    cell = kernel.run("%%spmd\nx = torch.ones(4, device=device) * (rank + 1)\ntotal = allreduce(x)\n"
+                      "print(total.device, total.sum().item())")
     expected = 4 * sum(range(1, count + 1))
     assert cell.ok, cell.text
     assert f"[0] cuda:0 {float(expected)}" in cell.stdout

@@ -370,7 +370,7 @@ def test_interrupting_a_long_map_leaves_nothing_running_and_an_endless_one_holds
     cell = kernel.run("results = list(pool.map(time.sleep, [0.01] * 100000))", interrupt_after=3.0, timeout=60)
     assert cell.error_name == "PoolInterrupted", cell.text
     waited = kernel.run("started = time.monotonic()\npool.submit(os.getpid).result(timeout=60)\n"
-                        "print(f'{time.monotonic() - started:.1f}')")  # fmt: skip
+                        "print(f'{time.monotonic() - started:.1f}')")
     assert float(waited.stdout) < 5, waited.text  # nothing of the map's left to run first
     kernel.run("before = psutil.Process().memory_info().rss")
     cell = kernel.run("for _ in pool.map(abs, itertools.count()):\n    pass", interrupt_after=8.0, timeout=60)

@@ -1,5 +1,6 @@
-"""A worker that runs out of GPU memory raises torch.OutOfMemoryError in the notebook (a WorkerError too), as training there does,
-naming the worker and its share of the mini-batch (a loss function raises it on the CPU workers of a real pool)."""
+"""A worker that runs out of GPU memory raises torch.OutOfMemoryError in the notebook (a WorkerError too), as
+training there does, naming the worker and its share of the mini-batch (a loss function raises it on the CPU
+workers of a real pool)."""
 
 from __future__ import annotations
 

@@ -304,7 +304,8 @@ def test_a_message_one_side_cannot_unpickle_fails_its_request_and_the_pool_stays
     worker_dir = tmp_path / "workers_only"
     worker_dir.mkdir()
     (worker_dir / "nbscale_only_there.py").write_text("class Thing:\n    pass\n")
-    pool.spmd(f"import sys\nsys.path.insert(0, {str(worker_dir)!r})\nimport nbscale_only_there\nthing = nbscale_only_there.Thing()")
+    pool.spmd(f"import sys\nsys.path.insert(0, {str(worker_dir)!r})\nimport nbscale_only_there\n"
+              "thing = nbscale_only_there.Thing()")
     with pytest.raises(WorkerError, match="No module named 'nbscale_only_there'"):
         pool.pull("thing")
     assert pool.run(os.getpid) == [w.pid for w in pool.workers]

@@ -70,7 +70,7 @@ def _train_for_long() -> None:
 
     (x, y), _ = digits()
     options = nbscale.TrainingOptions("sgdm", mini_batch_size=32, max_epochs=100000, execution_environment="cpu",
-                                      plots="none", verbose=False, output_fn=_emit_each_iteration)  # fmt: skip
+                                      plots="none", verbose=False, output_fn=_emit_each_iteration)
     nbscale.train(tiny_net(), (x, y), options)
 
 
@@ -157,7 +157,7 @@ def test_interrupts_that_cross_the_end_of_a_request_never_end_the_worker(pool):
             try:
                 pool.submit(time.sleep, 0.002).result(timeout=30)
                 outcomes["done"] += 1
-            except Exception as error:  # noqa: BLE001 - a task the storm interrupted fails with KeyboardInterrupt
+            except Exception as error:  # a task the storm interrupted fails with KeyboardInterrupt
                 assert "KeyboardInterrupt" in str(error), error
                 outcomes["interrupted"] += 1
     finally:

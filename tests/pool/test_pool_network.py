@@ -51,7 +51,7 @@ def test_idle_and_garbage_connections_during_start_do_not_stop_it():
     def start() -> None:
         try:
             outcome["pool"] = nbscale.Pool(2, cpu=True)
-        except Exception as error:  # noqa: BLE001 - the test reports it
+        except Exception as error:  # the test reports it
             outcome["error"] = error
 
     starter = threading.Thread(target=start)
@@ -91,7 +91,7 @@ def _answers_as_a_store(port: int) -> bool:
     errs or never answers)."""
     try:
         probe = subprocess.run([sys.executable, "-c", _STORE_PROBE, str(port)], capture_output=True, text=True,
-                               timeout=30)  # fmt: skip
+                               timeout=30)
     except subprocess.TimeoutExpired:
         return False
     return probe.stdout.strip() == "reached"
@@ -132,13 +132,13 @@ def test_a_pool_refuses_to_meet_in_a_tmpdir_others_could_swap(tmp_path):
     shared.chmod(0o777)  # no sticky bit: anyone could rename the group's folder and put theirs in its place
     environment = {**os.environ, "TMPDIR": str(shared)}
     said = subprocess.run([sys.executable, "-c", _START_WITH_TMPDIR], capture_output=True, text=True, timeout=180,
-                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout  # fmt: skip
+                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout
     assert said.startswith(f"The pool's workers cannot meet in {shared}/nbscale-group-"), said
     assert f"the folder {shared} above it can be written by other users" in said and "Point TMPDIR" in said
     assert os.listdir(shared) == []  # nothing left behind
     shared.chmod(0o1777)  # sticky, like /tmp: others cannot rename what is the user's
     said = subprocess.run([sys.executable, "-c", _START_WITH_TMPDIR], capture_output=True, text=True, timeout=180,
-                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout  # fmt: skip
+                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout
     assert said.strip().endswith("started"), said
 
 
@@ -157,7 +157,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit: as a kernel kille
 def test_the_store_folder_of_a_killed_kernels_pool_is_removed_at_the_next_pool_start(tmp_path):
     temporary = tempfile.gettempdir()
     killed = subprocess.run([sys.executable, "-c", _KILLED_KERNEL], capture_output=True, text=True, timeout=180,
-                            cwd=os.path.dirname(nbscale.__path__[0]))  # fmt: skip
+                            cwd=os.path.dirname(nbscale.__path__[0]))
     (left,) = glob.glob(os.path.join(temporary, f"nbscale-group-{int(killed.stdout)}-*"))
     alive = tempfile.mkdtemp(prefix=f"nbscale-group-{os.getpid()}-")  # a live kernel's: kept
     link = os.path.join(temporary, "nbscale-group-999999999-link")  # no pid has that number; a link is no folder

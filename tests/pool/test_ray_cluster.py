@@ -53,7 +53,7 @@ def test_parallel_training_on_digits_runs_on_ray_actors(ray_head):
     options = nbscale.TrainingOptions(
         "sgdm", initial_learn_rate=0.1, mini_batch_size=64, max_epochs=8, validation_data=validation,
         execution_environment="parallel", plots="none", verbose=False,
-    )  # fmt: skip
+    )
     with nbscale.Pool(2, cluster=ray_head):
         net, info = nbscale.train(tiny_net(), (train_x, train_y), options)
     assert "2 workers" in info.hardware
@@ -80,7 +80,7 @@ def test_an_address_where_nothing_listens_answers_at_once():
     code = "import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:9')\nexcept nbscale.PoolError as e:\n    print(e)"
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, **LOOPBACK_ENV})  # fmt: skip
+                            env={**os.environ, **LOOPBACK_ENV})
     assert time.monotonic() - started < 20  # the interpreter's start and imports; the refusal itself is instant
     assert "Could not reach the Ray cluster at 127.0.0.1:9: Connection refused" in result.stdout
 
@@ -95,7 +95,7 @@ def test_a_cluster_that_answers_too_slowly_fails_after_the_connect_timeout_namin
     started = time.monotonic()
     try:
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                                env={**os.environ, **LOOPBACK_ENV})  # fmt: skip
+                                env={**os.environ, **LOOPBACK_ENV})
     finally:
         silent.close()
     assert time.monotonic() - started < 25

@@ -59,7 +59,7 @@ def test_a_cluster_pool_is_interrupted_and_cancelled_like_a_local_one_and_keeps_
         "pool.cancel(future)\ntry:\n    future.result(timeout=30)\nexcept BaseException as error:\n"
         "    print(type(error).__name__, round(time.monotonic() - when))\nprint(pool.run(lambda: 'free'))",
         timeout=90,
-    )  # fmt: skip
+    )
     assert "CancelledError 0" in cancelled.stdout and "['free', 'free', 'free']" in cancelled.stdout, cancelled.text
 
 

@@ -28,7 +28,7 @@ def small_shm(tmp_path, monkeypatch):
     folder = tmp_path / "shm"
     folder.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_TMPFS_BYTES},mode=1777", "tmpfs", str(folder)],
-                             capture_output=True, text=True)  # fmt: skip
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): run as root to test a full /dev/shm")
     monkeypatch.setenv(SHARED_MEMORY_DIR_VARIABLE, str(folder))

@@ -7,7 +7,7 @@ import pytest
 # pytest-jupyter's fixtures and async-test hooks, for this folder only: its autouse fixtures (an event loop and
 # a ServerApp clean-up around every test) have no business in the rest of the suite. (pytest_plugins is allowed
 # only in the top-level conftest.)
-from pytest_jupyter.jupyter_server import *  # noqa: E402, F403
+from pytest_jupyter.jupyter_server import *  # noqa: F403
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ async def test_another_users_reservation_naming_this_kernel_is_not_marked_as_the
     claim = json.dumps({"pid": 0, "purpose": "pool", "kernel_id": "the-kernel-in-front", "notebook": "mine.ipynb"})
     claim = claim.replace('"pid": 0', '"pid": \'$$\'')  # the other user's live shell, which `exec sleep` keeps
     other = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
-                              f"echo '{claim}' > {planted} && exec sleep 60"], start_new_session=True)  # fmt: skip
+                              f"echo '{claim}' > {planted} && exec sleep 60"], start_new_session=True)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -220,10 +220,11 @@ async def test_a_running_jobs_training_is_listed_as_strict_json_with_epoch_itera
     # a learn rate that makes the loss blow up: the training ends at a loss that is not finite
     job = jobs.submit(
         "import time, nbscale\nfrom tests.train.digits import digits, tiny_net\n(x, y), _ = digits()\n"
-        "opts = nbscale.TrainingOptions('sgdm', initial_learn_rate=1e12, max_epochs=3, mini_batch_size=32, verbose=False)\n"
+        "opts = nbscale.TrainingOptions('sgdm', initial_learn_rate=1e12, max_epochs=3, mini_batch_size=32, "
+        "verbose=False)\n"
         "net, info = nbscale.train(tiny_net(), (x, y), opts)\nprint('trained', flush=True)\ntime.sleep(60)\n",
         name="diverges", cwd=repo,
-    )  # fmt: skip
+    )
     deadline = time.monotonic() + 120
     while "trained" not in job.log():
         assert time.monotonic() < deadline and job.state in ("queued", "running"), job.log()

@@ -242,7 +242,7 @@ def room_for_one_checkpoint(run_folder: Path, tmp_path: Path):
     folder = tmp_path / "small"
     folder.mkdir(mode=0o700)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2},mode=0700", "tmpfs", str(folder)],
-                             capture_output=True, text=True)  # fmt: skip
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): run as root to test a full disk")
     try:

@@ -124,7 +124,7 @@ def test_whole_float_labels_train_with_cross_entropy_and_fractional_ones_are_ref
     nbscale.train(nn.Linear(64, 1), (inputs, labels.float()[:, None]), quiet(), loss_fn=nn.MSELoss())
 
 
-def test_a_checkpoint_path_that_cannot_hold_checkpoints_fails_before_the_first_epoch(tmp_path) -> None:  # noqa: ANN001
+def test_a_checkpoint_path_that_cannot_hold_checkpoints_fails_before_the_first_epoch(tmp_path) -> None:
     a_file = tmp_path / "notes.txt"
     a_file.write_text("a file, not a folder")
     for folder in (str(a_file), "/proc/no-such-folder"):
@@ -134,7 +134,7 @@ def test_a_checkpoint_path_that_cannot_hold_checkpoints_fails_before_the_first_e
         assert loss.calls == 0
 
 
-def test_a_checkpoint_path_in_the_home_folder_is_written_there_and_resumes(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_a_checkpoint_path_in_the_home_folder_is_written_there_and_resumes(tmp_path, monkeypatch) -> None:
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -149,7 +149,7 @@ def test_a_checkpoint_path_in_the_home_folder_is_written_there_and_resumes(tmp_p
 
 
 @pytest.fixture
-def checkpoint(tmp_path) -> str:  # noqa: ANN001
+def checkpoint(tmp_path) -> str:
     """The checkpoint folder of a 2-epoch run (mini_batch_size 100, sgdm, the 1500 training digits)."""
     nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2, checkpoint_path=str(tmp_path)))
     return str(tmp_path)
@@ -161,13 +161,13 @@ def checkpoint(tmp_path) -> str:  # noqa: ANN001
     (tiny_net, (TRAIN[0][:500], TRAIN[1][:500]), {}, "train_data of 1500 samples there, 500 here"),
     (lambda: nn.Linear(64, 10), TRAIN, {}, "holds another network's weights"),
 ])
-def test_resuming_a_different_run_is_refused(checkpoint: str, model, data, fields, words) -> None:  # noqa: ANN001
+def test_resuming_a_different_run_is_refused(checkpoint: str, model, data, fields, words) -> None:
     with pytest.raises(OptionsError) as caught:
         nbscale.train(model(), data, quiet(max_epochs=4, **fields), resume_from=checkpoint)
     assert f"resume_from='{checkpoint}'" in str(caught.value) and words in str(caught.value)
 
 
-def test_a_file_that_is_no_checkpoint_is_named(tmp_path) -> None:  # noqa: ANN001
+def test_a_file_that_is_no_checkpoint_is_named(tmp_path) -> None:
     corrupt, weights = tmp_path / "corrupt.pt", tmp_path / "weights.pt"
     corrupt.write_bytes(b"not a checkpoint")
     torch.save(tiny_net().state_dict(), weights)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import pickle
 
 import pytest
 
@@ -56,6 +57,21 @@ def test_bad_solver_and_setting_a_field_later_are_checked() -> None:
         options.momentum = 2.0
     with pytest.raises(OptionsError, match="Did you mean 'momentum'"):
         options.momentun = 0.5
+
+
+def test_an_observer_is_told_of_each_accepted_change_and_is_not_part_of_the_options() -> None:
+    options, told = TrainingOptions("adam"), []
+    options.observe(lambda changed: told.append(changed.max_epochs))
+    options.max_epochs = 5
+    with pytest.raises(OptionsError):
+        options.max_epochs = 0
+    assert told == [5]
+    assert options == TrainingOptions("adam", max_epochs=5)
+    assert repr(options) == repr(TrainingOptions("adam", max_epochs=5))
+    assert "_observer" not in dataclasses.asdict(options) and "_observer" not in options.to_dict()
+    copied = pickle.loads(pickle.dumps(options))
+    copied.max_epochs = 6
+    assert told == [5] and copied.max_epochs == 6
 
 
 def test_setting_the_solver_or_none_later_gives_the_solver_defaults_as_the_constructor_does() -> None:

@@ -6,7 +6,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-CELL = "\nimport torch\nmodel = torch.nn.Linear(4, 2)\ntrain_data = (torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))\n"
+CELL = ("\nimport torch\nmodel = torch.nn.Linear(4, 2)\n"
+        "train_data = (torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))\n")
 
 
 def test_result_names_that_cannot_be_variables_are_refused_before_the_cell_runs(kernel):

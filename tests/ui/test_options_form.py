@@ -19,7 +19,8 @@ CAPTURE = """
 import torch, nbscale, nbscale.train.trainer as trainer
 captured = []
 real_train = trainer.train
-trainer.train = lambda model, data, options, loss_fn=None, *rest, **keywords: (captured.append(options), (model, None))[1]
+trainer.train = lambda model, data, options, loss_fn=None, *rest, **keywords: (
+    captured.append(options), (model, None))[1]
 """
 CELL_BODY = "\nmodel = torch.nn.Linear(64, 10)\ntrain_data = (torch.zeros(8, 64), torch.zeros(8, dtype=torch.long))\n"
 
@@ -90,7 +91,8 @@ w["momentum"].value = 1.5
 print(w["max_epochs"].value, sorted(form.errors), "in [1, 1000000]" in form.messages["max_epochs"].value)
 w["max_epochs"].value, w["momentum"].value = 5, 0.9
 w["initial_learn_rate"].value = -1.0
-print(form.valid, "initial_learn_rate" in form.errors, "must be a finite number &gt; 0" in form.messages["initial_learn_rate"].value)
+print(form.valid, "initial_learn_rate" in form.errors,
+      "must be a finite number &gt; 0" in form.messages["initial_learn_rate"].value)
 """)
     assert result.stdout.split() == ["0", "['max_epochs',", "'momentum']", "True", "False", "True", "True"], \
         result.text
@@ -175,3 +177,15 @@ print(w["solver"].label, w["learn_rate_schedule"].label, form.options.solver is 
     assert made.ok, made.text
     assert made.stdout.split() == ["custom", "custom", "True", "True", "%%train", "--options", "form"], made.text
     assert kernel.run('w["solver"].value = "adam"\nprint(form.options.solver)').stdout.strip() == "adam"
+
+
+def test_a_form_unwraps_to_its_options_and_anything_else_stays_as_it_is() -> None:
+    from nbscale import OptionsError, TrainingOptions, options_form
+    from nbscale.train.options import unwrap_form
+    from nbscale.train.trainer import as_options
+
+    form, plain = options_form(TrainingOptions("adam", max_epochs=3), show=False), TrainingOptions("sgdm")
+    assert unwrap_form(form) == TrainingOptions("adam", max_epochs=3) == as_options(form)
+    assert unwrap_form(plain) is plain and unwrap_form(7) == 7
+    with pytest.raises(OptionsError, match="options must be a TrainingOptions .* not int"):
+        as_options(7)

@@ -96,7 +96,7 @@ def _with_timeout(action: Callable[[], T], timeout: float, what: str) -> T:
     def call() -> None:
         try:
             outcome["value"] = action()
-        except Exception as error:  # noqa: BLE001 - handed to the caller
+        except Exception as error:  # handed to the caller
             outcome["error"] = error
 
     thread = threading.Thread(target=call, name="nbscale-ray-job-request", daemon=True)
@@ -161,7 +161,7 @@ def submit_ray_job(
                 metadata={"nbscale_job": str(job_id)},
             ),
             SUBMIT_TIMEOUT_S, f"Submitting to the Ray job server at {job_address}",
-        )  # fmt: skip
+        )
     except Exception as error:
         (job_dir / RAY_JOB_FILE).unlink(missing_ok=True)
         raise JobError(
@@ -199,7 +199,7 @@ def _status(ref: RayJobReference) -> tuple[str | None, str]:
             lambda: client.get_job_info(ref.submission_id), STATUS_TIMEOUT_S, "Ray's job status"
         )
         status, message = str(info.status.value), info.message or ""
-    except Exception:  # noqa: BLE001 - an unreachable cluster says nothing about the job: it may still run
+    except Exception:  # an unreachable cluster says nothing about the job: it may still run
         status, message = None, ""
         _unreachable_until[ref.job_address] = time.monotonic() + UNREACHABLE_BACKOFF_S
     _status_cache[ref.submission_id] = (time.monotonic(), status, message)
@@ -219,7 +219,7 @@ def ended_without_state(job_dir: Path, ref: RayJobReference) -> str | None:
         logs = _with_timeout(
             lambda: client.get_job_logs(ref.submission_id), STATUS_TIMEOUT_S, "Ray's job log"
         )
-    except Exception:  # noqa: BLE001 - the reason below is enough without it
+    except Exception:  # the reason below is enough without it
         logs = ""
     if logs.strip():
         append_text(
@@ -234,6 +234,6 @@ def stop(ref: RayJobReference) -> None:
     try:
         client = _client(ref.job_address, STATUS_TIMEOUT_S)
         _with_timeout(lambda: client.stop_job(ref.submission_id), STATUS_TIMEOUT_S, "Stopping the Ray job")
-    except Exception:  # noqa: BLE001 - the store already says cancelled; an unreachable cluster cannot be helped
+    except Exception:  # the store already says cancelled; an unreachable cluster cannot be helped
         pass
     _status_cache.pop(ref.submission_id, None)

@@ -35,7 +35,7 @@ class LocalJobBackend(JobBackend):
             log = open_private(launch.log, append=True)
         except OSError as error:
             raise LaunchFailed(f"Job {launch.job_id} could not open its log {launch.log}: {error}.",
-                               f"its log could not be opened: {error}") from None  # fmt: skip
+                               f"its log could not be opened: {error}") from None
         try:
             return spawn_runner(launch.job_dir, log, launch.cwd, launch.env)
         except OSError as error:

@@ -111,8 +111,8 @@ class RayBackend(Backend):
                 return
             if made_here is None:
                 raise PoolError(
-                    f"This process is already connected to a Ray cluster (a ray.init before the pool), so a pool cannot "
-                    f"start on {self.profile.address}. Pass that cluster's address to --cluster, or call "
+                    "This process is already connected to a Ray cluster (a ray.init before the pool), so a pool "
+                    f"cannot start on {self.profile.address}. Pass that cluster's address to --cluster, or call "
                     "ray.shutdown() first."
                 )
             ray.shutdown()  # the last pool's cluster: only one pool runs at a time, and it has stopped
@@ -135,7 +135,7 @@ class RayBackend(Backend):
                     if time.monotonic() > deadline - 5:
                         outcome["error"] = error
                         return
-                except Exception as error:  # noqa: BLE001 - reported below
+                except Exception as error:  # reported below
                     outcome["error"] = error
                     return
 
@@ -187,8 +187,9 @@ class RayBackend(Backend):
             raise PoolError(f"A pool needs at least one worker, not {n!r}: use %pool start N with N >= 1.")
         if gpus_per_worker and n * gpus_per_worker > resources.get("GPU", 0):
             raise PoolError(
-                f"{n} workers with {gpus_per_worker:g} GPU each need {n * gpus_per_worker:g} GPUs, but the Ray cluster at "
-                f"{self.profile.address} has {resources.get('GPU', 0):g}. Ask for fewer workers, or add --cpu."
+                f"{n} workers with {gpus_per_worker:g} GPU each need {n * gpus_per_worker:g} GPUs, but the Ray "
+                f"cluster at {self.profile.address} has {resources.get('GPU', 0):g}. Ask for fewer workers, or add "
+                "--cpu."
             )
         if n > resources.get("CPU", 0):
             raise PoolError(
@@ -231,7 +232,7 @@ class RayBackend(Backend):
             return
         try:
             ray.get([actor.kill.remote() for actor in self.actors], timeout=5)
-        except Exception:  # noqa: BLE001 - an actor already gone is fine
+        except Exception:  # an actor already gone is fine
             pass
         for actor in self.actors:
             ray.kill(actor)
@@ -287,7 +288,7 @@ def _connection_id() -> tuple[str | None, str | None]:
 
     try:
         job_id: str | None = ray.get_runtime_context().get_job_id()
-    except Exception:  # noqa: BLE001 - an older or client connection may not say
+    except Exception:  # an older or client connection may not say
         job_id = None
     return _gcs_address(), job_id
 
@@ -298,7 +299,7 @@ def _gcs_address() -> str | None:
 
     try:
         return ray.get_runtime_context().gcs_address
-    except Exception:  # noqa: BLE001 - a Ray client connection has no GCS address here
+    except Exception:  # a Ray client connection has no GCS address here
         return None
 
 

@@ -21,7 +21,7 @@ def sections(page: Path) -> list[tuple[str, str]]:
     """(heading, text under it up to the next heading) for each heading of `page`; code blocks dropped."""
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # a '# comment' in a code block is no heading
     parts = re.split(r"^(#{1,6}\s+.*?)\s*$", text, flags=re.M)
-    return [("(top)", parts[0])] + list(zip(parts[1::2], parts[2::2]))
+    return [("(top)", parts[0])] + list(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def prose_words(text: str) -> int:

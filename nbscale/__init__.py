@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import nbscale.train as _train_package
 from nbscale.errors import (
     DatastoreError,
+    GpuError,
     JobError,
     ModelError,
     NbscaleError,
@@ -25,7 +26,7 @@ from nbscale.errors import (
     UnsendableError,
     WorkerError,
 )
-from nbscale.gpu import GpuError, gpus, select_gpu
+from nbscale.gpu import gpus, select_gpu
 from nbscale.notebook import sweep
 from nbscale.notebook import train as _train
 from nbscale.pool.composite import Composite

@@ -247,7 +247,7 @@ def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
 _STANDARD_STREAMS = ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__")
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no types
     """cloudpickle that hands large contiguous tensors/arrays to `buffers` instead of the stream."""
 
     def __init__(self, file: io.BytesIO, buffers: list[memoryview]) -> None:

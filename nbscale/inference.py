@@ -28,7 +28,7 @@ from nbscale.train.loading import tensor_of
 # confusion_chart and ConfusionChart are nbscale.confusion's, kept importable from here
 __all__ = ["predict", "classify", "accuracy", "activations", "class_names", "confusion_chart", "ConfusionChart"]
 
-Data = Dataset | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+Data = Dataset[Any] | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def _device_of(net: nn.Module) -> torch.device:

@@ -282,7 +282,7 @@ class JobStore:
         made: list[Path] = []
         try:
             with self._transaction() as connection:
-                given = connection.execute(
+                given: int = connection.execute(
                     "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0), "
                     "coalesce((SELECT max(id) FROM jobs), 0))"
                 ).fetchone()[0]

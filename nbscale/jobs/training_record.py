@@ -31,7 +31,7 @@ MONITOR_STOP_REASON = "Stopped from the job monitor"
 READ_CHUNK = 8 << 20  # bytes a reader takes per call: a long history is caught up in a few calls
 SUMMARY_TAIL = 64 << 10  # bytes read from a record's end for its summary (the last events are there)
 
-_EVENT_TYPES: dict[str, type] = {kind.__name__: kind for kind in (TrainingStarted, IterationDone, TrainingDone,
+_EVENT_TYPES: dict[str, type[Event]] = {kind.__name__: kind for kind in (TrainingStarted, IterationDone, TrainingDone,
                                                                    TrainingRestarted)}
 _NOT_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 

@@ -42,7 +42,7 @@ class UserErrorDisplay:
         if not issubclass(etype, _OURS) and self.previous_handler is not None:
             return list(self.previous_handler(etype, value, tb, tb_offset))
         if not issubclass(etype, _OURS) or _verbose(shell):
-            structured = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+            structured: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
         else:
             colour = str(getattr(shell, "colors", "")).lower() != "nocolor"
             structured = [f"\x1b[0;31m{etype.__name__}\x1b[0m: {value}" if colour else f"{etype.__name__}: {value}"]

@@ -53,7 +53,7 @@ def parse_line(magic: Any, line: str) -> argparse.Namespace:
         argv = shlex.split(without_comment(line))
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{line.strip()!r}: {error}; close the quote.") from None
-    return magic.parser.parse_args(_join_index_lists(argv))
+    return cast(argparse.Namespace, magic.parser.parse_args(_join_index_lists(argv)))
 
 
 def without_comment(line: str) -> str:

@@ -81,7 +81,7 @@ class Collectives:
         self.ranks = ranks if ranks is not None else tuple(range(dist.get_world_size()))
         self.size = len(self.ranks)
 
-    def _describe(self, value: Any) -> tuple:
+    def _describe(self, value: Any) -> tuple[Any, ...]:
         if isinstance(value, torch.Tensor):
             return ("tensor", tuple(value.shape), value.dtype, value.device.type)
         return ("object",)
@@ -208,11 +208,11 @@ def _write_header(header: torch.Tensor, value: Any, src: int) -> torch.Tensor | 
     return pickled
 
 
-def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:
+def _mismatch(descriptions: list[tuple[Any, ...]], ranks: tuple[int, ...]) -> str:
     """What differs between the ranks' allreduce values, each rank's shape and dtype (or kind)."""
     devices = {d[3] for d in descriptions if d[0] == "tensor"}
 
-    def shown(description: tuple) -> str:
+    def shown(description: tuple[Any, ...]) -> str:
         if description[0] != "tensor":
             return "not a tensor"
         where = f" on {description[3]}" if len(devices) > 1 else ""
@@ -222,7 +222,7 @@ def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:
     return f"allreduce needs a tensor of the same shape and dtype on every rank, on one kind of device ({each})."
 
 
-def _signature(description: tuple) -> int:
+def _signature(description: tuple[Any, ...]) -> int:
     """0 for a value that is not a tensor; else a number (>= 1) standing for its description (shape, dtype and
     device type), the same in every process."""
     if description[0] != "tensor":

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
 from nbscale.pool import protocol as p
@@ -105,6 +105,7 @@ def take_shutdown_notice() -> str | None:
 
 
 MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
+_Result = TypeVar("_Result")  # what a function run on the workers returns
 
 
 def _require_fork() -> None:
@@ -365,12 +366,12 @@ class Pool:
 
     def run(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[..., _Result],
         *args: Any,
         targets: Iterable[int] | None = None,
         on_event: Callable[[int, Any], None] | None = None,
         **kwargs: Any,
-    ) -> list[Any]:
+    ) -> list[_Result]:
         """Run `fn(*args, **kwargs)` on every worker (or `targets`); a list of return values by rank.
 
         It runs in the notebook's current folder (see docs/pool.md). Worker output streams live; `on_event(rank,

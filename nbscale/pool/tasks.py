@@ -41,7 +41,8 @@ class TaskQueue:
         router.on_worker_free = self.dispatch
 
     def submit(
-        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], on_event: Callable[[int, Any], None] | None,
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        on_event: Callable[[int, Any], None] | None,
         what: str = "The task",
     ) -> Future[Any]:
         """Queue `fn(*args, **kwargs)`; raises UnsendableError when it cannot be serialised. `what` names the task in

@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
@@ -190,7 +190,7 @@ def _log_end(job: Any) -> str:
     """The last LOG_TAIL_CHARS + 1 characters (one more tells that it was cut), as job.log(tail=...) reads them: from
     a bounded window at the end of the file, since a runaway job's log (a progress bar redrawn with '\r' and no
     newline) may be gigabytes."""
-    return job.log(tail=LOG_TAIL_CHARS + 1)
+    return cast(str, job.log(tail=LOG_TAIL_CHARS + 1))
 
 
 def _job_number(text: str) -> int:

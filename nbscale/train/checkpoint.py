@@ -27,7 +27,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -175,7 +175,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise OptionsError(f"{name} is not an nbscale training checkpoint ({problem}): pass a file that "
                            f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone loads "
                            "with model.load_state_dict(torch.load(path)).)")
-    return state
+    return cast("dict[str, Any]", state)
 
 
 def _unreadable(name: str, path: Path, stream: Any, error: Exception) -> OptionsError:

@@ -92,7 +92,7 @@ def described(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def check_items(dataset: Dataset, what: str) -> Any:
+def check_items(dataset: Dataset[Any], what: str) -> Any:
     """The first item of `dataset` must be an (input, label) pair whose input is a tensor or an array; returns
     that item (None for an empty dataset), so later checks need not read it again."""
     # torch's Dataset declares no __len__; as_dataset checked it
@@ -113,7 +113,7 @@ def check_items(dataset: Dataset, what: str) -> Any:
     return item
 
 
-def with_class_labels(dataset: Dataset, what: str, first_item: Any) -> Dataset:
+def with_class_labels(dataset: Dataset[Any], what: str, first_item: Any) -> Dataset[Any]:
     """`dataset` with integer class labels, as the default loss (cross-entropy) needs.
 
     Whole-number float labels in an (inputs, labels) pair become int64 (numpy and pandas often give labels as

@@ -100,7 +100,7 @@ def _label_indices(dataset: Any) -> torch.Tensor | None:
     return None
 
 
-def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Dataset, Any]],
+def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Dataset[Any], Any]],
                   ignore_index: int = -100) -> None:
     """The labels of every dataset in `data` ((name, dataset, first item) triples) must be class indices the
     network has outputs for, and datasets that name their classes must name the same ones (MATLAB checks the

@@ -37,6 +37,7 @@ from nbscale.user_warnings import warn_user
 
 if TYPE_CHECKING:
     from nbscale.pool.context import WorkerContext
+    from nbscale.pool.pool import Pool
 
 _EMIT_INTERVAL = 0.1  # seconds between bunches of events sent from rank 0
 
@@ -281,7 +282,7 @@ def multi_gpu_pool_settings() -> PoolSettings:
     return PoolSettings()
 
 
-def _pool_for(environment: str) -> Any:
+def _pool_for(environment: str) -> Pool:
     from nbscale.pool.pool import Pool, current_pool, open_pool
 
     pool = current_pool(start=False)

@@ -240,7 +240,7 @@ class CarryingHook:
         if carried is not None:
             self.carried = None
 
-        def done(future: Any) -> torch.Tensor:
+        def done(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             reduced = future.value()[0]
             if carried is None:
                 return reduced

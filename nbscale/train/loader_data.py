@@ -26,11 +26,11 @@ _SUPPORTED = ("DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., 
               "dataset read in order or at random")
 
 
-class LoaderData(Dataset):
+class LoaderData(Dataset[Any]):
     """The dataset of a DataLoader, with what nbscale uses of the loader: its `collate_fn` (None for torch's
     default), `num_workers` and `batch_size`. Indexing and length are the dataset's."""
 
-    def __init__(self, dataset: Dataset, collate_fn: Any, num_workers: int, batch_size: int) -> None:
+    def __init__(self, dataset: Dataset[Any], collate_fn: Any, num_workers: int, batch_size: int) -> None:
         self.dataset, self.collate_fn, self.num_workers, self.batch_size = dataset, collate_fn, num_workers, batch_size
 
     def __len__(self) -> int:
@@ -45,7 +45,7 @@ class LoaderData(Dataset):
         return list(getattr(self.dataset, "classes", []))
 
 
-def loader_data(loader: DataLoader, what: str = "train_data") -> LoaderData:
+def loader_data(loader: DataLoader[Any], what: str = "train_data") -> LoaderData:
     """`loader` as a LoaderData; OptionsError naming `what` for what nbscale cannot take from a DataLoader."""
     name = f"{what} is a DataLoader"
     if isinstance(loader.dataset, IterableDataset):

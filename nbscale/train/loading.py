@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ class BatchSource(Protocol):
         ...
 
 
-def as_dataset(data: Any, what: str = "train_data") -> Dataset:
+def as_dataset(data: Any, what: str = "train_data") -> Dataset[Any]:
     """A Dataset from a Dataset, a DataLoader (nbscale.train.loader_data) or an (inputs, labels) pair;
     OptionsError otherwise.
 
@@ -74,7 +74,7 @@ def as_dataset(data: Any, what: str = "train_data") -> Dataset:
         raise OptionsError(f"{what} is a {type(data).__name__} (keys {', '.join(keys) or 'none'}), not samples: give "
                            f"(inputs, labels) as a tuple, e.g. {pair}, or a torch Dataset yielding (input, label).")
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        return data
+        return cast("Dataset[Any]", data)
     raise OptionsError(f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, "
                        f"not {type(data).__name__}.")
 
@@ -160,7 +160,7 @@ class StreamBatches:
     random stream (a draw each epoch without background processes): so the network's own random numbers (dropout)
     come out as when the data are resident."""
 
-    def __init__(self, dataset: Dataset, device: torch.device, background: bool, seed: int) -> None:
+    def __init__(self, dataset: Dataset[Any], device: torch.device, background: bool, seed: int) -> None:
         from nbscale.data.augmented import AugmentedImageDatastore
 
         self.dataset = dataset
@@ -199,7 +199,7 @@ class StreamBatches:
             yield to_device(x, device, non_blocking), (as_labels(y) if isinstance(y, torch.Tensor) else y)
 
 
-def _stop_worker_processes(loader: DataLoader) -> None:
+def _stop_worker_processes(loader: DataLoader[Any]) -> None:
     """Stop the persistent worker processes of `loader` now (the next epoch would start new ones).
 
     torch has no public call for this. Its iterator stops them when freed (`__del__`), but freeing is not in our
@@ -212,7 +212,7 @@ def _stop_worker_processes(loader: DataLoader) -> None:
     loader._iterator = None
 
 
-class _AugmentedBySeed(Dataset):
+class _AugmentedBySeed(Dataset[tuple[torch.Tensor, int]]):
     """An AugmentedImageDatastore read by a DataLoader, each image augmented by the random values of its index
     in the pass's draws from the epoch's seed, as DeviceResidentData draws them: so training streamed (in background
     processes or not), resident, on a pool's workers (each reading its share) or resumed from a checkpoint augments
@@ -281,7 +281,7 @@ def _cannot_be_resident(dataset: Any) -> str | None:
     return None
 
 
-def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *, seed: int,
+def make_batch_source(dataset: Dataset[Any], device: torch.device, placement: str, background: bool, *, seed: int,
                       rows: Sequence[int] | torch.Tensor | None = None, readers: Readers | None = None,
                       progress: Progress | None = None,
                       warn: Callable[[str], None] | None = _warn_here) -> BatchSource:
@@ -326,5 +326,5 @@ def make_batch_source(dataset: Dataset, device: torch.device, placement: str, ba
     return DeviceResidentData(dataset, device, rows=rows, readers=readers, progress=progress, first=first)
 
 
-def _part(dataset: Dataset, rows: list[int] | None) -> Dataset:
+def _part(dataset: Dataset[Any], rows: list[int] | None) -> Dataset[Any]:
     return dataset if rows is None else Subset(dataset, rows)

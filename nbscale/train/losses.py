@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ def unknown_loss(name: str) -> str | None:
 def resolve_loss(loss: Any) -> Callable[[Any, Any], torch.Tensor] | None:
     """The loss function of a name, a callable as it is, None as None (the caller's default: cross-entropy)."""
     if loss is None or callable(loss):
-        return loss
+        return cast("Callable[[Any, Any], torch.Tensor] | None", loss)
     problem = unknown_loss(loss) if isinstance(loss, str) else "a loss name or a function (outputs, targets) -> loss"
     if problem is not None:
         raise OptionsError(f"loss={loss!r} is not a loss: loss must be {problem}.")

@@ -28,7 +28,7 @@ from nbscale.train.options import TrainingOptions
 _EMIT_INTERVAL = 0.2  # seconds between bunches of events sent by a worker
 
 
-class TrainingRun(Future):
+class TrainingRun(Future[Any]):
     """A training run submitted to the pool: a Future of `(net, info)` with live progress.
 
     `info` fills as the run trains; `state` is "queued", "running", "done", "failed" or "cancelled";
@@ -130,7 +130,7 @@ class TrainingRun(Future):
             return False
         if self._task is None:
             return self._cancel_and_notify()
-        return self.pool.cancel(self._task)
+        return bool(self.pool.cancel(self._task))
 
     def _cancel_and_notify(self) -> bool:
         # Future.cancel alone leaves the state CANCELLED, which concurrent.futures.wait and as_completed never

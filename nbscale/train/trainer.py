@@ -227,8 +227,9 @@ def as_options(options: Any) -> TrainingOptions:
         return TrainingOptions("sgdm")
     if isinstance(options, TrainingOptions):
         return options
-    if isinstance(getattr(options, "options", None), TrainingOptions):  # an options form
-        return options.options
+    form_options = getattr(options, "options", None)
+    if isinstance(form_options, TrainingOptions):  # an options form
+        return form_options
     raise OptionsError(f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), "
                        f"not {type(options).__name__}.")
 

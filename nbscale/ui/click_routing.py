@@ -13,7 +13,7 @@ Stop button then says to interrupt the kernel).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 SUBSHELLS = "kernel subshells"  # the kernel_info feature that names subshell support (JEP 91)
 
@@ -92,4 +92,4 @@ def _request(client: Any, kind: str, content: dict[str, Any], timeout: float = 1
         if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
             if reply["content"].get("status", "ok") != "ok":
                 raise RuntimeError(reply["content"].get("evalue", f"{kind} failed"))
-            return reply["content"]
+            return cast("dict[str, Any]", reply["content"])

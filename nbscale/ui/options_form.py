@@ -144,7 +144,8 @@ class OptionsForm:
         widget = self.widgets[name]
         if value is None:
             return NONE
-        found = next((n for n in widget.options if n not in (NONE, KEPT) and self.namespace.get(n) is value), None)
+        found: str | None = next(
+            (n for n in widget.options if n not in (NONE, KEPT) and self.namespace.get(n) is value), None)
         if found is not None:
             return found
         self._kept[name] = value

@@ -145,7 +145,7 @@ def _same_shapes(group: list[Batch]) -> bool:
                for b in group[1:])
 
 
-def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> MetricSet:
+def resolve_metrics(metrics: object, *, regression: bool) -> MetricSet:
     """`TrainingOptions.metrics` as a MetricSet; None gives ("accuracy",), or ("rmse",) under a regression.
 
     Items: a name ("accuracy", "top{k}-accuracy", "rmse", "mae", "precision", "recall", "fscore", in any case),

@@ -128,14 +128,14 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: object) -> None:
     """Register nbscale's magics and its short error display (called by `%load_ext nbscale`)."""
     from nbscale.magics import register
 
     register(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: object) -> None:
     """Undo `%load_ext nbscale` (called by `%unload_ext nbscale`): the magics and nbscale's error display go, the
     error handler that was there before comes back. A running pool keeps running until `%pool stop`."""
     from nbscale.magics import unregister

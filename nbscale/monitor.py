@@ -58,7 +58,7 @@ class TrainingMonitor:
 
     # ---- the loop's side -----------------------------------------------------------------------------------------
 
-    def record(self, step: Any, **values: Any) -> None:
+    def record(self, step: object, **values: object) -> None:
         """Record metric values (numbers or 0-d tensors, never read here) at `step` (the x value)."""
         if not values.keys() <= self._known:
             unknown = sorted(set(values) - self._known)
@@ -69,7 +69,7 @@ class TrainingMonitor:
         if now >= self._next_flush or len(self._pending) >= _MAX_PENDING:
             self._flush(now)
 
-    def update_info(self, **values: Any) -> None:
+    def update_info(self, **values: object) -> None:
         """Show `values` in the info panel (names given as TrainingMonitor(info=[...]))."""
         if not values.keys() <= self._info_known:
             unknown = sorted(set(values) - set(self.info_names))
@@ -143,7 +143,7 @@ class TrainingMonitor:
     def __enter__(self) -> TrainingMonitor:
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
     # ---- inside --------------------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def _read(pending: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, dict[str
     return rows
 
 
-def _step_number(step: Any) -> Any:
+def _step_number(step: object) -> Any:
     return step.item() if hasattr(step, "item") else step
 
 
@@ -298,7 +298,7 @@ class _NotebookSink(_Sink):
         if monitor.interrupt_stops and threading.current_thread() is threading.main_thread():
             self.previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
 
-    def _on_interrupt(self, signum: int, frame: Any) -> None:
+    def _on_interrupt(self, signum: int, frame: object) -> None:
         if os.getpid() != self.pid:  # a forked DataLoader process inherits the handler
             return
         if self.monitor._stop.requested:
@@ -312,7 +312,7 @@ class _NotebookSink(_Sink):
     def set_log(self, panel: int, log: bool) -> None:
         self.display.set_log(panel, log)
 
-    def _on_cell_end(self, _result: Any = None) -> None:
+    def _on_cell_end(self, _result: object = None) -> None:
         self.monitor.close()
 
     def close(self, state: str) -> None:
@@ -346,7 +346,7 @@ class MonitorRecords:
     log_panels: dict[int, bool]
     done: bool = False
 
-    def show_in_notebook(self, pool: Any, rank: int) -> None:
+    def show_in_notebook(self, pool: object, rank: int) -> None:
         """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
         view = _views.get(self.key)
         if view is None or view.closed:
@@ -432,7 +432,7 @@ class _NotebookView(TrainingMonitor):
         else:
             self._flush(time.perf_counter(), force=True)
 
-    def _means(self, step: Any, values: dict[str, float]) -> dict[str, float]:
+    def _means(self, step: object, values: dict[str, float]) -> dict[str, float]:
         means = {}
         for name, value in values.items():
             seen = self.waiting.setdefault((step, name), [])

@@ -66,7 +66,7 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
     return gather_windows(images, top, left, height, width, pad=max(0, height - h, width - w))
 
 
-def _as_image_tensor(image: Any) -> torch.Tensor:
+def _as_image_tensor(image: object) -> torch.Tensor:
     """An image from any Dataset as C x H x W: tensors pass, PIL images (torchvision datasets without a
     transform) and numpy arrays (H x W or H x W x C, as image libraries give them) are converted."""
     if isinstance(image, torch.Tensor):
@@ -84,7 +84,7 @@ def _as_image_tensor(image: Any) -> torch.Tensor:
                          "tensors (C x H x W), PIL images or numpy arrays.")
 
 
-def _preprocessing_for(channels: int, color_preprocessing: str, output_size: Any) -> str:
+def _preprocessing_for(channels: int, color_preprocessing: str, output_size: object) -> str:
     """The colour preprocessing that gives `channels` channels (3: gray2rgb, 1: rgb2gray), checked against the one given."""
     wanted = {3: "gray2rgb", 1: "rgb2gray"}.get(channels)
     if wanted is None:
@@ -108,7 +108,7 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
     data in background processes, as TrainingOptions(dispatch_in_background=True) does for any data.
     """
 
-    def __new__(cls, *args: Any, **options: Any) -> AugmentedImageDatastore:
+    def __new__(cls, *args: object, **options: object) -> AugmentedImageDatastore:
         # before __init__, so a MATLAB name (DataAugmentation, ColorPreprocessing) or a typo names the option meant
         check_option_names("AugmentedImageDatastore", options, keyword_names(cls.__init__),
                            meant={"data_augmentation": "augmenter", "image_size": "output_size"})
@@ -164,7 +164,7 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
                                        self.output_size_mode, self.dispatch_in_background)
 
-    def subset(self, indices: Any, drop_unused_classes: bool = False) -> AugmentedImageDatastore:
+    def subset(self, indices: object, drop_unused_classes: bool = False) -> AugmentedImageDatastore:
         """The items at `indices` (numbers or a logical mask); see ImageDatastore.subset."""
         chosen = self._underlying("subset").subset(indices)
         return self._with(chosen).remove_unused_classes() if drop_unused_classes else self._with(chosen)

@@ -40,7 +40,7 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
     file by the next readable one and warns with a count; "raise" raises a DatastoreError naming the file.
     """
 
-    def __new__(cls, *args: Any, **options: Any) -> ImageDatastore:
+    def __new__(cls, *args: object, **options: object) -> ImageDatastore:
         # before __init__, so a MATLAB name (IncludeSubfolders, LabelSource) or a typo names the option meant
         check_option_names("ImageDatastore", options, keyword_names(cls.__init__))
         return super().__new__(cls)

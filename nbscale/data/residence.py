@@ -121,7 +121,7 @@ def _available_bytes(device: torch.device) -> int:
         return 4 * 2**30
 
 
-def _is_class_label(label: Any) -> bool:
+def _is_class_label(label: object) -> bool:
     try:
         value = torch.as_tensor(label)
     except (TypeError, ValueError, RuntimeError):  # a label that is no number

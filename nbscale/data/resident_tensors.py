@@ -43,14 +43,14 @@ def unwrapped(dataset: Dataset[Any]) -> tuple[AugmentedImageDatastore | None, Da
     return None, dataset
 
 
-def holds_tensors(dataset: Any) -> bool:
+def holds_tensors(dataset: object) -> bool:
     """True for a TensorDataset of (inputs, labels) or a Subset of one: data `whole_tensors` takes at once."""
     if isinstance(dataset, Subset):
         return holds_tensors(dataset.dataset)
     return isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2
 
 
-def whole_tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+def whole_tensors(dataset: object) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(inputs, labels) of a TensorDataset of two tensors, or of a Subset of one (taken by one indexing);
     None for any other dataset."""
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
@@ -266,5 +266,5 @@ def stored_item(dataset: Dataset[Any], index: int) -> tuple[torch.Tensor, Any] |
     return image, label
 
 
-def is_pair(item: Any) -> bool:
+def is_pair(item: object) -> bool:
     return isinstance(item, tuple | list) and len(item) >= 2

@@ -194,7 +194,7 @@ def _save_results(
     return saved, not_saved, first_failure
 
 
-def _plain_value(value: Any) -> Any:
+def _plain_value(value: object) -> Any:
     """A Composite (values on the job's pool, gone when it closes) is saved as the list of its values."""
     if "nbscale.pool.composite" in sys.modules:
         from nbscale.pool.composite import Composite

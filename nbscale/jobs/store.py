@@ -212,7 +212,7 @@ class JobStore:
         finally:
             connection.close()
 
-    def _update(self, job_id: int, states: tuple[str, ...], **fields: Any) -> bool:
+    def _update(self, job_id: int, states: tuple[str, ...], **fields: object) -> bool:
         """Set `fields` on job `job_id` if its state is one of `states` (and mirror it); whether it was."""
         assignments = ", ".join(f"{column} = ?" for column in fields)
         marks = ", ".join("?" for _ in states)

@@ -128,7 +128,7 @@ def _inputs(code: str, namespace: Mapping[str, Any], pool_bound: bool) -> bytes:
     return cast(bytes, cloudpickle.dumps({"modules": modules, "variables": variables}))
 
 
-def _pickle_variable(name: str, value: Any) -> bytes:
+def _pickle_variable(name: str, value: object) -> bytes:
     if type(value).__name__ == "Composite" and type(value).__module__ == "nbscale.pool.composite":
         raise JobError(
             f"Variable {name!r} is a Composite: its values live on the pool's workers, which the job cannot "

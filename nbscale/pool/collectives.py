@@ -50,7 +50,7 @@ def _recorded(helper: Callable[..., Any]) -> Callable[..., Any]:
     """Record `helper` as the collective this worker is in while it runs (not the helpers it calls itself)."""
 
     @functools.wraps(helper)
-    def recording(*args: Any, **kwargs: Any) -> Any:
+    def recording(*args: object, **kwargs: object) -> Any:
         global _calls, _inside
         if _inside:  # gather through allgather: the user called gather
             return helper(*args, **kwargs)
@@ -196,7 +196,7 @@ class Collectives:
         }
 
 
-def _write_header(header: torch.Tensor, value: Any, src: int) -> torch.Tensor | None:
+def _write_header(header: torch.Tensor, value: object, src: int) -> torch.Tensor | None:
     """Fill broadcast's header for `value`; returns its pickled bytes sealed by rank `src` (a uint8 tensor) unless
     it goes as a tensor."""
     if isinstance(value, torch.Tensor) and value.dim() <= _HEADER_DIMS and value.dtype in _DTYPES:

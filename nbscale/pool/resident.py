@@ -58,7 +58,7 @@ def fingerprint(tensor: Any) -> tuple[Any, ...] | None:
             str(tensor.device), version)
 
 
-def acquire(tensor: Any, stamp: tuple[Any, ...], buffer: memoryview, write: Any) -> ResidentFile:
+def acquire(tensor: object, stamp: tuple[Any, ...], buffer: memoryview, write: Any) -> ResidentFile:
     """The file holding `tensor` as of `stamp`, written with `write([buffer])` unless a current one exists; the
     caller's frame counts as one of its users until `release`."""
     key = id(tensor)

@@ -127,7 +127,7 @@ class TaskQueue:
         """The running request of a task's future (None when it is queued or done); call with the lock held."""
         return next((r for r in self.router.requests.values() if r.future is future), None)
 
-    def _complete(self, request: Request, item: Any) -> None:
+    def _complete(self, request: Request, item: object) -> None:
         """A task's event, reply, or its worker's death (on the receiver thread)."""
         if isinstance(item, p.Event):
             if request.on_event is not None:

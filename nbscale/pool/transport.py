@@ -314,7 +314,7 @@ def _rebuild_out_of_band(index: int, kind: str, dtype: Any, shape: tuple[int, ..
     return _rebuild_array(buffer, dtype, shape)
 
 
-def serialise(message: Any, keep: bool = True) -> Frame:
+def serialise(message: object, keep: bool = True) -> Frame:
     """Pickle `message` (functions and classes by value where needed), large buffers set aside; with `keep`, large
     tensors stay in shared memory for later messages (nbscale.pool.resident: the kernel's requests)."""
     stream = io.BytesIO()

@@ -57,7 +57,7 @@ def call_error(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[st
     return UnsendableError(f"{name}() could not be sent to the workers: {error}")
 
 
-def _failure(value: Any) -> str | None:
+def _failure(value: object) -> str | None:
     try:
         serialise(value)
     except Exception as error:  # noqa: BLE001 - any pickling failure is the answer

@@ -312,7 +312,7 @@ class Worker:
         if self.interruptible:
             raise KeyboardInterrupt
 
-    def _send_reply(self, reply: Any) -> None:
+    def _send_reply(self, reply: object) -> None:
         """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""
         try:
             with HeldInterrupt():
@@ -320,7 +320,7 @@ class Worker:
         except KeyboardInterrupt:
             pass
 
-    def _emit(self, payload: Any) -> None:
+    def _emit(self, payload: object) -> None:
         if self.current_request is not None:
             self.channel.send(p.Event(self.current_request, self.rank, payload))
 
@@ -372,7 +372,7 @@ class Worker:
                 "what the cell needs inside the cell."
             ) from None
 
-    def _own(self, value: Any) -> Any:
+    def _own(self, value: object) -> Any:
         """This worker's own value of a Composite the notebook passed (a CompositeReference); others unchanged."""
         if not isinstance(value, CompositeReference):
             return value

@@ -37,12 +37,12 @@ GPU_MAX_AGE_S = 1.0
 LOG_TAIL_CHARS = 200_000
 
 
-def json_text(value: Any) -> str:
+def json_text(value: object) -> str:
     """Strict JSON (RFC 8259) of `value`: non-finite floats become null, anything else unknown its str()."""
     return json.dumps(_finite(value), allow_nan=False, default=str)
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

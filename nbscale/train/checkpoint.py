@@ -101,7 +101,7 @@ def _unwritable(folder: str | os.PathLike[str], epoch: int, error: OSError) -> O
     )
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     """An option value as str, number, bool, None, or a list of those (what weights_only loading reads)."""
     if value is None or type(value) in (bool, int, float, str):
         return value
@@ -207,7 +207,7 @@ _STATE_KINDS: dict[str, tuple[type, ...]] = {
 _OPTIONAL_KINDS: dict[str, tuple[type, ...]] = {"options": (dict,), "samples": (int,), "scaler": (dict, type(None))}
 
 
-def _state_problem(state: Any) -> str | None:
+def _state_problem(state: object) -> str | None:
     """What makes `state` something other than a checkpoint save_checkpoint wrote, or None."""
     if not isinstance(state, dict):
         return f"it holds a {type(state).__name__}"

@@ -22,12 +22,12 @@ _SIZE_KEEPING = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout
                  nn.LogSoftmax, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Hardtanh)
 
 
-def is_class_loss(loss_fn: Any) -> bool:
+def is_class_loss(loss_fn: object) -> bool:
     """True for the losses that take class indices (the default cross-entropy, CrossEntropyLoss, NLLLoss)."""
     return loss_fn is None or isinstance(loss_fn, nn.CrossEntropyLoss | nn.NLLLoss)
 
 
-def network_outputs(model: nn.Module, sample: Any) -> tuple[int, str] | None:
+def network_outputs(model: nn.Module, sample: object) -> tuple[int, str] | None:
     """(the number of class scores `model` gives, how that was found), or None when it cannot be told.
 
     Where the network ends in an obvious last layer (an nn.Sequential, nested or not, whose last layer, after
@@ -132,7 +132,7 @@ def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Datas
         raise OptionsError(_class_mismatch(what, dataset, classes, labels, outputs, how))
 
 
-def _class_mismatch(what: str, dataset: Any, classes: list[str], labels: tuple[int, int] | None, outputs: int,
+def _class_mismatch(what: str, dataset: object, classes: list[str], labels: tuple[int, int] | None, outputs: int,
                     how: str) -> str:
     largest = f"label indices up to {labels[1]}" if labels is not None else "its labels"
     needed = len(classes) if classes else (labels[1] + 1 if labels is not None else outputs)

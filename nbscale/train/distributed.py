@@ -237,7 +237,7 @@ def _tells_of_a_torn_down_group(text: str) -> bool:
 def _answered(publish: Callable[[Any], None], sender: EventBunches, context: WorkerContext,
               run: str) -> Callable[[Any], None]:
     """`publish`, then, after each iteration, wait for the notebook's answer to it (its output_fn ran there)."""
-    def publish_and_wait(event: Any) -> None:
+    def publish_and_wait(event: object) -> None:
         publish(event)
         if isinstance(event, IterationDone):
             sender.flush()
@@ -249,7 +249,7 @@ def _answered(publish: Callable[[Any], None], sender: EventBunches, context: Wor
 def _preparing_only(sender: EventBunches) -> Callable[[Any], None]:
     """What a rank other than the first sends: only how far it read its share of the data (the notebook adds
     the ranks up: _PreparingTotals)."""
-    def publish(event: Any) -> None:
+    def publish(event: object) -> None:
         if isinstance(event, PreparingData):
             sender.send(event)
 
@@ -263,7 +263,7 @@ class _PreparingTotals:
     def __init__(self) -> None:
         self.ranks: dict[str, dict[int, PreparingData]] = {}
 
-    def combined(self, rank: int, events: Any) -> Any:
+    def combined(self, rank: int, events: object) -> Any:
         """`events` (one or a bunch) with each PreparingData replaced by the sum over the ranks so far."""
         if not isinstance(events, list):
             return self.combined(rank, [events])[0]

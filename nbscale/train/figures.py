@@ -111,7 +111,7 @@ class LocalFigures:
         self.copy_outputs = copy_outputs  # CUDA graphs (torch.compile's "reduce-overhead") reuse output memory
         self.unread: Bunch | None = None  # the bunch last read, on its way to the host
 
-    def keep(self, loss: torch.Tensor, outputs: Any, labels: Any) -> Any:
+    def keep(self, loss: torch.Tensor, outputs: object, labels: object) -> Any:
         """What to keep of this iteration (called before backward); nothing is computed until read."""
         if not self.metrics.checked:
             self.metrics.check(outputs, labels)

@@ -68,7 +68,7 @@ def loader_data(loader: DataLoader[Any], what: str = "train_data") -> LoaderData
     return LoaderData(loader.dataset, collate, loader.num_workers, int(loader.batch_size))
 
 
-def loader_of(dataset: Any) -> LoaderData | None:
+def loader_of(dataset: object) -> LoaderData | None:
     """The LoaderData `dataset` is (or a Subset of one is), else None."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset

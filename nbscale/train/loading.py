@@ -79,7 +79,7 @@ def as_dataset(data: Any, what: str = "train_data") -> Dataset[Any]:
                        f"not {type(data).__name__}.")
 
 
-def _is_pair(data: Any) -> bool:
+def _is_pair(data: object) -> bool:
     """(inputs, labels) as a tuple of array-likes, or as a list of two tensors or arrays (a list of two
     samples would hold pairs, not arrays)."""
     if isinstance(data, tuple):
@@ -88,11 +88,11 @@ def _is_pair(data: Any) -> bool:
             and all(isinstance(part, torch.Tensor | np.ndarray) and part.ndim > 0 for part in data))
 
 
-def _array_like(part: Any) -> bool:
+def _array_like(part: object) -> bool:
     return isinstance(part, (torch.Tensor, list)) or type(part).__module__ == "numpy"
 
 
-def _as_tensor(part: Any) -> torch.Tensor:
+def _as_tensor(part: object) -> torch.Tensor:
     try:
         return tensor_of(part)
     except (TypeError, ValueError, RuntimeError) as error:
@@ -100,7 +100,7 @@ def _as_tensor(part: Any) -> torch.Tensor:
                            "Give tensors, numpy arrays or lists of numbers.") from None
 
 
-def tensor_of(values: Any) -> torch.Tensor:
+def tensor_of(values: object) -> torch.Tensor:
     """A tensor of `values` (a tensor, numpy array or list); numpy's float64 becomes the default float dtype
     (float32), as networks use. Raises TypeError, ValueError or RuntimeError for values that are no array."""
     if isinstance(values, torch.Tensor):
@@ -245,7 +245,7 @@ class _AugmentedBySeed(Dataset[tuple[torch.Tensor, int]]):
         return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
 
 
-def deterministic(dataset: Any) -> bool:
+def deterministic(dataset: object) -> bool:
     """True for data nbscale knows reads the same every time: tensors (a TensorDataset), its datastores and
     augmented datastores (whose random values it draws itself), and Subsets of them. Any other Dataset (random
     torchvision transforms inside, say) may read differently each epoch, so "auto" reads it afresh each epoch."""

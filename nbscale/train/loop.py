@@ -465,7 +465,7 @@ def _autotune_convolutions(device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: Any) -> tuple[LoopSetup, str]:
+def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: object) -> tuple[LoopSetup, str]:
     """`setup` with mini_batch_size="auto" and learn_rate_scaling settled (nbscale.train.batch_fitting), and what
     was chosen and why ("" when nothing was)."""
     options, device = setup.options, setup.device
@@ -579,12 +579,12 @@ def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
     """The forward and loss of one iteration, (net, inputs, labels) -> (loss, outputs): the network's main output
     into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
     if step_fn is None:
-        def forward(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+        def forward(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
             return loss_and_first_output(loss_fn, call_model(net, inputs), labels)
 
         return forward
 
-    def step(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+    def step(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
         result = step_fn(net, inputs, labels)
         if isinstance(result, tuple) and len(result) == 2:
             return result[0], first_output(result[1])
@@ -593,7 +593,7 @@ def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
     return step
 
 
-def _check_loss(loss: Any, step_fn: Callable[..., Any] | None) -> None:
+def _check_loss(loss: object, step_fn: Callable[..., Any] | None) -> None:
     """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
         return

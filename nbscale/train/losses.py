@@ -46,7 +46,7 @@ def resolve_loss(loss: Any) -> Callable[[Any, Any], torch.Tensor] | None:
     return LOSSES[loss]()
 
 
-def is_regression_loss(loss: Any) -> bool:
+def is_regression_loss(loss: object) -> bool:
     """True for "mse"/"l1" and torch's MSELoss/L1Loss/SmoothL1Loss/HuberLoss (the default metric becomes rmse)."""
     if isinstance(loss, str):
         return loss in REGRESSION_LOSSES

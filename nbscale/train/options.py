@@ -217,7 +217,7 @@ def field_names() -> tuple[str, ...]:
 FACTORY_FIELDS = ("solver", "learn_rate_schedule")
 
 
-def shown_choice(value: Any) -> Any:
+def shown_choice(value: object) -> Any:
     """`value` as shown to the user (repr, options form, %%train): "custom" for a factory, else itself."""
     return "custom" if callable(value) and not isinstance(value, str) else value
 
@@ -278,7 +278,7 @@ class _choice:  # noqa: N801 - read as the other checks' makers
     def __init__(self, allowed: Sequence[str]) -> None:
         self.allowed = allowed
 
-    def __call__(self, value: Any) -> str | None:
+    def __call__(self, value: object) -> str | None:
         return None if value in self.allowed else "one of " + ", ".join(repr(a) for a in self.allowed)
 
 
@@ -289,7 +289,7 @@ class _choice_or_callable(_choice):  # noqa: N801
         super().__init__(allowed)
         self.factory = factory
 
-    def __call__(self, value: Any) -> str | None:
+    def __call__(self, value: object) -> str | None:
         if callable(value) and not isinstance(value, str):
             return None
         allowed = super().__call__(value)

@@ -60,7 +60,7 @@ class TrainingRun(Future[Any]):
         self.pool, self._task = pool, task
         task.add_done_callback(self._task_done)
 
-    def _on_event(self, rank: int, events: Any) -> None:
+    def _on_event(self, rank: int, events: object) -> None:
         """Events from the worker (receiver thread): record them and tell the listeners."""
         with self._lock:
             for event in events if isinstance(events, list) else [events]:
@@ -203,7 +203,7 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     return run
 
 
-def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
+def train_run_on_worker(model: nn.Module, train_data: object, options: TrainingOptions,
                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
                         seeded: SeededStart | None = None,
                         step_fn: Callable[..., Any] | None = None) -> tuple[nn.Module, TrainingInfo]:
@@ -221,7 +221,7 @@ def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOpti
     sender = EventBunches(context.emit, _EMIT_INTERVAL)
     stop_reason: list[str] = []
 
-    def publish(event: Any) -> None:
+    def publish(event: object) -> None:
         info.record(event)
         sender.send(event)
         if options.output_fn is not None and isinstance(event, IterationDone) and options.output_fn(info) is True:

@@ -138,5 +138,5 @@ def base_rate(optimizer: torch.optim.Optimizer) -> float:
     return float(group["lr"]) / float(group.get("lr_factor", 1.0))
 
 
-def _name(factory: Any) -> str:
+def _name(factory: object) -> str:
     return getattr(factory, "__name__", type(factory).__name__)

@@ -130,7 +130,7 @@ def _check_worker_load(options: TrainingOptions, on_pool: bool) -> None:
                            "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
 
 
-def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
+def _train_on_pool(model: nn.Module, dataset: object, options: TrainingOptions, step: tuple[Any, Any], seed: int,
                    resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
                    forced: Callable[[], bool]) -> tuple[Any, list[str]]:
     """(the pool's result, the restarts it took): the run on the pool, restarted without lost workers under
@@ -221,7 +221,7 @@ def draw_seed() -> int:
     return int(torch.randint(2**31 - 1, (1,)).item())
 
 
-def as_options(options: Any) -> TrainingOptions:
+def as_options(options: object) -> TrainingOptions:
     """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
     if options is None:
         return TrainingOptions("sgdm")
@@ -266,7 +266,7 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
                 state["forced"] = True
                 _thread.interrupt_main()  # runs on_interrupt in the main thread, which raises KeyboardInterrupt
 
-    def on_interrupt(signum: int, frame: Any) -> None:
+    def on_interrupt(signum: int, frame: object) -> None:
         # a DataLoader process forked during training (dispatch_in_background) inherits this handler, and the
         # kernel's interrupt reaches its whole process group: the notebook's process alone stops the run
         if state["done"] or os.getpid() != notebook:

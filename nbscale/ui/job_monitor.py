@@ -220,7 +220,7 @@ def _kernel_shell() -> Any:
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
-def _outputs_to_this_cell(shell: Any) -> Any:
+def _outputs_to_this_cell(shell: object) -> Any:
     """A function that, run in another thread, sends that thread's displays as outputs of the running cell
     (ipykernel >= 7 keeps each thread's parent message apart; without it they go to the latest cell)."""
     publisher: Any = getattr(shell, "display_pub", None)

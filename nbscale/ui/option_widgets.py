@@ -78,7 +78,7 @@ def make_widget(name: str, notebook_names: Callable[[Callable[[Any], bool]], lis
     raise AssertionError(f"no widget for TrainingOptions.{name}")
 
 
-def text_of(name: str, value: Any) -> str:
+def text_of(name: str, value: object) -> str:
     """What the text box of field `name` shows for the option value `value`."""
     if name in NUMBER_OR_INF:
         return "inf" if value == math.inf else _format_number(value)
@@ -190,11 +190,11 @@ def parse_number(text: str) -> float | int | None:
     return int(number) if number.is_integer() else number
 
 
-def _format_number(value: Any) -> str:
+def _format_number(value: object) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def looks_like_data(value: Any) -> bool:
+def looks_like_data(value: object) -> bool:
     """True for what validation_data takes: a Dataset, or an (inputs, labels) pair of tensors."""
     from torch import Tensor
     from torch.utils.data import Dataset
@@ -204,11 +204,11 @@ def looks_like_data(value: Any) -> bool:
     return isinstance(value, Dataset)
 
 
-def is_sequence(value: Any) -> bool:
+def is_sequence(value: object) -> bool:
     """True for a list or tuple (what metrics and loggers list)."""
     return isinstance(value, list | tuple)
 
 
-def is_user_function(value: Any) -> bool:
+def is_user_function(value: object) -> bool:
     """True for a function defined in the notebook (what output_fn lists)."""
     return isinstance(value, types.FunctionType) and value.__module__ == "__main__"

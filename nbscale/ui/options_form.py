@@ -140,7 +140,7 @@ class OptionsForm:
         else:
             widget.value = value
 
-    def _choice_for(self, name: str, value: Any) -> str:
+    def _choice_for(self, name: str, value: object) -> str:
         widget = self.widgets[name]
         if value is None:
             return NONE

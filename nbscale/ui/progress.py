@@ -238,7 +238,7 @@ class TrainingProgress:
             shell.events.register("post_run_cell", self._on_cell_end)
             self._shell = shell
 
-    def _on_cell_end(self, _result: Any = None) -> None:
+    def _on_cell_end(self, _result: object = None) -> None:
         self._close_button()
 
     def _close_button(self) -> None:

@@ -76,7 +76,7 @@ class Collectives:
     """Collectives among `ranks` (the cell's targets; None: every worker) over `group`; `src`/`dst` are global
     ranks, and one that is not among `ranks` is a ValueError naming them."""
 
-    def __init__(self, group: Any = None, ranks: tuple[int, ...] | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, ranks: tuple[int, ...] | None = None) -> None:
         self.group = group
         self.ranks = ranks if ranks is not None else tuple(range(dist.get_world_size()))
         self.size = len(self.ranks)

@@ -166,7 +166,7 @@ class Bunch:
 class PoolFigures:
     """The figures of a pool's ranks with work, summed with the last gradient bucket (see the module docstring)."""
 
-    def __init__(self, hook: CarryingHook, group: Any, device: torch.device,
+    def __init__(self, hook: CarryingHook, group: torch.distributed.ProcessGroup | None, device: torch.device,
                  stop_reason: Callable[[], str | None], metrics: KeptMetrics,
                  answered_each_iteration: bool = False) -> None:
         self.hook, self.group, self.device, self.stop_reason = hook, group, device, stop_reason
@@ -213,7 +213,7 @@ class Carried:
         self.figures = figures
         self.reduced: torch.Tensor | None = None
 
-    def summed(self, group: Any) -> torch.Tensor:
+    def summed(self, group: torch.distributed.ProcessGroup | None) -> torch.Tensor:
         """The figures summed over the ranks (an all-reduce of their own when no bucket could carry them)."""
         if self.reduced is None:
             torch.distributed.all_reduce(self.figures, group=group)
@@ -226,7 +226,7 @@ class CarryingHook:
     share of the global mini-batch (so the sum is the gradient of the global mini-batch's mean loss, whatever the
     shares), and carries the iteration's figures (`carried`) with the last bucket."""
 
-    def __init__(self, group: Any, share: float) -> None:
+    def __init__(self, group: torch.distributed.ProcessGroup | None, share: float) -> None:
         self.group, self.share = group, share
         self.carried: Carried | None = None
 

@@ -58,7 +58,7 @@ class LoopSetup:
     resume: dict[str, Any] | None = None
     counts: list[int] = field(default_factory=lambda: [0])  # samples per rank in each global batch
     rank: int = 0
-    group: Any = None  # torch.distributed group of the ranks with work, when more than one has work; else None
+    group: torch.distributed.ProcessGroup | None = None  # torch.distributed group of the ranks with work, when more than one has work; else None
     is_main: bool = True  # writes checkpoints
     # tells the user what the run changed or why it ended (a RuntimeWarning here; a pool's main rank sends them
     # to the notebook, which warns there once, at the user's line); None on a pool's other ranks
@@ -696,7 +696,7 @@ class _Validator:
         return loss_sum / max(count, 1), metrics.values(state)
 
 
-def _take_main_ranks_buffers(model: nn.Module, group: Any) -> None:
+def _take_main_ranks_buffers(model: nn.Module, group: torch.distributed.ProcessGroup | None) -> None:
     """Every rank's buffers (BatchNorm's running statistics) become the main rank's, in place.
 
     Each rank's running statistics follow its own share of the data, while the network returned (and written to

@@ -28,7 +28,7 @@ class Readers:
 
     position: int
     count: int
-    group: Any  # a torch.distributed group
+    group: torch.distributed.ProcessGroup | None  # a torch.distributed group
     device: torch.device
 
     def block_size(self, items: int) -> int:

@@ -88,7 +88,7 @@ class Objective:
         return value if self.goal == "minimize" else -value
 
 
-def summed_over(group: Any, totals: torch.Tensor) -> torch.Tensor:
+def summed_over(group: torch.distributed.ProcessGroup | None, totals: torch.Tensor) -> torch.Tensor:
     """`totals` summed over the ranks of `group` (in place; as it is without a group)."""
     if group is not None:
         torch.distributed.all_reduce(totals, group=group)

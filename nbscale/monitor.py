@@ -14,11 +14,14 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
 from nbscale.train.events import StopSignal
 from nbscale.ui.progress_figure import smoothed
+
+if TYPE_CHECKING:
+    from nbscale.pool.pool import Pool
 
 _REDUCES = ("first", "mean")
 _MAX_PENDING = 65536  # without a display, records are still read in bunches of at most this many
@@ -346,7 +349,7 @@ class MonitorRecords:
     log_panels: dict[int, bool]
     done: bool = False
 
-    def show_in_notebook(self, pool: object, rank: int) -> None:
+    def show_in_notebook(self, pool: Pool, rank: int) -> None:
         """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
         view = _views.get(self.key)
         if view is None or view.closed:
@@ -403,7 +406,7 @@ class _NotebookView(TrainingMonitor):
 
     interrupt_stops = False  # the pool's own interrupt handling stops the ranks
 
-    def __init__(self, first: MonitorRecords, pool: Any) -> None:
+    def __init__(self, first: MonitorRecords, pool: Pool) -> None:
         groups = {title: members for title, members in first.panels if [title] != members}
         super().__init__(first.metrics, x_label=first.x_label, groups=groups)
         self.world_size = first.world_size

@@ -22,8 +22,10 @@ from nbscale.train.options import Environment, Solver, TrainingOptions
 
 if TYPE_CHECKING:
     import torch
+    from IPython.core.interactiveshell import InteractiveShell
     from torch import nn
 
+    from nbscale.pool.pool import Pool
     from nbscale.train.sweep import SweepResult
 
 CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "step_fn", "make_model")
@@ -97,7 +99,7 @@ def sweep(
     train_data: object,
     options: TrainingOptions | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
-    pool: object = None,
+    pool: Pool | None = None,
     loss_fn: Callable[..., Any] | None = None,
     val_data: object = None,
     wait: bool = True,
@@ -222,7 +224,7 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
     namespace[request.net], namespace[request.info] = net, info
 
 
-def _assigned_names(shell: Any, cell: str) -> set[str]:
+def _assigned_names(shell: InteractiveShell, cell: str) -> set[str]:
     """The CELL_NAMES the cell's code binds in the notebook (`x = x`, `def loss_fn`, imports count; names bound
     inside functions and classes do not)."""
     try:

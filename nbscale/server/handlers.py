@@ -27,11 +27,14 @@ import os
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
+
+if TYPE_CHECKING:
+    from nbscale.jobs.job import Job
 
 GPU_MAX_AGE_S = 1.0
 LOG_TAIL_CHARS = 200_000
@@ -186,11 +189,11 @@ def _jobs_offering(function: str) -> Any:
     return jobs
 
 
-def _log_end(job: Any) -> str:
+def _log_end(job: Job) -> str:
     """The last LOG_TAIL_CHARS + 1 characters (one more tells that it was cut), as job.log(tail=...) reads them: from
     a bounded window at the end of the file, since a runaway job's log (a progress bar redrawn with '\r' and no
     newline) may be gigabytes."""
-    return cast(str, job.log(tail=LOG_TAIL_CHARS + 1))
+    return job.log(tail=LOG_TAIL_CHARS + 1)
 
 
 def _job_number(text: str) -> int:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from nbscale.train.event_bunches import EventBunches
 from nbscale.train.events import IterationDone, TrainingStarted
 from nbscale.train.info import TrainingInfo
 from nbscale.train.options import TrainingOptions
+
+if TYPE_CHECKING:
+    from nbscale.pool.pool import Pool
 
 _EMIT_INTERVAL = 0.2  # seconds between bunches of events sent by a worker
 
@@ -56,7 +59,7 @@ class TrainingRun(Future[Any]):
 
     # ---- the pool side --------------------------------------------------------------------------------------
 
-    def _attach(self, pool: Any, task: Future[Any]) -> None:
+    def _attach(self, pool: Pool, task: Future[Any]) -> None:
         self.pool, self._task = pool, task
         task.add_done_callback(self._task_done)
 

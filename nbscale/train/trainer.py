@@ -170,7 +170,7 @@ def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: 
         message, after=release_training_gpus if device.type == "cuda" else None)
 
 
-def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any,
+def checked_inputs(model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any,
                    step_fn: Any = None) -> tuple[Any, TrainingOptions, Any]:
     """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.train.checks).
 

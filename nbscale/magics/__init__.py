@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 from nbscale.errors import NbscaleError, PoolInterrupted
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from IPython.core.interactiveshell import InteractiveShell
 
 # one module per area; each defines a Magics subclass named in this table
@@ -41,7 +43,8 @@ class UserErrorDisplay:
         else:
             shell.custom_exceptions = ()
 
-    def __call__(self, shell: InteractiveShell, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> list[str]:
+    def __call__(self, shell: InteractiveShell, etype: type, value: BaseException, tb: TracebackType | None,
+                 tb_offset: int | None = None) -> list[str]:
         if not issubclass(etype, _OURS) and self.previous_handler is not None:
             return list(self.previous_handler(etype, value, tb, tb_offset))
         if not issubclass(etype, _OURS) or _verbose(shell):

@@ -58,7 +58,7 @@ class LoopSetup:
     resume: dict[str, Any] | None = None
     counts: list[int] = field(default_factory=lambda: [0])  # samples per rank in each global batch
     rank: int = 0
-    group: torch.distributed.ProcessGroup | None = None  # the group of the ranks with work, when more than one has; else None
+    group: torch.distributed.ProcessGroup | None = None  # the ranks with work, when more than one has; else None
     is_main: bool = True  # writes checkpoints
     # tells the user what the run changed or why it ended (a RuntimeWarning here; a pool's main rank sends them
     # to the notebook, which warns there once, at the user's line); None on a pool's other ranks

@@ -63,7 +63,7 @@ def _verbose(shell: InteractiveShell) -> bool:
 _installed: dict[int, tuple[UserErrorDisplay, list[Any]]] = {}  # by shell: its error display and magics objects
 
 
-def register(ipython: Any) -> None:
+def register(ipython: InteractiveShell) -> None:
     """Register every magic class and the short display of nbscale's own errors (once per shell)."""
     import importlib
 
@@ -80,7 +80,7 @@ def register(ipython: Any) -> None:
     _installed[id(ipython)] = (display, instances)
 
 
-def unregister(ipython: Any) -> None:
+def unregister(ipython: InteractiveShell) -> None:
     """Undo `register`: the magics go, and the error handler that was there before comes back."""
     display, instances = _installed.pop(id(ipython), (None, []))
     if display is None:

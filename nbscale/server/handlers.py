@@ -214,7 +214,7 @@ def _call_job(action: Callable[[], Any]) -> Any:
         raise NotFound(str(error)) from None
 
 
-def setup_handlers(web_app: Any) -> None:
+def setup_handlers(web_app: tornado.web.Application) -> None:
     """Add the `/nbscale/api/...` routes (under the server's base_url) and the shared GPU cache."""
     base = url_path_join(web_app.settings["base_url"], "nbscale", "api")
     web_app.settings["nbscale_gpu_cache"] = GpuCache()

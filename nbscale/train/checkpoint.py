@@ -27,13 +27,16 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from nbscale.errors import OptionsError
 from nbscale.safe_load import RefusedPickle, load_restricted
 from nbscale.train.events import IterationDone
+
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 _PATTERN = "nbscale_checkpoint_epoch*.pt"
 STALE_PARTIAL_S = 60.0
@@ -178,7 +181,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     return cast("dict[str, Any]", state)
 
 
-def _unreadable(name: str, path: Path, stream: Any, error: Exception) -> OptionsError:
+def _unreadable(name: str, path: Path, stream: BinaryIO, error: Exception) -> OptionsError:
     """The error for a checkpoint torch cannot read. One cut short (a copy that did not finish; nbscale's own writes
     are atomic) is empty or starts as the zip archive torch writes but lacks its end, and torch's words for it
     (`Invalid argument`, an empty EOFError) do not say so: name that, and the checkpoints beside it to resume from

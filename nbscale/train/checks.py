@@ -145,7 +145,7 @@ def _float_labels_error(what: str) -> OptionsError:
 
 
 def check_resume(checkpoint: dict[str, Any], model: nn.Module, solver: str, mini_batch_size: int | None,
-                 samples: int, path: Any) -> None:
+                 samples: int, path: str | os.PathLike[str]) -> None:
     """A run resumed from `checkpoint` must train the same network with the same solver, mini-batch and data, so
     that it continues the same schedule (max_epochs may change). `mini_batch_size` None ("auto"): the checkpoint's."""
     name = f"resume_from={os.fspath(path)!r}"

@@ -60,7 +60,7 @@ def _last_layer(model: nn.Module) -> nn.Module | None:
     return module
 
 
-def label_range(dataset: Any, first_item: Any, ignore_index: int = -100) -> tuple[int, int] | None:
+def label_range(dataset: Dataset[Any], first_item: Any, ignore_index: int = -100) -> tuple[int, int] | None:
     """(smallest, largest) label index of `dataset`, read without reading its inputs, or None when unknown.
 
     Known for a TensorDataset of (inputs, labels), a datastore (`classes` and `labels` by name), a torchvision

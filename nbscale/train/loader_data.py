@@ -7,7 +7,7 @@ by name: a batch sampler, a custom sampler (anything but sequential or random), 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -21,6 +21,9 @@ from torch.utils.data import (
 )
 
 from nbscale.errors import OptionsError
+
+if TYPE_CHECKING:
+    from nbscale.train.options import TrainingOptions
 
 _SUPPORTED = ("DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., num_workers=...): a map-style "
               "dataset read in order or at random")
@@ -75,7 +78,7 @@ def loader_of(dataset: object) -> LoaderData | None:
     return dataset if isinstance(dataset, LoaderData) else None
 
 
-def with_loader_batch_size(options: Any, train_data: Any) -> Any:
+def with_loader_batch_size(options: TrainingOptions, train_data: Any) -> Any:
     """`options` (TrainingOptions) with the mini-batch size of a DataLoader given as `train_data`, where the options
     leave it at its default (128: any other value counts as set by the user); `options` itself otherwise.
     OptionsError when both are set and differ."""

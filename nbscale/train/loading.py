@@ -261,7 +261,7 @@ def _warn_here(message: str) -> None:
     warn_user(message, RuntimeWarning)
 
 
-def _cannot_be_resident(dataset: Any) -> str | None:
+def _cannot_be_resident(dataset: Dataset[Any]) -> str | None:
     """Why `dataset` cannot be held resident (a DataLoader's own collate_fn, nested samples), or None."""
     loader = loader_of(dataset)
     if loader is not None and loader.collate_fn is not None:

@@ -562,7 +562,7 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % 2**62
 
 
-def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: Any,
+def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: contextlib.AbstractContextManager[object],
            forward: Callable[..., tuple[torch.Tensor, Any]]) -> Callable[[nn.Module], None]:
     """One forward and backward of a network on the first batch (whether a network compiles shows there)."""
     def trial(candidate: nn.Module) -> None:
@@ -721,7 +721,7 @@ def _precision(precision: str, device: torch.device,
     return torch.float16, torch.amp.GradScaler("cuda")
 
 
-def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler,
+def _restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
              schedule: Any) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

@@ -197,7 +197,7 @@ def _save_results(
     return saved, not_saved, first_failure
 
 
-def _plain_value(value: object) -> Any:
+def _plain_value(value: object) -> object:
     """A Composite (values on the job's pool, gone when it closes) is saved as the list of its values."""
     if "nbscale.pool.composite" in sys.modules:
         from nbscale.pool.composite import Composite

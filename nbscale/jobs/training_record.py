@@ -111,7 +111,7 @@ def decode(line: bytes) -> Event | None:
 _WRONG = object()
 
 
-def _checked(value: object, accepts: tuple[type, ...]) -> Any:
+def _checked(value: object, accepts: tuple[type, ...]) -> object:
     """`value` as one of the `accepts` types (int, float, str, None; a tuple of str; a dict of str to float or
     None, as the metric fields are), or _WRONG."""
     for kind in accepts:

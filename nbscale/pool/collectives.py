@@ -230,7 +230,7 @@ def _signature(description: tuple[Any, ...]) -> int:
     return int.from_bytes(hashlib.blake2b(repr(description).encode(), digest_size=7).digest(), "big") + 1
 
 
-def _reduce_values(values: list[Any], op: str) -> Any:
+def _reduce_values(values: list[Any], op: str) -> object:
     """Every rank's value (not tensors) reduced by `op`; Python numbers stay Python numbers."""
     if op in ("max", "min") and all(isinstance(v, (int, float)) for v in values):
         return max(values) if op == "max" else min(values)

@@ -406,7 +406,7 @@ def workers_named(ranks: Iterable[int]) -> str:
 
 
 
-def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:
+def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> object:
     """What to route in place of a worker's message the notebook cannot unpickle (None: nothing)."""
     if unreadable.kind in ("Done", "Failed") and unreadable.request_id is not None:
         return p.Failed(

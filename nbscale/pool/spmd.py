@@ -97,7 +97,7 @@ def variables_to_send(code: str, namespace: dict[str, Any], pool: CompositeSourc
     }
 
 
-def _value_to_send(name: str, value: object, pool: CompositeSource) -> Any:
+def _value_to_send(name: str, value: object, pool: CompositeSource) -> object:
     if isinstance(value, types.ModuleType):
         return ModuleReference(value.__name__)
     return each_workers_own(value, pool, f"Variable {name!r}")

@@ -104,7 +104,7 @@ def _unwritable(folder: str | os.PathLike[str], epoch: int, error: OSError) -> O
     )
 
 
-def _plain(value: object) -> Any:
+def _plain(value: object) -> object:
     """An option value as str, number, bool, None, or a list of those (what weights_only loading reads)."""
     if value is None or type(value) in (bool, int, float, str):
         return value

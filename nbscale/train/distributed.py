@@ -198,7 +198,7 @@ def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> 
 _GROUPS: dict[tuple[int, ...], Any] = {}
 
 
-def _training_group(active: tuple[int, ...]) -> Any:
+def _training_group(active: tuple[int, ...]) -> object:
     """A group of its own for training (kept between runs), so aborting it leaves the pool's group intact."""
     import torch.distributed as dist
 

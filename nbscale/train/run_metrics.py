@@ -45,7 +45,7 @@ def run_metrics(options: TrainingOptions, loss_fn: object, train_data: object) -
                            regression=is_regression(options, loss_fn, lambda: _first_target(train_data)))
 
 
-def _first_target(data: Any) -> Any:
+def _first_target(data: Any) -> object:
     """The first sample's target, or None where the data cannot say (read before training: one item)."""
     try:
         item = data[0]

@@ -151,7 +151,7 @@ def _train_on_pool(model: nn.Module, dataset: object, options: TrainingOptions, 
 
 
 def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
-                resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> Any:
+                resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> object:
     """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
     device = training_device(options.execution_environment)
     check_auto_batch_device(options, device.type == "cuda", "the CPU")

@@ -216,14 +216,14 @@ def _line(text: str) -> dict[str, str]:
     return {"text/plain": text, "text/html": f"<div style='font-size:12px'>{html.escape(text)}</div>"}
 
 
-def _kernel_shell() -> Any:
+def _kernel_shell() -> object:
     from IPython import get_ipython
 
     shell = get_ipython()
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
-def _outputs_to_this_cell(shell: object) -> Any:
+def _outputs_to_this_cell(shell: object) -> object:
     """A function that, run in another thread, sends that thread's displays as outputs of the running cell
     (ipykernel >= 7 keeps each thread's parent message apart; without it they go to the latest cell)."""
     publisher: Any = getattr(shell, "display_pub", None)

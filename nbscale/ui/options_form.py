@@ -92,7 +92,7 @@ class OptionsForm:
 
     # ---- widgets -----------------------------------------------------------------------------------------------
 
-    def _group(self, title: str, names: tuple[str, ...]) -> Any:
+    def _group(self, title: str, names: tuple[str, ...]) -> object:
         import ipywidgets as w
 
         rows = []

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import nbscale.train as _train_package
 from nbscale.errors import (
     DatastoreError,
+    GpuError,
     JobError,
     ModelError,
     NbscaleError,
@@ -25,7 +26,7 @@ from nbscale.errors import (
     UnsendableError,
     WorkerError,
 )
-from nbscale.gpu import GpuError, gpus, select_gpu
+from nbscale.gpu import gpus, select_gpu
 from nbscale.notebook import sweep
 from nbscale.notebook import train as _train
 from nbscale.pool.composite import Composite
@@ -37,6 +38,8 @@ from nbscale.ui.options_form import options_form
 from nbscale.ui.renderers import register_renderers
 
 if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from nbscale import data, jobs, loggers, models
     from nbscale.confusion import confusion_chart
     from nbscale.inference import accuracy, activations, classify, predict
@@ -127,14 +130,14 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """Register nbscale's magics and its short error display (called by `%load_ext nbscale`)."""
     from nbscale.magics import register
 
     register(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """Undo `%load_ext nbscale` (called by `%unload_ext nbscale`): the magics and nbscale's error display go, the
     error handler that was there before comes back. A running pool keeps running until `%pool stop`."""
     from nbscale.magics import unregister

@@ -4,7 +4,7 @@ class names or indices; a chart shows as a figure in a notebook, or as text with
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ def _labels(values: Any) -> torch.Tensor | list[Any]:
     values = values.tolist() if isinstance(values, torch.Tensor | np.ndarray) else list(values)
     if values and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in values):
         return torch.tensor([int(v) for v in values], dtype=torch.long)
-    return values
+    return cast("list[Any]", values)
 
 
 def _as_indices(values: torch.Tensor | list[Any], names: list[str]) -> torch.Tensor:

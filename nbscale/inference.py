@@ -28,7 +28,7 @@ from nbscale.train.loading import tensor_of
 # confusion_chart and ConfusionChart are nbscale.confusion's, kept importable from here
 __all__ = ["predict", "classify", "accuracy", "activations", "class_names", "confusion_chart", "ConfusionChart"]
 
-Data = Dataset | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+Data = Dataset[Any] | torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def _device_of(net: nn.Module) -> torch.device:
@@ -81,7 +81,7 @@ def _batches(data: Data, batch_size: int) -> Iterator[tuple[Any, Any]]:
         yield _split_batch(batch)
 
 
-def _split_batch(batch: Any) -> tuple[Any, Any]:
+def _split_batch(batch: object) -> tuple[Any, Any]:
     """(inputs, labels or None) of a DataLoader's batch: a tensor, or a list of inputs and labels (inputs may be
     nested: a tuple/list or dict of tensors; labels a tensor, or a tuple/dict of them)."""
     if isinstance(batch, list | tuple) and len(batch) >= 2:
@@ -92,7 +92,7 @@ def _split_batch(batch: Any) -> tuple[Any, Any]:
     return (batch[0] if isinstance(batch, list | tuple) else batch), None
 
 
-def _one_image_as_batch(net: nn.Module, data: Any) -> Any:
+def _one_image_as_batch(net: nn.Module, data: object) -> Any:
     """A single C x H x W image (tensor or array), or H x W for a network taking one channel, as a batch of one,
     for a network whose first layer is a 2-D convolution (MATLAB's classify(net, I)); any other data as it is."""
     if not isinstance(data, torch.Tensor | np.ndarray) or data.ndim not in (2, 3):
@@ -127,7 +127,7 @@ def _run(net: nn.Module, data: Data, batch_size: int,
         net.train(was_training)
 
 
-def _output_tensor(outputs: Any) -> torch.Tensor:
+def _output_tensor(outputs: object) -> torch.Tensor:
     """The output predictions use: the logits, or the first of several outputs (a tuple or list)."""
     first = first_output(outputs)
     if not isinstance(first, torch.Tensor):
@@ -143,7 +143,7 @@ def predict(net: nn.Module, data: Data, batch_size: int = 256) -> torch.Tensor:
     return torch.cat(outputs) if outputs else torch.empty(0)
 
 
-def class_names(data: Any) -> list[str]:
+def class_names(data: object) -> list[str]:
     """The class names a dataset carries (`classes`), or [] when it has none."""
     return list(getattr(data, "classes", None) or [])
 
@@ -165,7 +165,7 @@ def accuracy(net: nn.Module, data: Data, batch_size: int = 256) -> float:
     """The fraction of items whose predicted class is their label, in [0, 1]."""
     correct, total = 0, 0
 
-    def count(outputs: torch.Tensor, labels: Any) -> None:
+    def count(outputs: torch.Tensor, labels: object) -> None:
         nonlocal correct, total
         labels = first_tensor(labels)  # several targets: the first is the class label
         if labels is None or (labels < 0).any():

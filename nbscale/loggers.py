@@ -86,7 +86,7 @@ class LoggerFeed:
         self.next = time.perf_counter() + interval
         self.closed = False
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: object) -> None:
         if isinstance(event, IterationDone):
             self.rows.append((iteration_row(event), event.iteration))
             if time.perf_counter() >= self.next:

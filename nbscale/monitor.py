@@ -14,11 +14,14 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
 from nbscale.train.events import StopSignal
 from nbscale.ui.progress_figure import smoothed
+
+if TYPE_CHECKING:
+    from nbscale.pool.pool import Pool
 
 _REDUCES = ("first", "mean")
 _MAX_PENDING = 65536  # without a display, records are still read in bunches of at most this many
@@ -59,7 +62,7 @@ class TrainingMonitor:
 
     # ---- the loop's side -----------------------------------------------------------------------------------------
 
-    def record(self, step: Any, **values: Any) -> None:
+    def record(self, step: object, **values: object) -> None:
         """Record metric values (numbers or 0-d tensors, never read here) at `step` (the x value)."""
         if not values.keys() <= self._known:
             unknown = sorted(set(values) - self._known)
@@ -70,7 +73,7 @@ class TrainingMonitor:
         if now >= self._next_flush or len(self._pending) >= _MAX_PENDING:
             self._flush(now)
 
-    def update_info(self, **values: Any) -> None:
+    def update_info(self, **values: object) -> None:
         """Show `values` in the info panel (names given as TrainingMonitor(info=[...]))."""
         if not values.keys() <= self._info_known:
             unknown = sorted(set(values) - set(self.info_names))
@@ -142,7 +145,7 @@ class TrainingMonitor:
     def __enter__(self) -> TrainingMonitor:
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
     # ---- inside --------------------------------------------------------------------------------------------------
@@ -217,7 +220,7 @@ def _read(pending: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, dict[str
     return rows
 
 
-def _step_number(step: Any) -> Any:
+def _step_number(step: object) -> Any:
     return step.item() if hasattr(step, "item") else step
 
 
@@ -297,7 +300,7 @@ class _NotebookSink(_Sink):
         if monitor.interrupt_stops and threading.current_thread() is threading.main_thread():
             self.previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
 
-    def _on_interrupt(self, signum: int, frame: Any) -> None:
+    def _on_interrupt(self, signum: int, frame: object) -> None:
         if os.getpid() != self.pid:  # a forked DataLoader process inherits the handler
             return
         if self.monitor._stop.requested:
@@ -311,7 +314,7 @@ class _NotebookSink(_Sink):
     def set_log(self, panel: int, log: bool) -> None:
         self.display.set_log(panel, log)
 
-    def _on_cell_end(self, _result: Any = None) -> None:
+    def _on_cell_end(self, _result: object = None) -> None:
         self.monitor.close()
 
     def close(self, state: str) -> None:
@@ -345,7 +348,7 @@ class MonitorRecords:
     log_panels: dict[int, bool]
     done: bool = False
 
-    def show_in_notebook(self, pool: Any, rank: int) -> None:
+    def show_in_notebook(self, pool: Pool, rank: int) -> None:
         """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
         view = _views.get(self.key)
         if view is None or view.closed:
@@ -402,7 +405,7 @@ class _NotebookView(TrainingMonitor):
 
     interrupt_stops = False  # the pool's own interrupt handling stops the ranks
 
-    def __init__(self, first: MonitorRecords, pool: Any) -> None:
+    def __init__(self, first: MonitorRecords, pool: Pool) -> None:
         groups = {title: members for title, members in first.panels if [title] != members}
         super().__init__(first.metrics, x_label=first.x_label, groups=groups)
         self.world_size = first.world_size
@@ -431,7 +434,7 @@ class _NotebookView(TrainingMonitor):
         else:
             self._flush(time.perf_counter(), force=True)
 
-    def _means(self, step: Any, values: dict[str, float]) -> dict[str, float]:
+    def _means(self, step: object, values: dict[str, float]) -> dict[str, float]:
         means = {}
         for name, value in values.items():
             seen = self.waiting.setdefault((step, name), [])

@@ -22,8 +22,10 @@ from nbscale.train.options import Environment, Solver, TrainingOptions, unwrap_f
 
 if TYPE_CHECKING:
     import torch
+    from IPython.core.interactiveshell import InteractiveShell
     from torch import nn
 
+    from nbscale.pool.pool import Pool
     from nbscale.train.sweep import SweepResult
 
 CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "step_fn", "make_model")
@@ -31,7 +33,7 @@ CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "step_fn", "make_mod
 
 def train(
     model: nn.Module,
-    train_data: Any,
+    train_data: object,
     options: TrainingOptions | None = None,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     resume_from: str | os.PathLike[str] | None = None,
@@ -84,7 +86,7 @@ def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopS
     if options.output_fn is not None:
         output_fn = options.output_fn
 
-        def call_output_fn(event: Any) -> None:
+        def call_output_fn(event: object) -> None:
             if isinstance(event, IterationDone) and output_fn(info) is True:
                 stop.request("Stopped by output_fn")
 
@@ -94,12 +96,12 @@ def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopS
 
 def sweep(
     make_model: Callable[[], nn.Module] | nn.Module,
-    train_data: Any,
+    train_data: object,
     options: TrainingOptions | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
-    pool: Any = None,
+    pool: Pool | None = None,
     loss_fn: Callable[..., Any] | None = None,
-    val_data: Any = None,
+    val_data: object = None,
     wait: bool = True,
     show: bool | None = None,
     seed: int | None = None,
@@ -228,7 +230,7 @@ def _sweep_cell(request: CellTraining, values: dict[str, Any], options: Training
         namespace[request.net], namespace[request.info] = result.best.net, result.best.info
 
 
-def _assigned_names(shell: Any, cell: str) -> set[str]:
+def _assigned_names(shell: InteractiveShell, cell: str) -> set[str]:
     """The CELL_NAMES the cell's code binds in the notebook (`x = x`, `def loss_fn`, imports count; names bound
     inside functions and classes do not)."""
     try:
@@ -240,7 +242,7 @@ def _assigned_names(shell: Any, cell: str) -> set[str]:
 _NOT_ASSIGNED = object()  # the cell did not assign val_data (None: it did, to train without validation)
 
 
-def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: Any) -> TrainingOptions:
+def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: object) -> TrainingOptions:
     """The options of --options (or the defaults, with the training-progress plot), with the flags applied and
     the cell's `val_data` (`_NOT_ASSIGNED` when it assigned none) as the validation data."""
     if request.options is not None:

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 
-def main_output(outputs: Any) -> Any:
+def main_output(outputs: object) -> Any:
     """`outputs` itself, or its `.logits` where the network returns a structure holding them.
 
     torchvision's Inception v3 and GoogLeNet return (logits, aux_logits) named tuples in training mode, and
@@ -20,7 +20,7 @@ def main_output(outputs: Any) -> Any:
     return logits if logits is not None else outputs
 
 
-def first_of(outputs: Any) -> Any:
+def first_of(outputs: object) -> Any:
     """The first of several outputs (a plain tuple or list, nested), else `outputs` itself."""
     while isinstance(outputs, tuple | list) and outputs:
         outputs = outputs[0]

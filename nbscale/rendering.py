@@ -35,7 +35,7 @@ def register_viewer(type_name: str, view: Callable[..., Any]) -> None:
     _viewers[type_name] = view
 
 
-def show(value: object, **options: Any) -> Any:
+def show(value: object, **options: object) -> Any:
     """Display `value` with its registered viewer; RuntimeError when the ui layer registered none."""
     kind = type(value)
     view = _viewers.get(f"{kind.__module__}.{kind.__qualname__}")

@@ -10,7 +10,7 @@ mini-batches on the GPU, with random values drawn there. A DataLoader fetching a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ def convert_color(image: torch.Tensor, color_preprocessing: str) -> torch.Tensor
     if color_preprocessing == "rgb2gray" and channels == 3:
         from torchvision.transforms.v2 import functional as TF
 
-        return TF.rgb_to_grayscale(image, num_output_channels=1)
+        return cast(torch.Tensor, TF.rgb_to_grayscale(image, num_output_channels=1))
     return image
 
 
@@ -55,8 +55,8 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
         from torchvision.transforms.v2 import functional as TF
 
         if mode == "resize":
-            return TF.resize(images, [height, width], antialias=True)
-        return TF.center_crop(images, [height, width])
+            return cast(torch.Tensor, TF.resize(images, [height, width], antialias=True))
+        return cast(torch.Tensor, TF.center_crop(images, [height, width]))
     n, _, h, w = images.shape
     if draws is None:
         draws = torch.rand(n, 2, device=images.device)
@@ -66,7 +66,7 @@ def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
     return gather_windows(images, top, left, height, width, pad=max(0, height - h, width - w))
 
 
-def _as_image_tensor(image: Any) -> torch.Tensor:
+def _as_image_tensor(image: object) -> torch.Tensor:
     """An image from any Dataset as C x H x W: tensors pass, PIL images (torchvision datasets without a
     transform) and numpy arrays (H x W or H x W x C, as image libraries give them) are converted."""
     if isinstance(image, torch.Tensor):
@@ -79,12 +79,12 @@ def _as_image_tensor(image: Any) -> torch.Tensor:
     if isinstance(image, Image.Image):
         from torchvision.transforms.v2 import functional as TF
 
-        return TF.pil_to_tensor(image.convert("RGB") if image.mode not in ("L", "RGB") else image)
+        return cast(torch.Tensor, TF.pil_to_tensor(image.convert("RGB") if image.mode not in ("L", "RGB") else image))
     raise DatastoreError(f"AugmentedImageDatastore: the dataset yields {type(image).__name__} images; it needs "
                          "tensors (C x H x W), PIL images or numpy arrays.")
 
 
-def _preprocessing_for(channels: int, color_preprocessing: str, output_size: Any) -> str:
+def _preprocessing_for(channels: int, color_preprocessing: str, output_size: object) -> str:
     """The colour preprocessing that gives `channels` channels (3: gray2rgb, 1: rgb2gray), checked against the one
     given."""
     wanted = {3: "gray2rgb", 1: "rgb2gray"}.get(channels)
@@ -97,7 +97,7 @@ def _preprocessing_for(channels: int, color_preprocessing: str, output_size: Any
     return wanted
 
 
-class AugmentedImageDatastore(Dataset):
+class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
     """A datastore whose items are colour-converted, augmented, and brought to `output_size` (H, W).
 
     output_size may also be (H, W, C), as in MATLAB: C=3 turns grayscale images into colour (gray2rgb) and C=1
@@ -109,13 +109,13 @@ class AugmentedImageDatastore(Dataset):
     data in background processes, as TrainingOptions(dispatch_in_background=True) does for any data.
     """
 
-    def __new__(cls, *args: Any, **options: Any) -> AugmentedImageDatastore:
+    def __new__(cls, *args: object, **options: object) -> AugmentedImageDatastore:
         # before __init__, so a MATLAB name (DataAugmentation, ColorPreprocessing) or a typo names the option meant
         check_option_names("AugmentedImageDatastore", options, keyword_names(cls.__init__),
                            meant={"data_augmentation": "augmenter", "image_size": "output_size"})
         return super().__new__(cls)
 
-    def __init__(self, output_size: int | Sequence[int], ds: Dataset, augmenter: ImageAugmenter | None = None,
+    def __init__(self, output_size: int | Sequence[int], ds: Dataset[Any], augmenter: ImageAugmenter | None = None,
                  color_preprocessing: str = "none", output_size_mode: str = "resize",
                  dispatch_in_background: bool = False) -> None:
         size = [output_size, output_size] if isinstance(output_size, int) else [int(s) for s in output_size]
@@ -159,13 +159,13 @@ class AugmentedImageDatastore(Dataset):
 
     def count_each_label(self) -> dict[str, int]:
         """Images of each class, from the datastore underneath (see ImageDatastore.count_each_label)."""
-        return self._underlying("count_each_label").count_each_label()
+        return cast("dict[str, int]", self._underlying("count_each_label").count_each_label())
 
-    def _with(self, ds: Dataset) -> AugmentedImageDatastore:
+    def _with(self, ds: Dataset[Any]) -> AugmentedImageDatastore:
         return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
                                        self.output_size_mode, self.dispatch_in_background)
 
-    def subset(self, indices: Any, drop_unused_classes: bool = False) -> AugmentedImageDatastore:
+    def subset(self, indices: object, drop_unused_classes: bool = False) -> AugmentedImageDatastore:
         """The items at `indices` (numbers or a logical mask); see ImageDatastore.subset."""
         chosen = self._underlying("subset").subset(indices)
         return self._with(chosen).remove_unused_classes() if drop_unused_classes else self._with(chosen)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -85,7 +84,7 @@ class ImageAugmenter:
     rand_y_translation: Range = (0.0, 0.0)
     fill_value: float | tuple[float, ...] = 0.0
 
-    def __new__(cls, *args: Any, **options: Any) -> ImageAugmenter:
+    def __new__(cls, *args: object, **options: object) -> ImageAugmenter:
         # runs before the dataclass's __init__, so an unknown option gets a message that names the right one
         check_option_names("ImageAugmenter", options, [field.name for field in fields(cls)])
         return super().__new__(cls)
@@ -219,7 +218,7 @@ class ImageAugmenter:
         return F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
-def _fill_values(value: Any) -> tuple[float, ...]:
+def _fill_values(value: object) -> tuple[float, ...]:
     values = tuple(value) if isinstance(value, tuple | list) else (value,)
     if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         raise OptionsError(f"ImageAugmenter: fill_value must be a number, or one number per channel, on the [0, 1] "

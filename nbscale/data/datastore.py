@@ -28,10 +28,10 @@ DEFAULT_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", 
 LABEL_SOURCES = ("foldernames", "none")
 ON_ERROR = ("raise", "skip")
 
-Location = str | os.PathLike | Sequence[str | os.PathLike]
+Location = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
-class ImageDatastore(Dataset):
+class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
     """Image files with labels, read lazily: item i is (image float32 C x H x W in [0, 1], label index).
 
     `location` is a folder, a file, an fsspec URL, or a list of them. With label_source="foldernames" each
@@ -40,7 +40,7 @@ class ImageDatastore(Dataset):
     file by the next readable one and warns with a count; "raise" raises a DatastoreError naming the file.
     """
 
-    def __new__(cls, *args: Any, **options: Any) -> ImageDatastore:
+    def __new__(cls, *args: object, **options: object) -> ImageDatastore:
         # before __init__, so a MATLAB name (IncludeSubfolders, LabelSource) or a typo names the option meant
         check_option_names("ImageDatastore", options, keyword_names(cls.__init__))
         return super().__new__(cls)

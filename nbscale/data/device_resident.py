@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import Dataset
@@ -43,7 +43,7 @@ class DeviceResidentData:
     tensors in host memory for a GPU they do not fit on (each batch goes over through pinned memory).
     """
 
-    def __init__(self, dataset: Dataset, device: torch.device | str, keep_on_host: bool = False, *,
+    def __init__(self, dataset: Dataset[Any], device: torch.device | str, keep_on_host: bool = False, *,
                  rows: Sequence[int] | None = None, readers: Readers | None = None, progress: Progress | None = None,
                  first: dict[int, Any] | None = None) -> None:
         """`rows` holds only those items of `dataset` (a pool rank's share of the validation data); `readers`
@@ -119,7 +119,7 @@ def _on_device(rows: Rows, device: torch.device) -> Sequence[torch.Tensor]:
     if not rows:
         return ()
     sizes = [len(row) for row in rows]
-    return _moved(torch.cat(list(rows)), device).split(sizes)
+    return cast("Sequence[torch.Tensor]", _moved(torch.cat(list(rows)), device).split(sizes))
 
 
 def _moved(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

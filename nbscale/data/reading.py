@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 import torch
@@ -76,7 +76,7 @@ def _decode_encoded(data: torch.Tensor, mode: Literal["RGB", "UNCHANGED"]) -> to
         return _torchcodec_decode(data, mode=mode, output_dtype="auto")
     from torchvision.io import ImageReadMode, decode_image
 
-    return decode_image(data, mode=ImageReadMode[mode])
+    return cast(torch.Tensor, decode_image(data, mode=ImageReadMode[mode]))
 
 
 def read_image(file: str) -> torch.Tensor:

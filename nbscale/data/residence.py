@@ -22,7 +22,7 @@ from nbscale.train.preparing import Readers
 _LABEL_BYTES = 8  # each item's label, kept as an int64 class index
 
 
-def estimated_bytes(dataset: Dataset) -> int:
+def estimated_bytes(dataset: Dataset[Any]) -> int:
     """Bytes the resident copy would take: exact for tensors, else estimated from the first item (one file read)."""
     _, source = unwrapped(dataset)
     if holds_tensors(source):
@@ -34,7 +34,7 @@ def estimated_bytes(dataset: Dataset) -> int:
     return _resident_bytes(count, image)
 
 
-def fits_on_device(dataset: Dataset, device: torch.device, budget_fraction: float = 0.5) -> bool:
+def fits_on_device(dataset: Dataset[Any], device: torch.device, budget_fraction: float = 0.5) -> bool:
     """True when the resident dataset takes at most `budget_fraction` of the device's free memory (RAM on CPU)."""
     try:
         len(dataset)  # type: ignore[arg-type]
@@ -43,7 +43,7 @@ def fits_on_device(dataset: Dataset, device: torch.device, budget_fraction: floa
     return estimated_bytes(dataset) <= budget_fraction * _available_bytes(torch.device(device))
 
 
-def residence(dataset: Dataset, device: torch.device, *, rows: Sequence[int] | None = None,
+def residence(dataset: Dataset[Any], device: torch.device, *, rows: Sequence[int] | None = None,
               readers: Readers | None = None, budget_fraction: float = 0.5) -> tuple[bool, dict[int, Any]]:
     """Whether `data_placement="auto"` keeps `dataset` (its `rows` only, when given) resident: its items have
     class labels and tensor inputs, and take at most `budget_fraction` of the device's free memory (the host's
@@ -70,7 +70,7 @@ def residence(dataset: Dataset, device: torch.device, *, rows: Sequence[int] | N
     return estimate is not None and estimate <= budget_fraction * free, first
 
 
-def _probe(dataset: Dataset, indices: Sequence[int], count: int) -> tuple[int | None, dict[int, Any]]:
+def _probe(dataset: Dataset[Any], indices: Sequence[int], count: int) -> tuple[int | None, dict[int, Any]]:
     """(bytes `count` items would take resident, judged by the first readable one of `indices`, or None where
     the items are no (tensor input, class label) pairs; the items read, by index, as they are kept)."""
     first: dict[int, Any] = {}
@@ -121,7 +121,7 @@ def _available_bytes(device: torch.device) -> int:
         return 4 * 2**30
 
 
-def _is_class_label(label: Any) -> bool:
+def _is_class_label(label: object) -> bool:
     try:
         value = torch.as_tensor(label)
     except (TypeError, ValueError, RuntimeError):  # a label that is no number

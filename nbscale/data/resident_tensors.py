@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
@@ -35,7 +35,7 @@ _THREADED_DECODE_FROM = 150e-6  # seconds a file: slower files are decoded in th
 _FILES_PER_TASK = 16
 
 
-def unwrapped(dataset: Dataset) -> tuple[AugmentedImageDatastore | None, Dataset]:
+def unwrapped(dataset: Dataset[Any]) -> tuple[AugmentedImageDatastore | None, Dataset[Any]]:
     """(the AugmentedImageDatastore `dataset` is, or None; the dataset whose items are read: its source, or
     `dataset` itself)."""
     if isinstance(dataset, AugmentedImageDatastore):
@@ -43,14 +43,14 @@ def unwrapped(dataset: Dataset) -> tuple[AugmentedImageDatastore | None, Dataset
     return None, dataset
 
 
-def holds_tensors(dataset: Any) -> bool:
+def holds_tensors(dataset: object) -> bool:
     """True for a TensorDataset of (inputs, labels) or a Subset of one: data `whole_tensors` takes at once."""
     if isinstance(dataset, Subset):
         return holds_tensors(dataset.dataset)
     return isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2
 
 
-def whole_tensors(dataset: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+def whole_tensors(dataset: object) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(inputs, labels) of a TensorDataset of two tensors, or of a Subset of one (taken by one indexing);
     None for any other dataset."""
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
@@ -77,7 +77,7 @@ class Stored:
     read: bool
 
 
-def stored(dataset: Dataset, rows: Sequence[int] | None, readers: Readers | None, progress: Progress | None,
+def stored(dataset: Dataset[Any], rows: Sequence[int] | None, readers: Readers | None, progress: Progress | None,
            first: dict[int, Any]) -> Stored:
     """The tensors kept for `dataset` (its `rows` only, when given); with `readers`, this rank reads its block of
     the items and gets the others' from them. `first` holds items already read, by index.
@@ -138,7 +138,7 @@ class _Shape:
                    set().union(*(s.labels for s in shapes)), sum(s.count for s in shapes),
                    sum(s.skipped for s in shapes))
 
-    def stack(self, items: list[Any], dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    def stack(self, items: list[Any], dataset: Dataset[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The items as (images, labels) tensors whose rows are alike on every rank: images brought to one size,
         and to float32 where sizes or dtypes differ; an empty block for a rank that read none."""
         row = self.row_shape(dataset)
@@ -155,7 +155,7 @@ class _Shape:
         labels = torch.stack([torch.as_tensor(label).to(label_dtype) for _, label in items])
         return torch.stack(images), labels
 
-    def row_shape(self, dataset: Dataset) -> tuple[int, ...]:
+    def row_shape(self, dataset: Dataset[Any]) -> tuple[int, ...]:
         """The shape every image is brought to: images of different sizes only in an AugmentedImageDatastore
         (resized, or centre-cropped to the smallest), and in any case with one channel count."""
         if len(self.sizes) == 1:
@@ -178,7 +178,7 @@ class _Shape:
         return (*next(iter(leading)), *target)
 
 
-def _fitted(image: torch.Tensor, row: tuple[int, ...], dataset: Dataset) -> torch.Tensor:
+def _fitted(image: torch.Tensor, row: tuple[int, ...], dataset: Dataset[Any]) -> torch.Tensor:
     """`image` brought to the shape `row` (only an AugmentedImageDatastore's images can differ from it)."""
     if tuple(image.shape) == row:
         return image
@@ -186,7 +186,7 @@ def _fitted(image: torch.Tensor, row: tuple[int, ...], dataset: Dataset) -> torc
     return fit_to_size(to_float(image)[None], row[-2:], mode)[0]  # type: ignore[arg-type]
 
 
-def _read(dataset: Dataset, indices: Sequence[int], progress: Progress | None,
+def _read(dataset: Dataset[Any], indices: Sequence[int], progress: Progress | None,
           first: dict[int, Any]) -> list[Any]:
     """Items `indices` of `dataset` as they are kept (None where unreadable and skipped); `first` holds items
     already read."""
@@ -209,7 +209,7 @@ def _read_files(source: ImageDatastore, augmented: AugmentedImageDatastore | Non
     other (a small local file decodes in less time than handing it to a thread costs)."""
     def read(index: int) -> tuple[torch.Tensor, int] | None:
         if index in first:
-            return first[index]
+            return cast("tuple[torch.Tensor, int] | None", first[index])
         raw, read_index = source.read_raw(index)
         if read_index != index:  # read_raw replaced an unreadable file by the next one: leave it out instead
             return None
@@ -244,7 +244,7 @@ def _counted(chunks: Iterator[list[Any]], progress: Progress) -> list[Any]:
     return items
 
 
-def stored_item(dataset: Dataset, index: int) -> tuple[torch.Tensor, Any] | None:
+def stored_item(dataset: Dataset[Any], index: int) -> tuple[torch.Tensor, Any] | None:
     """Item `index` as it is kept: the un-augmented image (integer pixels where read raw) and its label.
 
     None when the file is unreadable and the datastore skips such files (on_error="skip").
@@ -266,5 +266,5 @@ def stored_item(dataset: Dataset, index: int) -> tuple[torch.Tensor, Any] | None
     return image, label
 
 
-def is_pair(item: Any) -> bool:
+def is_pair(item: object) -> bool:
     return isinstance(item, tuple | list) and len(item) >= 2

@@ -7,18 +7,17 @@ import os
 import re
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
 
 from nbscale.errors import JobError
 from nbscale.jobs.records import LARGEST_ID
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def job_id(value: Any) -> int:
+def job_id(value: object) -> int:
     """A job id as %jobs shows it: an int, or a string of digits (as a URL carries it)."""
     number: int | None = None
     if hasattr(value, "__index__") and not isinstance(value, bool):  # int, numpy integers
@@ -39,14 +38,14 @@ def job_id(value: Any) -> int:
     return number
 
 
-def job_name(value: Any) -> str:
+def job_name(value: object) -> str:
     if not isinstance(value, str):
         raise JobError(f"A job's name is a string (as given to %%batch --name), not {type(value).__name__} "
                        f"{_shown(value)}.")
     return value
 
 
-def submission(code: Any, name: Any, namespace: Any, cwd: Any, env: Any, cluster: Any) -> None:
+def submission(code: object, name: object, namespace: object, cwd: object, env: object, cluster: object) -> None:
     """JobError for an argument of submit() of the wrong kind (pool and env values are checked by submit)."""
     if not isinstance(code, str):
         raise JobError(f"submit() takes the cell's code as a string, not {type(code).__name__} {_shown(code)}: "
@@ -79,7 +78,7 @@ _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def age_s(value: Any) -> float:
+def age_s(value: object) -> float:
     """An age for `delete(older_than=...)` in seconds: a timedelta, or a number and a unit as `%jobs delete
     --older-than` takes it ('7d', '12h', '30m', '45s', '2w')."""
     written = _AGE.fullmatch(value.strip().lower()) if isinstance(value, str) else None

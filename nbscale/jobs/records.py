@@ -106,7 +106,7 @@ def error_line(error: str | None) -> str | None:
     return f"{line[:kept]}... ({len(line) - kept:,} more characters in job.log())"
 
 
-def _json_field(values: dict[str, Any], field: str) -> Any:
+def _json_field(values: dict[str, Any], field: str) -> object:
     try:
         return json.loads(values[field])
     except (TypeError, ValueError):

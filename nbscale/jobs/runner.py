@@ -19,7 +19,7 @@ import time
 import traceback
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -29,6 +29,9 @@ from nbscale.jobs.backends.local import start_time
 from nbscale.jobs.files import write_atomic
 from nbscale.jobs.records import NOT_WRITTEN
 from nbscale.jobs.store import JobStore
+
+if TYPE_CHECKING:
+    from typing import TextIO
 
 _PACKAGE_FOLDER = str(Path(__file__).parent.parent) + os.sep  # nbscale's own files
 
@@ -89,7 +92,7 @@ def main(argv: list[str]) -> int:
     return 0 if state == "finished" else 1
 
 
-def _say(text: str, stream: Any = None) -> None:
+def _say(text: str, stream: TextIO | None = None) -> None:
     """Print one of the runner's own lines to the log; a log that cannot be written (a full disk) must not stop
     the job from saving its variables and its end state."""
     try:
@@ -194,7 +197,7 @@ def _save_results(
     return saved, not_saved, first_failure
 
 
-def _plain_value(value: Any) -> Any:
+def _plain_value(value: object) -> object:
     """A Composite (values on the job's pool, gone when it closes) is saved as the list of its values."""
     if "nbscale.pool.composite" in sys.modules:
         from nbscale.pool.composite import Composite

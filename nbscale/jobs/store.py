@@ -212,7 +212,7 @@ class JobStore:
         finally:
             connection.close()
 
-    def _update(self, job_id: int, states: tuple[str, ...], **fields: Any) -> bool:
+    def _update(self, job_id: int, states: tuple[str, ...], **fields: object) -> bool:
         """Set `fields` on job `job_id` if its state is one of `states` (and mirror it); whether it was."""
         assignments = ", ".join(f"{column} = ?" for column in fields)
         marks = ", ".join("?" for _ in states)
@@ -282,7 +282,7 @@ class JobStore:
         made: list[Path] = []
         try:
             with self._transaction() as connection:
-                given = connection.execute(
+                given: int = connection.execute(
                     "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0), "
                     "coalesce((SELECT max(id) FROM jobs), 0))"
                 ).fetchone()[0]

@@ -9,7 +9,7 @@ import sys
 import time
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 
@@ -125,10 +125,10 @@ def _inputs(code: str, namespace: Mapping[str, Any], pool_bound: bool) -> bytes:
             modules[name] = value.__name__
             continue
         variables[name] = _pickle_variable(name, value)
-    return cloudpickle.dumps({"modules": modules, "variables": variables})
+    return cast(bytes, cloudpickle.dumps({"modules": modules, "variables": variables}))
 
 
-def _pickle_variable(name: str, value: Any) -> bytes:
+def _pickle_variable(name: str, value: object) -> bytes:
     if type(value).__name__ == "Composite" and type(value).__module__ == "nbscale.pool.composite":
         raise JobError(
             f"Variable {name!r} is a Composite: its values live on the pool's workers, which the job cannot "
@@ -140,7 +140,7 @@ def _pickle_variable(name: str, value: Any) -> bytes:
             "Give the job a pool of its own with %%batch --pool N (submit(..., pool=N)); it is bound to `pool`."
         )
     try:
-        return cloudpickle.dumps(value)
+        return cast(bytes, cloudpickle.dumps(value))
     except Exception as error:
         raise JobError(
             f"Variable {name!r} ({type(value).__name__}) cannot be sent to the job: it cannot be pickled "

@@ -31,7 +31,7 @@ MONITOR_STOP_REASON = "Stopped from the job monitor"
 READ_CHUNK = 8 << 20  # bytes a reader takes per call: a long history is caught up in a few calls
 SUMMARY_TAIL = 64 << 10  # bytes read from a record's end for its summary (the last events are there)
 
-_EVENT_TYPES: dict[str, type] = {kind.__name__: kind for kind in (TrainingStarted, IterationDone, TrainingDone,
+_EVENT_TYPES: dict[str, type[Event]] = {kind.__name__: kind for kind in (TrainingStarted, IterationDone, TrainingDone,
                                                                    TrainingRestarted)}
 _NOT_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -74,7 +74,7 @@ def encode(event: Event) -> bytes:
     return json.dumps(line, allow_nan=False, separators=(",", ":")).encode() + b"\n"
 
 
-def _data(value: Any) -> Any:
+def _data(value: object) -> Any:
     """`value` as strict JSON takes it: non-finite floats as strings, also inside a metric dict or name tuple."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
@@ -111,7 +111,7 @@ def decode(line: bytes) -> Event | None:
 _WRONG = object()
 
 
-def _checked(value: Any, accepts: tuple[type, ...]) -> Any:
+def _checked(value: object, accepts: tuple[type, ...]) -> object:
     """`value` as one of the `accepts` types (int, float, str, None; a tuple of str; a dict of str to float or
     None, as the metric fields are), or _WRONG."""
     for kind in accepts:
@@ -150,7 +150,7 @@ def _field_types(kind: type) -> dict[str, tuple[type, ...]]:
     return _TYPES_CACHE[kind]
 
 
-def _alternatives(hint: Any) -> tuple[Any, ...]:
+def _alternatives(hint: object) -> tuple[Any, ...]:
     """`float | None` -> (float, NoneType); a single type -> (it,)."""
     return tuple(typing.get_args(hint)) if isinstance(hint, types.UnionType) else (hint,)
 

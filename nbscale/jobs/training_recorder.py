@@ -60,7 +60,7 @@ class TrainingRecorder:
                                         daemon=True)
         self._thread.start()
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: object) -> None:
         if isinstance(event, PreparingData):  # a record starts with TrainingStarted; it holds the preparation's time
             return
         self.queue.append(event)

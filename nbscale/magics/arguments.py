@@ -4,13 +4,44 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, cast
 
+from IPython.core import magic as ipython_magic
+from IPython.core import magic_arguments as ipython_arguments
 from IPython.core.error import UsageError
 
 from nbscale.errors import NbscaleError, PoolError
 
 _INDEX_LISTS = ("--gpus", "--targets")
+
+_Magic = TypeVar("_Magic", bound=Callable[..., object])
+
+
+class MagicDecorator(Protocol):
+    """A decorator that returns the magic it is given (its signature kept for mypy)."""
+
+    def __call__(self, magic: _Magic, /) -> _Magic: ...
+
+
+def magic_arguments() -> MagicDecorator:
+    """IPython's `magic_arguments` decorator, typed (IPython's is not): the magic keeps its own signature."""
+    return cast(MagicDecorator, ipython_arguments.magic_arguments())
+
+
+def argument(*names: str, **settings: object) -> MagicDecorator:
+    """IPython's `argument` decorator (argparse's add_argument words), typed as `magic_arguments` is."""
+    return cast(MagicDecorator, ipython_arguments.argument(*names, **settings))
+
+
+def line_magic(magic: _Magic) -> _Magic:
+    """IPython's `line_magic` marker, typed: IPython's returns a union of the magic and a decorator."""
+    return cast(_Magic, ipython_magic.line_magic(magic))
+
+
+def cell_magic(magic: _Magic) -> _Magic:
+    """IPython's `cell_magic` marker, typed as `line_magic` is."""
+    return cast(_Magic, ipython_magic.cell_magic(magic))
 
 
 def parse_line(magic: Any, line: str) -> argparse.Namespace:
@@ -22,7 +53,7 @@ def parse_line(magic: Any, line: str) -> argparse.Namespace:
         argv = shlex.split(without_comment(line))
     except ValueError as error:  # an unclosed quote
         raise UsageError(f"{line.strip()!r}: {error}; close the quote.") from None
-    return magic.parser.parse_args(_join_index_lists(argv))
+    return cast(argparse.Namespace, magic.parser.parse_args(_join_index_lists(argv)))
 
 
 def without_comment(line: str) -> str:

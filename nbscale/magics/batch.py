@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, magics_class
 from IPython.display import display
 
 from nbscale import jobs
 from nbscale.cellvars import names_assigned
 from nbscale.errors import JobError
-from nbscale.magics.arguments import env_pairs, parse_line
+from nbscale.magics.arguments import argument, cell_magic, env_pairs, line_magic, magic_arguments, parse_line
 from nbscale.ui.jobs_table import JobsTable
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, magics_class
 
 from nbscale.errors import OptionsError
-from nbscale.magics.arguments import parse_line
+from nbscale.magics.arguments import argument, line_magic, magic_arguments, parse_line
 
 
 @magics_class

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, magics_class
 from IPython.display import display
 
 from nbscale.gpu import gpus, select_gpu
-from nbscale.magics.arguments import parse_line
+from nbscale.magics.arguments import argument, line_magic, magic_arguments, parse_line
 
 
 @magics_class

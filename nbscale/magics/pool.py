@@ -5,13 +5,20 @@ from __future__ import annotations
 import inspect
 
 from IPython.core.interactiveshell import InteractiveShell
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, magics_class
 from IPython.display import display
 
 from nbscale.errors import PoolError
 from nbscale.gpu import gpus
-from nbscale.magics.arguments import env_pairs, int_list, parse_line
+from nbscale.magics.arguments import (
+    argument,
+    cell_magic,
+    env_pairs,
+    int_list,
+    line_magic,
+    magic_arguments,
+    parse_line,
+)
 from nbscale.pool.pool import Pool, current_pool, open_pool, reopens_idle_pool, take_shutdown_notice
 from nbscale.ui.gpu_table import pool_gpus_note
 

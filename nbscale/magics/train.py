@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from IPython.core.magic import Magics, cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, magics_class
 
-from nbscale.magics.arguments import batch_size, parse_line
+from nbscale.magics.arguments import argument, batch_size, cell_magic, magic_arguments, parse_line
 from nbscale.notebook import CellTraining, train_cell
 
 

@@ -139,7 +139,7 @@ def param_groups(model: nn.Module, base_lr: float) -> list[dict[str, Any]]:
             for factor, params in sorted(groups.items())]
 
 
-def _checked_factor(factor: Any, where: str) -> float:
+def _checked_factor(factor: object, where: str) -> float:
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 0:
         raise ModelError(f"{where}: a learn-rate factor is a number >= 0 (0 freezes the layer, 10 learns ten times "
                          f"faster than the base rate), not {factor!r}.")

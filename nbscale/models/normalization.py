@@ -10,12 +10,15 @@ layer. The network's own layer names are unchanged: `transfer`, `freeze`, learn-
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from nbscale.errors import ModelError
+
+if TYPE_CHECKING:
+    from torchvision.models import WeightsEnum
 
 LAYER_NAME = "normalize"
 
@@ -58,7 +61,7 @@ def with_normalization(network: nn.Module, mean: Sequence[float], std: Sequence[
     return network
 
 
-def weights_normalization(name: str, weights: Any) -> tuple[list[float], list[float]] | None:
+def weights_normalization(name: str, weights: WeightsEnum) -> tuple[list[float], list[float]] | None:
     """The mean/std of torchvision `weights` of network `name` (its DEFAULT weights' where `weights` is None, as for
     a local weights file), or None where those weights' transforms have none (detection, video...)."""
     import torchvision

@@ -7,7 +7,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ _OFFLINE_FIX = ("On a machine without internet, save the weights elsewhere with 
                 "and pass weights=path, or copy the file into torchvision's cache ({cache}).")
 
 
-def _torchvision_weights(name: str, weights: str | os.PathLike | WeightsEnum) -> WeightsEnum | None:
+def _torchvision_weights(name: str, weights: str | os.PathLike[str] | WeightsEnum) -> WeightsEnum | None:
     """The torchvision weights that `weights` names ("DEFAULT", "IMAGENET1K_V1", "ResNet18_Weights.DEFAULT" or
     the enum), or None when it names a file (an existing path, or text with a path separator or a dot)."""
     import torchvision
@@ -83,7 +83,7 @@ def _check_reachable(name: str, weights: WeightsEnum) -> None:
                          f"{_OFFLINE_FIX.format(cache=cached)}") from None
 
 
-def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEFAULT",
+def pretrained(name: str, weights: str | os.PathLike[str] | WeightsEnum | None = "DEFAULT",
                normalize: bool | tuple[Sequence[float], Sequence[float]] = True, **kwargs: object) -> nn.Module:
     """Build torchvision network `name` (e.g. "resnet18") with `weights`, normalizing its input as they need.
 
@@ -122,7 +122,7 @@ def pretrained(name: str, weights: str | os.PathLike | WeightsEnum | None = "DEF
     return with_normalization(network, mean, std)
 
 
-def _network(name: str, weights: str | os.PathLike | WeightsEnum | None, kwargs: dict[str, object]) -> nn.Module:
+def _network(name: str, weights: str | os.PathLike[str] | WeightsEnum | None, kwargs: dict[str, object]) -> nn.Module:
     """The network of `pretrained`, before its normalization."""
     import torchvision
 
@@ -131,12 +131,12 @@ def _network(name: str, weights: str | os.PathLike | WeightsEnum | None, kwargs:
         hint = did_you_mean(name, available, n=5) or " See torchvision.models.list_models() for the names."
         raise ModelError(f"pretrained: {name!r} is not a torchvision network.{hint}")
     if weights is None:
-        return torchvision.models.get_model(name, weights=None, **kwargs)
+        return cast(nn.Module, torchvision.models.get_model(name, weights=None, **kwargs))
     named = _torchvision_weights(name, weights)
     if named is not None:
         _check_reachable(name, named)
         try:
-            return torchvision.models.get_model(name, weights=named, **kwargs)
+            return cast(nn.Module, torchvision.models.get_model(name, weights=named, **kwargs))
         except ValueError as error:  # torchvision refuses constructor arguments that do not fit the weights
             raise ModelError(f"pretrained: {name} with the {named} weights: {error}. For another class count, build "
                              "it with the weights and call nbscale.models.transfer(model, num_classes).") from None

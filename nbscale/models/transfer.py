@@ -39,7 +39,7 @@ def classification_layer(model: nn.Module) -> str:
         # list(): slicing a Sequential rebuilds its class, which subclasses such as DeepLabHead cannot do
         if scoring and not any(isinstance(layer, nn.Linear) for layer in list(classifier)[scoring[-1]:]):
             return f"classifier.{scoring[-1]}"
-    linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    linear: list[str] = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not linear:
         raise ModelError(f"transfer: {type(model).__name__} has no nn.Linear layer to replace; add a classification "
                          "layer yourself, then call transfer().")

@@ -69,7 +69,7 @@ def network_from_file(name: str, path: Path, kwargs: dict[str, Any]) -> nn.Modul
     state = _unwrap_state_dict(loaded)
     if state is None:
         raise ModelError(f"pretrained: {str(path)!r} holds a {type(loaded).__name__}, not a state_dict of {name}.")
-    model = torchvision.models.get_model(name, weights=None, **kwargs)
+    model: nn.Module = torchvision.models.get_model(name, weights=None, **kwargs)
     file_classes = _class_count_in(state, model)
     if file_classes is not None and "num_classes" not in kwargs:
         # a network saved after transfer(): build it with the file's class count

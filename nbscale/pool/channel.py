@@ -124,7 +124,7 @@ class Channel:
         """In a child forked while another thread of the parent was sending: that thread's hold is not the child's."""
         self._send_lock = threading.Lock()
 
-    def send(self, message: Any) -> None:
+    def send(self, message: object) -> None:
         """Serialise and send one message (the receiver removes any shared-memory file)."""
         frame = serialise(message, keep=False)  # nothing here would release a kept file
         try:

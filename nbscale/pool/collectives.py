@@ -50,7 +50,7 @@ def _recorded(helper: Callable[..., Any]) -> Callable[..., Any]:
     """Record `helper` as the collective this worker is in while it runs (not the helpers it calls itself)."""
 
     @functools.wraps(helper)
-    def recording(*args: Any, **kwargs: Any) -> Any:
+    def recording(*args: object, **kwargs: object) -> Any:
         global _calls, _inside
         if _inside:  # gather through allgather: the user called gather
             return helper(*args, **kwargs)
@@ -76,12 +76,12 @@ class Collectives:
     """Collectives among `ranks` (the cell's targets; None: every worker) over `group`; `src`/`dst` are global
     ranks, and one that is not among `ranks` is a ValueError naming them."""
 
-    def __init__(self, group: Any = None, ranks: tuple[int, ...] | None = None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None = None, ranks: tuple[int, ...] | None = None) -> None:
         self.group = group
         self.ranks = ranks if ranks is not None else tuple(range(dist.get_world_size()))
         self.size = len(self.ranks)
 
-    def _describe(self, value: Any) -> tuple:
+    def _describe(self, value: Any) -> tuple[Any, ...]:
         if isinstance(value, torch.Tensor):
             return ("tensor", tuple(value.shape), value.dtype, value.device.type)
         return ("object",)
@@ -196,7 +196,7 @@ class Collectives:
         }
 
 
-def _write_header(header: torch.Tensor, value: Any, src: int) -> torch.Tensor | None:
+def _write_header(header: torch.Tensor, value: object, src: int) -> torch.Tensor | None:
     """Fill broadcast's header for `value`; returns its pickled bytes sealed by rank `src` (a uint8 tensor) unless
     it goes as a tensor."""
     if isinstance(value, torch.Tensor) and value.dim() <= _HEADER_DIMS and value.dtype in _DTYPES:
@@ -208,11 +208,11 @@ def _write_header(header: torch.Tensor, value: Any, src: int) -> torch.Tensor | 
     return pickled
 
 
-def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:
+def _mismatch(descriptions: list[tuple[Any, ...]], ranks: tuple[int, ...]) -> str:
     """What differs between the ranks' allreduce values, each rank's shape and dtype (or kind)."""
     devices = {d[3] for d in descriptions if d[0] == "tensor"}
 
-    def shown(description: tuple) -> str:
+    def shown(description: tuple[Any, ...]) -> str:
         if description[0] != "tensor":
             return "not a tensor"
         where = f" on {description[3]}" if len(devices) > 1 else ""
@@ -222,7 +222,7 @@ def _mismatch(descriptions: list[tuple], ranks: tuple[int, ...]) -> str:
     return f"allreduce needs a tensor of the same shape and dtype on every rank, on one kind of device ({each})."
 
 
-def _signature(description: tuple) -> int:
+def _signature(description: tuple[Any, ...]) -> int:
     """0 for a value that is not a tensor; else a number (>= 1) standing for its description (shape, dtype and
     device type), the same in every process."""
     if description[0] != "tensor":
@@ -230,7 +230,7 @@ def _signature(description: tuple) -> int:
     return int.from_bytes(hashlib.blake2b(repr(description).encode(), digest_size=7).digest(), "big") + 1
 
 
-def _reduce_values(values: list[Any], op: str) -> Any:
+def _reduce_values(values: list[Any], op: str) -> object:
     """Every rank's value (not tensors) reduced by `op`; Python numbers stay Python numbers."""
     if op in ("max", "min") and all(isinstance(v, (int, float)) for v in values):
         return max(values) if op == "max" else min(values)

@@ -25,7 +25,7 @@ class CompositeSource(Protocol):
 
     def pull(self, name: str, targets: Iterable[int] | None = None) -> list[Any]: ...
 
-    def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None: ...
+    def push(self, targets: Iterable[int] | None = None, **variables: object) -> None: ...
 
 
 class Composite:
@@ -65,7 +65,7 @@ class Composite:
             raise CompositeIndexError(f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}.")
         return self._live_pool().pull(self.key, targets=[index])[0]
 
-    def __setitem__(self, index: int, value: Any) -> None:
+    def __setitem__(self, index: int, value: object) -> None:
         if isinstance(index, slice):
             raise CompositeTypeError(
                 f"Composite {self.key!r} is set one worker at a time: {self.key}[r] = value sets worker r's value "

@@ -61,7 +61,7 @@ class WorkerContext:
         for callback in callbacks:
             callback()
 
-    def emit(self, payload: Any) -> None:
+    def emit(self, payload: object) -> None:
         """Send `payload` to the notebook, where `pool.run(..., on_event=...)` receives it as it arrives."""
         if self._emit is not None:
             self._emit(payload)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
 from nbscale.pool import protocol as p
@@ -96,6 +96,7 @@ def take_shutdown_notice() -> str | None:
 
 
 MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
+_Result = TypeVar("_Result")  # what a function run on the workers returns
 
 
 def _require_fork() -> None:
@@ -355,12 +356,12 @@ class Pool:
 
     def run(
         self,
-        fn: Callable[..., Any],
-        *args: Any,
+        fn: Callable[..., _Result],
+        *args: object,
         targets: Iterable[int] | None = None,
         on_event: Callable[[int, Any], None] | None = None,
-        **kwargs: Any,
-    ) -> list[Any]:
+        **kwargs: object,
+    ) -> list[_Result]:
         """Run `fn(*args, **kwargs)` on every worker (or `targets`); a list of return values by rank.
 
         It runs in the notebook's current folder (see docs/pool.md). Worker output streams live; `on_event(rank,
@@ -404,7 +405,7 @@ class Pool:
                                what="The cell", on_failure=keep_what_workers_hold)
         return cell.bind_results(self, ranks, present, namespace)
 
-    def push(self, targets: Iterable[int] | None = None, **variables: Any) -> None:
+    def push(self, targets: Iterable[int] | None = None, **variables: object) -> None:
         """Bind variables in every worker's namespace (sent once through shared memory locally); a Composite binds
         each worker's own value."""
         variables = {name: each_workers_own(value, self, f"Variable {name!r}") for name, value in variables.items()}
@@ -464,13 +465,13 @@ class Pool:
 
     # ---- futures (parfeval, parfor) -------------------------------------------------------------------------
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+    def submit(self, fn: Callable[..., Any], /, *args: object, **kwargs: object) -> Future[Any]:
         """Run `fn(*args, **kwargs)` on a free worker, in the notebook's current folder as of this call; returns a
         concurrent.futures.Future (parfeval)."""
         return self.submit_with_events(fn, None, *args, **kwargs)
 
     def submit_with_events(
-        self, fn: Callable[..., Any], on_event: Callable[[int, Any], None] | None, /, *args: Any, **kwargs: Any
+        self, fn: Callable[..., Any], on_event: Callable[[int, Any], None] | None, /, *args: object, **kwargs: object
     ) -> Future[Any]:
         """Like `submit`; `on_event(rank, payload)` receives each `worker_context().emit(payload)` of the task.
 
@@ -573,7 +574,7 @@ class Pool:
 def _shown_in_notebook(pool: Pool) -> Callable[[int, Any], None]:
     """An spmd cell's events: a payload that shows itself in the notebook (a TrainingMonitor's records) does."""
 
-    def on_event(rank: int, payload: Any) -> None:
+    def on_event(rank: int, payload: object) -> None:
         show = getattr(payload, "show_in_notebook", None)
         if show is not None:
             show(pool, rank)

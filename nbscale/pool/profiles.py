@@ -21,7 +21,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from platformdirs import user_config_path
 
@@ -76,7 +76,7 @@ def read_profiles() -> dict[str, dict[str, Any]]:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
         raise PoolError(f"Cannot read the cluster profiles in {path}: {error}. Fix the TOML and try again.") from None
-    return document.get("profiles", document)
+    return cast("dict[str, dict[str, Any]]", document.get("profiles", document))
 
 
 def resolve_cluster(cluster: str) -> ClusterProfile:

@@ -94,7 +94,7 @@ class Call:
 
     request_id: int
     function: Any
-    args: tuple = ()
+    args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     cwd: str | None = None
 

@@ -128,7 +128,7 @@ def kernel_id() -> str | None:
     return name[len("kernel-") : -len(".json")] if name.startswith("kernel-") and name.endswith(".json") else None
 
 
-def _refuse_non_finite(constant: str) -> Any:
+def _refuse_non_finite(constant: str) -> object:
     raise ValueError(f"{constant} is not a JSON number")
 
 

@@ -53,7 +53,7 @@ class Request:
     def waiting_for(self) -> list[int]:
         return [rank for rank in self.ranks if rank not in self.replies and rank not in self.failures]
 
-    def record(self, item: Any) -> None:
+    def record(self, item: object) -> None:
         """Note a Done, Failed or WorkerDied."""
         if isinstance(item, p.Done):
             self.replies[item.rank] = item.value

@@ -18,7 +18,10 @@ import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 RESIDENT_BYTES = 8 * 2**20
 _keep_here = True
@@ -45,7 +48,7 @@ _files: dict[int, ResidentFile] = {}  # by id() of the tensor, while it lives
 _lock = threading.Lock()
 
 
-def fingerprint(tensor: Any) -> tuple[Any, ...] | None:
+def fingerprint(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     """What must stay equal for a file to still hold `tensor`'s values; None when it cannot be told (an inference
     tensor has no version counter, a tensor of a subclass may keep its data elsewhere), so it is sent each time."""
     if not _keep_here or tensor.numel() * tensor.element_size() < RESIDENT_BYTES:
@@ -58,7 +61,7 @@ def fingerprint(tensor: Any) -> tuple[Any, ...] | None:
             str(tensor.device), version)
 
 
-def acquire(tensor: Any, stamp: tuple[Any, ...], buffer: memoryview, write: Any) -> ResidentFile:
+def acquire(tensor: object, stamp: tuple[Any, ...], buffer: memoryview, write: Any) -> ResidentFile:
     """The file holding `tensor` as of `stamp`, written with `write([buffer])` unless a current one exists; the
     caller's frame counts as one of its users until `release`."""
     key = id(tensor)

@@ -89,14 +89,14 @@ class Router:
         self.send_to(message, ranks, request, frame)
         return request
 
-    def send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None = None) -> None:
+    def send_to(self, message: object, ranks: Iterable[int], request: Request, frame: Frame | None = None) -> None:
         """Send (more of) a request to `ranks`: to every one of them, whole, even when the kernel is interrupted
         meanwhile (the interrupt lands once it is sent: a rank left without a request the others run would leave
         them waiting for it in their collectives)."""
         with HeldInterrupt():
             self._send_to(message, ranks, request, frame)
 
-    def _send_to(self, message: Any, ranks: Iterable[int], request: Request, frame: Frame | None) -> None:
+    def _send_to(self, message: object, ranks: Iterable[int], request: Request, frame: Frame | None) -> None:
         frame = frame or serialise(message)
         request.frame = frame
         self.last_activity = time.monotonic()
@@ -129,7 +129,7 @@ class Router:
                 worker.transferring = False
                 worker.last_heard = max(worker.last_heard, began)
 
-    def tell(self, message: Any, ranks: Iterable[int] | None = None) -> None:
+    def tell(self, message: object, ranks: Iterable[int] | None = None) -> None:
         """Send a control message (no reply expected) to the live workers among `ranks` (default: all)."""
         wanted = None if ranks is None else set(ranks)
         for worker in self.workers:
@@ -244,7 +244,7 @@ class Router:
             for rank in request.waiting_for:
                 self._deliver(request, WorkerDied(rank, reason))
 
-    def _deliver(self, request: Request, item: Any) -> None:
+    def _deliver(self, request: Request, item: object) -> None:
         if request.future is not None:
             self.on_task_reply(request, item)
         else:
@@ -406,7 +406,7 @@ def workers_named(ranks: Iterable[int]) -> str:
 
 
 
-def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:
+def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> object:
     """What to route in place of a worker's message the notebook cannot unpickle (None: nothing)."""
     if unreadable.kind in ("Done", "Failed") and unreadable.request_id is not None:
         return p.Failed(

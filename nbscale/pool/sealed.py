@@ -60,7 +60,7 @@ def open_sealed(key: bytes, rank: int, data: bytes) -> bytes:
     return payload
 
 
-def all_gather_objects(value: Any, group: Any = None) -> list[Any]:
+def all_gather_objects(value: object, group: dist.ProcessGroup | None = None) -> list[Any]:
     """Every group member's `value` (picklable), in the group's rank order, on every member, sealed on the way.
 
     Two collectives of CPU tensors (every nbscale group has gloo, GPU pools too): the sealed lengths, then the

@@ -10,7 +10,6 @@ import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from nbscale.errors import PoolError
 
@@ -80,7 +79,7 @@ class PoolSettings:
         return self.idle_timeout * 60 if self.idle_timeout else None
 
 
-def _check_n(n: Any) -> None:
+def _check_n(n: object) -> None:
     if n is None:
         return
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
@@ -94,7 +93,7 @@ def _check_n(n: Any) -> None:
         )
 
 
-def _checked_gpus(gpus: Any) -> tuple[int, ...] | None:
+def _checked_gpus(gpus: object) -> tuple[int, ...] | None:
     if gpus is None:
         return None
     if isinstance(gpus, str | bytes) or not isinstance(gpus, Iterable):
@@ -111,7 +110,7 @@ def _checked_gpus(gpus: Any) -> tuple[int, ...] | None:
     return tuple(int(index) for index in indices)
 
 
-def _checked_idle_timeout(minutes: Any) -> float:
+def _checked_idle_timeout(minutes: object) -> float:
     if isinstance(minutes, bool) or not isinstance(minutes, numbers.Real) or math.isnan(minutes):
         raise PoolError(
             f"idle_timeout (--idle-timeout) must be a number of minutes, such as 30 (0 = never), not {minutes!r}."
@@ -124,7 +123,7 @@ def _checked_idle_timeout(minutes: Any) -> float:
     return float(minutes)
 
 
-def checked_connect_timeout(seconds: Any, name: str) -> float | None:
+def checked_connect_timeout(seconds: object, name: str) -> float | None:
     """`seconds` as a float between 1 and MAX_CONNECT_TIMEOUT_S (None stays None); PoolError naming `name`."""
     if seconds is None:
         return None
@@ -136,7 +135,7 @@ def checked_connect_timeout(seconds: Any, name: str) -> float | None:
     return float(seconds)
 
 
-def _checked_env(env: Any) -> dict[str, str]:
+def _checked_env(env: object) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, Mapping):

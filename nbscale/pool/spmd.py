@@ -97,13 +97,13 @@ def variables_to_send(code: str, namespace: dict[str, Any], pool: CompositeSourc
     }
 
 
-def _value_to_send(name: str, value: Any, pool: CompositeSource) -> Any:
+def _value_to_send(name: str, value: object, pool: CompositeSource) -> object:
     if isinstance(value, types.ModuleType):
         return ModuleReference(value.__name__)
     return each_workers_own(value, pool, f"Variable {name!r}")
 
 
-def each_workers_own(value: Any, pool: CompositeSource, described: str) -> Any:
+def each_workers_own(value: object, pool: CompositeSource, described: str) -> Any:
     """A Composite of `pool` as a reference each worker resolves to its own value; any other value unchanged.
 
     Raises PoolError for a Composite whose values are gone (its pool stopped or restarted)."""

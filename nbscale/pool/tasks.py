@@ -41,7 +41,8 @@ class TaskQueue:
         router.on_worker_free = self.dispatch
 
     def submit(
-        self, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], on_event: Callable[[int, Any], None] | None,
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        on_event: Callable[[int, Any], None] | None,
         what: str = "The task",
     ) -> Future[Any]:
         """Queue `fn(*args, **kwargs)`; raises UnsendableError when it cannot be serialised. `what` names the task in
@@ -126,7 +127,7 @@ class TaskQueue:
         """The running request of a task's future (None when it is queued or done); call with the lock held."""
         return next((r for r in self.router.requests.values() if r.future is future), None)
 
-    def _complete(self, request: Request, item: Any) -> None:
+    def _complete(self, request: Request, item: object) -> None:
         """A task's event, reply, or its worker's death (on the receiver thread)."""
         if isinstance(item, p.Event):
             if request.on_event is not None:

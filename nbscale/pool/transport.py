@@ -23,13 +23,16 @@ import threading
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from nbscale.pool import resident
 from nbscale.processes import pid_running
 from nbscale.trust import swappable_by_others
+
+if TYPE_CHECKING:
+    import torch
 
 OUT_OF_BAND_BYTES = 256 * 1024
 
@@ -232,13 +235,13 @@ class Frame:
 # ---- tensors and arrays out of band -------------------------------------------------------------------------
 
 
-def _rebuild_tensor(buffer: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
+def _rebuild_tensor(buffer: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> object:
 
     tensor = buffer.view(dtype).reshape(shape) if shape else buffer.view(dtype).reshape(())
     return tensor.requires_grad_(requires_grad) if requires_grad else tensor
 
 
-def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> object:
     import numpy
 
     return buffer.numpy().view(numpy.dtype(dtype)).reshape(shape)
@@ -247,7 +250,7 @@ def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
 _STANDARD_STREAMS = ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__")
 
 
-class _Pickler(cloudpickle.Pickler):
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no types
     """cloudpickle that hands large contiguous tensors/arrays to `buffers` instead of the stream."""
 
     def __init__(self, file: io.BytesIO, buffers: list[memoryview]) -> None:
@@ -275,7 +278,7 @@ class _Pickler(cloudpickle.Pickler):
             raise TypeError(f"{obj.name!r} is a file opened here: each process must open the file itself")
         return super().reducer_override(obj)
 
-    def _reduce_tensor(self, tensor: Any) -> Any:
+    def _reduce_tensor(self, tensor: Any) -> object:
         import torch
 
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
@@ -294,7 +297,7 @@ class _Pickler(cloudpickle.Pickler):
         self.residents.append(None if stamp is None else (tensor, stamp))
         return _rebuild_out_of_band, (index, "tensor", data.dtype, tuple(data.shape), tensor.requires_grad)
 
-    def _reduce_array(self, array: Any) -> Any:
+    def _reduce_array(self, array: Any) -> object:
         if array.nbytes < OUT_OF_BAND_BYTES or array.dtype.hasobject or not array.flags.c_contiguous:
             return None
         index = len(self._buffers)
@@ -307,14 +310,14 @@ class _Pickler(cloudpickle.Pickler):
 _incoming = threading.local()
 
 
-def _rebuild_out_of_band(index: int, kind: str, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> Any:
+def _rebuild_out_of_band(index: int, kind: str, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> object:
     buffer = _incoming.buffers[index]
     if kind == "tensor":
         return _rebuild_tensor(buffer, dtype, shape, requires_grad)
     return _rebuild_array(buffer, dtype, shape)
 
 
-def serialise(message: Any, keep: bool = True) -> Frame:
+def serialise(message: object, keep: bool = True) -> Frame:
     """Pickle `message` (functions and classes by value where needed), large buffers set aside; with `keep`, large
     tensors stay in shared memory for later messages (nbscale.pool.resident: the kernel's requests)."""
     stream = io.BytesIO()
@@ -333,7 +336,7 @@ def empty_bytes(size: int) -> Any:
     return torch.empty(size, dtype=torch.uint8)
 
 
-def _map_file(path: str, size: int) -> Any:
+def _map_file(path: str, size: int) -> torch.Tensor:
     import torch
 
     return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)

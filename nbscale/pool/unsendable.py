@@ -32,7 +32,8 @@ def variable_error(variables: Mapping[str, Any], error: Exception, fix: str) -> 
     return UnsendableError(f"The variables could not be sent to the workers: {error}")
 
 
-def call_error(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], error: Exception) -> UnsendableError:
+def call_error(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
+               error: Exception) -> UnsendableError:
     """The error naming what of `fn(*args, **kwargs)` cannot be sent: an argument, or a notebook variable the
     function uses or captures (cloudpickle sends those along with it)."""
     name = getattr(fn, "__name__", "the function")
@@ -56,7 +57,7 @@ def call_error(fn: Callable[..., Any], args: tuple, kwargs: Mapping[str, Any], e
     return UnsendableError(f"{name}() could not be sent to the workers: {error}")
 
 
-def _failure(value: Any) -> str | None:
+def _failure(value: object) -> str | None:
     try:
         serialise(value)
     except Exception as error:  # any pickling failure is the answer

@@ -25,7 +25,7 @@ import time
 import traceback
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
@@ -43,6 +43,9 @@ from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.resident import keep_tensors_here
 from nbscale.pool.sealed import hold_pool_key
 from nbscale.pool.transport import announce_failures_here
+
+if TYPE_CHECKING:
+    import types
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # torch's module-call plumbing and the collectives' inside (distributed/): a failing broadcast shows the user's line
@@ -312,7 +315,7 @@ class Worker:
         if self.interruptible:
             raise KeyboardInterrupt
 
-    def _send_reply(self, reply: Any) -> None:
+    def _send_reply(self, reply: object) -> None:
         """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""
         try:
             with HeldInterrupt():
@@ -320,7 +323,7 @@ class Worker:
         except KeyboardInterrupt:
             pass
 
-    def _emit(self, payload: Any) -> None:
+    def _emit(self, payload: object) -> None:
         if self.current_request is not None:
             self.channel.send(p.Event(self.current_request, self.rank, payload))
 
@@ -359,7 +362,7 @@ class Worker:
             else:
                 self.namespace[name] = self._own(value)
 
-    def _import(self, name: str, module: str) -> Any:
+    def _import(self, name: str, module: str) -> types.ModuleType:
         """The notebook's module variable `name`, imported here by its name; UnsendableError naming the variable when
         it cannot be (a module made in the notebook, or one only the kernel's folders hold)."""
         try:
@@ -372,7 +375,7 @@ class Worker:
                 "what the cell needs inside the cell."
             ) from None
 
-    def _own(self, value: Any) -> Any:
+    def _own(self, value: object) -> object:
         """This worker's own value of a Composite the notebook passed (a CompositeReference); others unchanged."""
         if not isinstance(value, CompositeReference):
             return value

@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nbscale.server.handlers import setup_handlers
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 # A training cell asks its own kernel for a subshell (nbscale.ui.click_routing), and the kernel announces each such
 # control request as busy, then idle, on IOPub. JupyterLab takes every status message as the kernel's state unless
@@ -18,14 +21,14 @@ SUBSHELL_MESSAGE_TYPES = [
 ]
 
 
-def _load_jupyter_server_extension(server_app: Any) -> None:
+def _load_jupyter_server_extension(server_app: ServerApp) -> None:
     """Register the `/nbscale/api/...` handlers with the running Jupyter server."""
     setup_handlers(server_app.web_app)
     _untrack_subshell_messages(server_app)
     server_app.log.info("nbscale: server extension loaded (/nbscale/api/)")
 
 
-def _untrack_subshell_messages(server_app: Any) -> None:
+def _untrack_subshell_messages(server_app: ServerApp) -> None:
     """Add the subshell control messages to the server's untracked message types, which JupyterLab's page config
     carries (set by JupyterLab's extension when it loads, so also added there where it loaded first); they are not
     user activity either, for the idle-kernel culler."""

@@ -27,22 +27,25 @@ import os
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tornado.web
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
+if TYPE_CHECKING:
+    from nbscale.jobs.job import Job
+
 GPU_MAX_AGE_S = 1.0
 LOG_TAIL_CHARS = 200_000
 
 
-def json_text(value: Any) -> str:
+def json_text(value: object) -> str:
     """Strict JSON (RFC 8259) of `value`: non-finite floats become null, anything else unknown its str()."""
     return json.dumps(_finite(value), allow_nan=False, default=str)
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -186,7 +189,7 @@ def _jobs_offering(function: str) -> Any:
     return jobs
 
 
-def _log_end(job: Any) -> str:
+def _log_end(job: Job) -> str:
     """The last LOG_TAIL_CHARS + 1 characters (one more tells that it was cut), as job.log(tail=...) reads them: from
     a bounded window at the end of the file, since a runaway job's log (a progress bar redrawn with '\r' and no
     newline) may be gigabytes."""
@@ -211,7 +214,7 @@ def _call_job(action: Callable[[], Any]) -> Any:
         raise NotFound(str(error)) from None
 
 
-def setup_handlers(web_app: Any) -> None:
+def setup_handlers(web_app: tornado.web.Application) -> None:
     """Add the `/nbscale/api/...` routes (under the server's base_url) and the shared GPU cache."""
     base = url_path_join(web_app.settings["base_url"], "nbscale", "api")
     web_app.settings["nbscale_gpu_cache"] = GpuCache()

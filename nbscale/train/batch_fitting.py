@@ -211,7 +211,7 @@ def untouched(model: nn.Module, device: torch.device) -> Iterator[None]:
             parameter.grad = None
 
 
-def smallest_over(group: Any, device: torch.device) -> Callable[[int], int]:
+def smallest_over(group: torch.distributed.ProcessGroup | None, device: torch.device) -> Callable[[int], int]:
     """`smallest(b)` for `settle`: the minimum of `b` over the ranks of `group` (None: this process alone)."""
     if group is None:
         return lambda batch: batch

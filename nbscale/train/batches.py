@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 
-def call_model(model: nn.Module | Any, inputs: Any) -> Any:
+def call_model(model: nn.Module | Any, inputs: object) -> Any:
     """`model` applied to a batch's inputs: `model(x)`, `model(*inputs)` for a tuple/list, `model(**inputs)` for
     a dict."""
     if type(inputs) is torch.Tensor:  # the usual case first: this runs every iteration
@@ -26,7 +26,7 @@ def call_model(model: nn.Module | Any, inputs: Any) -> Any:
     return model(inputs)
 
 
-def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+def to_device(batch: object, device: torch.device, non_blocking: bool = False) -> Any:
     """`batch` with every tensor in it on `device` (tuples, lists, dicts and named tuples kept as they are)."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=non_blocking)
@@ -39,7 +39,7 @@ def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> A
     return batch
 
 
-def first_tensor(batch: Any) -> torch.Tensor | None:
+def first_tensor(batch: object) -> torch.Tensor | None:
     """The first tensor in `batch` (depth first), or None."""
     if isinstance(batch, torch.Tensor):
         return batch
@@ -51,13 +51,13 @@ def first_tensor(batch: Any) -> torch.Tensor | None:
     return None
 
 
-def batch_length(batch: Any) -> int:
+def batch_length(batch: object) -> int:
     """How many samples `batch` holds: the length of its first tensor (0 for a batch without one)."""
     tensor = first_tensor(batch)
     return 0 if tensor is None or tensor.dim() == 0 else len(tensor)
 
 
-def one_sample_batch(sample: Any) -> Any:
+def one_sample_batch(sample: object) -> Any:
     """A batch of one from a single sample's inputs (a tensor, array, tuple/list or dict of them), as a
     DataLoader would make it."""
     from torch.utils.data import default_collate
@@ -65,7 +65,7 @@ def one_sample_batch(sample: Any) -> Any:
     return default_collate([sample])
 
 
-def first_output(outputs: Any) -> Any:
+def first_output(outputs: object) -> Any:
     """The output metrics and predictions use: the logits of a structure holding them (nbscale.outputs), else the
     first of several outputs (a tuple or list), else `outputs` itself."""
     from nbscale.outputs import first_of, main_output

@@ -27,13 +27,16 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from nbscale.errors import OptionsError
 from nbscale.safe_load import RefusedPickle, load_restricted
 from nbscale.train.events import IterationDone
+
+if TYPE_CHECKING:
+    from typing import BinaryIO
 
 _PATTERN = "nbscale_checkpoint_epoch*.pt"
 STALE_PARTIAL_S = 60.0
@@ -101,7 +104,7 @@ def _unwritable(folder: str | os.PathLike[str], epoch: int, error: OSError) -> O
     )
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """An option value as str, number, bool, None, or a list of those (what weights_only loading reads)."""
     if value is None or type(value) in (bool, int, float, str):
         return value
@@ -175,10 +178,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise OptionsError(f"{name} is not an nbscale training checkpoint ({problem}): pass a file that "
                            f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone loads "
                            "with model.load_state_dict(torch.load(path)).)")
-    return state
+    return cast("dict[str, Any]", state)
 
 
-def _unreadable(name: str, path: Path, stream: Any, error: Exception) -> OptionsError:
+def _unreadable(name: str, path: Path, stream: BinaryIO, error: Exception) -> OptionsError:
     """The error for a checkpoint torch cannot read. One cut short (a copy that did not finish; nbscale's own writes
     are atomic) is empty or starts as the zip archive torch writes but lacks its end, and torch's words for it
     (`Invalid argument`, an empty EOFError) do not say so: name that, and the checkpoints beside it to resume from
@@ -207,7 +210,7 @@ _STATE_KINDS: dict[str, tuple[type, ...]] = {
 _OPTIONAL_KINDS: dict[str, tuple[type, ...]] = {"options": (dict,), "samples": (int,), "scaler": (dict, type(None))}
 
 
-def _state_problem(state: Any) -> str | None:
+def _state_problem(state: object) -> str | None:
     """What makes `state` something other than a checkpoint save_checkpoint wrote, or None."""
     if not isinstance(state, dict):
         return f"it holds a {type(state).__name__}"

@@ -21,7 +21,7 @@ from nbscale.errors import ModelError, OptionsError
 from nbscale.train.batches import call_model, first_output, one_sample_batch, to_device
 
 
-def check_model(model: Any) -> None:
+def check_model(model: object) -> None:
     """`model` must be a torch network."""
     if isinstance(model, type) and issubclass(model, nn.Module):
         raise OptionsError(f"model is the class {model.__name__}, not a network: create one, e.g. "
@@ -31,7 +31,7 @@ def check_model(model: Any) -> None:
                            f"{type(model).__name__}: pass the network itself, not a function that builds one.")
 
 
-def check_loss_fn(loss_fn: Any) -> None:
+def check_loss_fn(loss_fn: object) -> None:
     """`loss_fn` must be None (cross-entropy) or a function of (outputs, labels) returning the batch's loss."""
     if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
         raise OptionsError(f"loss_fn is the class {loss_fn.__name__}, not a loss: create one, e.g. "
@@ -81,7 +81,7 @@ def misfit_error(error: Exception, inputs: Any, labels: Any = None, what: str = 
     )
 
 
-def described(value: Any) -> str:
+def described(value: object) -> str:
     """A value for an error message: a tensor's dtype and shape (as 60x1x8x8), else its type."""
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {'x'.join(map(str, value.shape)) or '()'}"
@@ -92,7 +92,7 @@ def described(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def check_items(dataset: Dataset, what: str) -> Any:
+def check_items(dataset: Dataset[Any], what: str) -> Any:
     """The first item of `dataset` must be an (input, label) pair whose input is a tensor or an array; returns
     that item (None for an empty dataset), so later checks need not read it again."""
     # torch's Dataset declares no __len__; as_dataset checked it
@@ -113,7 +113,7 @@ def check_items(dataset: Dataset, what: str) -> Any:
     return item
 
 
-def with_class_labels(dataset: Dataset, what: str, first_item: Any) -> Dataset:
+def with_class_labels(dataset: Dataset[Any], what: str, first_item: Any) -> Dataset[Any]:
     """`dataset` with integer class labels, as the default loss (cross-entropy) needs.
 
     Whole-number float labels in an (inputs, labels) pair become int64 (numpy and pandas often give labels as
@@ -145,7 +145,7 @@ def _float_labels_error(what: str) -> OptionsError:
 
 
 def check_resume(checkpoint: dict[str, Any], model: nn.Module, solver: str, mini_batch_size: int | None,
-                 samples: int, path: Any) -> None:
+                 samples: int, path: str | os.PathLike[str]) -> None:
     """A run resumed from `checkpoint` must train the same network with the same solver, mini-batch and data, so
     that it continues the same schedule (max_epochs may change). `mini_batch_size` None ("auto"): the checkpoint's."""
     name = f"resume_from={os.fspath(path)!r}"
@@ -186,7 +186,7 @@ def materialise_lazy_layers(model: nn.Module, first_item: Any) -> None:
         raise misfit_error(error, one_sample_batch(inputs), first_item[1], "The first sample") from error
 
 
-def outputs_for_one(model: nn.Module, sample: Any) -> Any:
+def outputs_for_one(model: nn.Module, sample: object) -> Any:
     """The network's (first) outputs for one sample (given without the batch dimension: a tensor, array, tuple or
     dict of them), in eval mode without gradients, on
     the device of its parameters; the modes of its layers and the caller's random number stream stay as they were."""

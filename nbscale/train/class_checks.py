@@ -22,12 +22,12 @@ _SIZE_KEEPING = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout
                  nn.LogSoftmax, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Hardtanh)
 
 
-def is_class_loss(loss_fn: Any) -> bool:
+def is_class_loss(loss_fn: object) -> bool:
     """True for the losses that take class indices (the default cross-entropy, CrossEntropyLoss, NLLLoss)."""
     return loss_fn is None or isinstance(loss_fn, nn.CrossEntropyLoss | nn.NLLLoss)
 
 
-def network_outputs(model: nn.Module, sample: Any) -> tuple[int, str] | None:
+def network_outputs(model: nn.Module, sample: object) -> tuple[int, str] | None:
     """(the number of class scores `model` gives, how that was found), or None when it cannot be told.
 
     Where the network ends in an obvious last layer (an nn.Sequential, nested or not, whose last layer, after
@@ -60,7 +60,7 @@ def _last_layer(model: nn.Module) -> nn.Module | None:
     return module
 
 
-def label_range(dataset: Any, first_item: Any, ignore_index: int = -100) -> tuple[int, int] | None:
+def label_range(dataset: Dataset[Any], first_item: Any, ignore_index: int = -100) -> tuple[int, int] | None:
     """(smallest, largest) label index of `dataset`, read without reading its inputs, or None when unknown.
 
     Known for a TensorDataset of (inputs, labels), a datastore (`classes` and `labels` by name), a torchvision
@@ -100,7 +100,7 @@ def _label_indices(dataset: Any) -> torch.Tensor | None:
     return None
 
 
-def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Dataset, Any]],
+def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Dataset[Any], Any]],
                   ignore_index: int = -100) -> None:
     """The labels of every dataset in `data` ((name, dataset, first item) triples) must be class indices the
     network has outputs for, and datasets that name their classes must name the same ones (MATLAB checks the
@@ -132,7 +132,7 @@ def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Datas
         raise OptionsError(_class_mismatch(what, dataset, classes, labels, outputs, how))
 
 
-def _class_mismatch(what: str, dataset: Any, classes: list[str], labels: tuple[int, int] | None, outputs: int,
+def _class_mismatch(what: str, dataset: object, classes: list[str], labels: tuple[int, int] | None, outputs: int,
                     how: str) -> str:
     largest = f"label indices up to {labels[1]}" if labels is not None else "its labels"
     needed = len(classes) if classes else (labels[1] + 1 if labels is not None else outputs)

@@ -37,6 +37,7 @@ from nbscale.user_warnings import warn_user
 
 if TYPE_CHECKING:
     from nbscale.pool.context import WorkerContext
+    from nbscale.pool.pool import Pool
 
 _EMIT_INTERVAL = 0.1  # seconds between bunches of events sent from rank 0
 
@@ -197,7 +198,7 @@ def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> 
 _GROUPS: dict[tuple[int, ...], Any] = {}
 
 
-def _training_group(active: tuple[int, ...]) -> Any:
+def _training_group(active: tuple[int, ...]) -> object:
     """A group of its own for training (kept between runs), so aborting it leaves the pool's group intact."""
     import torch.distributed as dist
 
@@ -236,7 +237,7 @@ def _tells_of_a_torn_down_group(text: str) -> bool:
 def _answered(publish: Callable[[Any], None], sender: EventBunches, context: WorkerContext,
               run: str) -> Callable[[Any], None]:
     """`publish`, then, after each iteration, wait for the notebook's answer to it (its output_fn ran there)."""
-    def publish_and_wait(event: Any) -> None:
+    def publish_and_wait(event: object) -> None:
         publish(event)
         if isinstance(event, IterationDone):
             sender.flush()
@@ -248,7 +249,7 @@ def _answered(publish: Callable[[Any], None], sender: EventBunches, context: Wor
 def _preparing_only(sender: EventBunches) -> Callable[[Any], None]:
     """What a rank other than the first sends: only how far it read its share of the data (the notebook adds
     the ranks up: _PreparingTotals)."""
-    def publish(event: Any) -> None:
+    def publish(event: object) -> None:
         if isinstance(event, PreparingData):
             sender.send(event)
 
@@ -262,7 +263,7 @@ class _PreparingTotals:
     def __init__(self) -> None:
         self.ranks: dict[str, dict[int, PreparingData]] = {}
 
-    def combined(self, rank: int, events: Any) -> Any:
+    def combined(self, rank: int, events: object) -> Any:
         """`events` (one or a bunch) with each PreparingData replaced by the sum over the ranks so far."""
         if not isinstance(events, list):
             return self.combined(rank, [events])[0]
@@ -281,7 +282,7 @@ def multi_gpu_pool_settings() -> PoolSettings:
     return PoolSettings()
 
 
-def _pool_for(environment: str) -> Any:
+def _pool_for(environment: str) -> Pool:
     from nbscale.pool.pool import Pool, current_pool, open_pool
 
     pool = current_pool(start=False)

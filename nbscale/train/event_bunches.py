@@ -17,7 +17,7 @@ class EventBunches:
         self.buffer: list[Any] = []
         self.last = 0.0
 
-    def send(self, event: Any) -> None:
+    def send(self, event: object) -> None:
         self.buffer.extend(event if isinstance(event, list) else [event])
         now = time.perf_counter()
         # start, end and reading progress go at once: Progress already spaces its reports

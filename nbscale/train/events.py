@@ -128,7 +128,7 @@ class EventChannel:
     def subscribe(self, listener: Callable[[Any], None]) -> None:
         self.listeners.append(listener)
 
-    def publish(self, event: Any) -> None:
+    def publish(self, event: object) -> None:
         """Hand `event` to every listener in turn (a list, item by item); a listener's exception propagates."""
         if isinstance(event, list):  # a pool worker sends its events in bunches
             for item in event:

@@ -112,7 +112,7 @@ class LocalFigures:
         self.copy_outputs = copy_outputs  # CUDA graphs (torch.compile's "reduce-overhead") reuse output memory
         self.unread: Bunch | None = None  # the bunch last read, on its way to the host
 
-    def keep(self, loss: torch.Tensor, outputs: Any, labels: Any) -> Any:
+    def keep(self, loss: torch.Tensor, outputs: object, labels: object) -> Any:
         """What to keep of this iteration (called before backward); nothing is computed until read."""
         if not self.metrics.checked:
             self.metrics.check(outputs, labels)
@@ -167,7 +167,7 @@ class Bunch:
 class PoolFigures:
     """The figures of a pool's ranks with work, summed with the last gradient bucket (see the module docstring)."""
 
-    def __init__(self, hook: CarryingHook, group: Any, device: torch.device,
+    def __init__(self, hook: CarryingHook, group: torch.distributed.ProcessGroup | None, device: torch.device,
                  stop_reason: Callable[[], str | None], metrics: KeptMetrics,
                  answered_each_iteration: bool = False) -> None:
         self.hook, self.group, self.device, self.stop_reason = hook, group, device, stop_reason
@@ -214,7 +214,7 @@ class Carried:
         self.figures = figures
         self.reduced: torch.Tensor | None = None
 
-    def summed(self, group: Any) -> torch.Tensor:
+    def summed(self, group: torch.distributed.ProcessGroup | None) -> torch.Tensor:
         """The figures summed over the ranks (an all-reduce of their own when no bucket could carry them)."""
         if self.reduced is None:
             torch.distributed.all_reduce(self.figures, group=group)
@@ -227,11 +227,12 @@ class CarryingHook:
     share of the global mini-batch (so the sum is the gradient of the global mini-batch's mean loss, whatever the
     shares), and carries the iteration's figures (`carried`) with the last bucket."""
 
-    def __init__(self, group: Any, share: float) -> None:
+    def __init__(self, group: torch.distributed.ProcessGroup | None, share: float) -> None:
         self.group, self.share = group, share
         self.carried: Carried | None = None
 
-    def reduce(self, state, bucket):  # DDP rejects annotations other than its own
+    # unannotated: DDP rejects annotations other than its own objects, and this module's are strings
+    def reduce(self, state, bucket):  # type: ignore[no-untyped-def]
         gradients = bucket.buffer()
         gradients.mul_(self.share)
         carried = self.carried if bucket.is_last() and gradients.dtype == torch.float32 else None
@@ -240,7 +241,7 @@ class CarryingHook:
         if carried is not None:
             self.carried = None
 
-        def done(future: Any) -> torch.Tensor:
+        def done(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             reduced = future.value()[0]
             if carried is None:
                 return reduced

@@ -7,7 +7,7 @@ by name: a batch sampler, a custom sampler (anything but sequential or random), 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -22,15 +22,18 @@ from torch.utils.data import (
 
 from nbscale.errors import OptionsError
 
+if TYPE_CHECKING:
+    from nbscale.train.options import TrainingOptions
+
 _SUPPORTED = ("DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., num_workers=...): a map-style "
               "dataset read in order or at random")
 
 
-class LoaderData(Dataset):
+class LoaderData(Dataset[Any]):
     """The dataset of a DataLoader, with what nbscale uses of the loader: its `collate_fn` (None for torch's
     default), `num_workers` and `batch_size`. Indexing and length are the dataset's."""
 
-    def __init__(self, dataset: Dataset, collate_fn: Any, num_workers: int, batch_size: int) -> None:
+    def __init__(self, dataset: Dataset[Any], collate_fn: Any, num_workers: int, batch_size: int) -> None:
         self.dataset, self.collate_fn, self.num_workers, self.batch_size = dataset, collate_fn, num_workers, batch_size
 
     def __len__(self) -> int:
@@ -45,7 +48,7 @@ class LoaderData(Dataset):
         return list(getattr(self.dataset, "classes", []))
 
 
-def loader_data(loader: DataLoader, what: str = "train_data") -> LoaderData:
+def loader_data(loader: DataLoader[Any], what: str = "train_data") -> LoaderData:
     """`loader` as a LoaderData; OptionsError naming `what` for what nbscale cannot take from a DataLoader."""
     name = f"{what} is a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
@@ -68,14 +71,14 @@ def loader_data(loader: DataLoader, what: str = "train_data") -> LoaderData:
     return LoaderData(loader.dataset, collate, loader.num_workers, int(loader.batch_size))
 
 
-def loader_of(dataset: Any) -> LoaderData | None:
+def loader_of(dataset: object) -> LoaderData | None:
     """The LoaderData `dataset` is (or a Subset of one is), else None."""
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
     return dataset if isinstance(dataset, LoaderData) else None
 
 
-def with_loader_batch_size(options: Any, train_data: Any) -> Any:
+def with_loader_batch_size(options: TrainingOptions, train_data: Any) -> Any:
     """`options` (TrainingOptions) with the mini-batch size of a DataLoader given as `train_data`, where the options
     leave it at its default (128: any other value counts as set by the user); `options` itself otherwise.
     OptionsError when both are set and differ."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -46,7 +46,7 @@ class BatchSource(Protocol):
         ...
 
 
-def as_dataset(data: Any, what: str = "train_data") -> Dataset:
+def as_dataset(data: Any, what: str = "train_data") -> Dataset[Any]:
     """A Dataset from a Dataset, a DataLoader (nbscale.train.loader_data) or an (inputs, labels) pair;
     OptionsError otherwise.
 
@@ -74,12 +74,12 @@ def as_dataset(data: Any, what: str = "train_data") -> Dataset:
         raise OptionsError(f"{what} is a {type(data).__name__} (keys {', '.join(keys) or 'none'}), not samples: give "
                            f"(inputs, labels) as a tuple, e.g. {pair}, or a torch Dataset yielding (input, label).")
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        return data
+        return cast("Dataset[Any]", data)
     raise OptionsError(f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, "
                        f"not {type(data).__name__}.")
 
 
-def _is_pair(data: Any) -> bool:
+def _is_pair(data: object) -> bool:
     """(inputs, labels) as a tuple of array-likes, or as a list of two tensors or arrays (a list of two
     samples would hold pairs, not arrays)."""
     if isinstance(data, tuple):
@@ -88,11 +88,11 @@ def _is_pair(data: Any) -> bool:
             and all(isinstance(part, torch.Tensor | np.ndarray) and part.ndim > 0 for part in data))
 
 
-def _array_like(part: Any) -> bool:
+def _array_like(part: object) -> bool:
     return isinstance(part, (torch.Tensor, list)) or type(part).__module__ == "numpy"
 
 
-def _as_tensor(part: Any) -> torch.Tensor:
+def _as_tensor(part: object) -> torch.Tensor:
     try:
         return tensor_of(part)
     except (TypeError, ValueError, RuntimeError) as error:
@@ -100,7 +100,7 @@ def _as_tensor(part: Any) -> torch.Tensor:
                            "Give tensors, numpy arrays or lists of numbers.") from None
 
 
-def tensor_of(values: Any) -> torch.Tensor:
+def tensor_of(values: object) -> torch.Tensor:
     """A tensor of `values` (a tensor, numpy array or list); numpy's float64 becomes the default float dtype
     (float32), as networks use. Raises TypeError, ValueError or RuntimeError for values that are no array."""
     if isinstance(values, torch.Tensor):
@@ -160,7 +160,7 @@ class StreamBatches:
     random stream (a draw each epoch without background processes): so the network's own random numbers (dropout)
     come out as when the data are resident."""
 
-    def __init__(self, dataset: Dataset, device: torch.device, background: bool, seed: int) -> None:
+    def __init__(self, dataset: Dataset[Any], device: torch.device, background: bool, seed: int) -> None:
         from nbscale.data.augmented import AugmentedImageDatastore
 
         self.dataset = dataset
@@ -199,7 +199,7 @@ class StreamBatches:
             yield to_device(x, device, non_blocking), (as_labels(y) if isinstance(y, torch.Tensor) else y)
 
 
-def _stop_worker_processes(loader: DataLoader) -> None:
+def _stop_worker_processes(loader: DataLoader[Any]) -> None:
     """Stop the persistent worker processes of `loader` now (the next epoch would start new ones).
 
     torch has no public call for this. Its iterator stops them when freed (`__del__`), but freeing is not in our
@@ -212,7 +212,7 @@ def _stop_worker_processes(loader: DataLoader) -> None:
     loader._iterator = None
 
 
-class _AugmentedBySeed(Dataset):
+class _AugmentedBySeed(Dataset[tuple[torch.Tensor, int]]):
     """An AugmentedImageDatastore read by a DataLoader, each image augmented by the random values of its index
     in the pass's draws from the epoch's seed, as DeviceResidentData draws them: so training streamed (in background
     processes or not), resident, on a pool's workers (each reading its share) or resumed from a checkpoint augments
@@ -245,7 +245,7 @@ class _AugmentedBySeed(Dataset):
         return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
 
 
-def deterministic(dataset: Any) -> bool:
+def deterministic(dataset: object) -> bool:
     """True for data nbscale knows reads the same every time: tensors (a TensorDataset), its datastores and
     augmented datastores (whose random values it draws itself), and Subsets of them. Any other Dataset (random
     torchvision transforms inside, say) may read differently each epoch, so "auto" reads it afresh each epoch."""
@@ -261,7 +261,7 @@ def _warn_here(message: str) -> None:
     warn_user(message, RuntimeWarning)
 
 
-def _cannot_be_resident(dataset: Any) -> str | None:
+def _cannot_be_resident(dataset: Dataset[Any]) -> str | None:
     """Why `dataset` cannot be held resident (a DataLoader's own collate_fn, nested samples), or None."""
     loader = loader_of(dataset)
     if loader is not None and loader.collate_fn is not None:
@@ -281,7 +281,7 @@ def _cannot_be_resident(dataset: Any) -> str | None:
     return None
 
 
-def make_batch_source(dataset: Dataset, device: torch.device, placement: str, background: bool, *, seed: int,
+def make_batch_source(dataset: Dataset[Any], device: torch.device, placement: str, background: bool, *, seed: int,
                       rows: Sequence[int] | torch.Tensor | None = None, readers: Readers | None = None,
                       progress: Progress | None = None,
                       warn: Callable[[str], None] | None = _warn_here) -> BatchSource:
@@ -326,5 +326,5 @@ def make_batch_source(dataset: Dataset, device: torch.device, placement: str, ba
     return DeviceResidentData(dataset, device, rows=rows, readers=readers, progress=progress, first=first)
 
 
-def _part(dataset: Dataset, rows: list[int] | None) -> Dataset:
+def _part(dataset: Dataset[Any], rows: list[int] | None) -> Dataset[Any]:
     return dataset if rows is None else Subset(dataset, rows)

@@ -58,7 +58,7 @@ class LoopSetup:
     resume: dict[str, Any] | None = None
     counts: list[int] = field(default_factory=lambda: [0])  # samples per rank in each global batch
     rank: int = 0
-    group: Any = None  # torch.distributed group of the ranks with work, when more than one has work; else None
+    group: torch.distributed.ProcessGroup | None = None  # the ranks with work, when more than one has; else None
     is_main: bool = True  # writes checkpoints
     # tells the user what the run changed or why it ended (a RuntimeWarning here; a pool's main rank sends them
     # to the notebook, which warns there once, at the user's line); None on a pool's other ranks
@@ -465,7 +465,7 @@ def _autotune_convolutions(device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: Any) -> tuple[LoopSetup, str]:
+def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: object) -> tuple[LoopSetup, str]:
     """`setup` with mini_batch_size="auto" and learn_rate_scaling settled (nbscale.train.batch_fitting), and what
     was chosen and why ("" when nothing was)."""
     options, device = setup.options, setup.device
@@ -562,7 +562,7 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % 2**62
 
 
-def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: Any,
+def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: contextlib.AbstractContextManager[object],
            forward: Callable[..., tuple[torch.Tensor, Any]]) -> Callable[[nn.Module], None]:
     """One forward and backward of a network on the first batch (whether a network compiles shows there)."""
     def trial(candidate: nn.Module) -> None:
@@ -579,12 +579,12 @@ def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
     """The forward and loss of one iteration, (net, inputs, labels) -> (loss, outputs): the network's main output
     into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
     if step_fn is None:
-        def forward(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+        def forward(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
             return loss_and_first_output(loss_fn, call_model(net, inputs), labels)
 
         return forward
 
-    def step(net: nn.Module, inputs: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+    def step(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
         result = step_fn(net, inputs, labels)
         if isinstance(result, tuple) and len(result) == 2:
             return result[0], first_output(result[1])
@@ -593,7 +593,7 @@ def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
     return step
 
 
-def _check_loss(loss: Any, step_fn: Callable[..., Any] | None) -> None:
+def _check_loss(loss: object, step_fn: Callable[..., Any] | None) -> None:
     """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
         return
@@ -697,7 +697,7 @@ class _Validator:
         return loss_sum / max(count, 1), metrics.values(state)
 
 
-def _take_main_ranks_buffers(model: nn.Module, group: Any) -> None:
+def _take_main_ranks_buffers(model: nn.Module, group: torch.distributed.ProcessGroup | None) -> None:
     """Every rank's buffers (BatchNorm's running statistics) become the main rank's, in place.
 
     Each rank's running statistics follow its own share of the data, while the network returned (and written to
@@ -722,7 +722,7 @@ def _precision(precision: str, device: torch.device,
     return torch.float16, torch.amp.GradScaler("cuda")
 
 
-def _restore(state: dict[str, Any], model: nn.Module, optimizer: Any, scaler: torch.amp.GradScaler,
+def _restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
              schedule: Any) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -39,14 +39,14 @@ def unknown_loss(name: str) -> str | None:
 def resolve_loss(loss: Any) -> Callable[[Any, Any], torch.Tensor] | None:
     """The loss function of a name, a callable as it is, None as None (the caller's default: cross-entropy)."""
     if loss is None or callable(loss):
-        return loss
+        return cast("Callable[[Any, Any], torch.Tensor] | None", loss)
     problem = unknown_loss(loss) if isinstance(loss, str) else "a loss name or a function (outputs, targets) -> loss"
     if problem is not None:
         raise OptionsError(f"loss={loss!r} is not a loss: loss must be {problem}.")
     return LOSSES[loss]()
 
 
-def is_regression_loss(loss: Any) -> bool:
+def is_regression_loss(loss: object) -> bool:
     """True for "mse"/"l1" and torch's MSELoss/L1Loss/SmoothL1Loss/HuberLoss (the default metric becomes rmse)."""
     if isinstance(loss, str):
         return loss in REGRESSION_LOSSES

@@ -28,7 +28,7 @@ def fail(message: str) -> OptionsError:
     return OptionsError(f"TrainingOptions.metrics: {message}")
 
 
-def described(tensor: Any) -> str:
+def described(tensor: object) -> str:
     """A tensor's dtype and shape as an error message names them."""
     if not isinstance(tensor, torch.Tensor):
         return f"a {type(tensor).__name__}"

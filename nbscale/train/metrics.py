@@ -73,7 +73,7 @@ class MetricSet:
                 if isinstance(metric, ClassAverage):
                     metric.classes = self.classes
 
-    def check(self, outputs: Any, targets: Any) -> None:
+    def check(self, outputs: object, targets: object) -> None:
         """OptionsError (one line naming the metric and the fix) when a metric does not fit the first batch:
         a callable returning more than a value per sample, a regression metric on class labels, a
         classification metric on a regression's outputs, a torchmetrics Metric that fails on them."""
@@ -84,7 +84,7 @@ class MetricSet:
             for metric in self.metrics:
                 metric.check(batch, self.regression)
 
-    def state(self, outputs: Any, targets: Any) -> torch.Tensor:
+    def state(self, outputs: object, targets: object) -> torch.Tensor:
         """This batch's state: a 1-D float32 tensor of `size` on the outputs' device, summable over batches and
         ranks. Nothing is read to the host."""
         return self.states([(outputs, targets)])[0]
@@ -145,7 +145,7 @@ def _same_shapes(group: list[Batch]) -> bool:
                for b in group[1:])
 
 
-def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> MetricSet:
+def resolve_metrics(metrics: object, *, regression: bool) -> MetricSet:
     """`TrainingOptions.metrics` as a MetricSet; None gives ("accuracy",), or ("rmse",) under a regression.
 
     Items: a name ("accuracy", "top{k}-accuracy", "rmse", "mae", "precision", "recall", "fscore", in any case),
@@ -170,7 +170,7 @@ def resolve_metrics(metrics: Sequence[Any] | None, *, regression: bool) -> Metri
     return MetricSet(kinds, regression)
 
 
-def _expanded(item: Any) -> list[tuple[str | None, Any]]:
+def _expanded(item: object) -> list[tuple[str | None, Any]]:
     """A torchmetrics MetricCollection as its metrics, named by its keys; anything else as itself."""
     torchmetrics = sys.modules.get("torchmetrics")
     if torchmetrics is not None and isinstance(item, torchmetrics.MetricCollection):
@@ -178,7 +178,7 @@ def _expanded(item: Any) -> list[tuple[str | None, Any]]:
     return [(None, item)]
 
 
-def _kind(item: Any, name: str | None = None) -> Kind:
+def _kind(item: object, name: str | None = None) -> Kind:
     """The metric `item` stands for, named `name` (a pair's name) or by itself."""
     if name is None and isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
         if not item[0]:
@@ -225,7 +225,7 @@ def _not_loss(kind: Kind) -> Kind:
     return kind
 
 
-def _is_metric_object(value: Any) -> bool:
+def _is_metric_object(value: object) -> bool:
     """A torchmetrics Metric (torchmetrics is imported only by whoever made one)."""
     torchmetrics = sys.modules.get("torchmetrics")
     return torchmetrics is not None and isinstance(value, torchmetrics.Metric)

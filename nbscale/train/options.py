@@ -55,7 +55,7 @@ SOLVER_DEFAULTS: dict[str, dict[str, float]] = {
 }
 
 
-def _defaults_key(solver: Any) -> str:
+def _defaults_key(solver: object) -> str:
     """The SOLVER_DEFAULTS column of `solver`: a callable solver (the user's factory) takes the generic
     defaults, Adam's (initial_learn_rate 0.001)."""
     return solver if isinstance(solver, str) else "adam"
@@ -117,7 +117,7 @@ class TrainingOptions:
     loggers: Sequence[Any] = ()  # objects with log(metrics: dict, step: int) and close() (nbscale.loggers)
     _ready: bool = field(default=False, compare=False, init=False)  # not an argument: dataclasses.replace works
 
-    def __init__(self, solver: Solver = "sgdm", **options: Any) -> None:
+    def __init__(self, solver: Solver = "sgdm", **options: object) -> None:
         names = field_names()
         for name in options:
             if name not in names:
@@ -232,12 +232,12 @@ def unwrap_form(value: object) -> object:
 FACTORY_FIELDS = ("solver", "learn_rate_schedule")
 
 
-def shown_choice(value: Any) -> Any:
+def shown_choice(value: object) -> Any:
     """`value` as shown to the user (repr, options form, %%train): "custom" for a factory, else itself."""
     return "custom" if callable(value) and not isinstance(value, str) else value
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     if value is None or isinstance(value, (bool, int, float, str)):
         return repr(value)
     if isinstance(value, numbers.Number) and hasattr(value, "item"):  # a numpy scalar
@@ -292,7 +292,7 @@ class _choice:  # lower case: read as the other checks' makers
     def __init__(self, allowed: Sequence[str]) -> None:
         self.allowed = allowed
 
-    def __call__(self, value: Any) -> str | None:
+    def __call__(self, value: object) -> str | None:
         return None if value in self.allowed else "one of " + ", ".join(repr(a) for a in self.allowed)
 
 
@@ -303,7 +303,7 @@ class _choice_or_callable(_choice):
         super().__init__(allowed)
         self.factory = factory
 
-    def __call__(self, value: Any) -> str | None:
+    def __call__(self, value: object) -> str | None:
         if callable(value) and not isinstance(value, str):
             return None
         allowed = super().__call__(value)
@@ -311,8 +311,8 @@ class _choice_or_callable(_choice):
 
 
 def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False,
-            integer: bool = False, allow_inf: bool = False) -> Callable[[Any], str | None]:
-    def check(value: Any) -> str | None:
+            integer: bool = False, allow_inf: bool = False) -> Callable[[object], str | None]:
+    def check(value: Any) -> str | None:  # a numbers.Real test that mypy cannot follow through `ok`
         # numbers.Real: Python's and numpy's ints and floats alike (len(x) // 4 is often a numpy int)
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
         if ok and math.isinf(value):
@@ -333,30 +333,30 @@ def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_
     return check
 
 
-def _flag(value: Any) -> str | None:
+def _flag(value: object) -> str | None:
     # MATLAB writes these 1/0 ('Verbose', 0); numpy's bool_ counts too
     numpy_bool = type(value).__name__ in ("bool", "bool_") and type(value).__module__ == "numpy"
     ok = (isinstance(value, (bool, numbers.Integral)) and value in (0, 1)) or numpy_bool
     return None if ok else "True or False"
 
 
-def _optional_callable(value: Any) -> str | None:
+def _optional_callable(value: object) -> str | None:
     return None if value is None or callable(value) else "None or a function taking the training state"
 
 
-def _optional_path(value: Any) -> str | None:
+def _optional_path(value: object) -> str | None:
     import os
 
     return None if value is None or isinstance(value, (str, os.PathLike)) else "None or a folder path"
 
 
-def _compile(value: Any) -> str | None:
+def _compile(value: object) -> str | None:
     if isinstance(value, bool) or value in COMPILE_MODES:
         return None
     return "True, False, or a torch.compile mode: " + ", ".join(repr(m) for m in COMPILE_MODES)
 
 
-def _dataset(value: Any) -> str | None:
+def _dataset(value: object) -> str | None:
     from torch.utils.data import DataLoader
 
     if isinstance(value, DataLoader):  # what nbscale cannot follow in it is refused with the data (loader_data)
@@ -369,7 +369,7 @@ def _dataset(value: Any) -> str | None:
     return "None, a torch Dataset or DataLoader, or a tuple (inputs, labels) of tensors or arrays"
 
 
-def _loss(value: Any) -> str | None:
+def _loss(value: object) -> str | None:
     """None (cross-entropy), a name of nbscale.train.losses (a misspelt one gets the closest), or a callable."""
     if value is None or callable(value):
         return None
@@ -380,7 +380,7 @@ def _loss(value: Any) -> str | None:
     return unknown_loss(value)
 
 
-def _metrics(value: Any) -> str | None:
+def _metrics(value: object) -> str | None:
     """None, a sequence of metrics, or one alone; the names and types in it are checked by nbscale.train.metrics,
     whose OptionsError names the metric and the fix (what depends on the data is checked on the first batch)."""
     if value is not None and not callable(value) and (not isinstance(value, Sequence) or isinstance(value, bytes)):
@@ -391,7 +391,7 @@ def _metrics(value: Any) -> str | None:
     return None
 
 
-def _objective_metric(value: Any) -> str | None:
+def _objective_metric(value: object) -> str | None:
     return None if isinstance(value, str) and value else "'loss' or the name of one of the metrics"
 
 
@@ -407,7 +407,7 @@ def _objective_fits(options: TrainingOptions) -> None:
     objective(options.objective_metric, options.objective_goal, resolve_metrics(options.metrics, regression=regression))
 
 
-def _loggers(value: Any) -> str | None:
+def _loggers(value: object) -> str | None:
     """Refined in nbscale.loggers; here: a sequence of objects with log(metrics, step) and close()."""
     if value is None:
         return None  # no loggers: stored as ()
@@ -417,7 +417,7 @@ def _loggers(value: Any) -> str | None:
     return "a list of loggers, each with log(metrics, step) and close() (e.g. nbscale.loggers.CSVLogger('run.csv'))"
 
 
-def _mini_batch_size(value: Any) -> str | None:
+def _mini_batch_size(value: object) -> str | None:
     if isinstance(value, str) and value == "auto":
         return None
     return None if _number(1, integer=True)(value) is None else "an integer >= 1, or 'auto' (fitted to GPU memory)"
@@ -437,7 +437,7 @@ def _worker_load(value: Any) -> str | None:
     return None if ok else allowed
 
 
-_CHECKS: dict[str, Callable[[Any], str | None]] = {
+_CHECKS: dict[str, Callable[[object], str | None]] = {
     "solver": _choice_or_callable(SOLVERS, "params -> torch.optim.Optimizer"),
     "initial_learn_rate": _number(0, low_open=True),
     "momentum": _number(0, 1),

@@ -28,7 +28,7 @@ class Readers:
 
     position: int
     count: int
-    group: Any  # a torch.distributed group
+    group: torch.distributed.ProcessGroup | None  # a torch.distributed group
     device: torch.device
 
     def block_size(self, items: int) -> int:
@@ -39,7 +39,7 @@ class Readers:
         size = self.block_size(items)
         return range(min(items, self.position * size), min(items, (self.position + 1) * size))
 
-    def exchange(self, value: Any) -> list[Any]:
+    def exchange(self, value: object) -> list[Any]:
         """Every rank's `value` (small and picklable), in rank order, on every rank (sealed with the pool's key: a
         pool worker's peers' pickles are checked before they are unpickled)."""
         from nbscale.pool.sealed import all_gather_objects

@@ -25,7 +25,7 @@ _CLASS_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss, nn.BCELoss, nn.BCEWithLogitsLo
 _CLASS_FUNCTIONS = (F.cross_entropy, F.nll_loss, F.binary_cross_entropy, F.binary_cross_entropy_with_logits)
 
 
-def is_regression(options: TrainingOptions, loss_fn: Any, first_target: Any) -> bool:
+def is_regression(options: TrainingOptions, loss_fn: object, first_target: object) -> bool:
     """Whether the run is a regression (see the module docstring); `first_target` may be a function giving it, called
     only where the loss does not decide (reading a sample can cost a file or an S3 request)."""
     if is_regression_loss(options.loss) or is_regression_loss(loss_fn) or loss_fn in _REGRESSION_FUNCTIONS:
@@ -39,13 +39,13 @@ def is_regression(options: TrainingOptions, loss_fn: Any, first_target: Any) -> 
     return isinstance(first_target, float) or (target is not None and target.is_floating_point())
 
 
-def run_metrics(options: TrainingOptions, loss_fn: Any, train_data: Any) -> MetricSet:
+def run_metrics(options: TrainingOptions, loss_fn: object, train_data: object) -> MetricSet:
     """`options.metrics` resolved for this run (the default decided by its loss and first target)."""
     return resolve_metrics(options.metrics,
                            regression=is_regression(options, loss_fn, lambda: _first_target(train_data)))
 
 
-def _first_target(data: Any) -> Any:
+def _first_target(data: Any) -> object:
     """The first sample's target, or None where the data cannot say (read before training: one item)."""
     try:
         item = data[0]
@@ -54,7 +54,7 @@ def _first_target(data: Any) -> Any:
     return item[1] if isinstance(item, tuple | list) and len(item) >= 2 else None
 
 
-def check_on_first_sample(options: TrainingOptions, loss_fn: Any, model: nn.Module, first_item: Any) -> None:
+def check_on_first_sample(options: TrainingOptions, loss_fn: object, model: nn.Module, first_item: object) -> None:
     """OptionsError (naming the metric and the fix) in the notebook, before any worker starts, when a metric
     the user named does not fit the network's outputs for the first sample; the loop checks its first batch too.
     Nothing is said where the network cannot run on one sample here: the loop's first step says why."""
@@ -88,7 +88,7 @@ class Objective:
         return value if self.goal == "minimize" else -value
 
 
-def summed_over(group: Any, totals: torch.Tensor) -> torch.Tensor:
+def summed_over(group: torch.distributed.ProcessGroup | None, totals: torch.Tensor) -> torch.Tensor:
     """`totals` summed over the ranks of `group` (in place; as it is without a group)."""
     if group is not None:
         torch.distributed.all_reduce(totals, group=group)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbscale.rendering import Rendered
 from nbscale.train.options import TrainingOptions, field_names
 from nbscale.train.runs import TrainingRun
+
+if TYPE_CHECKING:
+    from nbscale.train.info import TrainingInfo
 
 
 def rank_key(run: TrainingRun) -> tuple[int, float]:
@@ -51,7 +54,7 @@ def run_row(run: TrainingRun) -> dict[str, Any]:
     }
 
 
-def _metric_cells(info: Any) -> dict[str, str]:
+def _metric_cells(info: TrainingInfo) -> dict[str, str]:
     """A training and a validation cell per metric (accuracy in %, as before; a regression run has no accuracy)."""
     cells: dict[str, str] = {}
     final = info.final_validation

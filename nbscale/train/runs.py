@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,10 +25,13 @@ from nbscale.train.events import IterationDone, TrainingStarted
 from nbscale.train.info import TrainingInfo
 from nbscale.train.options import TrainingOptions
 
+if TYPE_CHECKING:
+    from nbscale.pool.pool import Pool
+
 _EMIT_INTERVAL = 0.2  # seconds between bunches of events sent by a worker
 
 
-class TrainingRun(Future):
+class TrainingRun(Future[Any]):
     """A training run submitted to the pool: a Future of `(net, info)` with live progress.
 
     `info` fills as the run trains; `state` is "queued", "running", "done", "failed" or "cancelled";
@@ -56,11 +59,11 @@ class TrainingRun(Future):
 
     # ---- the pool side --------------------------------------------------------------------------------------
 
-    def _attach(self, pool: Any, task: Future[Any]) -> None:
+    def _attach(self, pool: Pool, task: Future[Any]) -> None:
         self.pool, self._task = pool, task
         task.add_done_callback(self._task_done)
 
-    def _on_event(self, rank: int, events: Any) -> None:
+    def _on_event(self, rank: int, events: object) -> None:
         """Events from the worker (receiver thread): record them and tell the listeners."""
         with self._lock:
             for event in events if isinstance(events, list) else [events]:
@@ -130,7 +133,7 @@ class TrainingRun(Future):
             return False
         if self._task is None:
             return self._cancel_and_notify()
-        return self.pool.cancel(self._task)
+        return bool(self.pool.cancel(self._task))
 
     def _cancel_and_notify(self) -> bool:
         # Future.cancel alone leaves the state CANCELLED, which concurrent.futures.wait and as_completed never
@@ -203,7 +206,7 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     return run
 
 
-def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOptions,
+def train_run_on_worker(model: nn.Module, train_data: object, options: TrainingOptions,
                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
                         seeded: SeededStart | None = None,
                         step_fn: Callable[..., Any] | None = None) -> tuple[nn.Module, TrainingInfo]:
@@ -221,7 +224,7 @@ def train_run_on_worker(model: nn.Module, train_data: Any, options: TrainingOpti
     sender = EventBunches(context.emit, _EMIT_INTERVAL)
     stop_reason: list[str] = []
 
-    def publish(event: Any) -> None:
+    def publish(event: object) -> None:
         info.record(event)
         sender.send(event)
         if options.output_fn is not None and isinstance(event, IterationDone) and options.output_fn(info) is True:

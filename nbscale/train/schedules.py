@@ -86,7 +86,7 @@ class CustomSchedule:
 
     def before_iteration(self, iteration: int) -> float:
         group = self.optimizer.param_groups[0]
-        return float(group["lr"]) / group.get("lr_factor", 1.0)
+        return float(group["lr"]) / float(group.get("lr_factor", 1.0))
 
     def after_iteration(self) -> None:
         if self.each == "iteration":
@@ -135,8 +135,8 @@ def make_schedule(options: TrainingOptions, optimizer: torch.optim.Optimizer, it
 def base_rate(optimizer: torch.optim.Optimizer) -> float:
     """The base learn rate of an optimizer made by make_optimizer: its first group's rate over its lr_factor."""
     group = optimizer.param_groups[0]
-    return float(group["lr"]) / group.get("lr_factor", 1.0)
+    return float(group["lr"]) / float(group.get("lr_factor", 1.0))
 
 
-def _name(factory: Any) -> str:
+def _name(factory: object) -> str:
     return getattr(factory, "__name__", type(factory).__name__)

@@ -119,9 +119,9 @@ class SweepResult(Rendered):
         return pd.DataFrame(self.table().rows())
 
 
-def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: Any, options: TrainingOptions | None = None,
-          grid: dict[str, Sequence[Any]] | None = None, pool: Any = None,
-          loss_fn: Callable[..., Any] | None = None, val_data: Any = None, wait: bool = True,
+def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: object, options: TrainingOptions | None = None,
+          grid: dict[str, Sequence[Any]] | None = None, pool: object = None,
+          loss_fn: Callable[..., Any] | None = None, val_data: object = None, wait: bool = True,
           seed: int | None = None) -> SweepResult:
     """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
 

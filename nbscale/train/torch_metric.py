@@ -49,7 +49,7 @@ class TorchMetric:
         self.goal = None if higher is None else "maximize" if higher else "minimize"
         self.on_device: dict[torch.device, Any] = {}  # a copy per device the states are computed on
 
-    def _copy_on(self, device: torch.device) -> Any:
+    def _copy_on(self, device: torch.device) -> object:
         metric = self.on_device.get(device)
         if metric is None:
             metric = self.on_device[device] = copy.deepcopy(self.host).to(device)

@@ -130,7 +130,7 @@ def _check_worker_load(options: TrainingOptions, on_pool: bool) -> None:
                            "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
 
 
-def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
+def _train_on_pool(model: nn.Module, dataset: object, options: TrainingOptions, step: tuple[Any, Any], seed: int,
                    resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
                    forced: Callable[[], bool]) -> tuple[Any, list[str]]:
     """(the pool's result, the restarts it took): the run on the pool, restarted without lost workers under
@@ -151,7 +151,7 @@ def _train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, ste
 
 
 def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
-                resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> Any:
+                resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> object:
     """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
     device = training_device(options.execution_environment)
     check_auto_batch_device(options, device.type == "cuda", "the CPU")
@@ -170,7 +170,7 @@ def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: 
         message, after=release_training_gpus if device.type == "cuda" else None)
 
 
-def checked_inputs(model: Any, train_data: Any, options: TrainingOptions, loss_fn: Any,
+def checked_inputs(model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any,
                    step_fn: Any = None) -> tuple[Any, TrainingOptions, Any]:
     """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.train.checks).
 
@@ -221,7 +221,7 @@ def draw_seed() -> int:
     return int(torch.randint(2**31 - 1, (1,)).item())
 
 
-def as_options(options: Any) -> TrainingOptions:
+def as_options(options: object) -> TrainingOptions:
     """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
     if options is None:
         return TrainingOptions("sgdm")
@@ -264,7 +264,7 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
                 state["forced"] = True
                 _thread.interrupt_main()  # runs on_interrupt in the main thread, which raises KeyboardInterrupt
 
-    def on_interrupt(signum: int, frame: Any) -> None:
+    def on_interrupt(signum: int, frame: object) -> None:
         # a DataLoader process forked during training (dispatch_in_background) inherits this handler, and the
         # kernel's interrupt reaches its whole process group: the notebook's process alone stops the run
         if state["done"] or os.getpid() != notebook:

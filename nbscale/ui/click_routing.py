@@ -13,7 +13,10 @@ Stop button then says to interrupt the kernel).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from ipykernel.kernelbase import Kernel
 
 SUBSHELLS = "kernel subshells"  # the kernel_info feature that names subshell support (JEP 91)
 
@@ -53,7 +56,7 @@ def route_clicks_off_main_thread(*widgets: Any) -> Callable[[], None] | None:
     return undo
 
 
-def routes_comms_to_subshells(kernel: Any) -> bool:
+def routes_comms_to_subshells(kernel: Kernel) -> bool:
     """True where `kernel` has subshells and routes a comm's messages to one (ipykernel 7.4 and later)."""
     if SUBSHELLS not in kernel.kernel_info.get("supported_features", []):
         return False
@@ -92,4 +95,4 @@ def _request(client: Any, kind: str, content: dict[str, Any], timeout: float = 1
         if reply["parent_header"].get("msg_id") == message["header"]["msg_id"]:
             if reply["content"].get("status", "ok") != "ok":
                 raise RuntimeError(reply["content"].get("evalue", f"{kind} failed"))
-            return reply["content"]
+            return cast("dict[str, Any]", reply["content"])

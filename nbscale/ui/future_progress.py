@@ -49,6 +49,6 @@ def _status_bundle(future: Future[Any]) -> dict[str, str]:
     return {"text/plain": text, "text/html": f"<pre>{html.escape(text)}</pre>"}
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import JobError
 from nbscale.jobs import training_record
@@ -24,10 +24,13 @@ from nbscale.jobs.store import ACTIVE_STATES
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone
 from nbscale.ui.progress import TrainingProgress, format_duration
 
+if TYPE_CHECKING:
+    from nbscale.jobs.job import Job
+
 POLL_INTERVAL_S = 0.5
 
 
-def show_job(job: Any, training: int | None = None, wait: bool = False) -> None:
+def show_job(job: Job, training: int | None = None, wait: bool = False) -> None:
     """Display a job's training (see `Job.show`); returns once caught up, or with `wait=True` when the job ends."""
     shell = _kernel_shell()
     if shell is None:
@@ -54,7 +57,7 @@ def show_job(job: Any, training: int | None = None, wait: bool = False) -> None:
 class JobMonitor:
     """Reads a job's training records and draws them; `step()` reads what is new, True once nothing more can come."""
 
-    def __init__(self, job: Any, training: int | None) -> None:
+    def __init__(self, job: Job, training: int | None) -> None:
         from IPython.display import display
 
         self.job, self.pinned = job, training is not None
@@ -149,7 +152,7 @@ class JobMonitor:
 class JobTrainingProgress(TrainingProgress):
     """The in-notebook display, fed from a job's record: drawn once per poll, with the job in its info panel."""
 
-    def __init__(self, job: Any, number: int, name: str | None) -> None:
+    def __init__(self, job: Job, number: int, name: str | None) -> None:
         super().__init__(_MonitorStop(job, number), min_interval=math.inf)  # drawn by the monitor, not per event
         self.job, self.number = job, number
         self.label = f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
@@ -197,7 +200,7 @@ def _says_more(error: str | None, state: str) -> bool:
 class _MonitorStop(StopSignal):
     """The Stop button's signal: a request writes the job's stop file for this training."""
 
-    def __init__(self, job: Any, number: int) -> None:
+    def __init__(self, job: Job, number: int) -> None:
         super().__init__()
         self.job, self.number = job, number
 
@@ -213,14 +216,14 @@ def _line(text: str) -> dict[str, str]:
     return {"text/plain": text, "text/html": f"<div style='font-size:12px'>{html.escape(text)}</div>"}
 
 
-def _kernel_shell() -> Any:
+def _kernel_shell() -> object:
     from IPython import get_ipython
 
     shell = get_ipython()
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
-def _outputs_to_this_cell(shell: Any) -> Any:
+def _outputs_to_this_cell(shell: object) -> object:
     """A function that, run in another thread, sends that thread's displays as outputs of the running cell
     (ipykernel >= 7 keeps each thread's parent message apart; without it they go to the latest cell)."""
     publisher: Any = getattr(shell, "display_pub", None)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from nbscale.train.options import TrainingOptions, field_names
 
 # %%train's own flags and the field each sets
@@ -36,7 +34,7 @@ def train_magic_line(options: TrainingOptions, name: str = "form") -> str:
     return " ".join(flags)
 
 
-def _differs(a: Any, b: Any) -> bool:
+def _differs(a: object, b: object) -> bool:
     try:
         return bool(a != b)
     except Exception:  # tensors and the like: compared by identity above

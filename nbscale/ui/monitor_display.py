@@ -86,5 +86,5 @@ class MonitorDisplay:
         return {"text/html": f"{bar}<table style='font-size:12px'>{html}</table>", "text/plain": text}
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -79,7 +79,7 @@ def _dropdown_options(name: str) -> list[Any] | None:
     return None
 
 
-def text_of(name: str, value: Any) -> str:
+def text_of(name: str, value: object) -> str:
     """What the text box of field `name` shows for the option value `value`."""
     if name in NUMBER_OR_INF:
         return "inf" if value == math.inf else _format_number(value)
@@ -191,11 +191,11 @@ def parse_number(text: str) -> float | int | None:
     return int(number) if number.is_integer() else number
 
 
-def _format_number(value: Any) -> str:
+def _format_number(value: object) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def looks_like_data(value: Any) -> bool:
+def looks_like_data(value: object) -> bool:
     """True for what validation_data takes: a Dataset, or an (inputs, labels) pair of tensors."""
     from torch import Tensor
     from torch.utils.data import Dataset
@@ -205,12 +205,12 @@ def looks_like_data(value: Any) -> bool:
     return isinstance(value, Dataset)
 
 
-def is_sequence(value: Any) -> bool:
+def is_sequence(value: object) -> bool:
     """True for a list or tuple (what metrics and loggers list)."""
     return isinstance(value, list | tuple)
 
 
-def is_user_function(value: Any) -> bool:
+def is_user_function(value: object) -> bool:
     """True for a function defined in the notebook (what output_fn lists)."""
     return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
 

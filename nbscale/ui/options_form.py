@@ -93,7 +93,7 @@ class OptionsForm:
 
     # ---- widgets -----------------------------------------------------------------------------------------------
 
-    def _group(self, title: str, names: tuple[str, ...]) -> Any:
+    def _group(self, title: str, names: tuple[str, ...]) -> object:
         import ipywidgets as w
 
         rows = []
@@ -141,11 +141,12 @@ class OptionsForm:
         else:
             widget.value = value
 
-    def _choice_for(self, name: str, value: Any) -> str:
+    def _choice_for(self, name: str, value: object) -> str:
         widget = self.widgets[name]
         if value is None:
             return NONE
-        found = next((n for n in widget.options if n not in (NONE, KEPT) and self.namespace.get(n) is value), None)
+        found: str | None = next(
+            (n for n in widget.options if n not in (NONE, KEPT) and self.namespace.get(n) is value), None)
         if found is not None:
             return found
         self._kept[name] = value

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbscale.train.events import (
     IterationDone,
@@ -28,6 +28,9 @@ from nbscale.train.events import (
 from nbscale.ui.click_routing import route_clicks_off_main_thread
 from nbscale.ui.progress_figure import ProgressFigure, figure_for_run, is_drop, metric_panels, smoothed
 from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
+
+if TYPE_CHECKING:
+    from nbscale.train.events import Event
 
 
 class TrainingProgress:
@@ -55,7 +58,7 @@ class TrainingProgress:
         self._click_route: Any = None
         self._figure: ProgressFigure | None = None
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: Event) -> None:
         if isinstance(event, IterationDone):  # first: this runs every iteration
             self._add(event)
             now = time.perf_counter()
@@ -236,7 +239,7 @@ class TrainingProgress:
             shell.events.register("post_run_cell", self._on_cell_end)
             self._shell = shell
 
-    def _on_cell_end(self, _result: Any = None) -> None:
+    def _on_cell_end(self, _result: object = None) -> None:
         self._close_button()
 
     def _close_button(self) -> None:

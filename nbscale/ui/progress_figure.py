@@ -22,7 +22,10 @@ import io
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 _PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps its lowest and highest point
 _MAX_EPOCH_BANDS = 100  # beyond: a light line every k-th epoch
@@ -308,7 +311,7 @@ def smoothed(previous: float | None, value: float) -> float:
     return SMOOTHING * previous + (1 - SMOOTHING) * value
 
 
-def _mark_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -> None:
+def _mark_epochs(axes: Axes, total_iterations: int, iterations_per_epoch: int) -> None:
     """Every other epoch shaded, as MATLAB marks epochs (a light line every k-th epoch when there are more than
     _MAX_EPOCH_BANDS)."""
     epochs = total_iterations // max(iterations_per_epoch, 1)
@@ -323,7 +326,7 @@ def _mark_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) ->
         axes.vlines(marks, 0, 1, transform=axes.get_xaxis_transform(), color="0.85", linewidth=0.8, zorder=0)
 
 
-def _label_epochs(axes: Any, total_iterations: int, iterations_per_epoch: int) -> None:
+def _label_epochs(axes: Axes, total_iterations: int, iterations_per_epoch: int) -> None:
     """Epoch numbers along the top of the figure, at each epoch's middle (every k-th when there are many)."""
     epochs = total_iterations // max(iterations_per_epoch, 1)
     if epochs < 1:

@@ -14,7 +14,7 @@ from nbscale.rendering import register, register_viewer
 
 
 def _lazy(module: str, function: str) -> Callable[..., Any]:
-    def render(value: Any, **options: Any) -> Any:
+    def render(value: object, **options: object) -> Any:
         return getattr(importlib.import_module(module), function)(value, **options)
 
     render.__name__ = function

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbscale.train.events import StopSignal, TrainingDone, TrainingStarted
 from nbscale.ui.job_monitor import _kernel_shell, _outputs_to_this_cell
 from nbscale.ui.progress import TrainingProgress
 from nbscale.ui.progress_figure import figure_for_run
+
+if TYPE_CHECKING:
+    from nbscale.train.runs import TrainingRun
 
 _ENDED = object()  # queued when the run ends
 _STATES_ENDED = ("done", "failed", "cancelled")
@@ -22,7 +25,7 @@ class RunProgress(TrainingProgress):
     holds_the_cell = False  # the run goes on after show()'s cell; its end removes the button
     redraws_when_done = True
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: TrainingRun) -> None:
         stop = StopSignal()
         stop.on_request.append(run.stop)
         super().__init__(stop)
@@ -57,7 +60,7 @@ class RunProgress(TrainingProgress):
             self.finished = True
 
 
-def show_run(run: Any) -> RunProgress:
+def show_run(run: TrainingRun) -> RunProgress:
     """Show `run`'s progress below the cell and return at once (what it trained before is drawn first)."""
     view = RunProgress(run)
     view.state = "Waiting for a worker" if run.state == "queued" else "Starting"
@@ -73,7 +76,7 @@ def show_run(run: Any) -> RunProgress:
     return view
 
 
-def _history(run: Any) -> list[Any]:
+def _history(run: TrainingRun) -> list[Any]:
     """The events of what `run` trained before it was shown, rebuilt from its info."""
     from nbscale.train.events import IterationDone
 

@@ -4,10 +4,13 @@ state as a coloured dot and each failed run's traceback folded below."""
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbscale.train.run_table import RunsTable, last_line
 from nbscale.ui.table import html_table, text_table
+
+if TYPE_CHECKING:
+    from nbscale.train.sweep import SweepResult
 
 _STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "failed": "#d62728",
                   "cancelled": "#ff7f0e"}
@@ -39,12 +42,12 @@ def runs_table_html(table: RunsTable) -> str:
     return body
 
 
-def sweep_result_text(result: Any) -> str:
+def sweep_result_text(result: SweepResult) -> str:
     """A SweepResult shows as its results table."""
     return runs_table_text(result.table())
 
 
-def sweep_result_html(result: Any) -> str:
+def sweep_result_html(result: SweepResult) -> str:
     """A SweepResult shows as its results table."""
     return runs_table_html(result.table())
 

@@ -19,7 +19,7 @@ def stop_button(stop: StopSignal, tooltip: str = STOP_TOOLTIP) -> Any:
 
     button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
 
-    def on_click(_: Any) -> None:
+    def on_click(_: object) -> None:
         stop.request("Stopped by the Stop button")
         button.disabled = True
         button.description = "Stopping..."

@@ -114,7 +114,7 @@ class SweepDisplay:
 
     # ---- buttons ---------------------------------------------------------------------------------------------
 
-    def _button_box(self) -> Any:
+    def _button_box(self) -> object:
         import ipywidgets
         rows = []
         for run in self.runs:

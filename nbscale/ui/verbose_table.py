@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from nbscale.train.events import IterationDone, PreparingData, StopSignal, TrainingDone, TrainingStarted
+
+if TYPE_CHECKING:
+    from nbscale.train.events import Event
 
 _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
            "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
@@ -44,7 +47,7 @@ class VerboseTable:
         self.header: tuple[str, ...] = _HEADER
         self.widths = [max(len(h), 9) for h in self.header]
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: Event) -> None:
         if isinstance(event, PreparingData):
             if self.preparing and not self.total:  # not amid the table (a pool restarted mid-run reads again)
                 self._print_preparing(event)

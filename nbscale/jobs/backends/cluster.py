@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from nbscale.errors import JobError
 from nbscale.jobs.backends.base import JobBackend, Launch, LaunchFailed
@@ -106,7 +106,7 @@ def _with_timeout(action: Callable[[], T], timeout: float, what: str) -> T:
         raise TimeoutError(f"{what} got no answer within {timeout:.0f} s")
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["value"]
+    return cast(T, outcome["value"])
 
 
 _clients: dict[str, Any] = {}

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from nbscale.errors import PoolError
 from nbscale.pool.backends.base import Backend, WorkerSpec
@@ -74,7 +74,7 @@ class _Launcher:
         if self.process is None:
             return None
         try:
-            return self.process.wait(timeout=1)
+            return cast(int, self.process.wait(timeout=1))
         except subprocess.TimeoutExpired:
             return None
 
@@ -168,7 +168,7 @@ class RayBackend(Backend):
     def _kernel_address(self) -> str:
         import ray
 
-        return ray.util.get_node_ip_address()
+        return cast(str, ray.util.get_node_ip_address())
 
     def _worker_count_and_gpus(self, settings: PoolSettings) -> tuple[int, float]:
         import ray
@@ -298,7 +298,7 @@ def _gcs_address() -> str | None:
     import ray
 
     try:
-        return ray.get_runtime_context().gcs_address
+        return cast("str | None", ray.get_runtime_context().gcs_address)
     except Exception:  # a Ray client connection has no GCS address here
         return None
 

@@ -82,7 +82,8 @@ def _history(run: Any) -> list[Any]:
         return []
     events: list[Any] = [TrainingStarted(info.max_epochs, info.iterations_per_epoch, info.mini_batch_size,
                                          info.hardware, run.started_at or 0.0, info.iteration[0],
-                                         metric_names=info.metric_names)]
+                                         metric_names=info.metric_names, objective_metric=info.objective_metric,
+                                         objective_goal=info.objective_goal)]
     for index, iteration in enumerate(info.iteration):
         events.append(IterationDone(
             info.epoch[index], iteration, info.time[index], info.training_loss[index], info.training_accuracy[index],

@@ -144,8 +144,15 @@ class SweepDisplay:
     # ---- the figure ------------------------------------------------------------------------------------------
 
     def png(self) -> bytes:
+        """The comparison figure (`figure()`) as a PNG."""
+        buffer = io.BytesIO()
+        self.figure().savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    def figure(self) -> Any:
         """A panel per metric of the runs (`metrics=`, accuracy in %) then the loss, each with every run's
-        smoothed training curve and validation points, as a PNG; the objective's panel says so."""
+        smoothed training curve and validation points; the objective's panel says so. A matplotlib Figure on an
+        Agg canvas (no pyplot)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -169,9 +176,7 @@ class SweepDisplay:
             first.legend(handles, labels, loc="best", fontsize=8)
         if self.title:
             first.set_title(self.title, fontsize=10)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        return buffer.getvalue()
+        return figure
 
     def panel_names(self) -> list[str]:
         """The figure's panels, top to bottom: every metric of the runs (in their order, first run first), then

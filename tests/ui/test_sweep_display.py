@@ -34,6 +34,29 @@ val_data = val
     assert check.stdout.strip() == "['done', 'done', 'done', 'done'] True True", check.text
 
 
+def test_train_magic_sweeps_with_the_cells_step_fn_and_shows_every_metric_in_its_table(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    assert kernel.run('opts = nbscale.TrainingOptions("sgdm", metrics=("accuracy", "fscore"), '
+                      'objective_metric="fscore")').ok
+    result = kernel.run("""%%train --options opts --sweep "initial_learn_rate=0.2,0.4" --epochs 3
+def make_model():
+    return tiny_net()
+train_data = (train_x, train_y)
+val_data = val
+def step_fn(model, inputs, labels):  # trains towards the next class: only its runs predict label + 1
+    outputs = model(inputs)
+    return torch.nn.functional.cross_entropy(outputs, (labels + 1) % 10), outputs
+""", timeout=180)
+    assert result.ok, result.text
+    tables = [d["text/html"] for d in result.displays if "Results (best first)" in d.get("text/html", "")]
+    assert tables and all(column in tables[-1] for column in ("training fscore", "validation fscore",
+                                                              "validation accuracy", "validation loss"))
+    check = kernel.run("print([r.state for r in sweep_result.runs], "
+                       "min(nbscale.accuracy(n, (val[0], (val[1] + 1) % 10)) for n in sweep_result.nets) > 0.6, "
+                       "info.final_validation['fscore'] == max(i.final_validation['fscore'] for i in sweep_result.infos))")
+    assert check.stdout.strip() == "['done', 'done'] True True", check.text
+
+
 def test_show_draws_a_run_with_trains_figure_while_the_notebook_keeps_working(kernel) -> None:
     assert kernel.run(SETUP).ok
     started = kernel.run("""

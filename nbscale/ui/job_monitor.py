@@ -22,6 +22,7 @@ from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone
+from nbscale.ui.cell_outputs import CellOutputs
 from nbscale.ui.progress import TrainingProgress, format_duration
 
 POLL_INTERVAL_S = 0.5
@@ -47,7 +48,7 @@ def show_job(job: Any, training: int | None = None, wait: bool = False) -> None:
         except KeyboardInterrupt:
             monitor.say(f"Stopped following job {job.id}; the job goes on (job.show() follows it again).")
         return
-    pin = _outputs_to_this_cell(shell)
+    pin = CellOutputs(shell).pin  # the thread's outputs go to this cell
     threading.Thread(target=monitor.follow, args=(pin,), name=f"nbscale-job-monitor-{job.id}", daemon=True).start()
 
 
@@ -218,16 +219,3 @@ def _kernel_shell() -> Any:
 
     shell = get_ipython()
     return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
-
-
-def _outputs_to_this_cell(shell: Any) -> Any:
-    """A function that, run in another thread, sends that thread's displays as outputs of the running cell
-    (ipykernel >= 7 keeps each thread's parent message apart; without it they go to the latest cell)."""
-    publisher: Any = getattr(shell, "display_pub", None)
-    parent = getattr(publisher, "parent_header", None)
-
-    def pin() -> None:
-        if parent and callable(getattr(publisher, "set_thread_parent", None)):
-            publisher.set_thread_parent(parent)
-
-    return pin

@@ -86,6 +86,11 @@ print(details.stop_reason, run.state, len(view.png()) > 1000, isinstance(view, T
 """, timeout=90)
     # train's figure (accuracy and loss panels, every iteration), not the sweep's comparison figure
     assert stopped.stdout.strip() == "Stopped on request done True True ['Accuracy (%)', 'Loss'] True", stopped.text
+    # the figure's output was made in show()'s cell; drawn from a thread, its updates also reach a client that
+    # reads only the cell it runs (as nbclient does): here, the later cells
+    assert any(d.get("text/plain", "").startswith("<training progress figure: waiting") for d in started.displays)
+    assert any("image/png" in d for d in meanwhile.displays + stopped.displays), stopped.text
+    assert any("Stopped on request" in d.get("text/plain", "") for d in stopped.displays), stopped.text
 
 
 def test_train_magic_sweep_with_a_seed_repeats_its_results_and_seed_needs_a_sweep(kernel) -> None:

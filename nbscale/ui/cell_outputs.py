@@ -13,6 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 
+def kernel_shell() -> Any:
+    """The Jupyter kernel's shell, or None outside a kernel (a script, a terminal IPython)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
+
+
 class CellOutputs:
     """Made in the main thread while the showing cell runs; `pin()` and `mirrored(handle)` in the drawing thread."""
 
@@ -42,19 +50,21 @@ class CellOutputs:
 
 
 class MirroredHandle:
-    """A display handle whose `update` goes to the showing cell and, after it, to the latest other cell."""
+    """A display handle whose `update` goes to the showing cell and, after it, to the latest other cell, from
+    any thread (a drawing thread, the pool's receiver thread)."""
 
     def __init__(self, handle: Any, outputs: CellOutputs) -> None:
         self.handle, self.outputs = handle, outputs
 
     def update(self, obj: Any, **kwargs: Any) -> None:
-        self.handle.update(obj, **kwargs)
-        latest = self.outputs.latest_other()
-        publisher = self.outputs.publisher
-        if latest is None or not callable(getattr(publisher, "reset_thread_parent", None)):
+        publisher, showing = self.outputs.publisher, self.outputs.parent
+        if not showing or not callable(getattr(publisher, "reset_thread_parent", None)):
+            self.handle.update(obj, **kwargs)  # an older kernel: to the latest cell, as any output of a thread
             return
-        token = publisher.set_thread_parent(latest)
-        try:
-            self.handle.update(obj, **kwargs)
-        finally:
-            publisher.reset_thread_parent(token)
+        latest = self.outputs.latest_other()
+        for parent in (showing, latest) if latest is not None else (showing,):
+            token = publisher.set_thread_parent(parent)
+            try:
+                self.handle.update(obj, **kwargs)
+            finally:
+                publisher.reset_thread_parent(token)

@@ -22,7 +22,7 @@ from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone
-from nbscale.ui.cell_outputs import CellOutputs
+from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress, format_duration
 
 POLL_INTERVAL_S = 0.5
@@ -30,7 +30,7 @@ POLL_INTERVAL_S = 0.5
 
 def show_job(job: Any, training: int | None = None, wait: bool = False) -> None:
     """Display a job's training (see `Job.show`); returns once caught up, or with `wait=True` when the job ends."""
-    shell = _kernel_shell()
+    shell = kernel_shell()
     if shell is None:
         raise JobError("job.show() draws in a notebook (a Jupyter kernel). In a script, job.training_info() gives "
                        "the training's history so far and job.wait() waits for the job to end.")
@@ -212,10 +212,3 @@ def _line(text: str) -> dict[str, str]:
     import html
 
     return {"text/plain": text, "text/html": f"<div style='font-size:12px'>{html.escape(text)}</div>"}
-
-
-def _kernel_shell() -> Any:
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None

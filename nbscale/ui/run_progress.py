@@ -8,8 +8,7 @@ import threading
 from typing import Any
 
 from nbscale.train.events import StopSignal, TrainingDone, TrainingStarted
-from nbscale.ui.cell_outputs import CellOutputs
-from nbscale.ui.job_monitor import _kernel_shell
+from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress
 from nbscale.ui.progress_figure import figure_for_run
 
@@ -76,7 +75,7 @@ def show_run(run: Any) -> RunProgress:
     view._open_panel()  # the Stop button and the info panel at once, in this cell; the figure at the first events
     view.figure_placeholder = display({"text/plain": "<training progress figure: waiting for the first iterations>"},
                                       raw=True, display_id=True)
-    shell = _kernel_shell()
+    shell = kernel_shell()
     outputs = CellOutputs(shell) if shell is not None else None
     if outputs is not None:  # updates reach this cell's outputs in a client that is running a later cell too
         view.info_handle, view.button_handle = outputs.mirrored(view.info_handle), outputs.mirrored(view.button_handle)

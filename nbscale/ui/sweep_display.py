@@ -17,6 +17,7 @@ from typing import Any
 
 from nbscale.train.run_table import RunsTable, ranked
 from nbscale.train.runs import TrainingRun
+from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress_figure import smoothed
 from nbscale.ui.runs_table import runs_table_bundle
 
@@ -60,6 +61,11 @@ class SweepDisplay:
                                     display_id=True)
         self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
                                      display_id=True)
+        shell = kernel_shell()
+        if shell is not None:  # redraws reach these outputs in a client running a later cell too (wait=False)
+            outputs = CellOutputs(shell)
+            self.buttons_handle, self.table_handle, self.figure_handle = (
+                outputs.mirrored(handle) for handle in (self.buttons_handle, self.table_handle, self.figure_handle))
         for run in self.runs:
             run.subscribe(self._on_change)
         threading.Thread(target=self._refresh_forever, name="nbscale-sweep-display", daemon=True).start()

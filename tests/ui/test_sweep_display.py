@@ -123,3 +123,18 @@ def test_the_runs_table_has_a_column_per_metric_and_no_accuracy_for_a_regression
     row = run_row(run)
     assert "training accuracy" not in row and "validation accuracy" not in row
     assert row["training rmse"] == "0.9000" and row["validation mae"] == "0.9600"
+
+
+def test_a_background_sweeps_display_updates_reach_the_later_cell_that_waits_for_it(kernel) -> None:
+    assert kernel.run(SETUP).ok
+    started = kernel.run("""
+options = nbscale.TrainingOptions("sgdm", max_epochs=2, verbose=False)
+result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.05, 0.2]}, val_data=val,
+                       wait=False)
+""", timeout=60)
+    assert started.ok, started.text
+    waited = kernel.run("result.wait(); print([run.state for run in result.runs])", timeout=180)
+    assert waited.stdout.strip() == "['done', 'done']", waited.text
+    # the outputs are show()'s cell's; a client reading only the waiting cell (nbclient) still gets their updates
+    assert any("image/png" in d for d in waited.displays), waited.text
+    assert any("Results (best first)" in d.get("text/html", "") for d in waited.displays), waited.text

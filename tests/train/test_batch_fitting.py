@@ -239,15 +239,13 @@ def distilling_step(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
     return nn.functional.cross_entropy(outputs, labels) + nn.functional.cross_entropy(outputs, target), outputs
 
 
-distilling_step.teacher = memory_hungry_net().eval()  # type: ignore[attr-defined]
-
-
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_auto_probes_the_users_step_fn_not_the_model_alone() -> None:
     options = nbscale.TrainingOptions("sgdm", mini_batch_size="auto", max_epochs=1, execution_environment="gpu",
                                       verbose=False)
     _, alone = nbscale.train(batch_norm_mlp(), TRAIN, options)
+    distilling_step.teacher = memory_hungry_net().eval()  # type: ignore[attr-defined]
     assert alone.mini_batch_size == MAX_PER_WORKER  # the student alone: the cap
     _, distilled = nbscale.train(batch_norm_mlp(), TRAIN, options, step_fn=distilling_step)
     # the teacher's activations fill the GPU: the probe ran the step as training runs it

@@ -105,6 +105,8 @@ def sweep(
     wait: bool = True,
     show: bool | None = None,
     seed: int | None = None,
+    *,
+    step_fn: Callable[..., Any] | None = None,
 ) -> SweepResult:
     """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
 
@@ -113,12 +115,12 @@ def sweep(
     run starts (OptionsError). In a notebook (or with `show=True`) a live figure compares the runs, with a Cancel
     button per run, and ends with the results table, best first. `wait=False` returns at once; `result.wait()`
     blocks later. Returns a SweepResult holding every run's net and info; failed runs keep their error.
-    `seed` makes the runs reproducible (see nbscale.train.sweep.sweep).
+    `seed` makes the runs reproducible (see nbscale.train.sweep.sweep); `loss_fn` and `step_fn` are train's.
     """
     from nbscale.train.sweep import sweep as start_sweep
 
     result = start_sweep(make_model, train_data, options, grid, pool=pool, loss_fn=loss_fn, val_data=val_data,
-                         wait=False, seed=seed)
+                         wait=False, seed=seed, step_fn=step_fn)
     if show if show is not None else in_notebook():
         from nbscale.ui.sweep_display import SweepDisplay
 
@@ -218,13 +220,10 @@ def _sweep_cell(request: CellTraining, values: dict[str, Any], options: Training
     """`%%train --sweep`: every run in `sweep_result`, the best one's network and info in the notebook."""
     from nbscale.train.sweep import parse_grid
 
-    if "step_fn" in values:
-        raise OptionsError("%%train --sweep does not take a step_fn yet: sweep with loss_fn, or train each "
-                           "setting with nbscale.train(..., step_fn=step_fn).")
-
     make_model = values.get("make_model")
     result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
-                   parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed)
+                   parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed,
+                   step_fn=values.get("step_fn"))
     namespace["sweep_result"] = result
     if result.best is not None:
         namespace[request.net], namespace[request.info] = result.best.net, result.best.info

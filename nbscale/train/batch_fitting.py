@@ -27,8 +27,6 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError
-from nbscale.outputs import loss_and_first_output
-from nbscale.train.batches import call_model
 from nbscale.train.loading import split_batch
 from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import TrainingOptions
@@ -135,10 +133,13 @@ def settle(options: TrainingOptions, counts: list[int], samples: int, resume: di
     return Choices(options, counts, "; ".join(said))
 
 
-def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions, loss_fn: Callable[[Any, Any], torch.Tensor],
-              device: torch.device, autocast: Any, seed: int) -> Callable[[int], Callable[[int], bool]]:
+def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions,
+              forward: Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]], device: torch.device, autocast: Any,
+              seed: int) -> Callable[[int], Callable[[int], bool]]:
     """`probe(limit)` for `settle` on a CUDA `device`: `fits(b)` runs one training step at `b` samples (the
     data's first `b`) and says whether it ran with HEADROOM of the memory available to this process left free.
+    `forward(model, inputs, labels) -> (loss, outputs)` is the step's forward and loss as the loop runs it (the
+    user's step_fn where given).
 
     The step's memory is measured by the caching allocator's peak; memory other processes hold is not counted as
     available. Call `probe` inside `untouched(model, device)`: the steps change the weights.
@@ -157,7 +158,7 @@ def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions, loss_fn: Ca
             try:
                 inputs, labels = next(iter(batches))
                 with autocast:
-                    loss, _ = loss_and_first_output(loss_fn, call_model(model, inputs), labels)
+                    loss, _ = forward(model, inputs, labels)
                 loss.backward()
                 optimizer.step()
             finally:

@@ -43,6 +43,8 @@ class TrainingInfo:
     # name -> one value per iteration (None where not computed); validation: None on iterations that did not validate
     metrics: dict[str, list[float | None]] = field(default_factory=lambda: {"accuracy": []})
     validation_metrics: dict[str, list[float | None]] = field(default_factory=lambda: {"accuracy": []})
+    objective_metric: str = "loss"  # what patience and "best-validation" followed: "loss" or one of metric_names
+    objective_goal: str = "minimize"  # "minimize" or "maximize"
 
     def record(self, event: Any) -> None:
         """Listener for the event channel."""
@@ -68,6 +70,7 @@ class TrainingInfo:
             self.mini_batch_size, self.initial_learn_rate = event.mini_batch_size, event.initial_learn_rate
             self.choices = event.choices
             self.prepare_seconds, self.data_placement = event.prepare_seconds, event.data_placement
+            self.objective_metric, self.objective_goal = event.objective_metric, event.objective_goal
             if tuple(event.metric_names) != self.metric_names and not self.iteration:
                 self.metric_names = tuple(event.metric_names)
                 self.metrics = {name: [] for name in self.metric_names}

@@ -32,6 +32,7 @@ from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
 from nbscale.train.figures import READ_EVERY, CarryingHook, KeptMetrics, LocalFigures, Pending, PoolFigures
 from nbscale.train.layout import layout_restored, train_channels_last
+from nbscale.train.loader_data import loader_of
 from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import FACTORY_FIELDS, TrainingOptions, shown_choice
@@ -165,7 +166,7 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     setup, started["choices"] = _settled(setup, model, data, autocast)
     options = setup.options
     if validation is not None:
-        validation.split(max(setup.counts))  # a rank's training batch fits, so this does
+        validation.split(validation_batch(setup.validation_data, max(setup.counts)))
     global_batch, local = sum(setup.counts), setup.counts[setup.rank]
     iterations_per_epoch = max(1, len(data) // global_batch)  # MATLAB drops the last incomplete mini-batch
     optimizer = make_optimizer(model, options)
@@ -471,8 +472,10 @@ def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: ob
     options, device = setup.options, setup.device
     if options.mini_batch_size != "auto" and options.learn_rate_scaling == "none":
         return setup, ""
-    probe = (gpu_probe(model, data, options, setup.loss_fn, device, autocast, setup.seed) if device.type == "cuda"
-             else no_probe)
+    # the step as training runs it: the user's step_fn where given (mixup or distillation may need more memory)
+    forward = _forward(setup.loss_fn, setup.step_fn)
+    probe = gpu_probe(model, data, options, forward, device, autocast, setup.seed) if device.type == "cuda" \
+        else no_probe
     with untouched(model, device) if options.mini_batch_size == "auto" else contextlib.nullcontext():
         choices = settle(options, setup.counts, len(data), setup.resume, probe, smallest_over(setup.group, device))
     return dataclasses.replace(setup, options=choices.options, counts=choices.counts), choices.said
@@ -572,6 +575,13 @@ def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: contextli
         loss.backward()
 
     return trial
+
+
+def validation_batch(validation_data: Any, training_batch: int) -> int:
+    """Each rank's validation batch: a validation DataLoader's batch_size (TrainingOptions has no validation batch
+    size), else `training_batch`, a rank's training batch (which fits, so this does)."""
+    loader = loader_of(validation_data)
+    return loader.batch_size if loader is not None else training_batch
 
 
 def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],

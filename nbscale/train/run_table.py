@@ -19,14 +19,20 @@ if TYPE_CHECKING:
 
 
 def rank_key(run: TrainingRun) -> tuple[int, float]:
-    """Sorts runs best first: by final validation accuracy where runs have one, else by final training loss;
-    failed, cancelled and unfinished runs last."""
+    """Sorts runs best first: by the final validation value of the run's objective_metric where it is a metric
+    (its objective_goal says which way), else by final validation accuracy, else by final validation loss, else by
+    final training loss; failed, cancelled and unfinished runs last."""
     if run.state != "done":
         return (2, 0.0)
-    accuracy = run.info.final_validation_accuracy
-    if accuracy is not None:
-        return (0, -accuracy)
-    loss = run.info.training_loss[-1] if run.info.training_loss else float("inf")
+    info = run.info
+    final = info.final_validation
+    name = info.objective_metric if info.objective_metric != "loss" else \
+        "accuracy" if final.get("accuracy") is not None else "loss"
+    value = final.get(name)
+    if value is not None:
+        maximized = info.objective_goal == "maximize" if name == info.objective_metric else name == "accuracy"
+        return (0, -value if maximized else value)
+    loss = info.training_loss[-1] if info.training_loss else float("inf")
     return (1, loss)
 
 
@@ -47,6 +53,7 @@ def run_row(run: TrainingRun) -> dict[str, Any]:
         "epoch": f"{info.epoch[-1]} of {info.max_epochs}" if info.epoch else "",
         "iteration": f"{info.iteration[-1]} of {total}" if info.iteration else "",
         "training loss": _number(info.training_loss[-1] if info.training_loss else None),
+        "validation loss": _number(info.final_validation_loss),
         **_metric_cells(info),
         "elapsed": elapsed,
         "data prepared in": f"{info.prepare_seconds:.2f} s" if info.data_placement else "",

@@ -190,11 +190,22 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     run, one worker); `output_fn` runs on the worker. `seeded` (from `seeded_model`) makes the run draw the
     random numbers that `nbscale.train` would after `torch.manual_seed(seeded.seed)` and building `model`.
     """
-    from nbscale.pool.pool import current_pool
-    from nbscale.train.batch_fitting import check_auto_batch_device
     from nbscale.train.trainer import as_options, checked_inputs
 
-    train_data, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    return submit_run(model, checked, pool, name, params, seeded, step_fn)
+
+
+def submit_run(model: nn.Module, checked: tuple[Any, TrainingOptions, Any], pool: Any = None, name: str = "run",
+               params: dict[str, Any] | None = None, seeded: SeededStart | None = None,
+               step_fn: Callable[..., Any] | None = None) -> TrainingRun:
+    """`train_async` of inputs already checked: `checked` is (data, options, loss_fn) as
+    nbscale.train.trainer.checked_inputs returned them for `model` (nbscale.sweep checks every run before any
+    starts)."""
+    from nbscale.pool.pool import current_pool
+    from nbscale.train.batch_fitting import check_auto_batch_device
+
+    train_data, options, loss_fn = checked
     pool = pool if pool is not None else current_pool(start=True)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)

@@ -21,7 +21,7 @@ from nbscale.errors import OptionsError
 from nbscale.rendering import Rendered
 from nbscale.train.options import TrainingOptions, field_names
 from nbscale.train.run_table import RunsTable, ranked
-from nbscale.train.runs import TrainingRun, fresh_model, seeded_model, train_async
+from nbscale.train.runs import TrainingRun, fresh_model, seeded_model, submit_run
 
 
 def grid_combinations(grid: dict[str, Sequence[Any]] | None) -> list[dict[str, Any]]:
@@ -80,8 +80,9 @@ class SweepResult(Rendered):
         return finished[0] if finished else None
 
     def ranked(self) -> list[TrainingRun]:
-        """Runs best first: by final validation accuracy where runs have one, else by final training loss;
-        failed, cancelled and unfinished runs last."""
+        """Runs best first: by the final validation value of their objective_metric (where it is one of
+        `metrics`), else of accuracy, else by the validation loss, else the training loss; failed, cancelled and
+        unfinished runs last (nbscale.train.run_table.rank_key)."""
         return ranked(self.runs)
 
     def cancel(self, index: int | None = None) -> None:
@@ -122,11 +123,11 @@ class SweepResult(Rendered):
 def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: object, options: TrainingOptions | None = None,
           grid: dict[str, Sequence[Any]] | None = None, pool: object = None,
           loss_fn: Callable[..., Any] | None = None, val_data: object = None, wait: bool = True,
-          seed: int | None = None) -> SweepResult:
+          seed: int | None = None, *, step_fn: Callable[..., Any] | None = None) -> SweepResult:
     """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
 
     `make_model()` builds a fresh network per run (or pass a network: each run starts from a copy of it).
-    `pool` defaults to the current pool (one is started if none runs). Every combination is checked before any
+    `loss_fn`, `step_fn` and `val_data` are nbscale.train's, the same for every run. `pool` defaults to the current pool (one is started if none runs). Every combination is checked before any
     run starts (OptionsError). `wait=False` returns at once; `result.wait()` blocks later. Shows nothing: the
     live figure is nbscale.sweep's (nbscale.notebook). Returns a SweepResult holding every run's net and info;
     failed runs keep their error (`run.error`).
@@ -150,13 +151,13 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: object, o
                            "or None for a different start in every run.")
     seeded = [seeded_model(make_model, seed) for _ in combinations] if seed is not None else \
         [(fresh_model(make_model), None) for _ in combinations]
-    models = [model for model, _ in seeded]
-    # a bad input fails here, before a pool starts; the runs get the data as checked (labels converted once)
-    train_data = checked_inputs(models[0], train_data, base, loss_fn)[0]
+    # every run checked as nbscale.train checks it (a DataLoader's batch_size against the run's mini_batch_size
+    # too), before a pool starts and before any run is sent
+    checked = [checked_inputs(model, train_data, opts, loss_fn, step_fn)
+               for (model, _), opts in zip(seeded, run_options, strict=True)]
     pool = pool if pool is not None else current_pool(start=True)
-    runs = [train_async(model, train_data, opts, loss_fn=loss_fn, pool=pool, name=f"#{index + 1}", params=params,
-                        seeded=start)
-            for index, ((model, start), opts, params) in enumerate(zip(seeded, run_options, combinations, strict=True))]
+    runs = [submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start, step_fn=step_fn)
+            for index, ((model, start), inputs, params) in enumerate(zip(seeded, checked, combinations, strict=True))]
     result = SweepResult(runs, pool)
     if wait:
         result.wait()

@@ -22,6 +22,7 @@ from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
 from nbscale.train.events import IterationDone, StopSignal, TrainingDone
+from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress, format_duration
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ POLL_INTERVAL_S = 0.5
 
 def show_job(job: Job, training: int | None = None, wait: bool = False) -> None:
     """Display a job's training (see `Job.show`); returns once caught up, or with `wait=True` when the job ends."""
-    shell = _kernel_shell()
+    shell = kernel_shell()
     if shell is None:
         raise JobError("job.show() draws in a notebook (a Jupyter kernel). In a script, job.training_info() gives "
                        "the training's history so far and job.wait() waits for the job to end.")
@@ -50,7 +51,7 @@ def show_job(job: Job, training: int | None = None, wait: bool = False) -> None:
         except KeyboardInterrupt:
             monitor.say(f"Stopped following job {job.id}; the job goes on (job.show() follows it again).")
         return
-    pin = _outputs_to_this_cell(shell)
+    pin = CellOutputs(shell).pin  # the thread's outputs go to this cell
     threading.Thread(target=monitor.follow, args=(pin,), name=f"nbscale-job-monitor-{job.id}", daemon=True).start()
 
 
@@ -214,23 +215,3 @@ def _line(text: str) -> dict[str, str]:
     import html
 
     return {"text/plain": text, "text/html": f"<div style='font-size:12px'>{html.escape(text)}</div>"}
-
-
-def _kernel_shell() -> object:
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
-
-
-def _outputs_to_this_cell(shell: object) -> object:
-    """A function that, run in another thread, sends that thread's displays as outputs of the running cell
-    (ipykernel >= 7 keeps each thread's parent message apart; without it they go to the latest cell)."""
-    publisher: Any = getattr(shell, "display_pub", None)
-    parent = getattr(publisher, "parent_header", None)
-
-    def pin() -> None:
-        if parent and callable(getattr(publisher, "set_thread_parent", None)):
-            publisher.set_thread_parent(parent)
-
-    return pin

@@ -138,8 +138,6 @@ class TrainingProgress:
         self.next_draw = now + self.min_interval
 
     def _open(self, event: TrainingStarted) -> None:
-        from IPython.display import display
-
         self.start = event
         if event.metric_names != self.metric_names:
             self.metric_names = tuple(event.metric_names)
@@ -151,8 +149,14 @@ class TrainingProgress:
                        or (n == event.objective_metric and event.objective_goal == "maximize"))
         self._figure = figure_for_run(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch,
                                       metric_panels(self.metric_names, rising))
-        self.figure_handle = display(self._figure_bundle(), raw=True, display_id=True)
+        self.figure_handle = self._show_figure(self._figure_bundle())
         self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
+
+    def _show_figure(self, bundle: dict[str, Any]) -> Any:
+        """The figure's first output and its display handle (below the info panel)."""
+        from IPython.display import display
+
+        return display(bundle, raw=True, display_id=True)
 
     def _open_panel(self) -> None:
         """The Stop button and the info panel (the figure follows below them once training starts)."""

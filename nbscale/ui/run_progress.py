@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from nbscale.train.events import StopSignal, TrainingDone, TrainingStarted
-from nbscale.ui.job_monitor import _kernel_shell, _outputs_to_this_cell
+from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress
 from nbscale.ui.progress_figure import figure_for_run
 
@@ -32,11 +32,20 @@ class RunProgress(TrainingProgress):
         self.run = run
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.finished = False  # the run ended and its last figure is drawn
+        self.figure_placeholder: Any = None  # the figure's output, made in the showing cell (show_run)
 
     def png(self) -> bytes:
         """The figure as last drawn from the run's events."""
         figure = self._figure or figure_for_run(0, 1)
         return figure.render(self.columns)
+
+    def _show_figure(self, bundle: dict[str, Any]) -> Any:
+        """The first figure replaces the placeholder shown in the showing cell: a drawing thread makes no new
+        output, which a client running a later cell would drop (nbscale.ui.cell_outputs)."""
+        if self.figure_placeholder is None:
+            return super()._show_figure(bundle)
+        self.figure_placeholder.update(bundle, raw=True)
+        return self.figure_placeholder
 
     def _info_rows(self) -> list[tuple[str, str]]:
         from nbscale.train.run_table import run_row
@@ -62,16 +71,24 @@ class RunProgress(TrainingProgress):
 
 def show_run(run: TrainingRun) -> RunProgress:
     """Show `run`'s progress below the cell and return at once (what it trained before is drawn first)."""
+    from IPython.display import display
+
     view = RunProgress(run)
     view.state = "Waiting for a worker" if run.state == "queued" else "Starting"
     view._open_panel()  # the Stop button and the info panel at once, in this cell; the figure at the first events
+    view.figure_placeholder = display({"text/plain": "<training progress figure: waiting for the first iterations>"},
+                                      raw=True, display_id=True)
+    shell = kernel_shell()
+    outputs = CellOutputs(shell) if shell is not None else None
+    if outputs is not None:  # updates reach this cell's outputs in a client that is running a later cell too
+        view.info_handle, view.button_handle = outputs.mirrored(view.info_handle), outputs.mirrored(view.button_handle)
+        view.figure_placeholder = outputs.mirrored(view.figure_placeholder)
     run.subscribe_events(view.events.put, _history)
     # a run's listeners hear its end before its future is done: its state says it
     run.subscribe(lambda r: view.events.put(_ENDED) if r.state in _STATES_ENDED else None)
     if run.state in _STATES_ENDED:
         view.events.put(_ENDED)
-    shell = _kernel_shell()
-    pin = _outputs_to_this_cell(shell) if shell is not None else (lambda: None)
+    pin = outputs.pin if outputs is not None else (lambda: None)
     threading.Thread(target=view.follow, args=(pin,), name=f"nbscale-run-{run.name}", daemon=True).start()
     return view
 
@@ -85,7 +102,8 @@ def _history(run: TrainingRun) -> list[Any]:
         return []
     events: list[Any] = [TrainingStarted(info.max_epochs, info.iterations_per_epoch, info.mini_batch_size,
                                          info.hardware, run.started_at or 0.0, info.iteration[0],
-                                         metric_names=info.metric_names)]
+                                         metric_names=info.metric_names, objective_metric=info.objective_metric,
+                                         objective_goal=info.objective_goal)]
     for index, iteration in enumerate(info.iteration):
         events.append(IterationDone(
             info.epoch[index], iteration, info.time[index], info.training_loss[index], info.training_accuracy[index],

@@ -17,6 +17,7 @@ from typing import Any
 
 from nbscale.train.run_table import RunsTable, ranked
 from nbscale.train.runs import TrainingRun
+from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress_figure import smoothed
 from nbscale.ui.runs_table import runs_table_bundle
 
@@ -60,6 +61,11 @@ class SweepDisplay:
                                     display_id=True)
         self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
                                      display_id=True)
+        shell = kernel_shell()
+        if shell is not None:  # redraws reach these outputs in a client running a later cell too (wait=False)
+            outputs = CellOutputs(shell)
+            self.buttons_handle, self.table_handle, self.figure_handle = (
+                outputs.mirrored(handle) for handle in (self.buttons_handle, self.table_handle, self.figure_handle))
         for run in self.runs:
             run.subscribe(self._on_change)
         threading.Thread(target=self._refresh_forever, name="nbscale-sweep-display", daemon=True).start()
@@ -144,47 +150,63 @@ class SweepDisplay:
     # ---- the figure ------------------------------------------------------------------------------------------
 
     def png(self) -> bytes:
-        """Accuracy and loss of every run (smoothed training curves, validation points), as a PNG."""
+        """The comparison figure (`figure()`) as a PNG."""
+        buffer = io.BytesIO()
+        self.figure().savefig(buffer, format="png")
+        return buffer.getvalue()
+
+    def figure(self) -> Any:
+        """A panel per metric of the runs (`metrics=`, accuracy in %) then the loss, each with every run's
+        smoothed training curve and validation points; the objective's panel says so. A matplotlib Figure on an
+        Agg canvas (no pyplot)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
-        figure = Figure(figsize=(9, 5.2), dpi=72, layout="constrained")
+        names = self.panel_names()
+        figure = Figure(figsize=(9, 1.2 + 2.0 * len(names)), dpi=72, layout="constrained")
         FigureCanvasAgg(figure)
-        accuracy_axes, loss_axes = figure.subplots(2, 1, sharex=True)
-        colours = [f"C{i % 10}" for i in range(len(self.runs))]
-        for run, colour in zip(self.runs, colours, strict=True):
-            info = run.info
-            count = len(info.iteration)
-            iterations = info.iteration[:count]
+        axes_of = dict(zip(names, figure.subplots(len(names), 1, sharex=True, squeeze=False)[:, 0], strict=True))
+        objectives = {run.info.objective_metric for run in self.runs}
+        for index, run in enumerate(self.runs):
             label = f"{run.name} {', '.join(f'{k}={v}' for k, v in run.params.items())}".strip()
-            losses = info.training_loss[:count]
-            loss_axes.plot(iterations, _smooth(losses), color=colour, linewidth=1.4, label=label)
-            accuracies = info.training_accuracy[:count]
-            if any(a is not None for a in accuracies):
-                accuracy_axes.plot(iterations, _smooth([100 * a if a is not None else float("nan") for a in accuracies]),
-                                   color=colour, linewidth=1.4, label=label)
-            validated = [(i, vl, va) for i, vl, va in zip(iterations, info.validation_loss[:count],
-                                                          info.validation_accuracy[:count], strict=False)
-                         if vl is not None]
-            if validated:
-                x = [v[0] for v in validated]
-                loss_axes.plot(x, [v[1] for v in validated], "o--", color=colour, markersize=3, linewidth=0.8)
-                if any(v[2] is not None for v in validated):
-                    accuracy_axes.plot(x, [100 * v[2] if v[2] is not None else float("nan") for v in validated],
-                                       "o--", color=colour, markersize=3, linewidth=0.8)
-        accuracy_axes.set_ylabel("Accuracy (%)")
-        loss_axes.set_ylabel("Loss")
-        loss_axes.set_xlabel("Iteration (lines: training, smoothed; dots: validation)")
-        for axes in (accuracy_axes, loss_axes):
+            for name, axes in axes_of.items():
+                _plot_run(axes, run.info, name, f"C{index % 10}", label)
+        for name, axes in axes_of.items():
+            text = "Accuracy (%)" if name == "accuracy" else "Loss" if name == "loss" else name
+            axes.set_ylabel(f"{text}\n(objective)" if name in objectives and name != "loss" else text)
             axes.grid(alpha=0.25)
-        handles, labels = loss_axes.get_legend_handles_labels()
+        axes_of["loss"].set_xlabel("Iteration (lines: training, smoothed; dots: validation)")
+        first = axes_of[names[0]]
+        handles, labels = axes_of["loss"].get_legend_handles_labels()
         if handles:
-            accuracy_axes.legend(handles, labels, loc="lower right", fontsize=8)
+            first.legend(handles, labels, loc="best", fontsize=8)
         if self.title:
-            accuracy_axes.set_title(self.title, fontsize=10)
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png")
-        return buffer.getvalue()
+            first.set_title(self.title, fontsize=10)
+        return figure
+
+    def panel_names(self) -> list[str]:
+        """The figure's panels, top to bottom: every metric of the runs (in their order, first run first), then
+        "loss"."""
+        names: list[str] = []
+        for run in self.runs:
+            names.extend(name for name in run.info.metric_names if name not in names)
+        return [*names, "loss"]
+
+
+def _plot_run(axes: Any, info: Any, name: str, colour: str, label: str) -> None:
+    """One run's `name` ("loss" or a metric) on `axes`: the smoothed training curve, then the validation dots."""
+    count = len(info.iteration)
+    iterations = info.iteration[:count]
+    scale = 100.0 if name == "accuracy" else 1.0
+    training = info.training_loss[:count] if name == "loss" else info.metrics.get(name, [])[:count]
+    validation = info.validation_loss[:count] if name == "loss" else info.validation_metrics.get(name, [])[:count]
+    if any(value is not None for value in training):
+        axes.plot(iterations[:len(training)], _smooth([scale * v if v is not None else float("nan") for v in training]),
+                  color=colour, linewidth=1.4, label=label)
+    validated = [(i, scale * v) for i, v in zip(iterations, validation, strict=False) if v is not None]
+    if validated:
+        axes.plot([v[0] for v in validated], [v[1] for v in validated], "o--", color=colour, markersize=3,
+                  linewidth=0.8)
 
 
 def _smooth(values: Sequence[float]) -> list[float]:

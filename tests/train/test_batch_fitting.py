@@ -227,3 +227,27 @@ def test_auto_on_a_gpu_pool_is_the_per_worker_fit_times_the_workers() -> None:
     assert info.choices.startswith(f"mini_batch_size='auto': {per_worker}{across}, the largest power of two")
     assert f"left 20% of {whose} memory free" in info.choices
     assert math.isclose(info.initial_learn_rate, 0.01)  # no scaling asked for: sgdm's default rate
+
+
+def distilling_step(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step_fn that also runs memory_hungry_net as a teacher (distillation): the step, not the small student,
+    sets how much memory a mini-batch takes."""
+    teacher = distilling_step.teacher.to(inputs.device)  # type: ignore[attr-defined]
+    with torch.no_grad():
+        target = teacher(inputs).softmax(1)
+    outputs = model(inputs)
+    return nn.functional.cross_entropy(outputs, labels) + nn.functional.cross_entropy(outputs, target), outputs
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_auto_probes_the_users_step_fn_not_the_model_alone() -> None:
+    options = nbscale.TrainingOptions("sgdm", mini_batch_size="auto", max_epochs=1, execution_environment="gpu",
+                                      verbose=False)
+    _, alone = nbscale.train(batch_norm_mlp(), TRAIN, options)
+    distilling_step.teacher = memory_hungry_net().eval()  # type: ignore[attr-defined]
+    assert alone.mini_batch_size == MAX_PER_WORKER  # the student alone: the cap
+    _, distilled = nbscale.train(batch_norm_mlp(), TRAIN, options, step_fn=distilling_step)
+    # the teacher's activations fill the GPU: the probe ran the step as training runs it
+    assert is_power_of_two(distilled.mini_batch_size) and distilled.mini_batch_size < MAX_PER_WORKER
+    assert distilled.stop_reason == "Max epochs completed"

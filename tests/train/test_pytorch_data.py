@@ -103,6 +103,26 @@ def test_nested_batches_and_a_collate_fn_train_on_a_pool_of_two(pool: nbscale.Po
     assert nbscale.accuracy(net, TwoInputs(64, 1)) > 0.6
 
 
+def recording_sizes(items: list) -> list:
+    """A collate_fn: torch's, recording each batch's size."""
+    recording_sizes.sizes.append(len(items))  # type: ignore[attr-defined]
+    return default_collate(items)
+
+
+recording_sizes.sizes = []  # type: ignore[attr-defined]
+
+
+def test_a_validation_dataloaders_batch_size_is_the_validation_batch() -> None:
+    recording_sizes.sizes.clear()  # type: ignore[attr-defined]
+    validation = DataLoader(TwoInputs(64, 1), batch_size=10, collate_fn=recording_sizes)
+    _, info = nbscale.train(TwoInputNet(), DataLoader(TwoInputs(), batch_size=16),
+                            options(validation_data=validation, validation_frequency=4), loss_fn=first_output_loss)
+    validations = sum(loss is not None for loss in info.validation_loss)
+    assert validations > 3
+    # the 64 samples in batches of 10 at every validation, not in the training's 16s
+    assert recording_sizes.sizes == [10, 10, 10, 10, 10, 10, 4] * validations  # type: ignore[attr-defined]
+
+
 def test_a_dataloader_batch_size_different_from_mini_batch_size_is_one_error_naming_both() -> None:
     with pytest.raises(OptionsError) as caught:
         nbscale.train(TwoInputNet(), DataLoader(TwoInputs(), batch_size=16), options(mini_batch_size=32),

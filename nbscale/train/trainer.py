@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbscale.data.loader_data import with_loader_batch_size
+from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
@@ -37,8 +39,6 @@ from nbscale.train.checks import (
 from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
-from nbscale.train.loader_data import with_loader_batch_size
-from nbscale.train.loading import as_dataset
 from nbscale.train.loop import loop_setup, run_training
 from nbscale.train.losses import resolve_loss
 from nbscale.train.optimizer import check_factories

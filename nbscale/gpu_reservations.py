@@ -292,8 +292,7 @@ def _write_holder_file(folder: Path, key: str, purpose: Purpose) -> tuple[str, P
 
 
 def _this_holder(purpose: Purpose) -> dict[str, object]:
-    from nbscale.pool.registry import kernel_id
-    from nbscale.processes import start_time
+    from nbscale.processes import kernel_id, start_time
 
     return {
         "pid": os.getpid(),

@@ -18,12 +18,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from nbscale.confusion import ConfusionChart, confusion_chart
+from nbscale.data.batches import call_model, first_output, first_tensor, to_device
+from nbscale.data.loading import tensor_of
 from nbscale.errors import ModelError, NbscaleError
 from nbscale.models.learn_rates import layers_near
 from nbscale.train.batch_fitting import out_of_memory
-from nbscale.train.batches import call_model, first_output, first_tensor, to_device
 from nbscale.train.checks import misfit_error
-from nbscale.train.loading import tensor_of
 
 # confusion_chart and ConfusionChart are nbscale.confusion's, kept importable from here
 __all__ = ["predict", "classify", "accuracy", "activations", "class_names", "confusion_chart", "ConfusionChart"]

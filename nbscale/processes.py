@@ -1,7 +1,11 @@
 """Whether a process still runs, by pid (pool registry, pool workers, batch jobs, GPU reservations), through psutil:
-portable, and able to tell a process from a later one that reuses its pid (by its start time)."""
+portable, and able to tell a process from a later one that reuses its pid (by its start time); and which Jupyter
+kernel this process is."""
 
 from __future__ import annotations
+
+import os
+import sys
 
 import psutil
 
@@ -34,3 +38,17 @@ def pid_running(pid: int, started: float | None = None) -> bool:
     except (psutil.Error, ValueError, OverflowError):
         return False
 
+
+def kernel_id() -> str | None:
+    """The Jupyter kernel id of this process (from its connection file), or None outside a kernel."""
+    if "ipykernel.kernelapp" not in sys.modules:
+        # not a kernel: importing ipykernel here, on the monitor thread, would import IPython under the feet of
+        # the main thread, which reads sys.modules["IPython"] to name notebook cells in a worker's traceback
+        return None
+    try:
+        from ipykernel.connect import get_connection_file
+
+        name = os.path.basename(get_connection_file())
+    except Exception:  # not a kernel, or ipykernel cannot tell
+        return None
+    return name[len("kernel-") : -len(".json")] if name.startswith("kernel-") and name.endswith(".json") else None

@@ -3,7 +3,7 @@
 `DeviceResidentData` is the one loader for data that fits, like airbench's loader. What it holds is read by
 nbscale.data.resident_tensors (tensors taken whole, files decoded once, on a pool each rank reading a block);
 nbscale.data.residence decides whether "auto" keeps a dataset resident; `make_batch_source`
-(nbscale.train.loading) chooses between this loader and streaming.
+(nbscale.data.loading) chooses between this loader and streaming.
 The tensors sit on the training device; on a GPU, tensors too large for it stay in host memory and each batch
 is gathered into pinned memory and copied over without making the host wait. Each epoch the sample order goes
 to the device once, and nothing in an epoch waits for the device. An AugmentedImageDatastore's images are
@@ -22,10 +22,10 @@ from torch.utils.data import Dataset
 
 from nbscale.data import resident_tensors
 from nbscale.data.augmented import AugmentedImageDatastore
+from nbscale.data.preparing import Progress, Readers
 from nbscale.data.reading import to_float
 from nbscale.data.residence import fits_on_device, residence
 from nbscale.data.resident_tensors import holds_tensors
-from nbscale.train.preparing import Progress, Readers
 
 # fits_on_device, holds_tensors and residence are the loading decision's, kept importable from here
 __all__ = ["DeviceResidentData", "Batch", "Rows", "fits_on_device", "holds_tensors", "residence"]
@@ -48,7 +48,7 @@ class DeviceResidentData:
                  first: dict[int, Any] | None = None) -> None:
         """`rows` holds only those items of `dataset` (a pool rank's share of the validation data); `readers`
         reads the whole dataset together with the pool's other ranks, each reading a block of it
-        (nbscale.train.preparing); `progress` counts the items read; `first` holds items already read, as
+        (nbscale.data.preparing); `progress` counts the items read; `first` holds items already read, as
         {index: item} (what `residence` read to decide)."""
         self.device = torch.device(device)
         self.augmented = dataset if isinstance(dataset, AugmentedImageDatastore) else None

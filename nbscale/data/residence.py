@@ -16,8 +16,8 @@ from torch.utils.data import Dataset, Subset
 
 from nbscale.data.augmented import AugmentedImageDatastore
 from nbscale.data.datastore import ImageDatastore
+from nbscale.data.preparing import Readers
 from nbscale.data.resident_tensors import holds_tensors, is_pair, stored_item, unwrapped
-from nbscale.train.preparing import Readers
 
 _LABEL_BYTES = 8  # each item's label, kept as an int64 class index
 

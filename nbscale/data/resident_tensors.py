@@ -4,7 +4,7 @@ Tensors and TensorDatasets (and Subsets of them) are taken with whole-tensor ope
 ImageDatastore's files are decoded once, in threads where that pays, into one tensor that keeps their integer
 pixels (uint8 for 8-bit files, a quarter of float32's memory); an AugmentedImageDatastore keeps its
 colour-converted source images, un-augmented; any other Dataset is read item by item, once. On a pool the
-ranks read together (nbscale.train.preparing.Readers): each reads a block of the items, they agree on the rows'
+ranks read together (nbscale.data.preparing.Readers): each reads a block of the items, they agree on the rows'
 shape, and exchange the tensors, so each file is read once in all.
 """
 
@@ -22,10 +22,10 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 
 from nbscale.data.augmented import AugmentedImageDatastore, convert_color, fit_to_size
 from nbscale.data.datastore import ImageDatastore
+from nbscale.data.labels import as_labels
+from nbscale.data.preparing import Progress, Readers
 from nbscale.data.reading import is_url, to_float
 from nbscale.errors import DatastoreError
-from nbscale.train.labels import as_labels
-from nbscale.train.preparing import Progress, Readers
 from nbscale.user_warnings import warn_user
 
 # reading a file from a network store waits on I/O: many threads pay there

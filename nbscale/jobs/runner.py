@@ -1,8 +1,9 @@
 """The job process: `python -m nbscale.jobs.runner <job folder>`, started detached by `submit`.
 
-It marks the job running, rebuilds what the cell needs from the notebook (variables, modules), opens a pool
-if asked, runs the cell as `__main__`, saves every variable the cell assigned into `results/` (each on its own,
-so one that does not fit on the disk loses only itself), and writes the end state. Its stdout and stderr are the
+It marks the job running, adds the job monitor's recorder to every training run (nbscale.train.run_observers),
+rebuilds what the cell needs from the notebook (variables, modules), opens a pool if asked, runs the cell as
+`__main__`, saves every variable the cell assigned into `results/` (each on its own, so one that does not fit on
+the disk loses only itself), and writes the end state. Its stdout and stderr are the
 job's log (set up by the submitter). Tracebacks show the cell's own lines (`File "<batch job 3>", line 2`), not
 this module's frames. Its own lines to the log never stop it: on a full disk they are dropped.
 """
@@ -29,6 +30,8 @@ from nbscale.jobs.backends.local import start_time
 from nbscale.jobs.files import write_atomic
 from nbscale.jobs.records import NOT_WRITTEN
 from nbscale.jobs.store import JobStore
+from nbscale.jobs.training_recorder import recorded_for_job_monitor
+from nbscale.train.run_observers import add_run_observer
 
 if TYPE_CHECKING:
     from typing import TextIO
@@ -50,6 +53,7 @@ def main(argv: list[str]) -> int:
         _say(f"[nbscale] job {job_id} was {store.get(job_id).state} before it started.")
         return 0
     record = store.get(job_id)
+    add_run_observer(recorded_for_job_monitor)  # `%jobs show` follows each nbscale.train run of the cell
     code = (job_dir / "cell.py").read_text(encoding="utf-8")
     _say(f"[nbscale] job {job_id} started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {pid})")
     sys.path.insert(0, record.cwd)  # as in the kernel, the notebook's folder is importable

@@ -14,13 +14,13 @@ from typing import Any, cast
 import cloudpickle
 
 from nbscale.cellvars import IPYTHON_NAMES, names_read
+from nbscale.cluster_profiles import resolve_cluster
 from nbscale.errors import JobError
 from nbscale.jobs import arguments
 from nbscale.jobs.backends import Launch, LaunchFailed, backend_for
 from nbscale.jobs.files import append_text, write_atomic
 from nbscale.jobs.job import Job
 from nbscale.jobs.store import JobStore
-from nbscale.pool.profiles import resolve_cluster
 
 # IPython's bookkeeping names (history: _i, _ii, _i3, _3, _oh, ...): never sent
 _IPYTHON_HISTORY = re.compile(r"_(i+|i\d+|\d+|oh|ih|dh)")

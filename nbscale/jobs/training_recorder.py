@@ -1,10 +1,11 @@
 """Inside a batch job, record a training run's events for the job monitor, and obey its Stop button.
 
-`nbscale.train` wraps its run in `recorded_for_job_monitor(channel, stop)`. Outside a job (no NBSCALE_JOB_DIR,
-which the job runner sets) it does nothing. Inside one, a listener on the event channel only queues each event;
-a background thread appends the queue to `training/<n>.jsonl` every FLUSH_INTERVAL_S as one write of whole
-lines (the format is in nbscale.jobs.training_record), and checks for `training/<n>.stop` at the same pace,
-turning it into a stop request at the end of the current iteration. So the training loop never waits on the
+The job runner adds `recorded_for_job_monitor` to nbscale.train's run observers (nbscale.train.run_observers),
+so every run of the job's cell is wrapped in `recorded_for_job_monitor(channel, stop)`. Outside a job (no
+NBSCALE_JOB_DIR, which the job's backend sets) it does nothing. Inside one, a listener on the event channel only
+queues each event; a background thread appends the queue to `training/<n>.jsonl` every FLUSH_INTERVAL_S as one
+write of whole lines (the format is in nbscale.jobs.training_record), and checks for `training/<n>.stop` at the
+same pace, turning it into a stop request at the end of the current iteration. So the training loop never waits on the
 file, whatever its iteration rate, and the record holds every event once the run ends, however it ends.
 """
 

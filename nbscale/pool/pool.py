@@ -43,6 +43,7 @@ from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
 from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
+from nbscale.processes import kernel_id
 
 _current: Pool | None = None
 _last_shutdown_notice: str | None = None
@@ -561,7 +562,7 @@ class Pool:
 
     def state(self) -> dict[str, Any]:
         """What the pool publishes for the JupyterLab extension (no secrets, no env values)."""
-        return {"kernel_id": registry.kernel_id(), **self._snapshot().to_dict()}
+        return {"kernel_id": kernel_id(), **self._snapshot().to_dict()}
 
     def _snapshot(self) -> PoolStatus:
         workers = tuple(  # a dead worker's last memory figures are gone with its process

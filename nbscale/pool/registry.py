@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,21 +110,6 @@ def withdraw() -> None:
         if folder is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(_own_name(), dir_fd=folder)
-
-
-def kernel_id() -> str | None:
-    """The Jupyter kernel id of this process (from its connection file), or None outside a kernel."""
-    if "ipykernel.kernelapp" not in sys.modules:
-        # not a kernel: importing ipykernel here, on the monitor thread, would import IPython under the feet of
-        # the main thread, which reads sys.modules["IPython"] to name notebook cells in a worker's traceback
-        return None
-    try:
-        from ipykernel.connect import get_connection_file
-
-        name = os.path.basename(get_connection_file())
-    except Exception:  # not a kernel, or ipykernel cannot tell
-        return None
-    return name[len("kernel-") : -len(".json")] if name.startswith("kernel-") and name.endswith(".json") else None
 
 
 def _refuse_non_finite(constant: str) -> object:

@@ -11,11 +11,11 @@ import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from nbscale.cluster_profiles import checked_connect_timeout
 from nbscale.errors import PoolError
 
 MAX_WORKERS = 512  # MATLAB's own ceiling for a local profile's NumWorkers
 MAX_IDLE_TIMEOUT_MINUTES = 525_600  # a year; 0 means never
-MAX_CONNECT_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -121,18 +121,6 @@ def _checked_idle_timeout(minutes: object) -> float:
             f"{minutes!r}: use 0 for a pool that never stops by itself."
         )
     return float(minutes)
-
-
-def checked_connect_timeout(seconds: object, name: str) -> float | None:
-    """`seconds` as a float between 1 and MAX_CONNECT_TIMEOUT_S (None stays None); PoolError naming `name`."""
-    if seconds is None:
-        return None
-    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds)
-            or not 1 <= float(seconds) <= MAX_CONNECT_TIMEOUT_S):
-        raise PoolError(
-            f"{name} must be a number of seconds from 1 to {MAX_CONNECT_TIMEOUT_S:.0f}, such as 120, not {seconds!r}."
-        )
-    return float(seconds)
 
 
 def _checked_env(env: object) -> dict[str, str]:

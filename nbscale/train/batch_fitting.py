@@ -26,8 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbscale.data.batches import call_model
+from nbscale.data.loading import split_batch
 from nbscale.errors import OptionsError
-from nbscale.train.loading import split_batch
+from nbscale.outputs import loss_and_first_output
 from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import TrainingOptions
 
@@ -67,7 +69,7 @@ def check_auto_batch_device(options: TrainingOptions, on_gpus: bool, where: str)
 
 
 def batch_counts(options: TrainingOptions, samples: int, world_size: int) -> list[int]:
-    """Samples per rank in each global mini-batch (nbscale.train.loading.split_batch); for "auto", where the
+    """Samples per rank in each global mini-batch (nbscale.data.loading.split_batch); for "auto", where the
     loop fits them, 1 for each rank with work and 0 for a rank that sits out (worker_load 0)."""
     if options.mini_batch_size == "auto":
         weights = options.worker_load if options.worker_load is not None else [1.0] * world_size

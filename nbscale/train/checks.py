@@ -17,8 +17,8 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.utils.data import Dataset, TensorDataset
 
+from nbscale.data.batches import call_model, first_output, one_sample_batch, to_device
 from nbscale.errors import ModelError, OptionsError
-from nbscale.train.batches import call_model, first_output, one_sample_batch, to_device
 
 
 def check_model(model: object) -> None:

@@ -21,7 +21,7 @@ class EventBunches:
         self.buffer.extend(event if isinstance(event, list) else [event])
         now = time.perf_counter()
         # start, end and reading progress go at once: Progress already spaces its reports
-        # (nbscale.train.preparing.REPORT_EVERY_S), and its last count must not wait
+        # (nbscale.data.preparing.REPORT_EVERY_S), and its last count must not wait
         if isinstance(event, TrainingStarted | TrainingDone | PreparingData) or now - self.last >= self.interval:
             self.flush()
             self.last = now

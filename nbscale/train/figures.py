@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
+from nbscale.data.batches import batch_length
 from nbscale.errors import OptionsError
-from nbscale.train.batches import batch_length
 from nbscale.train.metrics import MetricSet, resolve_metrics
 
 READ_EVERY = 25  # most iterations between reads, except on a CPU pool

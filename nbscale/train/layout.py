@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from nbscale.train.batches import call_model, to_device
+from nbscale.data.batches import call_model, to_device
 
 
 def train_channels_last(model: nn.Module, device: torch.device, first_input: Callable[[], torch.Tensor],

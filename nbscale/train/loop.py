@@ -23,20 +23,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbscale.data.batches import batch_length, call_model, first_output
+from nbscale.data.loader_data import loader_of
+from nbscale.data.loading import BatchSource, make_batch_source
+from nbscale.data.preparing import Progress, Readers
+from nbscale.data.streaming import StreamBatches
 from nbscale.outputs import loss_and_first_output
 from nbscale.train.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
-from nbscale.train.batches import batch_length, call_model, first_output
 from nbscale.train.checkpoint import prepare_folder, save_checkpoint
 from nbscale.train.checks import misfit_error
 from nbscale.train.compiling import compiled_network
 from nbscale.train.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
 from nbscale.train.figures import READ_EVERY, CarryingHook, KeptMetrics, LocalFigures, Pending, PoolFigures
 from nbscale.train.layout import layout_restored, train_channels_last
-from nbscale.train.loader_data import loader_of
-from nbscale.train.loading import BatchSource, StreamBatches, make_batch_source
 from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import FACTORY_FIELDS, TrainingOptions, shown_choice
-from nbscale.train.preparing import Progress, Readers
 from nbscale.train.run_metrics import Objective, run_metrics, summed_over
 from nbscale.train.schedules import Schedule, base_rate, make_schedule
 from nbscale.user_warnings import warn_user
@@ -483,7 +484,7 @@ def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: ob
 
 def _readers(setup: LoopSetup) -> Readers | None:
     """On a pool with several ranks with work: those ranks, which read the training data together (each a block
-    of it, then they share what they read: nbscale.train.preparing); else None."""
+    of it, then they share what they read: nbscale.data.preparing); else None."""
     if setup.group is None:
         return None
     active = [rank for rank, count in enumerate(setup.counts) if count > 0]
@@ -665,7 +666,7 @@ class _Validator:
     back: see `_take_main_ranks_buffers`)."""
 
     def __init__(self, setup: LoopSetup, model: nn.Module, autocast_dtype: Any) -> None:
-        from nbscale.train.loading import as_dataset
+        from nbscale.data.loading import as_dataset
 
         self.setup, self.model, self.autocast_dtype = setup, model, autocast_dtype
         data = as_dataset(setup.validation_data, "validation_data")

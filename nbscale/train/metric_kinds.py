@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from nbscale.data.batches import batch_length, first_tensor
 from nbscale.errors import OptionsError
-from nbscale.train.batches import batch_length, first_tensor
 
 CLASS_NAMES = ("accuracy", "precision", "recall", "fscore")  # and "top{k}-accuracy"
 REGRESSION_NAMES = ("rmse", "mae")

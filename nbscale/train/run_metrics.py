@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nbscale.train.batches import first_tensor
+from nbscale.data.batches import first_tensor
 from nbscale.train.losses import is_regression_loss
 from nbscale.train.metrics import MetricSet, objective, resolve_metrics
 from nbscale.train.options import TrainingOptions

@@ -223,9 +223,9 @@ def train_run_on_worker(model: nn.Module, train_data: object, options: TrainingO
                         step_fn: Callable[..., Any] | None = None) -> tuple[nn.Module, TrainingInfo]:
     """What the worker of a `train_async` run executes: the whole training loop on this one worker's device,
     events sent to the notebook (unlike nbscale.train.distributed.train_on_worker, one rank of a DDP run)."""
+    from nbscale.data.loading import as_dataset
     from nbscale.pool.context import worker_context
     from nbscale.train.batch_fitting import batch_counts
-    from nbscale.train.loading import as_dataset
     from nbscale.train.loop import loop_setup, run_training
     from nbscale.train.trainer import draw_seed
 

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from nbscale.data.loader_data import with_loader_batch_size
+from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
-from nbscale.jobs.training_recorder import recorded_for_job_monitor
 from nbscale.pool.interrupts import task_cancelled
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
@@ -37,8 +38,6 @@ from nbscale.train.checks import (
 from nbscale.train.class_checks import check_classes, is_class_loss
 from nbscale.train.events import EventChannel, StopSignal
 from nbscale.train.info import TrainingInfo
-from nbscale.train.loader_data import with_loader_batch_size
-from nbscale.train.loading import as_dataset
 from nbscale.train.loop import loop_setup, run_training
 from nbscale.train.losses import resolve_loss
 from nbscale.train.optimizer import check_factories
@@ -46,6 +45,7 @@ from nbscale.train.options import TrainingOptions, shown_choice, unwrap_form
 from nbscale.train.out_of_memory import released_on_out_of_memory
 from nbscale.train.recovery import check_recovery_options, train_surviving_lost_workers
 from nbscale.train.run_metrics import check_on_first_sample
+from nbscale.train.run_observers import observed_run
 from nbscale.user_warnings import warn_user
 
 INTERRUPT_REASON = "Stopped by kernel interrupt"
@@ -94,8 +94,9 @@ def train(
     on_pool = options.execution_environment in ("parallel", "multi-gpu")
     _check_worker_load(options, on_pool)
     restarts: list[str] = []
-    # recorded_for_job_monitor: inside a %%batch job, `%jobs show` follows this run and its Stop button stops it
-    with _interrupt_as_stop(stop, on_pool) as forced, recorded_for_job_monitor(channel, stop):
+    # observed_run: what other packages watch (inside a %%batch job, `%jobs show` follows this run and its Stop
+    # button stops it)
+    with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop):
         if on_pool:
             result, restarts = _train_on_pool(model, dataset, options, (loss_fn, step_fn), seed, resume, channel,
                                               stop, forced)

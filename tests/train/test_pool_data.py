@@ -12,7 +12,7 @@ import torch
 import nbscale
 from nbscale import TrainingOptions, WorkerError
 from nbscale.data import AugmentedImageDatastore, ImageAugmenter, ImageDatastore
-from nbscale.train.preparing import Readers
+from nbscale.data.preparing import Readers
 from tests.datasets import write_digits_pngs
 
 pytestmark = pytest.mark.slow

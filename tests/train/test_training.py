@@ -16,7 +16,7 @@ from torch import nn
 
 import nbscale
 from nbscale import OptionsError, TrainingOptions
-from nbscale.train.loading import split_batch
+from nbscale.data.loading import split_batch
 from nbscale.train.loop import clip_gradients, epoch_order
 from tests.train.digits import ViewsItsFeatures, digits, tiny_net
 

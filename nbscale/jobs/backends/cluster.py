@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from nbscale.cluster_profiles import ClusterProfile, resolve_cluster
 from nbscale.errors import JobError
 from nbscale.jobs.backends.base import JobBackend, Launch, LaunchFailed
 from nbscale.jobs.files import append_text, write_atomic
 from nbscale.jobs.records import JobRecord
-from nbscale.pool.profiles import ClusterProfile, resolve_cluster
 
 RAY_JOB_FILE = "ray_job.json"
 DEFAULT_JOB_PORT = 8265  # Ray's dashboard, which serves the job API

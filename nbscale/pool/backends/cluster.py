@@ -18,11 +18,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
+from nbscale.cluster_profiles import ClusterProfile, resolve_cluster
 from nbscale.errors import PoolError
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.devices import MAX_DEFAULT_CPU_WORKERS
 from nbscale.pool.health import returncode_description
-from nbscale.pool.profiles import ClusterProfile, resolve_cluster
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
 

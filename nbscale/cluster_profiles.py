@@ -12,11 +12,14 @@ job_python = "/shared/venv/bin/python"         # the Python that runs batch jobs
 connect_timeout = 180                          # seconds to reach the cluster and start the pool's actors
 ```
 `%pool start 16 --cluster lab` uses it; `--cluster ray://HOST:PORT` (or `HOST:PORT`) needs no profile.
-`NBSCALE_PROFILES` overrides the file's path.
+`NBSCALE_PROFILES` overrides the file's path. Pools (nbscale.pool.backends.cluster) and batch jobs
+(nbscale.jobs.backends.cluster) both read them, so they live beside both packages, in neither.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -26,10 +29,10 @@ from typing import Any, cast
 from platformdirs import user_config_path
 
 from nbscale.errors import PoolError
-from nbscale.pool.settings import checked_connect_timeout
 from nbscale.trust import others_could_change
 
 BACKENDS = ("ray",)
+MAX_CONNECT_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -110,3 +113,15 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
             entry.get("connect_timeout"), f"connect_timeout in profile {cluster!r} of {profiles_path()}"
         ),
     )
+
+
+def checked_connect_timeout(seconds: Any, name: str) -> float | None:
+    """`seconds` as a float between 1 and MAX_CONNECT_TIMEOUT_S (None stays None); PoolError naming `name`."""
+    if seconds is None:
+        return None
+    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds)
+            or not 1 <= float(seconds) <= MAX_CONNECT_TIMEOUT_S):
+        raise PoolError(
+            f"{name} must be a number of seconds from 1 to {MAX_CONNECT_TIMEOUT_S:.0f}, such as 120, not {seconds!r}."
+        )
+    return float(seconds)

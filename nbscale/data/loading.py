@@ -4,8 +4,8 @@ Two ways to feed them, chosen by `data_placement`:
 - resident (nbscale.data.device_resident.DeviceResidentData): the whole dataset sits as tensors on the training
   device (tensors too large for a GPU in host memory) and a batch is one `index_select` - no per-sample Python,
   like airbench's loader;
-- stream: a torch DataLoader over any Dataset; `dispatch_in_background=True` reads in worker processes with
-  pinned memory and prefetching;
+- stream (nbscale.data.streaming.StreamBatches): a torch DataLoader over any Dataset;
+  `dispatch_in_background=True` reads in worker processes with pinned memory and prefetching;
 - "auto": resident when the data fits (tensors always are), otherwise stream.
 On a pool every rank gets only its own share of each global mini-batch (see `split_batch`); resident training data
 are read once by the ranks together (`readers`: each reads a block and they exchange them), and each rank's
@@ -14,7 +14,6 @@ validation data are its own share (`rows`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, cast
 
@@ -22,15 +21,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from nbscale.data.labels import as_labels
+from nbscale.data.loader_data import LoaderData, loader_data, loader_of
+from nbscale.data.preparing import Progress, Readers
+from nbscale.data.streaming import StreamBatches
 from nbscale.errors import OptionsError
-from nbscale.train.batches import to_device
-from nbscale.train.labels import as_labels
-from nbscale.train.loader_data import LoaderData, loader_data, loader_of
-from nbscale.train.preparing import Progress, Readers
 from nbscale.user_warnings import warn_user
 
-__all__ = ["LoaderData", "as_dataset", "make_batch_source", "StreamBatches", "split_batch", "tensor_of",
-           "deterministic"]
+__all__ = ["LoaderData", "as_dataset", "make_batch_source", "split_batch", "tensor_of", "deterministic"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -47,7 +45,7 @@ class BatchSource(Protocol):
 
 
 def as_dataset(data: Any, what: str = "train_data") -> Dataset[Any]:
-    """A Dataset from a Dataset, a DataLoader (nbscale.train.loader_data) or an (inputs, labels) pair;
+    """A Dataset from a Dataset, a DataLoader (nbscale.data.loader_data) or an (inputs, labels) pair;
     OptionsError otherwise.
 
     The pair is a tuple, or a list of two tensors or arrays (`[X, y]`). In it either part may be a tensor, a numpy
@@ -136,115 +134,6 @@ def split_batch(batch_size: int, worker_load: Sequence[float] | None, world_size
     return counts
 
 
-class _EpochBatchSampler:
-    """A batch sampler whose index lists the loop replaces every epoch (so DataLoader workers persist); with a
-    `seed`, each index goes as (index, seed), for `_AugmentedBySeed`."""
-
-    def __init__(self) -> None:
-        self.lists: torch.Tensor | Sequence[torch.Tensor] = []
-        self.seed: int | None = None
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        if self.seed is None:
-            return (indices.tolist() for indices in self.lists)
-        return ([(index, self.seed) for index in indices.tolist()] for indices in self.lists)
-
-    def __len__(self) -> int:
-        return len(self.lists)
-
-
-class StreamBatches:
-    """Batches read through a torch DataLoader, in background processes when asked.
-
-    The DataLoader draws its processes' seeds from its own generator, seeded by `seed`, not from torch's global
-    random stream (a draw each epoch without background processes): so the network's own random numbers (dropout)
-    come out as when the data are resident."""
-
-    def __init__(self, dataset: Dataset[Any], device: torch.device, background: bool, seed: int) -> None:
-        from nbscale.data.augmented import AugmentedImageDatastore
-
-        self.dataset = dataset
-        self.sampler = _EpochBatchSampler()
-        self.device = device
-        self.by_seed = isinstance(dataset, AugmentedImageDatastore)
-        loader = loader_of(dataset)  # a user's DataLoader: its collate_fn and num_workers
-        workers = min(4, os.cpu_count() or 1) if background else 0
-        if loader is not None and loader.num_workers:
-            workers = loader.num_workers
-        collate: Callable[[list[Any]], Any] | None = loader.collate_fn if loader is not None else None
-        extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
-        read = _AugmentedBySeed(dataset) if self.by_seed else dataset
-        self.loader = DataLoader(read, batch_sampler=self.sampler, num_workers=workers, collate_fn=collate,
-                                 pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(seed),
-                                 **extra)
-        self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
-            "streamed by a DataLoader"
-
-    def __len__(self) -> int:
-        # torch's Dataset declares no __len__; as_dataset checked it
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        """Stop the background processes now. A run that failed leaves its traceback in the notebook (IPython keeps
-        it), whose frames hold this source, its epoch's generator and the DataLoader's iterator, so the processes
-        would live on, two more with every failed run."""
-        _stop_worker_processes(self.loader)
-
-    def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
-        self.sampler.lists = rows
-        self.sampler.seed = seed if self.by_seed else None
-        non_blocking, device = self.device.type == "cuda", self.device
-        for x, y in self.loader:  # nested inputs and targets (tuples, dicts) move whole
-            y = to_device(y, device, non_blocking)
-            yield to_device(x, device, non_blocking), (as_labels(y) if isinstance(y, torch.Tensor) else y)
-
-
-def _stop_worker_processes(loader: DataLoader[Any]) -> None:
-    """Stop the persistent worker processes of `loader` now (the next epoch would start new ones).
-
-    torch has no public call for this. Its iterator stops them when freed (`__del__`), but freeing is not in our
-    hands: a failed run's traceback can hold the iterator itself (a read error in a loader process is raised again
-    from the iterator's own frames, whose `self` IPython's kept traceback keeps). So this calls what `__del__`
-    calls, the iterator's private `_shutdown_workers`, which the DataLoader keeps in its private `_iterator`."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    loader._iterator = None
-
-
-class _AugmentedBySeed(Dataset[tuple[torch.Tensor, int]]):
-    """An AugmentedImageDatastore read by a DataLoader, each image augmented by the random values of its index
-    in the pass's draws from the epoch's seed, as DeviceResidentData draws them: so training streamed (in background
-    processes or not), resident, on a pool's workers (each reading its share) or resumed from a checkpoint augments
-    every image alike, where a loader process's own random stream would depend on which process read which batch.
-    The sampler sends (index, seed) pairs; each loader process draws an epoch's values once (N rows of a few
-    floats)."""
-
-    def __init__(self, augmented: Any) -> None:
-        self.augmented = augmented
-        self.seed: int | None = None
-        self.draws = torch.empty(0)
-
-    def __len__(self) -> int:
-        return len(self.augmented)
-
-    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
-        return self.__getitems__([key])[0]
-
-    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> list[tuple[torch.Tensor, int]]:
-        seed = keys[0][1]
-        if seed != self.seed:
-            self.seed, self.draws = seed, self.augmented.draw(len(self.augmented), torch.Generator().manual_seed(seed))
-        indices = [index for index, _ in keys]
-        items = [self.augmented.source_item(index) for index in indices]
-        draws = self.draws[indices]
-        if len({tuple(image.shape) for image, _ in items}) > 1:  # images of different sizes: one at a time
-            return [(self.augmented.apply(image[None], draws[k : k + 1])[0], label)
-                    for k, (image, label) in enumerate(items)]
-        batch = self.augmented.apply(torch.stack([image for image, _ in items]), draws)
-        return list(zip(batch.unbind(0), [label for _, label in items], strict=True))
-
-
 def deterministic(dataset: object) -> bool:
     """True for data nbscale knows reads the same every time: tensors (a TensorDataset), its datastores and
     augmented datastores (whose random values it draws itself), and Subsets of them. Any other Dataset (random
@@ -293,7 +182,7 @@ def make_batch_source(dataset: Dataset[Any], device: torch.device, placement: st
 
     `seed` seeds a DataLoader's own random stream (its background processes' seeds; see StreamBatches);
     `rows` keeps only those items (a pool rank's share of the validation data: batches then index into them);
-    `readers` reads resident data once across a pool's ranks, each reading a block (nbscale.train.preparing);
+    `readers` reads resident data once across a pool's ranks, each reading a block (nbscale.data.preparing);
     `progress` counts the items read before training.
     """
     rows = [int(row) for row in rows] if rows is not None else None

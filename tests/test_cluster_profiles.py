@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from nbscale.cluster_profiles import resolve_cluster
 from nbscale.errors import PoolError
-from nbscale.pool.profiles import resolve_cluster
 
 PROFILE = '[profiles.lab]\nbackend = "ray"\naddress = "ray://head:10001"\nenv = { NCCL_SOCKET_IFNAME = "eth0" }\n'
 

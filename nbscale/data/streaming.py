@@ -1,0 +1,131 @@
+"""Streaming: mini-batches read through a torch DataLoader, in background processes when asked.
+
+The loop replaces the DataLoader's batch indices every epoch (so its processes persist); an
+AugmentedImageDatastore is augmented by seed, as the resident loader (nbscale.data.device_resident) augments it,
+so both paths give every image the same random values. `make_batch_source` (nbscale.data.loading) chooses
+between this loader and the resident one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from nbscale.data.batches import to_device
+from nbscale.data.labels import as_labels
+from nbscale.data.loader_data import loader_of
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class _EpochBatchSampler:
+    """A batch sampler whose index lists the loop replaces every epoch (so DataLoader workers persist); with a
+    `seed`, each index goes as (index, seed), for `_AugmentedBySeed`."""
+
+    def __init__(self) -> None:
+        self.lists: torch.Tensor | Sequence[torch.Tensor] = []
+        self.seed: int | None = None
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        if self.seed is None:
+            return (indices.tolist() for indices in self.lists)
+        return ([(index, self.seed) for index in indices.tolist()] for indices in self.lists)
+
+    def __len__(self) -> int:
+        return len(self.lists)
+
+
+class StreamBatches:
+    """Batches read through a torch DataLoader, in background processes when asked.
+
+    The DataLoader draws its processes' seeds from its own generator, seeded by `seed`, not from torch's global
+    random stream (a draw each epoch without background processes): so the network's own random numbers (dropout)
+    come out as when the data are resident."""
+
+    def __init__(self, dataset: Dataset[Any], device: torch.device, background: bool, seed: int) -> None:
+        from nbscale.data.augmented import AugmentedImageDatastore
+
+        self.dataset = dataset
+        self.sampler = _EpochBatchSampler()
+        self.device = device
+        self.by_seed = isinstance(dataset, AugmentedImageDatastore)
+        loader = loader_of(dataset)  # a user's DataLoader: its collate_fn and num_workers
+        workers = min(4, os.cpu_count() or 1) if background else 0
+        if loader is not None and loader.num_workers:
+            workers = loader.num_workers
+        collate: Callable[[list[Any]], Any] | None = loader.collate_fn if loader is not None else None
+        extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
+        read = _AugmentedBySeed(dataset) if self.by_seed else dataset
+        self.loader = DataLoader(read, batch_sampler=self.sampler, num_workers=workers, collate_fn=collate,
+                                 pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(seed),
+                                 **extra)
+        self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
+            "streamed by a DataLoader"
+
+    def __len__(self) -> int:
+        # torch's Dataset declares no __len__; as_dataset checked it
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """Stop the background processes now. A run that failed leaves its traceback in the notebook (IPython keeps
+        it), whose frames hold this source, its epoch's generator and the DataLoader's iterator, so the processes
+        would live on, two more with every failed run."""
+        _stop_worker_processes(self.loader)
+
+    def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
+        self.sampler.lists = rows
+        self.sampler.seed = seed if self.by_seed else None
+        non_blocking, device = self.device.type == "cuda", self.device
+        for x, y in self.loader:  # nested inputs and targets (tuples, dicts) move whole
+            y = to_device(y, device, non_blocking)
+            yield to_device(x, device, non_blocking), (as_labels(y) if isinstance(y, torch.Tensor) else y)
+
+
+def _stop_worker_processes(loader: DataLoader[Any]) -> None:
+    """Stop the persistent worker processes of `loader` now (the next epoch would start new ones).
+
+    torch has no public call for this. Its iterator stops them when freed (`__del__`), but freeing is not in our
+    hands: a failed run's traceback can hold the iterator itself (a read error in a loader process is raised again
+    from the iterator's own frames, whose `self` IPython's kept traceback keeps). So this calls what `__del__`
+    calls, the iterator's private `_shutdown_workers`, which the DataLoader keeps in its private `_iterator`."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+    loader._iterator = None
+
+
+class _AugmentedBySeed(Dataset[tuple[torch.Tensor, int]]):
+    """An AugmentedImageDatastore read by a DataLoader, each image augmented by the random values of its index
+    in the pass's draws from the epoch's seed, as DeviceResidentData draws them: so training streamed (in background
+    processes or not), resident, on a pool's workers (each reading its share) or resumed from a checkpoint augments
+    every image alike, where a loader process's own random stream would depend on which process read which batch.
+    The sampler sends (index, seed) pairs; each loader process draws an epoch's values once (N rows of a few
+    floats)."""
+
+    def __init__(self, augmented: Any) -> None:
+        self.augmented = augmented
+        self.seed: int | None = None
+        self.draws = torch.empty(0)
+
+    def __len__(self) -> int:
+        return len(self.augmented)
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, int]:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: Sequence[tuple[int, int]]) -> list[tuple[torch.Tensor, int]]:
+        seed = keys[0][1]
+        if seed != self.seed:
+            self.seed, self.draws = seed, self.augmented.draw(len(self.augmented), torch.Generator().manual_seed(seed))
+        indices = [index for index, _ in keys]
+        items = [self.augmented.source_item(index) for index in indices]
+        draws = self.draws[indices]
+        if len({tuple(image.shape) for image, _ in items}) > 1:  # images of different sizes: one at a time
+            return [(self.augmented.apply(image[None], draws[k : k + 1])[0], label)
+                    for k, (image, label) in enumerate(items)]
+        batch = self.augmented.apply(torch.stack([image for image, _ in items]), draws)
+        return list(zip(batch.unbind(0), [label for _, label in items], strict=True))

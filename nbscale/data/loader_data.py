@@ -7,7 +7,7 @@ by name: a batch sampler, a custom sampler (anything but sequential or random), 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import (
     BatchSampler,
@@ -21,9 +21,6 @@ from torch.utils.data import (
 )
 
 from nbscale.errors import OptionsError
-
-if TYPE_CHECKING:
-    from nbscale.train.options import TrainingOptions
 
 _SUPPORTED = ("DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., num_workers=...): a map-style "
               "dataset read in order or at random")
@@ -76,20 +73,3 @@ def loader_of(dataset: object) -> LoaderData | None:
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
     return dataset if isinstance(dataset, LoaderData) else None
-
-
-def with_loader_batch_size(options: TrainingOptions, train_data: Any) -> Any:
-    """`options` (TrainingOptions) with the mini-batch size of a DataLoader given as `train_data`, where the options
-    leave it at its default (128: any other value counts as set by the user); `options` itself otherwise.
-    OptionsError when both are set and differ."""
-    from dataclasses import fields
-
-    loader = loader_of(train_data)
-    if loader is None or options.mini_batch_size == loader.batch_size:
-        return options
-    default = next(f.default for f in fields(options) if f.name == "mini_batch_size")
-    if options.mini_batch_size == default:
-        return options.replace(mini_batch_size=loader.batch_size)
-    raise OptionsError(f"train_data is a DataLoader with batch_size={loader.batch_size}, but TrainingOptions has "
-                       f"mini_batch_size={options.mini_batch_size!r}: set one of them, or the same value in both "
-                       f"(mini_batch_size={default}, its default, lets the DataLoader's stand).")

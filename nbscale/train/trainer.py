@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.data.loader_data import with_loader_batch_size
+from nbscale.data.loader_data import loader_of
 from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
@@ -323,3 +323,20 @@ def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
     return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def with_loader_batch_size(options: TrainingOptions, train_data: object) -> TrainingOptions:
+    """`options` (TrainingOptions) with the mini-batch size of a DataLoader given as `train_data`, where the options
+    leave it at its default (128: any other value counts as set by the user); `options` itself otherwise.
+    OptionsError when both are set and differ."""
+    from dataclasses import fields
+
+    loader = loader_of(train_data)
+    if loader is None or options.mini_batch_size == loader.batch_size:
+        return options
+    default = next(f.default for f in fields(options) if f.name == "mini_batch_size")
+    if options.mini_batch_size == default:
+        return options.replace(mini_batch_size=loader.batch_size)
+    raise OptionsError(f"train_data is a DataLoader with batch_size={loader.batch_size}, but TrainingOptions has "
+                       f"mini_batch_size={options.mini_batch_size!r}: set one of them, or the same value in both "
+                       f"(mini_batch_size={default}, its default, lets the DataLoader's stand).")

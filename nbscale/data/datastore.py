@@ -243,7 +243,7 @@ class ImageDatastore(Dataset):
         return montage(images, captions, columns=columns)
 
 
-def _locations(location: Any) -> list[str | os.PathLike]:
+def _locations(location: Any) -> list[Any]:
     """`location` as a list of places, or DatastoreError for what cannot name one (bytes, numbers...)."""
     places = [location] if isinstance(location, str | bytes | os.PathLike) or not isinstance(location, Iterable) \
         else list(location)

@@ -119,14 +119,17 @@ CONNECT_TIMEOUT_S = 10  # an unreachable store is told within seconds, not after
 
 
 def _bounded_connect(location: str) -> dict[str, Any]:
-    """fsspec options that bound the time to connect (and the retries) for S3 and HTTP; none for others."""
+    """fsspec options that bound the time to connect (and the retries) for S3 and HTTP. A fresh filesystem each
+    time: a cached one keeps the endpoint and credentials the environment had when it was made."""
     protocol = location.split("://", 1)[0].lower()
     if protocol in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "retries": {"max_attempts": 2}}}
+        return {"skip_instance_cache": True,
+                "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "retries": {"max_attempts": 2}}}
     if protocol in ("http", "https"):
         import aiohttp
 
-        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)}}
+        return {"skip_instance_cache": True,
+                "client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)}}
     return {}
 
 

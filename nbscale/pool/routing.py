@@ -171,7 +171,8 @@ class Router:
         if isinstance(message, p.Output):
             foreground = self.foreground
             if foreground is not None:
-                foreground.inbox.put(message)
+                for item in foreground.backlog.admit(message):
+                    foreground.inbox.put(item)
             else:
                 print_output(message)
             return
@@ -193,6 +194,9 @@ class Router:
         if request.future is not None:
             self.on_task_reply(request, message)
         else:
+            notice = request.backlog.notice(worker.rank)  # output left out: said before the request ends
+            if notice is not None:
+                request.inbox.put(notice)
             request.inbox.put(message)
         if isinstance(message, p.Done | p.Failed):
             self.on_worker_free()
@@ -264,6 +268,7 @@ class Router:
         except queue.Empty:
             return
         if isinstance(item, p.Output):
+            request.backlog.took(item)
             print_output(item, flush=False)
         elif isinstance(item, p.FolderMissing):
             print(missing_folder_warning(item), file=sys.stderr, flush=True)

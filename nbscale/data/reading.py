@@ -62,6 +62,8 @@ def header_size(data: bytes) -> tuple[int, int] | None:
 
     The plugins are called directly, not through `Image.open`: that refuses sizes above Pillow's own global
     limit, which would stand above a raised `$NBSCALE_MAX_IMAGE_PIXELS` (and changing the global is not ours)."""
+    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR":  # most datasets' format: read directly (~1 us)
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     from PIL import Image
 
     Image.init()

@@ -106,3 +106,14 @@ def test_reading_a_normal_image_is_not_warned_about(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tuple(ImageDatastore(tmp_path)[0][0].shape) == (3, 32, 32)
+
+
+def test_a_gif_claiming_30000_squared_pixels_is_refused_through_pillows_header_reading(tmp_path):
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(buffer, format="GIF")
+    data = bytearray(buffer.getvalue())
+    data[6:10] = struct.pack("<HH", 30000, 30000)  # the logical screen size
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bomb.gif").write_bytes(bytes(data))
+    with pytest.raises(DatastoreError, match="bomb.gif.*30000 x 30000"):
+        ImageDatastore(tmp_path)[0]

@@ -8,6 +8,7 @@ nbscale.data.image_files finds the files a location holds.
 from __future__ import annotations
 
 import numbers
+import operator
 import os
 import random
 from collections.abc import Iterable, Sequence
@@ -98,9 +99,14 @@ class ImageDatastore(Dataset):
         With on_error="skip" an unreadable file is replaced by the next readable one (so the index may differ).
         IndexError outside the items, so `for image, label in ds` ends.
         """
-        if not isinstance(index, numbers.Integral) or isinstance(index, bool):
+        try:  # int, numpy and 0-d torch integers
+            number = operator.index(index) if not isinstance(index, bool | np.bool_) else None
+        except TypeError:
+            number = None
+        if number is None:
             raise DatastoreError(f"ImageDatastore: an item is asked for by its number (ds[0], ds[-1]), not by "
                                  f"{index!r}; for several items use ds.subset([...]).")
+        index = number
         if not -len(self.files) <= index < len(self.files):
             raise IndexError(f"ImageDatastore index {index} is out of range for {len(self.files)} images.")
         index %= len(self.files)

@@ -133,3 +133,10 @@ def test_skipping_a_few_unreadable_files_still_reads_the_next_good_one(tmp_path,
     ds = ImageDatastore(tmp_path, on_error="skip")
     with pytest.warns(UserWarning, match=r"skipped 5 unreadable image\(s\) \(5 so far"):
         assert tuple(ds[0][0].shape) == (1, 8, 8)
+
+
+def test_numpy_and_torch_integers_still_ask_for_items(digits):
+    import torch
+
+    first = digits[3][0]
+    assert digits[np.int64(3)][0].equal(first) and digits[torch.tensor(3)][0].equal(first)

@@ -28,8 +28,8 @@ _unflushed_chars = 0  # written since the last flush
 _PATIENCE_S = 1.0  # how long finished lines of other ranks wait for an open plain line ("loading..." then " ok")
 QUEUED_OUTPUT_CHARS = 8 * 2**20  # a request's output waiting to be shown, at most (the rest is left out, counted)
 # what the kernel sends faster than the notebook reads waits in the kernel (ipykernel and ZeroMQ keep it all):
-# past a first burst, output reaches the notebook at most this fast (Jupyter's server passes 1 MB/s by default)
-RELAYED_CHARS_PER_S = 2 * 2**20
+# past a first burst, output reaches the notebook at most this fast: what Jupyter's server passes by default
+RELAYED_CHARS_PER_S = 2**20
 NOTICE_EVERY_S = 5.0  # while output is being left out, a notice at most this often (and one at the request's end)
 FLUSH_CHARS = 2**16  # a kernel holds what was written until a flush, then up to 1000 messages in its IOPub queue
 

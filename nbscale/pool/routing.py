@@ -26,7 +26,7 @@ from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import collective_mismatch, process_state, stall_notice, stalled
 from nbscale.pool.interrupts import HeldInterrupt
-from nbscale.pool.output import end_open_lines, flush_output, print_output
+from nbscale.pool.output import OutputBacklog, end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
 
@@ -56,6 +56,7 @@ class Router:
         self.requests: dict[int, Request] = {}
         self.lock = threading.RLock()
         self.foreground: Request | None = None
+        self.background_output = OutputBacklog()  # output of tasks (pool.submit), shown by the receiver thread
         self.last_activity = time.monotonic()
         self.stopping = threading.Event()
         # set by the task queue: a reply of a task arrived; a worker may have become free
@@ -174,7 +175,9 @@ class Router:
                 for item in foreground.backlog.admit(message):
                     foreground.inbox.put(item)
             else:
-                print_output(message)
+                for item in self.background_output.admit(message):
+                    print_output(item)
+                    self.background_output.took(item)
             return
         if isinstance(message, p.StatusReport):
             worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb

@@ -167,6 +167,8 @@ class Router:
                     worker.transferring = False
                     worker.last_heard = time.monotonic()
                 self._route(worker, message)
+                if isinstance(message, p.Output) and not _more_waiting(connection):
+                    flush_output()  # the end of a burst of tasks' output: shown now, not line by line
 
     def _route(self, worker: WorkerHandle, message: Any) -> None:
         if isinstance(message, p.Output):
@@ -176,7 +178,7 @@ class Router:
                     foreground.inbox.put(item)
             else:
                 for item in self.background_output.admit(message):
-                    print_output(item)
+                    print_output(item, flush=False)  # flushed at the end of the burst (see _receive_forever)
                     self.background_output.took(item)
             return
         if isinstance(message, p.StatusReport):
@@ -412,6 +414,14 @@ def workers_named(ranks: Iterable[int]) -> str:
     ranks = list(ranks)
     return f"Worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
+
+
+def _more_waiting(connection: Connection) -> bool:
+    """Whether the worker has sent more that is not read yet."""
+    try:
+        return connection.poll(0)
+    except (OSError, ValueError):  # closed meanwhile
+        return False
 
 
 def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> Any:

@@ -105,9 +105,16 @@ def _one_image_as_batch(net: nn.Module, data: object) -> Any:
 
 
 def _run(net: nn.Module, data: Data, batch_size: int,
-         each: Callable[[torch.Tensor, Any], None]) -> None:
+         each: Callable[[torch.Tensor, Any], None], what: str) -> None:
     """Run `net` over `data` in batches, calling `each(outputs, labels or None)` for every batch; a first batch
-    that fails (not for lack of memory) is reported as the network not fitting the data."""
+    that fails (not for lack of memory) is reported as the network not fitting the data. `what` (the caller's
+    name) names errors: a net that is no network, data that is text or has no items."""
+    if not isinstance(net, nn.Module):
+        raise ModelError(f"{what}: the network {_shown(net)} is a {type(net).__name__}, not a torch nn.Module: pass "
+                         f"the network first, then the data ({what}(net, data)).")
+    if isinstance(data, str | bytes):
+        raise NbscaleError(f"{what}: the data {_shown(data)} is text: give a torch Dataset, a tensor or an (inputs, "
+                           "labels) pair; for image files, ImageDatastore(folder) reads them.")
     device, was_training = _device_of(net), net.training
     data = _one_image_as_batch(net, data)
     net.eval()
@@ -125,6 +132,15 @@ def _run(net: nn.Module, data: Data, batch_size: int,
                 each(_output_tensor(outputs), labels)
     finally:
         net.train(was_training)
+    if first:
+        raise NbscaleError(f"{what}: the data has no items (length 0), so there is nothing to {what}: check how it "
+                           "was made (an empty folder, a split or subset that kept nothing).")
+
+
+def _shown(value: Any) -> str:
+    """`value`'s repr, cut to one short line for a message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _output_tensor(outputs: object) -> torch.Tensor:
@@ -139,8 +155,8 @@ def _output_tensor(outputs: object) -> torch.Tensor:
 def predict(net: nn.Module, data: Data, batch_size: int = 256) -> torch.Tensor:
     """The network's raw outputs for every item, concatenated (on the CPU)."""
     outputs: list[torch.Tensor] = []
-    _run(net, data, batch_size, lambda out, _: outputs.append(out.float().cpu()))
-    return torch.cat(outputs) if outputs else torch.empty(0)
+    _run(net, data, batch_size, lambda out, _: outputs.append(out.float().cpu()), "predict")
+    return torch.cat(outputs)
 
 
 def class_names(data: object) -> list[str]:
@@ -153,7 +169,9 @@ def classify(net: nn.Module, data: Data, batch_size: int = 256) -> tuple[list[st
 
     labels are class names when `data` has `classes`, else a tensor of class indices.
     """
-    scores = torch.softmax(predict(net, data, batch_size), dim=1)
+    outputs: list[torch.Tensor] = []
+    _run(net, data, batch_size, lambda out, _: outputs.append(out.float().cpu()), "classify")
+    scores = torch.softmax(torch.cat(outputs), dim=1)
     indices = scores.argmax(dim=1)
     names = class_names(data)
     if names:
@@ -174,8 +192,8 @@ def accuracy(net: nn.Module, data: Data, batch_size: int = 256) -> float:
         correct += int((outputs.argmax(dim=1).cpu() == labels.cpu()).sum())
         total += len(labels)
 
-    _run(net, data, batch_size, count)
-    return correct / total if total else float("nan")
+    _run(net, data, batch_size, count, "accuracy")
+    return correct / total
 
 
 def activations(net: nn.Module, data: Data, layer: str = "layer4", batch_size: int = 256) -> torch.Tensor:
@@ -192,7 +210,7 @@ def activations(net: nn.Module, data: Data, layer: str = "layer4", batch_size: i
 
     handle = modules[layer].register_forward_hook(hook)
     try:
-        _run(net, data, batch_size, lambda _out, _labels: None)
+        _run(net, data, batch_size, lambda _out, _labels: None, "activations")
     finally:
         handle.remove()
-    return torch.cat(captured) if captured else torch.empty(0)
+    return torch.cat(captured)

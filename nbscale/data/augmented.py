@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 from nbscale.data.augmenter import DRAWS_PER_IMAGE, ImageAugmenter, gather_windows, whole_pixels
 from nbscale.data.datastore import ImageDatastore
 from nbscale.data.option_names import check_option_names, keyword_names
-from nbscale.data.reading import to_float
+from nbscale.data.reading import max_image_pixels, to_float
 from nbscale.errors import DatastoreError
 
 COLOR_PREPROCESSING = ("none", "gray2rgb", "rgb2gray")
@@ -128,6 +128,11 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         if len(size) != 2 or min(size) < 1:
             raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} must be (height, width) "
                                  "or (height, width, channels).")
+        if size[0] * size[1] > max_image_pixels():
+            raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} is {size[0] * size[1]:,} "
+                                 f"pixels an image, more than the limit of {max_image_pixels():,} "
+                                 f"({size[0] * size[1] * 12 / 1e9:.1f} GB an RGB item as float32). Give a smaller "
+                                 "size, or raise NBSCALE_MAX_IMAGE_PIXELS.")
         if output_size_mode not in OUTPUT_SIZE_MODES:
             raise DatastoreError(f"AugmentedImageDatastore: output_size_mode={output_size_mode!r} is not one of "
                                  f"{OUTPUT_SIZE_MODES}.")

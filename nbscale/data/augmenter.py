@@ -58,6 +58,10 @@ def _sources(start: torch.Tensor, length: int, size: int, flip: torch.Tensor | N
     return positions
 
 
+MAX_TRANSLATION = 10_000  # pixels, the side of the largest image reading allows (reading.DEFAULT_MAX_IMAGE_PIXELS)
+MAX_SCALE = 1_000  # a larger factor shows one pixel of the image
+
+
 @dataclass(frozen=True)
 class ImageAugmenter:
     """Random image transforms with MATLAB's meanings; each range is (min, max), sampled uniformly per image.
@@ -101,12 +105,18 @@ class ImageAugmenter:
                     raise OptionsError(f"ImageAugmenter: {field.name} must be True or False, not {value!r}.")
                 continue
             if (not isinstance(value, tuple | list) or len(value) != 2
-                    or not all(isinstance(v, int | float) for v in value) or value[0] > value[1]):
+                    or not all(isinstance(v, int | float) and math.isfinite(v) for v in value) or value[0] > value[1]):
                 raise OptionsError(f"ImageAugmenter: {field.name} must be a (min, max) pair with min <= max, "
-                                 f"e.g. {field.name}=(-4, 4); got {value!r}.")
+                                 f"e.g. {field.name}=(-4, 4) (finite numbers); got {value!r}.")
             object.__setattr__(self, field.name, (float(value[0]), float(value[1])))
             if "scale" in field.name and value[0] <= 0:
                 raise OptionsError(f"ImageAugmenter: {field.name} factors must be positive; got {value!r}.")
+            if "translation" in field.name and max(abs(value[0]), abs(value[1])) > MAX_TRANSLATION:
+                raise OptionsError(f"ImageAugmenter: {field.name}={value!r} moves images by more than "
+                                   f"{MAX_TRANSLATION} pixels (the largest images nbscale reads are 10000 wide); "
+                                   "give a range of pixels within the image, e.g. (-4, 4).")
+            if "scale" in field.name and value[1] > MAX_SCALE:
+                raise OptionsError(f"ImageAugmenter: {field.name} factors must be at most {MAX_SCALE}; got {value!r}.")
             if "shear" in field.name and not (-90 < value[0] and value[1] < 90):
                 raise OptionsError(f"ImageAugmenter: {field.name} angles must lie in (-90, 90) degrees; got {value!r}.")
 

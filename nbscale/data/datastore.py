@@ -8,6 +8,7 @@ nbscale.data.image_files finds the files a location holds.
 from __future__ import annotations
 
 import numbers
+import operator
 import os
 import random
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,9 @@ from nbscale.user_warnings import warn_user
 DEFAULT_EXTENSIONS = (".png", ".jpg", ".jpeg", ".gif", ".webp", ".bmp", ".tif", ".tiff")
 LABEL_SOURCES = ("foldernames", "none")
 ON_ERROR = ("raise", "skip")
+# on_error="skip" gives up after this many unreadable files in a row: a folder of thousands of broken files would
+# otherwise cost minutes on one item before its error
+MAX_UNREADABLE_IN_A_ROW = 100
 
 Location = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
@@ -53,7 +57,7 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
             raise DatastoreError(f"ImageDatastore: on_error={on_error!r} is not one of {ON_ERROR}.")
         extensions = (file_extensions,) if isinstance(file_extensions, str) else tuple(file_extensions)
         extensions = tuple(e.lower() if e.startswith(".") else f".{e.lower()}" for e in extensions)
-        locations = [location] if isinstance(location, str | os.PathLike) else list(location)
+        locations = _locations(location)
         files = image_files(locations, extensions, include_subfolders)
         labels = [folder_name(f) for f in files] if label_source == "foldernames" else None
         classes = sorted(set(labels)) if labels is not None else []
@@ -95,27 +99,47 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         With on_error="skip" an unreadable file is replaced by the next readable one (so the index may differ).
         IndexError outside the items, so `for image, label in ds` ends.
         """
+        try:  # int, numpy and 0-d torch integers
+            number = operator.index(index) if not isinstance(index, bool | np.bool_) else None
+        except TypeError:
+            number = None
+        if number is None:
+            raise DatastoreError(f"ImageDatastore: an item is asked for by its number (ds[0], ds[-1]), not by "
+                                 f"{index!r}; for several items use ds.subset([...]).")
+        index = number
         if not -len(self.files) <= index < len(self.files):
             raise IndexError(f"ImageDatastore index {index} is out of range for {len(self.files)} images.")
         index %= len(self.files)
-        for attempt in range(len(self.files)):
-            i = (index + attempt) % len(self.files)
-            try:
-                return read_image(self.files[i]), i
-            except Exception as error:  # decoders raise RuntimeError, OSError, ValueError...
-                if self.on_error == "raise":
-                    raise DatastoreError(f"ImageDatastore: cannot read image {self.files[i]!r} ({error}). "
-                                         "Remove or replace the file, or pass on_error='skip' to skip "
-                                         "unreadable images.") from error
-                self._note_skipped(self.files[i])
+        skipped: list[str] = []
+        try:
+            for attempt in range(len(self.files)):
+                i = (index + attempt) % len(self.files)
+                try:
+                    return read_image(self.files[i]), i
+                except Exception as error:  # decoders raise RuntimeError, OSError, ValueError...
+                    if self.on_error == "raise":
+                        raise DatastoreError(f"ImageDatastore: cannot read image {self.files[i]!r} ({error}). "
+                                             "Remove or replace the file, or pass on_error='skip' to skip "
+                                             "unreadable images.") from error
+                    skipped.append(self.files[i])
+                    if len(skipped) == MAX_UNREADABLE_IN_A_ROW and len(skipped) < len(self.files):
+                        raise DatastoreError(
+                            f"ImageDatastore: {len(skipped)} files in a row cannot be read as images (from "
+                            f"{skipped[0]!r} to {skipped[-1]!r}; the last: {error}). Check these files (empty or "
+                            "unfinished downloads?) and remove them, e.g. with ds.subset(...)."
+                        ) from error
+        finally:
+            self._note_skipped(skipped)
         raise DatastoreError(f"ImageDatastore: none of the {len(self.files)} files can be read as an image.")
 
-    def _note_skipped(self, file: str) -> None:
-        if file in self.skipped_files:
+    def _note_skipped(self, files: list[str]) -> None:
+        """One warning per read, with a count, however many files it skipped."""
+        new = [file for file in files if file not in self.skipped_files]
+        if not new:
             return
-        self.skipped_files.add(file)
-        warn_user(f"ImageDatastore skipped {len(self.skipped_files)} unreadable image(s) so far "
-                  f"(latest: {file!r}).")
+        self.skipped_files.update(new)
+        warn_user(f"ImageDatastore skipped {len(new)} unreadable image(s) ({len(self.skipped_files)} so far; "
+                  f"latest: {new[-1]!r}).")
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{name}: {n}" for name, n in list(self.count_each_label().items())[:8]) \
@@ -148,6 +172,11 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
                 raise DatastoreError(f"subset: a logical mask needs one True/False per item ({len(self)}), "
                                      f"not {len(values)}.")
             values = [i for i, keep in enumerate(values) if keep]
+        wrong = [v for v in values if not isinstance(v, numbers.Integral) or isinstance(v, bool | np.bool_)]
+        if wrong:
+            raise DatastoreError(f"subset: indices must be whole item numbers (or a True/False mask with one value "
+                                 f"per item), not {wrong[0]!r} ({type(wrong[0]).__name__}). For a random part use "
+                                 "ds.shuffle(seed) or split_each_label(0.8, randomize=True).")
         chosen = [int(i) for i in values]
         outside = [i for i in chosen if not -len(self) <= i < len(self)]
         if outside:
@@ -210,12 +239,28 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         """A labelled montage of `n` images taken in turn from each class (a PIL image: it displays in a notebook)."""
         from nbscale.data.montage import montage, spread_over_classes
 
+        if not isinstance(n, numbers.Integral) or isinstance(n, bool) or n < 1:
+            raise DatastoreError(f"preview: n={n!r} must be a whole number of images, at least 1 (default 16).")
         images, captions = [], []
         for i in spread_over_classes(self.labels, min(n, len(self))):
             raw, read = self.read_raw(i)
             images.append(to_float(raw))
             captions.append(self.labels[read] if self.labels is not None else Path(self.files[read]).name)
         return montage(images, captions, columns=columns)
+
+
+def _locations(location: Any) -> list[Any]:
+    """`location` as a list of places, or DatastoreError for what cannot name one (bytes, numbers...)."""
+    places = [location] if isinstance(location, str | bytes | os.PathLike) or not isinstance(location, Iterable) \
+        else list(location)
+    for place in places:
+        if isinstance(place, bytes):
+            raise DatastoreError(f"ImageDatastore: the location {place!r} is bytes: give it as a str "
+                                 f"({place!r}.decode()) or a pathlib.Path.")
+        if not isinstance(place, str | os.PathLike) or not os.fspath(place):
+            raise DatastoreError(f"ImageDatastore: the location {place!r} is not a folder, file or URL: give a str or "
+                                 "pathlib.Path (or a list of them), e.g. ImageDatastore('images/').")
+    return places
 
 
 def _are_counts(fractions: tuple[float, ...]) -> bool:

@@ -36,6 +36,9 @@ def image_files(locations: Sequence[Any], extensions: tuple[str, ...], include_s
 def _list_local(location: Path, include_subfolders: bool) -> list[str]:
     if location.is_file():
         return [str(location)]
+    if location.exists() and not location.is_dir():
+        raise DatastoreError(f"ImageDatastore: {str(location)!r} is not a folder or an image file (a device, a "
+                             "pipe or a socket): give the folder that holds the images, or the image files.")
     if not location.is_dir():
         raise DatastoreError(f"ImageDatastore: the folder {str(location)!r} does not exist. Check the path "
                              f"(it is read relative to {os.getcwd()!r}).")
@@ -91,14 +94,43 @@ def _list_url(location: str, include_subfolders: bool) -> list[str]:
     except ImportError as error:
         raise DatastoreError(f"ImageDatastore: reading {location!r} needs fsspec (and the filesystem's package, "
                              "e.g. s3fs for s3://): pip install 'nbscale[s3]'") from error
-    filesystem, root = fsspec.core.url_to_fs(location)
-    if filesystem.isfile(root):
-        return [location]
-    if not filesystem.isdir(root):
-        raise DatastoreError(f"ImageDatastore: the folder {location!r} does not exist or cannot be listed.")
-    # the listing says which entries are files: asking the store about each one would cost a request per object
-    entries = filesystem.find(root, detail=True).values() if include_subfolders else filesystem.ls(root, detail=True)
+    try:
+        filesystem, root = fsspec.core.url_to_fs(location, **_bounded_connect(location))
+        if not root.strip("/"):
+            raise DatastoreError(f"ImageDatastore: {location!r} names no bucket or folder: give one, e.g. "
+                                 "'s3://my-bucket/images'.")
+        if filesystem.isfile(root):
+            return [location]
+        if not filesystem.isdir(root):
+            raise DatastoreError(f"ImageDatastore: the folder {location!r} does not exist or cannot be listed.")
+        # the listing says which entries are files: asking the store about each one would cost a request per object
+        entries = filesystem.find(root, detail=True).values() if include_subfolders else \
+            filesystem.ls(root, detail=True)
+    except DatastoreError:
+        raise
+    except Exception as error:  # botocore, aiohttp, fsspec: each its own errors
+        raise DatastoreError(f"ImageDatastore: cannot list {location!r} ({type(error).__name__}: {error}). Check the "
+                             "address, that its server is running and reachable from here, and the credentials "
+                             "(for s3://: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).") from error
     return [filesystem.unstrip_protocol(entry["name"]) for entry in entries if entry.get("type") != "directory"]
+
+
+CONNECT_TIMEOUT_S = 10  # an unreachable store is told within seconds, not after minutes of retries
+
+
+def _bounded_connect(location: str) -> dict[str, Any]:
+    """fsspec options that bound the time to connect (and the retries) for S3 and HTTP. A fresh filesystem each
+    time: a cached one keeps the endpoint and credentials the environment had when it was made."""
+    protocol = location.split("://", 1)[0].lower()
+    if protocol in ("s3", "s3a"):
+        return {"skip_instance_cache": True,
+                "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "retries": {"max_attempts": 2}}}
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        return {"skip_instance_cache": True,
+                "client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)}}
+    return {}
 
 
 def _no_images(locations: Sequence[Any], extensions: tuple[str, ...], include_subfolders: bool) -> str:

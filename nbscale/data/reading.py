@@ -6,11 +6,16 @@ without its wheels), torchvision's decoders are used, and their DeprecationWarni
 it only where the user asks for such warnings): nbscale never changes the process's warning filters. Pillow
 covers the few formats neither has (BMP, TIFF). Alpha channels are dropped and palette (indexed) images expanded
 to their colours: networks see grayscale (1 channel) or colour (3).
+
+Before any decoding, the size the file's header claims is checked against `max_image_pixels()` (100 million
+pixels, or `$NBSCALE_MAX_IMAGE_PIXELS`): a few-MB file can claim 65535 x 65535 pixels and decode to gigabytes,
+more than a kernel or worker survives, where no `on_error="skip"` could catch it.
 """
 
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Callable
 from typing import Literal, cast
 
@@ -26,6 +31,63 @@ except (ImportError, OSError, RuntimeError):  # not installed, or its library do
 _PILLOW_ONLY = (".bmp", ".tif", ".tiff")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _PNG_PALETTE = 3  # IHDR colour type of an indexed (palette) PNG
+MAX_IMAGE_PIXELS_VARIABLE = "NBSCALE_MAX_IMAGE_PIXELS"
+DEFAULT_MAX_IMAGE_PIXELS = 100_000_000  # 10000 x 10000: 300 MB as uint8 RGB, 1.2 GB as float32
+
+
+class ImageTooLarge(ValueError):
+    """An image file whose header claims more pixels than `max_image_pixels()` (a decompression bomb)."""
+
+
+def max_image_pixels() -> int:
+    """The most pixels (width x height) an image file may claim: `$NBSCALE_MAX_IMAGE_PIXELS`, else 100 million."""
+    from nbscale.errors import DatastoreError
+
+    text = os.environ.get(MAX_IMAGE_PIXELS_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_MAX_IMAGE_PIXELS
+    try:
+        limit = int(text.replace("_", ""))
+    except ValueError:
+        limit = 0
+    if limit <= 0:
+        raise DatastoreError(f"{MAX_IMAGE_PIXELS_VARIABLE}={text!r} is not a positive whole number of pixels: set "
+                             f"it to e.g. 200000000, or unset it for the default ({DEFAULT_MAX_IMAGE_PIXELS}).")
+    return limit
+
+
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) as the file's header claims them, read by Pillow's format plugins without decoding any
+    pixel; None where Pillow does not know the format (the decoder then judges the file).
+
+    The plugins are called directly, not through `Image.open`: that refuses sizes above Pillow's own global
+    limit, which would stand above a raised `$NBSCALE_MAX_IMAGE_PIXELS` (and changing the global is not ours)."""
+    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR":  # most datasets' format: read directly (~1 us)
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    from PIL import Image
+
+    Image.init()
+    prefix = data[:16]
+    for format_id in Image.ID:
+        factory, accept = Image.OPEN[format_id]
+        if accept is not None and not accept(prefix):
+            continue
+        try:
+            with factory(io.BytesIO(data), "") as picture:
+                return picture.size
+        except Exception:  # noqa: BLE001 - not this format (or a corrupt header): try the next plugin
+            continue
+    return None
+
+
+def check_size(data: bytes) -> None:
+    """Raise ImageTooLarge when the header claims more than `max_image_pixels()` pixels."""
+    size = header_size(data)
+    limit = max_image_pixels()
+    if size is not None and size[0] * size[1] > limit:
+        raise ImageTooLarge(f"its header claims {size[0]} x {size[1]} = {size[0] * size[1]:,} pixels, more than "
+                            f"the limit of {limit:,}: set {MAX_IMAGE_PIXELS_VARIABLE} to a larger number of pixels "
+                            "to read it (it decodes to at least 3 bytes a pixel)")
 
 
 def is_url(location: str) -> bool:
@@ -47,7 +109,9 @@ def read_bytes(file: str) -> bytes:
 
 
 def decode(data: bytes, file: str) -> torch.Tensor:
-    """Decode encoded image bytes to C x H x W (C is 1 or 3); raises on a corrupt or unknown file."""
+    """Decode encoded image bytes to C x H x W (C is 1 or 3); raises on a corrupt or unknown file, and
+    ImageTooLarge, before decoding, on one that claims more than `max_image_pixels()` pixels."""
+    check_size(data)
     if file.lower().endswith(_PILLOW_ONLY):
         from PIL import Image
 

@@ -42,6 +42,11 @@ def job_name(value: object) -> str:
     if not isinstance(value, str):
         raise JobError(f"A job's name is a string (as given to %%batch --name), not {type(value).__name__} "
                        f"{_shown(value)}.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate ("a\udcff", from bytes decoded with surrogateescape)
+        raise JobError(f"The job name {_shown(value)} holds {value[error.start]!r}, half of a character pair, "
+                       "which no file or database can store: give a name of whole characters.") from None
     return value
 
 

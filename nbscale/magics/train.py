@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 from IPython.core.magic import Magics, magics_class
 
+from nbscale.errors import OptionsError
 from nbscale.magics.arguments import argument, batch_size, cell_magic, magic_arguments, parse_line
 from nbscale.notebook import CellTraining, train_cell
 
@@ -42,4 +46,15 @@ class TrainMagics(Magics):
             learn_rate=args.lr, solver=args.solver, plots=not args.no_plots, verbose=not args.quiet, net=args.net,
             info=args.info, sweep=tuple(args.sweep or ()), seed=args.seed,
         )
+        _refuse_module_names(self.shell.user_ns if self.shell is not None else {},
+                             (("--net", request.net), ("--info", request.info)))
         train_cell(self.shell, cell, request)
+
+
+def _refuse_module_names(namespace: dict[str, Any], names: tuple[tuple[str, str], ...]) -> None:
+    """OptionsError, before the cell runs, for a result name the notebook has bound to a module (`--net torch`):
+    the trained network would replace the module, and every later `torch.` would fail."""
+    for flag, name in names:
+        if isinstance(namespace.get(name), types.ModuleType):
+            raise OptionsError(f"{flag} {name}: {name!r} is the notebook's {namespace[name].__name__} module, which "
+                               f"the result would replace; pick another name, such as {flag} trained.")

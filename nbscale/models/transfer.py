@@ -59,6 +59,19 @@ def _new_layer(old: nn.Linear | nn.Conv2d, num_classes: int) -> nn.Module:
     return new.to(device=old.weight.device, dtype=old.weight.dtype)
 
 
+MAX_NEW_LAYER_BYTES = 2**30  # 1 GiB: 2 million classes after a 128-wide layer, 262,144 after ResNet-50's 2048
+
+
+def _check_layer_size(old: nn.Linear | nn.Conv2d, num_classes: int) -> None:
+    """ModelError when the new layer's weights would take more than MAX_NEW_LAYER_BYTES (an absurd class count)."""
+    inputs = old.in_channels if isinstance(old, nn.Conv2d) else old.in_features
+    size = (inputs + 1) * num_classes * old.weight.element_size()
+    if size > MAX_NEW_LAYER_BYTES:
+        raise ModelError(f"transfer: num_classes={num_classes:,} makes a new layer of {inputs:,} x {num_classes:,} "
+                         f"weights, {size / 2**30:,.1f} GiB (at most {MAX_NEW_LAYER_BYTES // 2**30} GiB): give the "
+                         "number of classes of your data, e.g. len(ds.classes).")
+
+
 def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -82,6 +95,7 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
         learn_rate_factor, "transfer(..., learn_rate_factor=...)")
     head_name = classification_layer(model)
     old = cast(nn.Linear | nn.Conv2d, model.get_submodule(head_name))  # classification_layer names only these
+    _check_layer_size(old, num_classes)
     new = _new_layer(old, num_classes)
     _replace(model, head_name, new)
     if isinstance(getattr(model, "num_classes", None), int):  # SqueezeNet keeps its class count

@@ -53,6 +53,9 @@ def network_from_file(name: str, path: Path, kwargs: dict[str, Any]) -> nn.Modul
     if path.is_dir():
         raise ModelError(f"pretrained: {str(path)!r} is a folder; weights= takes the file in it that was saved with "
                          "torch.save(model.state_dict(), path).")
+    if path.exists() and not path.is_file():  # a pipe would block the read forever, a device read without end
+        raise ModelError(f"pretrained: {str(path)!r} is not a regular file (a pipe, device or socket): pass a file "
+                         "saved with torch.save(model.state_dict(), path), 'DEFAULT', or None.")
     if not path.is_file():
         raise ModelError(f"pretrained: the weights file {str(path)!r} does not exist. Pass an existing file saved "
                          "with torch.save(model.state_dict(), path), 'DEFAULT', or None.")

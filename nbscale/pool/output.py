@@ -1,8 +1,15 @@
-"""Workers' printed output in the notebook: each line prefixed with its rank, progress bars redrawn in place."""
+"""Workers' printed output in the notebook: each line prefixed with its rank, progress bars redrawn in place.
+
+Relaying stays bounded in the kernel: workers can print far faster than a notebook reads (1 GB of output once left
+the kernel 1.45 GB larger, held by ipykernel and ZeroMQ). At most QUEUED_OUTPUT_CHARS wait to be shown, and after
+a first burst of that size output goes on at RELAYED_CHARS_PER_S; what comes past that is left out with one line
+saying how much. The notebook's stream is flushed every FLUSH_CHARS.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -18,7 +25,61 @@ _unflushed: set[str] = set()  # streams written since their last flush
 # stream name -> other ranks' output that waits, in order, for the open line to end (see print_output)
 _waiting: dict[str, list[p.Output]] = {}
 _opened: dict[str, tuple[float, bool]] = {}  # stream name -> when its open line began, and whether it is plain text
+_unflushed_chars = 0  # written since the last flush
 _PATIENCE_S = 1.0  # how long finished lines of other ranks wait for an open plain line ("loading..." then " ok")
+QUEUED_OUTPUT_CHARS = 8 * 2**20  # a request's output waiting to be shown, at most (the rest is left out, counted)
+# what the kernel sends faster than the notebook reads waits in the kernel (ipykernel and ZeroMQ keep it all):
+# past a first burst, output reaches the notebook at most this fast: what Jupyter's server passes by default
+RELAYED_CHARS_PER_S = 2**20
+NOTICE_EVERY_S = 5.0  # while output is being left out, a notice at most this often (and one at the request's end)
+FLUSH_CHARS = 2**16  # a kernel holds what was written until a flush, then up to 1000 messages in its IOPub queue
+
+
+class OutputBacklog:
+    """The output waiting in one request's inbox for the notebook, bounded: the receiver thread `admit`s each
+    Output as it arrives, the caller's thread says what it `took`. Past QUEUED_OUTPUT_CHARS waiting, or past
+    RELAYED_CHARS_PER_S after a first burst of that size, output is left out and counted; one notice says how much
+    once output is admitted again, or when the request's reply comes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.queued_chars = 0
+        self.dropped_chars = 0
+        # a token bucket: past a burst of QUEUED_OUTPUT_CHARS, RELAYED_CHARS_PER_S reach the notebook
+        self._allowance, self._since = float(QUEUED_OUTPUT_CHARS), time.monotonic()
+        self._noticed = self._since  # when the last notice was given
+
+    def admit(self, output: p.Output) -> list[p.Output]:
+        """What to put in the inbox for `output`: itself (after a notice of what was left out), or nothing."""
+        with self._lock:
+            now = time.monotonic()
+            self._allowance = min(QUEUED_OUTPUT_CHARS, self._allowance + (now - self._since) * RELAYED_CHARS_PER_S)
+            self._since = now
+            if self.queued_chars + len(output.text) > QUEUED_OUTPUT_CHARS or len(output.text) > self._allowance:
+                self.dropped_chars += len(output.text)
+                return []
+            self.queued_chars += len(output.text)
+            self._allowance -= len(output.text)
+        notice = self.notice(output.rank) if now - self._noticed >= NOTICE_EVERY_S else None
+        return [notice, output] if notice is not None else [output]
+
+    def took(self, output: p.Output) -> None:
+        with self._lock:
+            self.queued_chars -= len(output.text)
+
+    def notice(self, rank: int) -> p.Output | None:
+        """The line saying how much output was left out since the last notice (None if nothing was)."""
+        with self._lock:
+            dropped, self.dropped_chars = self.dropped_chars, 0
+            self._noticed = time.monotonic()
+        if not dropped:
+            return None
+        notice = p.Output(rank, "stderr", f"[nbscale] {dropped / 2**20:.1f} MB of the workers' output left out here: "
+                        f"they printed faster than the notebook shows (after the first {QUEUED_OUTPUT_CHARS // 2**20} "
+                        f"MB, {RELAYED_CHARS_PER_S // 2**20} MB/s). Write large output to a file.\n")
+        with self._lock:
+            self.queued_chars += len(notice.text)  # it waits in the inbox too; `took` counts it off
+        return notice
 
 
 def print_output(output: p.Output, flush: bool = True) -> None:
@@ -104,6 +165,10 @@ def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
         elif "\r" in text:
             _opened[name] = (_opened.get(name, (0.0, False))[0], False)
     _unflushed.add(name)
+    global _unflushed_chars
+    _unflushed_chars += len(text)
+    if _unflushed_chars > FLUSH_CHARS:
+        flush_output()
 
 
 def end_open_lines() -> None:
@@ -123,6 +188,8 @@ def end_open_lines() -> None:
 
 def flush_output() -> None:
     """Flush the streams `print_output` wrote to since their last flush."""
+    global _unflushed_chars
+    _unflushed_chars = 0
     for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
         if name in _unflushed:  # discard, not pop: the receiver thread may print (and flush) at the same time
             _unflushed.discard(name)

@@ -15,6 +15,7 @@ from typing import Any
 
 from nbscale.errors import WorkerError
 from nbscale.pool import protocol as p
+from nbscale.pool.output import OutputBacklog
 from nbscale.pool.transport import Frame
 
 _request_ids = itertools.count(1)
@@ -48,6 +49,7 @@ class Request:
     secrets: tuple[str, ...] = ()  # --env values: a worker's error may quote them, the notebook never shows them
     interrupting: set[int] = field(default_factory=set)  # ranks interrupted because another rank failed
     names_held: dict[int, tuple[str, ...]] = field(default_factory=dict)  # Failed.names, by rank
+    backlog: OutputBacklog = field(default_factory=OutputBacklog)  # output in `inbox`, bounded
 
     @property
     def waiting_for(self) -> list[int]:

@@ -26,7 +26,7 @@ from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.health import collective_mismatch, process_state, stall_notice, stalled
 from nbscale.pool.interrupts import HeldInterrupt
-from nbscale.pool.output import end_open_lines, flush_output, print_output
+from nbscale.pool.output import OutputBacklog, end_open_lines, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
 
@@ -56,6 +56,7 @@ class Router:
         self.requests: dict[int, Request] = {}
         self.lock = threading.RLock()
         self.foreground: Request | None = None
+        self.background_output = OutputBacklog()  # output of tasks (pool.submit), shown by the receiver thread
         self.last_activity = time.monotonic()
         self.stopping = threading.Event()
         # set by the task queue: a reply of a task arrived; a worker may have become free
@@ -166,14 +167,19 @@ class Router:
                     worker.transferring = False
                     worker.last_heard = time.monotonic()
                 self._route(worker, message)
+                if isinstance(message, p.Output) and not _more_waiting(connection):
+                    flush_output()  # the end of a burst of tasks' output: shown now, not line by line
 
     def _route(self, worker: WorkerHandle, message: Any) -> None:
         if isinstance(message, p.Output):
             foreground = self.foreground
             if foreground is not None:
-                foreground.inbox.put(message)
+                for item in foreground.backlog.admit(message):
+                    foreground.inbox.put(item)
             else:
-                print_output(message)
+                for item in self.background_output.admit(message):
+                    print_output(item, flush=False)  # flushed at the end of the burst (see _receive_forever)
+                    self.background_output.took(item)
             return
         if isinstance(message, p.StatusReport):
             worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb
@@ -193,6 +199,9 @@ class Router:
         if request.future is not None:
             self.on_task_reply(request, message)
         else:
+            notice = request.backlog.notice(worker.rank)  # output left out: said before the request ends
+            if notice is not None:
+                request.inbox.put(notice)
             request.inbox.put(message)
         if isinstance(message, p.Done | p.Failed):
             self.on_worker_free()
@@ -264,6 +273,7 @@ class Router:
         except queue.Empty:
             return
         if isinstance(item, p.Output):
+            request.backlog.took(item)
             print_output(item, flush=False)
         elif isinstance(item, p.FolderMissing):
             print(missing_folder_warning(item), file=sys.stderr, flush=True)
@@ -404,6 +414,14 @@ def workers_named(ranks: Iterable[int]) -> str:
     ranks = list(ranks)
     return f"Worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
+
+
+def _more_waiting(connection: Connection) -> bool:
+    """Whether the worker has sent more that is not read yet."""
+    try:
+        return connection.poll(0)
+    except (OSError, ValueError):  # closed meanwhile
+        return False
 
 
 def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> object:

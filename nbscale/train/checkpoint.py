@@ -155,6 +155,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         path = newest
     if not path.exists():
         raise OptionsError(f"{name} does not exist: pass a checkpoint file or folder.")
+    if not path.is_file():  # checked before opening: opening a pipe waits for a writer forever
+        raise OptionsError(f"{name} is not a regular file (a pipe, device or socket): pass a checkpoint file or "
+                           "folder.")
     path = path.resolve()
     refuse_untrusted(path.parent, name, folder=True, sticky_ok=True)
     try:

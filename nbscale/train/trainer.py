@@ -198,6 +198,9 @@ def checked_inputs(model: nn.Module, train_data: Any, options: TrainingOptions, 
     validation = options.validation_data
     if validation is not None:
         validation = as_dataset(validation, "validation_data")
+        if len(validation) == 0:  # type: ignore[arg-type]
+            raise OptionsError("validation_data is empty: give it at least one sample, or leave validation_data out "
+                               "(None) to train without validation.")
         first_validation_item = check_items(validation, "validation_data")
     if loss_fn is None:
         dataset = with_class_labels(dataset, "train_data", first_item)

@@ -136,17 +136,21 @@ const panelPlugin: JupyterFrontEndPlugin<void> = {
       model,
       currentKernelId: () => currentKernelId(shell),
       openLog: job => {
-        const view = new MainAreaWidget({
-          content: new JobLogView(job, id =>
-            requestAPI<IJobLogReply>(`jobs/${id}/log`)
-          )
-        });
-        view.id = `nbscale-job-log-${job.id}`;
+        const content = new JobLogView(job, id =>
+          requestAPI<IJobLogReply>(`jobs/${id}/log`)
+        );
+        if (!labShell) {
+          // Notebook 7's main area holds its one notebook: the log opens in a dialog there
+          void showDialog({
+            title: `Job ${job.id} log`,
+            body: content,
+            buttons: [Dialog.okButton({ label: 'Close' })]
+          });
+          return;
+        }
+        const view = new MainAreaWidget({ content });
         view.title.label = `Job ${job.id} log`;
-        view.title.closable = true;
-        // Notebook 7's main area holds its one document: the log goes to its bottom panel there
-        shell.add(view, labShell ? 'main' : 'down');
-        shell.activateById(view.id);
+        shell.add(view, 'main');
       },
       cancelJob: async job => {
         if (!(await confirmCancel(job))) {

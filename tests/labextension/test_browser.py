@@ -358,3 +358,25 @@ def test_the_gpu_table_names_who_holds_each_gpu(tmp_path: Path):
             expect(gpus).to_contain_text(f"pool · analysis.ipynb · pid {other.pid}")
     finally:
         other.shutdown()
+
+
+def test_in_notebook_7_a_jobs_log_opens_in_a_dialog(tmp_path: Path):
+    """Notebook 7's main area holds its one notebook, so the panel's Log button opens the log in a dialog."""
+    from playwright.sync_api import expect
+
+    cells = ["%load_ext nbscale", "%%batch --name hello\nprint('hello from the job')"]
+    with (
+        jupyter_server(tmp_path, {"job.ipynb": cells}, app="notebook") as server,
+        notebook_page(server, "job.ipynb", "notebook7-log") as page,
+    ):
+        run_cell(page, 0, cells)
+        run_cell(page, 1, cells)
+        page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
+        job = page.locator(".nbscale-Panel .nbscale-Job").first
+        expect(job.locator(".nbscale-State")).to_have_text("finished", timeout=60_000)
+        page.locator(".nbscale-Panel .nbscale-Job-actions button", has_text="Log").click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Job 1 log")
+        expect(dialog.locator(".nbscale-JobLog pre")).to_contain_text("hello from the job", timeout=15_000)
+        dialog.get_by_role("button", name="Close").click()
+        expect(dialog).to_have_count(0)

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
 
-.PHONY: venv demo test test-latest lock chromium bench lint style typecheck clean reference examples
+.PHONY: venv demo test test-latest lock chromium bench lint style typecheck clean reference examples screenshots
 
 $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,3 +75,7 @@ reference: venv
 # re-run every example notebook and commit it with its outputs (tests/test_examples_current.py checks them)
 examples: venv
 	for notebook in examples/*.ipynb; do $(PY) examples/run_notebook.py --save $$notebook || exit 1; done
+
+# retake the docs' pictures (docs/screenshot-*.png) with the browser tests, in Chromium; commit them
+screenshots: venv chromium
+	NBSCALE_WRITE_SCREENSHOTS=1 $(PY) -m pytest -q tests/labextension/test_browser.py

@@ -136,11 +136,19 @@ const panelPlugin: JupyterFrontEndPlugin<void> = {
       model,
       currentKernelId: () => currentKernelId(shell),
       openLog: job => {
-        const view = new MainAreaWidget({
-          content: new JobLogView(job, id =>
-            requestAPI<IJobLogReply>(`jobs/${id}/log`)
-          )
-        });
+        const content = new JobLogView(job, id =>
+          requestAPI<IJobLogReply>(`jobs/${id}/log`)
+        );
+        if (!labShell) {
+          // Notebook 7's main area holds its one notebook: the log opens in a dialog there
+          void showDialog({
+            title: `Job ${job.id} log`,
+            body: content,
+            buttons: [Dialog.okButton({ label: 'Close' })]
+          });
+          return;
+        }
+        const view = new MainAreaWidget({ content });
         view.title.label = `Job ${job.id} log`;
         shell.add(view, 'main');
       },
@@ -178,16 +186,18 @@ const panelPlugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-/** The status bar item: the current notebook's pool ("4 workers · 2 busy · GPU 63%"); click opens the panel. */
+/**
+ * The status bar item: the current notebook's pool ("4 workers · 2 busy · GPU 63%"); click opens the panel.
+ * In Notebook 7, which has no status bar, the same item sits in the page's header.
+ */
 const statusPlugin: JupyterFrontEndPlugin<void> = {
   id: 'nbscale:pool-status',
   description: "The current notebook's nbscale pool in the status bar.",
   autoStart: true,
-  requires: [IStatusBar],
-  optional: [ILabShell],
+  optional: [IStatusBar, ILabShell],
   activate: (
     app: JupyterFrontEnd,
-    statusBar: IStatusBar,
+    statusBar: IStatusBar | null,
     labShell: ILabShell | null
   ) => {
     const shell: JupyterFrontEnd.IShell = labShell ?? app.shell;
@@ -209,11 +219,18 @@ const statusPlugin: JupyterFrontEndPlugin<void> = {
       item.update();
       void model.refresh();
     });
-    statusBar.registerStatusItem('nbscale:pool-status', {
-      item,
-      align: 'left',
-      rank: 4
-    });
+    item.id = 'nbscale-pool-status';
+    if (statusBar) {
+      statusBar.registerStatusItem('nbscale:pool-status', {
+        item,
+        align: 'left',
+        rank: 4
+      });
+    } else {
+      // Notebook 7 has no status bar: the item sits in its header, at the right end of the top area
+      item.addClass('nbscale-mod-top');
+      shell.add(item, 'top', { rank: 1000 });
+    }
   }
 };
 

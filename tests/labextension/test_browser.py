@@ -1,21 +1,16 @@
 """End to end: a real JupyterLab on loopback, Debian's headless Chromium driven by Playwright.
 
-Open a notebook, start a pool of 2 CPU workers, see the status bar say so, open the panel, see the workers.
-The screenshot goes to tests/artifacts/; with NBSCALE_UPDATE_SCREENSHOT=1 it rewrites docs/screenshot-panel.png
-(the README shows it).
+Open a notebook, start a pool of 2 CPU workers, see the status bar say so, open the panel, see the workers; a
+training's figure, a job and its monitor, the options form, the %gpu table. With NBSCALE_WRITE_SCREENSHOTS=1
+(`make screenshots`) the tests write the docs' pictures (docs/screenshot-*.png); otherwise they check that the
+page shows the same elements and keep their pictures in tests/artifacts/.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import secrets
-import signal
-import subprocess
-import sys
+import re
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,267 +18,132 @@ from typing import Any
 import pytest
 
 import nbscale
+from tests.kernel_session import KernelSession
+from tests.labextension.jupyter_server import (
+    ARTIFACTS,
+    KERNEL_READY,
+    Server,
+    docs_picture,
+    jupyter_server,
+    notebook_page,
+    run_cell,
+)
+from tests.nvml_probe import FAKE_NVML_DIR
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = REPO / "tests" / "artifacts"
-# the README's picture is rewritten only on request, so `make test` leaves the tree clean
-SCREENSHOT = (
-    REPO / "docs" / "screenshot-panel.png" if os.environ.get("NBSCALE_UPDATE_SCREENSHOT") else ARTIFACTS / "screenshot-panel.png"
-)
-# the notebook's kernel is started, connected and idle (window.jupyterapp: --LabApp.expose_app_in_browser)
-KERNEL_READY = """() => {
-    const kernel = window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel;
-    return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
-}"""
 CELLS = ["%load_ext nbscale", "%pool start 2 --cpu", "%pool stop"]
-# a small in-notebook training, long enough (200 epochs) to be stopped from its Stop button
+# a training on scikit-learn's digits, 150 epochs: the picture at 20%, then its Stop button ends it
 TRAINING_CELLS = [
     "%load_ext nbscale",
-    """import torch, nbscale
+    """import time, torch, nbscale
 from torch import nn
-x = torch.randn(2000, 20); y = (x[:, 0] > 0).long()
-data = torch.utils.data.TensorDataset(x, y)
-opts = nbscale.TrainingOptions("sgdm", max_epochs=200, mini_batch_size=32, plots="training-progress", verbose=False,
-                               validation_data=data, validation_frequency=50)
-net, info = nbscale.train(nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 2)), data, opts)
+from sklearn.datasets import load_digits
+digits = load_digits()
+x = torch.tensor(digits.data, dtype=torch.float32) / 16; y = torch.tensor(digits.target)
+data = torch.utils.data.TensorDataset(x[:1500], y[:1500])
+opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=150, mini_batch_size=64,
+                               plots="training-progress", verbose=False,
+                               validation_data=torch.utils.data.TensorDataset(x[1500:], y[1500:]), validation_frequency=10,
+                               output_fn=lambda info: time.sleep(0.02))  # >= 20 ms an iteration, on any machine
+net, info = nbscale.train(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), data, opts)
 print("returned", type(net).__name__, "·", info.stop_reason)""",
 ]
-# a detached job that trains for minutes unless cancelled
+# a pool, a detached job that trains for minutes unless cancelled (37,500 iterations), and its monitor
 JOB_CELLS = [
     "%load_ext nbscale",
+    "%pool start 2 --cpu",
     """%%batch --name demo
 import torch, nbscale
 from torch import nn
-x = torch.randn(2000, 20); y = (x[:, 0] > 0).long()
-opts = nbscale.TrainingOptions("sgdm", max_epochs=2000, mini_batch_size=32, verbose=False, plots="none")
+x = torch.randn(20000, 20); y = (x[:, 0] > 0).long()
+opts = nbscale.TrainingOptions("sgdm", max_epochs=60, mini_batch_size=32, verbose=False, plots="none")
 net, info = nbscale.train(nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 2)), (x, y), opts)""",
+    "%jobs show 1",
 ]
-# the options form, then %%train with it (a tiny network; 1 epoch once the form says so)
+# the options form (a piecewise schedule, so its preview shows the drops), then %%train with it
 FORM_CELLS = [
     "%load_ext nbscale",
     """import torch, nbscale
 from torch import nn
-form = nbscale.options_form()""",
+form = nbscale.options_form(nbscale.TrainingOptions("sgdm", learn_rate_schedule="piecewise", learn_rate_drop_period=4,
+                                                    max_epochs=12, plots="training-progress"))""",
     """%%train --options form
 model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 2))
 x = torch.randn(512, 20)
 train_data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())""",
 ]
 NOTEBOOKS = {"pool.ipynb": CELLS, "training.ipynb": TRAINING_CELLS, "jobs.ipynb": JOB_CELLS, "form.ipynb": FORM_CELLS}
-
-
-class Lab:
-    """A running JupyterLab: `url(notebook)` opens one of NOTEBOOKS; `stop()` ends the server (and its kernels)."""
-
-    def __init__(self, base: str, token: str, server: subprocess.Popen) -> None:
-        self.base, self.token, self.server = base, token, server
-
-    def url(self, notebook: str = "pool.ipynb") -> str:
-        return f"{self.base}/lab/tree/{notebook}?reset&token={self.token}"
-
-    def stop(self) -> None:
-        if self.server.poll() is not None:
-            return
-        self.server.send_signal(signal.SIGINT)  # the server shuts its kernels down (and so their pools)
-        try:
-            self.server.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.server.send_signal(signal.SIGINT)  # JupyterLab asks to confirm; a second interrupt stops it
-            try:
-                self.server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
-
-
-BUILT = REPO / "nbscale" / "labextension"  # this checkout's build (`npm run build` in labextension/)
-
-
-def _extension_installed() -> bool:
-    from jupyter_core.paths import jupyter_path
-
-    return (BUILT / "package.json").is_file() or any(
-        (Path(folder) / "nbscale" / "package.json").is_file() for folder in jupyter_path("labextensions")
-    )
-
-
-def _serve_this_checkouts_build(tmp_path: Path) -> dict[str, str]:
-    """Environment that makes JupyterLab load this checkout's extension build, where it has one, before any
-    other installed copy (JUPYTER_PATH comes first, and the first copy of an extension found wins), so the
-    test checks the TypeScript beside it even when the environment links another checkout's build."""
-    if not (BUILT / "package.json").is_file():
-        return {}
-    data = tmp_path / "jupyter-path"
-    (data / "labextensions").mkdir(parents=True)
-    (data / "labextensions" / "nbscale").symlink_to(BUILT)
-    return {"JUPYTER_PATH": os.pathsep.join(filter(None, [str(data), os.environ.get("JUPYTER_PATH")]))}
+# two stand-in GPUs (tests/fake_nvml); GPU 0 is held by another notebook's pool plan
+GPU_CELLS = ["%load_ext nbscale", "%gpu"]
+# what %pool start does first in that other notebook: choose and reserve a free GPU (no workers: no CUDA here)
+RESERVE_A_GPU = """
+from nbscale.pool.backends.local import LocalBackend
+from nbscale.pool.settings import PoolSettings
+backend = LocalBackend()
+plan = backend.plan(PoolSettings(1))
+"""
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    """A JupyterLab server on 127.0.0.1 with a random token, its own config, runtime and job folders."""
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
-    if not _extension_installed():
-        pytest.skip("nbscale's labextension is not built and linked: `make venv` does it")
-    token = secrets.token_hex(16)
-    notebooks = tmp_path / "notebooks"
-    notebooks.mkdir()
-    for name, cells in NOTEBOOKS.items():
-        (notebooks / name).write_text(
-            json.dumps(
-                {
-                    "cells": [
-                        {"cell_type": "code", "metadata": {}, "source": code, "outputs": [], "execution_count": None}
-                        for code in cells
-                    ],
-                    "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
-                    "nbformat": 4,
-                    "nbformat_minor": 5,
-                }
-            )
-        )
-    notification_settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    notification_settings.mkdir(parents=True)  # no news toast over the screenshot (and no internet to fetch it)
-    (notification_settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    root = ["--allow-root"] if os.geteuid() == 0 else []
-    env = {
-        **os.environ,
-        "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "NBSCALE_RUNTIME_DIR": str(tmp_path / "nbscale"),  # pools publish here; the server reads here
-        "NBSCALE_HOME": str(tmp_path / "nbscale-home"),  # this test's own job store
-        **_serve_this_checkouts_build(tmp_path),
-    }
-    log = open(tmp_path / "server.log", "wb")  # closed when the server has stopped
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", "--port=0",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}", "--LabApp.expose_app_in_browser=True", *root],
-        env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )
-    info_file = tmp_path / "runtime" / f"jpserver-{server.pid}.json"  # names the port the OS gave (--port=0)
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            url = f"http://127.0.0.1:{json.loads(info_file.read_text())['port']}"
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2)
-            break
-        except (OSError, ValueError, KeyError):
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "server.log").read_text()[-3000:])
-            time.sleep(0.3)
-    running = Lab(url, token, server)
-    try:
-        yield running
-    finally:
-        running.stop()
-        log.close()
+def lab(tmp_path: Path) -> Iterator[Server]:
+    """A JupyterLab server serving NOTEBOOKS (see tests/labextension/jupyter_server.py)."""
+    with jupyter_server(tmp_path, NOTEBOOKS) as server:
+        yield server
 
 
-def _run_cell(page, index: int, cells: list[str] = CELLS, wait: bool = True) -> Any:
-    """Run cell `index` (0-based) of the notebook holding `cells` as the user would, and (unless `wait` is False)
-    wait until the kernel has run it; the cell's locator.
+@pytest.fixture(params=["jupyterlab", "notebook"])
+def lab_or_notebook7(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """JupyterLab, then Notebook 7 (`jupyter notebook`), serving the pool notebook."""
+    with jupyter_server(tmp_path, {"pool.ipynb": CELLS}, app=request.param) as server:
+        yield server
 
-    The cells are in the file rather than typed: typing into a notebook that is still loading can be undone
-    when the server's copy of the document arrives.
-    """
+
+def test_status_bar_and_panel_show_the_notebooks_pool(lab_or_notebook7: Server):
+    """In JupyterLab the item sits in the status bar, in Notebook 7 (which has none) in the notebook's header;
+    in both it opens the panel, in the right sidebar."""
     from playwright.sync_api import expect
 
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
-    expect(cell.locator(".cm-content")).to_have_text(cells[index].replace("\n", ""))
-    cell.locator(".jp-InputPrompt").click()  # select the cell (command mode)
-    page.keyboard.press("Shift+Enter")
-    if wait:
-        expect(cell.locator(".jp-InputPrompt")).to_have_text(f"[{index + 1}]:", timeout=120_000)
-    return cell
-
-
-def test_status_bar_and_panel_show_the_notebooks_pool(lab: Lab):
-    from playwright.sync_api import expect, sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    server = lab_or_notebook7
+    with notebook_page(server, "pool.ipynb", f"pool-{server.app}") as page:
+        run_cell(page, 0, CELLS)
+        run_cell(page, 1, CELLS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 820})
-            page.goto(lab.url())
-            page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-            page.wait_for_function(KERNEL_READY, timeout=90_000)
+            expect(page.locator(".jp-OutputArea-output").last).to_contain_text("Started 2 CPU workers", timeout=120_000)
+        except AssertionError:
+            shown = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+            raise AssertionError(f"%pool start 2 --cpu did not start a pool; the notebook shows:\n{shown}") from None
 
-            _run_cell(page, 0)
-            _run_cell(page, 1)
-            try:
-                expect(page.locator(".jp-OutputArea-output").last).to_contain_text(
-                    "Started 2 CPU workers", timeout=120_000
-                )
-            except AssertionError:
-                shown = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
-                raise AssertionError(f"%pool start 2 --cpu did not start a pool; the notebook shows:\n{shown}") from None
+        status = page.locator(".nbscale-StatusItem")
+        expect(status).to_contain_text("2 workers", timeout=30_000)
+        where = ".jp-StatusBar-Widget" if server.app == "jupyterlab" else "#top-panel"
+        expect(page.locator(where).locator(".nbscale-StatusItem")).to_be_visible()
+        status.click()
 
-            status = page.locator(".nbscale-StatusItem")
-            expect(status).to_contain_text("2 workers", timeout=30_000)
-            status.click()
+        panel = page.locator(".nbscale-Panel")
+        expect(panel).to_be_visible()
+        workers = panel.locator(".nbscale-pools .nbscale-Worker")
+        expect(workers).to_have_count(2, timeout=15_000)
+        expect(workers.first.locator("td").first).to_have_text("0")
+        expect(panel.locator(".nbscale-Pool-title").first).to_contain_text("this notebook")
+        if not nbscale.gpus():
+            expect(panel.locator(".nbscale-NoGpu")).to_contain_text("No GPU")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"pool-panel-{server.app}.png"))
 
-            panel = page.locator(".nbscale-Panel")
-            expect(panel).to_be_visible()
-            workers = panel.locator(".nbscale-pools .nbscale-Worker")
-            expect(workers).to_have_count(2, timeout=15_000)
-            expect(workers.first.locator("td").first).to_have_text("0")
-            expect(panel.locator(".nbscale-Pool-title").first).to_contain_text("this notebook")
-            if not nbscale.gpus():
-                expect(panel.locator(".nbscale-NoGpu")).to_contain_text("No GPU")
-            try:  # for the picture only: memory shows once a heartbeat carries the workers' replies
-                expect(workers.first.locator("td").last).to_contain_text("MB", timeout=10_000)
-            except AssertionError:
-                pass
-            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(SCREENSHOT))
+        if server.app == "notebook":  # Notebook 7's file browser: the panel opens there too, from its command
+            tree = page.context.browser.new_page(viewport={"width": 1400, "height": 820})
+            tree.goto(server.tree_url())
+            tree.wait_for_function("() => window.jupyterapp?.commands.hasCommand('nbscale:open-panel')", timeout=60_000)
+            tree.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
+            tree_panel = tree.locator(".nbscale-Panel")
+            expect(tree_panel).to_be_visible()
+            expect(tree_panel.locator(".nbscale-pools .nbscale-Worker")).to_have_count(2, timeout=15_000)
+            expect(tree.locator(".nbscale-StatusItem")).to_be_hidden()  # no notebook in front, no pool of its own
+            tree.close()
 
-            _run_cell(page, 2)
-            expect(status).to_be_hidden(timeout=30_000)  # the pool withdrew its registry file
-        except BaseException:
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)  # what the browser showed, for the failure report
-            page.screenshot(path=str(ARTIFACTS / "labextension-failure.png"))
-            raise
-        finally:
-            browser.close()
-
-
-@contextlib.contextmanager
-def _notebook_page(lab: Lab, notebook: str, failure_name: str) -> Iterator[Any]:
-    """A Chromium page with `notebook` open and its kernel ready; on a failure, its picture is kept as
-    `<failure_name>-failure.png` in ARTIFACTS."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = _open_notebook(browser, lab, notebook)
-        try:
-            yield page
-        except BaseException:
-            _failure_picture(page, failure_name)
-            raise
-        finally:
-            browser.close()
-
-
-def _open_notebook(browser, lab: Lab, notebook: str) -> Any:
-    page = browser.new_page(viewport={"width": 1400, "height": 820})
-    page.goto(lab.url(notebook))
-    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60_000)
-    page.wait_for_function(KERNEL_READY, timeout=90_000)
-    return page
-
-
-def _failure_picture(page: Any, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)  # what the browser showed, for the failure report
-    page.screenshot(path=str(ARTIFACTS / f"{name}-failure.png"))
+        run_cell(page, 2, CELLS)
+        expect(status).to_be_hidden(timeout=30_000)  # the pool withdrew its registry file
 
 
 def _inside(inner: Any, outer: Any) -> bool:
@@ -293,12 +153,12 @@ def _inside(inner: Any, outer: Any) -> bool:
             and a["y"] >= b["y"] and a["y"] + a["height"] <= b["y"] + b["height"] + 0.5)
 
 
-def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_panel_stops_a_pool(lab: Lab):
+def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_panel_stops_a_pool(lab: Server):
     from playwright.sync_api import expect
 
-    with _notebook_page(lab, "pool.ipynb", "reload-restart") as page:
-        _run_cell(page, 0)
-        _run_cell(page, 1)
+    with notebook_page(lab, "pool.ipynb", "reload-restart") as page:
+        run_cell(page, 0, CELLS)
+        run_cell(page, 1, CELLS)
         status = page.locator(".nbscale-StatusItem")
         expect(status).to_contain_text("2 workers", timeout=30_000)
 
@@ -314,8 +174,8 @@ def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_pane
         pools = page.locator(".nbscale-pools")
         expect(pools).to_contain_text("No pool is running", timeout=15_000)
 
-        _run_cell(page, 0)  # the restarted kernel starts a pool again
-        _run_cell(page, 1)
+        run_cell(page, 0, CELLS)  # the restarted kernel starts a pool again
+        run_cell(page, 1, CELLS)
         expect(status).to_contain_text("2 workers", timeout=30_000)
         stop = pools.get_by_role("button", name="Stop pool")
         stop.click()
@@ -330,12 +190,12 @@ def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_pane
         expect(pools).to_contain_text("No pool is running", timeout=15_000)
 
 
-def test_a_training_cell_draws_its_figure_and_info_panel_and_stop_returns_the_net(lab: Lab):
+def test_a_training_cell_draws_its_figure_and_info_panel_and_stop_returns_the_net(lab: Server):
     from playwright.sync_api import expect
 
-    with _notebook_page(lab, "training.ipynb", "training") as page:
-        _run_cell(page, 0, TRAINING_CELLS)
-        cell = _run_cell(page, 1, TRAINING_CELLS, wait=False)
+    with notebook_page(lab, "training.ipynb", "training") as page:
+        run_cell(page, 0, TRAINING_CELLS)
+        cell = run_cell(page, 1, TRAINING_CELLS, wait=False)
         info = cell.locator(".jp-OutputArea-output table")
         expect(info).to_contain_text("Training", timeout=120_000)
         expect(info).to_contain_text("Iteration")
@@ -346,8 +206,10 @@ def test_a_training_cell_draws_its_figure_and_info_panel_and_stop_returns_the_ne
         expect(stop).to_be_enabled()
         time.sleep(1.5)  # past the Stop button's subshell request, whose idle once made the status bar say Idle
         expect(page.locator(".jp-StatusBar-TextItem", has_text="Python 3")).to_contain_text("Busy")
-        cell.scroll_into_view_if_needed()
-        page.screenshot(path=str(ARTIFACTS / "training-progress.png"))
+        expect(info).to_contain_text(re.compile(r"Epoch\s*([3-9]\d|1\d\d) of 150"), timeout=180_000)  # curves to show
+        output = cell.locator(".jp-OutputArea")
+        output.scroll_into_view_if_needed()
+        docs_picture(output, "screenshot-training.png")  # the figure, its info panel and Stop button, mid-run
         stop.click()
         expect(cell.locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=60_000)
         expect(cell.locator(".jp-OutputArea")).to_contain_text("returned Sequential · Stopped by the Stop button")
@@ -356,12 +218,14 @@ def test_a_training_cell_draws_its_figure_and_info_panel_and_stop_returns_the_ne
         expect(figure).to_be_visible()
 
 
-def test_the_panel_shows_a_running_jobs_training_and_its_buttons_and_cancel_asks_first(lab: Lab):
+def test_the_panel_shows_a_running_jobs_training_and_its_buttons_and_cancel_asks_first(lab: Server):
     from playwright.sync_api import expect
 
-    with _notebook_page(lab, "jobs.ipynb", "jobs") as page:
-        _run_cell(page, 0, JOB_CELLS)
-        _run_cell(page, 1, JOB_CELLS)
+    with notebook_page(lab, "jobs.ipynb", "jobs") as page:
+        for index in range(4):  # the extension, a pool of 2, the job, its monitor (which follows in the background)
+            run_cell(page, index, JOB_CELLS)
+        pool_output = page.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-OutputArea")
+        expect(pool_output).to_contain_text("Started 2 CPU workers", timeout=120_000)
         page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
         panel = page.locator(".nbscale-Panel")
         job = panel.locator(".nbscale-Job").first
@@ -371,10 +235,20 @@ def test_the_panel_shows_a_running_jobs_training_and_its_buttons_and_cancel_asks
         expect(training).to_contain_text("left")
         buttons = panel.locator(".nbscale-Job-actions button")
         expect(buttons).to_have_text(["Log", "Cancel", "Copy"])
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "panel-jobs.png"))
+        expect(panel.locator(".nbscale-pools .nbscale-Worker")).to_have_count(2)
+        expect(panel.locator(".nbscale-Pool-title").first).to_contain_text("this notebook")
+        docs_picture(panel, "screenshot-panel.png", down_to=panel.locator(".nbscale-jobs"))  # a pool and a job
         for shown in [training, *buttons.all()]:  # in the sidebar as it opens, not off its right edge
             assert _inside(shown, panel), f"{shown.inner_text()!r} is cut off by the panel's edge"
+
+        monitor = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".jp-OutputArea")
+        expect(monitor).to_contain_text("Job 1 'demo', training 1 of 1: following live", timeout=60_000)
+        expect(monitor.locator("table")).to_contain_text("Epoch", timeout=60_000)
+        expect(monitor.locator("img")).to_be_visible(timeout=60_000)
+        expect(monitor.locator("button", has_text="Stop")).to_be_enabled()
+        expect(monitor.locator("table")).to_contain_text(re.compile(r"Epoch\s*([4-9]|[1-5]\d) of 60"), timeout=180_000)
+        monitor.scroll_into_view_if_needed()
+        docs_picture(monitor, "screenshot-job-monitor.png")
 
         cancel = buttons.filter(has_text="Cancel")
         cancel.click()
@@ -391,10 +265,10 @@ def test_the_panel_shows_a_running_jobs_training_and_its_buttons_and_cancel_asks
         expect(panel.locator(".nbscale-Job-actions button")).to_have_text(["Log", "Copy"])
 
 
-def test_the_panel_says_so_when_the_server_cannot_be_reached(lab: Lab):
+def test_the_panel_says_so_when_the_server_cannot_be_reached(lab: Server):
     from playwright.sync_api import expect
 
-    with _notebook_page(lab, "pool.ipynb", "server-gone") as page:
+    with notebook_page(lab, "pool.ipynb", "server-gone") as page:
         page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
         panel = page.locator(".nbscale-Panel")
         expect(panel.locator(".nbscale-pools")).to_contain_text("No pool is running", timeout=15_000)
@@ -407,16 +281,22 @@ def test_the_panel_says_so_when_the_server_cannot_be_reached(lab: Lab):
         page.screenshot(path=str(ARTIFACTS / "panel-server-gone.png"))
 
 
-def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_uses_it(lab: Lab):
+def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_uses_it(lab: Server):
     from playwright.sync_api import expect
 
-    with _notebook_page(lab, "form.ipynb", "options-form") as page:
-        _run_cell(page, 0, FORM_CELLS)
-        form = _run_cell(page, 1, FORM_CELLS).locator(".jp-OutputArea-output")
+    with notebook_page(lab, "form.ipynb", "options-form") as page:
+        run_cell(page, 0, FORM_CELLS)
+        form = run_cell(page, 1, FORM_CELLS).locator(".jp-OutputArea-output")
         tabs = form.get_by_role("tab")
         expect(tabs).to_have_text(["Solver", "Learning rate", "Data & batches", "Validation", "Loss & metrics", "Hardware",
                                   "Output"])
         expect(form).to_contain_text("Valid training options")
+        tabs.filter(has_text="Learning rate").click()
+        preview = form.locator("img")  # the schedule, drawn from the fields
+        expect(preview).to_be_visible()
+        assert preview.evaluate("img => img.naturalWidth") > 200
+        docs_picture(form, "screenshot-options-form.png")
+        tabs.filter(has_text="Solver").click()  # gradient_threshold's tab
 
         threshold = form.locator(".widget-text", has_text="gradient_threshold").first
         threshold.locator("input").fill("abc")
@@ -429,7 +309,7 @@ def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "options-form-error.png"))
 
-        train = _run_cell(page, 2, FORM_CELLS)
+        train = run_cell(page, 2, FORM_CELLS)
         expect(train.locator(".jp-OutputArea")).to_contain_text("gradient_threshold")
         expect(train.locator(".jp-OutputArea")).to_contain_text("nothing was run")
 
@@ -445,3 +325,59 @@ def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_
         expect(train.locator(".jp-InputPrompt")).to_have_text("[4]:", timeout=120_000)
         expect(train.locator(".jp-OutputArea-output table")).to_contain_text("Epoch1 of 1")
         expect(train.locator(".jp-OutputArea-output img")).to_be_visible()  # plots="training-progress" by default
+
+
+def test_the_gpu_table_names_who_holds_each_gpu(tmp_path: Path):
+    """%gpu on two stand-in GPUs (tests/fake_nvml on the kernels' path), GPU 0 reserved by another notebook's
+    pool: the table says who holds it, and the panel's GPU section says the same."""
+    from playwright.sync_api import expect
+
+    kernel_path = os.pathsep.join(filter(None, [str(FAKE_NVML_DIR), os.environ.get("PYTHONPATH")]))
+    registry = tmp_path / "gpu-registry"  # no other test's or notebook's reservations
+    registry.mkdir()
+    env = {"PYTHONPATH": kernel_path, "NBSCALE_GPU_REGISTRY": str(registry)}
+    other = KernelSession(env={**env, "JPY_SESSION_NAME": "analysis.ipynb"})  # named as Jupyter's server names it
+    try:
+        assert other.run(RESERVE_A_GPU).ok
+        with (
+            jupyter_server(tmp_path, {"gpu.ipynb": GPU_CELLS}, env=env) as server,
+            notebook_page(server, "gpu.ipynb", "gpu-table") as page,
+        ):
+            run_cell(page, 0, GPU_CELLS)
+            table = run_cell(page, 1, GPU_CELLS).locator(".jp-OutputArea-output table")
+            rows = table.locator("tr")
+            expect(rows).to_have_count(3)
+            expect(rows.nth(1)).to_contain_text("NVIDIA H100 80GB HBM3")
+            expect(rows.nth(1)).to_contain_text(f"'s pool (notebook analysis.ipynb, pid {other.pid})")
+            expect(rows.nth(2)).to_contain_text("NVIDIA A100-SXM4-40GB")
+            expect(rows.nth(2)).to_contain_text("free")
+            docs_picture(table, "screenshot-gpu.png")
+
+            page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
+            gpus = page.locator(".nbscale-Panel .nbscale-gpus")
+            expect(gpus).to_contain_text("NVIDIA H100 80GB HBM3", timeout=15_000)
+            expect(gpus).to_contain_text(f"pool · analysis.ipynb · pid {other.pid}")
+    finally:
+        other.shutdown()
+
+
+def test_in_notebook_7_a_jobs_log_opens_in_a_dialog(tmp_path: Path):
+    """Notebook 7's main area holds its one notebook, so the panel's Log button opens the log in a dialog."""
+    from playwright.sync_api import expect
+
+    cells = ["%load_ext nbscale", "%%batch --name hello\nprint('hello from the job')"]
+    with (
+        jupyter_server(tmp_path, {"job.ipynb": cells}, app="notebook") as server,
+        notebook_page(server, "job.ipynb", "notebook7-log") as page,
+    ):
+        run_cell(page, 0, cells)
+        run_cell(page, 1, cells)
+        page.evaluate("window.jupyterapp.commands.execute('nbscale:open-panel')")
+        job = page.locator(".nbscale-Panel .nbscale-Job").first
+        expect(job.locator(".nbscale-State")).to_have_text("finished", timeout=60_000)
+        page.locator(".nbscale-Panel .nbscale-Job-actions button", has_text="Log").click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Job 1 log")
+        expect(dialog.locator(".nbscale-JobLog pre")).to_contain_text("hello from the job", timeout=15_000)
+        dialog.get_by_role("button", name="Close").click()
+        expect(dialog).to_have_count(0)

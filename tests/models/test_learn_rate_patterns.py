@@ -88,7 +88,7 @@ def test_training_uses_the_factors_zero_stays_put_ten_moves_more_frozen_stays_fi
 
 def test_the_data_page_lists_the_factors_its_own_transfer_example_gives() -> None:
     page = " ".join((REPO_ROOT / "docs" / "data.md").read_text().split())  # its code spans wrap across lines
-    call = re.search(r"`(transfer\(model, 5, learn_rate_factor=.*?\))`", page).group(1)
+    call = re.search(r"(transfer\(net, 5, learn_rate_factor=.*?\]\))", page).group(1)  # the page's code block
     listed = re.search(r"learn_rate_factors\(model\)` lists the factor of each layer group: `(\{.*?\})`", page).group(1)
-    model = eval(call, {"transfer": transfer, "model": pretrained("resnet18", weights=None)})  # eval: the call is our docs' own
+    model = eval(call, {"transfer": transfer, "net": pretrained("resnet18", weights=None)})  # eval: the call is our docs' own
     assert learn_rate_factors(model) == ast.literal_eval(listed)

@@ -10,7 +10,6 @@ line prefixed with its rank.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import operator
 import os
@@ -22,11 +21,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
 from nbscale.pool import protocol as p
-from nbscale.pool import registry
+from nbscale.pool import registry, session
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
@@ -44,38 +43,23 @@ from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
 from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
 
-_current: Pool | None = None
-_last_shutdown_notice: str | None = None
-_idle_settings: PoolSettings | None = None  # the settings of the last pool, kept when it shut itself down idle
-
 
 def current_pool(start: bool = False) -> Pool | None:
     """The running pool, or None; with `start=True`, the running pool or a new one (`open_pool`)."""
-    if _current is not None and not _current.closed:
-        return _current
+    pool = session.running()
+    if pool is not None:
+        return cast(Pool, pool)
     return open_pool() if start else None
 
 
-def open_pool() -> Pool:
-    """The running pool, or a new one: the pool that shut itself down idle again (its settings, cluster
-    included), else one with default settings."""
-    if _current is not None and not _current.closed:
-        return _current
-    return Pool(**dataclasses.asdict(_idle_settings)) if _idle_settings is not None else Pool()
-
-
-def reopens_idle_pool() -> bool:
-    """True when `open_pool()` would start the pool that shut itself down idle again."""
-    return (_current is None or _current.closed) and _idle_settings is not None
-
-
-def require_pool() -> Pool:
-    """The running pool, or a PoolError that says how to start one (and why the last one stopped)."""
-    pool = current_pool()
-    if pool is None:
-        reason = f" {_last_shutdown_notice}" if _last_shutdown_notice else ""
-        raise PoolError(f"No pool is running.{reason} Start one with %pool start [N] (or nbscale.Pool(N)).")
-    return pool
+def open_pool(settings: PoolSettings | None = None) -> Pool:
+    """The running pool, or a new one: with `settings`, one with them; else the pool that shut itself down idle
+    again (its settings, cluster included), or one with default settings. `%pool restart` after an idle stop,
+    `%%spmd` and training on the pool all open their pool here."""
+    pool = session.running()
+    if pool is not None:
+        return cast(Pool, pool)
+    return Pool.from_settings(settings or session.idle_settings() or PoolSettings())
 
 
 def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
@@ -90,18 +74,6 @@ def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
             except KeyboardInterrupt:
                 interrupted = True
     return interrupted
-
-
-def _forget_idle_settings() -> None:
-    global _idle_settings
-    _idle_settings = None
-
-
-def take_shutdown_notice() -> str | None:
-    """Why the last pool stopped by itself (its idle timeout), said once; None when it did not."""
-    global _last_shutdown_notice
-    notice, _last_shutdown_notice = _last_shutdown_notice, None
-    return notice
 
 
 MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
@@ -141,14 +113,21 @@ class Pool:
         force: bool = False,
         connect_timeout: float | None = None,
     ) -> None:
-        if _current is not None and not _current.closed:
-            raise PoolError(
-                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it first "
-                "with %pool stop "
-                "(pool.close()), or get fresh workers with %pool restart."
-            )
+        session.refuse_second_pool()  # before checking the settings, as the first thing wrong
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
-        self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
+        self._open(PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout))  # type: ignore[arg-type]
+
+    @classmethod
+    def from_settings(cls, settings: PoolSettings) -> Pool:
+        """Start a pool with `settings` (what `%pool start`, `%pool restart` after an idle stop, `%%spmd` and
+        training on the pool start); raises as `Pool(...)` does."""
+        pool = cls.__new__(cls)
+        pool._open(settings)
+        return pool
+
+    def _open(self, settings: PoolSettings) -> None:
+        session.refuse_second_pool()
+        self.settings = settings
         self.closed: bool = True
         self.stopped_because = "It was stopped."  # what a use of this pool after it stopped says
         self._spare: Backend | None = None  # a replacement prepared while interrupted workers get time to stop
@@ -170,7 +149,6 @@ class Pool:
             ) from None
 
     def _start_workers(self, backend: Backend | None) -> None:
-        global _current
         _require_fork()
         started = time.monotonic()
         self.start_seconds: float | None = None
@@ -192,7 +170,7 @@ class Pool:
         self._groups: set[tuple[int, ...]] = set()
         self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
-        _current = self
+        session.started(self)
         self.router.start()
         try:
             self._store_folder = join_group(self.router, self.backend)
@@ -200,7 +178,7 @@ class Pool:
             self.close()
             raise
         self.start_seconds = time.monotonic() - started
-        _forget_idle_settings()
+        session.started_fully()
         self.monitor.start()
         atexit.register(self.close)
 
@@ -210,7 +188,6 @@ class Pool:
 
     def _shut_down(self, queued: str, running: str) -> None:
         """close(), failing the tasks still queued with `queued` and the requests running with `running`."""
-        global _current
         if self.closed:
             return
         self.closed = True
@@ -227,8 +204,7 @@ class Pool:
             self._remove_store_folder,
             forget_all,  # notebook tensors kept in shared memory for the workers (nbscale.pool.resident)
         ])
-        if _current is self:
-            _current = None
+        session.stopped(self)
         try:
             registry.withdraw()
         except (OSError, registry.RegistryUnsafe):  # nothing was published there
@@ -246,13 +222,12 @@ class Pool:
             shutil.rmtree(self._store_folder, ignore_errors=True)
 
     def _stop_idle(self) -> None:
-        global _last_shutdown_notice, _idle_settings
-        _last_shutdown_notice = (
+        notice = (
             f"The pool shut itself down after {self.settings.idle_timeout:g} idle "
             f"minute{'' if self.settings.idle_timeout == 1 else 's'} (--idle-timeout)."
         )
-        _idle_settings = self.settings
-        self.stopped_because = _last_shutdown_notice
+        session.stopped_idle(self.settings, notice)
+        self.stopped_because = notice
         self.close()
 
     def restart(self) -> None:

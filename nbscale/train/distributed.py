@@ -14,7 +14,6 @@ iteration it saw, as it does in the notebook's process.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import secrets
 import traceback
@@ -282,7 +281,7 @@ def multi_gpu_pool_settings() -> PoolSettings:
 
 
 def _pool_for(environment: str) -> Any:
-    from nbscale.pool.pool import Pool, current_pool, open_pool
+    from nbscale.pool.pool import current_pool, open_pool
 
     pool = current_pool(start=False)
     if environment == "parallel":
@@ -296,7 +295,7 @@ def _pool_for(environment: str) -> Any:
     if not torch.cuda.is_available():
         raise OptionsError("execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' "
                            "(CPU workers) or 'cpu'.")
-    pool = Pool(**dataclasses.asdict(multi_gpu_pool_settings()))
+    pool = open_pool(multi_gpu_pool_settings())
     if pool.kind != "gpu":  # CUDA sees a GPU that NVML, which pools plan from, does not list
         pool.close()
         raise OptionsError("execution_environment='multi-gpu' found no GPU to start a worker on (NVML lists none; "

@@ -34,7 +34,7 @@ from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.resident import forget_all
-from nbscale.pool.routing import Restarter, Router, workers_named
+from nbscale.pool.routing import Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell, each_workers_own
 from nbscale.pool.startup import join_group, launch_workers, make_backend, remove_stale_group_folders
@@ -42,6 +42,7 @@ from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
 from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
+from nbscale.pool.waiting import Restarter, wait
 
 
 def current_pool(start: bool = False) -> Pool | None:
@@ -161,12 +162,14 @@ class Pool:
         except BaseException:
             self.backend.stop()
             raise
-        self.router = Router(workers)
-        self.router.secrets = secrets_of(self.settings.env)
-        self.router.exit_status = lambda worker: self.backend.exit_status(worker.rank, worker.pid)
+        # the task queue sends through the router, which hands it its tasks' replies: both ends named here
+        self.router = Router(workers, secrets=secrets_of(self.settings.env),
+                             exit_status=lambda worker: self.backend.exit_status(worker.rank, worker.pid),
+                             on_task_reply=lambda request, item: self.tasks.complete(request, item),
+                             on_worker_free=lambda: self.tasks.dispatch())
         self.tasks = TaskQueue(self.router)
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
-                               self.state, self._stop_idle)  # fmt: skip
+                               self._state, self._stop_idle)  # fmt: skip
         self._groups: set[tuple[int, ...]] = set()
         self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
@@ -296,7 +299,7 @@ class Pool:
 
     # ---- run code on the workers ----------------------------------------------------------------------------
 
-    def request(
+    def _request(
         self,
         message_factory: Callable[[int], Any],
         targets: Iterable[int] | None = None,
@@ -332,7 +335,7 @@ class Pool:
         with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
             request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:
-            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare), held)
+            return wait(self.router, request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare), held)
         except (WorkerError, PoolInterrupted):
             if on_failure is not None:
                 on_failure(request)
@@ -355,7 +358,7 @@ class Pool:
         name = getattr(fn, "__name__", "the function")
         args = tuple(each_workers_own(a, self, f"Argument {i + 1} of {name}()") for i, a in enumerate(args))
         kwargs = {key: each_workers_own(value, self, f"Argument {key}= of {name}()") for key, value in kwargs.items()}
-        return self.request(lambda rid: p.Call(rid, fn, args, kwargs, current_folder()), targets, on_event, what=f"{name}()",
+        return self._request(lambda rid: p.Call(rid, fn, args, kwargs, current_folder()), targets, on_event, what=f"{name}()",
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
     def spmd(
@@ -375,7 +378,7 @@ class Pool:
         cell = SpmdCell.prepare(code, namespace, self, filename)
         group_ranks = None if ranks == tuple(range(self.size)) else ranks
         if group_ranks is not None:
-            self.ensure_group(group_ranks)
+            self._ensure_group(group_ranks)
         generation = self.generation
 
         def keep_what_workers_hold(request: Request) -> None:
@@ -385,7 +388,7 @@ class Pool:
                 held = [request.replies.get(rank) or list(request.names_held.get(rank, ())) for rank in ranks]
                 cell.bind_results(self, ranks, held, namespace)
 
-        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, _shown_in_notebook(self),
+        present = self._request(lambda rid: cell.message(rid, group_ranks), ranks, _shown_in_notebook(self),
                                what="The cell", on_failure=keep_what_workers_hold)
         return cell.bind_results(self, ranks, present, namespace)
 
@@ -393,19 +396,19 @@ class Pool:
         """Bind variables in every worker's namespace (sent once through shared memory locally); a Composite binds
         each worker's own value."""
         variables = {name: each_workers_own(value, self, f"Variable {name!r}") for name, value in variables.items()}
-        self.request(lambda rid: p.Push(rid, variables), targets, what="push",
+        self._request(lambda rid: p.Push(rid, variables), targets, what="push",
                      unsendable=lambda error: variable_error(variables, error, "Push something picklable instead."))
 
     def pull(self, name: str, targets: Iterable[int] | None = None) -> list[Any]:
         """The value of `name` on every worker (or `targets`), by rank."""
-        values = self.request(lambda rid: p.Pull(rid, (name,)), targets, what=f"pull({name!r})")
+        values = self._request(lambda rid: p.Pull(rid, (name,)), targets, what=f"pull({name!r})")
         return [value[name] for value in values]
 
-    def ensure_group(self, ranks: tuple[int, ...]) -> None:
+    def _ensure_group(self, ranks: tuple[int, ...]) -> None:
         """Create the torch.distributed subgroup over `ranks` once (every worker takes part)."""
         if ranks == tuple(range(self.size)) or ranks in self._groups:
             return
-        self.request(lambda rid: p.MakeGroup(rid, ranks), what="Creating the worker subgroup")
+        self._request(lambda rid: p.MakeGroup(rid, ranks), what="Creating the worker subgroup")
         self._groups.add(ranks)
 
     def request_stop(self, future: Future[Any] | None = None) -> None:
@@ -415,10 +418,13 @@ class Pool:
         """
         self.router.tell(p.RequestStop(), None if future is None else self.tasks.ranks_of(future))
 
-    def send_verdict(self, run: str, iteration: int, stop: bool) -> None:
-        """Answer `iteration` of a training run whose workers wait for the notebook's output_fn at every
-        iteration: go on, or stop after it (nbscale.train.distributed)."""
-        self.router.tell(p.Verdict(run, iteration, stop))
+    def _message_foreground(self, payload: Any) -> None:
+        """Send `payload` to the workers running the request the caller's thread waits for (a `run` whose
+        on_event is running now); its code reads it with `worker_context().next_message()`. Nothing when no
+        request is waited for."""
+        request = self.router.foreground
+        if request is not None:
+            self.router.tell(p.RequestMessage(request.request_id, payload), request.ranks)
 
     def _targets(self, targets: Iterable[int] | int | None) -> tuple[int, ...]:
         """The ranks `targets` names (one rank, or several), checked against the pool."""
@@ -452,9 +458,9 @@ class Pool:
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run `fn(*args, **kwargs)` on a free worker, in the notebook's current folder as of this call; returns a
         concurrent.futures.Future (parfeval)."""
-        return self.submit_with_events(fn, None, *args, **kwargs)
+        return self._submit_with_events(fn, None, *args, **kwargs)
 
-    def submit_with_events(
+    def _submit_with_events(
         self, fn: Callable[..., Any], on_event: Callable[[int, Any], None] | None, /, *args: Any, **kwargs: Any
     ) -> Future[Any]:
         """Like `submit`; `on_event(rank, payload)` receives each `worker_context().emit(payload)` of the task.
@@ -543,7 +549,7 @@ class Pool:
         self.monitor.refresh_memory(wait=True)
         return self._snapshot()
 
-    def state(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """What the pool publishes for the JupyterLab extension (no secrets, no env values)."""
         return {"kernel_id": registry.kernel_id(), **self._snapshot().to_dict()}
 

@@ -158,7 +158,7 @@ class Worker:
         self.urgent: dict[type, Callable[[Any], None]] = {
             p.Interrupt: self.interrupt,
             p.RequestStop: self.request_stop,
-            p.Verdict: self.record_verdict,
+            p.RequestMessage: self.deliver_message,
             p.StatusQuery: self.report_status,
             p.Shutdown: self.shut_down,
             p.NotebookFolder: self.follow_notebook_folder,
@@ -201,8 +201,11 @@ class Worker:
     def request_stop(self, message: p.RequestStop) -> None:
         self.context._stop.set()
 
-    def record_verdict(self, message: p.Verdict) -> None:
-        self.context.record_verdict(message.run, message.iteration, message.stop)
+    def deliver_message(self, message: p.RequestMessage) -> None:
+        """A message to a running request: kept for its code, or dropped once the request ended."""
+        with self.request_lock:
+            if self.current_request == message.request_id:
+                self.context.deliver_message(message.payload)
 
     def report_status(self, message: p.StatusQuery) -> None:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""

@@ -13,6 +13,7 @@ import builtins
 import importlib
 import itertools
 import linecache
+import logging
 import os
 import sys
 import time
@@ -29,6 +30,7 @@ from nbscale.jobs.backends.local import start_time
 from nbscale.jobs.files import write_atomic
 from nbscale.jobs.records import NOT_WRITTEN
 from nbscale.jobs.store import JobStore
+from nbscale.notices import notices
 
 _PACKAGE_FOLDER = str(Path(__file__).parent.parent) + os.sep  # nbscale's own files
 
@@ -90,12 +92,10 @@ def main(argv: list[str]) -> int:
 
 
 def _say(text: str, stream: Any = None) -> None:
-    """Print one of the runner's own lines to the log; a log that cannot be written (a full disk) must not stop
-    the job from saving its variables and its end state."""
-    try:
-        print(text, file=stream or sys.stdout, flush=True)
-    except OSError:
-        pass
+    """One of the runner's own lines in the job's log, through the `nbscale.notices` logger (on stderr with
+    `stream=sys.stderr`, else stdout); a log that cannot be written (a full disk) does not stop the job from
+    saving its variables and its end state (the handler drops what it cannot write)."""
+    notices.log(logging.WARNING if stream is sys.stderr else logging.INFO, text)
 
 
 def _flush() -> None:

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
+from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool import registry, session
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
 from nbscale.pool.handles import WorkerHandle
-from nbscale.pool.interrupts import HeldInterrupt
+from nbscale.pool.interrupts import HeldInterrupt, each_despite_interrupts
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.resident import forget_all
@@ -61,20 +62,6 @@ def open_pool(settings: PoolSettings | None = None) -> Pool:
     if pool is not None:
         return cast(Pool, pool)
     return Pool.from_settings(settings or session.idle_settings() or PoolSettings())
-
-
-def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
-    """Run every step; one a KeyboardInterrupt cuts short runs once more (each is safe to repeat). Whether an
-    interrupt came."""
-    interrupted = False
-    for step in steps:
-        for _ in range(2):
-            try:
-                step()
-                break
-            except KeyboardInterrupt:
-                interrupted = True
-    return interrupted
 
 
 MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
@@ -197,7 +184,7 @@ class Pool:
         self.router.stopping.set()
         # every step runs even if the kernel is interrupted meanwhile (a second Ctrl-C, one meant for the cell
         # before): a step cut short would leave a launcher, its workers or a waiting future behind
-        interrupted = _each_despite_interrupts([
+        interrupted = each_despite_interrupts([
             self._drop_spare,
             lambda: self.router.tell(p.Shutdown()),
             self.backend.stop,
@@ -318,7 +305,7 @@ class Pool:
         self._check_usable(ranks)
         busy_with_tasks = self.tasks.ranks_running_tasks(ranks)
         if busy_with_tasks:
-            print(
+            notices.info(
                 f"{workers_named(busy_with_tasks)} still running a task from pool.submit or pool.map; this starts "
                 "there once it ends (pool.cancel(future) stops a task)."
             )

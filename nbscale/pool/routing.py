@@ -8,7 +8,6 @@ channel closes is marked dead, and every request waiting for it learns so at onc
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -17,6 +16,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_connections
 from typing import Any, cast
 
+from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.folders import missing_folder_warning
@@ -199,7 +199,7 @@ class Router:
         if foreground is not None and foreground.request_id == message.request_id:
             foreground.inbox.put(message)
         else:
-            print(missing_folder_warning(message), file=sys.stderr, flush=True)
+            notices.warning(missing_folder_warning(message))
 
     def death_description(self, worker: WorkerHandle) -> str:
         """How a worker whose connection closed ended: its exit status from the backend where it knows it."""

@@ -7,13 +7,13 @@ running after a grace time (a collective would wait for it forever), and workers
 from __future__ import annotations
 
 import queue
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from nbscale.errors import PoolInterrupted
+from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.health import collective_mismatch, process_state, stall_notice, stalled
@@ -49,7 +49,7 @@ def pump(request: Request, timeout: float) -> None:
     if isinstance(item, p.Output):
         print_output(item, flush=False)
     elif isinstance(item, p.FolderMissing):
-        print(missing_folder_warning(item), file=sys.stderr, flush=True)
+        notices.warning(missing_folder_warning(item))
     elif isinstance(item, p.Event):
         if request.on_event is not None:
             request.on_event(item.rank, item.payload)
@@ -95,12 +95,12 @@ def wait(
                 stuck = stalled(router.workers[rank] for rank in request.waiting_for)
                 if stuck:
                     noticed = True
-                    print(stall_notice(stuck), file=sys.stderr, flush=True)
+                    notices.warning(stall_notice(stuck))
             if not mismatch_noticed:
                 mismatch = collective_mismatch(router.workers, request.ranks, request.waiting_for)
                 if mismatch:
                     mismatch_noticed = True
-                    print(mismatch, file=sys.stderr, flush=True)
+                    notices.warning(mismatch)
         _drain_output(request)
     except KeyboardInterrupt:
         raise PoolInterrupted(_interrupt(router, request, restart)) from None

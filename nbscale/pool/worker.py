@@ -37,7 +37,13 @@ from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives, current_collective, new_request
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
-from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt, set_task_cancelled
+from nbscale.pool.interrupts import (
+    HeldInterrupt,
+    RequestGate,
+    hold_every_interrupt,
+    interrupt_main_thread,
+    set_task_cancelled,
+)
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.resident import keep_tensors_here
@@ -131,7 +137,7 @@ class Worker:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
         self.interruptible = False  # whether the main thread runs a request's code (SIGINT raises only then)
-        self._gate = self._interrupt_request  # the one bound method installed as SIGINT's handler
+        self._gate = RequestGate(lambda: self.interruptible)  # the one SIGINT handler installed (interrupts.py)
         self.current_request: int | None = None  # the request the main thread runs (None between requests)
         # the main thread's last seen spot and activity, and since when it has stood still there
         self._spot: tuple[tuple[int, int], tuple[int, int] | None, float] | None = None
@@ -191,9 +197,9 @@ class Worker:
                 self.cancelled_requests.add(message.request_id)
                 if self.current_request == message.request_id:
                     set_task_cancelled(True)  # a cancel, not the user's interrupt: see interrupts.task_cancelled
-                    _interrupt_main_thread()
+                    interrupt_main_thread()
         elif self.busy:
-            _interrupt_main_thread()
+            interrupt_main_thread()
 
     def follow_notebook_folder(self, message: p.NotebookFolder) -> None:
         self.importable_folder.follow(message.folder)
@@ -307,13 +313,6 @@ class Worker:
                 self.channel.send(
                     p.Failed(message.request_id, self.rank, type(error).__name__, f"the result could not be sent back: {error}", "")
                 )
-
-    def _interrupt_request(self, signum: int, frame: FrameType | None) -> None:
-        """SIGINT's handler: KeyboardInterrupt in the request that runs, and nowhere else. An interrupt that comes
-        late (a second one for a request already stopping, or one crossing its end) is dropped: raised in the
-        loop that answers requests, it would end the worker."""
-        if self.interruptible:
-            raise KeyboardInterrupt
 
     def _send_reply(self, reply: Any) -> None:
         """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""
@@ -460,13 +459,6 @@ def _forget_parent_after_fork(channel: Channel, streams: tuple[_StreamToKernel, 
     channel.reset_lock_after_fork()
     for stream in streams:
         stream.forget_parent_after_fork()
-
-
-def _interrupt_main_thread() -> None:
-    """SIGINT to the main thread, which runs the requests: KeyboardInterrupt there, even in a blocking call."""
-    main = threading.main_thread().ident
-    assert main is not None  # the main thread has always started
-    signal.pthread_kill(main, signal.SIGINT)
 
 
 def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:

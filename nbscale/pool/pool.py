@@ -103,7 +103,8 @@ class Pool:
     ) -> None:
         session.refuse_second_pool()  # before checking the settings, as the first thing wrong
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
-        self._open(PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout))  # type: ignore[arg-type]
+        settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
+        self._open(settings)
 
     @classmethod
     def from_settings(cls, settings: PoolSettings) -> Pool:
@@ -322,7 +323,8 @@ class Pool:
         with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
             request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:
-            return wait(self.router, request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare), held)
+            restarter = Restarter(self.restart, self._prepare_restart, self._drop_spare)
+            return wait(self.router, request, what, restarter, held)
         except (WorkerError, PoolInterrupted):
             if on_failure is not None:
                 on_failure(request)

@@ -88,7 +88,8 @@ def wait(
                 break  # a worker died mid-request: the others may wait forever in a collective
             if request.failures and first_failure is None:
                 first_failure = time.monotonic()
-            if restart is not None and first_failure is not None and time.monotonic() > first_failure + FAILED_PEER_GRACE_S:
+            past_grace = first_failure is not None and time.monotonic() > first_failure + FAILED_PEER_GRACE_S
+            if restart is not None and past_grace:
                 note = _stop_after_failure(router, request, restart)
                 break
             if not noticed:
@@ -132,7 +133,9 @@ def _interrupt(router: Router, request: Request, restart: Restarter | None) -> s
     return f"Interrupted workers {', '.join(map(str, pending))}. {outcome or 'The pool is ready for the next cell.'}"
 
 
-def _stop_running(router: Router, request: Request, restart: Restarter | None, only_this_request: bool = False) -> str | None:
+def _stop_running(
+    router: Router, request: Request, restart: Restarter | None, only_this_request: bool = False
+) -> str | None:
     """Interrupt the workers still running `request` (`only_this_request`: not what else they run) and give them
     INTERRUPT_GRACE_S to stop; None when they did, else the sentence saying which did not and that the pool was
     restarted (unless `restart` is None)."""

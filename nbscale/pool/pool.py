@@ -1,8 +1,10 @@
 """The worker pool (MATLAB's parpool): start, run code on every worker, futures, status, stop.
 
-`Pool` is the public face over one module per concept: settings.py (what was asked for), startup.py (launch and
-connect the workers, form the group), routing.py (every reply to its request; blocking waits), tasks.py (the
-futures queue), monitor.py (memory, idle timeout, the published state) and output.py (workers' printing).
+`Pool` is the public face over one module per concept: session.py (the kernel's running pool), settings.py (what
+was asked for), startup.py (launch and connect the workers, form the group), routing.py (every reply to its
+request), waiting.py (blocking waits, interrupts, restarts), tasks.py (the futures queue), monitor.py (memory,
+idle timeout, the published state) and output.py (workers' printing). What other nbscale modules use beyond
+this face is private here and reached through plumbing.py.
 Blocking calls (`run`, `spmd`, `push`, `pull`) wait in the caller's thread and print workers' output live, each
 line prefixed with its rank.
 """

@@ -23,6 +23,7 @@ import sysconfig
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -146,6 +147,9 @@ class Worker:
         # threading.main_thread().native_id is still the forking thread's (Python 3.11 does not reset it)
         self._serving_thread: tuple[int, int] | None = None
         self.cancelled_requests: set[int] = set()  # pool.cancel() reached them, maybe before they started
+        # messages to a request this worker has not started yet (a peer ran ahead), and the requests that ended
+        self.early_messages: dict[int, list[Any]] = {}
+        self.ended_requests: deque[int] = deque(maxlen=256)
         self.request_lock = threading.Lock()  # current_request vs a targeted Interrupt
         self.groups: dict[tuple[int, ...], Any] = {}
         self.context = WorkerContext(self.rank, self.world_size, self.device, socket.gethostname(), self._emit)
@@ -208,10 +212,13 @@ class Worker:
         self.context._stop.set()
 
     def deliver_message(self, message: p.RequestMessage) -> None:
-        """A message to a running request: kept for its code, or dropped once the request ended."""
+        """A message to a running request: kept for its code (until it starts here, when a peer running it sent
+        what the notebook answers), or dropped once the request ended."""
         with self.request_lock:
             if self.current_request == message.request_id:
                 self.context.deliver_message(message.payload)
+            elif message.request_id not in self.ended_requests:
+                self.early_messages.setdefault(message.request_id, []).append(message.payload)
 
     def report_status(self, message: p.StatusQuery) -> None:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
@@ -278,6 +285,8 @@ class Worker:
             try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
                 with self.request_lock:
                     self.current_request = message.request_id
+                    for payload in self.early_messages.pop(message.request_id, []):
+                        self.context.deliver_message(payload)
                     cancelled = message.request_id in self.cancelled_requests
                     self.cancelled_requests.discard(message.request_id)
                 if cancelled:
@@ -305,6 +314,8 @@ class Worker:
                 )  # fmt: skip
             with self.request_lock:
                 self.current_request = None
+                self.ended_requests.append(message.request_id)
+                self.early_messages.pop(message.request_id, None)
                 set_task_cancelled(False)
             self.busy = not self.inbox.empty()
             try:

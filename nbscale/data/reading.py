@@ -75,7 +75,7 @@ def header_size(data: bytes) -> tuple[int, int] | None:
         try:
             with factory(io.BytesIO(data), "") as picture:
                 return picture.size
-        except Exception:  # noqa: BLE001 - not this format (or a corrupt header): try the next plugin
+        except Exception:
             continue
     return None
 

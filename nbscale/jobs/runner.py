@@ -14,6 +14,7 @@ import builtins
 import importlib
 import itertools
 import linecache
+import logging
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ from nbscale.jobs.files import write_atomic
 from nbscale.jobs.records import NOT_WRITTEN
 from nbscale.jobs.store import JobStore
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
+from nbscale.notices import notices
 from nbscale.train.run_observers import add_run_observer
 
 if TYPE_CHECKING:
@@ -97,12 +99,10 @@ def main(argv: list[str]) -> int:
 
 
 def _say(text: str, stream: TextIO | None = None) -> None:
-    """Print one of the runner's own lines to the log; a log that cannot be written (a full disk) must not stop
-    the job from saving its variables and its end state."""
-    try:
-        print(text, file=stream or sys.stdout, flush=True)
-    except OSError:
-        pass
+    """One of the runner's own lines in the job's log, through the `nbscale.notices` logger (on stderr with
+    `stream=sys.stderr`, else stdout); a log that cannot be written (a full disk) does not stop the job from
+    saving its variables and its end state (the handler drops what it cannot write)."""
+    notices.log(logging.WARNING if stream is sys.stderr else logging.INFO, text)
 
 
 def _flush() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from nbscale.jobs.files import FILE_MODE, private_dir
 from nbscale.jobs.training_record import FOLDER, MONITOR_STOP_REASON, encode, stop_path
+from nbscale.notices import notices
 from nbscale.train.events import EventChannel, PreparingData, StopSignal
 
 JOB_DIR_VARIABLE = "NBSCALE_JOB_DIR"
@@ -38,7 +38,7 @@ def recorded_for_job_monitor(channel: EventChannel, stop: StopSignal) -> Iterato
     try:
         recorder = TrainingRecorder(Path(job_dir), stop)
     except OSError as error:  # the monitor is a view: the training goes on without it
-        print(f"[nbscale] this training is not recorded for %jobs show: {error}", file=sys.stderr, flush=True)
+        notices.warning(f"[nbscale] this training is not recorded for %jobs show: {error}")
         yield
         return
     channel.subscribe(recorder)
@@ -85,8 +85,7 @@ class TrainingRecorder:
                 data = data[os.write(self.descriptor, data):]
         except OSError as error:  # a full disk: the training matters more than its record
             self.failed = True
-            print(f"[nbscale] recording training {self.number} for %jobs show stopped: {error}", file=sys.stderr,
-                  flush=True)
+            notices.warning(f"[nbscale] recording training {self.number} for %jobs show stopped: {error}")
 
     def close(self) -> None:
         """Stop the thread, write what is left, close the file."""

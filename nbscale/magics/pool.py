@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from argparse import Namespace
 
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, magics_class
@@ -19,7 +20,9 @@ from nbscale.magics.arguments import (
     magic_arguments,
     parse_line,
 )
-from nbscale.pool.pool import Pool, current_pool, open_pool, reopens_idle_pool, take_shutdown_notice
+from nbscale.pool.pool import Pool, current_pool, open_pool
+from nbscale.pool.session import reopens_idle_pool, take_shutdown_notice
+from nbscale.pool.settings import PoolSettings
 from nbscale.ui.gpu_table import pool_gpus_note
 
 _ACTIONS = ("start", "status", "stop", "restart")
@@ -63,45 +66,46 @@ class PoolMagics(Magics):
     def pool(self, line: str) -> None:
         """Start, show, stop or restart the worker pool."""
         args = parse_line(self.pool, line)
-        if args.action not in _ACTIONS:
+        action = {"start": self._start, "status": self._status, "stop": self._stop, "restart": self._restart}.get(
+            args.action)
+        if action is None:
             raise PoolError(f"Unknown %pool action {args.action!r}: use one of {', '.join(_ACTIONS)}.")
         if args.action != "start" and (args.n is not None or args.gpus is not None or args.cpu or args.cluster
                                        or args.env or args.force or args.connect_timeout is not None):
             raise PoolError(f"%pool {args.action} takes no N or flags; they belong to %pool start.")
+        action(args)
+
+    def _start(self, args: Namespace) -> None:
+        pool = Pool.from_settings(PoolSettings(
+            args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster, idle_timeout=args.idle_timeout,
+            env=env_pairs(args.env), force=args.force, connect_timeout=args.connect_timeout,
+        ))
+        print(f"Started {_workers(pool)} in {pool.start_seconds:.1f} s{_gpus_note(pool)}")
+
+    def _restart(self, args: Namespace) -> None:
         running = current_pool()
-        if args.action == "start":
-            pool = Pool(
-                args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster,
-                idle_timeout=args.idle_timeout, env=env_pairs(args.env), force=args.force,
-                connect_timeout=args.connect_timeout,
-            )
-            # which GPUs it took, and who holds the others (this machine's GPUs: not for a cluster pool)
-            note = pool_gpus_note(gpus()) if pool.kind == "gpu" and args.cluster is None else "."
-            print(f"Started {pool.size} {pool.kind.upper()} worker{'s' if pool.size != 1 else ''} in "
-                  f"{pool.start_seconds:.1f} s{note}")
-            return None
-        if args.action == "restart":
-            if running is None and reopens_idle_pool():  # the pool the user had, as %%spmd would start it again
-                print(f"{take_shutdown_notice() or 'The pool shut itself down idle.'} Starting it again with the "
-                      "same settings.")
-                running = open_pool()
-            elif running is None:
-                raise PoolError("No pool is running to restart: start one with %pool start.")
-            else:
-                running.restart()
-            note = pool_gpus_note(gpus()) if running.kind == "gpu" and running.settings.cluster is None else "."
-            workers = f"{running.size} {running.kind.upper()} worker{'s' if running.size != 1 else ''}"
-            print(f"Restarted {workers} in {running.start_seconds:.1f} s{note}")
-            return None
+        if running is not None:
+            running.restart()
+        elif reopens_idle_pool():  # the pool the user had, as %%spmd would start it again
+            running = _reopen()
+        else:
+            raise PoolError("No pool is running to restart: start one with %pool start.")
+        print(f"Restarted {_workers(running)} in {running.start_seconds:.1f} s{_gpus_note(running)}")
+
+    def _stop(self, args: Namespace) -> None:
+        running = current_pool()
         if running is None:
             print(_no_pool_line())
-            return None
-        if args.action == "stop":
-            running.close()
-            print("Pool stopped.")
-            return None
+            return
+        running.close()
+        print("Pool stopped.")
+
+    def _status(self, args: Namespace) -> None:
+        running = current_pool()
+        if running is None:
+            print(_no_pool_line())
+            return
         display(running.status())  # shown wherever the line stands in its cell, not only as its last line
-        return None
 
     @magic_arguments()
     @argument("--targets", type=int_list, help="run on these ranks only, e.g. 0,2")
@@ -110,12 +114,11 @@ class PoolMagics(Magics):
         """Run the cell on every worker; variables it assigns become Composites here."""
         args = parse_line(self.spmd, line)
         pool = current_pool()
-        if pool is None:
+        if pool is None and reopens_idle_pool():
+            pool = _reopen()
+        elif pool is None:
             notice = take_shutdown_notice()
-            if reopens_idle_pool():
-                print(f"{notice or 'The pool shut itself down idle.'} Starting it again with the same settings.")
-            else:
-                print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
+            print(f"{notice + ' ' if notice else ''}No pool was running: starting one with %pool start defaults.")
             pool = open_pool()
         # the magic line stays line 1, so traceback line numbers match the cell as the notebook shows it
         code = f"# %%spmd {line}\n{cell}"
@@ -134,6 +137,22 @@ def _running_cell_file(shell: InteractiveShell) -> str | None:
     while frame is not None and not shell.compile.format_code_name(frame.f_code.co_filename):
         frame = frame.f_back
     return frame.f_code.co_filename if frame is not None else None
+
+
+def _reopen() -> Pool:
+    """Start the pool that shut itself down idle again, saying so (`%pool restart` and `%%spmd` after an idle
+    stop)."""
+    print(f"{take_shutdown_notice() or 'The pool shut itself down idle.'} Starting it again with the same settings.")
+    return open_pool()
+
+
+def _workers(pool: Pool) -> str:
+    return f"{pool.size} {pool.kind.upper()} worker{'s' if pool.size != 1 else ''}"
+
+
+def _gpus_note(pool: Pool) -> str:
+    """Which GPUs a local GPU pool took, and who holds the others (a cluster's GPUs are not this machine's)."""
+    return pool_gpus_note(gpus()) if pool.kind == "gpu" and pool.settings.cluster is None else "."
 
 
 def _no_pool_line() -> str:

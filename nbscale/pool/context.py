@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,8 +22,7 @@ class WorkerContext:
     host: str
     _emit: Any = None
     _stop: threading.Event = field(default_factory=threading.Event)
-    _verdicts: dict[str, tuple[int, bool]] = field(default_factory=dict)  # run -> (last iteration answered, stop)
-    _verdict_came: threading.Condition = field(default_factory=threading.Condition)
+    _messages: queue.Queue[Any] = field(default_factory=queue.Queue)  # to the running request, from the notebook
     # run once when the running %%spmd cell ends, however it ends (a TrainingMonitor's last records go out)
     at_cell_end: list[Callable[[], None]] = field(default_factory=list)
 
@@ -31,29 +31,23 @@ class WorkerContext:
         """True once the notebook asked running code to stop (Stop button, `pool.request_stop()`)."""
         return self._stop.is_set()
 
-    def wait_for_verdict(self, run: str, iteration: int) -> None:
-        """Block until the notebook answered `iteration` of training run `run` (nbscale.train.distributed)."""
-        with self._verdict_came:
-            while self._verdicts.get(run, (0, False))[0] < iteration:
-                self._verdict_came.wait(0.1)  # woken every 0.1 s: the interrupt and the heartbeat see it move
+    def next_message(self) -> Any:
+        """Block until the notebook sends the running request a message (`nbscale.pool.plumbing`); its payload.
+        Messages come in the order they were sent."""
+        while True:
+            try:
+                return self._messages.get(timeout=0.1)  # woken every 0.1 s: the interrupt and the heartbeat see it move
+            except queue.Empty:
+                continue
 
-    def told_to_stop(self, run: str) -> bool:
-        """True once the notebook answered an iteration of `run` with stop."""
-        with self._verdict_came:
-            return self._verdicts.get(run, (0, False))[1]
-
-    def record_verdict(self, run: str, iteration: int, stop: bool) -> None:
-        """Keep the notebook's answer (called by the worker's receiver thread)."""
-        with self._verdict_came:
-            answered, stopped = self._verdicts.get(run, (0, False))
-            self._verdicts[run] = (max(answered, iteration), stopped or stop)
-            self._verdict_came.notify_all()
+    def deliver_message(self, payload: Any) -> None:
+        """Keep a message to the running request (called by the worker's receiver thread)."""
+        self._messages.put(payload)
 
     def reset(self) -> None:
-        """Forget the stop flag and the verdicts (a new request starts)."""
+        """Forget the stop flag and the messages (a new request starts)."""
         self._stop.clear()
-        with self._verdict_came:
-            self._verdicts.clear()
+        self._messages = queue.Queue()
 
     def cell_ended(self) -> None:
         """Run and forget the `at_cell_end` callbacks."""

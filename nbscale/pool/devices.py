@@ -69,24 +69,7 @@ def plan_devices(
     """
     found = list(visible if visible is not None else ([] if cpu else read_gpus()))
     if gpus:
-        missing = [index for index in gpus if not 0 <= index < len(found)]
-        if missing:
-            have = f"GPUs 0-{len(found) - 1}" if found else "no GPU"
-            raise PoolError(
-                f"{'GPU' if len(missing) == 1 else 'GPUs'} {', '.join(map(str, missing))} "
-                f"{'does' if len(missing) == 1 else 'do'} not exist: this machine shows {have}. "
-                "Pick indices from %gpu, or start CPU workers with --cpu."
-            )
-        asked = [found[index] for index in gpus]
-        held = [gpu for gpu in asked if gpu.held_by_others()]
-        if held and not force:
-            free_now = [str(gpu.index) for gpu in found if not gpu.held_by_others()]
-            pick = f"Pick free GPUs (free now: {', '.join(free_now)})" if free_now else "Wait until one is released"
-            raise PoolError(
-                f"{_held(held)}. {pick}, or add --force (force=True) to share {'it' if len(held) == 1 else 'them'} "
-                "anyway; %gpu shows each GPU's holders."
-            )
-        return [gpu.device_id for gpu in asked]
+        return _named_gpus(found, gpus, force)
     if found:
         if n is not None and n > len(found):
             raise PoolError(
@@ -121,6 +104,28 @@ def _cpu_workers(n: int | None) -> list[str | None]:
             "core) start here, each slower the more there are. Ask for fewer, or use --cluster for more machines."
         )
     return [None] * (n or min(cores, MAX_DEFAULT_CPU_WORKERS))
+
+
+def _named_gpus(found: list[GpuInfo], gpus: tuple[int, ...], force: bool) -> list[str | None]:
+    """The CUDA_VISIBLE_DEVICES values of the GPUs --gpus names, checked: each exists, and is free (or `force`)."""
+    missing = [index for index in gpus if not 0 <= index < len(found)]
+    if missing:
+        have = f"GPUs 0-{len(found) - 1}" if found else "no GPU"
+        raise PoolError(
+            f"{'GPU' if len(missing) == 1 else 'GPUs'} {', '.join(map(str, missing))} "
+            f"{'does' if len(missing) == 1 else 'do'} not exist: this machine shows {have}. "
+            "Pick indices from %gpu, or start CPU workers with --cpu."
+        )
+    asked = [found[index] for index in gpus]
+    held = [gpu for gpu in asked if gpu.held_by_others()]
+    if held and not force:
+        free_now = [str(gpu.index) for gpu in found if not gpu.held_by_others()]
+        pick = f"Pick free GPUs (free now: {', '.join(free_now)})" if free_now else "Wait until one is released"
+        raise PoolError(
+            f"{_held(held)}. {pick}, or add --force (force=True) to share {'it' if len(held) == 1 else 'them'} "
+            "anyway; %gpu shows each GPU's holders."
+        )
+    return [gpu.device_id for gpu in asked]
 
 
 def _held(gpus: Sequence[GpuInfo]) -> str:

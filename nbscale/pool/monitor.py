@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool import registry
 from nbscale.pool.health import unresponsive, unresponsive_description
@@ -101,4 +101,4 @@ class Monitor:
         except registry.RegistryUnsafe as refusal:  # the pool works; only the JupyterLab panel will not show it
             if not _refusal_said:
                 _refusal_said = True
-                print(f"[nbscale] {refusal}", file=sys.stderr, flush=True)
+                notices.warning(f"[nbscale] {refusal}")

@@ -1,8 +1,10 @@
 """The worker pool (MATLAB's parpool): start, run code on every worker, futures, status, stop.
 
-`Pool` is the public face over one module per concept: settings.py (what was asked for), startup.py (launch and
-connect the workers, form the group), routing.py (every reply to its request; blocking waits), tasks.py (the
-futures queue), monitor.py (memory, idle timeout, the published state) and output.py (workers' printing).
+`Pool` is the public face over one module per concept: session.py (the kernel's running pool), settings.py (what
+was asked for), startup.py (launch and connect the workers, form the group), routing.py (every reply to its
+request), waiting.py (blocking waits, interrupts, restarts), tasks.py (the futures queue), monitor.py (memory,
+idle timeout, the published state) and output.py (workers' printing). What other nbscale modules use beyond
+this face is private here and reached through plumbing.py.
 Blocking calls (`run`, `spmd`, `push`, `pull`) wait in the caller's thread and print workers' output live, each
 line prefixed with its rank.
 """
@@ -10,7 +12,6 @@ line prefixed with its rank.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import itertools
 import operator
 import os
@@ -22,20 +23,21 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
+from nbscale.notices import notices
 from nbscale.pool import protocol as p
-from nbscale.pool import registry
+from nbscale.pool import registry, session
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
 from nbscale.pool.handles import WorkerHandle
-from nbscale.pool.interrupts import HeldInterrupt
+from nbscale.pool.interrupts import HeldInterrupt, each_despite_interrupts
 from nbscale.pool.monitor import Monitor
 from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.resident import forget_all
-from nbscale.pool.routing import Restarter, Router, workers_named
+from nbscale.pool.routing import Router, workers_named
 from nbscale.pool.settings import PoolSettings
 from nbscale.pool.spmd import SpmdCell, each_workers_own
 from nbscale.pool.startup import join_group, launch_workers, make_backend, remove_stale_group_folders
@@ -43,57 +45,26 @@ from nbscale.pool.status import PoolStatus, WorkerStatus
 from nbscale.pool.tasks import TaskQueue
 from nbscale.pool.transport import remove_stale_files, serialise
 from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
+from nbscale.pool.waiting import Restarter, wait
 from nbscale.processes import kernel_id
-
-_current: Pool | None = None
-_last_shutdown_notice: str | None = None
-_idle_settings: PoolSettings | None = None  # the settings of the last pool, kept when it shut itself down idle
 
 
 def current_pool(start: bool = False) -> Pool | None:
     """The running pool, or None; with `start=True`, the running pool or a new one (`open_pool`)."""
-    if _current is not None and not _current.closed:
-        return _current
+    pool = session.running()
+    if pool is not None:
+        return cast(Pool, pool)
     return open_pool() if start else None
 
 
-def open_pool() -> Pool:
-    """The running pool, or a new one: the pool that shut itself down idle again (its settings, cluster
-    included), else one with default settings."""
-    if _current is not None and not _current.closed:
-        return _current
-    return Pool(**dataclasses.asdict(_idle_settings)) if _idle_settings is not None else Pool()
-
-
-def reopens_idle_pool() -> bool:
-    """True when `open_pool()` would start the pool that shut itself down idle again."""
-    return (_current is None or _current.closed) and _idle_settings is not None
-
-
-def _each_despite_interrupts(steps: list[Callable[[], Any]]) -> bool:
-    """Run every step; one a KeyboardInterrupt cuts short runs once more (each is safe to repeat). Whether an
-    interrupt came."""
-    interrupted = False
-    for step in steps:
-        for _ in range(2):
-            try:
-                step()
-                break
-            except KeyboardInterrupt:
-                interrupted = True
-    return interrupted
-
-
-def _forget_idle_settings() -> None:
-    global _idle_settings
-    _idle_settings = None
-
-
-def take_shutdown_notice() -> str | None:
-    """Why the last pool stopped by itself (its idle timeout), said once; None when it did not."""
-    global _last_shutdown_notice
-    notice, _last_shutdown_notice = _last_shutdown_notice, None
-    return notice
+def open_pool(settings: PoolSettings | None = None) -> Pool:
+    """The running pool, or a new one: with `settings`, one with them; else the pool that shut itself down idle
+    again (its settings, cluster included), or one with default settings. `%pool restart` after an idle stop,
+    `%%spmd` and training on the pool all open their pool here."""
+    pool = session.running()
+    if pool is not None:
+        return cast(Pool, pool)
+    return Pool.from_settings(settings or session.idle_settings() or PoolSettings())
 
 
 MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
@@ -134,13 +105,22 @@ class Pool:
         force: bool = False,
         connect_timeout: float | None = None,
     ) -> None:
-        if _current is not None and not _current.closed:
-            raise PoolError(
-                f"A pool of {_current.size} worker{'s' if _current.size != 1 else ''} is already running. Stop it "
-                "first with %pool stop (pool.close()), or get fresh workers with %pool restart."
-            )
+        session.refuse_second_pool()  # before checking the settings, as the first thing wrong
         # PoolSettings checks and normalises what users pass: gpus any iterable, env None
-        self.settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
+        settings = PoolSettings(n, gpus, cpu, cluster, idle_timeout, env, force, connect_timeout)  # type: ignore[arg-type]
+        self._open(settings)
+
+    @classmethod
+    def from_settings(cls, settings: PoolSettings) -> Pool:
+        """Start a pool with `settings` (what `%pool start`, `%pool restart` after an idle stop, `%%spmd` and
+        training on the pool start); raises as `Pool(...)` does."""
+        pool = cls.__new__(cls)
+        pool._open(settings)
+        return pool
+
+    def _open(self, settings: PoolSettings) -> None:
+        session.refuse_second_pool()
+        self.settings = settings
         self.closed: bool = True
         self.stopped_because = "It was stopped."  # what a use of this pool after it stopped says
         self._spare: Backend | None = None  # a replacement prepared while interrupted workers get time to stop
@@ -162,7 +142,6 @@ class Pool:
             ) from None
 
     def _start_workers(self, backend: Backend | None) -> None:
-        global _current
         _require_fork()
         started = time.monotonic()
         self.start_seconds: float | None = None
@@ -175,16 +154,18 @@ class Pool:
         except BaseException:
             self.backend.stop()
             raise
-        self.router = Router(workers)
-        self.router.secrets = secrets_of(self.settings.env)
-        self.router.exit_status = lambda worker: self.backend.exit_status(worker.rank, worker.pid)
+        # the task queue sends through the router, which hands it its tasks' replies: both ends named here
+        self.router = Router(workers, secrets=secrets_of(self.settings.env),
+                             exit_status=lambda worker: self.backend.exit_status(worker.rank, worker.pid),
+                             on_task_reply=lambda request, item: self.tasks.complete(request, item),
+                             on_worker_free=lambda: self.tasks.dispatch())
         self.tasks = TaskQueue(self.router)
         self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
-                               self.state, self._stop_idle)
+                               self._state, self._stop_idle)
         self._groups: set[tuple[int, ...]] = set()
         self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
-        _current = self
+        session.started(self)
         self.router.start()
         try:
             self._store_folder = join_group(self.router, self.backend)
@@ -192,7 +173,7 @@ class Pool:
             self.close()
             raise
         self.start_seconds = time.monotonic() - started
-        _forget_idle_settings()
+        session.started_fully()
         self.monitor.start()
         atexit.register(self.close)
 
@@ -202,14 +183,13 @@ class Pool:
 
     def _shut_down(self, queued: str, running: str) -> None:
         """close(), failing the tasks still queued with `queued` and the requests running with `running`."""
-        global _current
         if self.closed:
             return
         self.closed = True
         self.router.stopping.set()
         # every step runs even if the kernel is interrupted meanwhile (a second Ctrl-C, one meant for the cell
         # before): a step cut short would leave a launcher, its workers or a waiting future behind
-        interrupted = _each_despite_interrupts([
+        interrupted = each_despite_interrupts([
             self._drop_spare,
             lambda: self.router.tell(p.Shutdown()),
             self.backend.stop,
@@ -219,8 +199,7 @@ class Pool:
             self._remove_store_folder,
             forget_all,  # notebook tensors kept in shared memory for the workers (nbscale.pool.resident)
         ])
-        if _current is self:
-            _current = None
+        session.stopped(self)
         try:
             registry.withdraw()
         except (OSError, registry.RegistryUnsafe):  # nothing was published there
@@ -238,13 +217,12 @@ class Pool:
             shutil.rmtree(self._store_folder, ignore_errors=True)
 
     def _stop_idle(self) -> None:
-        global _last_shutdown_notice, _idle_settings
-        _last_shutdown_notice = (
+        notice = (
             f"The pool shut itself down after {self.settings.idle_timeout:g} idle "
             f"minute{'' if self.settings.idle_timeout == 1 else 's'} (--idle-timeout)."
         )
-        _idle_settings = self.settings
-        self.stopped_because = _last_shutdown_notice
+        session.stopped_idle(self.settings, notice)
+        self.stopped_because = notice
         self.close()
 
     def restart(self) -> None:
@@ -313,7 +291,7 @@ class Pool:
 
     # ---- run code on the workers ----------------------------------------------------------------------------
 
-    def request(
+    def _request(
         self,
         message_factory: Callable[[int], Any],
         targets: Iterable[int] | None = None,
@@ -332,7 +310,7 @@ class Pool:
         self._check_usable(ranks)
         busy_with_tasks = self.tasks.ranks_running_tasks(ranks)
         if busy_with_tasks:
-            print(
+            notices.info(
                 f"{workers_named(busy_with_tasks)} still running a task from pool.submit or pool.map; this starts "
                 "there once it ends (pool.cancel(future) stops a task)."
             )
@@ -349,7 +327,8 @@ class Pool:
         with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
             request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:
-            return self.router.wait(request, what, Restarter(self.restart, self._prepare_restart, self._drop_spare), held)
+            restarter = Restarter(self.restart, self._prepare_restart, self._drop_spare)
+            return wait(self.router, request, what, restarter, held)
         except (WorkerError, PoolInterrupted):
             if on_failure is not None:
                 on_failure(request)
@@ -372,7 +351,7 @@ class Pool:
         name = getattr(fn, "__name__", "the function")
         args = tuple(each_workers_own(a, self, f"Argument {i + 1} of {name}()") for i, a in enumerate(args))
         kwargs = {key: each_workers_own(value, self, f"Argument {key}= of {name}()") for key, value in kwargs.items()}
-        return self.request(lambda rid: p.Call(rid, fn, args, kwargs, current_folder()), targets, on_event, what=f"{name}()",
+        return self._request(lambda rid: p.Call(rid, fn, args, kwargs, current_folder()), targets, on_event, what=f"{name}()",
                             unsendable=lambda error: call_error(fn, args, kwargs, error))
 
     def spmd(
@@ -392,7 +371,7 @@ class Pool:
         cell = SpmdCell.prepare(code, namespace, self, filename)
         group_ranks = None if ranks == tuple(range(self.size)) else ranks
         if group_ranks is not None:
-            self.ensure_group(group_ranks)
+            self._ensure_group(group_ranks)
         generation = self.generation
 
         def keep_what_workers_hold(request: Request) -> None:
@@ -402,7 +381,7 @@ class Pool:
                 held = [request.replies.get(rank) or list(request.names_held.get(rank, ())) for rank in ranks]
                 cell.bind_results(self, ranks, held, namespace)
 
-        present = self.request(lambda rid: cell.message(rid, group_ranks), ranks, _shown_in_notebook(self),
+        present = self._request(lambda rid: cell.message(rid, group_ranks), ranks, _shown_in_notebook(self),
                                what="The cell", on_failure=keep_what_workers_hold)
         return cell.bind_results(self, ranks, present, namespace)
 
@@ -410,19 +389,19 @@ class Pool:
         """Bind variables in every worker's namespace (sent once through shared memory locally); a Composite binds
         each worker's own value."""
         variables = {name: each_workers_own(value, self, f"Variable {name!r}") for name, value in variables.items()}
-        self.request(lambda rid: p.Push(rid, variables), targets, what="push",
+        self._request(lambda rid: p.Push(rid, variables), targets, what="push",
                      unsendable=lambda error: variable_error(variables, error, "Push something picklable instead."))
 
     def pull(self, name: str, targets: Iterable[int] | None = None) -> list[Any]:
         """The value of `name` on every worker (or `targets`), by rank."""
-        values = self.request(lambda rid: p.Pull(rid, (name,)), targets, what=f"pull({name!r})")
+        values = self._request(lambda rid: p.Pull(rid, (name,)), targets, what=f"pull({name!r})")
         return [value[name] for value in values]
 
-    def ensure_group(self, ranks: tuple[int, ...]) -> None:
+    def _ensure_group(self, ranks: tuple[int, ...]) -> None:
         """Create the torch.distributed subgroup over `ranks` once (every worker takes part)."""
         if ranks == tuple(range(self.size)) or ranks in self._groups:
             return
-        self.request(lambda rid: p.MakeGroup(rid, ranks), what="Creating the worker subgroup")
+        self._request(lambda rid: p.MakeGroup(rid, ranks), what="Creating the worker subgroup")
         self._groups.add(ranks)
 
     def request_stop(self, future: Future[Any] | None = None) -> None:
@@ -432,10 +411,13 @@ class Pool:
         """
         self.router.tell(p.RequestStop(), None if future is None else self.tasks.ranks_of(future))
 
-    def send_verdict(self, run: str, iteration: int, stop: bool) -> None:
-        """Answer `iteration` of a training run whose workers wait for the notebook's output_fn at every
-        iteration: go on, or stop after it (nbscale.train.distributed)."""
-        self.router.tell(p.Verdict(run, iteration, stop))
+    def _message_foreground(self, payload: Any) -> None:
+        """Send `payload` to the workers running the request the caller's thread waits for (a `run` whose
+        on_event is running now); its code reads it with `worker_context().next_message()`. Nothing when no
+        request is waited for."""
+        request = self.router.foreground
+        if request is not None:
+            self.router.tell(p.RequestMessage(request.request_id, payload), request.ranks)
 
     def _targets(self, targets: Iterable[int] | int | None) -> tuple[int, ...]:
         """The ranks `targets` names (one rank, or several), checked against the pool."""
@@ -469,9 +451,9 @@ class Pool:
     def submit(self, fn: Callable[..., Any], /, *args: object, **kwargs: object) -> Future[Any]:
         """Run `fn(*args, **kwargs)` on a free worker, in the notebook's current folder as of this call; returns a
         concurrent.futures.Future (parfeval)."""
-        return self.submit_with_events(fn, None, *args, **kwargs)
+        return self._submit_with_events(fn, None, *args, **kwargs)
 
-    def submit_with_events(
+    def _submit_with_events(
         self, fn: Callable[..., Any], on_event: Callable[[int, Any], None] | None, /, *args: object, **kwargs: object
     ) -> Future[Any]:
         """Like `submit`; `on_event(rank, payload)` receives each `worker_context().emit(payload)` of the task.
@@ -560,7 +542,7 @@ class Pool:
         self.monitor.refresh_memory(wait=True)
         return self._snapshot()
 
-    def state(self) -> dict[str, Any]:
+    def _state(self) -> dict[str, Any]:
         """What the pool publishes for the JupyterLab extension (no secrets, no env values)."""
         return {"kernel_id": kernel_id(), **self._snapshot().to_dict()}
 

@@ -139,13 +139,12 @@ class RequestStop:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The notebook's answer to a training iteration its output_fn saw: go on, or stop after it (`run` names the
-    training run, so an answer that comes late for an earlier run is never taken for this one's)."""
+class RequestMessage:
+    """A small value for the code running request `request_id` on a worker, which reads it with
+    `worker_context().next_message()`; dropped where that request no longer runs."""
 
-    run: str
-    iteration: int
-    stop: bool
+    request_id: int
+    payload: Any
 
 
 @dataclass(frozen=True)

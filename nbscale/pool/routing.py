@@ -1,57 +1,51 @@
-"""Message routing and blocking waits: every reply a worker sends reaches the request it answers.
+"""Message routing: every reply a worker sends reaches the request it answers.
 
 One receiver thread reads every worker's channel. Output goes to the blocking request in the foreground (whose
 caller prints it) or straight to the notebook; replies of a blocking request go to its inbox, which the caller's
-thread reads in `wait`; replies of a task (`pool.submit`) go to the task queue. A worker whose channel closes is
-marked dead, and every request waiting for it learns so at once.
+thread reads in waiting.py's `wait`; replies of a task (`pool.submit`) go to the task queue. A worker whose
+channel closes is marked dead, and every request waiting for it learns so at once.
 """
 
 from __future__ import annotations
 
-import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_connections
 from typing import Any, cast
 
-from nbscale.errors import PoolInterrupted
+from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import MessageUnreadable
 from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.handles import WorkerHandle
-from nbscale.pool.health import collective_mismatch, process_state, stall_notice, stalled
+from nbscale.pool.health import process_state
 from nbscale.pool.interrupts import HeldInterrupt
-from nbscale.pool.output import OutputBacklog, end_open_lines, flush_output, print_output
+from nbscale.pool.output import OutputBacklog, flush_output, print_output
 from nbscale.pool.requests import Request, WorkerDied
 from nbscale.pool.transport import Frame, serialise
 
-INTERRUPT_GRACE_S = 3.0
-PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
-# once a rank has failed, the others still running this long after are interrupted: a collective would wait forever
-FAILED_PEER_GRACE_S = 2.0
-RESTART_NOTICE = ("Restarting the pool with fresh workers: interrupts are held until it is ready (a few seconds; "
-                  "the cell stops then).")
-
-
-@dataclass(frozen=True)
-class Restarter:
-    """How `wait` replaces workers that do not stop: `prepare` begins the slow part early (while they are given
-    their chance), `restart` replaces them, `cancel` drops what `prepare` began when they stopped after all."""
-
-    restart: Callable[[], None]
-    prepare: Callable[[], None] = lambda: None
-    cancel: Callable[[], None] = lambda: None
-
 
 class Router:
-    """Sends requests to workers and routes what comes back; `wait` blocks the caller until a request ends."""
+    """Sends requests to workers and routes what comes back (waiting.py's `wait` blocks a caller until its
+    request ends).
 
-    def __init__(self, workers: list[WorkerHandle]) -> None:
+    `secrets`: the pool's --env values, kept out of workers' error texts. `exit_status(worker)`: how a worker's
+    process ended, from its backend (None: unknown, or it still runs). `on_task_reply(request, item)`: a task's
+    event or reply (or its worker's death) arrived, for the task queue; `on_worker_free()`: a worker may have
+    become free. Both run on the receiver thread.
+    """
+
+    def __init__(
+        self,
+        workers: list[WorkerHandle],
+        secrets: tuple[str, ...] = (),
+        exit_status: Callable[[WorkerHandle], str | None] = lambda worker: None,
+        on_task_reply: Callable[[Request, Any], None] = lambda request, item: None,
+        on_worker_free: Callable[[], None] = lambda: None,
+    ) -> None:
         self.workers = workers
         self.requests: dict[int, Request] = {}
         self.lock = threading.RLock()
@@ -59,12 +53,10 @@ class Router:
         self.background_output = OutputBacklog()  # output of tasks (pool.submit), shown by the receiver thread
         self.last_activity = time.monotonic()
         self.stopping = threading.Event()
-        # set by the task queue: a reply of a task arrived; a worker may have become free
-        self.on_task_reply: Callable[[Request, Any], None] = lambda request, item: None
-        self.on_worker_free: Callable[[], None] = lambda: None
-        # set by the pool: how a worker's process ended, from its backend (None: unknown, or it still runs)
-        self.exit_status: Callable[[WorkerHandle], str | None] = lambda worker: None
-        self.secrets: tuple[str, ...] = ()  # set by the pool: its --env values, kept out of workers' error texts
+        self.secrets = secrets
+        self.exit_status = exit_status
+        self.on_task_reply = on_task_reply
+        self.on_worker_free = on_worker_free
         self.missing_folders: set[str] = set()  # notebook folders some worker could not enter: warned once each
 
     def start(self) -> None:
@@ -216,7 +208,7 @@ class Router:
         if foreground is not None and foreground.request_id == message.request_id:
             foreground.inbox.put(message)
         else:
-            print(missing_folder_warning(message), file=sys.stderr, flush=True)
+            notices.warning(missing_folder_warning(message))
 
     def death_description(self, worker: WorkerHandle) -> str:
         """How a worker whose connection closed ended: its exit status from the backend where it knows it."""
@@ -264,31 +256,6 @@ class Router:
         """Whether any worker is running a request."""
         return any(w.outstanding for w in self.workers)
 
-    # ---- blocking requests --------------------------------------------------------------------------------------
-
-    def pump(self, request: Request, timeout: float) -> None:
-        """Handle one item of a blocking request's inbox: print output, pass on events, note replies."""
-        try:
-            item = request.inbox.get(timeout=timeout)
-        except queue.Empty:
-            return
-        if isinstance(item, p.Output):
-            request.backlog.took(item)
-            print_output(item, flush=False)
-        elif isinstance(item, p.FolderMissing):
-            print(missing_folder_warning(item), file=sys.stderr, flush=True)
-        elif isinstance(item, p.Event):
-            if request.on_event is not None:
-                request.on_event(item.rank, item.payload)
-        else:
-            request.record(item)
-        if request.inbox.empty():  # a burst of output is shown at once, not line by line
-            flush_output()
-
-    def _drain_output(self, request: Request) -> None:
-        while not request.inbox.empty():
-            self.pump(request, timeout=0)
-
     def finish(self, request: Request) -> None:
         """Forget a request that ended (its shared-memory files go too)."""
         with self.lock:
@@ -297,117 +264,6 @@ class Router:
                 self.foreground = None
         if request.frame is not None:
             request.frame.release()
-
-    def wait(
-        self, request: Request, what: str, restart: Restarter | None, held: HeldInterrupt | None = None
-    ) -> list[Any]:
-        """Block until every rank answered; replies by rank. Raises the workers' WorkerError.
-
-        A worker that stops answering fails the request (the monitor gives it up); one whose main thread has not
-        moved for a while gets one note saying where it is. Ctrl-C / the kernel interrupt interrupts the workers
-        and raises PoolInterrupted; workers that do not stop within INTERRUPT_GRACE_S (or are stopped processes)
-        are replaced by calling `restart` (None: the caller stops the pool). Once a rank has failed, the ranks still
-        running FAILED_PEER_GRACE_S later are stopped the same way (with `restart` only: not while the group forms).
-        `held`: an interrupt held off while the request was sent lands here, and stops it as any other does.
-        """
-        noticed = mismatch_noticed = False
-        first_failure: float | None = None
-        note = ""
-        try:
-            if held is not None:
-                held.deliver()
-            while request.waiting_for:
-                self.pump(request, timeout=0.25)
-                if any(self.workers[r].dead for r in request.failures):
-                    break  # a worker died mid-request: the others may wait forever in a collective
-                if request.failures and first_failure is None:
-                    first_failure = time.monotonic()
-                if restart is not None and first_failure is not None and time.monotonic() > first_failure + FAILED_PEER_GRACE_S:
-                    note = self._stop_after_failure(request, restart)
-                    break
-                if not noticed:
-                    stuck = stalled(self.workers[rank] for rank in request.waiting_for)
-                    if stuck:
-                        noticed = True
-                        print(stall_notice(stuck), file=sys.stderr, flush=True)
-                if not mismatch_noticed:
-                    mismatch = collective_mismatch(self.workers, request.ranks, request.waiting_for)
-                    if mismatch:
-                        mismatch_noticed = True
-                        print(mismatch, file=sys.stderr, flush=True)
-            self._drain_output(request)
-        except KeyboardInterrupt:
-            raise PoolInterrupted(self._interrupt(request, restart)) from None
-        finally:
-            self.finish(request)
-            end_open_lines()
-        if request.failures:
-            raise request.error(what, note)
-        return [request.replies[rank] for rank in request.ranks]
-
-    def _stop_after_failure(self, request: Request, restart: Restarter) -> str:
-        """Interrupt the ranks still running `request` after another rank failed (as MATLAB's spmd does: they may
-        wait in a collective for it forever); restart the pool if they do not stop. Says what happened."""
-        others, failed = request.waiting_for, sorted(request.failures)
-        request.interrupting.update(others)
-        # this request only: a worker still running a task from pool.submit keeps it, and skips this cell
-        outcome = self._stop_running(request, restart, only_this_request=True)
-        one = len(others) == 1
-        return (f"{workers_named(others)} {'was' if one else 'were'} still running {FAILED_PEER_GRACE_S:.0f} s after "
-                f"rank{'' if len(failed) == 1 else 's'} {', '.join(map(str, failed))} failed (a collective waits for "
-                f"every rank), so {'it was' if one else 'they were'} interrupted." + (f" {outcome}" if outcome else ""))
-
-    def _interrupt(self, request: Request, restart: Restarter | None) -> str:
-        """Interrupt the workers still running `request`; restart the pool if some do not stop. Says what happened."""
-        pending = request.waiting_for
-        outcome = self._stop_running(request, restart)
-        return f"Interrupted workers {', '.join(map(str, pending))}. {outcome or 'The pool is ready for the next cell.'}"
-
-    def _stop_running(self, request: Request, restart: Restarter | None, only_this_request: bool = False) -> str | None:
-        """Interrupt the workers still running `request` (`only_this_request`: not what else they run) and give them
-        INTERRUPT_GRACE_S to stop; None when they did, else the sentence saying which did not and that the pool was
-        restarted (unless `restart` is None)."""
-        self.tell(p.Interrupt(request.request_id if only_this_request else None), request.waiting_for)
-        interrupted_at = time.monotonic()
-        prepared = False
-        while (request.waiting_for and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S
-               and not self._stopped(request.waiting_for)):
-            if restart is not None and not prepared and time.monotonic() > interrupted_at + PREPARE_AFTER_S:
-                restart.prepare()
-                prepared = True
-            try:
-                self.pump(request, timeout=0.1)
-            except KeyboardInterrupt:
-                break
-        self._drain_output(request)
-        stuck = request.waiting_for
-        if not stuck:
-            if prepared and restart is not None:
-                restart.cancel()
-            return None
-        self.finish(request)
-        stopped = self._stopped(stuck)
-        if stopped:
-            processes = "is a stopped process" if len(stopped) == 1 else "are stopped processes"
-            reason = f"{workers_named(stopped)} {processes} (SIGSTOP or a debugger)"
-        else:
-            reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
-                      "or in native code)")
-        if restart is None:
-            return f"{reason}."
-        started = time.monotonic()
-        # once begun, the restart finishes (bounded by the start timeout): interrupted, it left no pool at all
-        with HeldInterrupt(notice=RESTART_NOTICE) as held:
-            restart.restart()
-        ignored = (f" The {held.dropped} interrupt{'s' if held.dropped != 1 else ''} during the restart "
-                   f"{'were' if held.dropped != 1 else 'was'} held until it was done.") if held.dropped else ""
-        return (f"{reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
-                f"variables on the workers are lost.{ignored}")
-
-    def _stopped(self, ranks: Iterable[int]) -> list[int]:
-        """Which of `ranks` are stopped processes (SIGSTOP): no interrupt reaches them."""
-        return [rank for rank in ranks if process_state(self.workers[rank]) == "stopped"]
-
 
 def workers_named(ranks: Iterable[int]) -> str:
     """'Worker 1' or 'Workers 0, 2'."""

@@ -25,6 +25,7 @@ from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.settings import PoolSettings
+from nbscale.pool.waiting import pump, wait
 from nbscale.processes import pid_running
 from nbscale.trust import swappable_by_others
 
@@ -178,7 +179,7 @@ def join_group(router: Router, backend: Backend) -> Path | None:
     init = p.InitGroup(next_request_id(), group_backend, master_addr, 0, size)
     request = router.send(init, (0,), foreground=True, on_event=lambda rank, event: found.update(event))
     while "store_port" not in found and not request.failures:
-        router.pump(request, timeout=0.05)
+        pump(request, timeout=0.05)
     if request.failures:
         router.finish(request)
         raise _join_error(request.failures, group_backend)
@@ -193,15 +194,15 @@ def join_group(router: Router, backend: Backend) -> Path | None:
 def _wait_joined(router: Router, request: Request, group_backend: str) -> None:
     """Wait for every rank of `request` (an InitGroup) to join; PoolError naming each rank's cause otherwise."""
     while request.waiting_for and not request.failures:
-        router.pump(request, timeout=0.05)
+        pump(request, timeout=0.05)
     if request.failures:
         given_up_at = time.monotonic() + JOIN_FAILURE_GRACE_S
         while request.waiting_for and time.monotonic() < given_up_at:
-            router.pump(request, timeout=0.05)
+            pump(request, timeout=0.05)
         router.finish(request)
         raise _join_error(request.failures, group_backend)
     try:
-        router.wait(request, what=JOINING, restart=None)
+        wait(router, request, what=JOINING, restart=None)
     except WorkerError as error:
         raise _join_error(error.failures, group_backend) from None
 

@@ -37,8 +37,6 @@ class TaskQueue:
         self._events: dict[int, Callable[[int, Any], None]] = {}  # request id -> on_event of a queued task
         self._cancelled: set[int] = set()  # request ids of running tasks interrupted by cancel()
         self._what: weakref.WeakKeyDictionary[Future[Any], str] = weakref.WeakKeyDictionary()  # other than "The task"
-        router.on_task_reply = self._complete
-        router.on_worker_free = self.dispatch
 
     def submit(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -127,8 +125,8 @@ class TaskQueue:
         """The running request of a task's future (None when it is queued or done); call with the lock held."""
         return next((r for r in self.router.requests.values() if r.future is future), None)
 
-    def _complete(self, request: Request, item: object) -> None:
-        """A task's event, reply, or its worker's death (on the receiver thread)."""
+    def complete(self, request: Request, item: object) -> None:
+        """A task's event, reply, or its worker's death (the router calls it on its receiver thread)."""
         if isinstance(item, p.Event):
             if request.on_event is not None:
                 request.on_event(item.rank, item.payload)

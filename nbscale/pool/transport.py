@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from nbscale.notices import notices
 from nbscale.pool import resident
 from nbscale.processes import pid_running
 from nbscale.trust import swappable_by_others
@@ -65,12 +66,10 @@ def _warn_untrusted(folder: Path, reason: str) -> None:
     if not _announce_failures or str(folder) in _warned_full:
         return
     _warned_full.add(str(folder))
-    print(
+    notices.warning(
         f"Warning: nbscale does not use {SHARED_MEMORY_DIR_VARIABLE}={folder} for the pool's large values: {reason}, "
         "so another user could swap them on their way to a worker. They go through the pool's sockets instead "
-        f"(slower). Name a folder of yours that only you can write (mode 0700), or unset {SHARED_MEMORY_DIR_VARIABLE}.",
-        file=sys.stderr,
-        flush=True,
+        f"(slower). Name a folder of yours that only you can write (mode 0700), or unset {SHARED_MEMORY_DIR_VARIABLE}."
     )
 
 
@@ -136,12 +135,10 @@ def warn_shared_memory_failure(failure: tuple[str, int, str]) -> None:
     if not _announce_failures or directory in _warned_full:
         return
     _warned_full.add(directory)
-    print(
+    notices.warning(
         f"Warning: nbscale could not write a {size / 2**20:.1f} MiB transfer to shared memory in {directory} "
         f"({cause}), so large values go through the pool's sockets instead (slower). Free space there "
-        f"(`df -h {directory}`) or make it larger (a container's --shm-size).",
-        file=sys.stderr,
-        flush=True,
+        f"(`df -h {directory}`) or make it larger (a container's --shm-size)."
     )
 
 

@@ -23,6 +23,7 @@ import sysconfig
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,13 @@ from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives, current_collective, new_request
 from nbscale.pool.context import WorkerContext, set_worker_context
 from nbscale.pool.folders import ImportableFolder, current_folder, enter_folder
-from nbscale.pool.interrupts import HeldInterrupt, hold_every_interrupt, set_task_cancelled
+from nbscale.pool.interrupts import (
+    HeldInterrupt,
+    RequestGate,
+    hold_every_interrupt,
+    interrupt_main_thread,
+    set_task_cancelled,
+)
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.resident import keep_tensors_here
@@ -134,7 +141,7 @@ class Worker:
         self.inbox: queue.Queue[Any] = queue.Queue()
         self.busy = False
         self.interruptible = False  # whether the main thread runs a request's code (SIGINT raises only then)
-        self._gate = self._interrupt_request  # the one bound method installed as SIGINT's handler
+        self._gate = RequestGate(lambda: self.interruptible)  # the one SIGINT handler installed (interrupts.py)
         self.current_request: int | None = None  # the request the main thread runs (None between requests)
         # the main thread's last seen spot and activity, and since when it has stood still there
         self._spot: tuple[tuple[int, int], tuple[int, int] | None, float] | None = None
@@ -143,6 +150,9 @@ class Worker:
         # threading.main_thread().native_id is still the forking thread's (Python 3.11 does not reset it)
         self._serving_thread: tuple[int, int] | None = None
         self.cancelled_requests: set[int] = set()  # pool.cancel() reached them, maybe before they started
+        # messages to a request this worker has not started yet (a peer ran ahead), and the requests that ended
+        self.early_messages: dict[int, list[Any]] = {}
+        self.ended_requests: deque[int] = deque(maxlen=256)
         self.request_lock = threading.Lock()  # current_request vs a targeted Interrupt
         self.groups: dict[tuple[int, ...], Any] = {}
         self.context = WorkerContext(self.rank, self.world_size, self.device, socket.gethostname(), self._emit)
@@ -161,7 +171,7 @@ class Worker:
         self.urgent: dict[type, Callable[[Any], None]] = {
             p.Interrupt: self.interrupt,
             p.RequestStop: self.request_stop,
-            p.Verdict: self.record_verdict,
+            p.RequestMessage: self.deliver_message,
             p.StatusQuery: self.report_status,
             p.Shutdown: self.shut_down,
             p.NotebookFolder: self.follow_notebook_folder,
@@ -194,9 +204,9 @@ class Worker:
                 self.cancelled_requests.add(message.request_id)
                 if self.current_request == message.request_id:
                     set_task_cancelled(True)  # a cancel, not the user's interrupt: see interrupts.task_cancelled
-                    _interrupt_main_thread()
+                    interrupt_main_thread()
         elif self.busy:
-            _interrupt_main_thread()
+            interrupt_main_thread()
 
     def follow_notebook_folder(self, message: p.NotebookFolder) -> None:
         self.importable_folder.follow(message.folder)
@@ -204,8 +214,14 @@ class Worker:
     def request_stop(self, message: p.RequestStop) -> None:
         self.context._stop.set()
 
-    def record_verdict(self, message: p.Verdict) -> None:
-        self.context.record_verdict(message.run, message.iteration, message.stop)
+    def deliver_message(self, message: p.RequestMessage) -> None:
+        """A message to a running request: kept for its code (until it starts here, when a peer running it sent
+        what the notebook answers), or dropped once the request ended."""
+        with self.request_lock:
+            if self.current_request == message.request_id:
+                self.context.deliver_message(message.payload)
+            elif message.request_id not in self.ended_requests:
+                self.early_messages.setdefault(message.request_id, []).append(message.payload)
 
     def report_status(self, message: p.StatusQuery) -> None:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
@@ -272,6 +288,8 @@ class Worker:
             try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
                 with self.request_lock:
                     self.current_request = message.request_id
+                    for payload in self.early_messages.pop(message.request_id, []):
+                        self.context.deliver_message(payload)
                     cancelled = message.request_id in self.cancelled_requests
                     self.cancelled_requests.discard(message.request_id)
                 if cancelled:
@@ -299,6 +317,8 @@ class Worker:
                 )
             with self.request_lock:
                 self.current_request = None
+                self.ended_requests.append(message.request_id)
+                self.early_messages.pop(message.request_id, None)
                 set_task_cancelled(False)
             self.busy = not self.inbox.empty()
             try:
@@ -307,13 +327,6 @@ class Worker:
                 self.channel.send(
                     p.Failed(message.request_id, self.rank, type(error).__name__, f"the result could not be sent back: {error}", "")
                 )
-
-    def _interrupt_request(self, signum: int, frame: FrameType | None) -> None:
-        """SIGINT's handler: KeyboardInterrupt in the request that runs, and nowhere else. An interrupt that comes
-        late (a second one for a request already stopping, or one crossing its end) is dropped: raised in the
-        loop that answers requests, it would end the worker."""
-        if self.interruptible:
-            raise KeyboardInterrupt
 
     def _send_reply(self, reply: object) -> None:
         """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""
@@ -460,13 +473,6 @@ def _forget_parent_after_fork(channel: Channel, streams: tuple[_StreamToKernel, 
     channel.reset_lock_after_fork()
     for stream in streams:
         stream.forget_parent_after_fork()
-
-
-def _interrupt_main_thread() -> None:
-    """SIGINT to the main thread, which runs the requests: KeyboardInterrupt there, even in a blocking call."""
-    main = threading.main_thread().ident
-    assert main is not None  # the main thread has always started
-    signal.pthread_kill(main, signal.SIGINT)
 
 
 def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:

@@ -26,10 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.data.batches import call_model
 from nbscale.data.loading import split_batch
 from nbscale.errors import OptionsError
-from nbscale.outputs import loss_and_first_output
 from nbscale.train.optimizer import make_optimizer
 from nbscale.train.options import TrainingOptions
 

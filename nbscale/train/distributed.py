@@ -8,15 +8,13 @@ group, no DDP, no per-iteration collective. The first worker with
 work sends the training events to the notebook in small bunches, where they drive the same display, verbose
 table, output_fn and info as in-process training; it also writes the checkpoints and returns the trained
 weights, which are loaded into the notebook's model. With output_fn, every iteration's event goes at once and
-every rank waits for the notebook's answer to it (`Pool.send_verdict`), so output_fn stops the pool after the
-iteration it saw, as it does in the notebook's process.
+every rank waits for the notebook's answer to it (a message to the running request, nbscale.pool.plumbing), so
+output_fn stops the pool after the iteration it saw, as it does in the notebook's process.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
-import secrets
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +24,7 @@ import torch
 from torch import nn
 
 from nbscale.errors import OptionsError, UnsendableError, WorkerError
+from nbscale.pool.plumbing import message_running_request
 from nbscale.pool.requests import worker_error_as
 from nbscale.pool.settings import PoolSettings
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
@@ -54,7 +53,7 @@ class WorkerJob:
     resume: dict[str, Any] | None
     counts: list[int]
     hardware: str
-    answered_run: str | None = None  # with output_fn: every iteration waits for the notebook's answer to it
+    answered: bool = False  # with output_fn: every iteration waits for the notebook's answer to it
     step_fn: Any = None  # train(step_fn=...): replaces the forward and loss_fn
 
 
@@ -73,9 +72,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
     # the notebook keeps output_fn, plots and the table; workers only train. With output_fn every rank waits for
     # its answer to each iteration, so a stop it asks for lands after the iteration it saw, as in the notebook
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
-    answered_run = secrets.token_hex(8) if options.output_fn is not None else None
-    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered_run,
-                    step_fn)
+    answered = options.output_fn is not None
+    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered, step_fn)
 
     preparing = _PreparingTotals()
     listener_failures: list[Exception] = []
@@ -88,8 +86,8 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
                 listener_failures.append(error)
                 stop.request("Stopped: a training listener failed")
         iterations = [event.iteration for event in events if isinstance(event, IterationDone)]
-        if answered_run is not None and iterations:
-            pool.send_verdict(answered_run, max(iterations), stop.requested)
+        if answered and iterations:  # go on, or stop after that iteration
+            message_running_request(pool, (max(iterations), stop.requested))
         if stop.requested:  # asked again: a stop asked while the pool started or the run was queued is lost there
             pool.request_stop()
 
@@ -135,22 +133,22 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         torch.cuda.set_device(device)
     publish = sender.send if is_main else _preparing_only(sender)
     warnings: list[str] = []  # the main rank's, warned of in the notebook
-    answered_run = job.answered_run
-    if answered_run is None:
+    if not job.answered:
         def stop_reason() -> str | None:
             return "Stopped on request" if context.stop_requested else None
     else:  # the notebook's answers alone stop the run: every rank has the same ones at the same iteration
-        publish = _answered(publish, sender, context, answered_run)
+        answers = _Answers(context)
+        publish = _answered(publish, sender, answers)
 
         def stop_reason() -> str | None:
-            return "Stopped on request" if context.told_to_stop(answered_run) else None
+            return "Stopped on request" if answers.stop else None
     out_of_memory: str | None = None  # raised after the handler, so that it holds none of the run's frames
     try:
         result = run_training(loop_setup(
             job.model, job.train_data, job.options, job.loss_fn, job.step_fn, device=device, seed=job.seed,
             hardware=job.hardware, publish=publish, stop_reason=stop_reason, counts=job.counts,
             resume=job.resume, rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
-            read_each_iteration=answered_run is not None))
+            read_each_iteration=job.answered))
         result.warnings = warnings
     except BaseException as error:
         # let go of what holds the group (the failed step's frames, compiled code), so tearing it down below closes
@@ -234,14 +232,29 @@ def _tells_of_a_torn_down_group(text: str) -> bool:
     return "Connection reset by peer" in text or "Connection closed by peer" in text
 
 
-def _answered(publish: Callable[[Any], None], sender: EventBunches, context: WorkerContext,
-              run: str) -> Callable[[Any], None]:
+class _Answers:
+    """On a worker: the notebook's answers to the iterations its output_fn saw, each `(iteration, stop)` sent as
+    a message to the running request (train_on_pool's on_event)."""
+
+    def __init__(self, context: WorkerContext) -> None:
+        self.context = context
+        self.answered = 0  # the last iteration answered
+        self.stop = False  # whether an answer said stop
+
+    def wait_for(self, iteration: int) -> None:
+        """Block until the notebook answered `iteration`."""
+        while self.answered < iteration:
+            answered, stop = self.context.next_message()
+            self.answered, self.stop = max(self.answered, answered), self.stop or stop
+
+
+def _answered(publish: Callable[[Any], None], sender: EventBunches, answers: _Answers) -> Callable[[Any], None]:
     """`publish`, then, after each iteration, wait for the notebook's answer to it (its output_fn ran there)."""
     def publish_and_wait(event: object) -> None:
         publish(event)
         if isinstance(event, IterationDone):
             sender.flush()
-            context.wait_for_verdict(run, event.iteration)
+            answers.wait_for(event.iteration)
 
     return publish_and_wait
 
@@ -283,7 +296,7 @@ def multi_gpu_pool_settings() -> PoolSettings:
 
 
 def _pool_for(environment: str) -> Pool:
-    from nbscale.pool.pool import Pool, current_pool, open_pool
+    from nbscale.pool.pool import current_pool, open_pool
 
     pool = current_pool(start=False)
     if environment == "parallel":
@@ -297,7 +310,7 @@ def _pool_for(environment: str) -> Pool:
     if not torch.cuda.is_available():
         raise OptionsError("execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' "
                            "(CPU workers) or 'cpu'.")
-    pool = Pool(**dataclasses.asdict(multi_gpu_pool_settings()))
+    pool = open_pool(multi_gpu_pool_settings())
     if pool.kind != "gpu":  # CUDA sees a GPU that NVML, which pools plan from, does not list
         pool.close()
         raise OptionsError("execution_environment='multi-gpu' found no GPU to start a worker on (NVML lists none; "

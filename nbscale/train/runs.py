@@ -1,9 +1,9 @@
 """Training runs on pool workers (parfeval for trainNetwork): `train_async` and the `TrainingRun` future.
 
 One run trains one network on one worker, in-process there (no DDP), on that worker's device. The worker sends
-its training events to the notebook in small bunches through `pool.submit_with_events`; they are recorded in
-`run.info` as they arrive (on the pool's receiver thread), so a display (`nbscale.show(run)`, the sweep figure)
-can draw the run live while the notebook stays free. `TrainingRun` is a `concurrent.futures.Future` whose
+its training events to the notebook in small bunches through `nbscale.pool.plumbing.submit_with_events`; they are
+recorded in `run.info` as they arrive (on the pool's receiver thread), so a display (`nbscale.show(run)`, the
+sweep figure) can draw the run live while the notebook stays free. `TrainingRun` is a `concurrent.futures.Future` whose
 result is `(net, info)`: `wait`, `as_completed` and `add_done_callback` work as usual.
 """
 
@@ -202,6 +202,7 @@ def submit_run(model: nn.Module, checked: tuple[Any, TrainingOptions, Any], pool
     """`train_async` of inputs already checked: `checked` is (data, options, loss_fn) as
     nbscale.train.trainer.checked_inputs returned them for `model` (nbscale.sweep checks every run before any
     starts)."""
+    from nbscale.pool.plumbing import submit_with_events
     from nbscale.pool.pool import current_pool
     from nbscale.train.batch_fitting import check_auto_batch_device
 
@@ -211,7 +212,7 @@ def submit_run(model: nn.Module, checked: tuple[Any, TrainingOptions, Any], pool
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
-    task = pool.submit_with_events(train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
+    task = submit_with_events(pool, train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
                                    seeded, step_fn)
     run._attach(pool, task)
     return run

@@ -7,13 +7,8 @@ pool ("parallel", "multi-gpu").
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
-import signal
-import sys
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -24,7 +19,7 @@ from nbscale.data.loader_data import loader_of
 from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
-from nbscale.pool.interrupts import task_cancelled
+from nbscale.pool.interrupts import graceful_interrupt
 from nbscale.train.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.train.checks import (
@@ -245,52 +240,23 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
     interrupt (a frozen worker, a hung collective), the interrupt is forced, and the pool interrupts its workers
     and restarts those that do not stop. Yields a function that tells whether that happened.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    lock = threading.Lock()
-    state = {"done": False, "forced": False}
-    notebook = os.getpid()
+    if on_pool:
+        notice = (f"Stopping at the end of this iteration. If the pool has not stopped in {STOP_GRACE_S:.0f} s, its "
+                  "workers are interrupted (interrupt again to do that now).")
+        # counted only while the pool runs something: not while it is still starting
+        force_after: tuple[float, Callable[[], bool]] | None = (STOP_GRACE_S, _pool_busy)
+    else:
+        notice, force_after = "Stopping at the end of this iteration (interrupt again to stop at once).", None
+    with graceful_interrupt(lambda: stop.request(INTERRUPT_REASON), lambda: stop.requested, notice,
+                            force_after) as forced:
+        yield forced
 
-    def force_when_stuck() -> None:
-        from nbscale.pool.pool import current_pool
 
-        waited = 0.0  # counts only while the pool runs something: not while it is still starting
-        while waited < STOP_GRACE_S:
-            time.sleep(0.1)
-            if state["done"]:
-                return
-            pool = current_pool()
-            if pool is not None and pool.busy:
-                waited += 0.1
-        with lock:
-            if not state["done"]:
-                state["forced"] = True
-                _thread.interrupt_main()  # runs on_interrupt in the main thread, which raises KeyboardInterrupt
+def _pool_busy() -> bool:
+    from nbscale.pool.pool import current_pool
 
-    def on_interrupt(signum: int, frame: object) -> None:
-        # a DataLoader process forked during training (dispatch_in_background) inherits this handler, and the
-        # kernel's interrupt reaches its whole process group: the notebook's process alone stops the run
-        if state["done"] or os.getpid() != notebook:
-            return
-        if stop.requested or task_cancelled():  # pool.cancel of a task training on a worker: nobody waits
-            raise KeyboardInterrupt
-        stop.request(INTERRUPT_REASON)
-        if on_pool:
-            print(f"Stopping at the end of this iteration. If the pool has not stopped in {STOP_GRACE_S:.0f} s, its "
-                  "workers are interrupted (interrupt again to do that now).", file=sys.stderr, flush=True)
-            threading.Thread(target=force_when_stuck, name="nbscale-stop-grace", daemon=True).start()
-        else:
-            print("Stopping at the end of this iteration (interrupt again to stop at once).", file=sys.stderr,
-                  flush=True)
-
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    try:
-        yield lambda: state["forced"]
-    finally:
-        with lock:
-            state["done"] = True
-        signal.signal(signal.SIGINT, previous)
+    pool = current_pool()
+    return pool is not None and pool.busy
 
 
 def _forced_stop(interrupted: PoolInterrupted, options: TrainingOptions) -> PoolInterrupted:

@@ -136,7 +136,7 @@ def jupyter_server(
         **_serve_this_checkouts_build(tmp_path),
         **(env or {}),
     }
-    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 - closed when the server has stopped
+    log = open(tmp_path / "server.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", app, "--no-browser", "--ip=127.0.0.1", "--port=0",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}", f"--{expose}.expose_app_in_browser=True",

@@ -39,7 +39,7 @@ def test_second_pool_is_refused_with_how_to_stop(pool):
 
 def test_env_reaches_workers_but_never_status_or_repr(pool):
     assert pool.run(lambda: os.environ.get("NBSCALE_TEST_SECRET")) == ["hunter2"] * 3
-    shown = repr(pool) + repr(pool.status()) + pool.status()._repr_html_() + str(pool.state())
+    shown = repr(pool) + repr(pool.status()) + pool.status()._repr_html_() + str(pool._state())
     assert "hunter2" not in shown
     assert "NBSCALE_TEST_SECRET=***" in repr(pool)
 

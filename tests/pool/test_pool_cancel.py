@@ -1,5 +1,5 @@
-"""Futures with events, cancelling a running task, and stopping one task: Pool.submit_with_events, cancel,
-request_stop(future), on real worker processes."""
+"""Futures with events, cancelling a running task, and stopping one task: nbscale.pool.plumbing's
+submit_with_events, cancel, request_stop(future), on real worker processes."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 import nbscale
 from nbscale.pool.context import worker_context
+from nbscale.pool.plumbing import submit_with_events
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def _count_until_stopped(limit: int) -> int:
 
 def test_submit_with_events_delivers_every_event_on_the_receiver_thread(pool):
     seen: list[tuple[int, int, str]] = []
-    future = pool.submit_with_events(_count_until_stopped, lambda rank, step: seen.append(
+    future = submit_with_events(pool, _count_until_stopped, lambda rank, step: seen.append(
         (rank, step, threading.current_thread().name)), 5)
     assert future.result(timeout=30) == 5
     assert [step for _, step, _ in seen] == [0, 1, 2, 3, 4]
@@ -45,7 +46,7 @@ def test_submit_with_events_delivers_every_event_on_the_receiver_thread(pool):
 
 def test_cancelling_a_running_task_frees_its_worker_for_the_queued_one(pool):
     started = threading.Event()
-    running = pool.submit_with_events(_count_until_stopped, lambda rank, step: started.set(), 100000)
+    running = submit_with_events(pool, _count_until_stopped, lambda rank, step: started.set(), 100000)
     queued = pool.submit(os.getpid)
     assert started.wait(30)
     assert pool.cancel(running)
@@ -77,7 +78,7 @@ def _train_for_long() -> None:
 def test_cancelling_a_task_that_trains_stops_it_at_once_without_the_interrupt_message(pool, capfd):
     """Training stops gracefully on the user's interrupt, saying so; a cancel is nobody's interrupt."""
     started = threading.Event()
-    running = pool.submit_with_events(_train_for_long, lambda rank, iteration: started.set())
+    running = submit_with_events(pool, _train_for_long, lambda rank, iteration: started.set())
     assert started.wait(120), "the training did not start"
     assert pool.cancel(running) and running.cancelled()
     assert pool.submit(sum, [2, 3]).result(timeout=60) == 5  # the worker stopped and is free
@@ -87,7 +88,7 @@ def test_cancelling_a_task_that_trains_stops_it_at_once_without_the_interrupt_me
 
 def test_cancelling_a_queued_task_means_it_never_runs(pool):
     started = threading.Event()
-    running = pool.submit_with_events(_count_until_stopped, lambda rank, step: started.set(), 100000)
+    running = submit_with_events(pool, _count_until_stopped, lambda rank, step: started.set(), 100000)
     queued = pool.submit(os.getpid)
     assert pool.cancel(queued) and queued.cancelled()
     assert started.wait(30)
@@ -120,7 +121,7 @@ def test_map_draws_items_a_few_per_worker_ahead_of_the_results_taken(pool):
 
 def test_a_blocking_call_behind_a_running_task_says_what_it_waits_for(pool, monkeypatch):
     started = threading.Event()
-    running = pool.submit_with_events(_count_until_stopped, lambda rank, step: started.set(), 100000)
+    running = submit_with_events(pool, _count_until_stopped, lambda rank, step: started.set(), 100000)
     assert started.wait(30)
 
     class StopTheTaskOnceToldWhy(io.StringIO):

@@ -188,3 +188,15 @@ def test_the_settings_never_show_env_values():
 
     settings = PoolSettings(1, cpu=True, env={"API_TOKEN": "s3cret-value"})
     assert "s3cret-value" not in repr(settings) and "s3cret-value" not in str(settings)
+
+
+def test_from_settings_starts_the_pool_those_settings_describe_and_open_pool_reuses_it():
+    from nbscale.pool.pool import open_pool
+
+    settings = PoolSettings(1, cpu=True, env={"GREETING": "hello"})
+    with nbscale.Pool.from_settings(settings) as pool:
+        assert pool.settings == settings and pool.size == 1
+        assert open_pool(PoolSettings(2, cpu=True)) is pool  # the running pool, whatever settings are asked for
+        with pytest.raises(PoolError, match="already running"):
+            nbscale.Pool.from_settings(settings)
+    assert nbscale.current_pool() is None

@@ -16,6 +16,7 @@ from torch import nn
 
 import nbscale
 from nbscale.errors import OptionsError
+from nbscale.pool.plumbing import submit_with_events
 from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
 from nbscale.train.runs import train_run_on_worker
 from nbscale.train.trainer import train
@@ -87,7 +88,7 @@ def test_a_train_async_runs_events_carry_the_metrics_of_its_network() -> None:
     """The worker of a train_async run sends the same metric values to the notebook."""
     received: list[Any] = []
     with nbscale.Pool(1, cpu=True) as pool:
-        task = pool.submit_with_events(train_run_on_worker, lambda rank, events: received.extend(events),
+        task = submit_with_events(pool, train_run_on_worker, lambda rank, events: received.extend(events),
                                        tiny_net(), TRAIN, class_options("cpu"), None)
         net, info = task.result(timeout=300)
     last = iterations(received)[-1]

@@ -12,7 +12,7 @@ import nbscale
 PACKAGE = Path(nbscale.__file__).parent
 
 # Modules every part may import: they import none of the parts below (nor each other, today).
-SHARED = {"errors", "user_warnings", "outputs", "rendering", "safe_load", "trust", "processes", "cellvars", "suggestions"}
+SHARED = {"errors", "user_warnings", "outputs", "rendering", "safe_load", "trust", "processes", "cellvars", "suggestions", "notices"}
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}
 # The core: no widget, no notebook display, no magic, no server.

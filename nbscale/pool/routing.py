@@ -162,6 +162,12 @@ class Router:
                 if isinstance(message, p.Output) and not _more_waiting(connection):
                     flush_output()  # the end of a burst of tasks' output: shown now, not line by line
 
+    def _say_background_output_left_out(self, rank: int) -> None:
+        notice = self.background_output.notice(rank)
+        if notice is not None:
+            print_output(notice)
+            self.background_output.took(notice)
+
     def _route(self, worker: WorkerHandle, message: Any) -> None:
         if isinstance(message, p.Output):
             foreground = self.foreground
@@ -189,6 +195,8 @@ class Router:
         if request is None:
             return
         if request.future is not None:
+            if isinstance(message, p.Done | p.Failed):  # a task's output left out: said at its end too
+                self._say_background_output_left_out(worker.rank)
             self.on_task_reply(request, message)
         else:
             notice = request.backlog.notice(worker.rank)  # output left out: said before the request ends

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-import types
 from typing import TYPE_CHECKING, Any
 
-import nbscale.train as _train_package
 from nbscale.errors import (
     DatastoreError,
     GpuError,
@@ -27,12 +25,11 @@ from nbscale.errors import (
     WorkerError,
 )
 from nbscale.gpu import gpus, select_gpu
-from nbscale.notebook import sweep
-from nbscale.notebook import train as _train
+from nbscale.notebook import sweep, train
 from nbscale.pool.composite import Composite
 from nbscale.pool.pool import Pool, current_pool
-from nbscale.train.info import TrainingInfo
-from nbscale.train.options import TrainingOptions
+from nbscale.training.info import TrainingInfo
+from nbscale.training.options import TrainingOptions
 from nbscale.ui.future_progress import show
 from nbscale.ui.options_form import options_form
 from nbscale.ui.renderers import register_renderers
@@ -44,8 +41,7 @@ if TYPE_CHECKING:
     from nbscale.confusion import confusion_chart
     from nbscale.inference import accuracy, activations, classify, predict
     from nbscale.monitor import TrainingMonitor
-    from nbscale.notebook import train
-    from nbscale.train.runs import train_async
+    from nbscale.training.runs import train_async
 
 __version__ = "0.1.0"
 
@@ -91,20 +87,6 @@ register_renderers()
 logging.getLogger("nbscale").addHandler(logging.NullHandler())
 
 
-class _TrainPackage(types.ModuleType):
-    """`nbscale.train` is both the package nbscale.train and the function users call (nbscale.notebook.train)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _train(*args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        """Pickled by name, as modules are: a function sent to a pool or a job may call `nbscale.train`."""
-        return importlib.import_module, (self.__name__,)
-
-
-_train_package.__class__ = _TrainPackage
-_train_package.__wrapped__ = _train  # type: ignore[attr-defined]  # inspect.signature and `nbscale.train?` show its
-
 # loaded on first use (PEP 562): these modules import torch
 _NEED_TORCH: dict[str, str] = {
     "classify": "nbscale.inference",
@@ -112,7 +94,7 @@ _NEED_TORCH: dict[str, str] = {
     "activations": "nbscale.inference",
     "accuracy": "nbscale.inference",
     "confusion_chart": "nbscale.confusion",
-    "train_async": "nbscale.train.runs",
+    "train_async": "nbscale.training.runs",
     "TrainingMonitor": "nbscale.monitor",
 }
 _SUBPACKAGES_ON_FIRST_USE = {"data", "models", "jobs", "loggers"}

@@ -22,8 +22,8 @@ from nbscale.data.batches import call_model, first_output, first_tensor, to_devi
 from nbscale.data.loading import tensor_of
 from nbscale.errors import ModelError, NbscaleError
 from nbscale.models.learn_rates import layers_near
-from nbscale.train.batch_fitting import out_of_memory
-from nbscale.train.checks import misfit_error
+from nbscale.training.batch_fitting import out_of_memory
+from nbscale.training.checks import misfit_error
 
 # confusion_chart and ConfusionChart are nbscale.confusion's, kept importable from here
 __all__ = ["predict", "classify", "accuracy", "activations", "class_names", "confusion_chart", "ConfusionChart"]

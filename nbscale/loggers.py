@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nbscale.errors import OptionsError
-from nbscale.train.events import IterationDone, TrainingDone
+from nbscale.training.events import IterationDone, TrainingDone
 
 __all__ = ["CSVLogger", "TensorBoardLogger"]
 

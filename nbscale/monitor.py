@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
-from nbscale.train.events import StopSignal
+from nbscale.training.events import StopSignal
 from nbscale.ui.progress_figure import smoothed
 
 if TYPE_CHECKING:
@@ -252,7 +252,7 @@ def _groups(groups: Mapping[str, Sequence[str]], metrics: tuple[str, ...]) -> di
 
 
 def _checked_loggers(loggers: Iterable[Any]) -> list[Any]:
-    from nbscale.train.options import _loggers
+    from nbscale.training.options import _loggers
 
     problem = _loggers(loggers)
     if problem is not None:
@@ -457,7 +457,7 @@ class _JobSink(_Sink):
         from pathlib import Path
 
         from nbscale.jobs.training_recorder import TrainingRecorder
-        from nbscale.train.events import TrainingStarted
+        from nbscale.training.events import TrainingStarted
 
         self.monitor = monitor
         self.recorder = TrainingRecorder(Path(job_dir), monitor._stop)
@@ -469,7 +469,7 @@ class _JobSink(_Sink):
         atexit.register(monitor.close)  # the job's process ends: the record gets its end
 
     def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
-        from nbscale.train.events import IterationDone
+        from nbscale.training.events import IterationDone
 
         for step, values in rows:
             self.recorder(IterationDone(int(self.monitor.info.get("epoch", 1)) if isinstance(
@@ -479,7 +479,7 @@ class _JobSink(_Sink):
         return rows
 
     def close(self, state: str) -> None:
-        from nbscale.train.events import TrainingDone
+        from nbscale.training.events import TrainingDone
 
         steps = self.monitor._history[self.monitor.x_label]
         last = int(_step_number(steps[-1])) if steps else 0

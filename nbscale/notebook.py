@@ -1,6 +1,6 @@
 """nbscale's Python API as users call it: the core's training and sweeps with their displays attached.
 
-The core (nbscale.train) trains and emits events to the listeners it is given; this layer adds the listeners a
+The core (nbscale.training) trains and emits events to the listeners it is given; this layer adds the listeners a
 user asked for through the options: the training-progress plot (in notebooks), the verbose table and output_fn.
 `%%train` only parses its line and calls `train_cell` here. The torch-heavy core and the ui modules load on
 first use, so importing nbscale stays cheap.
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbscale.cellvars import names_bound
 from nbscale.errors import NbscaleError, OptionsError
-from nbscale.train.events import IterationDone, StopSignal
-from nbscale.train.info import TrainingInfo
-from nbscale.train.options import Environment, Solver, TrainingOptions, unwrap_form
+from nbscale.training.events import IterationDone, StopSignal
+from nbscale.training.info import TrainingInfo
+from nbscale.training.options import Environment, Solver, TrainingOptions, unwrap_form
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from nbscale.pool.pool import Pool
-    from nbscale.train.sweep import SweepResult
+    from nbscale.training.sweep import SweepResult
 
 CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "step_fn", "make_model")
 
@@ -49,7 +49,7 @@ def train(
     trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop
     at the end of the current iteration; `info.stop_reason` says which.
     """
-    from nbscale.train import trainer
+    from nbscale.training import trainer
 
     options = trainer.as_options(options)
     info, stop = TrainingInfo(), StopSignal()
@@ -115,9 +115,9 @@ def sweep(
     run starts (OptionsError). In a notebook (or with `show=True`) a live figure compares the runs, with a Cancel
     button per run, and ends with the results table, best first. `wait=False` returns at once; `result.wait()`
     blocks later. Returns a SweepResult holding every run's net and info; failed runs keep their error.
-    `seed` makes the runs reproducible (see nbscale.train.sweep.sweep); `loss_fn` and `step_fn` are train's.
+    `seed` makes the runs reproducible (see nbscale.training.sweep.sweep); `loss_fn` and `step_fn` are train's.
     """
-    from nbscale.train.sweep import sweep as start_sweep
+    from nbscale.training.sweep import sweep as start_sweep
 
     result = start_sweep(make_model, train_data, options, grid, pool=pool, loss_fn=loss_fn, val_data=val_data,
                          wait=False, seed=seed, step_fn=step_fn)
@@ -218,7 +218,7 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
 def _sweep_cell(request: CellTraining, values: dict[str, Any], options: TrainingOptions,
                 namespace: dict[str, Any]) -> None:
     """`%%train --sweep`: every run in `sweep_result`, the best one's network and info in the notebook."""
-    from nbscale.train.sweep import parse_grid
+    from nbscale.training.sweep import parse_grid
 
     make_model = values.get("make_model")
     result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,

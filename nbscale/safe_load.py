@@ -2,7 +2,7 @@
 
 `torch.load(weights_only=True)` builds tensors and plain values only; `allowed` adds exact (module, name)
 pairs, never a prefix. A file that refers to anything else raises `RefusedPickle` naming it, and nothing of it
-runs. Used for checkpoints (nbscale.train.checkpoint) and weights files (nbscale.models.pretrained).
+runs. Used for checkpoints (nbscale.training.checkpoint) and weights files (nbscale.models.pretrained).
 """
 
 from __future__ import annotations

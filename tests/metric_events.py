@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbscale.train.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
 
 
 def metric_run(names: tuple[str, ...], iterations: int = 20, validate_every: int = 5) -> list[Any]:

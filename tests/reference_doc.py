@@ -97,14 +97,14 @@ def _first_sentence(text: str) -> str:
 
 
 def _allowed(name: str) -> str:
-    from nbscale.train.options import _CHECKS
+    from nbscale.training.options import _CHECKS
 
     words = _CHECKS[name](object())  # a value no check takes: the check answers with what it takes
     return (words or "any").replace("|", "\\|")
 
 
 def render() -> str:
-    from nbscale.train.options import TrainingOptions, field_names
+    from nbscale.training.options import TrainingOptions, field_names
 
     defaults = TrainingOptions()
     lines = ["# Reference", "",

@@ -57,7 +57,7 @@ def _call_keywords(text: str, call: str) -> list[str]:
 
 
 def test_docs_name_only_training_options_that_exist() -> None:
-    from nbscale.train.options import field_names
+    from nbscale.training.options import field_names
 
     fields = set(field_names())
     wrong = [f"{page.name}: {name}" for page in PAGES for call in ("TrainingOptions", "opts.replace", "options.replace")

@@ -16,7 +16,7 @@ SHARED = {"errors", "user_warnings", "outputs", "rendering", "safe_load", "trust
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}
 # The core: no widget, no notebook display, no magic, no server.
-CORE = {*MACHINE, "pool", "models", "data", "train", "jobs", "confusion", "inference", "loggers"}
+CORE = {*MACHINE, "pool", "models", "data", "training", "jobs", "confusion", "inference", "loggers"}
 
 # Each part of nbscale (a package, or a module at its top) and the parts it may import besides itself and SHARED.
 # A new part must be placed here: the table, not the code, says which way imports go.
@@ -28,11 +28,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     "pool": {*MACHINE},  # generic: nothing of data, training or jobs
     "models": set(),
     "data": {"pool"},  # a pool's ranks exchange the data they read (sealed pickles); never train/ or jobs/
-    "train": {*MACHINE, "pool", "models", "data"},  # never jobs/: jobs add their recorder as a run observer
-    "jobs": {*MACHINE, "pool", "models", "data", "train"},
+    "training": {*MACHINE, "pool", "models", "data"},  # never jobs/: jobs add their recorder as a run observer
+    "jobs": {*MACHINE, "pool", "models", "data", "training"},
     "confusion": set(),
-    "inference": {*MACHINE, "pool", "models", "data", "train", "confusion"},
-    "loggers": {"train"},
+    "inference": {*MACHINE, "pool", "models", "data", "training", "confusion"},
+    "loggers": {"training"},
     "ui": {*CORE},
     "notebook": {*CORE, "ui"},
     "monitor": {*CORE, "ui", "notebook"},
@@ -87,7 +87,7 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _part(module: str) -> str:
-    """The part of nbscale a module belongs to: `nbscale.train.loop` -> "train", the root -> "nbscale"."""
+    """The part of nbscale a module belongs to: `nbscale.training.loop` -> "training", the root -> "nbscale"."""
     return module.split(".")[1] if "." in module else module
 
 
@@ -131,12 +131,12 @@ def test_the_core_may_not_import_the_ui_the_notebook_api_the_magics_the_server_o
 def test_a_wrong_import_is_reported_with_its_file_and_line(tmp_path):
     source = tmp_path / "nbscale" / "data" / "sample.py"
     source.parent.mkdir(parents=True)
-    source.write_text("import torch\n\ndef f():\n    from nbscale.train import loop\n")
-    (tmp_path / "nbscale" / "train").mkdir()
-    (tmp_path / "nbscale" / "train" / "loop.py").write_text("")
-    modules = {"nbscale.data.sample": source, "nbscale.train.loop": tmp_path / "nbscale" / "train" / "loop.py"}
+    source.write_text("import torch\n\ndef f():\n    from nbscale.training import loop\n")
+    (tmp_path / "nbscale" / "training").mkdir()
+    (tmp_path / "nbscale" / "training" / "loop.py").write_text("")
+    modules = {"nbscale.data.sample": source, "nbscale.training.loop": tmp_path / "nbscale" / "training" / "loop.py"}
     assert _wrong_imports(modules, tmp_path) == [
-        "nbscale/data/sample.py:4: nbscale.data.sample imports nbscale.train.loop (data may import: pool)"]
+        "nbscale/data/sample.py:4: nbscale.data.sample imports nbscale.training.loop (data may import: pool)"]
 
 
 def test_the_import_graph_has_no_cycle():

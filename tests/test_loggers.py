@@ -11,7 +11,7 @@ import pytest
 import nbscale
 from nbscale.loggers import CSVLogger, LoggerFeed, TensorBoardLogger
 from tests.metric_events import metric_run
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 
 
 def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:

@@ -3,7 +3,7 @@
 Datastores are torch Datasets of (image float32 C x H x W in [0, 1], label index) that read files lazily and
 pickle small. The loaders that feed training live here too: `loading` takes training data as a Dataset and
 chooses a batch source, `streaming` reads through a DataLoader, `device_resident` keeps a decoded dataset on the
-training device. This package imports nothing of nbscale.train (tests/test_layers.py checks it).
+training device. This package imports nothing of nbscale.training (tests/test_layers.py checks it).
 """
 
 from __future__ import annotations

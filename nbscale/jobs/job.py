@@ -188,7 +188,7 @@ class Job:
 
     def training_info(self, training: int | None = None) -> Any:
         """A TrainingInfo of a training in this job (default: the latest), from what it recorded so far."""
-        from nbscale.train.info import TrainingInfo
+        from nbscale.training.info import TrainingInfo
 
         info = TrainingInfo()
         for event in training_record.RecordReader(self._record_path(training)).read_all():

@@ -1,6 +1,6 @@
 """The job process: `python -m nbscale.jobs.runner <job folder>`, started detached by `submit`.
 
-It marks the job running, adds the job monitor's recorder to every training run (nbscale.train.run_observers),
+It marks the job running, adds the job monitor's recorder to every training run (nbscale.training.run_observers),
 rebuilds what the cell needs from the notebook (variables, modules), opens a pool if asked, runs the cell as
 `__main__`, saves every variable the cell assigned into `results/` (each on its own, so one that does not fit on
 the disk loses only itself), and writes the end state. Its stdout and stderr are the
@@ -33,7 +33,7 @@ from nbscale.jobs.records import NOT_WRITTEN
 from nbscale.jobs.store import JobStore
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
 from nbscale.notices import notices
-from nbscale.train.run_observers import add_run_observer
+from nbscale.training.run_observers import add_run_observer
 
 if TYPE_CHECKING:
     from typing import TextIO

@@ -1,6 +1,6 @@
 """The training runs of a batch job, as files any kernel can follow: `%jobs show`, `job.show()`, the lab panel.
 
-Inside a job, each `nbscale.train` run records its events (nbscale.train.events) to `training/<n>.jsonl` in the
+Inside a job, each `nbscale.train` run records its events (nbscale.training.events) to `training/<n>.jsonl` in the
 job's folder, n = 1, 2, ... in the order the job's trainings start (nbscale.jobs.training_recorder writes it).
 The format is data only, so a reader never unpickles anything: one strict-JSON object a line,
 `{"event": "IterationDone", "epoch": 1, ...}`, the fields of the event's dataclass, a float that is not finite
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nbscale.jobs.files import FILE_MODE, private_dir
-from nbscale.train.events import Event, IterationDone, TrainingDone, TrainingRestarted, TrainingStarted
+from nbscale.training.events import Event, IterationDone, TrainingDone, TrainingRestarted, TrainingStarted
 
 FOLDER = "training"
 MONITOR_STOP_REASON = "Stopped from the job monitor"

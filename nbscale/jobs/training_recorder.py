@@ -1,6 +1,6 @@
 """Inside a batch job, record a training run's events for the job monitor, and obey its Stop button.
 
-The job runner adds `recorded_for_job_monitor` to nbscale.train's run observers (nbscale.train.run_observers),
+The job runner adds `recorded_for_job_monitor` to nbscale.train's run observers (nbscale.training.run_observers),
 so every run of the job's cell is wrapped in `recorded_for_job_monitor(channel, stop)`. Outside a job (no
 NBSCALE_JOB_DIR, which the job's backend sets) it does nothing. Inside one, a listener on the event channel only
 queues each event; a background thread appends the queue to `training/<n>.jsonl` every FLUSH_INTERVAL_S as one
@@ -22,7 +22,7 @@ from typing import Any
 from nbscale.jobs.files import FILE_MODE, private_dir
 from nbscale.jobs.training_record import FOLDER, MONITOR_STOP_REASON, encode, stop_path
 from nbscale.notices import notices
-from nbscale.train.events import EventChannel, PreparingData, StopSignal
+from nbscale.training.events import EventChannel, PreparingData, StopSignal
 
 JOB_DIR_VARIABLE = "NBSCALE_JOB_DIR"
 FLUSH_INTERVAL_S = 0.5

@@ -31,7 +31,7 @@ class FormMagics(Magics):
         args = parse_line(self.train_options, line)
         if not args.name.isidentifier():
             raise OptionsError(f"%train_options {args.name}: NAME must be a Python variable name.")
-        from nbscale.train.options import TrainingOptions, unwrap_form
+        from nbscale.training.options import TrainingOptions, unwrap_form
         from nbscale.ui.options_form import options_form
 
         current = unwrap_form(self.shell.user_ns.get(args.name))

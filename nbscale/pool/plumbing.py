@@ -1,6 +1,6 @@
 """What other nbscale modules use of a Pool beyond its user-facing face (docs/pool.md): tasks whose events reach
-the notebook, and messages to a running request. Training on the pool builds on these (nbscale.train.runs,
-nbscale.train.distributed); user code needs neither.
+the notebook, and messages to a running request. Training on the pool builds on these (nbscale.training.runs,
+nbscale.training.distributed); user code needs neither.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def show(future: Future[Any]) -> Any:
     """
     from IPython.display import display
 
-    from nbscale.train.runs import TrainingRun
+    from nbscale.training.runs import TrainingRun
 
     if isinstance(future, TrainingRun):
         from nbscale.ui.run_progress import show_run

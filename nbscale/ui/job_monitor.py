@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
-from nbscale.train.events import IterationDone, StopSignal, TrainingDone
+from nbscale.training.events import IterationDone, StopSignal, TrainingDone
 from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress, format_duration
 

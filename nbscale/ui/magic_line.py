@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nbscale.train.options import TrainingOptions, field_names
+from nbscale.training.options import TrainingOptions, field_names
 
 # %%train's own flags and the field each sets
 _MAGIC_FLAGS = (("solver", "--solver"), ("execution_environment", "--env"), ("max_epochs", "--epochs"),

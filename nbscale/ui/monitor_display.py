@@ -7,7 +7,7 @@ import time
 from html import escape
 from typing import Any
 
-from nbscale.train.events import StopSignal
+from nbscale.training.events import StopSignal
 from nbscale.ui.click_routing import route_clicks_off_main_thread
 from nbscale.ui.progress import format_duration
 from nbscale.ui.progress_figure import _MORE_COLOURS, Panel, ProgressFigure, Series

@@ -13,7 +13,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from nbscale.train import options as rules
+from nbscale.training import options as rules
 
 CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOLD_METHODS,
            "shuffle": rules.SHUFFLE_MODES, "learn_rate_schedule": rules.SCHEDULES,

@@ -1,6 +1,6 @@
 """`nbscale.options_form()`: every TrainingOptions field as a widget form, with inline validation.
 
-The rules are TrainingOptions' own (`nbscale.train.options`): each field is checked with the same per-field
+The rules are TrainingOptions' own (`nbscale.training.options`): each field is checked with the same per-field
 check the dataclass runs, then the whole set is built as a TrainingOptions, so the form and `train` can never
 disagree. `form.options` is that TrainingOptions (OptionsError while something is wrong, so `%%train --options
 form` stops before a run starts); `form.magic_line()` is the equivalent `%%train` line.
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbscale.errors import OptionsError
-from nbscale.train.options import FACTORY_FIELDS, SOLVER_DEFAULTS, TrainingOptions, check_field, field_names
+from nbscale.training.options import FACTORY_FIELDS, SOLVER_DEFAULTS, TrainingOptions, check_field, field_names
 from nbscale.ui.magic_line import train_magic_line
 from nbscale.ui.option_widgets import (
     KEPT,

@@ -17,7 +17,7 @@ import time
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from nbscale.train.events import (
+from nbscale.training.events import (
     IterationDone,
     PreparingData,
     StopSignal,
@@ -30,7 +30,7 @@ from nbscale.ui.progress_figure import ProgressFigure, figure_for_run, is_drop, 
 from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
 
 if TYPE_CHECKING:
-    from nbscale.train.events import Event
+    from nbscale.training.events import Event
 
 
 class TrainingProgress:

@@ -7,13 +7,13 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
-from nbscale.train.events import StopSignal, TrainingDone, TrainingStarted
+from nbscale.training.events import StopSignal, TrainingDone, TrainingStarted
 from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress
 from nbscale.ui.progress_figure import figure_for_run
 
 if TYPE_CHECKING:
-    from nbscale.train.runs import TrainingRun
+    from nbscale.training.runs import TrainingRun
 
 _ENDED = object()  # queued when the run ends
 _STATES_ENDED = ("done", "failed", "cancelled")
@@ -48,7 +48,7 @@ class RunProgress(TrainingProgress):
         return self.figure_placeholder
 
     def _info_rows(self) -> list[tuple[str, str]]:
-        from nbscale.train.run_table import run_row
+        from nbscale.training.run_table import run_row
 
         return [("Run", f"{self.run.name}: {run_row(self.run)['options']}"), *super()._info_rows()]
 
@@ -95,7 +95,7 @@ def show_run(run: TrainingRun) -> RunProgress:
 
 def _history(run: TrainingRun) -> list[Any]:
     """The events of what `run` trained before it was shown, rebuilt from its info."""
-    from nbscale.train.events import IterationDone
+    from nbscale.training.events import IterationDone
 
     info = run.info
     if not info.iteration:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from nbscale.train.run_table import RunsTable, last_line
+from nbscale.training.run_table import RunsTable, last_line
 from nbscale.ui.table import html_table, text_table
 
 if TYPE_CHECKING:
-    from nbscale.train.sweep import SweepResult
+    from nbscale.training.sweep import SweepResult
 
 _STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "failed": "#d62728",
                   "cancelled": "#ff7f0e"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nbscale.train.events import StopSignal
+from nbscale.training.events import StopSignal
 
 STOP_TOOLTIP = "Stop training at the end of this iteration (the kernel interrupt does too)"
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from nbscale.train.run_table import RunsTable, ranked
-from nbscale.train.runs import TrainingRun
+from nbscale.training.run_table import RunsTable, ranked
+from nbscale.training.runs import TrainingRun
 from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress_figure import smoothed
 from nbscale.ui.runs_table import runs_table_bundle

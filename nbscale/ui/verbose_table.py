@@ -11,10 +11,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from nbscale.train.events import IterationDone, PreparingData, StopSignal, TrainingDone, TrainingStarted
+from nbscale.training.events import IterationDone, PreparingData, StopSignal, TrainingDone, TrainingStarted
 
 if TYPE_CHECKING:
-    from nbscale.train.events import Event
+    from nbscale.training.events import Event
 
 _HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
            "Mini-batch Loss", "Validation Loss", "Base Learning Rate")

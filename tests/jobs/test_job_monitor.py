@@ -23,7 +23,7 @@ WAIT_S = 120  # for a job's first iterations, its process started while other ke
 # the %%batch cell: digits on the CPU, slowed to ~25 ms an iteration so it runs for some seconds
 TRAIN_CELL = """%%batch --name digits
 import time, nbscale
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 (x, y), val = digits()
 opts = nbscale.TrainingOptions("sgdm", max_epochs=EPOCHS, mini_batch_size=32, verbose=False, validation_data=val,
                                validation_frequency=40, output_fn=lambda info: time.sleep(0.02))
@@ -173,7 +173,7 @@ def test_a_restarted_kernel_shows_a_finished_jobs_full_history_and_picks_a_train
 
 
 def test_jobs_show_wait_follows_in_the_cell_and_its_stop_button_works_while_the_cell_runs(kernel) -> None:
-    from tests.train.widget_click import run_and_click
+    from tests.training.widget_click import run_and_click
 
     job_id = submitted_id(kernel.run(TRAIN_CELL.replace("EPOCHS", "100")).stdout)
     wait_for_iterations(jobs.get(job_id), 5, timeout=WAIT_S)

@@ -81,7 +81,7 @@ def test_log_shows_a_redrawn_progress_line_as_a_terminal_does_and_tail_counts_th
 
 
 def test_training_errors_in_a_job_give_no_notebook_only_advice() -> None:
-    code = ("import nbscale\nfrom tests.train.digits import digits, tiny_net\n"
+    code = ("import nbscale\nfrom tests.training.digits import digits, tiny_net\n"
             "for fields in ({'execution_environment': 'gpu'}, {'worker_load': [3, 1], 'execution_environment': 'cpu'},\n"
             "               {'execution_environment': 'multi-gpu'}):\n"
             "    try:\n"

@@ -15,7 +15,7 @@ import nbscale.jobs as jobs
 from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.training_recorder import TrainingRecorder, recorded_for_job_monitor
-from nbscale.train.events import (
+from nbscale.training.events import (
     EventChannel,
     IterationDone,
     StopSignal,
@@ -135,7 +135,7 @@ def test_the_summary_gives_epoch_iteration_loss_and_time_left_from_the_records_e
 
 TRAIN_CELL = """
 import time, nbscale
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 (x, y), val = digits()
 opts = nbscale.TrainingOptions("sgdm", max_epochs=EPOCHS, mini_batch_size=32, verbose=False,
                                output_fn=lambda info: time.sleep(0.02))
@@ -198,7 +198,7 @@ def test_metric_fields_survive_the_record_with_non_finite_values_and_missing_met
     import math
 
     from nbscale.jobs.training_record import decode, encode
-    from nbscale.train.events import IterationDone
+    from nbscale.training.events import IterationDone
     from tests.metric_events import metric_run
 
     events = [*metric_run(("rmse", "fscore")),

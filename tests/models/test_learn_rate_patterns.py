@@ -19,7 +19,7 @@ from nbscale.models import (
     transfer,
 )
 from tests.kernel_session import REPO_ROOT
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 
 
 def test_transfer_takes_patterns_and_the_helper_lists_each_layer_groups_factor() -> None:

@@ -11,7 +11,7 @@ import torch
 
 import nbscale
 from nbscale.errors import OptionsError
-from tests.train.widget_click import run_and_click
+from tests.training.widget_click import run_and_click
 
 
 def test_history_has_one_row_per_step_and_a_step_recorded_twice_is_one_row() -> None:

@@ -21,7 +21,7 @@ COLLECTIVE_LOOP = "%%spmd\nimport time\nfor i in range(100000):\n    allreduce(t
 
 TRAINING_SETUP = """
 import torch, nbscale
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 (train_x, train_y), val = digits()
 options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, mini_batch_size=32, max_epochs=5000,
                                   execution_environment="parallel", plots="none", verbose=False)

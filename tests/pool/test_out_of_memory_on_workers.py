@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import nbscale
-from tests.train.test_out_of_memory import OutOfMemoryOnSecondStep
+from tests.training.test_out_of_memory import OutOfMemoryOnSecondStep
 
 
 def test_out_of_memory_on_a_worker_is_torchs_type_in_the_notebook_and_the_pool_trains_on():

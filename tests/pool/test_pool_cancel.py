@@ -67,7 +67,7 @@ def _emit_each_iteration(info) -> None:
 
 def _train_for_long() -> None:
     import nbscale
-    from tests.train.digits import digits, tiny_net
+    from tests.training.digits import digits, tiny_net
 
     (x, y), _ = digits()
     options = nbscale.TrainingOptions("sgdm", mini_batch_size=32, max_epochs=100000, execution_environment="cpu",

@@ -47,7 +47,7 @@ def test_spmd_and_futures_on_ray_actors(ray_head):
 
 
 def test_parallel_training_on_digits_runs_on_ray_actors(ray_head):
-    from tests.train.digits import digits, tiny_net
+    from tests.training.digits import digits, tiny_net
 
     (train_x, train_y), validation = digits()
     options = nbscale.TrainingOptions(

@@ -12,7 +12,7 @@ import pytest
 
 import nbscale
 from nbscale.errors import WorkerError
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")

@@ -219,7 +219,7 @@ async def test_a_running_jobs_training_is_listed_as_strict_json_with_epoch_itera
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     # a learn rate that makes the loss blow up: the training ends at a loss that is not finite
     job = jobs.submit(
-        "import time, nbscale\nfrom tests.train.digits import digits, tiny_net\n(x, y), _ = digits()\n"
+        "import time, nbscale\nfrom tests.training.digits import digits, tiny_net\n(x, y), _ = digits()\n"
         "opts = nbscale.TrainingOptions('sgdm', initial_learn_rate=1e12, max_epochs=3, mini_batch_size=32, "
         "verbose=False)\n"
         "net, info = nbscale.train(tiny_net(), (x, y), opts)\nprint('trained', flush=True)\ntime.sleep(60)\n",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.train.widget_click import run_and_click
+from tests.training.widget_click import run_and_click
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ print(kernel.shell_channel_thread.manager.list_subshell())
 def test_outside_a_kernel_nothing_is_routed_and_the_stop_button_says_to_interrupt() -> None:
     import ipywidgets
 
-    from nbscale.train.events import StopSignal
+    from nbscale.training.events import StopSignal
     from nbscale.ui.click_routing import route_clicks_off_main_thread
     from nbscale.ui.stop_button import say_stop_needs_the_interrupt, stop_button
 
@@ -72,7 +72,7 @@ def test_outside_a_kernel_nothing_is_routed_and_the_stop_button_says_to_interrup
 def test_a_training_that_fails_removes_its_stop_button_and_subshell(kernel) -> None:
     assert kernel.run("""
 import nbscale, torch
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 (train_x, train_y), val = digits()
 calls = []
 def failing_loss(outputs, labels):  # breaks at the third iteration: a first one that fails is checked (ModelError)

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.slow
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
-# %%train calls nbscale.train.trainer.train; a stand-in records the options it gets instead of training
+# %%train calls nbscale.training.trainer.train; a stand-in records the options it gets instead of training
 CAPTURE = """
-import torch, nbscale, nbscale.train.trainer as trainer
+import torch, nbscale, nbscale.training.trainer as trainer
 captured = []
 real_train = trainer.train
 trainer.train = lambda model, data, options, loss_fn=None, *rest, **keywords: (
@@ -111,7 +111,7 @@ print(sorted(form.errors), "needs validation_data" in form.messages["output_netw
 def test_train_options_magic_binds_a_variable_and_trains_with_it(kernel) -> None:
     setup = kernel.run("""
 import torch, nbscale
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 (train_x, train_y), val = digits()
 """)
     assert setup.ok, setup.text
@@ -181,8 +181,8 @@ print(w["solver"].label, w["learn_rate_schedule"].label, form.options.solver is 
 
 def test_a_form_unwraps_to_its_options_and_anything_else_stays_as_it_is() -> None:
     from nbscale import OptionsError, TrainingOptions, options_form
-    from nbscale.train.options import unwrap_form
-    from nbscale.train.trainer import as_options
+    from nbscale.training.options import unwrap_form
+    from nbscale.training.trainer import as_options
 
     form, plain = options_form(TrainingOptions("adam", max_epochs=3), show=False), TrainingOptions("sgdm")
     assert unwrap_form(form) == TrainingOptions("adam", max_epochs=3) == as_options(form)

@@ -11,7 +11,7 @@ from torch import nn
 import nbscale
 from nbscale.ui.progress import TrainingProgress
 from nbscale.ui.progress_figure import ProgressFigure
-from tests.train.digits import digits
+from tests.training.digits import digits
 
 TRAIN, VAL = digits()
 
@@ -19,7 +19,7 @@ TRAIN, VAL = digits()
 def _columns(info: nbscale.TrainingInfo) -> dict[str, list[float]]:
     """The columns TrainingProgress keeps, from a finished run's events replayed to it as a listener (without
     TrainingStarted it opens no display, so this runs outside a notebook)."""
-    from nbscale.train.events import IterationDone, StopSignal
+    from nbscale.training.events import IterationDone, StopSignal
 
     progress = TrainingProgress(StopSignal())
     for row in zip(info.epoch, info.iteration, info.time, info.training_loss, info.training_accuracy,
@@ -116,7 +116,7 @@ def test_a_train_cell_in_a_real_kernel_ends_with_the_matlab_style_figure(kernel)
 
     assert kernel.run("""
 import nbscale
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 (train_x, train_y), val = digits()
 opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=4, mini_batch_size=64, verbose=False,
                                validation_data=val, validation_frequency=10, learn_rate_schedule="piecewise",
@@ -177,7 +177,7 @@ def test_the_end_of_a_warmup_held_for_an_iteration_then_cosine_is_not_marked_as_
 
 def _metric_columns(names: tuple[str, ...], steps: int) -> dict[str, list[float]]:
     """A run's columns as TrainingProgress keeps them, fed its IterationDone events with metric dicts."""
-    from nbscale.train.events import IterationDone, StopSignal, TrainingStarted
+    from nbscale.training.events import IterationDone, StopSignal, TrainingStarted
 
     progress = TrainingProgress(StopSignal())
     progress.metric_names = names  # as _open sets them (without opening a display outside a notebook)

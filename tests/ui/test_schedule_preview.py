@@ -7,7 +7,7 @@ import io
 from PIL import Image
 
 import nbscale
-from nbscale.train.options import TrainingOptions
+from nbscale.training.options import TrainingOptions
 from nbscale.ui.schedule_preview import schedule_png
 
 

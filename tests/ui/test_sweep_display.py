@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 SETUP = """
 import time, torch, nbscale
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 (train_x, train_y), val = digits()
 %pool start 2 --cpu
 """
@@ -113,8 +113,8 @@ val_data = val
 
 
 def test_the_runs_table_has_a_column_per_metric_and_no_accuracy_for_a_regression_run() -> None:
-    from nbscale.train.run_table import run_row
-    from nbscale.train.runs import TrainingRun
+    from nbscale.training.run_table import run_row
+    from nbscale.training.runs import TrainingRun
     from tests.metric_events import metric_run
 
     run = TrainingRun("r")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import nbscale
-from tests.train.digits import digits, tiny_net
+from tests.training.digits import digits, tiny_net
 
 
 def _table_lines(learn_rate: float, capsys: pytest.CaptureFixture[str]) -> list[str]:

@@ -1,0 +1,311 @@
+"""Training (trainNetwork for PyTorch), the core that `nbscale.train` calls (nbscale.notebook adds the displays).
+
+Sets up the event channel (the info first, then the listeners it is given), turns the kernel interrupt into a
+Stop at the end of the current iteration, then runs the loop in this process ("auto", "cpu", "gpu") or on the
+pool ("parallel", "multi-gpu").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from nbscale.data.loader_data import loader_of
+from nbscale.data.loading import as_dataset
+from nbscale.errors import OptionsError, PoolInterrupted
+from nbscale.gpu import release_training_gpus
+from nbscale.pool.interrupts import graceful_interrupt
+from nbscale.training.batch_fitting import batch_counts, check_auto_batch_device
+from nbscale.training.checkpoint import latest_checkpoint, load_checkpoint
+from nbscale.training.checks import (
+    check_items,
+    check_loss_fn,
+    check_model,
+    check_resume,
+    materialise_lazy_layers,
+    with_class_labels,
+)
+from nbscale.training.class_checks import check_classes, is_class_loss
+from nbscale.training.events import EventChannel, StopSignal
+from nbscale.training.info import TrainingInfo
+from nbscale.training.loop import loop_setup, run_training
+from nbscale.training.losses import resolve_loss
+from nbscale.training.optimizer import check_factories
+from nbscale.training.options import TrainingOptions, shown_choice, unwrap_form
+from nbscale.training.out_of_memory import released_on_out_of_memory
+from nbscale.training.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.training.run_metrics import check_on_first_sample
+from nbscale.training.run_observers import observed_run
+from nbscale.user_warnings import warn_user
+
+INTERRUPT_REASON = "Stopped by kernel interrupt"
+STOP_GRACE_S = 3.0  # on the pool: how long the first interrupt waits for the end of the iteration
+
+
+def train(
+    model: nn.Module,
+    train_data: Any,
+    options: TrainingOptions | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+    *,
+    step_fn: Callable[..., Any] | None = None,
+    listeners: Sequence[Callable[[Any], None]] = (),
+    stop: StopSignal | None = None,
+    info: TrainingInfo | None = None,
+) -> tuple[nn.Module, TrainingInfo]:
+    """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
+
+    `loss_fn(outputs, labels)` must average over the batch (default: `options.loss`, cross-entropy when None).
+    `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and the loss (mixup,
+    distillation); precision, backward, clipping, the step, DDP and compile stay nbscale's. `resume_from` is a
+    checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
+    with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
+    trained weights are copied back).
+    Every training event (nbscale.training.events) goes to `info` (made here when None), then to each of
+    `listeners` in order; nothing is shown here, and only the kernel interrupt and a pool restart
+    (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and
+    the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
+    """
+    dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    if options.checkpoint_path is not None and not os.path.isabs(os.path.expanduser(options.checkpoint_path)):
+        # the notebook's folder now, where the user looks: a cluster's workers may not have it (they then run in
+        # their own folder), and on_worker_failure="restart" looks here for what they wrote
+        options = options.replace(checkpoint_path=os.path.abspath(os.path.expanduser(options.checkpoint_path)))
+    check_recovery_options(options)
+    resume = _resume_point(resume_from, model, options, len(dataset))
+    seed = int(resume["seed"]) if resume is not None else draw_seed()
+
+    info = info if info is not None else TrainingInfo()
+    stop = stop if stop is not None else StopSignal()
+    channel = EventChannel()
+    for listener in (info.record, *listeners):  # info first: output_fn reads it
+        channel.subscribe(listener)
+    on_pool = options.execution_environment in ("parallel", "multi-gpu")
+    _check_worker_load(options, on_pool)
+    restarts: list[str] = []
+    # observed_run: what other packages watch (inside a %%batch job, `%jobs show` follows this run and its Stop
+    # button stops it)
+    with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop):
+        if on_pool:
+            result, restarts = _train_on_pool(model, dataset, options, (loss_fn, step_fn), seed, resume, channel,
+                                              stop, forced)
+        else:
+            result = _train_here(model, dataset, options, (loss_fn, step_fn), seed, resume, channel, stop, info)
+    info.stop_reason = stop.reason or result.stop_reason
+    if restarts:
+        info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
+    return model, info
+
+
+def _resume_point(resume_from: str | os.PathLike[str] | None, model: nn.Module, options: TrainingOptions,
+                  items: int) -> dict[str, Any] | None:
+    """The checkpoint `resume_from` names, checked against this run (None without one); warns when it is
+    trained to max_epochs already."""
+    if resume_from is None:
+        return None
+    resume = load_checkpoint(resume_from)
+    batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
+    check_resume(resume, model, shown_choice(options.solver), batch, items, resume_from)
+    if resume["epoch"] >= options.max_epochs:
+        warn_user(f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
+                  f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
+                  RuntimeWarning)
+    return resume
+
+
+def _check_worker_load(options: TrainingOptions, on_pool: bool) -> None:
+    if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
+        raise OptionsError(f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
+                           f"but execution_environment={options.execution_environment!r} trains in this process: "
+                           "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
+
+
+def _train_on_pool(model: nn.Module, dataset: object, options: TrainingOptions, step: tuple[Any, Any], seed: int,
+                   resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
+                   forced: Callable[[], bool]) -> tuple[Any, list[str]]:
+    """(the pool's result, the restarts it took): the run on the pool, restarted without lost workers under
+    on_worker_failure="restart"; a PoolInterrupted after a forced stop says what became of the weights."""
+    from nbscale.training.distributed import train_on_pool
+
+    def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
+        return train_on_pool(model, dataset, options, step[0], seed, resume, events, stop, step_fn=step[1])
+
+    try:
+        if options.on_worker_failure == "restart":
+            return train_surviving_lost_workers(run, resume, seed, options, channel, stop)
+        return run(resume, channel), []
+    except PoolInterrupted as interrupted:
+        if forced():
+            raise _forced_stop(interrupted, options) from None
+        raise
+
+
+def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
+                resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> object:
+    """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
+    device = training_device(options.execution_environment)
+    check_auto_batch_device(options, device.type == "cuda", "the CPU")
+
+    def message(error: torch.OutOfMemoryError) -> str:
+        tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
+            "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset)))
+        return (f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
+                f"mini_batch_size, or try precision='mixed'. ({error})")
+
+    # raised holding none of the run's frames (which hold the GPU's tensors); the GPU's reservation goes with them
+    return released_on_out_of_memory(lambda: run_training(loop_setup(
+        model, dataset, options, step[0], step[1], device=device, seed=seed, hardware=describe_device(device),
+        publish=channel.publish, stop_reason=lambda: stop.reason, counts=batch_counts(options, len(dataset), 1),
+        resume=resume, read_each_iteration=options.output_fn is not None)),
+        message, after=release_training_gpus if device.type == "cuda" else None)
+
+
+def checked_inputs(model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any,
+                   step_fn: Any = None) -> tuple[Any, TrainingOptions, Any]:
+    """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.training.checks).
+
+    `loss_fn` None takes `options.loss` (a name of nbscale.training.losses, or a callable); a callable solver or
+    learn_rate_schedule is tried once on `model` here, so a bad factory fails before training starts.
+
+    With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64; with a
+    class loss (that one, CrossEntropyLoss, NLLLoss) the labels must fit the network's outputs (check_classes).
+    """
+    check_model(model)
+    check_loss_fn(loss_fn)
+    if step_fn is not None and not callable(step_fn):
+        raise OptionsError(f"step_fn must be a function (model, inputs, targets) -> loss or (loss, outputs), not "
+                           f"{type(step_fn).__name__}: leave it out to use the model's output and loss_fn.")
+    if loss_fn is None and options.loss not in (None, "crossentropy"):
+        loss_fn = resolve_loss(options.loss)
+    dataset = as_dataset(train_data)
+    options = with_loader_batch_size(options, dataset)  # a DataLoader's batch_size, unless the options set one
+    # torch's Dataset declares no __len__; as_dataset checked it
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise OptionsError("train_data is empty: give it at least one sample.")
+    first_item = check_items(dataset, "train_data")
+    materialise_lazy_layers(model, first_item)
+    validation = options.validation_data
+    if validation is not None:
+        validation = as_dataset(validation, "validation_data")
+        if len(validation) == 0:  # type: ignore[arg-type]
+            raise OptionsError("validation_data is empty: give it at least one sample, or leave validation_data out "
+                               "(None) to train without validation.")
+        first_validation_item = check_items(validation, "validation_data")
+    if loss_fn is None:
+        dataset = with_class_labels(dataset, "train_data", first_item)
+        if validation is not None:
+            validation = with_class_labels(validation, "validation_data", first_validation_item)
+    if is_class_loss(loss_fn):  # labels are class indices: the network needs an output for each class
+        labelled = [("train_data", dataset, first_item)]
+        if validation is not None:
+            labelled.append(("validation_data", validation, first_validation_item))
+        check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
+    if loss_fn is None:
+        loss_fn = nn.CrossEntropyLoss()
+    check_on_first_sample(options, loss_fn, model, first_item)  # the metrics named: a clear error here, not on a worker
+    if validation is not options.validation_data:
+        options = options.replace(validation_data=validation)
+    check_factories(model, options)
+    return dataset, options, loss_fn
+
+
+def draw_seed() -> int:
+    """The seed of a run's data order, drawn from torch's random stream (so torch.manual_seed fixes it)."""
+    return int(torch.randint(2**31 - 1, (1,)).item())
+
+
+def as_options(options: object) -> TrainingOptions:
+    """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
+    if options is None:
+        return TrainingOptions("sgdm")
+    unwrapped = unwrap_form(options)
+    if isinstance(unwrapped, TrainingOptions):
+        return unwrapped
+    raise OptionsError(f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), "
+                       f"not {type(options).__name__}.")
+
+
+@contextlib.contextmanager
+def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[], bool]]:
+    """The first kernel interrupt (SIGINT) asks for a Stop at the end of the iteration and says so; a second one
+    raises KeyboardInterrupt at once, for a loop that no longer reaches the end of an iteration.
+
+    On the pool the second step comes by itself: if the training has not stopped STOP_GRACE_S after the first
+    interrupt (a frozen worker, a hung collective), the interrupt is forced, and the pool interrupts its workers
+    and restarts those that do not stop. Yields a function that tells whether that happened.
+    """
+    if on_pool:
+        notice = (f"Stopping at the end of this iteration. If the pool has not stopped in {STOP_GRACE_S:.0f} s, its "
+                  "workers are interrupted (interrupt again to do that now).")
+        # counted only while the pool runs something: not while it is still starting
+        force_after: tuple[float, Callable[[], bool]] | None = (STOP_GRACE_S, _pool_busy)
+    else:
+        notice, force_after = "Stopping at the end of this iteration (interrupt again to stop at once).", None
+    with graceful_interrupt(lambda: stop.request(INTERRUPT_REASON), lambda: stop.requested, notice,
+                            force_after) as forced:
+        yield forced
+
+
+def _pool_busy() -> bool:
+    from nbscale.pool.pool import current_pool
+
+    pool = current_pool()
+    return pool is not None and pool.busy
+
+
+def _forced_stop(interrupted: PoolInterrupted, options: TrainingOptions) -> PoolInterrupted:
+    """The PoolInterrupted of a pool training that did not stop at the end of its iteration in time."""
+    hint = ""
+    if options.checkpoint_path:
+        last = latest_checkpoint(options.checkpoint_path)
+        if last is not None:
+            hint = f" Continue from the last checkpoint with resume_from={str(options.checkpoint_path)!r} ({last})."
+    return PoolInterrupted(
+        f"Training did not stop at the end of its iteration within {STOP_GRACE_S:.0f} s of the interrupt. "
+        f"{interrupted} The network keeps the weights it had before this training (the trained ones were on the "
+        f"workers).{hint}"
+    )
+
+
+def training_device(environment: str) -> torch.device:
+    """The device for "auto", "cpu" or "gpu" (the notebook's current GPU, or a free one where another process
+    holds it: nbscale.gpu.training_gpu)."""
+    if environment == "cpu" or (environment == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise OptionsError("execution_environment='gpu' but no CUDA GPU is visible to this process "
+                           "(torch.cuda.is_available() is False): use execution_environment='auto' or 'cpu' "
+                           "(nbscale.gpus() or %gpu lists the GPUs).")
+    from nbscale.gpu import training_gpu  # reserves the GPU machine-wide (nbscale.gpu_reservations)
+
+    return torch.device("cuda", training_gpu(torch.cuda.current_device()))
+
+
+def describe_device(device: torch.device) -> str:
+    """The device as the training header names it: the GPU's model, or the CPU's thread count."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def with_loader_batch_size(options: TrainingOptions, train_data: object) -> TrainingOptions:
+    """`options` (TrainingOptions) with the mini-batch size of a DataLoader given as `train_data`, where the options
+    leave it at its default (128: any other value counts as set by the user); `options` itself otherwise.
+    OptionsError when both are set and differ."""
+    from dataclasses import fields
+
+    loader = loader_of(train_data)
+    if loader is None or options.mini_batch_size == loader.batch_size:
+        return options
+    default = next(f.default for f in fields(options) if f.name == "mini_batch_size")
+    if options.mini_batch_size == default:
+        return options.replace(mini_batch_size=loader.batch_size)
+    raise OptionsError(f"train_data is a DataLoader with batch_size={loader.batch_size}, but TrainingOptions has "
+                       f"mini_batch_size={options.mini_batch_size!r}: set one of them, or the same value in both "
+                       f"(mini_batch_size={default}, its default, lets the DataLoader's stand).")

@@ -57,8 +57,16 @@ def _ray_cli() -> str:
 def start_ray_head() -> str:
     """`ray start --head` with 4 CPUs on 127.0.0.1; returns its address."""
     port = _free_port()
-    command = [_ray_cli(), "start", "--head", f"--port={port}", f"--num-cpus={WORKERS}", "--node-ip-address=127.0.0.1",
-               "--include-dashboard=false", "--disable-usage-stats"]
+    command = [
+        _ray_cli(),
+        "start",
+        "--head",
+        f"--port={port}",
+        f"--num-cpus={WORKERS}",
+        "--node-ip-address=127.0.0.1",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
     subprocess.run(command, check=True, capture_output=True, timeout=180)
     return f"127.0.0.1:{port}"
 
@@ -134,20 +142,37 @@ def run() -> str:
         return f"{seconds * 1e3:.2f} ms"
 
     rows = [
-        ("start 4 workers (until ready)", f"{on_ray['start']:.2f} s", f"{local['start']:.2f} s",
-         f"{plain['start']:.2f} s (4 actors, no torch)",
-         f"Ray pool {on_ray['start'] / local['start']:.1f}x local pool"),
-        ("empty spmd round trip, 4 workers (median)", ms(on_ray["round_trip"]), ms(local["round_trip"]),
-         f"{ms(plain['round_trip'])} (a method call on each)",
-         f"Ray pool {on_ray['round_trip'] / local['round_trip']:.2f}x local pool, "
-         f"{on_ray['round_trip'] / plain['round_trip']:.2f}x plain Ray"),
-        ("`pool.run(int)` round trip, 4 workers (median)", ms(on_ray["run_round_trip"]), ms(local["run_round_trip"]),
-         "-", f"Ray pool {on_ray['run_round_trip'] / local['run_round_trip']:.2f}x local pool"),
-        ("64 MiB broadcast to 4 workers (median)", ms(on_ray["push"]), ms(local["push"]),
-         f"{ms(plain['push'])} (`ray.put` + 4 actors get it)",
-         f"Ray pool {on_ray['push'] / local['push']:.2f}x local pool, "
-         f"{on_ray['push'] / plain['push']:.2f}x plain Ray; "
-         f"Ray pool {WORKERS * PUSH_BYTES / on_ray['push'] / 1e9:.1f} GB/s over 4 copies"),
+        (
+            "start 4 workers (until ready)",
+            f"{on_ray['start']:.2f} s",
+            f"{local['start']:.2f} s",
+            f"{plain['start']:.2f} s (4 actors, no torch)",
+            f"Ray pool {on_ray['start'] / local['start']:.1f}x local pool",
+        ),
+        (
+            "empty spmd round trip, 4 workers (median)",
+            ms(on_ray["round_trip"]),
+            ms(local["round_trip"]),
+            f"{ms(plain['round_trip'])} (a method call on each)",
+            f"Ray pool {on_ray['round_trip'] / local['round_trip']:.2f}x local pool, "
+            f"{on_ray['round_trip'] / plain['round_trip']:.2f}x plain Ray",
+        ),
+        (
+            "`pool.run(int)` round trip, 4 workers (median)",
+            ms(on_ray["run_round_trip"]),
+            ms(local["run_round_trip"]),
+            "-",
+            f"Ray pool {on_ray['run_round_trip'] / local['run_round_trip']:.2f}x local pool",
+        ),
+        (
+            "64 MiB broadcast to 4 workers (median)",
+            ms(on_ray["push"]),
+            ms(local["push"]),
+            f"{ms(plain['push'])} (`ray.put` + 4 actors get it)",
+            f"Ray pool {on_ray['push'] / local['push']:.2f}x local pool, "
+            f"{on_ray['push'] / plain['push']:.2f}x plain Ray; "
+            f"Ray pool {WORKERS * PUSH_BYTES / on_ray['push'] / 1e9:.1f} GB/s over 4 copies",
+        ),
     ]
     lines = [
         "## Cluster (issue 6): pool on a 4-CPU local Ray cluster vs local pool vs plain Ray actors, same run",

@@ -40,7 +40,7 @@ def write_pngs(folder: Path) -> Path:
     for i in range(IMAGES):
         photo = photos[i % len(photos)]
         top, left = rng.integers(0, photo.shape[0] - 64), rng.integers(0, photo.shape[1] - 64)
-        crop = Image.fromarray(photo[top:top + 64, left:left + 64]).resize((32, 32), Image.BILINEAR)
+        crop = Image.fromarray(photo[top : top + 64, left : left + 64]).resize((32, 32), Image.BILINEAR)
         target = folder / f"class{i % CLASSES}"
         target.mkdir(parents=True, exist_ok=True)
         crop.save(target / f"{i:05d}.png")
@@ -49,8 +49,9 @@ def write_pngs(folder: Path) -> Path:
 
 def images_per_second(dataset: torch.utils.data.Dataset) -> float:
     """Best of PASSES full passes through a shuffling DataLoader with WORKERS persistent workers."""
-    loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True,
-                        prefetch_factor=4)
+    loader = DataLoader(
+        dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True, prefetch_factor=4
+    )
     best = float("inf")
     for _ in range(PASSES):
         started = time.perf_counter()
@@ -69,17 +70,29 @@ def nbscale_dataset(folder: Path) -> torch.utils.data.Dataset:
 def torchvision_dataset(folder: Path) -> torch.utils.data.Dataset:
     from torchvision import datasets, transforms
 
-    transform = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
-                                    transforms.ToTensor()])
+    transform = transforms.Compose(
+        [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), transforms.ToTensor()]
+    )
     return datasets.ImageFolder(str(folder), transform=transform)
 
 
 def small_cnn() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.AdaptiveMaxPool2d(1),
-        nn.Flatten(), nn.Linear(64, CLASSES))
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveMaxPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, CLASSES),
+    )
 
 
 def epoch_seconds(batches, device: torch.device) -> float:
@@ -109,8 +122,14 @@ def placement_rows(dataset: torch.utils.data.Dataset) -> list[str]:
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     rows = []
     for device in devices:
-        loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True,
-                            pin_memory=device.type == "cuda")
+        loader = DataLoader(
+            dataset,
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=WORKERS,
+            persistent_workers=True,
+            pin_memory=device.type == "cuda",
+        )
         stream = epoch_seconds(lambda loader=loader: loader, device)
         resident = DeviceResidentData(dataset, device)
         on_device = epoch_seconds(lambda resident=resident: resident.batches(BATCH, shuffle=True), device)
@@ -122,19 +141,23 @@ def notebook_vs_pool_rows(folder: Path) -> list[str]:
     """nbscale.train "cpu" here vs "parallel" on a pool of WORKERS CPU workers, best of two runs each."""
     import nbscale
 
-    options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, mini_batch_size=BATCH, max_epochs=3,
-                                      verbose=False)
+    options = nbscale.TrainingOptions(
+        "sgdm", initial_learn_rate=0.05, mini_batch_size=BATCH, max_epochs=3, verbose=False
+    )
     rates: dict[str, float] = {"cpu": 0.0, "parallel": 0.0}
     with nbscale.Pool(WORKERS, cpu=True):
         for _ in range(2):
             for environment in rates:
                 torch.manual_seed(0)
-                _, info = nbscale.train(small_cnn(), nbscale_dataset(folder),
-                                        options.replace(execution_environment=environment))
+                _, info = nbscale.train(
+                    small_cnn(), nbscale_dataset(folder), options.replace(execution_environment=environment)
+                )
                 rates[environment] = max(rates[environment], info.images_per_second)
-    return [f"| nbscale.train, \"cpu\" in the notebook's process | {rates['cpu']:,.0f} |",
-            f"| nbscale.train, \"parallel\" on {WORKERS} CPU workers | {rates['parallel']:,.0f} |",
-            f"| ratio notebook / pool | {rates['cpu'] / rates['parallel']:.2f}x |"]
+    return [
+        f'| nbscale.train, "cpu" in the notebook\'s process | {rates["cpu"]:,.0f} |',
+        f'| nbscale.train, "parallel" on {WORKERS} CPU workers | {rates["parallel"]:,.0f} |',
+        f"| ratio notebook / pool | {rates['cpu'] / rates['parallel']:.2f}x |",
+    ]
 
 
 def run() -> str:

@@ -64,10 +64,13 @@ class Sizes:
     resnet_epochs: int
 
 
-SIZES = (Sizes(images=2048, batch=256, epochs=1, resnet_images=32, resnet_side=64, resnet_batch=16, resnet_epochs=1)
-         if ON_CPU else
-         Sizes(images=50_000, batch=1024, epochs=8, resnet_images=1536, resnet_side=224, resnet_batch=256,
-               resnet_epochs=5))
+SIZES = (
+    Sizes(images=2048, batch=256, epochs=1, resnet_images=32, resnet_side=64, resnet_batch=16, resnet_epochs=1)
+    if ON_CPU
+    else Sizes(
+        images=50_000, batch=1024, epochs=8, resnet_images=1536, resnet_side=224, resnet_batch=256, resnet_epochs=5
+    )
+)
 DEVICE = torch.device("cpu" if ON_CPU else "cuda")
 PRECISION = "single" if ON_CPU else "mixed"  # "mixed" is bf16 autocast on the GPU
 LEARN_RATE, MOMENTUM, L2 = 0.05, 0.9, 1e-4
@@ -77,14 +80,29 @@ def airbench_class_net() -> nn.Module:
     """airbench94's architecture: a 2x2 'whitening' convolution to 24 channels, three groups of two 3x3
     convolutions (64, 256, 256 channels) with max-pooling, BatchNorm and GELU, a 3x3 max-pool and a linear head.
     torch's default initialisation (airbench's whitening and identity initialisations change accuracy, not speed)."""
+
     def group(inputs: int, outputs: int) -> nn.Sequential:
-        return nn.Sequential(nn.Conv2d(inputs, outputs, 3, padding=1, bias=False), nn.MaxPool2d(2),
-                             nn.BatchNorm2d(outputs), nn.GELU(),
-                             nn.Conv2d(outputs, outputs, 3, padding=1, bias=False), nn.BatchNorm2d(outputs), nn.GELU())
+        return nn.Sequential(
+            nn.Conv2d(inputs, outputs, 3, padding=1, bias=False),
+            nn.MaxPool2d(2),
+            nn.BatchNorm2d(outputs),
+            nn.GELU(),
+            nn.Conv2d(outputs, outputs, 3, padding=1, bias=False),
+            nn.BatchNorm2d(outputs),
+            nn.GELU(),
+        )
 
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 24, 2), nn.GELU(), group(24, 64), group(64, 256), group(256, 256),
-                         nn.MaxPool2d(3), nn.Flatten(), nn.Linear(256, 10, bias=False))
+    return nn.Sequential(
+        nn.Conv2d(3, 24, 2),
+        nn.GELU(),
+        group(24, 64),
+        group(64, 256),
+        group(256, 256),
+        nn.MaxPool2d(3),
+        nn.Flatten(),
+        nn.Linear(256, 10, bias=False),
+    )
 
 
 def resnet50() -> nn.Module:
@@ -96,11 +114,14 @@ def resnet50() -> nn.Module:
 
 # ---- the hand-written loop ----------------------------------------------------------------------------------------
 
+
 def matlab_l2_groups(model: nn.Module) -> list[dict]:
     """L2 on every parameter but biases, as nbscale's sgdm applies MATLAB's L2Regularization."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    return [{"params": [p for name, p in named if not name.endswith("bias")], "weight_decay": L2},
-            {"params": [p for name, p in named if name.endswith("bias")], "weight_decay": 0.0}]
+    return [
+        {"params": [p for name, p in named if not name.endswith("bias")], "weight_decay": L2},
+        {"params": [p for name, p in named if name.endswith("bias")], "weight_decay": 0.0},
+    ]
 
 
 def flip_and_translate(images: torch.Tensor, pad: int) -> torch.Tensor:
@@ -118,8 +139,15 @@ def flip_and_translate(images: torch.Tensor, pad: int) -> torch.Tensor:
     return picked.permute(0, 3, 1, 2)  # N x C x H x W, stored channels_last
 
 
-def hand_loop(make_model: Callable[[], nn.Module], images: torch.Tensor, labels: torch.Tensor, batch: int,
-              epochs: int, augment: bool, compile_model: bool = False) -> int:
+def hand_loop(
+    make_model: Callable[[], nn.Module],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    batch: int,
+    epochs: int,
+    augment: bool,
+    compile_model: bool = False,
+) -> int:
     """Train as a user would by hand; returns the images trained on. `images` are uint8 (scaled here) or float."""
     torch.backends.cudnn.benchmark = DEVICE.type == "cuda"
     try:
@@ -128,8 +156,15 @@ def hand_loop(make_model: Callable[[], nn.Module], images: torch.Tensor, labels:
         torch.backends.cudnn.benchmark = False
 
 
-def _hand_loop(make_model: Callable[[], nn.Module], images: torch.Tensor, labels: torch.Tensor, batch: int,
-               epochs: int, augment: bool, compile_model: bool) -> int:
+def _hand_loop(
+    make_model: Callable[[], nn.Module],
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    batch: int,
+    epochs: int,
+    augment: bool,
+    compile_model: bool,
+) -> int:
     model = make_model().to(DEVICE)
     mixed = PRECISION == "mixed"
     if mixed:
@@ -144,7 +179,7 @@ def _hand_loop(make_model: Callable[[], nn.Module], images: torch.Tensor, labels
         epoch_data = flip_and_translate(data, 2) if augment else data
         order = torch.randperm(len(data), device=DEVICE)
         for i in range(steps):
-            index = order[i * batch:(i + 1) * batch]
+            index = order[i * batch : (i + 1) * batch]
             with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=mixed):
                 loss = F.cross_entropy(net(epoch_data[index]), targets[index])
             optimizer.zero_grad(set_to_none=True)
@@ -156,14 +191,32 @@ def _hand_loop(make_model: Callable[[], nn.Module], images: torch.Tensor, labels
 
 # ---- nbscale ------------------------------------------------------------------------------------------------------
 
-def nbscale_train(make_model: Callable[[], nn.Module], data: object, batch: int, epochs: int,
-                  environment: str | None = None, plots: str = "none", **fields: object) -> int:
+
+def nbscale_train(
+    make_model: Callable[[], nn.Module],
+    data: object,
+    batch: int,
+    epochs: int,
+    environment: str | None = None,
+    plots: str = "none",
+    **fields: object,
+) -> int:
     import nbscale
 
     options = nbscale.TrainingOptions(
-        "sgdm", initial_learn_rate=LEARN_RATE, momentum=MOMENTUM, l2_regularization=L2, mini_batch_size=batch,
-        max_epochs=epochs, shuffle="every-epoch", precision=PRECISION, plots=plots, verbose=False,
-        execution_environment=environment or DEVICE.type.replace("cuda", "gpu"), **fields)
+        "sgdm",
+        initial_learn_rate=LEARN_RATE,
+        momentum=MOMENTUM,
+        l2_regularization=L2,
+        mini_batch_size=batch,
+        max_epochs=epochs,
+        shuffle="every-epoch",
+        precision=PRECISION,
+        plots=plots,
+        verbose=False,
+        execution_environment=environment or DEVICE.type.replace("cuda", "gpu"),
+        **fields,
+    )
     _, info = nbscale.train(make_model(), data, options)
     return info.iteration[-1] * batch
 
@@ -197,10 +250,13 @@ KERNEL_RUN = """trained = nbscale_train(airbench_class_net, augmented_store(imag
 
 def display_pairs(size: Sizes, runs: dict[str, list[float]]) -> str:
     """Row 6: the airbench-class nbscale run in a real kernel, the live figure and info panel on against off."""
-    label = (f"airbench94-class with augmentation, {_epochs(DISPLAY_EPOCHS)}, in a real kernel: plots="
-             "'training-progress' vs plots='none'")
+    label = (
+        f"airbench94-class with augmentation, {_epochs(DISPLAY_EPOCHS)}, in a real kernel: plots="
+        "'training-progress' vs plots='none'"
+    )
     try:
         from tests.kernel_session import KernelSession
+
         kernel = KernelSession()
     except ImportError as missing:
         return f"| {label} | not run: {missing} (the kernel's packages) | | | |"
@@ -214,6 +270,7 @@ def display_pairs(size: Sizes, runs: dict[str, list[float]]) -> str:
             if plots != "none":  # figure updates between the empty figure before training and the final one
                 updates.append(sum("image/png" in shown for shown in result.displays) - 2)
             return int(kernel.run("print(trained)").stdout)
+
         return trained
 
     try:
@@ -228,6 +285,7 @@ def display_pairs(size: Sizes, runs: dict[str, list[float]]) -> str:
 
 # ---- measuring ----------------------------------------------------------------------------------------------------
 
+
 def images_per_second(run: Callable[[], int]) -> float:
     """Images trained per second of the whole call (the GPU's queue drained before and after)."""
     if DEVICE.type == "cuda":
@@ -239,8 +297,14 @@ def images_per_second(run: Callable[[], int]) -> float:
     return images / (time.perf_counter() - started)
 
 
-def pairs(key: str, label: str, ours: Callable[[], int], peer: Callable[[], int],
-          runs: dict[str, list[float]], warm_up: bool = True) -> str:
+def pairs(
+    key: str,
+    label: str,
+    ours: Callable[[], int],
+    peer: Callable[[], int],
+    runs: dict[str, list[float]],
+    warm_up: bool = True,
+) -> str:
     """Warm each side up once (unless a row before warmed up the same code), then REPEATS alternating pairs; the
     table row (`key` names the row's runs)."""
     if warm_up:
@@ -251,8 +315,10 @@ def pairs(key: str, label: str, ours: Callable[[], int], peer: Callable[[], int]
         theirs.append(images_per_second(peer))
         print(f"{key}: nbscale {mine[-1]:,.0f}, peer {theirs[-1]:,.0f} images/s", file=sys.stderr, flush=True)
     ratio = statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
-    return (f"| {label} | {statistics.median(mine):,.0f} | {statistics.median(theirs):,.0f} | {ratio:.3f}x | "
-            f"{max(mine):,.0f} / {max(theirs):,.0f} |")
+    return (
+        f"| {label} | {statistics.median(mine):,.0f} | {statistics.median(theirs):,.0f} | {ratio:.3f}x | "
+        f"{max(mine):,.0f} / {max(theirs):,.0f} |"
+    )
 
 
 def run() -> str:
@@ -270,69 +336,99 @@ def run() -> str:
     rows, runs = [], {}
     batch, epochs = size.batch, size.epochs
     if "airbench" in ROWS:
-        rows.append(pairs(
-            "airbench",
-            f"airbench94-class, {size.images:,} 32x32 uint8, flip + translate 2, mini-batch {batch}, "
-            f"{_epochs(epochs)}",
-            lambda: nbscale_train(airbench_class_net, augmented_store(images, labels), batch, epochs,
-                                  data_placement="device"),
-            lambda: hand_loop(airbench_class_net, images, labels, batch, epochs, augment=True), runs))
+        rows.append(
+            pairs(
+                "airbench",
+                f"airbench94-class, {size.images:,} 32x32 uint8, flip + translate 2, mini-batch {batch}, "
+                f"{_epochs(epochs)}",
+                lambda: nbscale_train(
+                    airbench_class_net, augmented_store(images, labels), batch, epochs, data_placement="device"
+                ),
+                lambda: hand_loop(airbench_class_net, images, labels, batch, epochs, augment=True),
+                runs,
+            )
+        )
     if "plain" in ROWS:
-        rows.append(pairs(
-            "plain",
-            "same without augmentation (float TensorDataset)",
-            lambda: nbscale_train(airbench_class_net, TensorDataset(floats, labels), batch, epochs,
-                                  data_placement="device"),
-            lambda: hand_loop(airbench_class_net, floats, labels, batch, epochs, augment=False), runs))
+        rows.append(
+            pairs(
+                "plain",
+                "same without augmentation (float TensorDataset)",
+                lambda: nbscale_train(
+                    airbench_class_net, TensorDataset(floats, labels), batch, epochs, data_placement="device"
+                ),
+                lambda: hand_loop(airbench_class_net, floats, labels, batch, epochs, augment=False),
+                runs,
+            )
+        )
     if "compile" in ROWS:
-        rows.append(pairs(
-            "compile",
-            "airbench94-class with augmentation, compile=True vs torch.compile by hand",
-            lambda: nbscale_train(airbench_class_net, augmented_store(images, labels), batch, epochs,
-                                  data_placement="device", compile=True),
-            lambda: hand_loop(airbench_class_net, images, labels, batch, epochs, augment=True,
-                              compile_model=True), runs))
+        rows.append(
+            pairs(
+                "compile",
+                "airbench94-class with augmentation, compile=True vs torch.compile by hand",
+                lambda: nbscale_train(
+                    airbench_class_net,
+                    augmented_store(images, labels),
+                    batch,
+                    epochs,
+                    data_placement="device",
+                    compile=True,
+                ),
+                lambda: hand_loop(airbench_class_net, images, labels, batch, epochs, augment=True, compile_model=True),
+                runs,
+            )
+        )
     resnet_data = TensorDataset(resnet_images, resnet_labels)
     resnet_batch, resnet_epochs = size.resnet_batch, size.resnet_epochs
     in_process = lambda: nbscale_train(resnet50, resnet_data, resnet_batch, resnet_epochs)  # noqa: E731
     if "resnet" in ROWS:
-        rows.append(pairs(
-            "resnet",
-            f"ResNet-50, {size.resnet_images:,} {side}x{side} float, mini-batch {resnet_batch}, "
-            f"{_epochs(resnet_epochs)}",
-            in_process, lambda: hand_loop(resnet50, resnet_images, resnet_labels, resnet_batch, resnet_epochs,
-                                          augment=False), runs))
+        rows.append(
+            pairs(
+                "resnet",
+                f"ResNet-50, {size.resnet_images:,} {side}x{side} float, mini-batch {resnet_batch}, "
+                f"{_epochs(resnet_epochs)}",
+                in_process,
+                lambda: hand_loop(resnet50, resnet_images, resnet_labels, resnet_batch, resnet_epochs, augment=False),
+                runs,
+            )
+        )
     if "parallel" in ROWS:
         import nbscale
 
         counts = [int(n) for n in os.environ.get("BENCH_GPU_PARALLEL_EPOCHS", str(resnet_epochs)).split(",")]
         with nbscale.Pool(1, cpu=True) if ON_CPU else nbscale.Pool(gpus=[0]):
             for index, count in enumerate(counts):
-                rows.append(pairs(
-                    f"parallel {count}", f"ResNet-50 as above, {_epochs(count)}, execution_environment='parallel' on a "
-                    "pool of 1 vs nbscale in-process",
-                    lambda count=count: nbscale_train(resnet50, resnet_data, resnet_batch, count, "parallel"),
-                    lambda count=count: nbscale_train(resnet50, resnet_data, resnet_batch, count), runs,
-                    warm_up=index == 0))
+                rows.append(
+                    pairs(
+                        f"parallel {count}",
+                        f"ResNet-50 as above, {_epochs(count)}, execution_environment='parallel' on a "
+                        "pool of 1 vs nbscale in-process",
+                        lambda count=count: nbscale_train(resnet50, resnet_data, resnet_batch, count, "parallel"),
+                        lambda count=count: nbscale_train(resnet50, resnet_data, resnet_batch, count),
+                        runs,
+                        warm_up=index == 0,
+                    )
+                )
     if "display" in ROWS:
         rows.append(display_pairs(size, runs))
     name = "CPU (BENCH_GPU_ON_CPU=1: tiny sizes, a code check only)" if ON_CPU else torch.cuda.get_device_name(0)
-    return "\n".join([
-        "## GPU training vs hand-written loops (bench/bench_gpu.py)",
-        "",
-        f"{name}, torch {torch.__version__}, {'single precision' if ON_CPU else 'bf16 autocast + channels_last'}; "
-        f"whole calls timed, {REPEATS} alternating pairs after a warm-up of each; SGD momentum 0.9, L2 1e-4 on "
-        "weights only (MATLAB's), constant learn rate.",
-        "",
-        "| run | nbscale images/s (median) | peer images/s (median) | median pair ratio "
-        "| best nbscale / best peer |",
-        "|---|---:|---:|---:|---:|",
-        *rows,
-        "",
-        "Every run (images/s): " + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}"
-                                             for name, values in runs.items()),
-        "",
-    ])
+    return "\n".join(
+        [
+            "## GPU training vs hand-written loops (bench/bench_gpu.py)",
+            "",
+            f"{name}, torch {torch.__version__}, {'single precision' if ON_CPU else 'bf16 autocast + channels_last'}; "
+            f"whole calls timed, {REPEATS} alternating pairs after a warm-up of each; SGD momentum 0.9, L2 1e-4 on "
+            "weights only (MATLAB's), constant learn rate.",
+            "",
+            "| run | nbscale images/s (median) | peer images/s (median) | median pair ratio "
+            "| best nbscale / best peer |",
+            "|---|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "Every run (images/s): "
+            + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}" for name, values in runs.items()),
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

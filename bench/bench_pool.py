@@ -87,8 +87,15 @@ DATA_PAIRS = 5
 def _train_once(dataset: object, environment: str) -> None:
     from torch import nn
 
-    options = nbscale.TrainingOptions("sgdm", mini_batch_size=4096, max_epochs=1, plots="none", verbose=False,
-                                      execution_environment=environment, shuffle="never")
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        mini_batch_size=4096,
+        max_epochs=1,
+        plots="none",
+        verbose=False,
+        execution_environment=environment,
+        shuffle="never",
+    )
     nbscale.train(nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10)), dataset, options)
 
 
@@ -121,21 +128,34 @@ def data_path_section() -> str:
     data = measure_data_path()
     size = f"{data['bytes'] / 1e6:.0f} MB"
     rows = [
-        (f"`nbscale.train`, 1 epoch, linear net on a {size} TensorDataset: pool of 1 CPU worker vs the notebook "
-         "(whole calls, median)", f"{data['pool']:.2f} s", f"{data['here']:.2f} s",
-         f"{data['ratio']:.2f}x (median pair ratio; target <= 1.25x, issue 28 measured 1.81x); "
-         "pairs (s, pool/notebook): "
-         f"{data['runs']}"),
-        (f"`pool.push` of one {size} tensor: first, then again unchanged", f"{data['push_first'] * 1e3:.0f} ms",
-         f"{data['push_second'] * 1e3:.1f} ms", f"the second {data['push_first'] / data['push_second']:.0f}x faster"),
+        (
+            f"`nbscale.train`, 1 epoch, linear net on a {size} TensorDataset: pool of 1 CPU worker vs the notebook "
+            "(whole calls, median)",
+            f"{data['pool']:.2f} s",
+            f"{data['here']:.2f} s",
+            f"{data['ratio']:.2f}x (median pair ratio; target <= 1.25x, issue 28 measured 1.81x); "
+            "pairs (s, pool/notebook): "
+            f"{data['runs']}",
+        ),
+        (
+            f"`pool.push` of one {size} tensor: first, then again unchanged",
+            f"{data['push_first'] * 1e3:.0f} ms",
+            f"{data['push_second'] * 1e3:.1f} ms",
+            f"the second {data['push_first'] / data['push_second']:.0f}x faster",
+        ),
     ]
-    return "\n".join([
-        "## Pool data path (issue 28.1): notebook data kept in shared memory",
-        "",
-        "| measure | pool / first | notebook / second | ratio / target |",
-        "| --- | --- | --- | --- |",
-        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "## Pool data path (issue 28.1): notebook data kept in shared memory",
+                "",
+                "| measure | pool / first | notebook / second | ratio / target |",
+                "| --- | --- | --- | --- |",
+                *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
+            ]
+        )
+        + "\n"
+    )
 
 
 def run() -> str:
@@ -147,19 +167,29 @@ def run() -> str:
     peer = measure_ipyparallel(payload)
     push_bandwidth = WORKERS * PUSH_BYTES / ours["push"]
     rows = [
-        ("`%pool start 4` (CPU) until torch imported + group joined", f"{ours['start']:.2f} s",
-         f"{peer['start']:.2f} s ({peer['start_only']:.2f} s start + import torch)",
-         f"{ours['start'] / torch_import:.2f}x one `python -c \"import torch\"` ({torch_import:.2f} s); "
-         "target <= 1.3x; "
-         f"{peer['start'] / ours['start']:.1f}x faster than ipyparallel"),
-        ("empty spmd round trip, 4 workers, blocking (median)", f"{ours['round_trip'] * 1e3:.2f} ms",
-         f"{peer['round_trip'] * 1e3:.2f} ms (`execute('pass')`)",
-         f"{ours['round_trip'] / peer['round_trip']:.3f}x ipyparallel; target <= 0.1x"),
+        (
+            "`%pool start 4` (CPU) until torch imported + group joined",
+            f"{ours['start']:.2f} s",
+            f"{peer['start']:.2f} s ({peer['start_only']:.2f} s start + import torch)",
+            f'{ours["start"] / torch_import:.2f}x one `python -c "import torch"` ({torch_import:.2f} s); '
+            "target <= 1.3x; "
+            f"{peer['start'] / ours['start']:.1f}x faster than ipyparallel",
+        ),
+        (
+            "empty spmd round trip, 4 workers, blocking (median)",
+            f"{ours['round_trip'] * 1e3:.2f} ms",
+            f"{peer['round_trip'] * 1e3:.2f} ms (`execute('pass')`)",
+            f"{ours['round_trip'] / peer['round_trip']:.3f}x ipyparallel; target <= 0.1x",
+        ),
         ("`pool.run(int)` round trip, 4 workers (median)", f"{ours['run_round_trip'] * 1e3:.2f} ms", "-", ""),
-        ("push 64 MiB tensor to 4 workers (median)", f"{ours['push'] * 1e3:.1f} ms", f"{peer['push'] * 1e3:.1f} ms",
-         f"{peer['push'] / ours['push']:.1f}x faster than ipyparallel (target >= 5x); "
-         f"{push_bandwidth / 1e9:.1f} GB/s over 4 copies = {push_bandwidth / memcpy:.0%} of memcpy "
-         f"({memcpy / 1e9:.1f} GB/s; target >= 25%)"),
+        (
+            "push 64 MiB tensor to 4 workers (median)",
+            f"{ours['push'] * 1e3:.1f} ms",
+            f"{peer['push'] * 1e3:.1f} ms",
+            f"{peer['push'] / ours['push']:.1f}x faster than ipyparallel (target >= 5x); "
+            f"{push_bandwidth / 1e9:.1f} GB/s over 4 copies = {push_bandwidth / memcpy:.0%} of memcpy "
+            f"({memcpy / 1e9:.1f} GB/s; target >= 25%)",
+        ),
         ("`%pool stop`", f"{ours['stop'] * 1e3:.0f} ms", f"{peer['stop'] * 1e3:.0f} ms", "target < 1 s"),
     ]
     lines = [

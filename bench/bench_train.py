@@ -79,16 +79,22 @@ for epoch in range({epochs}):
 """
 
 # the same hand loop followed by a TrainingMonitor (figure, info panel, Stop), as a user's own loop uses it
-MONITORED = HAND_WRITTEN.replace("started = time.perf_counter(); images = 0", """monitor = nbscale.TrainingMonitor(
+MONITORED = HAND_WRITTEN.replace(
+    "started = time.perf_counter(); images = 0",
+    """monitor = nbscale.TrainingMonitor(
     metrics=["loss"], info=["epoch"], x_label="iteration")
 total = {epochs} * (len({x}) // BATCH); step = 0
-started = time.perf_counter(); images = 0""").replace("        last_loss = loss.item()", """        last_loss = loss.item()
+started = time.perf_counter(); images = 0""",
+).replace(
+    "        last_loss = loss.item()",
+    """        last_loss = loss.item()
         step += 1
         monitor.record(step, loss=loss)
         monitor.update_info(epoch=epoch + 1)
         monitor.progress = 100 * step / total
         if monitor.stop:
-            break""")
+            break""",
+)
 
 NBSCALE = """
 options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, l2_regularization=0.0,
@@ -204,7 +210,7 @@ def _ddp_worker(rank: int, world: int, port: int, threads: int, queue) -> None:
     for epoch in range(PARALLEL_EPOCHS):
         order = torch.randperm(len(inputs), generator=torch.Generator().manual_seed(epoch))
         for i in range(len(inputs) // BATCH):
-            index = order[i * BATCH + rank * local: i * BATCH + (rank + 1) * local]
+            index = order[i * BATCH + rank * local : i * BATCH + (rank + 1) * local]
             loss = loss_fn(net(inputs[index]), labels[index])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -272,38 +278,51 @@ def run() -> str:
             rows += _gpu_rows(kernel, runs)
     finally:
         kernel.shutdown()
-    drawn = (f" With plots on, the progress figure updated {min(updates)} to {max(updates)} times during each "
-             "in-process run (besides the empty figure before it and the final one after it)." if updates else "")
-    return "\n".join([
-        "## Training (bench/bench_train.py)",
-        "",
-        f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs in the "
-        f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs "
-        f"(ratios of medians and pairs beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
-        "",
-        "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians "
-        "| median pair ratio |",
-        "|---|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-        "Every run (images/s): " + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}"
-                                             for name, values in runs.items()),
-        "",
-    ])
+    drawn = (
+        f" With plots on, the progress figure updated {min(updates)} to {max(updates)} times during each "
+        "in-process run (besides the empty figure before it and the final one after it)."
+        if updates
+        else ""
+    )
+    return "\n".join(
+        [
+            "## Training (bench/bench_train.py)",
+            "",
+            f"digits x4 (7188 samples), MLP 64-256-256-10, SGDM, mini-batch {BATCH}, {EPOCHS} epochs in the "
+            f"notebook's process ({PARALLEL_EPOCHS} on 2 workers); best of {REPEATS} interleaved runs "
+            f"(ratios of medians and pairs beside it); {os.cpu_count()} CPU cores, torch {torch.__version__}.{drawn}",
+            "",
+            "| run | nbscale images/s (best) | peer images/s (best) | ratio of best | ratio of medians "
+            "| median pair ratio |",
+            "|---|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "Every run (images/s): "
+            + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}" for name, values in runs.items()),
+            "",
+        ]
+    )
 
 
 def _in_process_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list[str]:
     """nbscale.train on the CPU in the kernel's process against the hand-written loop, interleaved."""
     hand, ours, wall = runs.setdefault("hand", []), runs.setdefault("ours", []), runs.setdefault("wall", [])
     for _ in range(REPEATS):  # interleaved, so a busy moment on the machine hits both
-        hand.append(_measured(kernel, HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate", epochs="EPOCHS"),
-                              "hand_rate")[0])
-        rate, result = _measured(kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots="training-progress"), "nbscale_rate")
+        hand.append(
+            _measured(
+                kernel, HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate", epochs="EPOCHS"), "hand_rate"
+            )[0]
+        )
+        rate, result = _measured(
+            kernel, NBSCALE.format(env="cpu", epochs="EPOCHS", plots="training-progress"), "nbscale_rate"
+        )
         ours.append(rate)
         updates.append(_updates_during_training(result))
         wall.append(_value(kernel, "nbscale_wall_rate"))
-    return [_row("CPU, notebook process, plots on, vs hand-written loop", ours, hand),
-            _row("same, end to end (setup, widgets, final figure included)", wall, hand)]
+    return [
+        _row("CPU, notebook process, plots on, vs hand-written loop", ours, hand),
+        _row("same, end to end (setup, widgets, final figure included)", wall, hand),
+    ]
 
 
 def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
@@ -322,10 +341,18 @@ def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     """The hand-written loop with a TrainingMonitor against without it, interleaved in the same kernel."""
     hand, watched = runs.setdefault("hand, no monitor", []), runs.setdefault("hand + monitor", [])
     for _ in range(REPEATS):
-        hand.append(_measured(kernel, HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate",
-                                                          epochs="EPOCHS"), "hand_rate")[0])
-        watched.append(_measured(kernel, MONITORED.format(device="cpu", x="X", y="Y", rate="monitored_rate",
-                                                          epochs="EPOCHS"), "monitored_rate")[0])
+        hand.append(
+            _measured(
+                kernel, HAND_WRITTEN.format(device="cpu", x="X", y="Y", rate="hand_rate", epochs="EPOCHS"), "hand_rate"
+            )[0]
+        )
+        watched.append(
+            _measured(
+                kernel,
+                MONITORED.format(device="cpu", x="X", y="Y", rate="monitored_rate", epochs="EPOCHS"),
+                "monitored_rate",
+            )[0]
+        )
     return [_row("CPU hand-written loop with nbscale.TrainingMonitor vs without (the monitor's cost)", watched, hand)]
 
 
@@ -340,8 +367,10 @@ def _plot_rows(kernel, runs: dict[str, list[float]], updates: list[int]) -> list
             wall.append(_value(kernel, "nbscale_wall_rate"))
             if plots != "none":
                 updates.append(_updates_during_training(result))
-    return [_row("CPU, notebook process, plots on vs plots none (the figure's and info panel's cost)", shown, hidden),
-            _row("same, whole calls (the empty figure, widgets and final figure included)", shown_wall, hidden_wall)]
+    return [
+        _row("CPU, notebook process, plots on vs plots none (the figure's and info panel's cost)", shown, hidden),
+        _row("same, whole calls (the empty figure, widgets and final figure included)", shown_wall, hidden_wall),
+    ]
 
 
 def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
@@ -351,13 +380,22 @@ def _one_worker_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     one_wall, alone_wall = runs.setdefault("pool of 1, wall", []), runs.setdefault("in-process, wall", [])
     for _ in range(REPEATS):
         for env, loop, wall in (("parallel", one, one_wall), ("cpu", alone, alone_wall)):
-            loop.append(_measured(kernel, NBSCALE.format(env=env, epochs=PARALLEL_EPOCHS, plots="none"),
-                                  "nbscale_rate", timeout=300)[0])
+            loop.append(
+                _measured(
+                    kernel, NBSCALE.format(env=env, epochs=PARALLEL_EPOCHS, plots="none"), "nbscale_rate", timeout=300
+                )[0]
+            )
             wall.append(_value(kernel, "nbscale_wall_rate"))
     kernel.run("pool.close()")
-    return [_row(f"parallel, pool of 1 CPU worker ({os.cpu_count()} threads) vs in-process, {PARALLEL_EPOCHS} "
-                 "epochs, plots none (training-loop time)", one, alone),
-            _row("same, whole calls (sending the job, start, weights back included)", one_wall, alone_wall)]
+    return [
+        _row(
+            f"parallel, pool of 1 CPU worker ({os.cpu_count()} threads) vs in-process, {PARALLEL_EPOCHS} "
+            "epochs, plots none (training-loop time)",
+            one,
+            alone,
+        ),
+        _row("same, whole calls (sending the job, start, weights back included)", one_wall, alone_wall),
+    ]
 
 
 def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
@@ -365,8 +403,14 @@ def _parallel_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     kernel.run(f"pool = nbscale.Pool({WORKERS}, cpu=True)", timeout=180)
     parallel, ddp = runs.setdefault("parallel", []), runs.setdefault("ddp", [])
     for _ in range(REPEATS):  # interleaved too: the hand-written DDP runs while the pool idles
-        parallel.append(_measured(kernel, NBSCALE.format(env="parallel", epochs=PARALLEL_EPOCHS, plots="training-progress"),
-                                  "info.images_per_second", timeout=300)[0])
+        parallel.append(
+            _measured(
+                kernel,
+                NBSCALE.format(env="parallel", epochs=PARALLEL_EPOCHS, plots="training-progress"),
+                "info.images_per_second",
+                timeout=300,
+            )[0]
+        )
         ddp.append(hand_ddp_rate())
     kernel.run("pool.close()")
     return [_row(f"parallel, {WORKERS} CPU workers (gloo) vs hand-written DDP (training-loop time)", parallel, ddp)]
@@ -386,15 +430,22 @@ def _gpu_rows(kernel, runs: dict[str, list[float]]) -> list[str]:  # kernel: a K
     single, mixed = runs.setdefault("conv single", []), runs.setdefault("conv mixed", [])
     conv_epochs, gpu_epochs = (1, 2) if on_cpu else (CONV_EPOCHS, GPU_EPOCHS)
     for _ in range(REPEATS):
-        hand_loop = HAND_WRITTEN.format(device="gpu", x="Xg", y="Yg", rate="hand_gpu_rate",
-                                        epochs=gpu_epochs)
-        for code, values, value in ((hand_loop, hand, "hand_gpu_rate"),
-                                    (NBSCALE_GPU.format(env=env, epochs=gpu_epochs), ours, "nbscale_gpu_rate"),
-                                    (CONV.format(env=env, precision="single", epochs=conv_epochs), single, "conv_rate"),
-                                    (CONV.format(env=env, precision="mixed", epochs=conv_epochs), mixed, "conv_rate")):
+        hand_loop = HAND_WRITTEN.format(device="gpu", x="Xg", y="Yg", rate="hand_gpu_rate", epochs=gpu_epochs)
+        for code, values, value in (
+            (hand_loop, hand, "hand_gpu_rate"),
+            (NBSCALE_GPU.format(env=env, epochs=gpu_epochs), ours, "nbscale_gpu_rate"),
+            (CONV.format(env=env, precision="single", epochs=conv_epochs), single, "conv_rate"),
+            (CONV.format(env=env, precision="mixed", epochs=conv_epochs), mixed, "conv_rate"),
+        ):
             values.append(_measured(kernel, code, value)[0])
-    return [_row(f"gpu ({name}), MLP as above, {GPU_EPOCHS} epochs, plots on, vs hand-written loop on the GPU", ours, hand),
-            _row(f"mixed vs single precision ({name}), conv net 64-128-256 on {CONV_SIZE}x{CONV_SIZE}x3, mini-batch 256", mixed, single)]
+    return [
+        _row(f"gpu ({name}), MLP as above, {GPU_EPOCHS} epochs, plots on, vs hand-written loop on the GPU", ours, hand),
+        _row(
+            f"mixed vs single precision ({name}), conv net 64-128-256 on {CONV_SIZE}x{CONV_SIZE}x3, mini-batch 256",
+            mixed,
+            single,
+        ),
+    ]
 
 
 def _updates_during_training(result) -> int:  # result: a tests.kernel_session.CellResult
@@ -404,8 +455,10 @@ def _updates_during_training(result) -> int:  # result: a tests.kernel_session.C
 
 def _row(label: str, ours: list[float], peer: list[float]) -> str:
     pairs = statistics.median(a / b for a, b in zip(ours, peer, strict=True))
-    return (f"| {label} | {max(ours):,.0f} | {max(peer):,.0f} | {max(ours) / max(peer):.2f}x | "
-            f"{statistics.median(ours) / statistics.median(peer):.2f}x | {pairs:.2f}x |")
+    return (
+        f"| {label} | {max(ours):,.0f} | {max(peer):,.0f} | {max(ours) / max(peer):.2f}x | "
+        f"{statistics.median(ours) / statistics.median(peer):.2f}x | {pairs:.2f}x |"
+    )
 
 
 if __name__ == "__main__":

@@ -60,29 +60,36 @@ def instructions(loop: str, epochs: int) -> int:
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder) / "loop.py"
         script.write_text(SETUP + f"EPOCHS = {epochs}\n" + LOOPS[loop])
-        done = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/out",
-                               sys.executable, str(script)], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent.parent)
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/out", sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
     return int(re.search(r"Collected : (\d+)", done.stderr).group(1))
 
 
 def run() -> str:
-    per_iteration = {loop: (instructions(loop, 3) - instructions(loop, 1)) / (2 * ITERATIONS_PER_EPOCH)
-                     for loop in LOOPS}
+    per_iteration = {
+        loop: (instructions(loop, 3) - instructions(loop, 1)) / (2 * ITERATIONS_PER_EPOCH) for loop in LOOPS
+    }
     hand, ours = per_iteration["hand"], per_iteration["nbscale"]
-    return "\n".join([
-        "## Training instructions per iteration (bench/count_train_instructions.py)",
-        "",
-        f"MLP 64-256-256-10, SGDM, mini-batch {BATCH}, one torch thread, no plots, counted by valgrind's "
-        "callgrind.",
-        "",
-        "| loop | instructions per iteration |",
-        "|---|---:|",
-        f"| hand-written PyTorch loop | {hand:,.0f} |",
-        f"| nbscale.train | {ours:,.0f} |",
-        f"| hand / nbscale | {hand / ours:.3f}x |",
-        "",
-    ])
+    return "\n".join(
+        [
+            "## Training instructions per iteration (bench/count_train_instructions.py)",
+            "",
+            f"MLP 64-256-256-10, SGDM, mini-batch {BATCH}, one torch thread, no plots, counted by valgrind's "
+            "callgrind.",
+            "",
+            "| loop | instructions per iteration |",
+            "|---|---:|",
+            f"| hand-written PyTorch loop | {hand:,.0f} |",
+            f"| nbscale.train | {ours:,.0f} |",
+            f"| hand / nbscale | {hand / ours:.3f}x |",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ def main(path: str, save: bool = False) -> int:
     source = Path(path).resolve()
     notebook = nbformat.read(source, as_version=4)
     started = time.monotonic()
-    NotebookClient(notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}).execute()
+    NotebookClient(
+        notebook, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(source.parent)}}
+    ).execute()
     executed = source if save else source.with_name(source.stem + ".executed.ipynb")
     if save:
         notebook.metadata["nbscale"] = {"outputs_of_code": code_hash(notebook)}

@@ -180,8 +180,11 @@ def names_assigned(code: str) -> set[str]:
         if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             # `global x` and `x = ...` in a function the cell defines: calling it assigns the cell's variable x
             declared = {name for node in ast.walk(statement) if isinstance(node, ast.Global) for name in node.names}
-            assigned.update(node.id for node in ast.walk(statement)
-                            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in declared)
+            assigned.update(
+                node.id
+                for node in ast.walk(statement)
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id in declared
+            )
     return {name for name in assigned if not name.startswith("_")}
 
 

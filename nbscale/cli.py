@@ -32,13 +32,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nbscale", description="nbscale from a terminal: batch jobs, GPUs, and a "
-                                     "check of what this machine offers nbscale.")
+    parser = argparse.ArgumentParser(
+        prog="nbscale",
+        description="nbscale from a terminal: batch jobs, GPUs, and a check of what this machine offers nbscale.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    jobs = commands.add_parser("jobs", help="list, show, follow, cancel and delete batch jobs (%%%%batch)",
-                               description="The batch jobs in the job store ($NBSCALE_HOME/jobs, else the user's "
-                                           "data folder): the same store %jobs and nbscale.jobs use.")
+    jobs = commands.add_parser(
+        "jobs",
+        help="list, show, follow, cancel and delete batch jobs (%%%%batch)",
+        description="The batch jobs in the job store ($NBSCALE_HOME/jobs, else the user's "
+        "data folder): the same store %jobs and nbscale.jobs use.",
+    )
     actions = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="every job: id, name, state, started, elapsed").set_defaults(run=_jobs_list)
     show = actions.add_parser("show", help="one job's fields: state, times, error, saved variables, folder")
@@ -46,23 +51,36 @@ def _parser() -> argparse.ArgumentParser:
     show.set_defaults(run=_jobs_show)
     log = actions.add_parser("log", help="what the job printed (as a terminal shows it)")
     log.add_argument("id", help="the job's id")
-    log.add_argument("--tail", type=int, metavar="N", help="only the last N characters (read from the end of the "
-                                                           "log, however long it is)")
+    log.add_argument(
+        "--tail",
+        type=int,
+        metavar="N",
+        help="only the last N characters (read from the end of the log, however long it is)",
+    )
     log.set_defaults(run=_jobs_log)
     cancel = actions.add_parser("cancel", help="stop a job and every process it started (exit 1 if it had ended)")
     cancel.add_argument("id", help="the job's id")
     cancel.set_defaults(run=_jobs_cancel)
-    delete = actions.add_parser("delete", help="remove ended jobs (record, log, saved variables, checkpoints)",
-                                description="Remove ended jobs from the store. A queued or running job is refused "
-                                            "(cancel it first) and then nothing is deleted.")
+    delete = actions.add_parser(
+        "delete",
+        help="remove ended jobs (record, log, saved variables, checkpoints)",
+        description="Remove ended jobs from the store. A queued or running job is refused "
+        "(cancel it first) and then nothing is deleted.",
+    )
     delete.add_argument("ids", nargs="*", metavar="ID", help="the jobs to remove")
-    delete.add_argument("--older-than", metavar="AGE", help="instead of ids: every job that ended longer ago than "
-                                                            "AGE (7d, 12h, 30m, 45s, 2w)")
+    delete.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="instead of ids: every job that ended longer ago than AGE (7d, 12h, 30m, 45s, 2w)",
+    )
     delete.set_defaults(run=_jobs_delete)
 
     commands.add_parser("gpus", help="this machine's GPUs (NVML) and who holds them").set_defaults(run=_gpus)
-    commands.add_parser("doctor", help="check GPUs, shared memory, the job store, kernel subshells, the lab "
-                                       "extension and Ray (exit 1 on a problem)").set_defaults(run=_doctor)
+    commands.add_parser(
+        "doctor",
+        help="check GPUs, shared memory, the job store, kernel subshells, the lab "
+        "extension and Ray (exit 1 on a problem)",
+    ).set_defaults(run=_doctor)
     return parser
 
 
@@ -81,11 +99,17 @@ def _jobs_show(args: argparse.Namespace) -> int:
     job = jobs.get(args.id)
     fields: dict[str, Any] = job.as_dict()
     rows = [
-        ("id", fields["id"]), ("name", fields["name"] or "-"), ("state", fields["state"]),
-        ("started", fields["started"] or "-"), ("elapsed", format_elapsed(fields["elapsed_s"])),
-        ("pool", fields["pool"] or "-"), ("error", fields["error"] or "-"),
-        ("results", ", ".join(fields["results"]) or "-"), ("trainings", ", ".join(map(str, job.trainings)) or "-"),
-        ("folder", job.folder), ("log", fields["log_path"]),
+        ("id", fields["id"]),
+        ("name", fields["name"] or "-"),
+        ("state", fields["state"]),
+        ("started", fields["started"] or "-"),
+        ("elapsed", format_elapsed(fields["elapsed_s"])),
+        ("pool", fields["pool"] or "-"),
+        ("error", fields["error"] or "-"),
+        ("results", ", ".join(fields["results"]) or "-"),
+        ("trainings", ", ".join(map(str, job.trainings)) or "-"),
+        ("folder", job.folder),
+        ("log", fields["log_path"]),
     ]
     training = fields.get("training")
     if training:

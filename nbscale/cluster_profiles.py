@@ -72,9 +72,11 @@ def read_profiles() -> dict[str, dict[str, Any]]:
         return {}
     untrusted = others_could_change(path)
     if untrusted:  # a profile names the Python that runs batch jobs and the workers' environment: code, in effect
-        raise PoolError(f"The cluster profiles file {path} is not used: {untrusted}, so someone else could choose "
-                        "what runs as you (job_python, env). Make it and its folders yours alone (chmod go-w) or "
-                        "point NBSCALE_PROFILES at a file of your own.")
+        raise PoolError(
+            f"The cluster profiles file {path} is not used: {untrusted}, so someone else could choose "
+            "what runs as you (job_python, env). Make it and its folders yours alone (chmod go-w) or "
+            "point NBSCALE_PROFILES at a file of your own."
+        )
     try:
         document = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
@@ -99,7 +101,7 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
     if backend not in BACKENDS:
         raise PoolError(f"Profile {cluster!r} names backend {backend!r}; nbscale supports {', '.join(BACKENDS)}.")
     if "address" not in entry:
-        raise PoolError(f"Profile {cluster!r} in {profiles_path()} has no address: add address = \"ray://HOST:PORT\".")
+        raise PoolError(f'Profile {cluster!r} in {profiles_path()} has no address: add address = "ray://HOST:PORT".')
     return ClusterProfile(
         name=cluster,
         backend=backend,
@@ -119,8 +121,12 @@ def checked_connect_timeout(seconds: Any, name: str) -> float | None:
     """`seconds` as a float between 1 and MAX_CONNECT_TIMEOUT_S (None stays None); PoolError naming `name`."""
     if seconds is None:
         return None
-    if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or math.isnan(seconds)
-            or not 1 <= float(seconds) <= MAX_CONNECT_TIMEOUT_S):
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, numbers.Real)
+        or math.isnan(seconds)
+        or not 1 <= float(seconds) <= MAX_CONNECT_TIMEOUT_S
+    ):
         raise PoolError(
             f"{name} must be a number of seconds from 1 to {MAX_CONNECT_TIMEOUT_S:.0f}, such as 120, not {seconds!r}."
         )

@@ -22,8 +22,10 @@ class ConfusionChart:
         largest = int(self.matrix.max()) if self.matrix.numel() else 0
         width = max([len(c) for c in self.classes] + [len(str(largest)), 4])
         header = " " * (width + 2) + " ".join(c.rjust(width) for c in self.classes)
-        rows = [f"{name.rjust(width)} |" + " ".join(str(int(v)).rjust(width) for v in row)
-                for name, row in zip(self.classes, self.matrix.tolist(), strict=True)]
+        rows = [
+            f"{name.rjust(width)} |" + " ".join(str(int(v)).rjust(width) for v in row)
+            for name, row in zip(self.classes, self.matrix.tolist(), strict=True)
+        ]
         return "\n".join(["true \\ predicted", header, *rows])
 
     def figure(self) -> Any:
@@ -42,8 +44,9 @@ class ConfusionChart:
         threshold = float(self.matrix.max()) / 2
         for (i, j), value in zip(((i, j) for i in ticks for j in ticks), self.matrix.flatten().tolist(), strict=True):
             if value:
-                axes.text(j, i, str(int(value)), ha="center", va="center",
-                          color="white" if value > threshold else "black")
+                axes.text(
+                    j, i, str(int(value)), ha="center", va="center", color="white" if value > threshold else "black"
+                )
         figure.colorbar(image, ax=axes)
         figure.tight_layout()
         return figure
@@ -88,8 +91,13 @@ def confusion_chart(true: Any, pred: Any, classes: Sequence[str] | None = None) 
         classes = _classes_of(true_labels, pred_labels)
     names = [str(c) for c in classes]
     known = set(names)
-    unknown = {v for labels in (true_labels, pred_labels) if not isinstance(labels, torch.Tensor)
-               for v in labels if isinstance(v, str) and v not in known}
+    unknown = {
+        v
+        for labels in (true_labels, pred_labels)
+        if not isinstance(labels, torch.Tensor)
+        for v in labels
+        if isinstance(v, str) and v not in known
+    }
     if unknown:
         raise NbscaleError(f"confusion_chart: labels {sorted(unknown)} are not among classes {names}.")
     true_indices, pred_indices = _as_indices(true_labels, names), _as_indices(pred_labels, names)
@@ -97,8 +105,10 @@ def confusion_chart(true: Any, pred: Any, classes: Sequence[str] | None = None) 
     for indices in (true_indices, pred_indices):
         if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= count):
             outside = int(indices.max()) if int(indices.max()) >= count else int(indices.min())
-            raise NbscaleError(f"confusion_chart: label index {outside} is outside the {count} classes "
-                               f"{names[:10]}: pass classes= with every class.")
+            raise NbscaleError(
+                f"confusion_chart: label index {outside} is outside the {count} classes "
+                f"{names[:10]}: pass classes= with every class."
+            )
     # one pass over the labels in C: the cell (t, p) is entry t * count + p
     matrix = torch.bincount(true_indices * count + pred_indices, minlength=count * count).reshape(count, count)
     return ConfusionChart(matrix, names)
@@ -113,9 +123,11 @@ def _classes_of(true_labels: torch.Tensor | list[Any], pred_labels: torch.Tensor
         return [str(i) for i in range(largest + 1)]
     values = {v for labels in both for v in (labels.tolist() if isinstance(labels, torch.Tensor) else labels)}
     if len({isinstance(v, str) for v in values}) > 1:
-        raise NbscaleError("confusion_chart: the labels mix class names and class indices; pass classes= (for "
-                           "example ds.classes) to say which name each index stands for, or use names for "
-                           "both.")
+        raise NbscaleError(
+            "confusion_chart: the labels mix class names and class indices; pass classes= (for "
+            "example ds.classes) to say which name each index stands for, or use names for "
+            "both."
+        )
     if all(isinstance(v, str) for v in values):
         return sorted(values)
     return [str(i) for i in range(max(int(v) for v in values) + 1)] if values else []

@@ -55,17 +55,29 @@ def _shared_memory() -> Check:
 
     folder = shared_memory_dir()
     if folder is None:
-        return Check("shared memory", "problem", f"{SHARED_MEMORY_DIR_VARIABLE}={os.environ.get(SHARED_MEMORY_DIR_VARIABLE)} "
-                                                 "is a folder another user could write: pools pass large values on "
-                                                 "their sockets instead. Name a folder only you can write.")
+        return Check(
+            "shared memory",
+            "problem",
+            f"{SHARED_MEMORY_DIR_VARIABLE}={os.environ.get(SHARED_MEMORY_DIR_VARIABLE)} "
+            "is a folder another user could write: pools pass large values on "
+            "their sockets instead. Name a folder only you can write.",
+        )
     if not os.access(folder, os.W_OK):
-        return Check("shared memory", "problem", f"{folder} cannot be written: pools pass large values through it. "
-                                                 f"Set {SHARED_MEMORY_DIR_VARIABLE} to a folder you can write to.")
+        return Check(
+            "shared memory",
+            "problem",
+            f"{folder} cannot be written: pools pass large values through it. "
+            f"Set {SHARED_MEMORY_DIR_VARIABLE} to a folder you can write to.",
+        )
     free = shutil.disk_usage(folder).free
     where = f"{folder}: {free / _MIB:,.0f} MiB free"
     if free < SMALL_SHM_BYTES:
-        return Check("shared memory", "note", f"{where}, little for a pool's large values and data loaders. In a "
-                                              "container, start it with a larger --shm-size (8g).")
+        return Check(
+            "shared memory",
+            "note",
+            f"{where}, little for a pool's large values and data loaders. In a "
+            "container, start it with a larger --shm-size (8g).",
+        )
     return Check("shared memory", "ok", where)
 
 
@@ -74,8 +86,9 @@ def _job_store() -> Check:
 
     store = JobStore()  # JobError (damaged, not ours, not writable) says what and the fix
     free = shutil.disk_usage(store.root).free
-    return Check("job store", "ok", f"{store.root} ({len(store.job_ids_on_disk())} job folders, "
-                                    f"{free / _MIB:,.0f} MiB free)")
+    return Check(
+        "job store", "ok", f"{store.root} ({len(store.job_ids_on_disk())} job folders, {free / _MIB:,.0f} MiB free)"
+    )
 
 
 def _subshells() -> Check:
@@ -86,12 +99,20 @@ def _subshells() -> Check:
         return Check("kernel subshells", "note", "ipykernel is not installed: no notebook kernel here.")
     version = ipykernel.__version__
     if not hasattr(Kernel, "create_subshell_request"):
-        return Check("kernel subshells", "note", f"ipykernel {version} has no subshells: the Stop button acts when "
-                                                 "the cell ends, not while it runs. ipykernel >= 7.4 has them.")
+        return Check(
+            "kernel subshells",
+            "note",
+            f"ipykernel {version} has no subshells: the Stop button acts when "
+            "the cell ends, not while it runs. ipykernel >= 7.4 has them.",
+        )
     if _version_tuple(version) < (7, 4):
-        return Check("kernel subshells", "note", f"ipykernel {version} has subshells but does not route widget "
-                                                 "messages to them: the Stop button acts when the cell ends. "
-                                                 "ipykernel >= 7.4 routes them.")
+        return Check(
+            "kernel subshells",
+            "note",
+            f"ipykernel {version} has subshells but does not route widget "
+            "messages to them: the Stop button acts when the cell ends. "
+            "ipykernel >= 7.4 routes them.",
+        )
     return Check("kernel subshells", "ok", f"ipykernel {version}: the Stop button works while a cell runs")
 
 
@@ -104,16 +125,23 @@ def _lab_extension() -> Check:
             with open(package, encoding="utf-8") as file:
                 version = json.load(file).get("version", "?")
             return Check("lab extension", "ok", f"version {version} in {os.path.dirname(package)}")
-    return Check("lab extension", "note", "not installed: JupyterLab shows no nbscale status bar or panel. "
-                                          "Install nbscale from its built wheel (docs/labextension.md).")
+    return Check(
+        "lab extension",
+        "note",
+        "not installed: JupyterLab shows no nbscale status bar or panel. "
+        "Install nbscale from its built wheel (docs/labextension.md).",
+    )
 
 
 def _ray() -> Check:
     try:
         import ray
     except ImportError:
-        return Check("Ray", "note", "not installed: pools and jobs run on this machine only. For clusters: "
-                                    "pip install 'nbscale[cluster]'.")
+        return Check(
+            "Ray",
+            "note",
+            "not installed: pools and jobs run on this machine only. For clusters: pip install 'nbscale[cluster]'.",
+        )
     return Check("Ray", "ok", f"ray {ray.__version__}")
 
 
@@ -126,6 +154,10 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 _CHECKS: list[tuple[str, Callable[[], Check]]] = [
-    ("GPUs", _gpus), ("shared memory", _shared_memory), ("job store", _job_store),
-    ("kernel subshells", _subshells), ("lab extension", _lab_extension), ("Ray", _ray),
+    ("GPUs", _gpus),
+    ("shared memory", _shared_memory),
+    ("job store", _job_store),
+    ("kernel subshells", _subshells),
+    ("lab extension", _lab_extension),
+    ("Ray", _ray),
 ]

@@ -143,8 +143,10 @@ def select_gpu(index: int) -> GpuInfo:
     """
     global _selected
     if isinstance(index, bool) or not isinstance(index, int):
-        raise GpuError(f"select_gpu() takes a GPU's index, a whole number as %gpu shows it (like 0), not "
-                       f"{type(index).__name__} {index!r}.")
+        raise GpuError(
+            f"select_gpu() takes a GPU's index, a whole number as %gpu shows it (like 0), not "
+            f"{type(index).__name__} {index!r}."
+        )
     available = gpus()
     if not 0 <= index < len(available):
         if available:
@@ -194,8 +196,10 @@ def training_gpu(current: int) -> int:
     target, others = decided["target"], decided["others"]
     held = f"GPU {current} is held by {'; '.join(holder.describe() for holder in others)}"
     if decided["moved"]:
-        warn_user(f"{held}: training on GPU {target.index} ({target.name}), which is free. To train on GPU "
-                  f"{current} anyway, select it first with %gpu {current} (nbscale.select_gpu({current})).")
+        warn_user(
+            f"{held}: training on GPU {target.index} ({target.name}), which is free. To train on GPU "
+            f"{current} anyway, select it first with %gpu {current} (nbscale.select_gpu({current}))."
+        )
         import torch
 
         if torch.cuda.is_available():
@@ -203,8 +207,10 @@ def training_gpu(current: int) -> int:
         return int(target.index)
     if others:
         why = "you selected it" if _selected == current else "no GPU is free"
-        warn_user(f"{held}: training shares it ({why}), so both run slower and either may run out of GPU "
-                  "memory. %gpu shows each GPU's holders.")
+        warn_user(
+            f"{held}: training shares it ({why}), so both run slower and either may run out of GPU "
+            "memory. %gpu shows each GPU's holders."
+        )
     return current
 
 

@@ -74,10 +74,12 @@ class GpuHolder:
         return self.pid == os.getpid() and self.uid == os.geteuid()
 
     def describe(self) -> str:
-        """"alice's pool (notebook analysis.ipynb, pid 4242)"."""
-        where = [f"notebook {self.notebook}" if self.notebook else None,
-                 f"kernel {self.kernel_id[:8]}" if self.kernel_id and not self.notebook else None,
-                 f"pid {self.pid}" if self.pid is not None else None]
+        """ "alice's pool (notebook analysis.ipynb, pid 4242)"."""
+        where = [
+            f"notebook {self.notebook}" if self.notebook else None,
+            f"kernel {self.kernel_id[:8]}" if self.kernel_id and not self.notebook else None,
+            f"pid {self.pid}" if self.pid is not None else None,
+        ]
         details = ", ".join(part for part in where if part)
         what = f"{self.user}'s {self.purpose}" if self.purpose in ("pool", "training") else self.user
         return f"{what} ({details})" if details else what
@@ -178,8 +180,11 @@ def reserve(choose: Callable[[], Sequence[str]], purpose: Purpose) -> GpuReserva
                 for key in keys:
                     reservation._files.append(_write_holder_file(folder, key, purpose))
                 mine = {path.name for _, path in reservation._files}
-                appeared = {name for name, key in _live_files(folder).items()
-                            if key in keys and name not in seen and name not in mine}
+                appeared = {
+                    name
+                    for name, key in _live_files(folder).items()
+                    if key in keys and name not in seen and name not in mine
+                }
             except BaseException:
                 reservation.release()
                 raise
@@ -192,9 +197,11 @@ def reserve(choose: Callable[[], Sequence[str]], purpose: Purpose) -> GpuReserva
 
 def _posix() -> None:
     if not hasattr(os, "geteuid"):
-        raise GpuError("GPU reservations need a POSIX system (Linux or macOS); on this platform nbscale cannot "
-                       "reserve GPUs machine-wide. Train in the notebook on the GPU you choose (%gpu N), or use "
-                       "Linux (WSL on Windows) for pools.")
+        raise GpuError(
+            "GPU reservations need a POSIX system (Linux or macOS); on this platform nbscale cannot "
+            "reserve GPUs machine-wide. Train in the notebook on the GPU you choose (%gpu N), or use "
+            "Linux (WSL on Windows) for pools."
+        )
 
 
 def _checked_dir(folder: Path) -> Path:
@@ -208,11 +215,17 @@ def _checked_dir(folder: Path) -> Path:
     if not stat.S_ISDIR(info.st_mode):
         raise GpuError(_unsafe(folder, "it is not a folder"))
     if info.st_uid not in (0, os.geteuid()):
-        raise GpuError(_unsafe(folder, f"it belongs to {_user_name(info.st_uid)}, who could delete anyone's "
-                                       "reservations in it"))
+        raise GpuError(
+            _unsafe(folder, f"it belongs to {_user_name(info.st_uid)}, who could delete anyone's reservations in it")
+        )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-        raise GpuError(_unsafe(folder, "others may write to it but it lacks the sticky bit, so anyone could "
-                                       "delete anyone's reservations in it"))
+        raise GpuError(
+            _unsafe(
+                folder,
+                "others may write to it but it lacks the sticky bit, so anyone could "
+                "delete anyone's reservations in it",
+            )
+        )
     return real
 
 
@@ -242,9 +255,11 @@ def _user_lock() -> Iterator[None]:
     try:
         import fcntl
     except ImportError:
-        raise GpuError("GPU reservations need fcntl's file locks (Linux or macOS); this platform has none. Train "
-                       "in the notebook on the GPU you choose (%gpu N), or use Linux (WSL on Windows) for "
-                       "pools.") from None
+        raise GpuError(
+            "GPU reservations need fcntl's file locks (Linux or macOS); this platform has none. Train "
+            "in the notebook on the GPU you choose (%gpu N), or use Linux (WSL on Windows) for "
+            "pools."
+        ) from None
     from nbscale.trust import swappable_by_others
 
     path = lock_path()
@@ -252,17 +267,21 @@ def _user_lock() -> Iterator[None]:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as error:
-        raise GpuError(f"The GPU registry's lock file {path} cannot be opened ({error.strerror}). Point "
-                       "NBSCALE_HOME at a folder of yours that you can write.") from None
+        raise GpuError(
+            f"The GPU registry's lock file {path} cannot be opened ({error.strerror}). Point "
+            "NBSCALE_HOME at a folder of yours that you can write."
+        ) from None
     try:
         info = os.fstat(descriptor)
         why = swappable_by_others(path)
         if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             why = f"it belongs to {_user_name(info.st_uid)} or others may write to it"
         if why or not stat.S_ISREG(info.st_mode):
-            raise GpuError(f"The GPU registry's lock file {path} cannot be used: {why or 'it is no file'}, so "
-                           "another user could hold it and stop you reserving GPUs. Point NBSCALE_HOME at a folder "
-                           "only you can write (mode 0700), or remove the file.")
+            raise GpuError(
+                f"The GPU registry's lock file {path} cannot be used: {why or 'it is no file'}, so "
+                "another user could hold it and stop you reserving GPUs. Point NBSCALE_HOME at a folder "
+                "only you can write (mode 0700), or remove the file."
+            )
         fcntl.flock(descriptor, fcntl.LOCK_EX)  # only this user's processes can hold it, each for a moment
         yield
     finally:
@@ -313,7 +332,7 @@ def _live_files(folder: Path) -> dict[str, str]:
         return {}
     live = {}
     for name in names:
-        key = name[len(PREFIX):].partition(".")[0]
+        key = name[len(PREFIX) :].partition(".")[0]
         if key and _live_holder(folder / name) is not None:
             live[name] = key
     return live
@@ -326,7 +345,7 @@ def _holders_in(folder: Path) -> dict[str, tuple[GpuHolder, ...]]:
     except OSError:
         return {}
     for name in names:
-        key = name[len(PREFIX):].partition(".")[0]
+        key = name[len(PREFIX) :].partition(".")[0]
         holder = _live_holder(folder / name)
         if key and holder is not None:
             found.setdefault(key, []).append(holder)

@@ -50,8 +50,10 @@ def _labelled_pair(data: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     if label_column:  # N x 1, as numpy and pandas often give labels
         labels = labels[:, 0]
     if labels.ndim != 1 or len(labels) != len(inputs):
-        raise NbscaleError(f"data as an (inputs, labels) pair needs one label per input: {len(inputs)} inputs but "
-                           f"labels of shape {tuple(labels.shape)}.")
+        raise NbscaleError(
+            f"data as an (inputs, labels) pair needs one label per input: {len(inputs)} inputs but "
+            f"labels of shape {tuple(labels.shape)}."
+        )
     return inputs, labels
 
 
@@ -65,18 +67,19 @@ def _batches(data: Data, batch_size: int) -> Iterator[tuple[Any, Any]]:
         return
     if isinstance(data, torch.Tensor):
         for start in range(0, len(data), batch_size):
-            yield data[start:start + batch_size], None
+            yield data[start : start + batch_size], None
         return
     pair = _labelled_pair(data)
     if pair is not None:
         inputs, labels = pair
         for start in range(0, len(inputs), batch_size):
-            yield inputs[start:start + batch_size], labels[start:start + batch_size]
+            yield inputs[start : start + batch_size], labels[start : start + batch_size]
         return
     if isinstance(data, tuple) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         what = f"a tuple of {len(data)} items" if isinstance(data, tuple) else type(data).__name__
-        raise NbscaleError(f"data must be a torch Dataset, a tensor, or an (inputs, labels) pair of tensors, "
-                           f"not {what}.")
+        raise NbscaleError(
+            f"data must be a torch Dataset, a tensor, or an (inputs, labels) pair of tensors, not {what}."
+        )
     for batch in DataLoader(data, batch_size=batch_size, shuffle=False):
         yield _split_batch(batch)
 
@@ -104,17 +107,20 @@ def _one_image_as_batch(net: nn.Module, data: object) -> Any:
     return image[None] if image.ndim == 3 else image[None, None]
 
 
-def _run(net: nn.Module, data: Data, batch_size: int,
-         each: Callable[[torch.Tensor, Any], None], what: str) -> None:
+def _run(net: nn.Module, data: Data, batch_size: int, each: Callable[[torch.Tensor, Any], None], what: str) -> None:
     """Run `net` over `data` in batches, calling `each(outputs, labels or None)` for every batch; a first batch
     that fails (not for lack of memory) is reported as the network not fitting the data. `what` (the caller's
     name) names errors: a net that is no network, data that is text or has no items."""
     if not isinstance(net, nn.Module):
-        raise ModelError(f"{what}: the network {_shown(net)} is a {type(net).__name__}, not a torch nn.Module: pass "
-                         f"the network first, then the data ({what}(net, data)).")
+        raise ModelError(
+            f"{what}: the network {_shown(net)} is a {type(net).__name__}, not a torch nn.Module: pass "
+            f"the network first, then the data ({what}(net, data))."
+        )
     if isinstance(data, str | bytes):
-        raise NbscaleError(f"{what}: the data {_shown(data)} is text: give a torch Dataset, a tensor or an (inputs, "
-                           "labels) pair; for image files, ImageDatastore(folder) reads them.")
+        raise NbscaleError(
+            f"{what}: the data {_shown(data)} is text: give a torch Dataset, a tensor or an (inputs, "
+            "labels) pair; for image files, ImageDatastore(folder) reads them."
+        )
     device, was_training = _device_of(net), net.training
     data = _one_image_as_batch(net, data)
     net.eval()
@@ -133,8 +139,10 @@ def _run(net: nn.Module, data: Data, batch_size: int,
     finally:
         net.train(was_training)
     if first:
-        raise NbscaleError(f"{what}: the data has no items (length 0), so there is nothing to {what}: check how it "
-                           "was made (an empty folder, a split or subset that kept nothing).")
+        raise NbscaleError(
+            f"{what}: the data has no items (length 0), so there is nothing to {what}: check how it "
+            "was made (an empty folder, a split or subset that kept nothing)."
+        )
 
 
 def _shown(value: Any) -> str:
@@ -147,8 +155,10 @@ def _output_tensor(outputs: object) -> torch.Tensor:
     """The output predictions use: the logits, or the first of several outputs (a tuple or list)."""
     first = first_output(outputs)
     if not isinstance(first, torch.Tensor):
-        raise ModelError(f"The network returned a {type(first).__name__}, not a tensor of outputs: make its forward "
-                         "return a tensor (or a tuple whose first item is the tensor to predict from).")
+        raise ModelError(
+            f"The network returned a {type(first).__name__}, not a tensor of outputs: make its forward "
+            "return a tensor (or a tuple whose first item is the tensor to predict from)."
+        )
     return first
 
 
@@ -187,8 +197,10 @@ def accuracy(net: nn.Module, data: Data, batch_size: int = 256) -> float:
         nonlocal correct, total
         labels = first_tensor(labels)  # several targets: the first is the class label
         if labels is None or (labels < 0).any():
-            raise NbscaleError("accuracy needs labelled data: a Dataset yielding (input, label) or an "
-                               "(inputs, labels) pair of tensors.")
+            raise NbscaleError(
+                "accuracy needs labelled data: a Dataset yielding (input, label) or an "
+                "(inputs, labels) pair of tensors."
+            )
         correct += int((outputs.argmax(dim=1).cpu() == labels.cpu()).sum())
         total += len(labels)
 
@@ -200,8 +212,10 @@ def activations(net: nn.Module, data: Data, layer: str = "layer4", batch_size: i
     """The output of the module named `layer` (as in `net.named_modules()`) for every item, concatenated."""
     modules = dict(net.named_modules())
     if not isinstance(layer, str) or layer not in modules:
-        raise ModelError(f"activations: the network has no layer {layer!r}.{layers_near(net, str(layer))}. Name "
-                         "a layer as net.named_modules() does ('layer4', 'layer4.0.conv1').")
+        raise ModelError(
+            f"activations: the network has no layer {layer!r}.{layers_near(net, str(layer))}. Name "
+            "a layer as net.named_modules() does ('layer4', 'layer4.0.conv1')."
+        )
     captured: list[torch.Tensor] = []
 
     def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:

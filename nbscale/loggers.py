@@ -62,8 +62,10 @@ class TensorBoardLogger:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise OptionsError("TensorBoardLogger needs the tensorboard package, which is not installed: "
-                               "pip install tensorboard (or log to a file with nbscale.loggers.CSVLogger).") from None
+            raise OptionsError(
+                "TensorBoardLogger needs the tensorboard package, which is not installed: "
+                "pip install tensorboard (or log to a file with nbscale.loggers.CSVLogger)."
+            ) from None
         self.log_dir = Path(log_dir)
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
@@ -93,8 +95,9 @@ class LoggerFeed:
                 self.flush()
         elif isinstance(event, TrainingDone):
             if event.validation_loss is not None and self.rows and self.rows[-1][1] == event.iteration:
-                self.rows[-1][0].update(_validation(event.validation_loss, event.validation_metrics,
-                                                    event.validation_accuracy))
+                self.rows[-1][0].update(
+                    _validation(event.validation_loss, event.validation_metrics, event.validation_accuracy)
+                )
             self.flush()
 
     def flush(self) -> None:

@@ -32,9 +32,17 @@ class TrainingMonitor:
 
     interrupt_stops = True  # in the notebook, the kernel interrupt sets `stop` (a second one raises)
 
-    def __init__(self, metrics: Sequence[str], info: Sequence[str] = (), x_label: str = "iteration",
-                 groups: Mapping[str, Sequence[str]] | None = None, reduce: str = "first",
-                 loggers: Sequence[Any] = (), min_interval: float = 0.5, budget: float = 0.005) -> None:
+    def __init__(
+        self,
+        metrics: Sequence[str],
+        info: Sequence[str] = (),
+        x_label: str = "iteration",
+        groups: Mapping[str, Sequence[str]] | None = None,
+        reduce: str = "first",
+        loggers: Sequence[Any] = (),
+        min_interval: float = 0.5,
+        budget: float = 0.005,
+    ) -> None:
         self.metrics = _names("metrics", metrics, required=True)
         self._known = frozenset(self.metrics)
         self.info_names = _names("info", info)
@@ -42,8 +50,10 @@ class TrainingMonitor:
         self.x_label = str(x_label)
         self.groups = _groups(groups or {}, self.metrics)
         if reduce not in _REDUCES:
-            raise OptionsError(f"TrainingMonitor(reduce={reduce!r}): give 'first' (rank 0's values) or 'mean' (the "
-                               "mean over the ranks of a %%spmd cell).")
+            raise OptionsError(
+                f"TrainingMonitor(reduce={reduce!r}): give 'first' (rank 0's values) or 'mean' (the "
+                "mean over the ranks of a %%spmd cell)."
+            )
         self.reduce = reduce
         self.loggers = _checked_loggers(loggers)
         self.min_interval, self.budget = min_interval, budget
@@ -66,8 +76,10 @@ class TrainingMonitor:
         """Record metric values (numbers or 0-d tensors, never read here) at `step` (the x value)."""
         if not values.keys() <= self._known:
             unknown = sorted(set(values) - self._known)
-            raise OptionsError(f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
-                               f"metrics {list(self.metrics)}; add it to TrainingMonitor(metrics=[...]).")
+            raise OptionsError(
+                f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
+                f"metrics {list(self.metrics)}; add it to TrainingMonitor(metrics=[...])."
+            )
         self._pending.append((step, values))
         now = time.perf_counter()
         if now >= self._next_flush or len(self._pending) >= _MAX_PENDING:
@@ -77,8 +89,10 @@ class TrainingMonitor:
         """Show `values` in the info panel (names given as TrainingMonitor(info=[...]))."""
         if not values.keys() <= self._info_known:
             unknown = sorted(set(values) - set(self.info_names))
-            raise OptionsError(f"monitor.update_info({unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
-                               f"info fields {list(self.info_names)}; add it to TrainingMonitor(info=[...]).")
+            raise OptionsError(
+                f"monitor.update_info({unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
+                f"info fields {list(self.info_names)}; add it to TrainingMonitor(info=[...])."
+            )
         self.info.update(values)
 
     @property
@@ -231,9 +245,15 @@ def _names(what: str, names: Any, required: bool = False) -> tuple[str, ...]:
         out = tuple(names)
     except TypeError:
         out = ()
-    if (required and not out) or not all(isinstance(n, str) and n.isidentifier() for n in out) or len(set(out)) < len(out):
-        raise OptionsError(f"TrainingMonitor({what}={names!r}): give a list of distinct names usable as keywords, "
-                           f"such as {what}=['loss', 'val_loss']" + (" (at least one)." if required else "."))
+    if (
+        (required and not out)
+        or not all(isinstance(n, str) and n.isidentifier() for n in out)
+        or len(set(out)) < len(out)
+    ):
+        raise OptionsError(
+            f"TrainingMonitor({what}={names!r}): give a list of distinct names usable as keywords, "
+            f"such as {what}=['loss', 'val_loss']" + (" (at least one)." if required else ".")
+        )
     return out
 
 
@@ -244,8 +264,10 @@ def _groups(groups: Mapping[str, Sequence[str]], metrics: tuple[str, ...]) -> di
         members = [members] if isinstance(members, str) else list(members)
         bad = [m for m in members if m not in metrics or m in seen]
         if bad or not members:
-            raise OptionsError(f"TrainingMonitor(groups={{{title!r}: {members!r}}}): each group lists metrics of "
-                               f"metrics={list(metrics)}, each metric in one group at most.")
+            raise OptionsError(
+                f"TrainingMonitor(groups={{{title!r}: {members!r}}}): each group lists metrics of "
+                f"metrics={list(metrics)}, each metric in one group at most."
+            )
         seen.update(members)
         out[str(title)] = members
     return out
@@ -324,8 +346,9 @@ class _NotebookSink(_Sink):
             signal.signal(signal.SIGINT, self.previous_handler)
             self.previous_handler = None
         reason = self.monitor._stop.reason
-        self.display.draw(self.monitor._columns, self.monitor.info, self.monitor._progress,
-                          f"{state}: {reason}" if reason else state)
+        self.display.draw(
+            self.monitor._columns, self.monitor.info, self.monitor._progress, f"{state}: {reason}" if reason else state
+        )
         self.display.close()
 
 
@@ -394,9 +417,21 @@ class _RankSink(_Sink):
             return
         m = self.monitor
         rows, self.rows = self.rows, []
-        self.context.emit(MonitorRecords(self.key, m._panels, m.x_label, m.metrics, m.reduce,
-                                         self.context.world_size, [(_step_number(s), v) for s, v in rows],
-                                         dict(m.info), m._progress, dict(self.log_panels), done))
+        self.context.emit(
+            MonitorRecords(
+                self.key,
+                m._panels,
+                m.x_label,
+                m.metrics,
+                m.reduce,
+                self.context.world_size,
+                [(_step_number(s), v) for s, v in rows],
+                dict(m.info),
+                m._progress,
+                dict(self.log_panels),
+                done,
+            )
+        )
 
 
 class _NotebookView(TrainingMonitor):
@@ -464,18 +499,27 @@ class _JobSink(_Sink):
         self.names = tuple(name for name in monitor.metrics if name != "loss")
         self.start = time.time()
         self.rows: list[tuple[Any, dict[str, float]]] = []
-        self.recorder(TrainingStarted(1, 0, 0, "your own loop (nbscale.TrainingMonitor)", self.start,
-                                      metric_names=self.names))
+        self.recorder(
+            TrainingStarted(1, 0, 0, "your own loop (nbscale.TrainingMonitor)", self.start, metric_names=self.names)
+        )
         atexit.register(monitor.close)  # the job's process ends: the record gets its end
 
     def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
         from nbscale.training.events import IterationDone
 
         for step, values in rows:
-            self.recorder(IterationDone(int(self.monitor.info.get("epoch", 1)) if isinstance(
-                self.monitor.info.get("epoch", 1), int) else 1, int(_step_number(step)), time.time() - self.start,
-                values.get("loss", float("nan")), None, float(self.monitor.info.get("learn_rate", 0.0) or 0.0), 0,
-                training_metrics={name: values[name] for name in self.names if name in values}))
+            self.recorder(
+                IterationDone(
+                    int(self.monitor.info.get("epoch", 1)) if isinstance(self.monitor.info.get("epoch", 1), int) else 1,
+                    int(_step_number(step)),
+                    time.time() - self.start,
+                    values.get("loss", float("nan")),
+                    None,
+                    float(self.monitor.info.get("learn_rate", 0.0) or 0.0),
+                    0,
+                    training_metrics={name: values[name] for name in self.names if name in values},
+                )
+            )
         return rows
 
     def close(self, state: str) -> None:

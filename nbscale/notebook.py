@@ -61,8 +61,9 @@ def train(
         feed = LoggerFeed(options.loggers)
         listeners.insert(0, feed)  # before output_fn, whose failure ends the run
     try:
-        return trainer.train(model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop,
-                             info=info, step_fn=step_fn)
+        return trainer.train(
+            model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop, info=info, step_fn=step_fn
+        )
     finally:
         if feed is not None:  # however the run ended: what was logged is in the files
             feed.close()
@@ -119,8 +120,18 @@ def sweep(
     """
     from nbscale.training.sweep import sweep as start_sweep
 
-    result = start_sweep(make_model, train_data, options, grid, pool=pool, loss_fn=loss_fn, val_data=val_data,
-                         wait=False, seed=seed, step_fn=step_fn)
+    result = start_sweep(
+        make_model,
+        train_data,
+        options,
+        grid,
+        pool=pool,
+        loss_fn=loss_fn,
+        val_data=val_data,
+        wait=False,
+        seed=seed,
+        step_fn=step_fn,
+    )
     if show if show is not None else in_notebook():
         from nbscale.ui.sweep_display import SweepDisplay
 
@@ -164,18 +175,25 @@ class CellTraining:
 
     def __post_init__(self) -> None:
         if self.seed is not None and not self.sweep:
-            raise OptionsError("--seed sets the seed of a sweep's runs, so it needs --sweep. For one run, call "
-                               "torch.manual_seed(N) in the cell before building the model.")
+            raise OptionsError(
+                "--seed sets the seed of a sweep's runs, so it needs --sweep. For one run, call "
+                "torch.manual_seed(N) in the cell before building the model."
+            )
         for flag, name in (("--net", self.net), ("--info", self.info)):
             if not name.isidentifier():
-                raise OptionsError(f"{flag} {name}: the name for the result must be a Python identifier, such as "
-                                   f"{flag} trained.")
+                raise OptionsError(
+                    f"{flag} {name}: the name for the result must be a Python identifier, such as {flag} trained."
+                )
             if keyword.iskeyword(name):
-                raise OptionsError(f"{flag} {name}: {name!r} is a Python keyword, which no variable can be named; "
-                                   f"pick another name, such as {flag} trained.")
+                raise OptionsError(
+                    f"{flag} {name}: {name!r} is a Python keyword, which no variable can be named; "
+                    f"pick another name, such as {flag} trained."
+                )
         if self.net == self.info:
-            raise OptionsError(f"--net and --info both name {self.net!r}: the info would replace the network. "
-                               "Give them different names, such as --net net --info info.")
+            raise OptionsError(
+                f"--net and --info both name {self.net!r}: the info would replace the network. "
+                "Give them different names, such as --net net --info info."
+            )
 
 
 def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
@@ -193,7 +211,8 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
         raise NbscaleError("The %%train cell raised the error above, so nothing was trained.")
     # only what this cell defined counts: a val_data or loss_fn left from an earlier cell must not leak in
     defined = _assigned_names(shell, cell) | {
-        name for name in CELL_NAMES if name in namespace and namespace[name] is not before.get(name)}
+        name for name in CELL_NAMES if name in namespace and namespace[name] is not before.get(name)
+    }
     del before  # the earlier values (an old network) are not kept alive through training
     values = {name: namespace[name] for name in CELL_NAMES if name in defined and name in namespace}
     sweeping = bool(request.sweep) and callable(values.get("make_model"))
@@ -202,28 +221,41 @@ def train_cell(shell: Any, cell: str, request: CellTraining) -> None:
     if missing:
         earlier = [name for name in missing if name in namespace]
         plural = len(earlier) > 1
-        note = (f" ({' and '.join(earlier)} from an earlier cell {'are' if plural else 'is'} not used: assign "
-                f"{'them' if plural else 'it'} in this cell)" if earlier else "")
-        raise OptionsError(f"The %%train cell must define {' and '.join(missing)}{note}; it may define "
-                           "val_data and loss_fn too.")
+        note = (
+            f" ({' and '.join(earlier)} from an earlier cell {'are' if plural else 'is'} not used: assign "
+            f"{'them' if plural else 'it'} in this cell)"
+            if earlier
+            else ""
+        )
+        raise OptionsError(
+            f"The %%train cell must define {' and '.join(missing)}{note}; it may define val_data and loss_fn too."
+        )
     options = _cell_options(request, namespace, values.get("val_data", _NOT_ASSIGNED))
     if request.sweep:
         _sweep_cell(request, values, options, namespace)
         return
-    net, info = train(values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"),
-                      step_fn=values.get("step_fn"))
+    net, info = train(
+        values["model"], values["train_data"], options, loss_fn=values.get("loss_fn"), step_fn=values.get("step_fn")
+    )
     namespace[request.net], namespace[request.info] = net, info
 
 
-def _sweep_cell(request: CellTraining, values: dict[str, Any], options: TrainingOptions,
-                namespace: dict[str, Any]) -> None:
+def _sweep_cell(
+    request: CellTraining, values: dict[str, Any], options: TrainingOptions, namespace: dict[str, Any]
+) -> None:
     """`%%train --sweep`: every run in `sweep_result`, the best one's network and info in the notebook."""
     from nbscale.training.sweep import parse_grid
 
     make_model = values.get("make_model")
-    result = sweep(make_model if callable(make_model) else values["model"], values["train_data"], options,
-                   parse_grid(request.sweep), loss_fn=values.get("loss_fn"), seed=request.seed,
-                   step_fn=values.get("step_fn"))
+    result = sweep(
+        make_model if callable(make_model) else values["model"],
+        values["train_data"],
+        options,
+        parse_grid(request.sweep),
+        loss_fn=values.get("loss_fn"),
+        seed=request.seed,
+        step_fn=values.get("step_fn"),
+    )
     namespace["sweep_result"] = result
     if result.best is not None:
         namespace[request.net], namespace[request.info] = result.best.net, result.best.info
@@ -246,21 +278,30 @@ def _cell_options(request: CellTraining, namespace: dict[str, Any], val_data: ob
     the cell's `val_data` (`_NOT_ASSIGNED` when it assigned none) as the validation data."""
     if request.options is not None:
         if request.options not in namespace:
-            raise OptionsError(f"--options {request.options}: no notebook variable named {request.options!r}. Create "
-                               f"it in an earlier cell: {request.options} = nbscale.TrainingOptions('sgdm', ...), or "
-                               f"{request.options} = nbscale.options_form() for a form.")
+            raise OptionsError(
+                f"--options {request.options}: no notebook variable named {request.options!r}. Create "
+                f"it in an earlier cell: {request.options} = nbscale.TrainingOptions('sgdm', ...), or "
+                f"{request.options} = nbscale.options_form() for a form."
+            )
         base = unwrap_form(namespace[request.options])
         if not isinstance(base, TrainingOptions):
             kind = type(base).__name__
             kind = f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}"
-            raise OptionsError(f"--options {request.options}: {request.options} holds {kind}, not "
-                               f"TrainingOptions or an options form: set {request.options} = "
-                               "nbscale.TrainingOptions('sgdm', ...) (or nbscale.options_form()), or name another "
-                               "variable.")
+            raise OptionsError(
+                f"--options {request.options}: {request.options} holds {kind}, not "
+                f"TrainingOptions or an options form: set {request.options} = "
+                "nbscale.TrainingOptions('sgdm', ...) (or nbscale.options_form()), or name another "
+                "variable."
+            )
     else:
         base = TrainingOptions(request.solver or "sgdm", plots="training-progress")
-    flags = {"execution_environment": request.environment, "max_epochs": request.epochs,
-             "mini_batch_size": request.batch_size, "initial_learn_rate": request.learn_rate, "solver": request.solver}
+    flags = {
+        "execution_environment": request.environment,
+        "max_epochs": request.epochs,
+        "mini_batch_size": request.batch_size,
+        "initial_learn_rate": request.learn_rate,
+        "solver": request.solver,
+    }
     changes: dict[str, Any] = {field: value for field, value in flags.items() if value is not None}
     if not request.plots:
         changes["plots"] = "none"

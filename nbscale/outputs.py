@@ -35,6 +35,9 @@ def loss_and_first_output(loss_fn: Any, outputs: Any, targets: Any) -> tuple[Any
     """
     outputs = main_output(outputs)
     first = first_of(outputs)
-    takes_all = first is not outputs and not isinstance(loss_fn, torch.nn.modules.loss._Loss) and \
-        getattr(loss_fn, "__module__", "") != "nbscale.training.losses"
+    takes_all = (
+        first is not outputs
+        and not isinstance(loss_fn, torch.nn.modules.loss._Loss)
+        and getattr(loss_fn, "__module__", "") != "nbscale.training.losses"
+    )
     return loss_fn(outputs if takes_all else first, targets), first

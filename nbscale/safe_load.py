@@ -15,13 +15,20 @@ from typing import IO, Any
 import torch
 
 # torch's refusal names the global in one of these phrases (its message is otherwise advice to load unsafely)
-_NAMED = re.compile(r"GLOBAL (\S+) (?:was not an allowed global|whose module)|unrecognized function (.+?)(?: which|$)",
-                    re.M)
+_NAMED = re.compile(
+    r"GLOBAL (\S+) (?:was not an allowed global|whose module)|unrecognized function (.+?)(?: which|$)", re.M
+)
 
 
 # how torch's unpickler words a refusal (other failures are files it cannot parse)
-_REFUSALS = ("Unsupported global", "Trying to load unsupported GLOBAL", "Can only create new object",
-             "Trying to call reduce", "Can only build", "Can only append")
+_REFUSALS = (
+    "Unsupported global",
+    "Trying to load unsupported GLOBAL",
+    "Can only create new object",
+    "Trying to call reduce",
+    "Can only build",
+    "Can only append",
+)
 
 
 class RefusedPickle(Exception):
@@ -44,7 +51,8 @@ def load_restricted(stream: IO[bytes], allowed: Mapping[tuple[str, str], Callabl
     errors (not a torch file, truncated) as torch raises them.
     """
     pairs: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
-        (value, f"{module}.{name}") for (module, name), value in allowed.items()]
+        (value, f"{module}.{name}") for (module, name), value in allowed.items()
+    ]
     try:
         with torch.serialization.safe_globals(pairs):
             return torch.load(stream, map_location="cpu", weights_only=True)
@@ -55,8 +63,9 @@ def load_restricted(stream: IO[bytes], allowed: Mapping[tuple[str, str], Callabl
         raise pickle.UnpicklingError(f"not a torch file, or a damaged one: {detail}") from None
 
 
-def _refused_names(stream: IO[bytes], allowed: Mapping[tuple[str, str], Callable[..., Any]],
-                   error: Exception) -> list[str]:
+def _refused_names(
+    stream: IO[bytes], allowed: Mapping[tuple[str, str], Callable[..., Any]], error: Exception
+) -> list[str]:
     known = {f"{module}.{name}" for module, name in allowed}
     try:
         stream.seek(0)

@@ -11,9 +11,10 @@ def close_names(name: str, names: Iterable[str], n: int = 1, cutoff: float = 0.6
     return difflib.get_close_matches(name, list(names), n=n, cutoff=cutoff)
 
 
-def did_you_mean(name: str, names: Iterable[str], n: int = 1, cutoff: float = 0.6,
-                 meant: Mapping[str, str] | None = None) -> str:
-    """" Did you mean 'a', 'b'?" naming up to `n` close names, or "" when none is close: the sentence to put
+def did_you_mean(
+    name: str, names: Iterable[str], n: int = 1, cutoff: float = 0.6, meant: Mapping[str, str] | None = None
+) -> str:
+    """ " Did you mean 'a', 'b'?" naming up to `n` close names, or "" when none is close: the sentence to put
     after an error's first one (it starts with a space).
 
     `meant` maps names that are known mistakes to the name meant (MATLAB's "f1" -> "fscore"); it wins over

@@ -24,8 +24,10 @@ def swappable_by_others(path: Path) -> str | None:
         if status.st_uid not in (os.getuid(), 0):
             return f"the folder {folder} above it belongs to another user (uid {status.st_uid})"
         if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not status.st_mode & stat.S_ISVTX:
-            return (f"the folder {folder} above it can be written by other users (mode "
-                    f"{stat.filemode(status.st_mode)}, no sticky bit)")
+            return (
+                f"the folder {folder} above it can be written by other users (mode "
+                f"{stat.filemode(status.st_mode)}, no sticky bit)"
+            )
     return None
 
 

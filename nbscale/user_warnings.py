@@ -23,8 +23,11 @@ def _library_dirs() -> tuple[str, ...]:
     `%%train` cell is not the user's code)."""
     torch = sys.modules.get("torch")
     torch_dir = os.path.dirname(torch.__file__) + os.sep if torch is not None and torch.__file__ else None
-    installed = {os.path.join(path, "") for key in ("stdlib", "platstdlib", "purelib", "platlib")
-                 if (path := sysconfig.get_paths().get(key))}
+    installed = {
+        os.path.join(path, "")
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (path := sysconfig.get_paths().get(key))
+    }
     return (os.path.dirname(__file__) + os.sep, *([torch_dir] if torch_dir else []), *sorted(installed))
 
 
@@ -35,9 +38,11 @@ def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
     frame: FrameType | None = sys._getframe(1)
     level = 2  # stacklevel 2: warn_user's caller
     # "<frozen runpy>" and the like: Python's own start-up frames, the only others on a pool worker
-    while frame is not None and (frame.f_code.co_filename.startswith(libraries)
-                                 or frame.f_code.co_filename == contextlib.__file__
-                                 or frame.f_code.co_filename.startswith("<frozen ")):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(libraries)
+        or frame.f_code.co_filename == contextlib.__file__
+        or frame.f_code.co_filename.startswith("<frozen ")
+    ):
         frame, level = frame.f_back, level + 1
     if frame is None:  # no user code on the stack (a pool worker): nbscale's, with no line of it
         warnings.warn_explicit(message, category, "nbscale", 0)

@@ -23,8 +23,16 @@ def _unicode(text: str) -> bytes:
 def global_call(module: str, name: str, argument: str) -> bytes:
     """A protocol-4 pickle (where dotted names resolve attribute by attribute): GLOBAL module name, then REDUCE it
     on (argument,): `module.name(argument)`."""
-    return (pickle.PROTO + b"\x04" + pickle.GLOBAL + f"{module}\n{name}\n".encode()
-            + _unicode(argument) + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP)
+    return (
+        pickle.PROTO
+        + b"\x04"
+        + pickle.GLOBAL
+        + f"{module}\n{name}\n".encode()
+        + _unicode(argument)
+        + pickle.TUPLE1
+        + pickle.REDUCE
+        + pickle.STOP
+    )
 
 
 def prefix_trick(marker: Path) -> bytes:
@@ -58,5 +66,15 @@ def in_torch_zip(pickled: bytes) -> bytes:
 
 def checkpoint_with_payload(marker: Path) -> dict:
     """A state with every key a training checkpoint has, and a payload in its history."""
-    return {"model": {}, "optimizer": {}, "epoch": 1, "iteration": 1, "seed": 0, "history": [Payload(marker)],
-            "best": {}, "rng": torch.get_rng_state(), "options": {}, "samples": 1}
+    return {
+        "model": {},
+        "optimizer": {},
+        "epoch": 1,
+        "iteration": 1,
+        "seed": 0,
+        "history": [Payload(marker)],
+        "best": {},
+        "rng": torch.get_rng_state(),
+        "options": {},
+        "samples": 1,
+    }

@@ -9,8 +9,9 @@ import numpy as np
 from PIL import Image
 
 
-def write_digits_pngs(folder: Path | str, classes: Iterable[int] = range(10), limit_per_class: int | None = None,
-                      size: int | None = None) -> Path:
+def write_digits_pngs(
+    folder: Path | str, classes: Iterable[int] = range(10), limit_per_class: int | None = None, size: int | None = None
+) -> Path:
     """Write scikit-learn's 8x8 digits as grayscale PNGs in one folder per class (`folder/3/0042.png`).
 
     `size` scales each image up (nearest) to size x size; returns `folder`.

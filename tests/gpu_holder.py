@@ -22,8 +22,9 @@ sys.stdin.read()  # until the test closes stdin (or kills this process)
 
 
 @contextmanager
-def gpu_holder(keys: Sequence[str], purpose: str = "pool", notebook: str | None = None,
-               umask: int | None = None) -> Iterator[subprocess.Popen[str]]:
+def gpu_holder(
+    keys: Sequence[str], purpose: str = "pool", notebook: str | None = None, umask: int | None = None
+) -> Iterator[subprocess.Popen[str]]:
     """A process holding `keys` (registry keys such as "GPU-aaaa0-1111") once this yields; stopped afterwards.
 
     It reserves in the registry this process's environment names (NBSCALE_GPU_REGISTRY); `notebook` becomes its
@@ -34,8 +35,13 @@ def gpu_holder(keys: Sequence[str], purpose: str = "pool", notebook: str | None 
     if notebook is not None:
         env["JPY_SESSION_NAME"] = notebook
     process = subprocess.Popen(
-        [sys.executable, "-c", _HOLD, ",".join(keys), purpose], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env=env, cwd=str(REPO_ROOT), preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
+        [sys.executable, "-c", _HOLD, ",".join(keys), purpose],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(REPO_ROOT),
+        preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
     )
     try:
         assert process.stdout is not None and process.stdout.readline() == "held\n", "the holder did not start"

@@ -54,7 +54,9 @@ class KernelSession:
     def pid(self) -> int:
         return self.manager.provisioner.process.pid  # type: ignore[union-attr]
 
-    def run(self, code: str, timeout: float = 120, interrupt_after: float | Sequence[float] | None = None) -> CellResult:
+    def run(
+        self, code: str, timeout: float = 120, interrupt_after: float | Sequence[float] | None = None
+    ) -> CellResult:
         """Execute `code` as one cell; with `interrupt_after`, interrupt the kernel that many seconds in (a sequence:
         at each of those times, while the cell runs)."""
         result = CellResult()

@@ -27,8 +27,15 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
     ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
     port = free_port()
     env = {**os.environ, **LOOPBACK_ENV}
-    command = [ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
-               "--disable-usage-stats"]
+    command = [
+        ray_cli,
+        "start",
+        "--head",
+        f"--port={port}",
+        f"--num-cpus={num_cpus}",
+        "--node-ip-address=127.0.0.1",
+        "--disable-usage-stats",
+    ]
     if dashboard_port is None:
         command.append("--include-dashboard=false")
     else:

@@ -63,7 +63,9 @@ VARIABLES: dict[str, str] = {
     "NBSCALE_RUNTIME_DIR": "where pools publish their state for the lab panel; default Jupyter's runtime folder",
     "NBSCALE_GPU_REGISTRY": "the folder of GPU reservations; default /dev/shm, else /tmp",
     "NBSCALE_SHM_DIR": "the folder of large buffers between kernel and workers; default /dev/shm",
-    "NBSCALE_MAX_IMAGE_PIXELS": "the most pixels an image file's header may claim before it is decoded; default 100000000",
+    "NBSCALE_MAX_IMAGE_PIXELS": (
+        "the most pixels an image file's header may claim before it is decoded; default 100000000"
+    ),
 }
 
 
@@ -86,8 +88,10 @@ def _magic_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
 
 def magic_flags() -> dict[str, set[str]]:
     """Every magic's option strings (`--epochs`, `-e`...)."""
-    return {name: {flag for action in parser._actions for flag in action.option_strings}
-            for name, parser in _magic_parsers()}
+    return {
+        name: {flag for action in parser._actions for flag in action.option_strings}
+        for name, parser in _magic_parsers()
+    }
 
 
 def _first_sentence(text: str) -> str:
@@ -107,21 +111,38 @@ def render() -> str:
     from nbscale.training.options import TrainingOptions, field_names
 
     defaults = TrainingOptions()
-    lines = ["# Reference", "",
-             "Every magic and flag, every `TrainingOptions` field and every `NBSCALE_*` variable. This page is made "
-             "from the code (`make reference`); a test fails when it is out of date.", "", "## Magics", ""]
+    lines = [
+        "# Reference",
+        "",
+        "Every magic and flag, every `TrainingOptions` field and every `NBSCALE_*` variable. This page is made "
+        "from the code (`make reference`); a test fails when it is out of date.",
+        "",
+        "## Magics",
+        "",
+    ]
     for name, parser in _magic_parsers():
-        lines += [f"### `{name}`", "", _first_sentence(parser.description or ""), "", "| argument | what it does |",
-                  "|---|---|"]
+        lines += [
+            f"### `{name}`",
+            "",
+            _first_sentence(parser.description or ""),
+            "",
+            "| argument | what it does |",
+            "|---|---|",
+        ]
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction):
                 continue
             flag = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}`"
             lines.append(f"| {flag} | {(action.help or '').replace('|', '/')} |")
         lines.append("")
-    lines += ["## TrainingOptions", "", "`nbscale.TrainingOptions(solver, **fields)`; a wrong name or value is an "
-              "OptionsError naming the field.", "", "| field | default | takes | MATLAB | what it does |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "## TrainingOptions",
+        "",
+        "`nbscale.TrainingOptions(solver, **fields)`; a wrong name or value is an OptionsError naming the field.",
+        "",
+        "| field | default | takes | MATLAB | what it does |",
+        "|---|---|---|---|---|",
+    ]
     for field in field_names():
         matlab, what = FIELDS[field]
         default = repr(getattr(defaults, field)) if field != "solver" else "'sgdm'"

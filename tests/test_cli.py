@@ -27,17 +27,22 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def nbscale(*args: str, extra_path: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     paths = [str(extra_path)] if extra_path else []
-    environment = {**os.environ, **env,
-                   "PYTHONPATH": os.pathsep.join([*paths, str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "nbscale", *args], capture_output=True, text=True,
-                          env=environment, timeout=120)
+    environment = {
+        **os.environ,
+        **env,
+        "PYTHONPATH": os.pathsep.join([*paths, str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "nbscale", *args], capture_output=True, text=True, env=environment, timeout=120
+    )
 
 
 def test_jobs_list_show_log_cancel_and_delete_act_on_the_notebooks_job_store() -> None:
     empty = nbscale("jobs", "list")
     assert empty.returncode == 0 and empty.stdout.startswith("No jobs in "), empty
-    done = jobs.submit("value = 6 * 7\nfor step in range(3):\n    print(f'\\rstep {step}', end='')\nprint()\n",
-                       name="answer")
+    done = jobs.submit(
+        "value = 6 * 7\nfor step in range(3):\n    print(f'\\rstep {step}', end='')\nprint()\n", name="answer"
+    )
     assert done.wait(WAIT_S) and done.state == "finished", done.log()
     running = jobs.submit("import time\nprint('waiting', flush=True)\ntime.sleep(600)\n", name="sleeper")
     deadline = time.monotonic() + WAIT_S
@@ -85,9 +90,13 @@ def test_errors_exit_1_with_the_message_on_stderr_and_a_wrong_command_line_exits
 def test_every_command_has_help() -> None:
     top = nbscale("--help")
     assert top.returncode == 0 and all(word in top.stdout for word in ("jobs", "gpus", "doctor"))
-    for argv, words in ((["jobs"], ("list", "show", "log", "cancel", "delete")), (["jobs", "log"], ("--tail N",)),
-                        (["jobs", "delete"], ("--older-than AGE", "cancel it first")), (["gpus"], ()),
-                        (["doctor"], ())):
+    for argv, words in (
+        (["jobs"], ("list", "show", "log", "cancel", "delete")),
+        (["jobs", "log"], ("--tail N",)),
+        (["jobs", "delete"], ("--older-than AGE", "cancel it first")),
+        (["gpus"], ()),
+        (["doctor"], ()),
+    ):
         helped = nbscale(*argv, "--help")
         assert helped.returncode == 0 and helped.stdout.startswith(f"usage: nbscale {' '.join(argv)}"), helped
         assert all(word in " ".join(helped.stdout.split()) for word in words), helped.stdout

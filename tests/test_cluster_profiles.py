@@ -36,8 +36,11 @@ def test_a_profiles_connect_timeout_is_read_and_a_bad_one_names_the_profile_and_
     profiles.write_text(PROFILE + "connect_timeout = 300\n")
     assert resolve_cluster("lab").connect_timeout == 300.0
     profiles.write_text(PROFILE + 'connect_timeout = "slow"\n')
-    with pytest.raises(PoolError, match=r"connect_timeout in profile 'lab' of .*profiles.toml must be a number of "
-                                        r"seconds from 1 to 3600, such as 120, not 'slow'"):
+    with pytest.raises(
+        PoolError,
+        match=r"connect_timeout in profile 'lab' of .*profiles.toml must be a number of "
+        r"seconds from 1 to 3600, such as 120, not 'slow'",
+    ):
         resolve_cluster("lab")
 
 
@@ -47,8 +50,11 @@ def test_a_profiles_file_another_user_could_write_is_not_used(tmp_path, monkeypa
     profiles.write_text(PROFILE + 'job_python = "/their/python"\n')
     monkeypatch.setenv("NBSCALE_PROFILES", str(profiles))
     profiles.chmod(0o666)
-    with pytest.raises(PoolError, match=r"The cluster profiles file .*profiles.toml is not used: other users can write "
-                                        r"to it \(mode -rw-rw-rw-\).*chmod go-w"):
+    with pytest.raises(
+        PoolError,
+        match=r"The cluster profiles file .*profiles.toml is not used: other users can write "
+        r"to it \(mode -rw-rw-rw-\).*chmod go-w",
+    ):
         resolve_cluster("lab")
     profiles.chmod(0o644)
     tmp_path.chmod(0o777)  # they could swap the file for theirs

@@ -45,19 +45,25 @@ def in_digits_folder(kernel: KernelSession, folder: Path) -> None:
 
 def test_the_contracts_data_and_training_examples_train_on_image_folders(kernel: KernelSession, tmp_path) -> None:
     in_digits_folder(kernel, tmp_path)
-    data = kernel.run(CONTRACT_DATA + "image, label = train_aug[0]\n"
-                      "print(len(ds), len(train_ds), len(val_ds), ds.classes, image.dtype, tuple(image.shape), label)")
+    data = kernel.run(
+        CONTRACT_DATA + "image, label = train_aug[0]\n"
+        "print(len(ds), len(train_ds), len(val_ds), ds.classes, image.dtype, tuple(image.shape), label)"
+    )
     assert data.ok, data.text
     assert "1797 1618 179 ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'] torch.float32 (1, 32, 32) 0" in data.stdout
     training = kernel.run(MODEL + CONTRACT_TRAINING, timeout=300)
     assert training.ok, training.text
     assert "Mini-batch Accuracy" in training.stdout and "Validation Accuracy" in training.stdout  # verbose's table
     assert any("image/png" in shown for shown in training.displays)  # the training-progress figure
-    summary = kernel.run("print(type(net).__name__, info.stop_reason, info.epoch[-1], "
-                         "info.final_validation_accuracy > 0.8, list(info.to_dataframe().columns))\nprint(info.hardware)")
+    summary = kernel.run(
+        "print(type(net).__name__, info.stop_reason, info.epoch[-1], "
+        "info.final_validation_accuracy > 0.8, list(info.to_dataframe().columns))\nprint(info.hardware)"
+    )
     assert summary.ok, summary.text
-    assert ("Sequential Max epochs completed 10 True ['epoch', 'iteration', 'time', 'training_loss', "
-            "'training_accuracy', 'validation_loss', 'validation_accuracy', 'learn_rate']") in summary.stdout
+    assert (
+        "Sequential Max epochs completed 10 True ['epoch', 'iteration', 'time', 'training_loss', "
+        "'training_accuracy', 'validation_loss', 'validation_accuracy', 'learn_rate']"
+    ) in summary.stdout
     assert re.search(r"^(CPU|GPU)", summary.stdout.splitlines()[-1]), summary.stdout  # "auto": a GPU if there is one
 
 
@@ -78,12 +84,16 @@ def test_magic_lines_with_a_comment_after_them_run_as_the_docs_write_them(kernel
 
     # pool.md's, API.md's and training.md's lines as they stand, comments included
     assert "Started 2 CPU workers" in run("%pool start 2 --cpu            # or: %pool start (one worker per free GPU)")
-    assert "rank" in run("%pool status               # a table: rank, host, pid, device, state (idle/busy/dead), memory")
+    assert "rank" in run(
+        "%pool status               # a table: rank, host, pid, device, state (idle/busy/dead), memory"
+    )
     assert run("%%spmd --targets 1   # rank 1 only\nprint(rank)").strip() == "[1] 1"
     run("import torch")
-    trained = run("%%train --env parallel --epochs 1 --batch-size 64 --lr 0.1 --no-plots     # also --options NAME\n"
-                  "model = torch.nn.Linear(8, 2)\ntrain_data = (torch.randn(128, 8), torch.randint(0, 2, (128,)))",
-                  timeout=180)
+    trained = run(
+        "%%train --env parallel --epochs 1 --batch-size 64 --lr 0.1 --no-plots     # also --options NAME\n"
+        "model = torch.nn.Linear(8, 2)\ntrain_data = (torch.randn(128, 8), torch.randint(0, 2, (128,)))",
+        timeout=180,
+    )
     assert "Training on 2 workers" in trained
     assert "Restarted 2 CPU workers" in run("%pool restart              # same size and settings, fresh processes")
     assert "jobs" in run("%jobs                                  # id, name, state, started, elapsed")

@@ -48,7 +48,7 @@ def _call_keywords(text: str, call: str) -> list[str]:
         while end < len(text) and depth:
             depth += {"(": 1, ")": -1}.get(text[end], 0)
             end += 1
-        inner, flat, depth = text[start:end - 1], [], 0
+        inner, flat, depth = text[start : end - 1], [], 0
         for char in inner:  # keep the top level only: a keyword of a nested call is not this call's
             depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(char, 0)
             flat.append(char if depth == 0 or char in "([{" else " ")
@@ -60,6 +60,11 @@ def test_docs_name_only_training_options_that_exist() -> None:
     from nbscale.training.options import field_names
 
     fields = set(field_names())
-    wrong = [f"{page.name}: {name}" for page in PAGES for call in ("TrainingOptions", "opts.replace", "options.replace")
-             for name in _call_keywords(page.read_text(), call) if name not in fields]
+    wrong = [
+        f"{page.name}: {name}"
+        for page in PAGES
+        for call in ("TrainingOptions", "opts.replace", "options.replace")
+        for name in _call_keywords(page.read_text(), call)
+        if name not in fields
+    ]
     assert not wrong, "docs name TrainingOptions fields that do not exist:\n" + "\n".join(wrong)

@@ -42,6 +42,9 @@ def test_each_user_page_has_a_how_it_works_section_that_links_to_the_architectur
 
 @pytest.mark.parametrize("page", USER_PAGES, ids=lambda page: page.name)
 def test_no_section_of_a_user_page_is_a_wall_of_prose(page: Path) -> None:
-    walls = [f"{heading} ({words} words)" for heading, body in sections(page)
-             if (words := prose_words(body)) > MAX_PROSE_WORDS]
+    walls = [
+        f"{heading} ({words} words)"
+        for heading, body in sections(page)
+        if (words := prose_words(body)) > MAX_PROSE_WORDS
+    ]
     assert not walls, f"{page.name}: split these sections (at most {MAX_PROSE_WORDS} words of prose each): {walls}"

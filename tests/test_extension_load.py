@@ -29,7 +29,8 @@ def test_unload_ext_removes_the_magics_and_restores_the_previous_error_handler(b
         "    print('MINE HANDLED', value)\n"
         "    return []\n"
         "get_ipython().set_custom_exc((Mine,), mine)\n"
-        "%load_ext nbscale")
+        "%load_ext nbscale"
+    )
     assert setup.ok, setup.stderr
     # the earlier extension's handler still sees its exceptions while nbscale is loaded
     other = bare_kernel.run("raise Mine('boom')")

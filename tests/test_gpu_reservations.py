@@ -78,8 +78,12 @@ print(reservation.gpus[0], flush=True)
 sys.stdin.read()
 """
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    processes = [subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, env=env) for _ in range(racers)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(racers)
+    ]
     try:
         time.sleep(1.0)  # every racer imported nbscale and waits for the go
         go.touch()
@@ -159,8 +163,12 @@ NOBODY = 65534
 
 
 def _as_nobody(command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 @pytest.fixture
@@ -187,8 +195,10 @@ def test_another_user_can_neither_remove_nor_rewrite_a_reservation(shared_folder
 @needs_root
 def _as_nobody_in_background(command: str) -> subprocess.Popen[bytes]:
     """`command` run by the shell as the second user, in its own session (kill its group to end it)."""
-    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c",
-                             command], start_new_session=True)
+    return subprocess.Popen(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
+        start_new_session=True,
+    )
 
 
 def _wait_until(condition, what: str, process: subprocess.Popen[bytes] | None = None) -> None:
@@ -207,7 +217,7 @@ def _end(process: subprocess.Popen[bytes]) -> None:
 def test_another_users_reservation_shows_its_real_owner_whatever_its_file_claims(shared_folder):
     name = shared_folder / "nbscale-gpu.GPU-b.0123456789abcdef"
     claim = json.dumps({"pid": 0, "purpose": "pool", "notebook": "yours.ipynb", "user": ME, "uid": os.geteuid()})
-    claim = claim.replace('"pid": 0', '"pid": \'$$\'')  # the shell's pid, which `exec sleep` keeps
+    claim = claim.replace('"pid": 0', "\"pid\": '$$'")  # the shell's pid, which `exec sleep` keeps
     holder = _as_nobody_in_background(f"echo '{claim}' > {name} && exec sleep 60")  # its own live process
     try:
         _wait_until(lambda: "GPU-b" in registry.holders(), "the other user's holder did not start", holder)
@@ -232,8 +242,10 @@ def test_a_reservation_whose_pid_a_later_process_reuses_is_no_hold(registry_fold
     """A reused pid: the process now behind it started after the reservation (or at another time than recorded)."""
     later = subprocess.Popen(["sleep", "60"])
     try:
-        for record in ({"pid": later.pid, "since": time.time() - 60},  # reserved a minute before it started
-                       {"pid": later.pid, "since": time.time(), "started": time.time() - 3600}):
+        for record in (
+            {"pid": later.pid, "since": time.time() - 60},  # reserved a minute before it started
+            {"pid": later.pid, "since": time.time(), "started": time.time() - 3600},
+        ):
             stale = registry_folder / f"nbscale-gpu.GPU-a.{os.urandom(8).hex()}"
             stale.write_text(json.dumps({**record, "purpose": "pool"}))
             assert registry.holders() == {}

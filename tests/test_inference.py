@@ -17,8 +17,7 @@ from tests.datasets import write_digits_pngs
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> ImageDatastore:
-    return ImageDatastore(write_digits_pngs(tmp_path_factory.mktemp("digits"), classes=[0, 1, 2],
-                                            limit_per_class=20))
+    return ImageDatastore(write_digits_pngs(tmp_path_factory.mktemp("digits"), classes=[0, 1, 2], limit_per_class=20))
 
 
 def pixel_sum_net() -> nn.Module:
@@ -120,14 +119,19 @@ def test_classify_a_trained_network_on_held_out_digits(tmp_path: Path) -> None:
 def test_confusion_chart_of_100k_labels_counts_each_pair_like_a_loop() -> None:
     generator = torch.Generator().manual_seed(0)
     true = torch.randint(0, 10, (100_000,), generator=generator)
-    predicted = torch.where(torch.rand(100_000, generator=generator) < 0.8, true,
-                            torch.randint(0, 10, (100_000,), generator=generator))
+    predicted = torch.where(
+        torch.rand(100_000, generator=generator) < 0.8, true, torch.randint(0, 10, (100_000,), generator=generator)
+    )
     expected = torch.zeros(10, 10, dtype=torch.long)
     for t, p in zip(true.tolist(), predicted.tolist(), strict=True):
         expected[t, p] += 1
     names = [str(i) for i in range(10)]
-    for given in ((true, predicted), (true.numpy(), predicted.numpy()), (true.tolist(), predicted.tolist()),
-                  ([names[i] for i in true.tolist()], [names[i] for i in predicted.tolist()])):
+    for given in (
+        (true, predicted),
+        (true.numpy(), predicted.numpy()),
+        (true.tolist(), predicted.tolist()),
+        ([names[i] for i in true.tolist()], [names[i] for i in predicted.tolist()]),
+    ):
         chart = nbscale.confusion_chart(*given)
         assert torch.equal(chart.matrix, expected) and chart.classes == names
     with pytest.raises(NbscaleError, match="label index 10 is outside the 10 classes"):
@@ -140,9 +144,12 @@ def test_grayscale_images_into_a_colour_network_are_an_error_naming_the_conversi
 
     colour_net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
     for use in (nbscale.classify, nbscale.predict, nbscale.accuracy):
-        with pytest.raises(ModelError, match=r"takes 3-channel images but the data has 1 channel\(s\) \(inputs of "
-                                             r"shape \[60, 1, 8, 8\]\)\. AugmentedImageDatastore\(output_size, ds, "
-                                             r"color_preprocessing='gray2rgb'\)"):
+        with pytest.raises(
+            ModelError,
+            match=r"takes 3-channel images but the data has 1 channel\(s\) \(inputs of "
+            r"shape \[60, 1, 8, 8\]\)\. AugmentedImageDatastore\(output_size, ds, "
+            r"color_preprocessing='gray2rgb'\)",
+        ):
             use(colour_net, digits)
     labels, _ = nbscale.classify(colour_net, AugmentedImageDatastore((8, 8, 3), digits))
     assert len(labels) == len(digits)
@@ -151,18 +158,25 @@ def test_grayscale_images_into_a_colour_network_are_an_error_naming_the_conversi
 
 
 def test_a_network_that_does_not_fit_the_data_is_a_model_error_giving_torchs_message_and_the_shape(
-        digits: ImageDatastore) -> None:
+    digits: ImageDatastore,
+) -> None:
     from nbscale.errors import ModelError
 
     misfit = nn.Sequential(nn.Flatten(), nn.Linear(3, 2))
-    for use in (nbscale.classify, nbscale.predict, nbscale.accuracy,
-                lambda net, data: nbscale.activations(net, data, layer="1")):
+    for use in (
+        nbscale.classify,
+        nbscale.predict,
+        nbscale.accuracy,
+        lambda net, data: nbscale.activations(net, data, layer="1"),
+    ):
         with pytest.raises(ModelError) as raised:
             use(misfit, digits)
         message = str(raised.value)
-        assert message.startswith("The first batch failed in the network: RuntimeError: mat1 and mat2 shapes cannot "
-                                  "be multiplied (60x64 and 3x2). The batch's inputs are a torch.float32 tensor of "
-                                  "shape 60x1x8x8. Check that the network's first layer takes inputs of that shape")
+        assert message.startswith(
+            "The first batch failed in the network: RuntimeError: mat1 and mat2 shapes cannot "
+            "be multiplied (60x64 and 3x2). The batch's inputs are a torch.float32 tensor of "
+            "shape 60x1x8x8. Check that the network's first layer takes inputs of that shape"
+        )
         assert isinstance(raised.value.__cause__, RuntimeError)  # torch's own, with its traceback into forward
 
 
@@ -186,8 +200,9 @@ def test_a_failure_after_the_first_batch_reaches_the_user_as_it_is() -> None:
 def conv_net() -> nn.Module:
     """A small colour-image classifier with batch norm (which refuses an unbatched image) and 4 classes."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(4, 4))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 4)
+    )
 
 
 def test_a_single_image_is_classified_as_a_batch_of_one() -> None:

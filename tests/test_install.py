@@ -35,8 +35,13 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path:
     no_node = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python and pip only: no node, no npm
     no_node.pop("PYTHONPATH", None)
     dist = tmp_path / "dist"
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO_ROOT)],
-                           env=no_node, capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO_ROOT)],
+        env=no_node,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     wheel = next(dist.glob("nbscale-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
@@ -46,8 +51,13 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    installed = subprocess.run([python, "-m", "pip", "install", "-q", *_constraints(), f"{wheel}[examples]"],
-                               env=no_node, capture_output=True, text=True, timeout=900)
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", "-q", *_constraints(), f"{wheel}[examples]"],
+        env=no_node,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     assert (venv / "share" / "jupyter" / "labextensions" / "nbscale" / "package.json").is_file()
 

@@ -12,7 +12,18 @@ import nbscale
 PACKAGE = Path(nbscale.__file__).parent
 
 # Modules every part may import: they import none of the parts below (nor each other, today).
-SHARED = {"errors", "user_warnings", "outputs", "rendering", "safe_load", "trust", "processes", "cellvars", "suggestions", "notices"}
+SHARED = {
+    "errors",
+    "user_warnings",
+    "outputs",
+    "rendering",
+    "safe_load",
+    "trust",
+    "processes",
+    "cellvars",
+    "suggestions",
+    "notices",
+}
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}
 # The core: no widget, no notebook display, no magic, no server.
@@ -101,8 +112,7 @@ def _wrong_imports(modules: dict[str, Path], root: Path = PACKAGE.parent) -> lis
         for target, line in sorted(_import_lines(name, path, modules).items()):
             if _part(target) not in allowed:
                 shown = ", ".join(sorted(MAY_IMPORT.get(part, set()))) or "only the shared modules"
-                wrong.append(f"{path.relative_to(root)}:{line}: {name} imports {target} "
-                             f"({part} may import: {shown})")
+                wrong.append(f"{path.relative_to(root)}:{line}: {name} imports {target} ({part} may import: {shown})")
     return wrong
 
 
@@ -136,7 +146,8 @@ def test_a_wrong_import_is_reported_with_its_file_and_line(tmp_path):
     (tmp_path / "nbscale" / "training" / "loop.py").write_text("")
     modules = {"nbscale.data.sample": source, "nbscale.training.loop": tmp_path / "nbscale" / "training" / "loop.py"}
     assert _wrong_imports(modules, tmp_path) == [
-        "nbscale/data/sample.py:4: nbscale.data.sample imports nbscale.training.loop (data may import: pool)"]
+        "nbscale/data/sample.py:4: nbscale.data.sample imports nbscale.training.loop (data may import: pool)"
+    ]
 
 
 def test_the_import_graph_has_no_cycle():
@@ -148,10 +159,16 @@ def test_the_import_graph_has_no_cycle():
 def test_the_checker_sees_imports_inside_functions_and_type_checking_blocks(tmp_path):
     """The walk above must not miss the imports that hid the old cycles."""
     source = tmp_path / "sample.py"
-    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nbscale.ui import table\n"
-                      "def f():\n    import nbscale.notebook\n    from nbscale.ui.table import text_table\n")
-    modules = {"nbscale.ui": PACKAGE / "ui", "nbscale.ui.table": PACKAGE / "ui" / "table.py",
-               "nbscale.notebook": PACKAGE / "notebook.py", "nbscale.sample": source}
+    source.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nbscale.ui import table\n"
+        "def f():\n    import nbscale.notebook\n    from nbscale.ui.table import text_table\n"
+    )
+    modules = {
+        "nbscale.ui": PACKAGE / "ui",
+        "nbscale.ui.table": PACKAGE / "ui" / "table.py",
+        "nbscale.notebook": PACKAGE / "notebook.py",
+        "nbscale.sample": source,
+    }
     assert _imports("nbscale.sample", source, modules) == {"nbscale.ui.table", "nbscale.notebook"}
 
 

@@ -24,16 +24,23 @@ def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
 
 def test_train_writes_every_figure_to_csv_and_tensorboard(tmp_path) -> None:
     (train_x, train_y), val = digits()
-    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
-                                      validation_data=val, validation_frequency=10,
-                                      loggers=[CSVLogger(tmp_path / "run.csv"), TensorBoardLogger(tmp_path / "tb")])
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        max_epochs=2,
+        mini_batch_size=100,
+        verbose=False,
+        validation_data=val,
+        validation_frequency=10,
+        loggers=[CSVLogger(tmp_path / "run.csv"), TensorBoardLogger(tmp_path / "tb")],
+    )
     _, info = nbscale.train(tiny_net(), (train_x, train_y), options)
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
     assert [int(r["step"]) for r in rows] == info.iteration
     assert set(rows[0]) == {"step", "loss", "accuracy", "learn_rate", "val_loss", "val_accuracy"}
     assert [float(r["loss"]) for r in rows] == pytest.approx(info.training_loss)
     assert [float(r["val_loss"]) for r in rows if r["val_loss"]] == pytest.approx(
-        [v for v in info.validation_loss if v is not None])
+        [v for v in info.validation_loss if v is not None]
+    )
     scalars = _scalars(tmp_path / "tb")
     assert set(scalars) == {"loss", "accuracy", "learn_rate", "val_loss", "val_accuracy"}
     assert [step for step, _ in scalars["loss"]] == info.iteration
@@ -73,17 +80,23 @@ def test_a_run_that_fails_still_logs_what_it_did_and_closes_its_loggers() -> Non
             raise RuntimeError("the user's output_fn failed")
         return False
 
-    options = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False, loggers=[logger],
-                                      output_fn=fail_at_five)
+    options = nbscale.TrainingOptions(
+        "sgdm", max_epochs=1, mini_batch_size=100, verbose=False, loggers=[logger], output_fn=fail_at_five
+    )
     with pytest.raises(RuntimeError, match="output_fn failed"):
         nbscale.train(tiny_net(), (train_x, train_y), options)
     assert logger.steps == [1, 2, 3, 4, 5] and logger.closed == 1
 
 
 def test_tensorboard_missing_is_one_error_naming_the_package() -> None:
-    code = ("import sys; sys.modules['tensorboard'] = None\n"
-            "from nbscale.loggers import TensorBoardLogger\n"
-            "try:\n    TensorBoardLogger('runs')\n"
-            "except Exception as error:\n    print(type(error).__name__, error)\n")
+    code = (
+        "import sys; sys.modules['tensorboard'] = None\n"
+        "from nbscale.loggers import TensorBoardLogger\n"
+        "try:\n    TensorBoardLogger('runs')\n"
+        "except Exception as error:\n    print(type(error).__name__, error)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
-    assert out.startswith("OptionsError TensorBoardLogger needs the tensorboard package") and "pip install tensorboard" in out
+    assert (
+        out.startswith("OptionsError TensorBoardLogger needs the tensorboard package")
+        and "pip install tensorboard" in out
+    )

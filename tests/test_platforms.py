@@ -18,8 +18,9 @@ for name in ("fcntl", "pwd", "grp", "termios"):
 
 def _run(code: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.run([sys.executable, "-c", _WITHOUT_POSIX + code], capture_output=True, text=True, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_POSIX + code], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_nbscale_imports_and_builds_training_options_without_fcntl_or_pwd():

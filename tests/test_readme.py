@@ -12,7 +12,7 @@ README = REPO_ROOT / "README.md"
 def quick_start_code() -> str:
     """The first python block after the README's "Quick start" heading, as a user would paste it."""
     text = README.read_text()
-    section = text[text.index("## Quick start"):]
+    section = text[text.index("## Quick start") :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match, "the Quick start section has no python block"
     return match.group(1)

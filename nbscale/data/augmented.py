@@ -29,6 +29,7 @@ OUTPUT_SIZE_MODES = ("resize", "centercrop", "randcrop")
 # torchvision is imported where an image is converted, so training on tensors (which imports this module for its
 # datastore checks) does not pay torchvision's import time
 
+
 def convert_color(image: torch.Tensor, color_preprocessing: str) -> torch.Tensor:
     """gray2rgb repeats a 1-channel image to 3 channels; rgb2gray turns 3 channels into 1; others pass."""
     channels = image.shape[-3]
@@ -41,8 +42,9 @@ def convert_color(image: torch.Tensor, color_preprocessing: str) -> torch.Tensor
     return image
 
 
-def fit_to_size(images: torch.Tensor, output_size: tuple[int, int], mode: str,
-                draws: torch.Tensor | None = None) -> torch.Tensor:
+def fit_to_size(
+    images: torch.Tensor, output_size: tuple[int, int], mode: str, draws: torch.Tensor | None = None
+) -> torch.Tensor:
     """Resize or crop a float batch N x C x H x W to output_size; crops larger than the image pad with 0.
 
     "randcrop" places each image's window by its two uniform numbers in `draws` (N x 2, any device; drawn here
@@ -80,8 +82,10 @@ def _as_image_tensor(image: object) -> torch.Tensor:
         from torchvision.transforms.v2 import functional as TF
 
         return cast(torch.Tensor, TF.pil_to_tensor(image.convert("RGB") if image.mode not in ("L", "RGB") else image))
-    raise DatastoreError(f"AugmentedImageDatastore: the dataset yields {type(image).__name__} images; it needs "
-                         "tensors (C x H x W), PIL images or numpy arrays.")
+    raise DatastoreError(
+        f"AugmentedImageDatastore: the dataset yields {type(image).__name__} images; it needs "
+        "tensors (C x H x W), PIL images or numpy arrays."
+    )
 
 
 def _preprocessing_for(channels: int, color_preprocessing: str, output_size: object) -> str:
@@ -89,11 +93,15 @@ def _preprocessing_for(channels: int, color_preprocessing: str, output_size: obj
     given."""
     wanted = {3: "gray2rgb", 1: "rgb2gray"}.get(channels)
     if wanted is None:
-        raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} asks for {channels} channels; "
-                             "images have 1 (grayscale) or 3 (colour).")
+        raise DatastoreError(
+            f"AugmentedImageDatastore: output_size={output_size!r} asks for {channels} channels; "
+            "images have 1 (grayscale) or 3 (colour)."
+        )
     if color_preprocessing not in ("none", wanted):
-        raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} asks for {channels} channel(s) "
-                             f"but color_preprocessing={color_preprocessing!r} gives {4 - channels}.")
+        raise DatastoreError(
+            f"AugmentedImageDatastore: output_size={output_size!r} asks for {channels} channel(s) "
+            f"but color_preprocessing={color_preprocessing!r} gives {4 - channels}."
+        )
     return wanted
 
 
@@ -111,37 +119,57 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
 
     def __new__(cls, *args: object, **options: object) -> AugmentedImageDatastore:
         # before __init__, so a MATLAB name (DataAugmentation, ColorPreprocessing) or a typo names the option meant
-        check_option_names("AugmentedImageDatastore", options, keyword_names(cls.__init__),
-                           meant={"data_augmentation": "augmenter", "image_size": "output_size"})
+        check_option_names(
+            "AugmentedImageDatastore",
+            options,
+            keyword_names(cls.__init__),
+            meant={"data_augmentation": "augmenter", "image_size": "output_size"},
+        )
         return super().__new__(cls)
 
-    def __init__(self, output_size: int | Sequence[int], ds: Dataset[Any], augmenter: ImageAugmenter | None = None,
-                 color_preprocessing: str = "none", output_size_mode: str = "resize",
-                 dispatch_in_background: bool = False) -> None:
+    def __init__(
+        self,
+        output_size: int | Sequence[int],
+        ds: Dataset[Any],
+        augmenter: ImageAugmenter | None = None,
+        color_preprocessing: str = "none",
+        output_size_mode: str = "resize",
+        dispatch_in_background: bool = False,
+    ) -> None:
         size = [output_size, output_size] if isinstance(output_size, int) else [int(s) for s in output_size]
         if color_preprocessing not in COLOR_PREPROCESSING:
-            raise DatastoreError(f"AugmentedImageDatastore: color_preprocessing={color_preprocessing!r} is not one "
-                                 f"of {COLOR_PREPROCESSING}.")
+            raise DatastoreError(
+                f"AugmentedImageDatastore: color_preprocessing={color_preprocessing!r} is not one "
+                f"of {COLOR_PREPROCESSING}."
+            )
         if len(size) == 3:  # MATLAB's [h w c]: c asks for that many channels (MATLAB ignores it; images would not fit)
             size, channels = size[:2], size[2]
             color_preprocessing = _preprocessing_for(channels, color_preprocessing, output_size)
         if len(size) != 2 or min(size) < 1:
-            raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} must be (height, width) "
-                                 "or (height, width, channels).")
+            raise DatastoreError(
+                f"AugmentedImageDatastore: output_size={output_size!r} must be (height, width) "
+                "or (height, width, channels)."
+            )
         if size[0] * size[1] > max_image_pixels():
-            raise DatastoreError(f"AugmentedImageDatastore: output_size={output_size!r} is {size[0] * size[1]:,} "
-                                 f"pixels an image, more than the limit of {max_image_pixels():,} "
-                                 f"({size[0] * size[1] * 12 / 1e9:.1f} GB an RGB item as float32). Give a smaller "
-                                 "size, or raise NBSCALE_MAX_IMAGE_PIXELS.")
+            raise DatastoreError(
+                f"AugmentedImageDatastore: output_size={output_size!r} is {size[0] * size[1]:,} "
+                f"pixels an image, more than the limit of {max_image_pixels():,} "
+                f"({size[0] * size[1] * 12 / 1e9:.1f} GB an RGB item as float32). Give a smaller "
+                "size, or raise NBSCALE_MAX_IMAGE_PIXELS."
+            )
         if output_size_mode not in OUTPUT_SIZE_MODES:
-            raise DatastoreError(f"AugmentedImageDatastore: output_size_mode={output_size_mode!r} is not one of "
-                                 f"{OUTPUT_SIZE_MODES}.")
+            raise DatastoreError(
+                f"AugmentedImageDatastore: output_size_mode={output_size_mode!r} is not one of {OUTPUT_SIZE_MODES}."
+            )
         if not isinstance(dispatch_in_background, bool):
-            raise DatastoreError("AugmentedImageDatastore: dispatch_in_background must be True or False, not "
-                                 f"{dispatch_in_background!r}.")
+            raise DatastoreError(
+                "AugmentedImageDatastore: dispatch_in_background must be True or False, not "
+                f"{dispatch_in_background!r}."
+            )
         if augmenter is not None and not isinstance(augmenter, ImageAugmenter):
-            raise DatastoreError("AugmentedImageDatastore: augmenter must be an ImageAugmenter, not "
-                                 f"{type(augmenter).__name__}.")
+            raise DatastoreError(
+                f"AugmentedImageDatastore: augmenter must be an ImageAugmenter, not {type(augmenter).__name__}."
+            )
         self.output_size: tuple[int, int] = (size[0], size[1])
         self.ds = ds
         self.augmenter = augmenter
@@ -167,8 +195,14 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         return cast("dict[str, int]", self._underlying("count_each_label").count_each_label())
 
     def _with(self, ds: Dataset[Any]) -> AugmentedImageDatastore:
-        return AugmentedImageDatastore(self.output_size, ds, self.augmenter, self.color_preprocessing,
-                                       self.output_size_mode, self.dispatch_in_background)
+        return AugmentedImageDatastore(
+            self.output_size,
+            ds,
+            self.augmenter,
+            self.color_preprocessing,
+            self.output_size_mode,
+            self.dispatch_in_background,
+        )
 
     def subset(self, indices: object, drop_unused_classes: bool = False) -> AugmentedImageDatastore:
         """The items at `indices` (numbers or a logical mask); see ImageDatastore.subset."""
@@ -181,18 +215,21 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
 
     def _underlying(self, operation: str) -> Any:
         if not hasattr(self.ds, operation):
-            raise DatastoreError(f"AugmentedImageDatastore.{operation} needs a datastore with {operation} "
-                                 f"underneath (an ImageDatastore); this one wraps a {type(self.ds).__name__}: "
-                                 "select the items of that dataset first (e.g. torch.utils.data.Subset) and wrap "
-                                 "the result.")
+            raise DatastoreError(
+                f"AugmentedImageDatastore.{operation} needs a datastore with {operation} "
+                f"underneath (an ImageDatastore); this one wraps a {type(self.ds).__name__}: "
+                "select the items of that dataset first (e.g. torch.utils.data.Subset) and wrap "
+                "the result."
+            )
         return self.ds
 
     def shuffle(self, seed: int | None = None) -> AugmentedImageDatastore:
         """The same items in a random order, augmented alike (see ImageDatastore.shuffle)."""
         return self._with(self._underlying("shuffle").shuffle(seed))
 
-    def split_each_label(self, *fractions: float, randomize: bool = False,
-                         seed: int | None = None) -> tuple[AugmentedImageDatastore, ...]:
+    def split_each_label(
+        self, *fractions: float, randomize: bool = False, seed: int | None = None
+    ) -> tuple[AugmentedImageDatastore, ...]:
         """The datastore underneath split by label (see ImageDatastore.split_each_label), each part augmented
         alike: a validation part keeps the augmenter too (AugmentedImageDatastore(output_size, part.ds) is one
         without)."""
@@ -200,10 +237,12 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         return tuple(self._with(part) for part in parts)
 
     def __repr__(self) -> str:
-        return (f"AugmentedImageDatastore(output_size={self.output_size}, {len(self)} images, "
-                f"augmenter={'yes' if self.augmenter else 'none'}, color_preprocessing={self.color_preprocessing!r}, "
-                f"output_size_mode={self.output_size_mode!r}"
-                f"{', dispatch_in_background=True' if self.dispatch_in_background else ''})")
+        return (
+            f"AugmentedImageDatastore(output_size={self.output_size}, {len(self)} images, "
+            f"augmenter={'yes' if self.augmenter else 'none'}, color_preprocessing={self.color_preprocessing!r}, "
+            f"output_size_mode={self.output_size_mode!r}"
+            f"{', dispatch_in_background=True' if self.dispatch_in_background else ''})"
+        )
 
     # --- torch Dataset -------------------------------------------------------------------------------
 
@@ -222,8 +261,9 @@ class AugmentedImageDatastore(Dataset[tuple[torch.Tensor, int]]):
             image = _as_image_tensor(image)
         return convert_color(image, self.color_preprocessing), label
 
-    def draw(self, n: int, generator: torch.Generator | None = None,
-             device: torch.device | str | None = None) -> torch.Tensor:
+    def draw(
+        self, n: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """The random values of `n` images (augmentation, then a random crop's place), one row each, on `device`."""
         return torch.rand(n, DRAWS_PER_IMAGE + 2, generator=generator, device=device)
 

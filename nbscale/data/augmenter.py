@@ -33,8 +33,16 @@ def whole_pixels(uniform: torch.Tensor, low: int, high: int) -> torch.Tensor:
     return (uniform * (high - low + 1)).long().clamp_(max=high - low) + low
 
 
-def gather_windows(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, height: int, width: int,
-                   pad: int, flip_x: torch.Tensor | None = None, flip_y: torch.Tensor | None = None) -> torch.Tensor:
+def gather_windows(
+    images: torch.Tensor,
+    top: torch.Tensor,
+    left: torch.Tensor,
+    height: int,
+    width: int,
+    pad: int,
+    flip_x: torch.Tensor | None = None,
+    flip_y: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Cut a height x width window from each image at its own (top, left), the image mirrored first where
     flip_x / flip_y (N booleans) say; pixels outside the image read 0. One gather, no host synchronisation.
 
@@ -104,17 +112,25 @@ class ImageAugmenter:
                 if not isinstance(value, bool):
                     raise OptionsError(f"ImageAugmenter: {field.name} must be True or False, not {value!r}.")
                 continue
-            if (not isinstance(value, tuple | list) or len(value) != 2
-                    or not all(isinstance(v, int | float) and math.isfinite(v) for v in value) or value[0] > value[1]):
-                raise OptionsError(f"ImageAugmenter: {field.name} must be a (min, max) pair with min <= max, "
-                                 f"e.g. {field.name}=(-4, 4) (finite numbers); got {value!r}.")
+            if (
+                not isinstance(value, tuple | list)
+                or len(value) != 2
+                or not all(isinstance(v, int | float) and math.isfinite(v) for v in value)
+                or value[0] > value[1]
+            ):
+                raise OptionsError(
+                    f"ImageAugmenter: {field.name} must be a (min, max) pair with min <= max, "
+                    f"e.g. {field.name}=(-4, 4) (finite numbers); got {value!r}."
+                )
             object.__setattr__(self, field.name, (float(value[0]), float(value[1])))
             if "scale" in field.name and value[0] <= 0:
                 raise OptionsError(f"ImageAugmenter: {field.name} factors must be positive; got {value!r}.")
             if "translation" in field.name and max(abs(value[0]), abs(value[1])) > MAX_TRANSLATION:
-                raise OptionsError(f"ImageAugmenter: {field.name}={value!r} moves images by more than "
-                                   f"{MAX_TRANSLATION} pixels (the largest images nbscale reads are 10000 wide); "
-                                   "give a range of pixels within the image, e.g. (-4, 4).")
+                raise OptionsError(
+                    f"ImageAugmenter: {field.name}={value!r} moves images by more than "
+                    f"{MAX_TRANSLATION} pixels (the largest images nbscale reads are 10000 wide); "
+                    "give a range of pixels within the image, e.g. (-4, 4)."
+                )
             if "scale" in field.name and value[1] > MAX_SCALE:
                 raise OptionsError(f"ImageAugmenter: {field.name} factors must be at most {MAX_SCALE}; got {value!r}.")
             if "shear" in field.name and not (-90 < value[0] and value[1] < 90):
@@ -123,9 +139,14 @@ class ImageAugmenter:
     @property
     def warps(self) -> bool:
         """True when rotation, scale or shear is asked for (a bilinear warp rather than exact pixel moves)."""
-        return (self.rand_rotation != (0.0, 0.0) or self.rand_scale != (1.0, 1.0) or self.rand_x_scale != (1.0, 1.0)
-                or self.rand_y_scale != (1.0, 1.0) or self.rand_x_shear != (0.0, 0.0)
-                or self.rand_y_shear != (0.0, 0.0))
+        return (
+            self.rand_rotation != (0.0, 0.0)
+            or self.rand_scale != (1.0, 1.0)
+            or self.rand_x_scale != (1.0, 1.0)
+            or self.rand_y_scale != (1.0, 1.0)
+            or self.rand_x_shear != (0.0, 0.0)
+            or self.rand_y_shear != (0.0, 0.0)
+        )
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Augment one float image C x H x W or a batch N x C x H x W (each image with its own random draw)."""
@@ -140,8 +161,9 @@ class ImageAugmenter:
         return self.apply(images, self.draw(len(images), generator, device))
 
     @staticmethod
-    def draw(n: int, generator: torch.Generator | None = None,
-             device: torch.device | str | None = None) -> torch.Tensor:
+    def draw(
+        n: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         """The random values of `n` images: an n x DRAWS_PER_IMAGE tensor of uniform numbers in [0, 1) on
         `device` (one draw, whatever the options; `apply` gives them their meaning)."""
         return torch.rand(n, DRAWS_PER_IMAGE, generator=generator, device=device)
@@ -158,16 +180,20 @@ class ImageAugmenter:
     def _fill_for(self, images: torch.Tensor) -> torch.Tensor:
         channels, fill = images.shape[1], _fill_values(self.fill_value)
         if len(fill) not in (1, channels):
-            raise OptionsError(f"ImageAugmenter: fill_value={self.fill_value} has {len(fill)} values but the images "
-                             f"have {channels} channel(s): give one number, or one per channel.")
+            raise OptionsError(
+                f"ImageAugmenter: fill_value={self.fill_value} has {len(fill)} values but the images "
+                f"have {channels} channel(s): give one number, or one per channel."
+            )
         return torch.tensor(fill, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
 
     def _move(self, images: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
         if self.warps:
             return self._warp(images, draws)
         n, _, height, width = images.shape
-        (low_x, high_x), (low_y, high_y) = self._pixel_range(self.rand_x_translation), \
-            self._pixel_range(self.rand_y_translation)
+        (low_x, high_x), (low_y, high_y) = (
+            self._pixel_range(self.rand_x_translation),
+            self._pixel_range(self.rand_y_translation),
+        )
         if not (self.rand_x_reflection or self.rand_y_reflection or low_x or high_x or low_y or high_y):
             return images
         # translation moves the image by (shift_x, shift_y): the window cut from it starts at minus the shift
@@ -201,10 +227,13 @@ class ImageAugmenter:
             scale_y = self._uniform(draws[:, _SCALE_Y], self.rand_y_scale)
         shear_x = torch.tan(torch.deg2rad(self._uniform(draws[:, _SHEAR_X], self.rand_x_shear)))
         shear_y = torch.tan(torch.deg2rad(self._uniform(draws[:, _SHEAR_Y], self.rand_y_shear)))
-        (low_x, high_x), (low_y, high_y) = self._pixel_range(self.rand_x_translation), \
-            self._pixel_range(self.rand_y_translation)
-        shift = torch.stack([whole_pixels(draws[:, _SHIFT_X], low_x, high_x),
-                             whole_pixels(draws[:, _SHIFT_Y], low_y, high_y)], dim=-1).to(torch.float64)
+        (low_x, high_x), (low_y, high_y) = (
+            self._pixel_range(self.rand_x_translation),
+            self._pixel_range(self.rand_y_translation),
+        )
+        shift = torch.stack(
+            [whole_pixels(draws[:, _SHIFT_X], low_x, high_x), whole_pixels(draws[:, _SHIFT_Y], low_y, high_y)], dim=-1
+        ).to(torch.float64)
         one = torch.ones(n, dtype=torch.float64, device=images.device)
         flip_x = torch.where(draws[:, _FLIP_X] < 0.5, -one, one) if self.rand_x_reflection else one
         flip_y = torch.where(draws[:, _FLIP_Y] < 0.5, -one, one) if self.rand_y_reflection else one
@@ -231,8 +260,10 @@ class ImageAugmenter:
 def _fill_values(value: object) -> tuple[float, ...]:
     values = tuple(value) if isinstance(value, tuple | list) else (value,)
     if not values or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        raise OptionsError(f"ImageAugmenter: fill_value must be a number, or one number per channel, on the [0, 1] "
-                         f"scale of the images (e.g. fill_value=0.5); got {value!r}.")
+        raise OptionsError(
+            f"ImageAugmenter: fill_value must be a number, or one number per channel, on the [0, 1] "
+            f"scale of the images (e.g. fill_value=0.5); got {value!r}."
+        )
     return tuple(float(v) for v in values)
 
 

@@ -49,8 +49,14 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         check_option_names("ImageDatastore", options, keyword_names(cls.__init__))
         return super().__new__(cls)
 
-    def __init__(self, location: Location, include_subfolders: bool = True, label_source: str = "foldernames",
-                 file_extensions: str | Iterable[str] = DEFAULT_EXTENSIONS, on_error: str = "raise") -> None:
+    def __init__(
+        self,
+        location: Location,
+        include_subfolders: bool = True,
+        label_source: str = "foldernames",
+        file_extensions: str | Iterable[str] = DEFAULT_EXTENSIONS,
+        on_error: str = "raise",
+    ) -> None:
         if label_source not in LABEL_SOURCES:
             raise DatastoreError(f"ImageDatastore: label_source={label_source!r} is not one of {LABEL_SOURCES}.")
         if on_error not in ON_ERROR:
@@ -64,8 +70,9 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         self._setup(files, labels, classes, on_error)
 
     @classmethod
-    def _from_parts(cls, files: list[str], labels: list[str] | None, classes: list[str],
-                    on_error: str) -> ImageDatastore:
+    def _from_parts(
+        cls, files: list[str], labels: list[str] | None, classes: list[str], on_error: str
+    ) -> ImageDatastore:
         datastore = cls.__new__(cls)
         datastore._setup(files, labels, classes, on_error)
         return datastore
@@ -104,8 +111,10 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         except TypeError:
             number = None
         if number is None:
-            raise DatastoreError(f"ImageDatastore: an item is asked for by its number (ds[0], ds[-1]), not by "
-                                 f"{index!r}; for several items use ds.subset([...]).")
+            raise DatastoreError(
+                f"ImageDatastore: an item is asked for by its number (ds[0], ds[-1]), not by "
+                f"{index!r}; for several items use ds.subset([...])."
+            )
         index = number
         if not -len(self.files) <= index < len(self.files):
             raise IndexError(f"ImageDatastore index {index} is out of range for {len(self.files)} images.")
@@ -118,9 +127,11 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
                     return read_image(self.files[i]), i
                 except Exception as error:  # decoders raise RuntimeError, OSError, ValueError...
                     if self.on_error == "raise":
-                        raise DatastoreError(f"ImageDatastore: cannot read image {self.files[i]!r} ({error}). "
-                                             "Remove or replace the file, or pass on_error='skip' to skip "
-                                             "unreadable images.") from error
+                        raise DatastoreError(
+                            f"ImageDatastore: cannot read image {self.files[i]!r} ({error}). "
+                            "Remove or replace the file, or pass on_error='skip' to skip "
+                            "unreadable images."
+                        ) from error
                     skipped.append(self.files[i])
                     if len(skipped) == MAX_UNREADABLE_IN_A_ROW and len(skipped) < len(self.files):
                         raise DatastoreError(
@@ -138,12 +149,17 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         if not new:
             return
         self.skipped_files.update(new)
-        warn_user(f"ImageDatastore skipped {len(new)} unreadable image(s) ({len(self.skipped_files)} so far; "
-                  f"latest: {new[-1]!r}).")
+        warn_user(
+            f"ImageDatastore skipped {len(new)} unreadable image(s) ({len(self.skipped_files)} so far; "
+            f"latest: {new[-1]!r})."
+        )
 
     def __repr__(self) -> str:
-        counts = ", ".join(f"{name}: {n}" for name, n in list(self.count_each_label().items())[:8]) \
-            if self.labels is not None else "unlabelled"
+        counts = (
+            ", ".join(f"{name}: {n}" for name, n in list(self.count_each_label().items())[:8])
+            if self.labels is not None
+            else "unlabelled"
+        )
         more = ", ..." if len(self.classes) > 8 else ""
         return f"ImageDatastore({len(self)} images, {len(self.classes)} classes: {counts}{more})"
 
@@ -158,8 +174,9 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
             counts[label] += 1
         return counts
 
-    def subset(self, indices: Iterable[int] | Iterable[bool] | torch.Tensor,
-               drop_unused_classes: bool = False) -> ImageDatastore:
+    def subset(
+        self, indices: Iterable[int] | Iterable[bool] | torch.Tensor, drop_unused_classes: bool = False
+    ) -> ImageDatastore:
         """A datastore of the items at `indices`, with the same classes (label indices stay comparable).
 
         `indices` are item numbers, or, as in MATLAB, a logical mask with one True/False per item. Classes left
@@ -169,14 +186,17 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         values = list(indices.tolist() if hasattr(indices, "tolist") else indices)  # tensors and numpy arrays
         if values and all(isinstance(v, bool | np.bool_) for v in values):
             if len(values) != len(self):
-                raise DatastoreError(f"subset: a logical mask needs one True/False per item ({len(self)}), "
-                                     f"not {len(values)}.")
+                raise DatastoreError(
+                    f"subset: a logical mask needs one True/False per item ({len(self)}), not {len(values)}."
+                )
             values = [i for i, keep in enumerate(values) if keep]
         wrong = [v for v in values if not isinstance(v, numbers.Integral) or isinstance(v, bool | np.bool_)]
         if wrong:
-            raise DatastoreError(f"subset: indices must be whole item numbers (or a True/False mask with one value "
-                                 f"per item), not {wrong[0]!r} ({type(wrong[0]).__name__}). For a random part use "
-                                 "ds.shuffle(seed) or split_each_label(0.8, randomize=True).")
+            raise DatastoreError(
+                f"subset: indices must be whole item numbers (or a True/False mask with one value "
+                f"per item), not {wrong[0]!r} ({type(wrong[0]).__name__}). For a random part use "
+                "ds.shuffle(seed) or split_each_label(0.8, randomize=True)."
+            )
         chosen = [int(i) for i in values]
         outside = [i for i in chosen if not -len(self) <= i < len(self)]
         if outside:
@@ -203,8 +223,9 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
         random.Random(seed).shuffle(order)
         return self.subset(order)
 
-    def split_each_label(self, *fractions: float, randomize: bool = False,
-                         seed: int | None = None) -> tuple[ImageDatastore, ...]:
+    def split_each_label(
+        self, *fractions: float, randomize: bool = False, seed: int | None = None
+    ) -> tuple[ImageDatastore, ...]:
         """Split every class by `fractions` (or counts, for whole numbers >= 1) into len(fractions)+1 datastores.
 
         Counts, as in MATLAB, must add up to at most the number of images of the smallest label (DatastoreError).
@@ -221,10 +242,12 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
             smallest = min(groups, key=lambda label: len(groups[label]))
             if sum(fractions) > len(groups[smallest]):
                 named = f"label {smallest!r}" if smallest is not None else "the datastore"
-                raise DatastoreError(f"split_each_label: counts {tuple(int(f) for f in fractions)} take "
-                                     f"{sum(fractions)} images of each label, but {named} has only "
-                                     f"{len(groups[smallest])}. Give counts that add up to at most "
-                                     f"{len(groups[smallest])}, or fractions (split_each_label(0.8)).")
+                raise DatastoreError(
+                    f"split_each_label: counts {tuple(int(f) for f in fractions)} take "
+                    f"{sum(fractions)} images of each label, but {named} has only "
+                    f"{len(groups[smallest])}. Give counts that add up to at most "
+                    f"{len(groups[smallest])}, or fractions (split_each_label(0.8))."
+                )
         generator = random.Random(seed)
         parts: list[list[int]] = [[] for _ in range(len(fractions) + 1)]
         for members in groups.values():
@@ -251,15 +274,22 @@ class ImageDatastore(Dataset[tuple[torch.Tensor, int]]):
 
 def _locations(location: Any) -> list[Any]:
     """`location` as a list of places, or DatastoreError for what cannot name one (bytes, numbers...)."""
-    places = [location] if isinstance(location, str | bytes | os.PathLike) or not isinstance(location, Iterable) \
+    places = (
+        [location]
+        if isinstance(location, str | bytes | os.PathLike) or not isinstance(location, Iterable)
         else list(location)
+    )
     for place in places:
         if isinstance(place, bytes):
-            raise DatastoreError(f"ImageDatastore: the location {place!r} is bytes: give it as a str "
-                                 f"({place!r}.decode()) or a pathlib.Path.")
+            raise DatastoreError(
+                f"ImageDatastore: the location {place!r} is bytes: give it as a str "
+                f"({place!r}.decode()) or a pathlib.Path."
+            )
         if not isinstance(place, str | os.PathLike) or not os.fspath(place):
-            raise DatastoreError(f"ImageDatastore: the location {place!r} is not a folder, file or URL: give a str or "
-                                 "pathlib.Path (or a list of them), e.g. ImageDatastore('images/').")
+            raise DatastoreError(
+                f"ImageDatastore: the location {place!r} is not a folder, file or URL: give a str or "
+                "pathlib.Path (or a list of them), e.g. ImageDatastore('images/')."
+            )
     return places
 
 
@@ -269,14 +299,18 @@ def _are_counts(fractions: tuple[float, ...]) -> bool:
     if not fractions:
         raise DatastoreError("split_each_label needs at least one fraction, e.g. split_each_label(0.8).")
     if not all(isinstance(f, numbers.Real) and not isinstance(f, bool) for f in fractions):
-        raise DatastoreError(f"split_each_label: fractions {fractions} must be numbers: fractions of each label "
-                             "(split_each_label(0.8)) or whole-number counts of images per label "
-                             "(split_each_label(20)).")
+        raise DatastoreError(
+            f"split_each_label: fractions {fractions} must be numbers: fractions of each label "
+            "(split_each_label(0.8)) or whole-number counts of images per label "
+            "(split_each_label(20))."
+        )
     # numpy's integers count as counts too (len(ds) // 10, np.int64 from an array)
     are_counts = all(isinstance(f, numbers.Integral) and f >= 1 for f in fractions)
     if not are_counts and (any(not 0 <= f <= 1 for f in fractions) or sum(fractions) > 1 + 1e-9):
-        raise DatastoreError(f"split_each_label: fractions {fractions} must each lie in [0, 1] and sum to at "
-                             "most 1 (or all be whole-number counts of images per label).")
+        raise DatastoreError(
+            f"split_each_label: fractions {fractions} must each lie in [0, 1] and sum to at "
+            "most 1 (or all be whole-number counts of images per label)."
+        )
     return are_counts
 
 

@@ -43,9 +43,17 @@ class DeviceResidentData:
     tensors in host memory for a GPU they do not fit on (each batch goes over through pinned memory).
     """
 
-    def __init__(self, dataset: Dataset[Any], device: torch.device | str, keep_on_host: bool = False, *,
-                 rows: Sequence[int] | None = None, readers: Readers | None = None, progress: Progress | None = None,
-                 first: dict[int, Any] | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        device: torch.device | str,
+        keep_on_host: bool = False,
+        *,
+        rows: Sequence[int] | None = None,
+        readers: Readers | None = None,
+        progress: Progress | None = None,
+        first: dict[int, Any] | None = None,
+    ) -> None:
         """`rows` holds only those items of `dataset` (a pool rank's share of the validation data); `readers`
         reads the whole dataset together with the pool's other ranks, each reading a block of it
         (nbscale.data.preparing); `progress` counts the items read; `first` holds items already read, as
@@ -93,9 +101,15 @@ class DeviceResidentData:
                 inputs = to_float(inputs)
             yield inputs, targets
 
-    def batches(self, batch_size: int, *, shuffle: bool, generator: torch.Generator | None = None,
-                indices: torch.Tensor | None = None,
-                drop_last: bool = False) -> Iterator[Batch]:
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        generator: torch.Generator | None = None,
+        indices: torch.Tensor | None = None,
+        drop_last: bool = False,
+    ) -> Iterator[Batch]:
         """Mini-batches of `batch_size` on the device, the last one smaller unless `drop_last`.
 
         `indices` restricts the pass to those items (a shard), in that order unless `shuffle`; random draws

@@ -25,8 +25,11 @@ def image_files(locations: Sequence[Any], extensions: tuple[str, ...], include_s
     files: list[str] = []
     for place in locations:
         place = os.fspath(place)
-        listed = _list_url(place, include_subfolders) if is_url(place) else \
-            [file for match in _matches(place) for file in _list_local(match, include_subfolders)]
+        listed = (
+            _list_url(place, include_subfolders)
+            if is_url(place)
+            else [file for match in _matches(place) for file in _list_local(match, include_subfolders)]
+        )
         files += sorted(f for f in listed if f.lower().endswith(extensions))
     if not files:
         raise DatastoreError(_no_images(locations, extensions, include_subfolders))
@@ -37,11 +40,15 @@ def _list_local(location: Path, include_subfolders: bool) -> list[str]:
     if location.is_file():
         return [str(location)]
     if location.exists() and not location.is_dir():
-        raise DatastoreError(f"ImageDatastore: {str(location)!r} is not a folder or an image file (a device, a "
-                             "pipe or a socket): give the folder that holds the images, or the image files.")
+        raise DatastoreError(
+            f"ImageDatastore: {str(location)!r} is not a folder or an image file (a device, a "
+            "pipe or a socket): give the folder that holds the images, or the image files."
+        )
     if not location.is_dir():
-        raise DatastoreError(f"ImageDatastore: the folder {str(location)!r} does not exist. Check the path "
-                             f"(it is read relative to {os.getcwd()!r}).")
+        raise DatastoreError(
+            f"ImageDatastore: the folder {str(location)!r} does not exist. Check the path "
+            f"(it is read relative to {os.getcwd()!r})."
+        )
     if not include_subfolders:
         return [str(p) for p in location.iterdir() if p.is_file() and not _hidden(p.relative_to(location))]
     return _walk(location)
@@ -57,8 +64,10 @@ def _matches(place: str) -> list[Path]:
         return [path]
     matches = sorted(glob.glob(str(path)))
     if not matches:
-        raise DatastoreError(f"ImageDatastore: nothing matches {place!r} (read relative to {os.getcwd()!r}). Check "
-                             "the pattern, or give the folder itself.")
+        raise DatastoreError(
+            f"ImageDatastore: nothing matches {place!r} (read relative to {os.getcwd()!r}). Check "
+            "the pattern, or give the folder itself."
+        )
     return [Path(match) for match in matches]
 
 
@@ -79,8 +88,11 @@ def _walk(location: Path) -> list[str]:
         # hidden files and folders (.ipynb_checkpoints, macOS's ._name.png twins) are not part of the data
         subfolders[:] = sorted(name for name in subfolders if not _hidden(Path(name)))
         above.update({os.path.join(folder, name): ancestors | {identity} for name in subfolders})
-        files += [os.path.join(folder, name) for name in names
-                  if not _hidden(Path(name)) and os.path.isfile(os.path.join(folder, name))]
+        files += [
+            os.path.join(folder, name)
+            for name in names
+            if not _hidden(Path(name)) and os.path.isfile(os.path.join(folder, name))
+        ]
     return files
 
 
@@ -92,26 +104,32 @@ def _list_url(location: str, include_subfolders: bool) -> list[str]:
     try:
         import fsspec
     except ImportError as error:
-        raise DatastoreError(f"ImageDatastore: reading {location!r} needs fsspec (and the filesystem's package, "
-                             "e.g. s3fs for s3://): pip install 'nbscale[s3]'") from error
+        raise DatastoreError(
+            f"ImageDatastore: reading {location!r} needs fsspec (and the filesystem's package, "
+            "e.g. s3fs for s3://): pip install 'nbscale[s3]'"
+        ) from error
     try:
         filesystem, root = fsspec.core.url_to_fs(location, **_bounded_connect(location))
         if not root.strip("/"):
-            raise DatastoreError(f"ImageDatastore: {location!r} names no bucket or folder: give one, e.g. "
-                                 "'s3://my-bucket/images'.")
+            raise DatastoreError(
+                f"ImageDatastore: {location!r} names no bucket or folder: give one, e.g. 's3://my-bucket/images'."
+            )
         if filesystem.isfile(root):
             return [location]
         if not filesystem.isdir(root):
             raise DatastoreError(f"ImageDatastore: the folder {location!r} does not exist or cannot be listed.")
         # the listing says which entries are files: asking the store about each one would cost a request per object
-        entries = filesystem.find(root, detail=True).values() if include_subfolders else \
-            filesystem.ls(root, detail=True)
+        entries = (
+            filesystem.find(root, detail=True).values() if include_subfolders else filesystem.ls(root, detail=True)
+        )
     except DatastoreError:
         raise
     except Exception as error:  # botocore, aiohttp, fsspec: each its own errors
-        raise DatastoreError(f"ImageDatastore: cannot list {location!r} ({type(error).__name__}: {error}). Check the "
-                             "address, that its server is running and reachable from here, and the credentials "
-                             "(for s3://: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).") from error
+        raise DatastoreError(
+            f"ImageDatastore: cannot list {location!r} ({type(error).__name__}: {error}). Check the "
+            "address, that its server is running and reachable from here, and the credentials "
+            "(for s3://: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)."
+        ) from error
     return [filesystem.unstrip_protocol(entry["name"]) for entry in entries if entry.get("type") != "directory"]
 
 
@@ -123,13 +141,17 @@ def _bounded_connect(location: str) -> dict[str, Any]:
     time: a cached one keeps the endpoint and credentials the environment had when it was made."""
     protocol = location.split("://", 1)[0].lower()
     if protocol in ("s3", "s3a"):
-        return {"skip_instance_cache": True,
-                "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "retries": {"max_attempts": 2}}}
+        return {
+            "skip_instance_cache": True,
+            "config_kwargs": {"connect_timeout": CONNECT_TIMEOUT_S, "retries": {"max_attempts": 2}},
+        }
     if protocol in ("http", "https"):
         import aiohttp
 
-        return {"skip_instance_cache": True,
-                "client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)}}
+        return {
+            "skip_instance_cache": True,
+            "client_kwargs": {"timeout": aiohttp.ClientTimeout(sock_connect=CONNECT_TIMEOUT_S)},
+        }
     return {}
 
 
@@ -142,10 +164,14 @@ def _no_images(locations: Sequence[Any], extensions: tuple[str, ...], include_su
     broken = [entry for entry in entries if entry.is_symlink() and not entry.exists()]
     others = sorted({entry.suffix.lower() or entry.name for entry in entries if entry.is_file()})
     if broken:
-        return (f"{message}. {len(broken)} symbolic link(s) there point nowhere (e.g. {str(broken[0])!r} -> "
-                f"{os.readlink(broken[0])!r}): fix or remove them.")
+        return (
+            f"{message}. {len(broken)} symbolic link(s) there point nowhere (e.g. {str(broken[0])!r} -> "
+            f"{os.readlink(broken[0])!r}): fix or remove them."
+        )
     if not include_subfolders and any(entry.is_dir() for entry in entries):
-        return f"{message}, and include_subfolders=False: the images may be in its subfolders (include_subfolders=True)."
+        return (
+            f"{message}, and include_subfolders=False: the images may be in its subfolders (include_subfolders=True)."
+        )
     if others:
         return f"{message}; its files are {others[:8]}: pass file_extensions= to read those."
     return f"{message}: the folder has no files (include_subfolders={include_subfolders}). Check the path."

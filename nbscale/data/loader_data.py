@@ -22,8 +22,10 @@ from torch.utils.data import (
 
 from nbscale.errors import OptionsError
 
-_SUPPORTED = ("DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., num_workers=...): a map-style "
-              "dataset read in order or at random")
+_SUPPORTED = (
+    "DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., num_workers=...): a map-style "
+    "dataset read in order or at random"
+)
 
 
 class LoaderData(Dataset[Any]):
@@ -49,21 +51,26 @@ def loader_data(loader: DataLoader[Any], what: str = "train_data") -> LoaderData
     """`loader` as a LoaderData; OptionsError naming `what` for what nbscale cannot take from a DataLoader."""
     name = f"{what} is a DataLoader"
     if isinstance(loader.dataset, IterableDataset):
-        raise OptionsError(f"{name} over an IterableDataset ({type(loader.dataset).__name__}), which nbscale cannot "
-                           f"index, split across workers or resume: give a map-style Dataset (with __getitem__ and "
-                           f"__len__). Supported: {_SUPPORTED}.")
+        raise OptionsError(
+            f"{name} over an IterableDataset ({type(loader.dataset).__name__}), which nbscale cannot "
+            f"index, split across workers or resume: give a map-style Dataset (with __getitem__ and "
+            f"__len__). Supported: {_SUPPORTED}."
+        )
     if loader.batch_size is None or type(loader.batch_sampler) is not BatchSampler:
         sampler = type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else "batch_size=None"
-        raise OptionsError(f"{name} with its own batch_sampler ({sampler}), which nbscale cannot follow (it makes "
-                           f"the mini-batches itself, split across workers): give batch_size= instead. "
-                           f"Supported: {_SUPPORTED}.")
+        raise OptionsError(
+            f"{name} with its own batch_sampler ({sampler}), which nbscale cannot follow (it makes "
+            f"the mini-batches itself, split across workers): give batch_size= instead. "
+            f"Supported: {_SUPPORTED}."
+        )
     if type(loader.sampler) not in (SequentialSampler, RandomSampler):
-        raise OptionsError(f"{name} with sampler={type(loader.sampler).__name__}, which nbscale cannot follow (the "
-                           f"order is TrainingOptions' shuffle): give shuffle=True or False instead of a sampler "
-                           f"(weight the loss for unbalanced classes). Supported: {_SUPPORTED}.")
+        raise OptionsError(
+            f"{name} with sampler={type(loader.sampler).__name__}, which nbscale cannot follow (the "
+            f"order is TrainingOptions' shuffle): give shuffle=True or False instead of a sampler "
+            f"(weight the loss for unbalanced classes). Supported: {_SUPPORTED}."
+        )
     if not hasattr(loader.dataset, "__len__"):
-        raise OptionsError(f"{name} whose dataset has no __len__: give the dataset a __len__. Supported: "
-                           f"{_SUPPORTED}.")
+        raise OptionsError(f"{name} whose dataset has no __len__: give the dataset a __len__. Supported: {_SUPPORTED}.")
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
     return LoaderData(loader.dataset, collate, loader.num_workers, int(loader.batch_size))
 

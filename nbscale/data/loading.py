@@ -57,24 +57,33 @@ def as_dataset(data: Any, what: str = "train_data") -> Dataset[Any]:
     if _is_pair(data):
         inputs, labels = (_as_tensor(part) for part in data)
         if inputs.ndim == 0 or labels.ndim == 0 or len(inputs) != len(labels):
-            raise OptionsError(f"{what}=(inputs, labels) needs one label per input, got "
-                               f"{_count(inputs)} inputs and {_count(labels)} labels.")
+            raise OptionsError(
+                f"{what}=(inputs, labels) needs one label per input, got "
+                f"{_count(inputs)} inputs and {_count(labels)} labels."
+            )
         return TensorDataset(inputs, as_labels(labels))
     if isinstance(data, tuple):
-        raise OptionsError(f"{what} as a tuple must be (inputs, labels), but it has {len(data)} items: give "
-                           "(inputs, labels), or a torch Dataset yielding (input, label).")
+        raise OptionsError(
+            f"{what} as a tuple must be (inputs, labels), but it has {len(data)} items: give "
+            "(inputs, labels), or a torch Dataset yielding (input, label)."
+        )
     if isinstance(data, torch.Tensor | np.ndarray | str | bytes):
-        raise OptionsError(f"{what} is a single {type(data).__name__}, without labels: give (inputs, labels), or a "
-                           "torch Dataset yielding (input, label).")
+        raise OptionsError(
+            f"{what} is a single {type(data).__name__}, without labels: give (inputs, labels), or a "
+            "torch Dataset yielding (input, label)."
+        )
     if isinstance(data, Mapping):  # its __getitem__ takes keys, not sample indices
         keys = [repr(key) for key in list(data)[:4]]
         pair = f"({what}[{keys[0]}], {what}[{keys[1]}])" if len(keys) >= 2 else "(inputs, labels)"
-        raise OptionsError(f"{what} is a {type(data).__name__} (keys {', '.join(keys) or 'none'}), not samples: give "
-                           f"(inputs, labels) as a tuple, e.g. {pair}, or a torch Dataset yielding (input, label).")
+        raise OptionsError(
+            f"{what} is a {type(data).__name__} (keys {', '.join(keys) or 'none'}), not samples: give "
+            f"(inputs, labels) as a tuple, e.g. {pair}, or a torch Dataset yielding (input, label)."
+        )
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
         return cast("Dataset[Any]", data)
-    raise OptionsError(f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, "
-                       f"not {type(data).__name__}.")
+    raise OptionsError(
+        f"{what} must be a torch Dataset or a tuple (inputs, labels) of tensors, not {type(data).__name__}."
+    )
 
 
 def _is_pair(data: object) -> bool:
@@ -82,8 +91,11 @@ def _is_pair(data: object) -> bool:
     samples would hold pairs, not arrays)."""
     if isinstance(data, tuple):
         return len(data) == 2 and all(_array_like(part) for part in data)
-    return (isinstance(data, list) and len(data) == 2
-            and all(isinstance(part, torch.Tensor | np.ndarray) and part.ndim > 0 for part in data))
+    return (
+        isinstance(data, list)
+        and len(data) == 2
+        and all(isinstance(part, torch.Tensor | np.ndarray) and part.ndim > 0 for part in data)
+    )
 
 
 def _array_like(part: object) -> bool:
@@ -94,8 +106,10 @@ def _as_tensor(part: object) -> torch.Tensor:
     try:
         return tensor_of(part)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise OptionsError(f"Cannot make a tensor of a {type(part).__name__} in (inputs, labels): {error}. "
-                           "Give tensors, numpy arrays or lists of numbers.") from None
+        raise OptionsError(
+            f"Cannot make a tensor of a {type(part).__name__} in (inputs, labels): {error}. "
+            "Give tensors, numpy arrays or lists of numbers."
+        ) from None
 
 
 def tensor_of(values: object) -> torch.Tensor:
@@ -118,8 +132,10 @@ def split_batch(batch_size: int, worker_load: Sequence[float] | None, world_size
     """
     weights = [1.0] * world_size if worker_load is None else [float(w) for w in worker_load]
     if len(weights) != world_size:
-        raise OptionsError(f"worker_load has {len(weights)} entries but the pool has {world_size} workers: "
-                           "give one weight per worker (0 leaves a worker out).")
+        raise OptionsError(
+            f"worker_load has {len(weights)} entries but the pool has {world_size} workers: "
+            "give one weight per worker (0 leaves a worker out)."
+        )
     total = sum(weights)
     exact = [batch_size * w / total for w in weights]
     counts = [int(e) for e in exact]
@@ -128,9 +144,11 @@ def split_batch(batch_size: int, worker_load: Sequence[float] | None, world_size
         counts[rank] += 1
     starved = [r for r in range(world_size) if weights[r] > 0 and counts[r] == 0]
     if starved:
-        raise OptionsError(f"mini_batch_size={batch_size} is too small to give worker(s) {starved} any sample "
-                           f"with worker_load={list(worker_load or weights)}: raise mini_batch_size or set "
-                           "their load to 0.")
+        raise OptionsError(
+            f"mini_batch_size={batch_size} is too small to give worker(s) {starved} any sample "
+            f"with worker_load={list(worker_load or weights)}: raise mini_batch_size or set "
+            "their load to 0."
+        )
     return counts
 
 
@@ -164,16 +182,28 @@ def _cannot_be_resident(dataset: Dataset[Any]) -> str | None:
         return None
     with torch.random.fork_rng(devices=[]):
         item = inner[0]
-    if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], torch.Tensor | np.ndarray)
-            and isinstance(item[1], torch.Tensor | np.ndarray | int)):
+    if not (
+        isinstance(item, tuple | list)
+        and len(item) == 2
+        and isinstance(item[0], torch.Tensor | np.ndarray)
+        and isinstance(item[1], torch.Tensor | np.ndarray | int)
+    ):
         return "its samples are nested (inputs or labels that are tuples or dicts)"
     return None
 
 
-def make_batch_source(dataset: Dataset[Any], device: torch.device, placement: str, background: bool, *, seed: int,
-                      rows: Sequence[int] | torch.Tensor | None = None, readers: Readers | None = None,
-                      progress: Progress | None = None,
-                      warn: Callable[[str], None] | None = _warn_here) -> BatchSource:
+def make_batch_source(
+    dataset: Dataset[Any],
+    device: torch.device,
+    placement: str,
+    background: bool,
+    *,
+    seed: int,
+    rows: Sequence[int] | torch.Tensor | None = None,
+    readers: Readers | None = None,
+    progress: Progress | None = None,
+    warn: Callable[[str], None] | None = _warn_here,
+) -> BatchSource:
     """The batch source for `placement` ("auto" | "stream" | "device"); see the module docstring.
 
     "auto" streams data nbscale cannot prove deterministic (`deterministic`), so it is read afresh each epoch;
@@ -194,13 +224,17 @@ def make_batch_source(dataset: Dataset[Any], device: torch.device, placement: st
     why_not = _cannot_be_resident(dataset)
     if why_not is not None:  # "auto" streams it quietly (a TensorDataset of three tensors); "device" says why
         if placement == "device":
-            said(f"data_placement='device' cannot hold this data on the device ({why_not}): it is streamed by a "
-                 "DataLoader instead. Give data_placement='stream' (or 'auto') to say so and silence this.")
+            said(
+                f"data_placement='device' cannot hold this data on the device ({why_not}): it is streamed by a "
+                "DataLoader instead. Give data_placement='stream' (or 'auto') to say so and silence this."
+            )
         return StreamBatches(_part(dataset, rows), device, background, seed)
     if placement == "device" and not deterministic(dataset):
-        said(f"data_placement='device' reads this {type(dataset).__name__} once and keeps it on the device: any "
-             "randomness in it (random transforms) is frozen for the whole run. Use data_placement='auto' or "
-             "'stream' to read it afresh every epoch.")
+        said(
+            f"data_placement='device' reads this {type(dataset).__name__} once and keeps it on the device: any "
+            "randomness in it (random transforms) is frozen for the whole run. Use data_placement='auto' or "
+            "'stream' to read it afresh every epoch."
+        )
     from nbscale.data.device_resident import DeviceResidentData, fits_on_device, holds_tensors, residence
 
     if holds_tensors(dataset):  # tensors need no reading: on a GPU too small, batches go over one by one

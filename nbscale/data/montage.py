@@ -23,8 +23,10 @@ def montage(images: Sequence[torch.Tensor], captions: Sequence[str], columns: in
         pixels = pixels.expand(3, -1, -1) if pixels.shape[0] == 1 else pixels[:3]
         tile = Image.fromarray(pixels.permute(1, 2, 0).contiguous().numpy(), "RGB")
         scale = TILE / max(tile.size)
-        tile = tile.resize((max(1, round(tile.width * scale)), max(1, round(tile.height * scale))),
-                           Image.Resampling.NEAREST if scale >= 2 else Image.Resampling.BILINEAR)
+        tile = tile.resize(
+            (max(1, round(tile.width * scale)), max(1, round(tile.height * scale))),
+            Image.Resampling.NEAREST if scale >= 2 else Image.Resampling.BILINEAR,
+        )
         left, top = (k % columns) * TILE, (k // columns) * (TILE + CAPTION_HEIGHT)
         sheet.paste(tile, (left + (TILE - tile.width) // 2, top + (TILE - tile.height) // 2))
         draw.text((left + 3, top + TILE + 1), str(caption)[:16], fill="black")

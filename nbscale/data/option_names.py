@@ -10,8 +10,9 @@ from nbscale.errors import OptionsError
 from nbscale.suggestions import did_you_mean
 
 
-def check_option_names(owner: str, given: Iterable[str], known: Sequence[str],
-                       meant: Mapping[str, str] | None = None) -> None:
+def check_option_names(
+    owner: str, given: Iterable[str], known: Sequence[str], meant: Mapping[str, str] | None = None
+) -> None:
     """Raise OptionsError for the first name in `given` that is not in `known`.
 
     The message suggests the snake_case of a MATLAB name (RandXReflection -> rand_x_reflection), a close match, or
@@ -27,5 +28,8 @@ def check_option_names(owner: str, given: Iterable[str], known: Sequence[str],
 
 def keyword_names(function: Callable[..., object]) -> list[str]:
     """The names `function` takes by keyword, in order (self left out)."""
-    return [name for name, parameter in inspect.signature(function).parameters.items()
-            if name != "self" and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)]
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if name != "self" and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    ]

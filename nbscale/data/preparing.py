@@ -46,8 +46,7 @@ class Readers:
 
         return all_gather_objects(value, self.group)
 
-    def gather_rows(self, rows: torch.Tensor, counts: list[int],
-                    chunk_bytes: int = GATHER_CHUNK_BYTES) -> torch.Tensor:
+    def gather_rows(self, rows: torch.Tensor, counts: list[int], chunk_bytes: int = GATHER_CHUNK_BYTES) -> torch.Tensor:
         """Every rank's `rows` (rank r has counts[r] of them, each of the same shape and dtype everywhere) as one
         tensor on `device`, in rank order.
 
@@ -65,7 +64,7 @@ class Readers:
         block = send.numel()
         for start in range(0, block, chunk_bytes):
             end = min(block, start + chunk_bytes)
-            outputs = [receive[rank * block + start: rank * block + end] for rank in range(self.count)]
+            outputs = [receive[rank * block + start : rank * block + end] for rank in range(self.count)]
             dist.all_gather(outputs, send[start:end], group=self.group)
         del mine, send
         if all(count == most for count in counts[:-1]):

@@ -51,8 +51,10 @@ def max_image_pixels() -> int:
     except ValueError:
         limit = 0
     if limit <= 0:
-        raise DatastoreError(f"{MAX_IMAGE_PIXELS_VARIABLE}={text!r} is not a positive whole number of pixels: set "
-                             f"it to e.g. 200000000, or unset it for the default ({DEFAULT_MAX_IMAGE_PIXELS}).")
+        raise DatastoreError(
+            f"{MAX_IMAGE_PIXELS_VARIABLE}={text!r} is not a positive whole number of pixels: set "
+            f"it to e.g. 200000000, or unset it for the default ({DEFAULT_MAX_IMAGE_PIXELS})."
+        )
     return limit
 
 
@@ -85,9 +87,11 @@ def check_size(data: bytes) -> None:
     size = header_size(data)
     limit = max_image_pixels()
     if size is not None and size[0] * size[1] > limit:
-        raise ImageTooLarge(f"its header claims {size[0]} x {size[1]} = {size[0] * size[1]:,} pixels, more than "
-                            f"the limit of {limit:,}: set {MAX_IMAGE_PIXELS_VARIABLE} to a larger number of pixels "
-                            "to read it (it decodes to at least 3 bytes a pixel)")
+        raise ImageTooLarge(
+            f"its header claims {size[0]} x {size[1]} = {size[0] * size[1]:,} pixels, more than "
+            f"the limit of {limit:,}: set {MAX_IMAGE_PIXELS_VARIABLE} to a larger number of pixels "
+            "to read it (it decodes to at least 3 bytes a pixel)"
+        )
 
 
 def is_url(location: str) -> bool:

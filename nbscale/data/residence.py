@@ -43,8 +43,14 @@ def fits_on_device(dataset: Dataset[Any], device: torch.device, budget_fraction:
     return estimated_bytes(dataset) <= budget_fraction * _available_bytes(torch.device(device))
 
 
-def residence(dataset: Dataset[Any], device: torch.device, *, rows: Sequence[int] | None = None,
-              readers: Readers | None = None, budget_fraction: float = 0.5) -> tuple[bool, dict[int, Any]]:
+def residence(
+    dataset: Dataset[Any],
+    device: torch.device,
+    *,
+    rows: Sequence[int] | None = None,
+    readers: Readers | None = None,
+    budget_fraction: float = 0.5,
+) -> tuple[bool, dict[int, Any]]:
     """Whether `data_placement="auto"` keeps `dataset` (its `rows` only, when given) resident: its items have
     class labels and tensor inputs, and take at most `budget_fraction` of the device's free memory (the host's
     for the CPU). Reads one item, returned as {index: item} for `DeviceResidentData(first=...)`, so it is not

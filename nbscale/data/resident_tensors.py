@@ -77,8 +77,13 @@ class Stored:
     read: bool
 
 
-def stored(dataset: Dataset[Any], rows: Sequence[int] | None, readers: Readers | None, progress: Progress | None,
-           first: dict[int, Any]) -> Stored:
+def stored(
+    dataset: Dataset[Any],
+    rows: Sequence[int] | None,
+    readers: Readers | None,
+    progress: Progress | None,
+    first: dict[int, Any],
+) -> Stored:
     """The tensors kept for `dataset` (its `rows` only, when given); with `readers`, this rank reads its block of
     the items and gets the others' from them. `first` holds items already read, by index.
 
@@ -103,8 +108,7 @@ def stored(dataset: Dataset[Any], rows: Sequence[int] | None, readers: Readers |
         shapes = readers.exchange(shape)
         shape, counts = _Shape.merged(shapes), [each.count for each in shapes]
     if shape.skipped and (readers is None or readers.position == 0):
-        warn_user(f"Left out {shape.skipped} unreadable image(s) of {shape.skipped + shape.count} "
-                  "(on_error='skip').")
+        warn_user(f"Left out {shape.skipped} unreadable image(s) of {shape.skipped + shape.count} (on_error='skip').")
     if not shape.count:
         raise DatastoreError("DeviceResidentData: the dataset has no readable items.")
     images, labels = shape.stack(readable, dataset)
@@ -128,23 +132,33 @@ class _Shape:
 
     @classmethod
     def of(cls, items: list[Any], skipped: int = 0) -> _Shape:
-        return cls({tuple(image.shape) for image, _ in items}, {image.dtype for image, _ in items},
-                   {(tuple(label.shape), label.dtype) for label in (torch.as_tensor(label) for _, label in items)},
-                   len(items), skipped)
+        return cls(
+            {tuple(image.shape) for image, _ in items},
+            {image.dtype for image, _ in items},
+            {(tuple(label.shape), label.dtype) for label in (torch.as_tensor(label) for _, label in items)},
+            len(items),
+            skipped,
+        )
 
     @classmethod
     def merged(cls, shapes: list[_Shape]) -> _Shape:
-        return cls(set().union(*(s.sizes for s in shapes)), set().union(*(s.dtypes for s in shapes)),
-                   set().union(*(s.labels for s in shapes)), sum(s.count for s in shapes),
-                   sum(s.skipped for s in shapes))
+        return cls(
+            set().union(*(s.sizes for s in shapes)),
+            set().union(*(s.dtypes for s in shapes)),
+            set().union(*(s.labels for s in shapes)),
+            sum(s.count for s in shapes),
+            sum(s.skipped for s in shapes),
+        )
 
     def stack(self, items: list[Any], dataset: Dataset[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The items as (images, labels) tensors whose rows are alike on every rank: images brought to one size,
         and to float32 where sizes or dtypes differ; an empty block for a rank that read none."""
         row = self.row_shape(dataset)
         if len(self.labels) > 1:
-            raise DatastoreError(f"The labels differ in shape or type ({sorted(map(str, self.labels))[:3]}), so "
-                                 "they cannot be batched: give every item a label of the same kind.")
+            raise DatastoreError(
+                f"The labels differ in shape or type ({sorted(map(str, self.labels))[:3]}), so "
+                "they cannot be batched: give every item a label of the same kind."
+            )
         ((label_shape, label_dtype),) = self.labels
         floats = len(self.sizes) > 1 or len(self.dtypes) > 1
         dtype = torch.float32 if floats else next(iter(self.dtypes))
@@ -163,13 +177,17 @@ class _Shape:
         leading = {size[:-2] for size in self.sizes}
         if len(leading) > 1:
             channels = ", ".join(sorted(str(size[0]) if size else "none" for size in leading))
-            raise DatastoreError(f"The images differ in channels ({channels}), so they cannot be batched: wrap the "
-                                 "datastore in AugmentedImageDatastore(output_size, ds, color_preprocessing="
-                                 "'gray2rgb') (or 'rgb2gray').")
+            raise DatastoreError(
+                f"The images differ in channels ({channels}), so they cannot be batched: wrap the "
+                "datastore in AugmentedImageDatastore(output_size, ds, color_preprocessing="
+                "'gray2rgb') (or 'rgb2gray')."
+            )
         sizes = {size[-2:] for size in self.sizes}
         if not isinstance(dataset, AugmentedImageDatastore):
-            raise DatastoreError(f"The images differ in size ({len(sizes)} sizes, e.g. {sorted(sizes)[:3]}), so they "
-                                 "cannot be batched: wrap the datastore in AugmentedImageDatastore(output_size, ds).")
+            raise DatastoreError(
+                f"The images differ in size ({len(sizes)} sizes, e.g. {sorted(sizes)[:3]}), so they "
+                "cannot be batched: wrap the datastore in AugmentedImageDatastore(output_size, ds)."
+            )
         # resize mode: resize now; crop modes: centre-crop to the smallest height and width, crop further per batch
         if dataset.output_size_mode == "resize":
             target = dataset.output_size
@@ -186,8 +204,7 @@ def _fitted(image: torch.Tensor, row: tuple[int, ...], dataset: Dataset[Any]) ->
     return fit_to_size(to_float(image)[None], row[-2:], mode)[0]  # type: ignore[arg-type]
 
 
-def _read(dataset: Dataset[Any], indices: Sequence[int], progress: Progress | None,
-          first: dict[int, Any]) -> list[Any]:
+def _read(dataset: Dataset[Any], indices: Sequence[int], progress: Progress | None, first: dict[int, Any]) -> list[Any]:
     """Items `indices` of `dataset` as they are kept (None where unreadable and skipped); `first` holds items
     already read."""
     progress = progress or Progress()
@@ -202,11 +219,17 @@ def _read(dataset: Dataset[Any], indices: Sequence[int], progress: Progress | No
     return items
 
 
-def _read_files(source: ImageDatastore, augmented: AugmentedImageDatastore | None, indices: Sequence[int],
-                progress: Progress, first: dict[int, Any]) -> list[Any]:
+def _read_files(
+    source: ImageDatastore,
+    augmented: AugmentedImageDatastore | None,
+    indices: Sequence[int],
+    progress: Progress,
+    first: dict[int, Any],
+) -> list[Any]:
     """Files `indices` of `source` read and decoded (None where unreadable and skipped): in threads where that
     pays (files on a network store, or images slower to decode than _THREADED_DECODE_FROM), else one after the
     other (a small local file decodes in less time than handing it to a thread costs)."""
+
     def read(index: int) -> tuple[torch.Tensor, int] | None:
         if index in first:
             return cast("tuple[torch.Tensor, int] | None", first[index])
@@ -223,8 +246,8 @@ def _read_files(source: ImageDatastore, augmented: AugmentedImageDatastore | Non
     items = read_range(indices[:_PROBE_FILES])
     progress.add(len(items))
     per_file = (time.perf_counter() - started) / max(len(items), 1)
-    rest = indices[len(items):]
-    chunks = [rest[i:i + _FILES_PER_TASK] for i in range(0, len(rest), _FILES_PER_TASK)]
+    rest = indices[len(items) :]
+    chunks = [rest[i : i + _FILES_PER_TASK] for i in range(0, len(rest), _FILES_PER_TASK)]
     remote = any(is_url(source.files[index]) for index in indices[:1])
     if per_file < _THREADED_DECODE_FROM and not remote:
         return items + _counted(map(read_range, chunks), progress)

@@ -60,11 +60,18 @@ class StreamBatches:
         collate: Callable[[list[Any]], Any] | None = loader.collate_fn if loader is not None else None
         extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
         read = _AugmentedBySeed(dataset) if self.by_seed else dataset
-        self.loader = DataLoader(read, batch_sampler=self.sampler, num_workers=workers, collate_fn=collate,
-                                 pin_memory=device.type == "cuda", generator=torch.Generator().manual_seed(seed),
-                                 **extra)
-        self.description = f"streamed by a DataLoader ({workers} background workers)" if workers else \
-            "streamed by a DataLoader"
+        self.loader = DataLoader(
+            read,
+            batch_sampler=self.sampler,
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=device.type == "cuda",
+            generator=torch.Generator().manual_seed(seed),
+            **extra,
+        )
+        self.description = (
+            f"streamed by a DataLoader ({workers} background workers)" if workers else "streamed by a DataLoader"
+        )
 
     def __len__(self) -> int:
         # torch's Dataset declares no __len__; as_dataset checked it
@@ -125,7 +132,9 @@ class _AugmentedBySeed(Dataset[tuple[torch.Tensor, int]]):
         items = [self.augmented.source_item(index) for index in indices]
         draws = self.draws[indices]
         if len({tuple(image.shape) for image, _ in items}) > 1:  # images of different sizes: one at a time
-            return [(self.augmented.apply(image[None], draws[k : k + 1])[0], label)
-                    for k, (image, label) in enumerate(items)]
+            return [
+                (self.augmented.apply(image[None], draws[k : k + 1])[0], label)
+                for k, (image, label) in enumerate(items)
+            ]
         batch = self.augmented.apply(torch.stack([image for image, _ in items]), draws)
         return list(zip(batch.unbind(0), [label for _, label in items], strict=True))

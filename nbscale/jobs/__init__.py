@@ -27,8 +27,18 @@ from nbscale.jobs.store import JobStore, default_root
 from nbscale.jobs.submit import submit
 from nbscale.suggestions import did_you_mean
 
-__all__ = ["Job", "JobStore", "cancel", "current_job_dir", "default_root", "delete", "get", "list", "list_jobs",
-           "submit"]
+__all__ = [
+    "Job",
+    "JobStore",
+    "cancel",
+    "current_job_dir",
+    "default_root",
+    "delete",
+    "get",
+    "list",
+    "list_jobs",
+    "submit",
+]
 
 
 def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:
@@ -41,8 +51,10 @@ def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:
     named = store.named(arguments.job_name(name))
     if not named:
         hint = did_you_mean(name, sorted({r.name for r in store.all() if r.name}), n=3)
-        raise JobError(f"There is no job named {name!r} in the job store at {store.root}.{hint} %jobs lists the "
-                       "jobs with their names.")
+        raise JobError(
+            f"There is no job named {name!r} in the job store at {store.root}.{hint} %jobs lists the "
+            "jobs with their names."
+        )
     return Job(named[-1].id, store)
 
 
@@ -72,22 +84,28 @@ def delete(*job_ids: int | str, older_than: str | timedelta | None = None) -> bu
     ago than that; active jobs are left alone.
     """
     if bool(job_ids) == (older_than is not None):
-        raise JobError("nbscale.jobs.delete() takes job ids (delete(3, 4)) or an age (delete(older_than='7d')), "
-                       "one of them.")
+        raise JobError(
+            "nbscale.jobs.delete() takes job ids (delete(3, 4)) or an age (delete(older_than='7d')), one of them."
+        )
     store = JobStore()
     if older_than is not None:
         cutoff = time.time() - arguments.age_s(older_than)
-        chosen = [record for record in store.all()
-                  if record.state in END_STATES and (record.finished or record.submitted) < cutoff]
+        chosen = [
+            record
+            for record in store.all()
+            if record.state in END_STATES and (record.finished or record.submitted) < cutoff
+        ]
     else:
         chosen = [Job(arguments.job_id(job_id), store).record() for job_id in dict.fromkeys(job_ids)]
         active = [record for record in chosen if record.state in ACTIVE_STATES]
         if active:
             shown = ", ".join(f"{record.id} ({record.state})" for record in active)
             first = active[0].id
-            raise JobError(f"Job{'s' if len(active) > 1 else ''} {shown} {'are' if len(active) > 1 else 'is'} still "
-                           f"active, so nothing was deleted: cancel first (nbscale.jobs.cancel({first}), %jobs cancel "
-                           f"{first}), then delete.")
+            raise JobError(
+                f"Job{'s' if len(active) > 1 else ''} {shown} {'are' if len(active) > 1 else 'is'} still "
+                f"active, so nothing was deleted: cancel first (nbscale.jobs.cancel({first}), %jobs cancel "
+                f"{first}), then delete."
+            )
     return [record.id for record in chosen if store.delete(record.id)]
 
 

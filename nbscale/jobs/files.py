@@ -43,4 +43,3 @@ def append_text(path: Path, text: str) -> None:
     """Append `text` to a private file (the job's log)."""
     with os.fdopen(open_private(path, append=True), "a", encoding="utf-8") as file:
         file.write(text)
-

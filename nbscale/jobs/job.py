@@ -93,10 +93,12 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends (finished, failed or cancelled); False if `timeout` seconds pass first."""
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                    or math.isnan(timeout)):
-            raise JobError(f"job.wait(timeout=...) takes seconds (a number) or None to wait until the job ends, "
-                           f"not {timeout!r}.")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout)
+        ):
+            raise JobError(
+                f"job.wait(timeout=...) takes seconds (a number) or None to wait until the job ends, not {timeout!r}."
+            )
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
         while self.state in ACTIVE_STATES:
@@ -114,9 +116,7 @@ class Job:
         if record.pid is None:  # the submitter may have recorded the process since
             record = self.record()
         backend_of(self.folder).cancel(record, self.folder)
-        append_text(
-            self.log_path, f"\n[nbscale] job {self.id} cancelled {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-        )
+        append_text(self.log_path, f"\n[nbscale] job {self.id} cancelled {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         return True
 
     def delete(self) -> None:
@@ -145,10 +145,13 @@ class Job:
             )
         if name in record.unpicklable:
             reason = record.unpicklable[name]
-            fix = (f"Free space where the job store is ({self.store.root}), or point NBSCALE_HOME at a larger disk, "
-                   "and run the job again." if reason.startswith(NOT_WRITTEN) else
-                   "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job "
-                   "again.")
+            fix = (
+                f"Free space where the job store is ({self.store.root}), or point NBSCALE_HOME at a larger disk, "
+                "and run the job again."
+                if reason.startswith(NOT_WRITTEN)
+                else "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job "
+                "again."
+            )
             raise JobError(f"Job {self.id} assigned {name!r}, but it could not be saved: {reason}. {fix}")
         if name not in record.results:
             saved = ", ".join(record.results) or "none"
@@ -162,9 +165,7 @@ class Job:
         except Exception as error:
             raise JobError(
                 f"Job {self.id}'s saved {name!r} cannot be loaded here: {error}. Load it in an environment with "
-                "the same packages as the job (the file is "
-                + str(self.store.result_path(self.id, name))
-                + ")."
+                "the same packages as the job (the file is " + str(self.store.result_path(self.id, name)) + ")."
             ) from None
 
     @property
@@ -207,16 +208,23 @@ class Job:
     def _record_path(self, training: int | None) -> Path:
         """The record of training `training` (default: the latest); JobError when there is none."""
         if training is not None and (isinstance(training, bool) or not isinstance(training, int)):
-            raise JobError(f"training= takes a training's number (1, 2, ... as job.trainings lists them), "
-                           f"not {training!r}.")
+            raise JobError(
+                f"training= takes a training's number (1, 2, ... as job.trainings lists them), not {training!r}."
+            )
         numbers = self.trainings
         if training is None and numbers:
             training = numbers[-1]
         if training is None or training not in numbers:
-            recorded = (f"It recorded trainings {', '.join(map(str, numbers))}." if numbers else
-                        "It has recorded no training yet: only nbscale.train runs inside a job are recorded.")
-            raise JobError(f"Job {self.id} has no training {training}. {recorded}" if training is not None
-                           else f"Job {self.id} ({self.state}) has no training to show. {recorded}")
+            recorded = (
+                f"It recorded trainings {', '.join(map(str, numbers))}."
+                if numbers
+                else "It has recorded no training yet: only nbscale.train runs inside a job are recorded."
+            )
+            raise JobError(
+                f"Job {self.id} has no training {training}. {recorded}"
+                if training is not None
+                else f"Job {self.id} ({self.state}) has no training to show. {recorded}"
+            )
         return training_record.record_path(self.folder, training)
 
     def as_dict(self) -> dict[str, Any]:

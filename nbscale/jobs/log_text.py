@@ -24,13 +24,13 @@ def terminal_text(text: str) -> str:
 
 def _shown(line: str) -> str:
     drawn = line.rstrip("\r")
-    return drawn[drawn.rfind("\r") + 1:]
+    return drawn[drawn.rfind("\r") + 1 :]
 
 
 def _redrawn(line: str) -> str:
     """An unfinished line without what a later '\\r' already wiped (a '\\r' at its very end may be a '\\r\\n')."""
     cut = line.rstrip("\r").rfind("\r")
-    return line[cut + 1:] if cut >= 0 else line
+    return line[cut + 1 :] if cut >= 0 else line
 
 
 def shown_text(path: Path) -> str:

@@ -18,8 +18,21 @@ from nbscale.jobs.files import write_atomic
 ACTIVE_STATES = ("queued", "running")
 END_STATES = ("finished", "failed", "cancelled")
 RECORD_FILE = "record.json"
-COLUMNS = ("id", "name", "state", "submitted", "started", "finished", "pid", "pid_started", "pool", "cwd",
-           "error", "results", "unpicklable")
+COLUMNS = (
+    "id",
+    "name",
+    "state",
+    "submitted",
+    "started",
+    "finished",
+    "pid",
+    "pid_started",
+    "pool",
+    "cwd",
+    "error",
+    "results",
+    "unpicklable",
+)
 LARGEST_ID = 2**63 - 1  # SQLite's INTEGER
 NOT_WRITTEN = "its file could not be written"  # how an unsaved result's reason starts when the disk refused it
 ERROR_CHARS = 500  # a job's error in the store: the panel polls every job's every 3 s; the log keeps the whole text
@@ -65,9 +78,16 @@ class JobRecord:
 
     def _check(self) -> None:
         expected: dict[str, tuple[type, ...]] = {
-            "id": (int,), "name": (str, type(None)), "state": (str,), "submitted": (int, float),
-            "started": (int, float, type(None)), "finished": (int, float, type(None)), "pid": (int, type(None)),
-            "pid_started": (int, float, type(None)), "pool": (int, type(None)), "cwd": (str,),
+            "id": (int,),
+            "name": (str, type(None)),
+            "state": (str,),
+            "submitted": (int, float),
+            "started": (int, float, type(None)),
+            "finished": (int, float, type(None)),
+            "pid": (int, type(None)),
+            "pid_started": (int, float, type(None)),
+            "pool": (int, type(None)),
+            "cwd": (str,),
             "error": (str, type(None)),
         }
         for field, kinds in expected.items():
@@ -130,7 +150,17 @@ def recovered(job_dir: Path, job_id: int) -> JobRecord:
         pass
     results = sorted(path.stem for path in (job_dir / "results").glob("*.pkl"))
     return JobRecord(
-        id=job_id, name=None, state="failed", submitted=job_dir.stat().st_mtime, started=None, finished=None,
-        pid=None, pid_started=None, pool=None, cwd="", results=tuple(results), unpicklable={},
+        id=job_id,
+        name=None,
+        state="failed",
+        submitted=job_dir.stat().st_mtime,
+        started=None,
+        finished=None,
+        pid=None,
+        pid_started=None,
+        pool=None,
+        cwd="",
+        results=tuple(results),
+        unpicklable={},
         error="its record was lost with the job index; its log and saved variables are in its folder",
     )

@@ -135,9 +135,7 @@ def _load_inputs(path: Path, namespace: dict[str, Any]) -> None:
         try:
             namespace[name] = cloudpickle.loads(data)
         except Exception as error:
-            raise CellFailed(
-                f"variable {name!r} from the notebook cannot be rebuilt in the job: {error}"
-            ) from None
+            raise CellFailed(f"variable {name!r} from the notebook cannot be rebuilt in the job: {error}") from None
 
 
 def _run_cell(code: str, filename: str, namespace: dict[str, Any]) -> None:
@@ -155,10 +153,14 @@ def _run_cell(code: str, filename: str, namespace: dict[str, Any]) -> None:
         if isinstance(error, NbscaleError):
             # a user error, shown as the notebook shows it: the user's frames up to the call into nbscale, then the
             # message; nbscale's own frames are noise
-            user_frames = itertools.takewhile(lambda frame: not frame.filename.startswith(_PACKAGE_FOLDER),
-                                              traceback.extract_tb(frames))
-            shown = ("Traceback (most recent call last):\n" + "".join(traceback.format_list(list(user_frames)))
-                     + f"{type(error).__name__}: {error}")
+            user_frames = itertools.takewhile(
+                lambda frame: not frame.filename.startswith(_PACKAGE_FOLDER), traceback.extract_tb(frames)
+            )
+            shown = (
+                "Traceback (most recent call last):\n"
+                + "".join(traceback.format_list(list(user_frames)))
+                + f"{type(error).__name__}: {error}"
+            )
             first_line = (str(error).strip().splitlines() or [""])[0]  # a WorkerError's ranks' tracebacks follow it
             summary = f"{type(error).__name__}: {first_line}"
         else:

@@ -115,24 +115,32 @@ class JobStore:
         try:
             self.root = private_dir(folder)
         except OSError as error:
-            raise JobError(f"The job store folder {folder} cannot be used ({error.strerror or error}): point "
-                           "NBSCALE_HOME at a folder you can write to.") from None
+            raise JobError(
+                f"The job store folder {folder} cannot be used ({error.strerror or error}): point "
+                "NBSCALE_HOME at a folder you can write to."
+            ) from None
         owner = self.root.stat().st_uid
         if owner != os.getuid():  # its pickles (inputs, results) are unpickled here: they must be ours alone
-            raise JobError(f"The job store folder {self.root} belongs to another user (uid {owner}), who could put "
-                           "files there that run as you when read: point NBSCALE_HOME at a folder of your own.")
+            raise JobError(
+                f"The job store folder {self.root} belongs to another user (uid {owner}), who could put "
+                "files there that run as you when read: point NBSCALE_HOME at a folder of your own."
+            )
         swappable = swappable_by_others(self.root)
         if swappable:  # they could swap the store for theirs between this check and a read of its pickles
-            raise JobError(f"The job store folder {self.root} cannot be trusted: {swappable}, who could replace the "
-                           "store with one whose files run as you when read. Point NBSCALE_HOME at a folder only you "
-                           "can write to, or make the folder named yours alone (chmod go-w).")
+            raise JobError(
+                f"The job store folder {self.root} cannot be trusted: {swappable}, who could replace the "
+                "store with one whose files run as you when read. Point NBSCALE_HOME at a folder only you "
+                "can write to, or make the folder named yours alone (chmod go-w)."
+            )
         self.index_path = self.root / INDEX_NAME
         try:
             self._open_index()
         except OSError as error:  # the index is a folder, unreadable, or the disk failed
-            raise JobError(f"The job store index {self.index_path} cannot be read ({error.strerror or error}): "
-                           "check the file and the folder's permissions, or point NBSCALE_HOME at another "
-                           "folder.") from None
+            raise JobError(
+                f"The job store index {self.index_path} cannot be read ({error.strerror or error}): "
+                "check the file and the folder's permissions, or point NBSCALE_HOME at another "
+                "folder."
+            ) from None
 
     # ---- the index ----------------------------------------------------------------------------------------
 
@@ -249,8 +257,10 @@ class JobStore:
                 connection.execute(_SCHEMA)
                 for job_id in job_ids:
                     values = recovered(self.job_dir(job_id), job_id).as_columns()
-                    connection.execute(f"INSERT INTO jobs ({', '.join(COLUMNS)}) VALUES "
-                                       f"({', '.join('?' for _ in COLUMNS)})", [values[c] for c in COLUMNS])
+                    connection.execute(
+                        f"INSERT INTO jobs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})",
+                        [values[c] for c in COLUMNS],
+                    )
                 connection.commit()
             finally:
                 connection.close()
@@ -313,17 +323,20 @@ class JobStore:
 
     def mark_running(self, job_id: int, pid: int, pid_started: float | None) -> bool:
         """queued -> running (by the runner); False if the job was cancelled first."""
-        return self._update(
-            job_id, ("queued",), state="running", started=time.time(), pid=pid, pid_started=pid_started
-        )
+        return self._update(job_id, ("queued",), state="running", started=time.time(), pid=pid, pid_started=pid_started)
 
     def mark_ended(
         self, job_id: int, state: str, error: str | None, results: list[str], unpicklable: dict[str, str]
     ) -> bool:
         """running -> finished/failed with what it saved; False if it was cancelled meanwhile."""
         return self._update(
-            job_id, ("running",), state=state, finished=time.time(), error=error_line(error),
-            results=json.dumps(sorted(results)), unpicklable=json.dumps(unpicklable),
+            job_id,
+            ("running",),
+            state=state,
+            finished=time.time(),
+            error=error_line(error),
+            results=json.dumps(sorted(results)),
+            unpicklable=json.dumps(unpicklable),
         )
 
     def mark_cancelled(self, job_id: int) -> bool:
@@ -358,8 +371,10 @@ class JobStore:
             except FileNotFoundError:  # deleted by hand already: the row goes alone
                 pass
             except OSError as error:
-                raise JobError(f"Job {job_id}'s folder {self.job_dir(job_id)} cannot be deleted "
-                               f"({error.strerror or error}): check the job store folder's permissions.") from None
+                raise JobError(
+                    f"Job {job_id}'s folder {self.job_dir(job_id)} cannot be deleted "
+                    f"({error.strerror or error}): check the job store folder's permissions."
+                ) from None
         for leftover in self.root.glob(".deleted-*"):  # this one, and any a crashed delete left
             shutil.rmtree(leftover, ignore_errors=True)
         return True
@@ -387,8 +402,10 @@ class JobStore:
         """The job's record, with a vanished process noticed; JobError if there is no such job."""
         if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= LARGEST_ID:
             shown = repr(job_id) if len(repr(job_id)) <= 40 else f"{repr(job_id)[:37]}..."
-            raise JobError(f"There is no job {shown} in the job store at {self.root}: job ids are the numbers "
-                           "%jobs (nbscale.jobs.list()) shows.")
+            raise JobError(
+                f"There is no job {shown} in the job store at {self.root}: job ids are the numbers "
+                "%jobs (nbscale.jobs.list()) shows."
+            )
         records = self._read("WHERE id = ?", (job_id,))
         if not records:
             raise JobError(
@@ -415,8 +432,10 @@ class JobStore:
             return record
         reason = self.folder_gone(record.id) or reason  # the likelier cause: the runner could not write its end
         if shutil.disk_usage(self.root).free < FULL_DISK_BYTES:
-            reason += ("; the job store's disk is full, so it may have ended without being able to record it: free "
-                       f"space in {self.root}")
+            reason += (
+                "; the job store's disk is full, so it may have ended without being able to record it: free "
+                f"space in {self.root}"
+            )
         try:
             self.fail(record.id, reason)  # only if still active: an end state written meanwhile stays
         except JobError:  # the index cannot be written (a full disk): a read never depends on a write succeeding
@@ -435,8 +454,10 @@ class JobStore:
         there."""
         if self.job_dir(job_id).is_dir():
             return None
-        return (f"its folder {self.job_dir(job_id)} was deleted while the job was active, and its log and saved "
-                "variables with it; run the job again")
+        return (
+            f"its folder {self.job_dir(job_id)} was deleted while the job was active, and its log and saved "
+            "variables with it; run the job again"
+        )
 
     # ---- paths ----------------------------------------------------------------------------------------------
 

@@ -88,7 +88,9 @@ def submit(
     return Job(job_id, store)
 
 
-def _start(launch: Launch, code: str, inputs: bytes, header: str, cluster: str | None) -> tuple[int, float | None] | None:
+def _start(
+    launch: Launch, code: str, inputs: bytes, header: str, cluster: str | None
+) -> tuple[int, float | None] | None:
     """Write the job's folder (code, inputs, the log's first line) and start it; its runner's pid where local."""
     write_atomic(launch.job_dir / "cell.py", code.encode("utf-8"))
     write_atomic(launch.job_dir / "inputs.pkl", inputs)

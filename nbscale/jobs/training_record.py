@@ -31,8 +31,9 @@ MONITOR_STOP_REASON = "Stopped from the job monitor"
 READ_CHUNK = 8 << 20  # bytes a reader takes per call: a long history is caught up in a few calls
 SUMMARY_TAIL = 64 << 10  # bytes read from a record's end for its summary (the last events are there)
 
-_EVENT_TYPES: dict[str, type[Event]] = {kind.__name__: kind for kind in (TrainingStarted, IterationDone, TrainingDone,
-                                                                   TrainingRestarted)}
+_EVENT_TYPES: dict[str, type[Event]] = {
+    kind.__name__: kind for kind in (TrainingStarted, IterationDone, TrainingDone, TrainingRestarted)
+}
 _NOT_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -65,6 +66,7 @@ def stop_requested(job_dir: Path, training: int) -> bool:
 
 
 # ---- the data-only form of an event -----------------------------------------------------------------------------
+
 
 def encode(event: Event) -> bytes:
     """One line (with its newline) of strict JSON for `event`."""
@@ -163,6 +165,7 @@ def _defaults(kind: type) -> set[str]:
 
 # ---- reading --------------------------------------------------------------------------------------------------------
 
+
 class RecordReader:
     """Reads one training's record as it grows: each `read_new()` returns the events appended since the last."""
 
@@ -197,6 +200,7 @@ class RecordReader:
 
 
 # ---- a summary for lists (the lab panel) ------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TrainingSummary:
@@ -254,8 +258,15 @@ def summary(job_dir: Path) -> TrainingSummary | None:
     elif last is not None and last.iteration > 0:
         time_left = (total - last.iteration) * last.time_since_start / last.iteration
     return TrainingSummary(
-        training=numbers[-1], trainings=len(numbers), epoch=last.epoch if last else None,
-        max_epochs=start.max_epochs, iteration=last.iteration if last else None, total_iterations=total,
-        loss=last.training_loss if last else None, validation_loss=validation_loss, time_left_s=time_left,
-        done=done is not None, stop_reason=done.stop_reason if done else None,
+        training=numbers[-1],
+        trainings=len(numbers),
+        epoch=last.epoch if last else None,
+        max_epochs=start.max_epochs,
+        iteration=last.iteration if last else None,
+        total_iterations=total,
+        loss=last.training_loss if last else None,
+        validation_loss=validation_loss,
+        time_left_s=time_left,
+        done=done is not None,
+        stop_reason=done.stop_reason if done else None,
     )

@@ -57,8 +57,7 @@ class TrainingRecorder:
         self.queue: collections.deque[Any] = collections.deque()  # appends and pops are thread-safe
         self.failed = False
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"nbscale-training-record-{self.number}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"nbscale-training-record-{self.number}", daemon=True)
         self._thread.start()
 
     def __call__(self, event: object) -> None:
@@ -82,7 +81,7 @@ class TrainingRecorder:
         data = memoryview(b"".join(lines))
         try:
             while data:
-                data = data[os.write(self.descriptor, data):]
+                data = data[os.write(self.descriptor, data) :]
         except OSError as error:  # a full disk: the training matters more than its record
             self.failed = True
             notices.warning(f"[nbscale] recording training {self.number} for %jobs show stopped: {error}")
@@ -98,13 +97,15 @@ class TrainingRecorder:
 def _new_record(folder: Path) -> tuple[int, int]:
     """(n, descriptor) of a new `<n>.jsonl` after every existing one, created exclusively (two trainings that
     start together in one job, on a pool's workers say, each get their own number)."""
-    number = max((int(name[:-6]) for name in os.listdir(folder) if name.endswith(".jsonl") and name[:-6].isdigit()),
-                 default=0)
+    number = max(
+        (int(name[:-6]) for name in os.listdir(folder) if name.endswith(".jsonl") and name[:-6].isdigit()), default=0
+    )
     while True:
         number += 1
         try:
-            descriptor = os.open(folder / f"{number}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
-                                 FILE_MODE)
+            descriptor = os.open(
+                folder / f"{number}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, FILE_MODE
+            )
         except FileExistsError:
             continue
         os.fchmod(descriptor, FILE_MODE)

@@ -43,8 +43,14 @@ class UserErrorDisplay:
         else:
             shell.custom_exceptions = ()
 
-    def __call__(self, shell: InteractiveShell, etype: type, value: BaseException, tb: TracebackType | None,
-                 tb_offset: int | None = None) -> list[str]:
+    def __call__(
+        self,
+        shell: InteractiveShell,
+        etype: type,
+        value: BaseException,
+        tb: TracebackType | None,
+        tb_offset: int | None = None,
+    ) -> list[str]:
         if not issubclass(etype, _OURS) and self.previous_handler is not None:
             return list(self.previous_handler(etype, value, tb, tb_offset))
         if not issubclass(etype, _OURS) or _verbose(shell):

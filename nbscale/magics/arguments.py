@@ -97,8 +97,9 @@ def batch_size(text: str) -> int | str:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or auto (e.g. --batch-size 128, "
-                                         "--batch-size auto)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number or auto (e.g. --batch-size 128, --batch-size auto)"
+        ) from None
 
 
 def int_list(text: str) -> list[int]:
@@ -122,7 +123,9 @@ def env_pairs(pairs: list[str] | None, error: type[NbscaleError] = PoolError) ->
         if not key:  # the value stays unshown: it may be a secret whose name was forgotten
             raise error("--env =...: a pair has no name before its '='. Give KEY=VALUE, e.g. --env NCCL_DEBUG=INFO")
         if "\0" in pair:
-            raise error(f"--env {key.replace(chr(0), '?')}: the variable's name or value holds a NUL byte, which no "
-                        "environment variable can hold. Remove it.")
+            raise error(
+                f"--env {key.replace(chr(0), '?')}: the variable's name or value holds a NUL byte, which no "
+                "environment variable can hold. Remove it."
+            )
         env[key] = value
     return env

@@ -23,11 +23,15 @@ class BatchMagics(Magics):
     @argument("--name", help="a name to tell the job apart in %%jobs")
     @argument("--pool", type=int, metavar="N", help="open a pool of N workers in the job, bound to `pool`")
     @argument(
-        "--env", nargs="+", action="extend", metavar="KEY=VALUE",
+        "--env",
+        nargs="+",
+        action="extend",
+        metavar="KEY=VALUE",
         help="environment variables for the job (credentials); never stored or printed",
     )
     @argument(
-        "--cluster", metavar="PROFILE_OR_ADDRESS",
+        "--cluster",
+        metavar="PROFILE_OR_ADDRESS",
         help="run the job as a Ray job on this cluster (a profile name, or the job server's http://HEAD:8265)",
     )
     @cell_magic
@@ -35,7 +39,11 @@ class BatchMagics(Magics):
         """Run the cell as a detached job that outlives this kernel; variables it reads are sent along."""
         args = parse_line(self.batch, line)
         job = jobs.submit(
-            cell, name=args.name, pool=args.pool, namespace=self.shell.user_ns, env=env_pairs(args.env, JobError),
+            cell,
+            name=args.name,
+            pool=args.pool,
+            namespace=self.shell.user_ns,
+            env=env_pairs(args.env, JobError),
             cluster=args.cluster,
         )
         named = f" {args.name!r}" if args.name else ""
@@ -50,9 +58,13 @@ class BatchMagics(Magics):
         print("\n".join([*lines, "%jobs lists every job."]))
 
     @magic_arguments()
-    @argument("action", nargs="?", choices=["show", "cancel", "delete"],
-              help="show: the live training plot of job ID; cancel: stop job ID; delete: remove jobs ID... (or "
-                   "--older-than AGE) from the store")
+    @argument(
+        "action",
+        nargs="?",
+        choices=["show", "cancel", "delete"],
+        help="show: the live training plot of job ID; cancel: stop job ID; delete: remove jobs ID... (or "
+        "--older-than AGE) from the store",
+    )
     @argument("ids", nargs="*", metavar="ID", help="job ids, as %%jobs lists them")
     @argument("--training", type=int, metavar="N", help="which training of the job to show (default: the latest)")
     @argument("--wait", action="store_true", help="follow in this cell until the job ends")
@@ -68,8 +80,11 @@ class BatchMagics(Magics):
             return None
         if args.action == "delete":
             deleted = jobs.delete(*args.ids, older_than=args.older_than)
-            print(f"Deleted job{'s' if len(deleted) != 1 else ''} {', '.join(map(str, deleted))}." if deleted
-                  else f"No ended job is older than {args.older_than}: nothing deleted.")
+            print(
+                f"Deleted job{'s' if len(deleted) != 1 else ''} {', '.join(map(str, deleted))}."
+                if deleted
+                else f"No ended job is older than {args.older_than}: nothing deleted."
+            )
             return None
         if len(args.ids) != 1:
             raise JobError(f"%jobs {args.action} takes one job id: %jobs {args.action} 3 (%jobs lists the ids).")

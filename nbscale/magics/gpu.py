@@ -26,4 +26,3 @@ class GpuMagics(Magics):
         chosen = select_gpu(args.index)
         print(f"Selected GPU {chosen.index}: {chosen.name}.")
         return None
-

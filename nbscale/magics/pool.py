@@ -52,34 +52,55 @@ class PoolMagics(Magics):
 
     @magic_arguments()
     @argument("action", nargs="?", default="status", help="start | status | stop | restart (default: status)")
-    @argument("n", nargs="?", type=int,
-              help="number of workers (default: one per free GPU, else the CPU count, at most 4)")
+    @argument(
+        "n", nargs="?", type=int, help="number of workers (default: one per free GPU, else the CPU count, at most 4)"
+    )
     @argument("--gpus", type=int_list, help="GPU indices to use, one worker each, e.g. 0,2")
     @argument("--cpu", action="store_true", help="use CPU workers even where GPUs exist")
     @argument("--force", action="store_true", help="take GPUs another notebook holds too, sharing them")
     @argument("--cluster", help="a profile name from ~/.config/nbscale/profiles.toml, or ray://HOST:PORT")
     @argument("--idle-timeout", type=_minutes, default=30, help="minutes idle before the pool stops itself (0: never)")
     @argument("--env", nargs="+", action="extend", metavar="KEY=VALUE", help="environment variables for every worker")
-    @argument("--connect-timeout", type=_seconds, metavar="SECONDS",
-              help="with --cluster: seconds to reach the cluster and start its actors (default: the profile's, else 120)")
+    @argument(
+        "--connect-timeout",
+        type=_seconds,
+        metavar="SECONDS",
+        help="with --cluster: seconds to reach the cluster and start its actors (default: the profile's, else 120)",
+    )
     @line_magic
     def pool(self, line: str) -> None:
         """Start, show, stop or restart the worker pool."""
         args = parse_line(self.pool, line)
         action = {"start": self._start, "status": self._status, "stop": self._stop, "restart": self._restart}.get(
-            args.action)
+            args.action
+        )
         if action is None:
             raise PoolError(f"Unknown %pool action {args.action!r}: use one of {', '.join(_ACTIONS)}.")
-        if args.action != "start" and (args.n is not None or args.gpus is not None or args.cpu or args.cluster
-                                       or args.env or args.force or args.connect_timeout is not None):
+        if args.action != "start" and (
+            args.n is not None
+            or args.gpus is not None
+            or args.cpu
+            or args.cluster
+            or args.env
+            or args.force
+            or args.connect_timeout is not None
+        ):
             raise PoolError(f"%pool {args.action} takes no N or flags; they belong to %pool start.")
         action(args)
 
     def _start(self, args: Namespace) -> None:
-        pool = Pool.from_settings(PoolSettings(
-            args.n, gpus=args.gpus, cpu=args.cpu, cluster=args.cluster, idle_timeout=args.idle_timeout,
-            env=env_pairs(args.env), force=args.force, connect_timeout=args.connect_timeout,
-        ))
+        pool = Pool.from_settings(
+            PoolSettings(
+                args.n,
+                gpus=args.gpus,
+                cpu=args.cpu,
+                cluster=args.cluster,
+                idle_timeout=args.idle_timeout,
+                env=env_pairs(args.env),
+                force=args.force,
+                connect_timeout=args.connect_timeout,
+            )
+        )
         print(f"Started {_workers(pool)} in {pool.start_seconds:.1f} s{_gpus_note(pool)}")
 
     def _restart(self, args: Namespace) -> None:

@@ -18,9 +18,15 @@ class TrainMagics(Magics):
 
     @magic_arguments()
     @argument("--options", metavar="NAME", help="a notebook variable holding TrainingOptions or an options form")
-    @argument("-e", "--execution-environment", "--env", dest="env", type=str.lower,
-              choices=["auto", "cpu", "gpu", "multi-gpu", "parallel"],
-              help="execution_environment (--env: the same, as API.md spells it; %%pool and %%batch use --env for variables)")
+    @argument(
+        "-e",
+        "--execution-environment",
+        "--env",
+        dest="env",
+        type=str.lower,
+        choices=["auto", "cpu", "gpu", "multi-gpu", "parallel"],
+        help="execution_environment (--env: the same, as API.md spells it; %%pool and %%batch use --env for variables)",
+    )
     @argument("--epochs", type=int, metavar="N", help="max_epochs")
     @argument("--batch-size", type=batch_size, metavar="B", help="mini_batch_size: a number, or auto (GPUs)")
     @argument("--lr", type=float, metavar="LR", help="initial_learn_rate")
@@ -29,9 +35,15 @@ class TrainMagics(Magics):
     @argument("--quiet", action="store_true", help="no verbose table")
     @argument("--net", default="net", metavar="NAME", help="variable for the trained network (default: net)")
     @argument("--info", default="info", metavar="NAME", help="variable for the training info (default: info)")
-    @argument("--sweep", action="append", metavar='"FIELD=V1,V2"',
-              help="train one network per value, each on its own pool worker; repeat for a grid (nbscale.sweep)")
-    @argument("--seed", type=int, metavar="N", help="with --sweep: every run starts from this seed (nbscale.sweep's seed)")
+    @argument(
+        "--sweep",
+        action="append",
+        metavar='"FIELD=V1,V2"',
+        help="train one network per value, each on its own pool worker; repeat for a grid (nbscale.sweep)",
+    )
+    @argument(
+        "--seed", type=int, metavar="N", help="with --sweep: every run starts from this seed (nbscale.sweep's seed)"
+    )
     @cell_magic
     def train(self, line: str, cell: str) -> None:
         """Run the cell in the notebook, then train its `model` on its `train_data` (and `val_data`).
@@ -42,12 +54,22 @@ class TrainMagics(Magics):
         """
         args = parse_line(self.train, line)
         request = CellTraining(
-            options=args.options, environment=args.env, epochs=args.epochs, batch_size=args.batch_size,
-            learn_rate=args.lr, solver=args.solver, plots=not args.no_plots, verbose=not args.quiet, net=args.net,
-            info=args.info, sweep=tuple(args.sweep or ()), seed=args.seed,
+            options=args.options,
+            environment=args.env,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            learn_rate=args.lr,
+            solver=args.solver,
+            plots=not args.no_plots,
+            verbose=not args.quiet,
+            net=args.net,
+            info=args.info,
+            sweep=tuple(args.sweep or ()),
+            seed=args.seed,
         )
-        _refuse_module_names(self.shell.user_ns if self.shell is not None else {},
-                             (("--net", request.net), ("--info", request.info)))
+        _refuse_module_names(
+            self.shell.user_ns if self.shell is not None else {}, (("--net", request.net), ("--info", request.info))
+        )
         train_cell(self.shell, cell, request)
 
 
@@ -56,5 +78,7 @@ def _refuse_module_names(namespace: dict[str, Any], names: tuple[tuple[str, str]
     the trained network would replace the module, and every later `torch.` would fail."""
     for flag, name in names:
         if isinstance(namespace.get(name), types.ModuleType):
-            raise OptionsError(f"{flag} {name}: {name!r} is the notebook's {namespace[name].__name__} module, which "
-                               f"the result would replace; pick another name, such as {flag} trained.")
+            raise OptionsError(
+                f"{flag} {name}: {name!r} is the notebook's {namespace[name].__name__} module, which "
+                f"the result would replace; pick another name, such as {flag} trained."
+            )

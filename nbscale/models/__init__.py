@@ -15,5 +15,12 @@ from nbscale.models.learn_rates import (
 from nbscale.models.pretrained import pretrained
 from nbscale.models.transfer import classification_layer, transfer
 
-__all__ = ["pretrained", "transfer", "classification_layer", "param_groups", "set_learn_rate_factor",
-           "set_learn_rate_factors", "learn_rate_factors"]
+__all__ = [
+    "pretrained",
+    "transfer",
+    "classification_layer",
+    "param_groups",
+    "set_learn_rate_factor",
+    "set_learn_rate_factors",
+    "learn_rate_factors",
+]

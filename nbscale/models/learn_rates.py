@@ -54,8 +54,10 @@ def set_learn_rate_factors(model: nn.Module, factors: Mapping[str, float]) -> No
     """`set_learn_rate_factor` for each `{name or pattern: factor}`, in order: a later pattern wins where two
     name the same layer (`{"*": 0.1, "fc": 10}`: everything slow but fc)."""
     if not isinstance(factors, Mapping):
-        raise ModelError(f"learn-rate factors are a number or a dict of layer names or patterns to numbers, like "
-                         f"{{'layer4.*': 2, 'fc': 10}}; not {type(factors).__name__}.")
+        raise ModelError(
+            f"learn-rate factors are a number or a dict of layer names or patterns to numbers, like "
+            f"{{'layer4.*': 2, 'fc': 10}}; not {type(factors).__name__}."
+        )
     for pattern, factor in factors.items():
         if not isinstance(pattern, str):
             raise ModelError(f"learn-rate factor keys are layer names or glob patterns (strings), not {pattern!r}.")
@@ -66,8 +68,10 @@ def matching_layers(model: nn.Module, pattern: str) -> list[str]:
     """The names of `model.named_modules()` that `pattern` names: the name itself, or every name the glob
     pattern matches. ModelError, listing the layer names, when there is none."""
     if not isinstance(pattern, str):
-        raise ModelError(f"A layer is named by a string (a name from model.named_modules(), or a glob pattern "
-                         f"like 'layer4.*'), not {pattern!r}.")
+        raise ModelError(
+            f"A layer is named by a string (a name from model.named_modules(), or a glob pattern "
+            f"like 'layer4.*'), not {pattern!r}."
+        )
     names = [name for name, _ in model.named_modules()]
     if pattern in names:
         return [pattern]
@@ -75,9 +79,11 @@ def matching_layers(model: nn.Module, pattern: str) -> list[str]:
     if matched:
         return matched
     kind = "pattern" if any(c in pattern for c in _GLOB_CHARACTERS) else "name"
-    raise ModelError(f"The layer {kind} {pattern!r} matches no layer of {type(model).__name__}."
-                     f"{layers_near(model, pattern)}. Name a layer as model.named_modules() does ('layer4', "
-                     "'layer4.0.conv1'), or use a glob pattern ('layer4.*').")
+    raise ModelError(
+        f"The layer {kind} {pattern!r} matches no layer of {type(model).__name__}."
+        f"{layers_near(model, pattern)}. Name a layer as model.named_modules() does ('layer4', "
+        "'layer4.0.conv1'), or use a glob pattern ('layer4.*')."
+    )
 
 
 def layers_near(model: nn.Module, name: str) -> str:
@@ -87,8 +93,10 @@ def layers_near(model: nn.Module, name: str) -> str:
     hint = did_you_mean(name, shown, n=3)
     if len(shown) > _LISTED_NAMES:
         top = [layer for layer, _ in model.named_children()]
-        return (f"{hint} Its top-level layers are {', '.join(top)} ({len(shown)} layers in all: "
-                "[name for name, _ in model.named_modules()] lists them)")
+        return (
+            f"{hint} Its top-level layers are {', '.join(top)} ({len(shown)} layers in all: "
+            "[name for name, _ in model.named_modules()] lists them)"
+        )
     return f"{hint} Its layers are {', '.join(shown)}"
 
 
@@ -135,12 +143,16 @@ def param_groups(model: nn.Module, base_lr: float) -> list[dict[str, Any]]:
         factor = factors.get(name, 1.0)
         if parameter.requires_grad and factor != 0:
             groups.setdefault(factor, []).append(parameter)
-    return [{"params": params, "lr": base_lr * factor, "learn_rate_factor": factor}
-            for factor, params in sorted(groups.items())]
+    return [
+        {"params": params, "lr": base_lr * factor, "learn_rate_factor": factor}
+        for factor, params in sorted(groups.items())
+    ]
 
 
 def _checked_factor(factor: object, where: str) -> float:
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not math.isfinite(factor) or factor < 0:
-        raise ModelError(f"{where}: a learn-rate factor is a number >= 0 (0 freezes the layer, 10 learns ten times "
-                         f"faster than the base rate), not {factor!r}.")
+        raise ModelError(
+            f"{where}: a learn-rate factor is a number >= 0 (0 freezes the layer, 10 learns ten times "
+            f"faster than the base rate), not {factor!r}."
+        )
     return float(factor)

@@ -50,8 +50,9 @@ def normalize_inputs(network: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ..
 def with_normalization(network: nn.Module, mean: Sequence[float], std: Sequence[float]) -> nn.Module:
     """`network` (changed in place, and returned) normalizing its input images with `mean`/`std` first."""
     if len(mean) != len(std) or not len(mean):
-        raise ModelError(f"pretrained: normalize=(mean, std) needs one mean and one std per channel, got {len(mean)} "
-                         f"and {len(std)}.")
+        raise ModelError(
+            f"pretrained: normalize=(mean, std) needs one mean and one std per channel, got {len(mean)} and {len(std)}."
+        )
     if any(float(s) <= 0 for s in std):
         raise ModelError(f"pretrained: normalize's std must be positive, got {list(std)}.")
     if hasattr(network, LAYER_NAME):

@@ -27,8 +27,10 @@ __all__ = ["pretrained", "FETCH_TIMEOUT_S", "network_globals"]
 
 # how long the weights' download server may take to answer before pretrained() gives up
 FETCH_TIMEOUT_S = 10.0
-_OFFLINE_FIX = ("On a machine without internet, save the weights elsewhere with torch.save(model.state_dict(), path) "
-                "and pass weights=path, or copy the file into torchvision's cache ({cache}).")
+_OFFLINE_FIX = (
+    "On a machine without internet, save the weights elsewhere with torch.save(model.state_dict(), path) "
+    "and pass weights=path, or copy the file into torchvision's cache ({cache})."
+)
 
 
 def _torchvision_weights(name: str, weights: str | os.PathLike[str] | WeightsEnum) -> WeightsEnum | None:
@@ -39,12 +41,13 @@ def _torchvision_weights(name: str, weights: str | os.PathLike[str] | WeightsEnu
 
     if isinstance(weights, WeightsEnum):
         if type(weights) is not torchvision.models.get_model_weights(name):
-            raise ModelError(f"pretrained: {weights} are not weights of {name}; its weights are "
-                             f"{_weight_names(name)}.")
+            raise ModelError(f"pretrained: {weights} are not weights of {name}; its weights are {_weight_names(name)}.")
         return weights
     if not isinstance(weights, str | os.PathLike):
-        raise ModelError(f"pretrained: weights must be 'DEFAULT', a torchvision weights name, a file path or None, "
-                         f"not {type(weights).__name__}.")
+        raise ModelError(
+            f"pretrained: weights must be 'DEFAULT', a torchvision weights name, a file path or None, "
+            f"not {type(weights).__name__}."
+        )
     text = os.fspath(weights)
     if isinstance(weights, os.PathLike) or Path(text).expanduser().exists():
         return None
@@ -52,15 +55,19 @@ def _torchvision_weights(name: str, weights: str | os.PathLike[str] | WeightsEnu
         try:
             return _torchvision_weights(name, torchvision.models.get_weight(text))
         except (KeyError, ValueError, AttributeError):
-            raise ModelError(f"pretrained: {text!r} is not a torchvision weights name; the weights of {name} are "
-                             f"{_weight_names(name)}.") from None
+            raise ModelError(
+                f"pretrained: {text!r} is not a torchvision weights name; the weights of {name} are "
+                f"{_weight_names(name)}."
+            ) from None
     if any(c in text for c in "/\\."):
         return None
     try:
         return torchvision.models.get_model_weights(name)[text]
     except KeyError:
-        raise ModelError(f"pretrained: {text!r} is not a weights name of {name}; its weights are "
-                         f"{_weight_names(name)}. Use 'DEFAULT', a local file path, or None.") from None
+        raise ModelError(
+            f"pretrained: {text!r} is not a weights name of {name}; its weights are "
+            f"{_weight_names(name)}. Use 'DEFAULT', a local file path, or None."
+        ) from None
 
 
 def _weight_names(name: str) -> list[str]:
@@ -79,12 +86,18 @@ def _check_reachable(name: str, weights: WeightsEnum) -> None:
         urllib.request.urlopen(urllib.request.Request(weights.url, method="HEAD"), timeout=FETCH_TIMEOUT_S).close()
     except (OSError, ValueError) as error:  # URLError, timeouts and refused connections are OSErrors
         reason = getattr(error, "reason", None) or error or "no answer"
-        raise ModelError(f"pretrained: cannot fetch the {weights} weights of {name} from {weights.url} ({reason}). "
-                         f"{_OFFLINE_FIX.format(cache=cached)}") from None
+        raise ModelError(
+            f"pretrained: cannot fetch the {weights} weights of {name} from {weights.url} ({reason}). "
+            f"{_OFFLINE_FIX.format(cache=cached)}"
+        ) from None
 
 
-def pretrained(name: str, weights: str | os.PathLike[str] | WeightsEnum | None = "DEFAULT",
-               normalize: bool | tuple[Sequence[float], Sequence[float]] = True, **kwargs: object) -> nn.Module:
+def pretrained(
+    name: str,
+    weights: str | os.PathLike[str] | WeightsEnum | None = "DEFAULT",
+    normalize: bool | tuple[Sequence[float], Sequence[float]] = True,
+    **kwargs: object,
+) -> nn.Module:
     """Build torchvision network `name` (e.g. "resnet18") with `weights`, normalizing its input as they need.
 
     weights: "DEFAULT" (or any torchvision weights name such as "IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1",
@@ -117,8 +130,10 @@ def pretrained(name: str, weights: str | os.PathLike[str] | WeightsEnum | None =
     elif isinstance(normalize, tuple) and len(normalize) == 2:
         mean, std = normalize
     else:
-        raise ModelError(f"pretrained: normalize must be True, False or a (mean, std) pair of per-channel "
-                         f"sequences, not {normalize!r}.")
+        raise ModelError(
+            f"pretrained: normalize must be True, False or a (mean, std) pair of per-channel "
+            f"sequences, not {normalize!r}."
+        )
     return with_normalization(network, mean, std)
 
 
@@ -138,11 +153,13 @@ def _network(name: str, weights: str | os.PathLike[str] | WeightsEnum | None, kw
         try:
             return cast(nn.Module, torchvision.models.get_model(name, weights=named, **kwargs))
         except ValueError as error:  # torchvision refuses constructor arguments that do not fit the weights
-            raise ModelError(f"pretrained: {name} with the {named} weights: {error}. For another class count, build "
-                             "it with the weights and call nbscale.models.transfer(model, num_classes).") from None
+            raise ModelError(
+                f"pretrained: {name} with the {named} weights: {error}. For another class count, build "
+                "it with the weights and call nbscale.models.transfer(model, num_classes)."
+            ) from None
         except (OSError, RuntimeError) as error:  # the download failed half way, or the cached file is damaged
-            raise ModelError(f"pretrained: cannot fetch the {named} weights of {name} ({error}). "
-                             f"{_OFFLINE_FIX.format(cache=torch.hub.get_dir())}") from error
+            raise ModelError(
+                f"pretrained: cannot fetch the {named} weights of {name} ({error}). "
+                f"{_OFFLINE_FIX.format(cache=torch.hub.get_dir())}"
+            ) from error
     return network_from_file(name, Path(os.fspath(weights)).expanduser(), kwargs)  # a WeightsEnum was handled above
-
-

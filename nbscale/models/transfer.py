@@ -37,12 +37,14 @@ def classification_layer(model: nn.Module) -> str:
     if isinstance(classifier, nn.Sequential):
         scoring = [i for i, layer in enumerate(classifier) if _is_class_scoring_conv(layer)]
         # list(): slicing a Sequential rebuilds its class, which subclasses such as DeepLabHead cannot do
-        if scoring and not any(isinstance(layer, nn.Linear) for layer in list(classifier)[scoring[-1]:]):
+        if scoring and not any(isinstance(layer, nn.Linear) for layer in list(classifier)[scoring[-1] :]):
             return f"classifier.{scoring[-1]}"
     linear: list[str] = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not linear:
-        raise ModelError(f"transfer: {type(model).__name__} has no nn.Linear layer to replace; add a classification "
-                         "layer yourself, then call transfer().")
+        raise ModelError(
+            f"transfer: {type(model).__name__} has no nn.Linear layer to replace; add a classification "
+            "layer yourself, then call transfer()."
+        )
     return linear[-1]
 
 
@@ -67,9 +69,11 @@ def _check_layer_size(old: nn.Linear | nn.Conv2d, num_classes: int) -> None:
     inputs = old.in_channels if isinstance(old, nn.Conv2d) else old.in_features
     size = (inputs + 1) * num_classes * old.weight.element_size()
     if size > MAX_NEW_LAYER_BYTES:
-        raise ModelError(f"transfer: num_classes={num_classes:,} makes a new layer of {inputs:,} x {num_classes:,} "
-                         f"weights, {size / 2**30:,.1f} GiB (at most {MAX_NEW_LAYER_BYTES // 2**30} GiB): give the "
-                         "number of classes of your data, e.g. len(ds.classes).")
+        raise ModelError(
+            f"transfer: num_classes={num_classes:,} makes a new layer of {inputs:,} x {num_classes:,} "
+            f"weights, {size / 2**30:,.1f} GiB (at most {MAX_NEW_LAYER_BYTES // 2**30} GiB): give the "
+            "number of classes of your data, e.g. len(ds.classes)."
+        )
 
 
 def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
@@ -78,8 +82,12 @@ def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
     setattr(parent, child, layer)
 
 
-def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapping[str, float] = 10.0,
-             freeze: str | Iterable[str] | None = None) -> nn.Module:
+def transfer(
+    model: nn.Module,
+    num_classes: int,
+    learn_rate_factor: float | Mapping[str, float] = 10.0,
+    freeze: str | Iterable[str] | None = None,
+) -> nn.Module:
     """Give `model` a new last classification layer with `num_classes` outputs; returns the same model.
 
     `learn_rate_factor`: a number, how many times the base learn rate the new layer learns; or a dict of layer
@@ -91,8 +99,11 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
     """
     if not isinstance(num_classes, int) or num_classes < 1:
         raise ModelError(f"transfer: num_classes must be a positive whole number, not {num_classes!r}.")
-    head_factor = 10.0 if isinstance(learn_rate_factor, Mapping) else _checked_factor(
-        learn_rate_factor, "transfer(..., learn_rate_factor=...)")
+    head_factor = (
+        10.0
+        if isinstance(learn_rate_factor, Mapping)
+        else _checked_factor(learn_rate_factor, "transfer(..., learn_rate_factor=...)")
+    )
     head_name = classification_layer(model)
     old = cast(nn.Linear | nn.Conv2d, model.get_submodule(head_name))  # classification_layer names only these
     _check_layer_size(old, num_classes)
@@ -114,11 +125,15 @@ def transfer(model: nn.Module, num_classes: int, learn_rate_factor: float | Mapp
     return model
 
 
-def _frozen(model: nn.Module, head_name: str, freeze: str | Iterable[str] | None,
-            ) -> tuple[list[str], list[nn.Parameter]]:
+def _frozen(
+    model: nn.Module,
+    head_name: str,
+    freeze: str | Iterable[str] | None,
+) -> tuple[list[str], list[nn.Parameter]]:
     """The layers `freeze` names in `model` whose new classification layer is `head_name`, and their parameters;
     ModelError for a name that is no layer."""
     if freeze == TRUNK:
+
         def holds_head(name: str) -> bool:
             return head_name == name or head_name.startswith(name + ".")
 
@@ -127,12 +142,15 @@ def _frozen(model: nn.Module, head_name: str, freeze: str | Iterable[str] | None
         return frozen, [p for n, p in model.named_parameters() if not n.startswith(head_name + ".")]
     modules = dict(model.named_modules())
     named = [freeze] if isinstance(freeze, str) else list(freeze or [])
-    unknown = [name for name in named if isinstance(name, str) and name not in modules
-               and not any(c in name for c in "*?[")]  # a non-string: matching_layers says what names a layer
+    unknown = [
+        name for name in named if isinstance(name, str) and name not in modules and not any(c in name for c in "*?[")
+    ]  # a non-string: matching_layers says what names a layer
     if unknown:
-        raise ModelError(f"transfer: freeze names {unknown[0]!r}, which is no layer of {type(model).__name__}."
-                         f"{layers_near(model, unknown[0])}. Name layers as model.named_modules() does "
-                         "('layer4', 'layer4.0.conv1'), use a glob pattern ('layer4.*'), or pass freeze='trunk' "
-                         "to freeze every layer but the new one.")
+        raise ModelError(
+            f"transfer: freeze names {unknown[0]!r}, which is no layer of {type(model).__name__}."
+            f"{layers_near(model, unknown[0])}. Name layers as model.named_modules() does "
+            "('layer4', 'layer4.0.conv1'), use a glob pattern ('layer4.*'), or pass freeze='trunk' "
+            "to freeze every layer but the new one."
+        )
     frozen = list(dict.fromkeys(layer for name in named for layer in matching_layers(model, name)))
     return frozen, [p for name in frozen for p in modules[name].parameters()]

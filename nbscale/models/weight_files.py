@@ -51,21 +51,29 @@ def network_from_file(name: str, path: Path, kwargs: dict[str, Any]) -> nn.Modul
     import torchvision
 
     if path.is_dir():
-        raise ModelError(f"pretrained: {str(path)!r} is a folder; weights= takes the file in it that was saved with "
-                         "torch.save(model.state_dict(), path).")
+        raise ModelError(
+            f"pretrained: {str(path)!r} is a folder; weights= takes the file in it that was saved with "
+            "torch.save(model.state_dict(), path)."
+        )
     if path.exists() and not path.is_file():  # a pipe would block the read forever, a device read without end
-        raise ModelError(f"pretrained: {str(path)!r} is not a regular file (a pipe, device or socket): pass a file "
-                         "saved with torch.save(model.state_dict(), path), 'DEFAULT', or None.")
+        raise ModelError(
+            f"pretrained: {str(path)!r} is not a regular file (a pipe, device or socket): pass a file "
+            "saved with torch.save(model.state_dict(), path), 'DEFAULT', or None."
+        )
     if not path.is_file():
-        raise ModelError(f"pretrained: the weights file {str(path)!r} does not exist. Pass an existing file saved "
-                         "with torch.save(model.state_dict(), path), 'DEFAULT', or None.")
+        raise ModelError(
+            f"pretrained: the weights file {str(path)!r} does not exist. Pass an existing file saved "
+            "with torch.save(model.state_dict(), path), 'DEFAULT', or None."
+        )
     try:
         loaded = _load(path)
     except ModelError:
         raise
     except Exception as error:
-        raise ModelError(f"pretrained: cannot read weights file {str(path)!r} ({error}). It should hold a "
-                         "state_dict saved with torch.save(model.state_dict(), path).") from error
+        raise ModelError(
+            f"pretrained: cannot read weights file {str(path)!r} ({error}). It should hold a "
+            "state_dict saved with torch.save(model.state_dict(), path)."
+        ) from error
     if isinstance(loaded, nn.Module) and not kwargs:  # a whole network saved with torch.save(model, path)
         _check_whole_network(name, loaded, path)
         return loaded
@@ -81,8 +89,10 @@ def network_from_file(name: str, path: Path, kwargs: dict[str, Any]) -> nn.Modul
         model.load_state_dict(state)
     except RuntimeError as error:
         problem = _misfit(state, model.state_dict()) or str(error).strip().splitlines()[-1].strip()
-        raise ModelError(f"pretrained: the weights in {str(path)!r} do not fit {name}: {problem}. Check the network "
-                         "name, or pass num_classes= to match the file.") from None
+        raise ModelError(
+            f"pretrained: the weights in {str(path)!r} do not fit {name}: {problem}. Check the network "
+            "name, or pass num_classes= to match the file."
+        ) from None
     return model
 
 
@@ -135,10 +145,12 @@ def _load(path: Path) -> object:
         try:
             return load_restricted(stream, network_globals())
         except RefusedPickle as refused:
-            raise ModelError(f"pretrained: {str(path)!r} is a pickle that {refused.describe()}, which nbscale "
-                             "does not unpickle (it loads tensors, and whole networks made of torch.nn and "
-                             "torchvision layers only). If you trust the file, load it yourself with "
-                             "torch.load(path, weights_only=False), or save model.state_dict() instead.") from None
+            raise ModelError(
+                f"pretrained: {str(path)!r} is a pickle that {refused.describe()}, which nbscale "
+                "does not unpickle (it loads tensors, and whole networks made of torch.nn and "
+                "torchvision layers only). If you trust the file, load it yourself with "
+                "torch.load(path, weights_only=False), or save model.state_dict() instead."
+            ) from None
 
 
 _NAMES_SHOWN = 3  # a misfit names this many parameters of each kind, and counts the rest
@@ -148,6 +160,7 @@ def _misfit(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], i
     """What keeps `state` from loading into a network whose state_dict is `expected` (missing names, names it
     does not have, other shapes), counted and with a few names each; None when it fits. Shapes of parameters
     under `ignore` (a layer name: the classification layer) may differ."""
+
     def listed(names: list[str]) -> str:
         more = f", ... ({len(names)} in all)" if len(names) > _NAMES_SHOWN else ""
         return ", ".join(names[:_NAMES_SHOWN]) + more
@@ -155,12 +168,20 @@ def _misfit(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], i
     # BatchNorm fills in a missing num_batches_tracked (files of older torch versions lack it)
     missing = [key for key in expected if key not in state and not key.endswith("num_batches_tracked")]
     unexpected = [key for key in state if key not in expected]
-    reshaped = [f"{key} {tuple(state[key].shape)} instead of {tuple(expected[key].shape)}" for key in expected
-                if key in state and state[key].shape != expected[key].shape
-                and not (ignore and key.startswith(ignore + "."))]
-    problems = [f"{what}: {listed(names)}" for what, names in (
-        ("it lacks", missing), ("it has parameters the network does not", unexpected),
-        ("other shapes", reshaped)) if names]
+    reshaped = [
+        f"{key} {tuple(state[key].shape)} instead of {tuple(expected[key].shape)}"
+        for key in expected
+        if key in state and state[key].shape != expected[key].shape and not (ignore and key.startswith(ignore + "."))
+    ]
+    problems = [
+        f"{what}: {listed(names)}"
+        for what, names in (
+            ("it lacks", missing),
+            ("it has parameters the network does not", unexpected),
+            ("other shapes", reshaped),
+        )
+        if names
+    ]
     return "; ".join(problems) if problems else None
 
 
@@ -183,19 +204,24 @@ def _check_whole_network(name: str, loaded: nn.Module, path: Path) -> None:
                 expected = torchvision.models.get_model(name, weights=None, **options)
         except Exception:  # a few networks (RegNet) cannot initialise meta tensors
             expected = torchvision.models.get_model(name, weights=None, **options)
-    fix = ("Pass the name of the network the file holds, or load it with torch.load(path, weights_only=False) if "
-           "you trust it.")
+    fix = (
+        "Pass the name of the network the file holds, or load it with torch.load(path, weights_only=False) if "
+        "you trust it."
+    )
     if type(loaded) is not type(expected):
-        raise ModelError(f"pretrained: {str(path)!r} holds a whole {type(loaded).__name__} network, not {name} (a "
-                         f"{type(expected).__name__}). {fix}")
+        raise ModelError(
+            f"pretrained: {str(path)!r} holds a whole {type(loaded).__name__} network, not {name} (a "
+            f"{type(expected).__name__}). {fix}"
+        )
     try:
         head: str | None = classification_layer(expected)
     except ModelError:
         head = None
     problem = _misfit(loaded.state_dict(), expected.state_dict(), ignore=head)
     if problem is not None:
-        raise ModelError(f"pretrained: {str(path)!r} holds a {type(loaded).__name__} that is not {name}: {problem}. "
-                         f"{fix}")
+        raise ModelError(
+            f"pretrained: {str(path)!r} holds a {type(loaded).__name__} that is not {name}: {problem}. {fix}"
+        )
 
 
 def _class_count_in(state: dict[str, torch.Tensor], model: nn.Module) -> int | None:

@@ -27,7 +27,10 @@ from nbscale.pool.sealed import all_gather_objects, open_sealed, pool_key, seal
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "mean": dist.ReduceOp.SUM}
 # values other than tensors pairwise, so NumPy arrays reduce element by element as tensors do
 _PAIRWISE: dict[str, Callable[[Any, Any], Any]] = {
-    "sum": operator.add, "mean": operator.add, "max": np.maximum, "min": np.minimum,
+    "sum": operator.add,
+    "mean": operator.add,
+    "max": np.maximum,
+    "min": np.minimum,
 }
 
 
@@ -123,7 +126,7 @@ class Collectives:
                 tensor = value.contiguous()
             else:  # a CPU tensor arrives on the CPU (gloo), a GPU tensor on each worker's own GPU (NCCL)
                 device = torch.device("cpu") if header[2] == _ON_CPU else self._device()
-                tensor = torch.empty(header[4:4 + header[3]].tolist(), dtype=_DTYPES[header[1]], device=device)
+                tensor = torch.empty(header[4 : 4 + header[3]].tolist(), dtype=_DTYPES[header[1]], device=device)
             dist.broadcast(tensor, src=src, group=self.group)
             return tensor
         data = pickled if pickled is not None else torch.empty(int(header[1]), dtype=torch.uint8)
@@ -201,7 +204,7 @@ def _write_header(header: torch.Tensor, value: object, src: int) -> torch.Tensor
     it goes as a tensor."""
     if isinstance(value, torch.Tensor) and value.dim() <= _HEADER_DIMS and value.dtype in _DTYPES:
         header[:4] = torch.tensor([_TENSOR, _DTYPES.index(value.dtype), int(value.device.type == "cpu"), value.dim()])
-        header[4:4 + value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
+        header[4 : 4 + value.dim()] = torch.tensor(value.shape, dtype=torch.int64)
         return None
     pickled = torch.frombuffer(bytearray(seal(pool_key(), src, pickle.dumps(value))), dtype=torch.uint8)
     header[:2] = torch.tensor([_OBJECT, pickled.numel()])

@@ -62,7 +62,9 @@ class Composite:
             return [by_rank[rank] for rank in ranks]
         index = self._rank_of(index)
         if index not in self.ranks:
-            raise CompositeIndexError(f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}.")
+            raise CompositeIndexError(
+                f"Composite {self.key!r} has no value on worker {index}; it has ranks {list(self.ranks)}."
+            )
         return self._live_pool().pull(self.key, targets=[index])[0]
 
     def __setitem__(self, index: int, value: object) -> None:
@@ -105,8 +107,10 @@ class Composite:
 
     def __repr__(self) -> str:
         if not self.belongs_to(self._pool):
-            return (f"Composite {self.key!r} of workers that have since stopped or restarted: its values are gone "
-                    "(run the %%spmd cell that makes it again)")
+            return (
+                f"Composite {self.key!r} of workers that have since stopped or restarted: its values are gone "
+                "(run the %%spmd cell that makes it again)"
+            )
         return (
             f"Composite {self.key!r} on workers {list(self.ranks)} "
             f"({self.key}[r] fetches worker r's value; {self.key}[:] fetches all)"

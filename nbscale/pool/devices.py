@@ -129,7 +129,7 @@ def _named_gpus(found: list[GpuInfo], gpus: tuple[int, ...], force: bool) -> lis
 
 
 def _held(gpus: Sequence[GpuInfo]) -> str:
-    """"GPU 1 is held by bob's pool (notebook b.ipynb, pid 77); GPU 2 is held by ..."."""
+    """ "GPU 1 is held by bob's pool (notebook b.ipynb, pid 77); GPU 2 is held by ..."."""
     return "; ".join(
         f"GPU {gpu.index} is held by {' and '.join(holder.describe() for holder in gpu.held_by_others())}"
         for gpu in gpus

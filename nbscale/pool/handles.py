@@ -32,7 +32,7 @@ class WorkerHandle:
 
     @property
     def state(self) -> str:
-        """"idle", "busy" or "dead"."""
+        """ "idle", "busy" or "dead"."""
         if self.dead:
             return "dead"
         return "busy" if self.outstanding else "idle"

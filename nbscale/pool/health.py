@@ -68,8 +68,10 @@ def unresponsive_description(worker: WorkerHandle) -> str:
     elif state == "gone":
         cause = "its process is gone"
     else:
-        cause = ("its process is stopped, frozen in native code that holds Python's lock, or its machine is down or "
-                 "out of memory")
+        cause = (
+            "its process is stopped, frozen in native code that holds Python's lock, or its machine is down or "
+            "out of memory"
+        )
     return f"worker {worker.rank} (pid {worker.pid}) stopped answering for {UNRESPONSIVE_S:.0f} s: {cause}"
 
 
@@ -104,8 +106,9 @@ def collective_mismatch(workers: list[WorkerHandle], ranks: Iterable[int], waiti
     sure = len({number for _, number in kinds}) == 1 and len(kinds) > 1
     if not sure and any(w.still_s < MISMATCH_STILL_S for w in running):
         return None
-    each = "; ".join(f"rank {rank} in {name} (its collective {number} of this cell)"
-                     for rank, (name, _, number) in calls.items())
+    each = "; ".join(
+        f"rank {rank} in {name} (its collective {number} of this cell)" for rank, (name, _, number) in calls.items()
+    )
     if finished:
         ended = ", ".join(map(str, finished))
         each += f"; rank{'s' if len(finished) > 1 else ''} {ended} finished the cell without it"

@@ -99,7 +99,9 @@ class HeldInterrupt:
             self._previous, _holding = previous, self
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
         global _holding
         if self._previous is not None:
             _signal.signal(signal.SIGINT, self._previous)
@@ -114,7 +116,9 @@ class HeldInterrupt:
             self.dropped += 1
             notices.warning(self._notice)
             return
-        if self.pending and _second_lands:  # a second interrupt: the user wants out now (a send that never ends, to a frozen peer)
+        if (
+            self.pending and _second_lands
+        ):  # a second interrupt: the user wants out now (a send that never ends, to a frozen peer)
             self.pending = False
             raise KeyboardInterrupt
         self.pending = True
@@ -162,7 +166,9 @@ def interrupt_main_thread() -> None:
 
 @contextlib.contextmanager
 def graceful_interrupt(
-    ask_to_stop: Callable[[], None], asked: Callable[[], bool], notice: str,
+    ask_to_stop: Callable[[], None],
+    asked: Callable[[], bool],
+    notice: str,
     force_after: tuple[float, Callable[[], bool]] | None = None,
 ) -> Iterator[Callable[[], bool]]:
     """The first interrupt calls `ask_to_stop()` and says `notice`; one after that (`asked()` is True), or any

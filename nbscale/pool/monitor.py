@@ -59,7 +59,9 @@ class Monitor:
         for worker in alive:
             worker.send_quietly(query)
         deadline = time.monotonic() + STATUS_TIMEOUT_S
-        while wait and time.monotonic() < deadline and any(w.status_round < query.request_id for w in alive if not w.dead):
+        while (
+            wait and time.monotonic() < deadline and any(w.status_round < query.request_id for w in alive if not w.dead)
+        ):
             time.sleep(0.01)
 
     def _watch(self) -> None:

@@ -74,9 +74,13 @@ class OutputBacklog:
             self._noticed = time.monotonic()
         if not dropped:
             return None
-        notice = p.Output(rank, "stderr", f"[nbscale] {dropped / 2**20:.1f} MB of the workers' output left out here: "
-                        f"they printed faster than the notebook shows (after the first {QUEUED_OUTPUT_CHARS // 2**20} "
-                        f"MB, {RELAYED_CHARS_PER_S // 2**20} MB/s). Write large output to a file.\n")
+        notice = p.Output(
+            rank,
+            "stderr",
+            f"[nbscale] {dropped / 2**20:.1f} MB of the workers' output left out here: "
+            f"they printed faster than the notebook shows (after the first {QUEUED_OUTPUT_CHARS // 2**20} "
+            f"MB, {RELAYED_CHARS_PER_S // 2**20} MB/s). Write large output to a file.\n",
+        )
         with self._lock:
             self.queued_chars += len(notice.text)  # it waits in the inbox too; `took` counts it off
         return notice
@@ -132,7 +136,7 @@ def _show(output: p.Output, flush: bool) -> None:
     held = _held_lines.setdefault(output.stream, {})
     if "\n" not in output.text and _open_line.get(output.stream, output.rank) != output.rank:
         unfinished = held.get(output.rank, "") + output.text
-        held[output.rank] = unfinished[unfinished.rfind("\r"):] if "\r" in unfinished else unfinished
+        held[output.rank] = unfinished[unfinished.rfind("\r") :] if "\r" in unfinished else unfinished
         return
     earlier = held.pop(output.rank, "")
     if earlier:
@@ -156,8 +160,12 @@ def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
         stream.write("\n")  # another rank's unfinished line ends here
         ended.add(open_rank)
     lines = text.split("\n")
-    stream.write("\n".join(_prefixed(line, rank, continued=continues and i == 0)
-                           if line or i < len(lines) - 1 else line for i, line in enumerate(lines)))
+    stream.write(
+        "\n".join(
+            _prefixed(line, rank, continued=continues and i == 0) if line or i < len(lines) - 1 else line
+            for i, line in enumerate(lines)
+        )
+    )
     if text and not text.endswith("\n"):
         _open_line[name] = rank
         if not continues or "\n" in text:
@@ -200,5 +208,7 @@ def _prefixed(line: str, rank: int, continued: bool) -> str:
     """`line` with its rank before it (unless it `continued` the rank's open line) and before each redraw after a
     carriage return."""
     pieces = line.split("\r")
-    return "\r".join(piece if (i == 0 and continued) or not (piece or len(pieces) == 1) else f"[{rank}] {piece}"
-                     for i, piece in enumerate(pieces))
+    return "\r".join(
+        piece if (i == 0 and continued) or not (piece or len(pieces) == 1) else f"[{rank}] {piece}"
+        for i, piece in enumerate(pieces)
+    )

@@ -155,13 +155,17 @@ class Pool:
             self.backend.stop()
             raise
         # the task queue sends through the router, which hands it its tasks' replies: both ends named here
-        self.router = Router(workers, secrets=secrets_of(self.settings.env),
-                             exit_status=lambda worker: self.backend.exit_status(worker.rank, worker.pid),
-                             on_task_reply=lambda request, item: self.tasks.complete(request, item),
-                             on_worker_free=lambda: self.tasks.dispatch())
+        self.router = Router(
+            workers,
+            secrets=secrets_of(self.settings.env),
+            exit_status=lambda worker: self.backend.exit_status(worker.rank, worker.pid),
+            on_task_reply=lambda request, item: self.tasks.complete(request, item),
+            on_worker_free=lambda: self.tasks.dispatch(),
+        )
         self.tasks = TaskQueue(self.router)
-        self.monitor = Monitor(self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued),
-                               self._state, self._stop_idle)
+        self.monitor = Monitor(
+            self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued), self._state, self._stop_idle
+        )
         self._groups: set[tuple[int, ...]] = set()
         self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
@@ -189,24 +193,25 @@ class Pool:
         self.router.stopping.set()
         # every step runs even if the kernel is interrupted meanwhile (a second Ctrl-C, one meant for the cell
         # before): a step cut short would leave a launcher, its workers or a waiting future behind
-        interrupted = each_despite_interrupts([
-            self._drop_spare,
-            lambda: self.router.tell(p.Shutdown()),
-            self.backend.stop,
-            self._close_channels,
-            lambda: self.tasks.fail_queued(queued),
-            lambda: self.router.fail_everything(running),
-            self._remove_store_folder,
-            forget_all,  # notebook tensors kept in shared memory for the workers (nbscale.pool.resident)
-        ])
+        interrupted = each_despite_interrupts(
+            [
+                self._drop_spare,
+                lambda: self.router.tell(p.Shutdown()),
+                self.backend.stop,
+                self._close_channels,
+                lambda: self.tasks.fail_queued(queued),
+                lambda: self.router.fail_everything(running),
+                self._remove_store_folder,
+                forget_all,  # notebook tensors kept in shared memory for the workers (nbscale.pool.resident)
+            ]
+        )
         session.stopped(self)
         try:
             registry.withdraw()
         except (OSError, registry.RegistryUnsafe):  # nothing was published there
             pass
         if interrupted:
-            raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is "
-                                  "left.")
+            raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is left.")
 
     def _close_channels(self) -> None:
         for worker in self.workers:
@@ -229,8 +234,10 @@ class Pool:
         """Fresh processes with the same size and settings (variables on the workers are lost)."""
         spare, self._spare = self._spare, None
         # what was running is lost with its worker: say so, rather than that the pool stopped
-        self._shut_down(queued="the pool was restarted; submit it again",
-                        running="the pool was restarted before it finished: run it again")
+        self._shut_down(
+            queued="the pool was restarted; submit it again",
+            running="the pool was restarted before it finished: run it again",
+        )
         self._start(spare)
 
     def _prepare_restart(self) -> None:
@@ -280,7 +287,7 @@ class Pool:
 
     @property
     def kind(self) -> str:
-        """"gpu" when every worker has a GPU, else "cpu"."""
+        """ "gpu" when every worker has a GPU, else "cpu"."""
         return "gpu" if self.workers and all(d.startswith("cuda") for d in self.devices) else "cpu"
 
     def __repr__(self) -> str:
@@ -351,11 +358,20 @@ class Pool:
         name = getattr(fn, "__name__", "the function")
         args = tuple(each_workers_own(a, self, f"Argument {i + 1} of {name}()") for i, a in enumerate(args))
         kwargs = {key: each_workers_own(value, self, f"Argument {key}= of {name}()") for key, value in kwargs.items()}
-        return self._request(lambda rid: p.Call(rid, fn, args, kwargs, current_folder()), targets, on_event, what=f"{name}()",
-                            unsendable=lambda error: call_error(fn, args, kwargs, error))
+        return self._request(
+            lambda rid: p.Call(rid, fn, args, kwargs, current_folder()),
+            targets,
+            on_event,
+            what=f"{name}()",
+            unsendable=lambda error: call_error(fn, args, kwargs, error),
+        )
 
     def spmd(
-        self, code: str, targets: Iterable[int] | None = None, namespace: dict[str, Any] | None = None, *,
+        self,
+        code: str,
+        targets: Iterable[int] | None = None,
+        namespace: dict[str, Any] | None = None,
+        *,
         filename: str | None = None,
     ) -> dict[str, Composite]:
         """Run `code` on every worker as an spmd cell (the Python form of `%%spmd`); returns its Composites,
@@ -381,16 +397,25 @@ class Pool:
                 held = [request.replies.get(rank) or list(request.names_held.get(rank, ())) for rank in ranks]
                 cell.bind_results(self, ranks, held, namespace)
 
-        present = self._request(lambda rid: cell.message(rid, group_ranks), ranks, _shown_in_notebook(self),
-                               what="The cell", on_failure=keep_what_workers_hold)
+        present = self._request(
+            lambda rid: cell.message(rid, group_ranks),
+            ranks,
+            _shown_in_notebook(self),
+            what="The cell",
+            on_failure=keep_what_workers_hold,
+        )
         return cell.bind_results(self, ranks, present, namespace)
 
     def push(self, targets: Iterable[int] | None = None, **variables: object) -> None:
         """Bind variables in every worker's namespace (sent once through shared memory locally); a Composite binds
         each worker's own value."""
         variables = {name: each_workers_own(value, self, f"Variable {name!r}") for name, value in variables.items()}
-        self._request(lambda rid: p.Push(rid, variables), targets, what="push",
-                     unsendable=lambda error: variable_error(variables, error, "Push something picklable instead."))
+        self._request(
+            lambda rid: p.Push(rid, variables),
+            targets,
+            what="push",
+            unsendable=lambda error: variable_error(variables, error, "Push something picklable instead."),
+        )
 
     def pull(self, name: str, targets: Iterable[int] | None = None) -> list[Any]:
         """The value of `name` on every worker (or `targets`), by rank."""
@@ -424,11 +449,20 @@ class Pool:
         if targets is None:
             return tuple(range(self.size))
         try:
-            ranks = tuple(sorted({operator.index(t) for t in ([targets] if not isinstance(targets, Iterable) or
-                                                              isinstance(targets, str) else targets)}))
+            ranks = tuple(
+                sorted(
+                    {
+                        operator.index(t)
+                        for t in (
+                            [targets] if not isinstance(targets, Iterable) or isinstance(targets, str) else targets
+                        )
+                    }
+                )
+            )
         except TypeError:
-            raise PoolError(f"targets={targets!r}: give worker ranks as whole numbers, such as targets=[0, 2] "
-                            "(--targets 0,2).") from None
+            raise PoolError(
+                f"targets={targets!r}: give worker ranks as whole numbers, such as targets=[0, 2] (--targets 0,2)."
+            ) from None
         bad = [r for r in ranks if not 0 <= r < self.size]
         if bad or not ranks:
             raise PoolError(
@@ -439,8 +473,10 @@ class Pool:
 
     def _check_usable(self, ranks: Iterable[int]) -> None:
         if self.closed:
-            raise PoolError(f"This pool is no longer running. {self.stopped_because} Start a new one with %pool start "
-                            "(nbscale.Pool(N)).")
+            raise PoolError(
+                f"This pool is no longer running. {self.stopped_because} Start a new one with %pool start "
+                "(nbscale.Pool(N))."
+            )
         dead = [w for w in self.workers if w.dead and w.rank in ranks]
         if dead:
             described = "; ".join(w.dead[0].upper() + w.dead[1:] for w in dead if w.dead)
@@ -548,7 +584,14 @@ class Pool:
 
     def _snapshot(self) -> PoolStatus:
         workers = tuple(  # a dead worker's last memory figures are gone with its process
-            WorkerStatus(w.rank, w.host, w.pid, w.device, w.state, *((None, None) if w.dead else (w.memory_mb, w.device_memory_mb)))
+            WorkerStatus(
+                w.rank,
+                w.host,
+                w.pid,
+                w.device,
+                w.state,
+                *((None, None) if w.dead else (w.memory_mb, w.device_memory_mb)),
+            )
             for w in self.workers
         )
         return PoolStatus(self.size, self.kind, self.backend.name, self.monitor.idle_left_s(), workers)

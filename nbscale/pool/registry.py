@@ -66,12 +66,14 @@ def _folder(create: bool) -> Iterator[int | None]:
             raise RegistryUnsafe(
                 f"The pool registry folder {folder} belongs to another user (uid {status.st_uid}): nbscale neither "
                 "writes nor reads pool files there. Point NBSCALE_RUNTIME_DIR (or Jupyter's runtime folder) at a "
-                "folder of your own.")
+                "folder of your own."
+            )
         if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise RegistryUnsafe(
                 f"The pool registry folder {folder} can be written by other users (mode "
                 f"{stat.filemode(status.st_mode)}): nbscale neither writes nor reads pool files there. Make it yours "
-                f"alone (chmod 700 {str(folder)!r}) or point NBSCALE_RUNTIME_DIR at a folder of your own.")
+                f"alone (chmod 700 {str(folder)!r}) or point NBSCALE_RUNTIME_DIR at a folder of your own."
+            )
         yield descriptor
     finally:
         os.close(descriptor)

@@ -57,8 +57,15 @@ def fingerprint(tensor: torch.Tensor) -> tuple[Any, ...] | None:
         version = tensor._version
     except RuntimeError:  # inference-mode tensors track no version
         return None
-    return (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.dtype,
-            str(tensor.device), version)
+    return (
+        tensor.data_ptr(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.storage_offset(),
+        tensor.dtype,
+        str(tensor.device),
+        version,
+    )
 
 
 def acquire(tensor: object, stamp: tuple[Any, ...], buffer: memoryview, write: Any) -> ResidentFile:

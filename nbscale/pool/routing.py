@@ -115,8 +115,11 @@ class Router:
                 self.worker_died(worker, "its connection closed")
             except KeyboardInterrupt:  # a second interrupt, part-way through: the worker cannot tell where the next
                 # message begins, so it is given up (and exits once it reads the end of its connection)
-                self.worker_died(worker, f"worker {rank} was cut off part-way through a message it was sent (a second "
-                                 "interrupt while it was sent)")
+                self.worker_died(
+                    worker,
+                    f"worker {rank} was cut off part-way through a message it was sent (a second "
+                    "interrupt while it was sent)",
+                )
                 raise
             finally:
                 worker.transferring = False
@@ -242,7 +245,10 @@ class Router:
             waiting = [r for r in self.requests.values() if worker.rank in r.waiting_for]
         worker.channel.close()
         for request in waiting:
-            self._deliver(request, WorkerDied(worker.rank, f"{description}. Run %pool restart (pool.restart()) for fresh workers."))
+            self._deliver(
+                request,
+                WorkerDied(worker.rank, f"{description}. Run %pool restart (pool.restart()) for fresh workers."),
+            )
         self.on_worker_free()
 
     def fail_everything(self, reason: str) -> None:
@@ -273,11 +279,11 @@ class Router:
         if request.frame is not None:
             request.frame.release()
 
+
 def workers_named(ranks: Iterable[int]) -> str:
     """'Worker 1' or 'Workers 0, 2'."""
     ranks = list(ranks)
     return f"Worker{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-
 
 
 def _more_waiting(connection: Connection) -> bool:
@@ -292,12 +298,16 @@ def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> object:
     """What to route in place of a worker's message the notebook cannot unpickle (None: nothing)."""
     if unreadable.kind in ("Done", "Failed") and unreadable.request_id is not None:
         return p.Failed(
-            unreadable.request_id, rank, type(unreadable.error).__name__,
+            unreadable.request_id,
+            rank,
+            type(unreadable.error).__name__,
             f"its result could not be read where the pool was started ({unreadable}). A value sent back from a "
             "worker must load there too: its class must be importable in the notebook or job that started the pool, "
             "not only on the workers.",
             "",
         )
     if unreadable.kind == "Event":
-        return p.Output(rank, "stderr", f"an event from this worker could not be read where the pool was started ({unreadable})\n")
+        return p.Output(
+            rank, "stderr", f"an event from this worker could not be read where the pool was started ({unreadable})\n"
+        )
     return None

@@ -76,8 +76,10 @@ def all_gather_objects(value: object, group: dist.ProcessGroup | None = None) ->
     padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
     received = [torch.empty(longest, dtype=torch.uint8) for _ in senders]
     dist.all_gather(received, padded, group=group)
-    return [pickle.loads(open_sealed(key, sender, data[: int(length)].numpy().tobytes()))
-            for sender, data, length in zip(senders, received, lengths, strict=True)]
+    return [
+        pickle.loads(open_sealed(key, sender, data[: int(length)].numpy().tobytes()))
+        for sender, data, length in zip(senders, received, lengths, strict=True)
+    ]
 
 
 def _tag(key: bytes, rank: int, payload: bytes) -> bytes:

@@ -56,14 +56,17 @@ class PoolSettings:
                 "gpus_per_worker in the profile) instead."
             )
         if self.gpus is not None and self.n is not None and self.n != len(self.gpus):
-            raise PoolError(f"--gpus lists {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''} but N is {self.n}: "
-                            "one worker runs per listed GPU.")
+            raise PoolError(
+                f"--gpus lists {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''} but N is {self.n}: "
+                "one worker runs per listed GPU."
+            )
         if not isinstance(self.force, bool):
             raise PoolError(f"force (--force) must be True or False, not {self.force!r}.")
         if self.force and (self.cpu or self.cluster is not None):
             without = "--cpu starts no GPU worker" if self.cpu else "a cluster pool takes the GPUs Ray gives it"
-            raise PoolError(f"--force shares this machine's GPUs that another process holds; {without}, so leave "
-                            "--force out.")
+            raise PoolError(
+                f"--force shares this machine's GPUs that another process holds; {without}, so leave --force out."
+            )
         object.__setattr__(self, "idle_timeout", _checked_idle_timeout(self.idle_timeout))
         object.__setattr__(self, "env", _checked_env(self.env))
         object.__setattr__(self, "connect_timeout", checked_connect_timeout(self.connect_timeout, "connect_timeout"))
@@ -106,7 +109,9 @@ def _checked_gpus(gpus: object) -> tuple[int, ...] | None:
         raise PoolError("--gpus lists no GPU: give indices such as --gpus 0,2 (see %gpu), or --cpu for CPU workers.")
     repeated = sorted({index for index in indices if indices.count(index) > 1})
     if repeated:
-        raise PoolError(f"--gpus lists GPU {', '.join(map(str, repeated))} twice: one worker runs per GPU, so list each once.")
+        raise PoolError(
+            f"--gpus lists GPU {', '.join(map(str, repeated))} twice: one worker runs per GPU, so list each once."
+        )
     return tuple(int(index) for index in indices)
 
 

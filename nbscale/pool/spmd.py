@@ -48,7 +48,11 @@ class SpmdCell:
             compile(code, "<spmd cell>", "exec")
         except SyntaxError as error:
             magic = (error.text or "").lstrip().startswith(("%", "!"))
-            hint = " The workers run the cell as plain Python: IPython's %magics and !commands do not run there." if magic else ""
+            hint = (
+                " The workers run the cell as plain Python: IPython's %magics and !commands do not run there."
+                if magic
+                else ""
+            )
             raise PoolError(f"The %%spmd cell has a syntax error on line {error.lineno}: {error.msg}.{hint}") from None
         variables = variables_to_send(code, namespace, pool)
         try:
@@ -58,13 +62,19 @@ class SpmdCell:
         except Exception as error:
             raise variable_error(variables, error, _UNSENDABLE_FIX) from None
         assigned = frozenset(names_assigned(code) - WORKER_NAMES)
-        return cls(code, filename or f"<spmd cell {next(_cell_numbers)}>", variables, assigned,
-                   tuple(sorted(assigned | names_deleted(code))))
+        return cls(
+            code,
+            filename or f"<spmd cell {next(_cell_numbers)}>",
+            variables,
+            assigned,
+            tuple(sorted(assigned | names_deleted(code))),
+        )
 
     def message(self, request_id: int, group_ranks: tuple[int, ...] | None) -> p.RunCell:
         """The request every worker runs: in the notebook's current folder (as MATLAB's spmd does)."""
-        return p.RunCell(request_id, self.code, self.filename, self.variables, self.result_names, group_ranks,
-                         current_folder())
+        return p.RunCell(
+            request_id, self.code, self.filename, self.variables, self.result_names, group_ranks, current_folder()
+        )
 
     def bind_results(
         self, pool: CompositeSource, ranks: Sequence[int], present: Sequence[list[str]], namespace: dict[str, Any]

@@ -60,8 +60,13 @@ def launch_workers(backend: Backend, settings: PoolSettings) -> tuple[list[Worke
         specs = backend.plan(settings)
         configs = [
             p.WorkerConfig(
-                kernel_address=(backend.kernel_host, listener.address[1]), secret=secret.hex(), rank=rank,
-                world_size=len(specs), device=spec.device, kernel_machine_id=machine_id(), env=spec.env,
+                kernel_address=(backend.kernel_host, listener.address[1]),
+                secret=secret.hex(),
+                rank=rank,
+                world_size=len(specs),
+                device=spec.device,
+                kernel_machine_id=machine_id(),
+                env=spec.env,
                 threads=spec.threads,
             )
             for rank, spec in enumerate(specs)
@@ -135,13 +140,17 @@ def remove_stale_group_folders() -> list[Path]:
     those removed. Only this user's own folders (no link followed) named with a pid that no process has."""
     removed = []
     for path in Path(tempfile.gettempdir()).glob(f"{GROUP_FOLDER_PREFIX}*-*"):
-        pid = path.name[len(GROUP_FOLDER_PREFIX):].partition("-")[0]
+        pid = path.name[len(GROUP_FOLDER_PREFIX) :].partition("-")[0]
         try:
             status = os.lstat(path)
         except OSError:
             continue
-        if (not pid.isdigit() or pid_running(int(pid)) or not stat.S_ISDIR(status.st_mode)
-                or status.st_uid != os.getuid()):
+        if (
+            not pid.isdigit()
+            or pid_running(int(pid))
+            or not stat.S_ISDIR(status.st_mode)
+            or status.st_uid != os.getuid()
+        ):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
@@ -165,9 +174,11 @@ def join_group(router: Router, backend: Backend) -> Path | None:
         try:
             swappable = swappable_by_others(folder)
             if swappable:  # they could swap the store, and so choose whom the workers connect to
-                raise PoolError(f"The pool's workers cannot meet in {folder}: {swappable}, who could replace the "
-                                "group's store. Point TMPDIR (in the environment that starts the kernel) at a folder "
-                                "only you can write to, or a sticky one like /tmp.")
+                raise PoolError(
+                    f"The pool's workers cannot meet in {folder}: {swappable}, who could replace the "
+                    "group's store. Point TMPDIR (in the environment that starts the kernel) at a folder "
+                    "only you can write to, or a sticky one like /tmp."
+                )
             init = p.InitGroup(next_request_id(), group_backend, master_addr, 0, size, str(folder / "store"))
             request = router.send(init, tuple(range(size)), foreground=True)
             _wait_joined(router, request, group_backend)
@@ -213,8 +224,9 @@ def _join_error(failures: dict[int, str], group_backend: str) -> PoolError:
     ranks_by_cause: dict[str, list[int]] = {}
     for rank, text in sorted(failures.items()):
         ranks_by_cause.setdefault(text.strip().splitlines()[-1], []).append(rank)
-    causes = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {cause}"
-                       for cause, r in ranks_by_cause.items())
+    causes = "; ".join(
+        f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {cause}" for cause, r in ranks_by_cause.items()
+    )
     return PoolError(
         f"{JOINING} ({group_backend}) failed, so no pool started. {causes}. If you set GLOO_SOCKET_IFNAME or "
         "NCCL_SOCKET_IFNAME (with --env, env=, or in the environment of the process starting the pool), check it "

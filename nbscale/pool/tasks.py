@@ -39,7 +39,10 @@ class TaskQueue:
         self._what: weakref.WeakKeyDictionary[Future[Any], str] = weakref.WeakKeyDictionary()  # other than "The task"
 
     def submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         on_event: Callable[[int, Any], None] | None,
         what: str = "The task",
     ) -> Future[Any]:
@@ -81,8 +84,10 @@ class TaskQueue:
                     continue
                 self.router.send(message, (idle[0].rank,), future=future, frame=frame, on_event=on_event)
         if stranded:  # no worker is left to run them: they fail now rather than wait forever
-            self.fail_queued(f"every worker of the pool has died ({_deaths(self.router.workers)}). Run %pool restart "
-                             "(pool.restart()) for fresh workers")
+            self.fail_queued(
+                f"every worker of the pool has died ({_deaths(self.router.workers)}). Run %pool restart "
+                "(pool.restart()) for fresh workers"
+            )
 
     def cancel(self, future: Future[Any]) -> bool:
         """Cancel a queued task, or interrupt a running one (its future is cancelled now, its worker free once the

@@ -186,7 +186,11 @@ class Frame:
                     raise
                 paths = self._write(directory)
         except OSError as error:
-            self.shm_failure = (str(directory), sum(memoryview(b).nbytes for b in self.buffers), error.strerror or str(error))
+            self.shm_failure = (
+                str(directory),
+                sum(memoryview(b).nbytes for b in self.buffers),
+                error.strerror or str(error),
+            )
             warn_shared_memory_failure(self.shm_failure)
             return False
         self.shm_paths = tuple(paths)
@@ -343,8 +347,10 @@ def map_shared_memory(paths: tuple[str, ...], sizes: tuple[int, ...], kept: tupl
     """Map each shared-memory file copy-on-write: no copy is made, and writes stay private to this process. A kept
     tensor's file (`kept`) reuses this process's mapping of it from an earlier message (nbscale.pool.resident)."""
     kept = kept or (False,) * len(paths)
-    return [resident.mapped(path, size, _map_file) if keep else _map_file(path, size)
-            for path, size, keep in zip(paths, sizes, kept, strict=True)]
+    return [
+        resident.mapped(path, size, _map_file) if keep else _map_file(path, size)
+        for path, size, keep in zip(paths, sizes, kept, strict=True)
+    ]
 
 
 def deserialise(body: bytes, buffers: list[Any]) -> Any:
@@ -355,5 +361,3 @@ def deserialise(body: bytes, buffers: list[Any]) -> Any:
         return pickle.loads(body)
     finally:
         _incoming.buffers = previous
-
-

@@ -17,8 +17,9 @@ from nbscale.pool.transport import serialise
 def interrupted_while_pickling() -> PoolInterrupted:
     """An interrupt while the kernel pickled what it was about to send (a large variable takes a while): nothing
     reached any worker, so the pool is as it was, which the user should hear rather than see pickle's frames."""
-    return PoolInterrupted("Interrupted while pickling what this sends to the workers: nothing was sent, and the "
-                           "pool is as it was.")
+    return PoolInterrupted(
+        "Interrupted while pickling what this sends to the workers: nothing was sent, and the pool is as it was."
+    )
 
 
 def variable_error(variables: Mapping[str, Any], error: Exception, fix: str) -> UnsendableError:
@@ -32,8 +33,9 @@ def variable_error(variables: Mapping[str, Any], error: Exception, fix: str) -> 
     return UnsendableError(f"The variables could not be sent to the workers: {error}")
 
 
-def call_error(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any],
-               error: Exception) -> UnsendableError:
+def call_error(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], error: Exception
+) -> UnsendableError:
     """The error naming what of `fn(*args, **kwargs)` cannot be sent: an argument, or a notebook variable the
     function uses or captures (cloudpickle sends those along with it)."""
     name = getattr(fn, "__name__", "the function")
@@ -45,8 +47,11 @@ def call_error(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[st
         captured = None
     if captured is not None:
         used = {**captured.globals, **captured.nonlocals}
-        parts += [(f"Variable {key!r}, which {name}() uses,", value) for key, value in used.items()
-                  if not inspect.ismodule(value)]
+        parts += [
+            (f"Variable {key!r}, which {name}() uses,", value)
+            for key, value in used.items()
+            if not inspect.ismodule(value)
+        ]
     for described, value in parts:
         failure = _failure(value)
         if failure is not None:

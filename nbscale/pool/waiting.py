@@ -26,8 +26,10 @@ INTERRUPT_GRACE_S = 3.0
 PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
 # once a rank has failed, the others still running this long after are interrupted: a collective would wait forever
 FAILED_PEER_GRACE_S = 2.0
-RESTART_NOTICE = ("Restarting the pool with fresh workers: interrupts are held until it is ready (a few seconds; "
-                  "the cell stops then).")
+RESTART_NOTICE = (
+    "Restarting the pool with fresh workers: interrupts are held until it is ready (a few seconds; "
+    "the cell stops then)."
+)
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,11 @@ def _stop_after_failure(router: Router, request: Request, restart: Restarter) ->
     # this request only: a worker still running a task from pool.submit keeps it, and skips this cell
     outcome = _stop_running(router, request, restart, only_this_request=True)
     one = len(others) == 1
-    return (f"{workers_named(others)} {'was' if one else 'were'} still running {FAILED_PEER_GRACE_S:.0f} s after "
-            f"rank{'' if len(failed) == 1 else 's'} {', '.join(map(str, failed))} failed (a collective waits for "
-            f"every rank), so {'it was' if one else 'they were'} interrupted." + (f" {outcome}" if outcome else ""))
+    return (
+        f"{workers_named(others)} {'was' if one else 'were'} still running {FAILED_PEER_GRACE_S:.0f} s after "
+        f"rank{'' if len(failed) == 1 else 's'} {', '.join(map(str, failed))} failed (a collective waits for "
+        f"every rank), so {'it was' if one else 'they were'} interrupted." + (f" {outcome}" if outcome else "")
+    )
 
 
 def _interrupt(router: Router, request: Request, restart: Restarter | None) -> str:
@@ -143,8 +147,11 @@ def _stop_running(
     router.tell(p.Interrupt(request.request_id if only_this_request else None), request.waiting_for)
     interrupted_at = time.monotonic()
     prepared = False
-    while (request.waiting_for and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S
-           and not _stopped(router, request.waiting_for)):
+    while (
+        request.waiting_for
+        and time.monotonic() < interrupted_at + INTERRUPT_GRACE_S
+        and not _stopped(router, request.waiting_for)
+    ):
         if restart is not None and not prepared and time.monotonic() > interrupted_at + PREPARE_AFTER_S:
             restart.prepare()
             prepared = True
@@ -164,18 +171,28 @@ def _stop_running(
         processes = "is a stopped process" if len(stopped) == 1 else "are stopped processes"
         reason = f"{workers_named(stopped)} {processes} (SIGSTOP or a debugger)"
     else:
-        reason = (f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
-                  "or in native code)")
+        reason = (
+            f"{workers_named(stuck)} did not stop within {INTERRUPT_GRACE_S:.0f} s (stuck in a collective, "
+            "or in native code)"
+        )
     if restart is None:
         return f"{reason}."
     started = time.monotonic()
     # once begun, the restart finishes (bounded by the start timeout): interrupted, it left no pool at all
     with HeldInterrupt(notice=RESTART_NOTICE) as held:
         restart.restart()
-    ignored = (f" The {held.dropped} interrupt{'s' if held.dropped != 1 else ''} during the restart "
-               f"{'were' if held.dropped != 1 else 'was'} held until it was done.") if held.dropped else ""
-    return (f"{reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
-            f"variables on the workers are lost.{ignored}")
+    ignored = (
+        (
+            f" The {held.dropped} interrupt{'s' if held.dropped != 1 else ''} during the restart "
+            f"{'were' if held.dropped != 1 else 'was'} held until it was done."
+        )
+        if held.dropped
+        else ""
+    )
+    return (
+        f"{reason}, so the pool was restarted with fresh workers in {time.monotonic() - started:.1f} s; "
+        f"variables on the workers are lost.{ignored}"
+    )
 
 
 def _stopped(router: Router, ranks: Iterable[int]) -> list[int]:

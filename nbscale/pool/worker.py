@@ -56,9 +56,10 @@ if TYPE_CHECKING:
 
 _NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # torch's module-call plumbing and the collectives' inside (distributed/): a failing broadcast shows the user's line
-_TORCH_CALL_PLUMBING = tuple(os.path.join(os.path.dirname(torch.__file__), *parts)
-                             for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py"),
-                                           ("distributed", "")))
+_TORCH_CALL_PLUMBING = tuple(
+    os.path.join(os.path.dirname(torch.__file__), *parts)
+    for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py"), ("distributed", ""))
+)
 _HIDDEN_FILES = (_NBSCALE_DIR, *_TORCH_CALL_PLUMBING)  # what a user's traceback leaves out
 _LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
 
@@ -90,7 +91,7 @@ class _StreamToKernel(io.TextIOBase):
                 complete, _, pending = pending.rpartition("\n")
                 self._send(complete + "\n")
             if "\r" in pending:  # a redraw replaces the line so far, in the notebook too: only the latest is kept
-                pending = pending[pending.rfind("\r"):]
+                pending = pending[pending.rfind("\r") :]
             if len(pending) > _PENDING_CHARS:  # a long unfinished line goes in pieces (it stays one line there)
                 self._send(pending)
                 pending = ""
@@ -226,22 +227,27 @@ class Worker:
     def report_status(self, message: p.StatusQuery) -> None:
         """Answer the heartbeat: memory, and where the main thread is and for how long it has not moved."""
         collective = current_collective() if self.current_request is not None else ""
-        self.channel.send(p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot(),
-                                         collective))
+        self.channel.send(
+            p.StatusReport(message.request_id, self.rank, *self._memory(), *self._main_thread_spot(), collective)
+        )
 
     def _main_thread_spot(self) -> tuple[str, float]:
         """Where the main thread is, and for how long it has stood still there: at the same instruction, and (where
         /proc tells) without CPU time or wake-ups in between. A loop that sleeps or waits briefly at one line each
         round is seen at the same instruction every time, but wakes up: that counts as moving."""
         serving = self._serving_thread
-        frame = (sys._current_frames().get(serving[0])
-                 if serving is not None and self.current_request is not None else None)
+        frame = (
+            sys._current_frames().get(serving[0]) if serving is not None and self.current_request is not None else None
+        )
         if serving is None or frame is None:
             self._spot = None
             return "", 0.0
         spot, activity, now = (id(frame), frame.f_lasti), _thread_activity(serving[1]), time.monotonic()
-        still = (self._spot is not None and self._spot[0] == spot
-                 and (activity is None or self._spot[1] is None or _idle_between(self._spot[1], activity)))
+        still = (
+            self._spot is not None
+            and self._spot[0] == spot
+            and (activity is None or self._spot[1] is None or _idle_between(self._spot[1], activity))
+        )
         self._spot = (spot, activity, self._spot[2] if still and self._spot is not None else now)
         return _describe_spot(frame, self._cell_file), now - self._spot[2]
 
@@ -254,7 +260,9 @@ class Worker:
             return
         self.channel.send(
             p.Failed(
-                unreadable.request_id, self.rank, type(unreadable.error).__name__,
+                unreadable.request_id,
+                self.rank,
+                type(unreadable.error).__name__,
                 f"worker {self.rank} could not read what it was sent ({unreadable}). Code and values sent to workers "
                 "must be importable there: a module from a folder added to sys.path where the pool was started needs "
                 "that folder on the workers' sys.path too (add it with pool.run or a %%spmd cell), or define the code "
@@ -285,36 +293,7 @@ class Worker:
             new_request()  # collectives counted per request, for the kernel's mismatch check
             if _signal.getsignal(signal.SIGINT) is not self._gate:  # a cell installed its own handler and left it
                 signal.signal(signal.SIGINT, self._gate)
-            try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
-                with self.request_lock:
-                    self.current_request = message.request_id
-                    for payload in self.early_messages.pop(message.request_id, []):
-                        self.context.deliver_message(payload)
-                    cancelled = message.request_id in self.cancelled_requests
-                    self.cancelled_requests.discard(message.request_id)
-                if cancelled:
-                    raise KeyboardInterrupt("cancelled before it started")
-                self.interruptible = True
-                try:
-                    value = self.handlers[type(message)](message)
-                finally:
-                    self.interruptible = False
-                if os.getpid() != self.pid:
-                    _end_forked_copy(None)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                reply: Any = p.Done(message.request_id, self.rank, value)
-            except BaseException as error:  # every failure goes back to the kernel
-                if os.getpid() != self.pid:
-                    _end_forked_copy(error)
-                sys.stdout.flush()
-                sys.stderr.flush()
-                held = (tuple(name for name in message.result_names if name in self.namespace)
-                        if isinstance(message, p.RunCell) else ())
-                reply = p.Failed(
-                    message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error),
-                    (type(error).__module__, type(error).__qualname__), held,
-                )
+            reply = self._answer(message)
             with self.request_lock:
                 self.current_request = None
                 self.ended_requests.append(message.request_id)
@@ -324,9 +303,44 @@ class Worker:
             try:
                 self._send_reply(reply)
             except Exception as error:  # the value could not be pickled: say so instead of hanging
-                self.channel.send(
-                    p.Failed(message.request_id, self.rank, type(error).__name__, f"the result could not be sent back: {error}", "")
-                )
+                failure = f"the result could not be sent back: {error}"
+                self.channel.send(p.Failed(message.request_id, self.rank, type(error).__name__, failure, ""))
+
+    def _answer(self, message: Any) -> p.Done | p.Failed:
+        """Run one request: its Done, or its Failed for any exception (an interrupt included)."""
+        try:  # a targeted Interrupt lands inside this try from the moment current_request names the request
+            with self.request_lock:
+                self.current_request = message.request_id
+                for payload in self.early_messages.pop(message.request_id, []):
+                    self.context.deliver_message(payload)
+                cancelled = message.request_id in self.cancelled_requests
+                self.cancelled_requests.discard(message.request_id)
+            if cancelled:
+                raise KeyboardInterrupt("cancelled before it started")
+            self.interruptible = True
+            try:
+                value = self.handlers[type(message)](message)
+            finally:
+                self.interruptible = False
+            if os.getpid() != self.pid:
+                _end_forked_copy(None)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            return p.Done(message.request_id, self.rank, value)
+        except BaseException as error:  # every failure goes back to the kernel
+            if os.getpid() != self.pid:
+                _end_forked_copy(error)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            held = (
+                tuple(name for name in message.result_names if name in self.namespace)
+                if isinstance(message, p.RunCell)
+                else ()
+            )
+            origin = (type(error).__module__, type(error).__qualname__)
+            return p.Failed(
+                message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error), origin, held
+            )
 
     def _send_reply(self, reply: object) -> None:
         """Send the reply, whole, even if a late interrupt (meant for the request that just ended) comes meanwhile."""
@@ -346,8 +360,14 @@ class Worker:
             store = dist.FileStore(message.store_file, message.world_size)
         elif self.rank == 0:  # a cluster's store listens on master_addr only, not on every interface
             listening = _listen_on(message.master_addr)
-            store = dist.TCPStore(message.master_addr, listening.getsockname()[1], message.world_size, is_master=True,
-                                  wait_for_workers=False, master_listen_fd=listening.detach())
+            store = dist.TCPStore(
+                message.master_addr,
+                listening.getsockname()[1],
+                message.world_size,
+                is_master=True,
+                wait_for_workers=False,
+                master_listen_fd=listening.detach(),
+            )
             self._emit({"store_port": store.port})
         else:
             store = dist.TCPStore(message.master_addr, message.master_port, message.world_size, is_master=False)
@@ -400,8 +420,9 @@ class Worker:
         """Run in the notebook's folder of the request (as MATLAB's workers do), or say why it cannot."""
         reason = enter_folder(message.cwd, self.home)
         if reason is not None and message.cwd is not None:
-            self.channel.send(p.FolderMissing(message.request_id, self.rank, socket.gethostname(), message.cwd, reason,
-                                              self.home))
+            self.channel.send(
+                p.FolderMissing(message.request_id, self.rank, socket.gethostname(), message.cwd, reason, self.home)
+            )
 
     def run_cell(self, message: p.RunCell) -> list[str]:
         self._enter_notebook_folder(message)
@@ -441,8 +462,11 @@ def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
         with open(f"/proc/self/task/{native_id}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
         with open(f"/proc/self/task/{native_id}/status") as handle:
-            switches = sum(int(line.split()[1]) for line in handle
-                           if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")))
+            switches = sum(
+                int(line.split()[1])
+                for line in handle
+                if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"))
+            )
     except (OSError, IndexError, ValueError):
         return None
     return int(fields[11]) + int(fields[12]), switches  # utime + stime (stat's fields 14 and 15)
@@ -484,7 +508,11 @@ def _describe_spot(frame: FrameType, cell_file: str | None) -> str:
     """Where a thread is, in the user's terms: 'line 4 of the cell (`lock.acquire()`)' (`cell_file`: the spmd cell
     it runs, if any), and the library function it is inside, if any ('..., inside all_reduce')."""
     user: FrameType | None = frame
-    while user is not None and not user.f_code.co_filename.startswith("<") and user.f_code.co_filename.startswith(_LIBRARY_DIRS):
+    while (
+        user is not None
+        and not user.f_code.co_filename.startswith("<")
+        and user.f_code.co_filename.startswith(_LIBRARY_DIRS)
+    ):
         user = user.f_back
     if user is None:
         user = frame

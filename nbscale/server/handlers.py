@@ -176,8 +176,10 @@ class UnknownEndpointHandler(NbscaleHandler):
     @tornado.web.authenticated
     def get(self, path: str) -> None:
         shown = path if len(path) <= 60 else f"{path[:57]}..."
-        raise NotFound(f"nbscale's server extension has no endpoint {shown!r}: it serves gpus, pools, jobs, "
-                         "jobs/<id>/log and jobs/<id>/cancel (ids are job numbers).")
+        raise NotFound(
+            f"nbscale's server extension has no endpoint {shown!r}: it serves gpus, pools, jobs, "
+            "jobs/<id>/log and jobs/<id>/cancel (ids are job numbers)."
+        )
 
     post = put = patch = delete = get
 

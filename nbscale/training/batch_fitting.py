@@ -85,8 +85,14 @@ class Choices:
     said: str  # "" when nothing was chosen
 
 
-def settle(options: TrainingOptions, counts: list[int], samples: int, resume: dict[str, Any] | None,
-           probe: Callable[[int], Callable[[int], bool]], smallest: Callable[[int], int]) -> Choices:
+def settle(
+    options: TrainingOptions,
+    counts: list[int],
+    samples: int,
+    resume: dict[str, Any] | None,
+    probe: Callable[[int], Callable[[int], bool]],
+    smallest: Callable[[int], int],
+) -> Choices:
     """Settle "auto" and "linear" for one rank (every rank of a pool reaches the same choices).
 
     `probe(limit)` gives the rank's `fits` predicate (only called for "auto" without a checkpoint); `smallest(b)` is
@@ -109,7 +115,8 @@ def settle(options: TrainingOptions, counts: list[int], samples: int, resume: di
                 raise OptionsError(
                     "mini_batch_size='auto': one training step of a single sample does not fit in the GPU memory "
                     f"(with {HEADROOM:.0%} of it left free): use a smaller network or inputs, precision='mixed', or "
-                    "free the GPU (%gpu shows what holds it).")
+                    "free the GPU (%gpu shows what holds it)."
+                )
             batch = min(samples, int(per_worker * spread))
             if workers == 1:
                 across, whose = "", "the GPU's"
@@ -118,24 +125,34 @@ def settle(options: TrainingOptions, counts: list[int], samples: int, resume: di
             else:
                 across, whose = f" for the most loaded worker, {batch} in all (worker_load)", "every worker's GPU"
             capped = f" (the most allowed: {MAX_PER_WORKER} a worker, and the data)" if per_worker * 2 > limit else ""
-            said.append(f"mini_batch_size='auto': {per_worker}{across}, the largest power of two whose training "
-                        f"step (probed at precision '{options.precision}') left {HEADROOM:.0%} of {whose} memory "
-                        f"free{capped}")
+            said.append(
+                f"mini_batch_size='auto': {per_worker}{across}, the largest power of two whose training "
+                f"step (probed at precision '{options.precision}') left {HEADROOM:.0%} of {whose} memory "
+                f"free{capped}"
+            )
         counts = split_batch(batch, options.worker_load, len(counts))
         options = options.replace(mini_batch_size=batch)
     global_batch = sum(counts)
     if options.learn_rate_scaling == "linear":
         base, reference = float(options.initial_learn_rate), int(options.learn_rate_reference_batch)
         rate = base * global_batch / reference
-        said.append(f"learn_rate_scaling='linear': initial_learn_rate {base:g} x {global_batch} / {reference} "
-                    f"(learn_rate_reference_batch) = {rate:.4g}")
+        said.append(
+            f"learn_rate_scaling='linear': initial_learn_rate {base:g} x {global_batch} / {reference} "
+            f"(learn_rate_reference_batch) = {rate:.4g}"
+        )
         options = options.replace(initial_learn_rate=rate, learn_rate_scaling="none")
     return Choices(options, counts, "; ".join(said))
 
 
-def gpu_probe(model: nn.Module, data: Any, options: TrainingOptions,
-              forward: Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]], device: torch.device, autocast: Any,
-              seed: int) -> Callable[[int], Callable[[int], bool]]:
+def gpu_probe(
+    model: nn.Module,
+    data: Any,
+    options: TrainingOptions,
+    forward: Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]],
+    device: torch.device,
+    autocast: Any,
+    seed: int,
+) -> Callable[[int], Callable[[int], bool]]:
     """`probe(limit)` for `settle` on a CUDA `device`: `fits(b)` runs one training step at `b` samples (the
     data's first `b`) and says whether it ran with HEADROOM of the memory available to this process left free.
     `forward(model, inputs, labels) -> (loss, outputs)` is the step's forward and loss as the loop runs it (the
@@ -228,4 +245,3 @@ def smallest_over(group: torch.distributed.ProcessGroup | None, device: torch.de
 def no_probe(limit: int) -> Callable[[int], bool]:
     """The probe where none may run (a CPU): check_auto_batch_device refuses "auto" there before training."""
     raise OptionsError("mini_batch_size='auto' needs a GPU to probe.")
-

@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 _PATTERN = "nbscale_checkpoint_epoch*.pt"
 STALE_PARTIAL_S = 60.0
 # what a checkpoint may refer to besides tensors and plain values: exactly these, nothing broader
-CHECKPOINT_GLOBALS = {("nbscale.training.events", "IterationDone"): IterationDone,
-                      ("pathlib", "PosixPath"): pathlib.PosixPath}
+CHECKPOINT_GLOBALS = {
+    ("nbscale.training.events", "IterationDone"): IterationDone,
+    ("pathlib", "PosixPath"): pathlib.PosixPath,
+}
 # partial files: this version's, and the earlier mkstemp names (".partial-" + 8 random characters + ".pt")
 _PARTIAL_PATTERN = ".partial-nbscale_checkpoint_epoch*.pt"
 _EARLIER_PARTIAL = re.compile(r"\.partial-[a-z0-9_]{8}\.pt")
@@ -142,45 +144,55 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     or folder may have been written by someone else, or when the file refers to anything but tensors, plain
     values and nbscale's history entries (it is never unpickled then)."""
     if not isinstance(path, str | os.PathLike):
-        raise OptionsError(f"resume_from={path!r:.40} is not a path: pass a checkpoint file or the checkpoint_path "
-                           "folder of an earlier run (a str or a pathlib.Path).")
+        raise OptionsError(
+            f"resume_from={path!r:.40} is not a path: pass a checkpoint file or the checkpoint_path "
+            "folder of an earlier run (a str or a pathlib.Path)."
+        )
     name = f"resume_from={os.fspath(path)!r}"
     path = Path(path).expanduser()
     if path.is_dir():
         refuse_untrusted(path, name, folder=True)
         newest = latest_checkpoint(path)
         if newest is None:
-            raise OptionsError(f"{name} holds no checkpoint ({_PATTERN}): pass a checkpoint file or the "
-                               "checkpoint_path of an earlier run.")
+            raise OptionsError(
+                f"{name} holds no checkpoint ({_PATTERN}): pass a checkpoint file or the "
+                "checkpoint_path of an earlier run."
+            )
         path = newest
     if not path.exists():
         raise OptionsError(f"{name} does not exist: pass a checkpoint file or folder.")
     if not path.is_file():  # checked before opening: opening a pipe waits for a writer forever
-        raise OptionsError(f"{name} is not a regular file (a pipe, device or socket): pass a checkpoint file or "
-                           "folder.")
+        raise OptionsError(
+            f"{name} is not a regular file (a pipe, device or socket): pass a checkpoint file or folder."
+        )
     path = path.resolve()
     refuse_untrusted(path.parent, name, folder=True, sticky_ok=True)
     try:
         stream = open(path, "rb")  # closed below; checked as opened, so it cannot be swapped
     except OSError as error:
-        raise OptionsError(f"{name} cannot be opened ({error.strerror or error}): pass a checkpoint file you "
-                           "can read.") from None
+        raise OptionsError(
+            f"{name} cannot be opened ({error.strerror or error}): pass a checkpoint file you can read."
+        ) from None
     with stream:
         refuse_untrusted(path, name, folder=False, status=os.fstat(stream.fileno()))
         try:
             state = load_restricted(stream, CHECKPOINT_GLOBALS)
         except RefusedPickle as refused:
-            raise OptionsError(f"{name} {refused.describe()}, which nbscale does not unpickle: a checkpoint holds "
-                               "tensors, plain values and nbscale's history entries, and anything else could run "
-                               "code. Resume from a checkpoint nbscale wrote, or train from the start without "
-                               "resume_from.") from None
+            raise OptionsError(
+                f"{name} {refused.describe()}, which nbscale does not unpickle: a checkpoint holds "
+                "tensors, plain values and nbscale's history entries, and anything else could run "
+                "code. Resume from a checkpoint nbscale wrote, or train from the start without "
+                "resume_from."
+            ) from None
         except Exception as error:
             raise _unreadable(name, path, stream, error) from None
     problem = _state_problem(state)
     if problem:
-        raise OptionsError(f"{name} is not an nbscale training checkpoint ({problem}): pass a file that "
-                           f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone loads "
-                           "with model.load_state_dict(torch.load(path)).)")
+        raise OptionsError(
+            f"{name} is not an nbscale training checkpoint ({problem}): pass a file that "
+            f"checkpoint_path received ({_PATTERN}), or its folder. (A file of weights alone loads "
+            "with model.load_state_dict(torch.load(path)).)"
+        )
     return cast("dict[str, Any]", state)
 
 
@@ -193,22 +205,32 @@ def _unreadable(name: str, path: Path, stream: BinaryIO, error: Exception) -> Op
     start = stream.read(4)
     cut_short = start in (b"", b"PK\x03\x04") and not zipfile.is_zipfile(stream)  # a zip's start, but not its end
     if not cut_short:
-        return OptionsError(f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
-                            f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
-                            f"({_PATTERN}) or its folder.")
+        return OptionsError(
+            f"{name} cannot be read as a checkpoint ({type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}): pass a file nbscale wrote "
+            f"({_PATTERN}) or its folder."
+        )
     others = sorted(other.name for other in path.parent.glob(_PATTERN) if other != path)
     beside = f" Checkpoints beside it in {str(path.parent)!r}: {', '.join(others)}." if others else ""
     if not name.endswith(f"{path.name}'"):  # a folder was given: name the file in it that was read
         name += f": its newest checkpoint, {path.name},"
-    return OptionsError(f"{name} is cut short or damaged ({os.fstat(stream.fileno()).st_size} bytes, not a whole "
-                        "checkpoint: a copy or download that did not finish, or a disk that filled as it was copied). "
-                        f"Resume from another checkpoint, or train from the start without resume_from.{beside}")
+    return OptionsError(
+        f"{name} is cut short or damaged ({os.fstat(stream.fileno()).st_size} bytes, not a whole "
+        "checkpoint: a copy or download that did not finish, or a disk that filled as it was copied). "
+        f"Resume from another checkpoint, or train from the start without resume_from.{beside}"
+    )
 
 
 # what each entry of a checkpoint must be (a file of the right globals can still hold anything in them)
 _STATE_KINDS: dict[str, tuple[type, ...]] = {
-    "model": (dict,), "optimizer": (dict,), "epoch": (int,), "iteration": (int,), "seed": (int,),
-    "history": (list,), "best": (dict,), "rng": (torch.Tensor,),
+    "model": (dict,),
+    "optimizer": (dict,),
+    "epoch": (int,),
+    "iteration": (int,),
+    "seed": (int,),
+    "history": (list,),
+    "best": (dict,),
+    "rng": (torch.Tensor,),
 }
 _OPTIONAL_KINDS: dict[str, tuple[type, ...]] = {"options": (dict,), "samples": (int,), "scaler": (dict, type(None))}
 
@@ -235,8 +257,9 @@ def _state_problem(state: object) -> str | None:
     return None
 
 
-def refuse_untrusted(path: Path, name: str, folder: bool, sticky_ok: bool = False,
-                     status: os.stat_result | None = None) -> None:
+def refuse_untrusted(
+    path: Path, name: str, folder: bool, sticky_ok: bool = False, status: os.stat_result | None = None
+) -> None:
     """OptionsError unless `path` belongs to this user (or root) and no one else can write to it.
 
     sticky_ok: a folder anyone can write to is accepted when it has the sticky bit (like /tmp), where others
@@ -248,12 +271,14 @@ def refuse_untrusted(path: Path, name: str, folder: bool, sticky_ok: bool = Fals
         raise OptionsError(
             f"{name}: the {what} {str(path)!r} belongs to another user (uid {status.st_uid}), who could have "
             "written a checkpoint that runs as you. Resume only from checkpoints in your own folders: copy a "
-            "checkpoint you trust into one, or train from the start without resume_from.")
+            "checkpoint you trust into one, or train from the start without resume_from."
+        )
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and status.st_mode & stat.S_ISVTX):
         raise OptionsError(
             f"{name}: the {what} {str(path)!r} can be written by other users (mode {stat.filemode(status.st_mode)}),"
             f" who could plant or change a checkpoint. Make it yours alone (chmod go-w {str(path)!r}) if no one "
-            "else wrote to it, or train from the start without resume_from.")
+            "else wrote to it, or train from the start without resume_from."
+        )
 
 
 def prepare_folder(folder: str | os.PathLike[str]) -> None:
@@ -263,8 +288,10 @@ def prepare_folder(folder: str | os.PathLike[str]) -> None:
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as error:
-        raise OptionsError(f"checkpoint_path={str(folder)!r} cannot be used as a folder ({error.strerror or error}): "
-                           "give a folder that exists or can be created, and that you can write to.") from None
+        raise OptionsError(
+            f"checkpoint_path={str(folder)!r} cannot be used as a folder ({error.strerror or error}): "
+            "give a folder that exists or can be created, and that you can write to."
+        ) from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise OptionsError(f"checkpoint_path={str(folder)!r} is not writable: give a folder you can write to.")
     refuse_untrusted(path.resolve(), f"checkpoint_path={str(folder)!r}", folder=True)
@@ -278,8 +305,10 @@ def remove_stale_partials(folder: Path, min_age_s: float = STALE_PARTIAL_S) -> l
     taken (a writer holds it until it renames the file, and loses it when it dies, even by SIGKILL).
     """
     removed = []
-    candidates = [*folder.glob(_PARTIAL_PATTERN),
-                  *(p for p in folder.glob(".partial-*.pt") if _EARLIER_PARTIAL.fullmatch(p.name))]
+    candidates = [
+        *folder.glob(_PARTIAL_PATTERN),
+        *(p for p in folder.glob(".partial-*.pt") if _EARLIER_PARTIAL.fullmatch(p.name)),
+    ]
     for partial in candidates:
         try:
             descriptor = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -287,8 +316,11 @@ def remove_stale_partials(folder: Path, min_age_s: float = STALE_PARTIAL_S) -> l
             continue
         try:
             status = os.fstat(descriptor)
-            if (not stat.S_ISREG(status.st_mode) or status.st_uid != os.getuid()
-                    or time.time() - status.st_mtime < min_age_s):
+            if (
+                not stat.S_ISREG(status.st_mode)
+                or status.st_uid != os.getuid()
+                or time.time() - status.st_mtime < min_age_s
+            ):
                 continue
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,22 +24,28 @@ from nbscale.errors import ModelError, OptionsError
 def check_model(model: object) -> None:
     """`model` must be a torch network."""
     if isinstance(model, type) and issubclass(model, nn.Module):
-        raise OptionsError(f"model is the class {model.__name__}, not a network: create one, e.g. "
-                           f"model = {model.__name__}(...).")
+        raise OptionsError(
+            f"model is the class {model.__name__}, not a network: create one, e.g. model = {model.__name__}(...)."
+        )
     if not isinstance(model, nn.Module):
-        raise OptionsError(f"model must be a torch nn.Module (a network such as nn.Sequential(...)), not "
-                           f"{type(model).__name__}: pass the network itself, not a function that builds one.")
+        raise OptionsError(
+            f"model must be a torch nn.Module (a network such as nn.Sequential(...)), not "
+            f"{type(model).__name__}: pass the network itself, not a function that builds one."
+        )
 
 
 def check_loss_fn(loss_fn: object) -> None:
     """`loss_fn` must be None (cross-entropy) or a function of (outputs, labels) returning the batch's loss."""
     if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
-        raise OptionsError(f"loss_fn is the class {loss_fn.__name__}, not a loss: create one, e.g. "
-                           f"loss_fn={loss_fn.__name__}().")
+        raise OptionsError(
+            f"loss_fn is the class {loss_fn.__name__}, not a loss: create one, e.g. loss_fn={loss_fn.__name__}()."
+        )
     if loss_fn is not None and not callable(loss_fn):
-        raise OptionsError(f"loss_fn must be a function of (outputs, labels) returning the loss, such as "
-                           f"nn.MSELoss() or torch.nn.functional.cross_entropy, not {type(loss_fn).__name__} "
-                           f"{loss_fn!r:.40}: leave it out for cross-entropy.")
+        raise OptionsError(
+            f"loss_fn must be a function of (outputs, labels) returning the loss, such as "
+            f"nn.MSELoss() or torch.nn.functional.cross_entropy, not {type(loss_fn).__name__} "
+            f"{loss_fn!r:.40}: leave it out for cross-entropy."
+        )
 
 
 _CHANNELS = re.compile(r"expected input\[([^\]]*)\] to have (\d+) channels, but got (\d+) channels")
@@ -52,12 +58,16 @@ def channel_mismatch(error: BaseException) -> str | None:
     if found is None:
         return None
     shape, wanted, got = found.group(1), int(found.group(2)), int(found.group(3))
-    message = f"The network takes {wanted}-channel images but the data has {got} channel(s) (inputs of shape [{shape}])."
+    message = (
+        f"The network takes {wanted}-channel images but the data has {got} channel(s) (inputs of shape [{shape}])."
+    )
     conversion = {(3, 1): ("gray2rgb", "repeats the gray channel"), (1, 3): ("rgb2gray", "turns colour into gray")}
     if (wanted, got) in conversion:
         name, does = conversion[(wanted, got)]
-        return (f"{message} AugmentedImageDatastore(output_size, ds, color_preprocessing={name!r}) {does} (or give "
-                f"output_size as (height, width, {wanted})).")
+        return (
+            f"{message} AugmentedImageDatastore(output_size, ds, color_preprocessing={name!r}) {does} (or give "
+            f"output_size as (height, width, {wanted}))."
+        )
     return f"{message} Give it {wanted}-channel inputs."
 
 
@@ -101,15 +111,21 @@ def check_items(dataset: Dataset[Any], what: str) -> Any:
     with torch.random.fork_rng(devices=[]):  # reading an augmented item draws numbers: the run's stream stays as it was
         item = dataset[0]
     if isinstance(item, dict):
-        raise OptionsError(f"{what} yields dicts (keys {sorted(item)[:5]}), but training takes (input, label) "
-                           "pairs: make its __getitem__ return (input, label), e.g. (item['x'], item['y']).")
+        raise OptionsError(
+            f"{what} yields dicts (keys {sorted(item)[:5]}), but training takes (input, label) "
+            "pairs: make its __getitem__ return (input, label), e.g. (item['x'], item['y'])."
+        )
     if not isinstance(item, tuple | list) or len(item) < 2:
-        raise OptionsError(f"{what} must yield (input, label) pairs, but its first item is a "
-                           f"{type(item).__name__}: make its __getitem__ return (input, label).")
+        raise OptionsError(
+            f"{what} must yield (input, label) pairs, but its first item is a "
+            f"{type(item).__name__}: make its __getitem__ return (input, label)."
+        )
     if type(item[0]).__module__.startswith("PIL"):
-        raise OptionsError(f"{what} yields PIL images: give its dataset transform=torchvision.transforms.ToTensor() "
-                           "(plus the resizing you need), or wrap it in nbscale.data.AugmentedImageDatastore("
-                           f"output_size, {what}), which turns images into tensors.")
+        raise OptionsError(
+            f"{what} yields PIL images: give its dataset transform=torchvision.transforms.ToTensor() "
+            "(plus the resizing you need), or wrap it in nbscale.data.AugmentedImageDatastore("
+            f"output_size, {what}), which turns images into tensors."
+        )
     return item
 
 
@@ -139,37 +155,54 @@ def with_class_labels(dataset: Dataset[Any], what: str, first_item: Any) -> Data
 
 
 def _float_labels_error(what: str) -> OptionsError:
-    return OptionsError(f"{what} has float labels, but the default loss (cross-entropy) takes class indices: give "
-                        "integer labels (y.long(), y.astype(int)), or pass loss_fn= (e.g. nn.MSELoss()) for "
-                        "regression targets.")
+    return OptionsError(
+        f"{what} has float labels, but the default loss (cross-entropy) takes class indices: give "
+        "integer labels (y.long(), y.astype(int)), or pass loss_fn= (e.g. nn.MSELoss()) for "
+        "regression targets."
+    )
 
 
-def check_resume(checkpoint: dict[str, Any], model: nn.Module, solver: str, mini_batch_size: int | None,
-                 samples: int, path: str | os.PathLike[str]) -> None:
+def check_resume(
+    checkpoint: dict[str, Any],
+    model: nn.Module,
+    solver: str,
+    mini_batch_size: int | None,
+    samples: int,
+    path: str | os.PathLike[str],
+) -> None:
     """A run resumed from `checkpoint` must train the same network with the same solver, mini-batch and data, so
     that it continues the same schedule (max_epochs may change). `mini_batch_size` None ("auto"): the checkpoint's."""
     name = f"resume_from={os.fspath(path)!r}"
     saved = checkpoint.get("options", {})
-    differences = [f"{field}={saved[field]!r} there, {value!r} here"
-                   for field, value in (("solver", solver), ("mini_batch_size", mini_batch_size))
-                   if field in saved and value is not None and saved[field] != value]
+    differences = [
+        f"{field}={saved[field]!r} there, {value!r} here"
+        for field, value in (("solver", solver), ("mini_batch_size", mini_batch_size))
+        if field in saved and value is not None and saved[field] != value
+    ]
     if "samples" in checkpoint and checkpoint["samples"] != samples:
         differences.append(f"train_data of {checkpoint['samples']} samples there, {samples} here")
     if differences:
-        raise OptionsError(f"{name} was written by a run that differs from this one ({'; '.join(differences)}): "
-                           "resume with the same solver, mini_batch_size and train_data (other options, such as "
-                           "max_epochs and the learn rate, may change), or train from the start without resume_from.")
+        raise OptionsError(
+            f"{name} was written by a run that differs from this one ({'; '.join(differences)}): "
+            "resume with the same solver, mini_batch_size and train_data (other options, such as "
+            "max_epochs and the learn rate, may change), or train from the start without resume_from."
+        )
     mismatched = _mismatched_parameters(model.state_dict(), checkpoint["model"])
     if mismatched:
-        raise OptionsError(f"{name} holds another network's weights ({'; '.join(mismatched[:3])}): build the model "
-                           "as in the run that wrote the checkpoint, or train from the start without resume_from.")
+        raise OptionsError(
+            f"{name} holds another network's weights ({'; '.join(mismatched[:3])}): build the model "
+            "as in the run that wrote the checkpoint, or train from the start without resume_from."
+        )
 
 
 def _mismatched_parameters(mine: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> list[str]:
     missing = [f"{name} missing from the checkpoint" for name in mine if name not in saved]
     extra = [f"{name} not in this model" for name in saved if name not in mine]
-    shapes = [f"{name} is {tuple(saved[name].shape)} there, {tuple(tensor.shape)} here"
-              for name, tensor in mine.items() if name in saved and saved[name].shape != tensor.shape]
+    shapes = [
+        f"{name} is {tuple(saved[name].shape)} there, {tuple(tensor.shape)} here"
+        for name, tensor in mine.items()
+        if name in saved and saved[name].shape != tensor.shape
+    ]
     return shapes + missing + extra
 
 

@@ -18,8 +18,24 @@ from nbscale.errors import OptionsError
 from nbscale.training.checks import outputs_for_one
 
 # layers that keep the number of scores: skipped when looking for a network's last layer
-_SIZE_KEEPING = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Softmax,
-                 nn.LogSoftmax, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Tanh, nn.Hardtanh)
+_SIZE_KEEPING = (
+    nn.Identity,
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.Softmax,
+    nn.LogSoftmax,
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.Hardtanh,
+)
 
 
 def is_class_loss(loss_fn: object) -> bool:
@@ -39,8 +55,10 @@ def network_outputs(model: nn.Module, sample: object) -> tuple[int, str] | None:
     """
     last = _last_layer(model)
     if isinstance(last, nn.Linear):
-        return last.out_features, f"its last layer is Linear(in_features={last.in_features}, " \
-                                  f"out_features={last.out_features})"
+        return (
+            last.out_features,
+            f"its last layer is Linear(in_features={last.in_features}, out_features={last.out_features})",
+        )
     try:
         outputs = outputs_for_one(model, sample)
     except Exception:  # the training loop reports a network that cannot run on the data, with its context
@@ -100,8 +118,9 @@ def _label_indices(dataset: Any) -> torch.Tensor | None:
     return None
 
 
-def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Dataset[Any], Any]],
-                  ignore_index: int = -100) -> None:
+def check_classes(
+    model: nn.Module, first_item: Any, data: list[tuple[str, Dataset[Any], Any]], ignore_index: int = -100
+) -> None:
     """The labels of every dataset in `data` ((name, dataset, first item) triples) must be class indices the
     network has outputs for, and datasets that name their classes must name the same ones (MATLAB checks the
     class count against the output size too). OptionsError naming both counts and the fix. Labels equal to the
@@ -110,18 +129,24 @@ def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Datas
     named = [(what, list(getattr(dataset, "classes", None) or [])) for what, dataset, _ in data]
     named = [(what, classes) for what, classes in named if classes]
     if len(named) > 1 and any(classes != named[0][1] for _, classes in named[1:]):
-        (first, first_classes), (other, other_classes) = named[0], next(
-            (w, c) for w, c in named[1:] if c != named[0][1])
-        raise OptionsError(f"{first} and {other} have different classes ({_names(first_classes)} and "
-                           f"{_names(other_classes)}), so the same label index means different classes: give both "
-                           "the same classes (split them from one datastore; drop unused classes from both or from "
-                           "neither).")
+        (first, first_classes), (other, other_classes) = (
+            named[0],
+            next((w, c) for w, c in named[1:] if c != named[0][1]),
+        )
+        raise OptionsError(
+            f"{first} and {other} have different classes ({_names(first_classes)} and "
+            f"{_names(other_classes)}), so the same label index means different classes: give both "
+            "the same classes (split them from one datastore; drop unused classes from both or from "
+            "neither)."
+        )
     for what, dataset, item in data:
         labels = label_range(dataset, item, ignore_index)
         if labels is not None and labels[0] < 0:
-            raise OptionsError(f"{what} has label {labels[0]}, but cross-entropy takes class indices 0, 1, ...: "
-                               "give labelled data (an ImageDatastore with label_source='foldernames'), or pass "
-                               "loss_fn= for other targets.")
+            raise OptionsError(
+                f"{what} has label {labels[0]}, but cross-entropy takes class indices 0, 1, ...: "
+                "give labelled data (an ImageDatastore with label_source='foldernames'), or pass "
+                "loss_fn= for other targets."
+            )
         if found is None:
             continue
         outputs, how = found
@@ -132,8 +157,9 @@ def check_classes(model: nn.Module, first_item: Any, data: list[tuple[str, Datas
         raise OptionsError(_class_mismatch(what, dataset, classes, labels, outputs, how))
 
 
-def _class_mismatch(what: str, dataset: object, classes: list[str], labels: tuple[int, int] | None, outputs: int,
-                    how: str) -> str:
+def _class_mismatch(
+    what: str, dataset: object, classes: list[str], labels: tuple[int, int] | None, outputs: int, how: str
+) -> str:
     largest = f"label indices up to {labels[1]}" if labels is not None else "its labels"
     needed = len(classes) if classes else (labels[1] + 1 if labels is not None else outputs)
     if classes:
@@ -146,10 +172,15 @@ def _class_mismatch(what: str, dataset: object, classes: list[str], labels: tupl
         unused, described = [], f"{what} has {largest}, so at least {needed} classes"
     fixes = [f"build the network with {needed} outputs (a pretrained one: nbscale.models.transfer(model, {needed}))"]
     if unused:
-        fixes.insert(0, "drop the classes without images with ds.remove_unused_classes() or "
-                        "ds.subset(..., drop_unused_classes=True), in the validation data too")
-    return (f"{described}, but the network has {outputs} outputs ({how}). MATLAB's trainNetwork requires the same: "
-            f"{'; or '.join(fixes)}.")
+        fixes.insert(
+            0,
+            "drop the classes without images with ds.remove_unused_classes() or "
+            "ds.subset(..., drop_unused_classes=True), in the validation data too",
+        )
+    return (
+        f"{described}, but the network has {outputs} outputs ({how}). MATLAB's trainNetwork requires the same: "
+        f"{'; or '.join(fixes)}."
+    )
 
 
 def _names(classes: list[str]) -> str:

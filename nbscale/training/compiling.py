@@ -39,8 +39,14 @@ _UNACTIONABLE_NOTES = {
 }
 
 
-def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: Trial, model: nn.Module,
-                     device: torch.device, warn: Callable[[str], None] | None) -> nn.Module:
+def compiled_network(
+    net: nn.Module,
+    mode: Literal[True] | CompileMode,
+    trial: Trial,
+    model: nn.Module,
+    device: torch.device,
+    warn: Callable[[str], None] | None,
+) -> nn.Module:
     """`net` compiled in `mode` (True: torch.compile's default) where that works, else `net` itself.
 
     `trial` runs the candidate once (see the module docstring); `model` is the module whose buffers the trial
@@ -58,8 +64,10 @@ def compiled_network(net: nn.Module, mode: Literal[True] | CompileMode, trial: T
         trial(net)  # an error of the network or the data fails here too, and is raised as it is
     if warn is not None:
         first_line = (str(failure).strip().splitlines() or [""])[0][:300]
-        warn(f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: {first_line}); it "
-             "trains without compiling.")
+        warn(
+            f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: {first_line}); it "
+            "trains without compiling."
+        )
     return net
 
 

@@ -57,18 +57,23 @@ class WorkerJob:
     step_fn: Any = None  # train(step_fn=...): replaces the forward and loss_fn
 
 
-def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss_fn: Any, seed: int,
-                  resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
-                  step_fn: Any = None) -> LoopResult:
+def train_on_pool(
+    model: nn.Module,
+    dataset: Any,
+    options: TrainingOptions,
+    loss_fn: Any,
+    seed: int,
+    resume: dict[str, Any] | None,
+    channel: EventChannel,
+    stop: StopSignal,
+    step_fn: Any = None,
+) -> LoopResult:
     """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
     pool = _pool_for(options.execution_environment)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
     counts = batch_counts(options, len(dataset), pool.size)  # for "auto", which workers have work
     backend = "NCCL" if pool.kind == "gpu" else "gloo"
-    used = [device for device, count in zip(pool.devices, counts, strict=True) if count > 0]
-    idle = [str(rank) for rank, count in enumerate(counts) if count == 0]  # MATLAB's WorkerLoad 0: the worker sits out
-    hardware = f"{len(used)} worker{'s' * (len(used) != 1)} ({', '.join(used)}; {backend})" + (
-        f"; worker{'s' * (len(idle) > 1)} {', '.join(idle)} sit{'s' * (len(idle) == 1)} out (worker_load 0)" if idle else "")
+    hardware = _hardware_line(pool.devices, counts, backend)
     # the notebook keeps output_fn, plots and the table; workers only train. With output_fn every rank waits for
     # its answer to each iteration, so a stop it asks for lands after the iteration it saw, as in the notebook
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
@@ -105,15 +110,58 @@ def train_on_pool(model: nn.Module, dataset: Any, options: TrainingOptions, loss
         raise UnsendableError(_unsendable(job) or str(error)) from None
     finally:
         stop.on_request.remove(pool.request_stop)
-    if out_of_memory is not None:  # the type training in the notebook raises (nbscale.training.out_of_memory)
-        raise out_of_memory
-    if listener_failures:
-        raise listener_failures[0]
+    _raise_first(out_of_memory, listener_failures)
     result = next(r for r in results if r is not None)
     model.load_state_dict(result.state_dict)
     for message in result.warnings:  # once, in the notebook, at the user's line (as training there warns)
         warn_user(message, RuntimeWarning)
     return result
+
+
+def _raise_first(out_of_memory: WorkerError | None, listener_failures: list[Exception]) -> None:
+    """Raise what ended a pool run after its handlers let go: the out-of-memory error (the type training in the
+    notebook raises: nbscale.training.out_of_memory), else a training listener's failure."""
+    if out_of_memory is not None:
+        raise out_of_memory
+    if listener_failures:
+        raise listener_failures[0]
+
+
+def _hardware_line(devices: list[str], counts: list[int], backend: str) -> str:
+    """The header's hardware: the workers with work, their devices and backend, and those that sit out."""
+    used = [device for device, count in zip(devices, counts, strict=True) if count > 0]
+    idle = [str(rank) for rank, count in enumerate(counts) if count == 0]  # MATLAB's WorkerLoad 0: the worker sits out
+    line = f"{len(used)} worker{'s' * (len(used) != 1)} ({', '.join(used)}; {backend})"
+    if idle:
+        line += f"; worker{'s' * (len(idle) > 1)} {', '.join(idle)} sit{'s' * (len(idle) == 1)} out (worker_load 0)"
+    return line
+
+
+def _raise_out_of_memory(message: str | None, device: torch.device) -> None:
+    """torch.OutOfMemoryError (the type the notebook raises, on any rank) with `message`, the cache emptied."""
+    if message is not None:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        raise torch.OutOfMemoryError(message)
+
+
+def _answering(
+    job: WorkerJob, context: WorkerContext, publish: Callable[[Any], None], sender: EventBunches
+) -> tuple[Callable[[Any], None], Callable[[], str | None]]:
+    """How a worker publishes and when it stops: on its stop requests, or (with output_fn) on the notebook's
+    answers alone, which every rank has the same at the same iteration."""
+    if not job.answered:
+
+        def stop_reason() -> str | None:
+            return "Stopped on request" if context.stop_requested else None
+
+        return publish, stop_reason
+    answers = _Answers(context)
+
+    def answered_stop_reason() -> str | None:
+        return "Stopped on request" if answers.stop else None
+
+    return _answered(publish, sender, answers), answered_stop_reason
 
 
 def train_on_worker(job: WorkerJob) -> LoopResult | None:
@@ -131,24 +179,32 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     device = context.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    publish = sender.send if is_main else _preparing_only(sender)
+    publish, stop_reason = _answering(job, context, sender.send if is_main else _preparing_only(sender), sender)
     warnings: list[str] = []  # the main rank's, warned of in the notebook
-    if not job.answered:
-        def stop_reason() -> str | None:
-            return "Stopped on request" if context.stop_requested else None
-    else:  # the notebook's answers alone stop the run: every rank has the same ones at the same iteration
-        answers = _Answers(context)
-        publish = _answered(publish, sender, answers)
 
-        def stop_reason() -> str | None:
-            return "Stopped on request" if answers.stop else None
     out_of_memory: str | None = None  # raised after the handler, so that it holds none of the run's frames
     try:
-        result = run_training(loop_setup(
-            job.model, job.train_data, job.options, job.loss_fn, job.step_fn, device=device, seed=job.seed,
-            hardware=job.hardware, publish=publish, stop_reason=stop_reason, counts=job.counts,
-            resume=job.resume, rank=context.rank, group=group, is_main=is_main, warn=warnings.append if is_main else None,
-            read_each_iteration=job.answered))
+        result = run_training(
+            loop_setup(
+                job.model,
+                job.train_data,
+                job.options,
+                job.loss_fn,
+                job.step_fn,
+                device=device,
+                seed=job.seed,
+                hardware=job.hardware,
+                publish=publish,
+                stop_reason=stop_reason,
+                counts=job.counts,
+                resume=job.resume,
+                rank=context.rank,
+                group=group,
+                is_main=is_main,
+                warn=warnings.append if is_main else None,
+                read_each_iteration=job.answered,
+            )
+        )
         result.warnings = warnings
     except BaseException as error:
         # let go of what holds the group (the failed step's frames, compiled code), so tearing it down below closes
@@ -164,10 +220,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         out_of_memory = _out_of_memory(error, job, context.rank, device)
     finally:
         sender.flush()
-    if out_of_memory is not None:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        raise torch.OutOfMemoryError(out_of_memory)  # the type the notebook raises, on any rank
+    _raise_out_of_memory(out_of_memory, device)
     _forget_compiled(job.options)
     return result if is_main else None
 
@@ -175,11 +228,15 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
 def _out_of_memory(error: torch.OutOfMemoryError, job: WorkerJob, rank: int, device: torch.device) -> str:
     """What a worker that ran out of GPU memory says: which mini-batch size to lower."""
     if job.options.mini_batch_size == "auto":
-        return (f"Out of GPU memory on worker {rank} ({device}) with mini_batch_size='auto' (its probe left too "
-                "little memory for the rest of training): give mini_batch_size a number below the one it chose. "
-                f"{error}")
-    return (f"Out of GPU memory on worker {rank} ({device}) with {job.counts[rank]} samples per iteration: lower "
-            f"mini_batch_size (now {sum(job.counts)}). {error}")
+        return (
+            f"Out of GPU memory on worker {rank} ({device}) with mini_batch_size='auto' (its probe left too "
+            "little memory for the rest of training): give mini_batch_size a number below the one it chose. "
+            f"{error}"
+        )
+    return (
+        f"Out of GPU memory on worker {rank} ({device}) with {job.counts[rank]} samples per iteration: lower "
+        f"mini_batch_size (now {sum(job.counts)}). {error}"
+    )
 
 
 def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> None:
@@ -250,6 +307,7 @@ class _Answers:
 
 def _answered(publish: Callable[[Any], None], sender: EventBunches, answers: _Answers) -> Callable[[Any], None]:
     """`publish`, then, after each iteration, wait for the notebook's answer to it (its output_fn ran there)."""
+
     def publish_and_wait(event: object) -> None:
         publish(event)
         if isinstance(event, IterationDone):
@@ -262,6 +320,7 @@ def _answered(publish: Callable[[Any], None], sender: EventBunches, answers: _An
 def _preparing_only(sender: EventBunches) -> Callable[[Any], None]:
     """What a rank other than the first sends: only how far it read its share of the data (the notebook adds
     the ranks up: _PreparingTotals)."""
+
     def publish(event: object) -> None:
         if isinstance(event, PreparingData):
             sender.send(event)
@@ -303,18 +362,23 @@ def _pool_for(environment: str) -> Pool:
         return open_pool()
     if pool is not None:
         if pool.kind != "gpu":
-            raise OptionsError("execution_environment='multi-gpu' needs GPU workers but the running pool has CPU "
-                               "workers: use execution_environment='parallel', or stop that pool (%pool stop, or "
-                               "nbscale.current_pool().close()) and train again.")
+            raise OptionsError(
+                "execution_environment='multi-gpu' needs GPU workers but the running pool has CPU "
+                "workers: use execution_environment='parallel', or stop that pool (%pool stop, or "
+                "nbscale.current_pool().close()) and train again."
+            )
         return pool
     if not torch.cuda.is_available():
-        raise OptionsError("execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' "
-                           "(CPU workers) or 'cpu'.")
+        raise OptionsError(
+            "execution_environment='multi-gpu' needs GPUs and none is visible: use 'parallel' (CPU workers) or 'cpu'."
+        )
     pool = open_pool(multi_gpu_pool_settings())
     if pool.kind != "gpu":  # CUDA sees a GPU that NVML, which pools plan from, does not list
         pool.close()
-        raise OptionsError("execution_environment='multi-gpu' found no GPU to start a worker on (NVML lists none; "
-                           "%gpu shows what it sees): train with execution_environment='gpu' instead.")
+        raise OptionsError(
+            "execution_environment='multi-gpu' found no GPU to start a worker on (NVML lists none; "
+            "%gpu shows what it sees): train with execution_environment='gpu' instead."
+        )
     return pool
 
 
@@ -328,8 +392,10 @@ def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerErr
         return WorkerError(_with_recovery_hint(str(error), options))
     ranks, woken = sorted(origin), sorted(set(failures) - set(origin))
     which = f"worker {ranks[0]}" if len(ranks) == 1 else f"workers {', '.join(map(str, ranks))}"
-    parts = [f"Training failed on {which}"
-             + (f" (worker{'s' * (len(woken) > 1)} {', '.join(map(str, woken))} stopped with it)." if woken else ".")]
+    parts = [
+        f"Training failed on {which}"
+        + (f" (worker{'s' * (len(woken) > 1)} {', '.join(map(str, woken))} stopped with it)." if woken else ".")
+    ]
     parts += [f"\n--- rank {rank} ---\n{origin[rank].rstrip()}" for rank in ranks]
     return WorkerError(_with_recovery_hint("\n".join(parts), options), origin)
 
@@ -347,8 +413,10 @@ def _with_recovery_hint(message: str, options: TrainingOptions) -> str:
 
         last = latest_checkpoint(options.checkpoint_path)
         if last is not None:
-            hint += (f" The last checkpoint ({last}) is intact: continue with "
-                     f"nbscale.train(..., resume_from={str(options.checkpoint_path)!r}).")
+            hint += (
+                f" The last checkpoint ({last}) is intact: continue with "
+                f"nbscale.train(..., resume_from={str(options.checkpoint_path)!r})."
+            )
     if "out of memory" in message.lower() and "mini_batch_size" not in message:
         hint += " Out of GPU memory: lower mini_batch_size."
     return message + hint
@@ -358,14 +426,20 @@ def _unsendable(job: WorkerJob) -> str | None:
     """Name the first part of the job that cloudpickle cannot send to the workers."""
     import cloudpickle
 
-    parts = (("the model", job.model), ("train_data", job.train_data),
-             ("validation_data", job.options.validation_data), ("loss_fn", job.loss_fn),
-             ("step_fn", job.step_fn))
+    parts = (
+        ("the model", job.model),
+        ("train_data", job.train_data),
+        ("validation_data", job.options.validation_data),
+        ("loss_fn", job.loss_fn),
+        ("step_fn", job.step_fn),
+    )
     for name, value in parts:
         try:
             cloudpickle.dumps(value)
         except Exception as error:
-            return (f"{name} cannot be sent to the pool's workers ({type(error).__name__}: {error}). Define it "
-                    "from picklable parts (no open files, locks or generators), or train with "
-                    "execution_environment='auto'.")
+            return (
+                f"{name} cannot be sent to the pool's workers ({type(error).__name__}: {error}). Define it "
+                "from picklable parts (no open files, locks or generators), or train with "
+                "execution_environment='auto'."
+            )
     return None

@@ -105,8 +105,9 @@ class KeptMetrics:
 class LocalFigures:
     """The figures of the only rank with work (see the module docstring)."""
 
-    def __init__(self, stop_reason: Callable[[], str | None], read_every: int, copy_outputs: bool,
-                 metrics: KeptMetrics) -> None:
+    def __init__(
+        self, stop_reason: Callable[[], str | None], read_every: int, copy_outputs: bool, metrics: KeptMetrics
+    ) -> None:
         self.stop_reason, self.read_every, self.interval = stop_reason, read_every, READ_INTERVAL
         self.metrics = metrics
         self.copy_outputs = copy_outputs  # CUDA graphs (torch.compile's "reduce-overhead") reuse output memory
@@ -127,8 +128,11 @@ class LocalFigures:
     def read(self, pending: list[Pending], stop_asked: bool, wait: bool) -> list[Reading]:
         """The figures of the bunch read before (no wait: they were copied while this bunch trained); this
         bunch's copy is started, and with `wait` (or reads every iteration) its figures follow them."""
-        bunches = [bunch for bunch in (self.unread, Bunch(pending, stop_asked, self.metrics) if pending else None)
-                   if bunch is not None]
+        bunches = [
+            bunch
+            for bunch in (self.unread, Bunch(pending, stop_asked, self.metrics) if pending else None)
+            if bunch is not None
+        ]
         self.unread = None
         if pending and not wait and self.read_every > 1:
             self.unread = bunches.pop()
@@ -157,9 +161,19 @@ class Bunch:
         if self.copied is not None:
             self.copied.synchronize()
         rows = self.rows.tolist()
-        readings = [Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, row[0],
-                            self.metrics.values(row[1:]) if len(row) > 1 else self.metrics.values([]), False)
-                    for p, row in zip(self.pending, rows, strict=True)]
+        readings = [
+            Reading(
+                p.epoch,
+                p.iteration,
+                p.time,
+                p.learn_rate,
+                p.images,
+                row[0],
+                self.metrics.values(row[1:]) if len(row) > 1 else self.metrics.values([]),
+                False,
+            )
+            for p, row in zip(self.pending, rows, strict=True)
+        ]
         readings[-1].stops = self.stop_asked
         return readings
 
@@ -167,9 +181,15 @@ class Bunch:
 class PoolFigures:
     """The figures of a pool's ranks with work, summed with the last gradient bucket (see the module docstring)."""
 
-    def __init__(self, hook: CarryingHook, group: torch.distributed.ProcessGroup | None, device: torch.device,
-                 stop_reason: Callable[[], str | None], metrics: KeptMetrics,
-                 answered_each_iteration: bool = False) -> None:
+    def __init__(
+        self,
+        hook: CarryingHook,
+        group: torch.distributed.ProcessGroup | None,
+        device: torch.device,
+        stop_reason: Callable[[], str | None],
+        metrics: KeptMetrics,
+        answered_each_iteration: bool = False,
+    ) -> None:
         self.hook, self.group, self.device, self.stop_reason = hook, group, device, stop_reason
         self.metrics = metrics
         # with output_fn, every rank waits for the notebook's answer to each iteration, so all see its stop at once
@@ -202,9 +222,19 @@ class PoolFigures:
     def read(self, pending: list[Pending], stop_asked: bool, wait: bool) -> list[Reading]:
         summed = [p.figures.summed(self.group) for p in pending]
         rows = (torch.stack(summed) if len(summed) > 1 else summed[0][None]).tolist()
-        return [Reading(p.epoch, p.iteration, p.time, p.learn_rate, p.images, row[0] / max(row[1], 1),
-                        self.metrics.values(row[3:]), row[2] > 0)
-                for p, row in zip(pending, rows, strict=True)]
+        return [
+            Reading(
+                p.epoch,
+                p.iteration,
+                p.time,
+                p.learn_rate,
+                p.images,
+                row[0] / max(row[1], 1),
+                self.metrics.values(row[3:]),
+                row[2] > 0,
+            )
+            for p, row in zip(pending, rows, strict=True)
+        ]
 
 
 class Carried:

@@ -7,8 +7,16 @@ from typing import Any
 
 from nbscale.training.events import IterationDone, TrainingDone, TrainingRestarted, TrainingStarted
 
-_COLUMNS = ("epoch", "iteration", "time", "training_loss", "training_accuracy", "validation_loss",
-            "validation_accuracy", "learn_rate")
+_COLUMNS = (
+    "epoch",
+    "iteration",
+    "time",
+    "training_loss",
+    "training_accuracy",
+    "validation_loss",
+    "validation_accuracy",
+    "learn_rate",
+)
 
 
 @dataclass
@@ -60,10 +68,20 @@ class TrainingInfo:
             training = event.training_metrics
             validation = event.validation_metrics
             for name in self.metric_names:
-                self.metrics[name].append(training.get(name) if training is not None else
-                                          event.training_accuracy if name == "accuracy" else None)
-                self.validation_metrics[name].append(validation.get(name) if validation is not None else
-                                                     event.validation_accuracy if name == "accuracy" else None)
+                self.metrics[name].append(
+                    training.get(name)
+                    if training is not None
+                    else event.training_accuracy
+                    if name == "accuracy"
+                    else None
+                )
+                self.validation_metrics[name].append(
+                    validation.get(name)
+                    if validation is not None
+                    else event.validation_accuracy
+                    if name == "accuracy"
+                    else None
+                )
         elif isinstance(event, TrainingStarted):
             self.hardware = event.hardware
             self.max_epochs, self.iterations_per_epoch = event.max_epochs, event.iterations_per_epoch
@@ -84,8 +102,12 @@ class TrainingInfo:
                 self.validation_accuracy[-1] = event.validation_accuracy
                 for name in self.metric_names:
                     self.validation_metrics[name][-1] = (
-                        event.validation_metrics.get(name) if event.validation_metrics is not None
-                        else event.validation_accuracy if name == "accuracy" else None)
+                        event.validation_metrics.get(name)
+                        if event.validation_metrics is not None
+                        else event.validation_accuracy
+                        if name == "accuracy"
+                        else None
+                    )
         elif isinstance(event, TrainingRestarted):
             self.restarts.append(event.description)
 
@@ -105,8 +127,10 @@ class TrainingInfo:
         data)."""
         if self.final_validation_loss is None:
             return {}
-        return {"loss": self.final_validation_loss,
-                **{name: self._returned_networks(values) for name, values in self.validation_metrics.items()}}
+        return {
+            "loss": self.final_validation_loss,
+            **{name: self._returned_networks(values) for name, values in self.validation_metrics.items()},
+        }
 
     def _returned_networks(self, figures: list[float | None]) -> float | None:
         """The figure validated at `output_network_iteration` (the returned network's: with output_network=
@@ -141,8 +165,12 @@ class TrainingInfo:
 
     def __repr__(self) -> str:
         done = self.iteration[-1] if self.iteration else 0
-        parts = [f"iterations={done}", f"stop_reason={self.stop_reason!r}", f"hardware={self.hardware!r}",
-                 f"images_per_second={self.images_per_second:.0f}"]
+        parts = [
+            f"iterations={done}",
+            f"stop_reason={self.stop_reason!r}",
+            f"hardware={self.hardware!r}",
+            f"images_per_second={self.images_per_second:.0f}",
+        ]
         if self.training_loss:
             parts.append(f"final_training_loss={self.training_loss[-1]:.4g}")
         if self.final_validation_accuracy is not None:

@@ -18,8 +18,12 @@ from torch import nn
 from nbscale.data.batches import call_model, to_device
 
 
-def train_channels_last(model: nn.Module, device: torch.device, first_input: Callable[[], torch.Tensor],
-                        autocast: contextlib.AbstractContextManager[object]) -> None:
+def train_channels_last(
+    model: nn.Module,
+    device: torch.device,
+    first_input: Callable[[], torch.Tensor],
+    autocast: contextlib.AbstractContextManager[object],
+) -> None:
     """Put a network with convolutions in channels_last where it runs so (tried on `first_input()`, a batch of
     one sample); `layout_restored` puts it back."""
     if not _in_nchw(model):
@@ -47,8 +51,12 @@ def _in_nchw(model: nn.Module) -> bool:
     return bool(weights) and all(p.is_contiguous() for p in weights)
 
 
-def _runs_on(model: nn.Module, first_input: Callable[[], torch.Tensor], device: torch.device,
-             autocast: contextlib.AbstractContextManager[object]) -> bool:
+def _runs_on(
+    model: nn.Module,
+    first_input: Callable[[], torch.Tensor],
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager[object],
+) -> bool:
     """True when a forward pass on the first sample works (in eval mode and without gradients: no state
     changes)."""
     was_training = model.training

@@ -71,15 +71,39 @@ class LoopSetup:
     step_fn: Callable[..., Any] | None = None
 
 
-def loop_setup(model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any, *,
-               device: torch.device, seed: int, hardware: str, publish: Callable[[Any], None],
-               stop_reason: Callable[[], str | None], counts: list[int], **where: Any) -> LoopSetup:
+def loop_setup(
+    model: nn.Module,
+    train_data: Any,
+    options: TrainingOptions,
+    loss_fn: Any,
+    step_fn: Any,
+    *,
+    device: torch.device,
+    seed: int,
+    hardware: str,
+    publish: Callable[[Any], None],
+    stop_reason: Callable[[], str | None],
+    counts: list[int],
+    **where: Any,
+) -> LoopSetup:
     """The one place a LoopSetup is built: in the notebook (trainer), on each pool rank (distributed) and on a
     train_async worker (runs). The validation data are the options'; the loss is cross-entropy when None;
     `where` holds what differs by place (resume, rank, group, is_main, warn, read_each_iteration)."""
-    return LoopSetup(model=model, train_data=train_data, options=options, loss_fn=loss_fn or nn.CrossEntropyLoss(),
-                     step_fn=step_fn, device=device, seed=seed, hardware=hardware, publish=publish,
-                     stop_reason=stop_reason, validation_data=options.validation_data, counts=counts, **where)
+    return LoopSetup(
+        model=model,
+        train_data=train_data,
+        options=options,
+        loss_fn=loss_fn or nn.CrossEntropyLoss(),
+        step_fn=step_fn,
+        device=device,
+        seed=seed,
+        hardware=hardware,
+        publish=publish,
+        stop_reason=stop_reason,
+        validation_data=options.validation_data,
+        counts=counts,
+        **where,
+    )
 
 
 @dataclass
@@ -93,8 +117,12 @@ class LoopResult:
 
 def run_training(setup: LoopSetup) -> LoopResult:
     """Train `setup.model` in place; returns the output network's state and why training ended."""
-    with _cheap_garbage_collection(), layout_restored(setup.model), _cudnn_setting_restored(), \
-            contextlib.ExitStack() as closing:
+    with (
+        _cheap_garbage_collection(),
+        layout_restored(setup.model),
+        _cudnn_setting_restored(),
+        contextlib.ExitStack() as closing,
+    ):
         return _train(setup, closing)
 
 
@@ -154,6 +182,7 @@ class _Run:
 
 # ---- setup: every variant chosen once --------------------------------------------------------------------------
 
+
 def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     """The data held where training runs, precision, layout, the settled batch, the solver and schedule, DDP,
     compile, the metrics and how the figures are read."""
@@ -177,20 +206,45 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     metrics, objective = KeptMetrics(metric_set, options.metrics is not None), Objective(options, metric_set)
     net, figures = _network_and_figures(setup, model, metrics, local / global_batch)
     if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
-        first = _epoch_rows(epoch_order(options.shuffle, setup.seed, 1, len(data)), iterations_per_epoch,
-                            global_batch, sum(setup.counts[: setup.rank]), local)[:1]
+        first = _epoch_rows(
+            epoch_order(options.shuffle, setup.seed, 1, len(data)),
+            iterations_per_epoch,
+            global_batch,
+            sum(setup.counts[: setup.rank]),
+            local,
+        )[:1]
         trial = _trial(data, first, setup.seed, autocast, forward)
         net = compiled_network(net, options.compile, trial, model, device, warn=setup.warn)
-    reading = _ReadRule(figures, options.validation_frequency, iterations_per_epoch * int(options.max_epochs),
-                        validation is not None)
-    return _Run(setup, model, net, data, validation, forward, autocast, scaler, optimizer,
-                make_schedule(options, optimizer, iterations_per_epoch), _clipping(model, optimizer, scaler, options),
-                figures, reading, metrics, objective, iterations_per_epoch, global_batch,
-                sum(setup.counts[: setup.rank]), local, started)
+    reading = _ReadRule(
+        figures, options.validation_frequency, iterations_per_epoch * int(options.max_epochs), validation is not None
+    )
+    return _Run(
+        setup,
+        model,
+        net,
+        data,
+        validation,
+        forward,
+        autocast,
+        scaler,
+        optimizer,
+        make_schedule(options, optimizer, iterations_per_epoch),
+        _clipping(model, optimizer, scaler, options),
+        figures,
+        reading,
+        metrics,
+        objective,
+        iterations_per_epoch,
+        global_batch,
+        sum(setup.counts[: setup.rank]),
+        local,
+        started,
+    )
 
 
-def _held_data(setup: LoopSetup, model: nn.Module, closing: contextlib.ExitStack) -> tuple[
-        BatchSource, _Validator | None, Any, torch.amp.GradScaler, dict[str, Any]]:
+def _held_data(
+    setup: LoopSetup, model: nn.Module, closing: contextlib.ExitStack
+) -> tuple[BatchSource, _Validator | None, Any, torch.amp.GradScaler, dict[str, Any]]:
     """The data, read and held where training runs (on a pool each rank reads a block and they share them), before
     the clock starts (info.prepare_seconds, not training time): (training batches, validator, autocast dtype,
     scaler, what TrainingStarted says of them)."""
@@ -200,9 +254,16 @@ def _held_data(setup: LoopSetup, model: nn.Module, closing: contextlib.ExitStack
     readers = _readers(setup)
     # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
     background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
-    data = make_batch_source(setup.train_data, setup.device, options.data_placement, background,
-                             seed=_loader_seed(setup), readers=readers,
-                             progress=_progress(setup, "training data", setup.train_data), warn=setup.warn)
+    data = make_batch_source(
+        setup.train_data,
+        setup.device,
+        options.data_placement,
+        background,
+        seed=_loader_seed(setup),
+        readers=readers,
+        progress=_progress(setup, "training data", setup.train_data),
+        warn=setup.warn,
+    )
     if isinstance(data, StreamBatches):
         closing.callback(data.close)
     validation = _Validator(setup, model, autocast_dtype) if setup.validation_data is not None else None
@@ -210,8 +271,9 @@ def _held_data(setup: LoopSetup, model: nn.Module, closing: contextlib.ExitStack
     return data, validation, autocast_dtype, scaler, started
 
 
-def _network_and_figures(setup: LoopSetup, model: nn.Module, metrics: KeptMetrics,
-                         share: float) -> tuple[nn.Module, LocalFigures | PoolFigures]:
+def _network_and_figures(
+    setup: LoopSetup, model: nn.Module, metrics: KeptMetrics, share: float
+) -> tuple[nn.Module, LocalFigures | PoolFigures]:
     """The network the step calls and how the figures are kept and read: on several ranks with work, DDP with the
     figures summed with the last gradient bucket; else the model and the figures read in this process."""
     if setup.group is not None:
@@ -223,10 +285,15 @@ class _ReadRule:
     """When the loop reads the figures (nbscale.training.figures): a bunch is full, this iteration needs its figures
     now (validation, the last iteration, a checkpoint, a stop asked), an epoch ends, or the interval passed."""
 
-    def __init__(self, figures: LocalFigures | PoolFigures, validation_frequency: int, total_iterations: int,
-                 validating: bool) -> None:
-        self.figures, self.frequency, self.total, self.validating = figures, validation_frequency, total_iterations, \
-            validating
+    def __init__(
+        self, figures: LocalFigures | PoolFigures, validation_frequency: int, total_iterations: int, validating: bool
+    ) -> None:
+        self.figures, self.frequency, self.total, self.validating = (
+            figures,
+            validation_frequency,
+            total_iterations,
+            validating,
+        )
         self.last_read = time.perf_counter()
 
     def validation_due(self, iteration: int) -> bool:
@@ -239,7 +306,9 @@ class _ReadRule:
     def now(self, unread: int, needed: bool, epoch_end: bool) -> bool:
         """True when the figures are read after this iteration (a read reports the bunch before)."""
         now = time.perf_counter()
-        if not (unread >= self.figures.read_every or needed or epoch_end or now - self.last_read >= self.figures.interval):
+        if not (
+            unread >= self.figures.read_every or needed or epoch_end or now - self.last_read >= self.figures.interval
+        ):
             return False
         self.last_read = now
         return True
@@ -247,20 +316,32 @@ class _ReadRule:
 
 # ---- the run: start, epochs, steps, reports, end ---------------------------------------------------------------
 
+
 def _start(run: _Run) -> None:
     """Restore a checkpoint's state, then tell the listeners what this run is (a resumed run: its history)."""
     setup, options = run.setup, run.options
     if setup.resume is not None:
-        run.epoch, run.iteration, run.history, run.best = _restore(setup.resume, run.model, run.optimizer,
-                                                                   run.scaler, run.schedule)
+        run.epoch, run.iteration, run.history, run.best = _restore(
+            setup.resume, run.model, run.optimizer, run.scaler, run.schedule
+        )
         run.best.setdefault("score", run.best.pop("loss", math.inf))  # a checkpoint from before the objective
     if setup.is_main and options.checkpoint_path:
         prepare_folder(options.checkpoint_path)
-    setup.publish(TrainingStarted(run.max_epochs, run.iterations_per_epoch, run.global_batch, setup.hardware,
-                                  time.time(), first_iteration=run.iteration + 1,
-                                  initial_learn_rate=base_rate(run.optimizer), metric_names=run.metrics.names,
-                                  objective_metric=run.objective.name, objective_goal=run.objective.goal,
-                                  **run.started))
+    setup.publish(
+        TrainingStarted(
+            run.max_epochs,
+            run.iterations_per_epoch,
+            run.global_batch,
+            setup.hardware,
+            time.time(),
+            first_iteration=run.iteration + 1,
+            initial_learn_rate=base_rate(run.optimizer),
+            metric_names=run.metrics.names,
+            objective_metric=run.objective.name,
+            objective_goal=run.objective.goal,
+            **run.started,
+        )
+    )
     setup.publish(list(run.history))  # a resumed run shows its whole history
     run.first_iteration = run.iteration + 1
     # a resumed run goes on counting time and images from where its checkpoint ended
@@ -311,8 +392,7 @@ def _step(run: _Run, inputs: Any, labels: Any) -> None:
     run.scaler.update()
     run.schedule.after_iteration()
     run.images += run.global_batch
-    run.pending.append(Pending(run.epoch, run.iteration, time.perf_counter() - run.start, learn_rate, run.images,
-                               kept))
+    run.pending.append(Pending(run.epoch, run.iteration, time.perf_counter() - run.start, learn_rate, run.images, kept))
 
 
 def _report(run: _Run, readings: list[Any], due: bool) -> None:
@@ -322,20 +402,31 @@ def _report(run: _Run, readings: list[Any], due: bool) -> None:
         finite = math.isfinite(reading.training_loss)
         if not finite:
             run.epoch, run.iteration, run.images = reading.epoch, reading.iteration, reading.images
-            run.stop_reason = (f"Training loss is {reading.training_loss} at iteration {run.iteration} "
-                               f"(epoch {run.epoch}): lower initial_learn_rate or set gradient_threshold.")
+            run.stop_reason = (
+                f"Training loss is {reading.training_loss} at iteration {run.iteration} "
+                f"(epoch {run.epoch}): lower initial_learn_rate or set gradient_threshold."
+            )
             if run.setup.warn is not None:
                 run.setup.warn(run.stop_reason)
         elif reading.stops and run.stop_reason is None:
             run.stop_reason = run.setup.stop_reason() or "Stopped on request"
         validation_loss, validation_metrics = None, None
-        if (reading is readings[-1] and run.validation is not None and (due or run.stop_reason is not None)
-                and finite):
+        if reading is readings[-1] and run.validation is not None and (due or run.stop_reason is not None) and finite:
             validation_loss, validation_metrics = _validate(run, reading.iteration)
             reading.time = time.perf_counter() - run.start  # the iteration's time includes its validation
-        event = IterationDone(reading.epoch, reading.iteration, reading.time, reading.training_loss,
-                              reading.accuracy, reading.learn_rate, reading.images, validation_loss,
-                              (validation_metrics or {}).get("accuracy"), reading.metrics, validation_metrics)
+        event = IterationDone(
+            reading.epoch,
+            reading.iteration,
+            reading.time,
+            reading.training_loss,
+            reading.accuracy,
+            reading.learn_rate,
+            reading.images,
+            validation_loss,
+            (validation_metrics or {}).get("accuracy"),
+            reading.metrics,
+            validation_metrics,
+        )
         run.history.append(event)
         run.setup.publish(event)
         # a listener (output_fn, the Stop button) may have asked just now; with a later bunch trained and unread,
@@ -351,8 +442,9 @@ def _validate(run: _Run, iteration: int) -> tuple[float, dict[str, float | None]
     assert run.validation is not None  # the caller validates only with validation data
     validation_loss, validation_metrics = run.validation.evaluate(run.metrics)
     run.schedule.after_validation(validation_loss)  # ReduceLROnPlateau's step
-    improved = _best_updated(run.best, run.objective.score(validation_loss, validation_metrics), iteration,
-                             run.model, run.options)
+    improved = _best_updated(
+        run.best, run.objective.score(validation_loss, validation_metrics), iteration, run.model, run.options
+    )
     if not improved and run.best["bad"] >= run.options.validation_patience and run.stop_reason is None:
         run.stop_reason = _patience_met(run.options, run.objective)
     run.model.train()
@@ -367,13 +459,24 @@ def _end_epoch(run: _Run) -> None:
     run.schedule.after_epoch()
     setup, options = run.setup, run.options
     if setup.is_main and options.checkpoint_path and _checkpoint_due(options, run.epoch):
-        save_checkpoint(options.checkpoint_path, run.epoch, {
-            "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
-            "scaler": run.scaler.state_dict(), "schedule": run.schedule.state_dict(),
-            "epoch": run.epoch, "iteration": run.iteration, "seed": setup.seed, "history": run.history,
-            "best": run.best, "rng": torch.get_rng_state(), "options": _plain_options(options),
-            "samples": len(setup.train_data),
-        })
+        save_checkpoint(
+            options.checkpoint_path,
+            run.epoch,
+            {
+                "model": run.model.state_dict(),
+                "optimizer": run.optimizer.state_dict(),
+                "scaler": run.scaler.state_dict(),
+                "schedule": run.schedule.state_dict(),
+                "epoch": run.epoch,
+                "iteration": run.iteration,
+                "seed": setup.seed,
+                "history": run.history,
+                "best": run.best,
+                "rng": torch.get_rng_state(),
+                "options": _plain_options(options),
+                "samples": len(setup.train_data),
+            },
+        )
 
 
 def _finish(run: _Run) -> LoopResult:
@@ -384,8 +487,12 @@ def _finish(run: _Run) -> LoopResult:
     """
     final_loss, final_metrics = None, None
     history, model, options = run.history, run.model, run.options
-    if run.validation is not None and history and history[-1].validation_loss is None \
-            and math.isfinite(history[-1].training_loss):
+    if (
+        run.validation is not None
+        and history
+        and history[-1].validation_loss is None
+        and math.isfinite(history[-1].training_loss)
+    ):
         final_loss, final_metrics = run.validation.evaluate(run.metrics)
         _best_updated(run.best, run.objective.score(final_loss, final_metrics), run.iteration, model, options)
     stop_reason = run.stop_reason or "Max epochs completed"
@@ -394,16 +501,28 @@ def _finish(run: _Run) -> LoopResult:
         model.load_state_dict(run.best["state"])
         output_iteration = run.best["iteration"]
     elapsed = time.perf_counter() - run.start
-    run.setup.publish(TrainingDone(stop_reason, run.epoch, run.iteration, elapsed, output_iteration,
-                                   run.images / elapsed if elapsed > 0 else 0.0, final_loss,
-                                   (final_metrics or {}).get("accuracy"), final_metrics))
+    run.setup.publish(
+        TrainingDone(
+            stop_reason,
+            run.epoch,
+            run.iteration,
+            elapsed,
+            output_iteration,
+            run.images / elapsed if elapsed > 0 else 0.0,
+            final_loss,
+            (final_metrics or {}).get("accuracy"),
+            final_metrics,
+        )
+    )
     return LoopResult(stop_reason, _cpu_copy(model.state_dict()), output_iteration, run.iteration)
 
 
 # ---- pieces the loop uses ----------------------------------------------------------------------------------------
 
-def _best_updated(best: dict[str, Any], score: float, iteration: int, model: nn.Module,
-                  options: TrainingOptions) -> bool:
+
+def _best_updated(
+    best: dict[str, Any], score: float, iteration: int, model: nn.Module, options: TrainingOptions
+) -> bool:
     """Count a validation's `score` (lower is better) against the best so far; True when it is the new best
     (kept as the output network under output_network="best-validation"), else one more validation without."""
     if not score < best["score"]:  # NaN (no value) is never better
@@ -419,8 +538,10 @@ def _patience_met(options: TrainingOptions, objective: Objective) -> str:
     """The stop reason once validation_patience validations in a row did not improve the objective."""
     if objective.name == "loss":
         return f"Met validation criterion (validation_patience={options.validation_patience})"
-    return (f"Met validation criterion (validation_patience={options.validation_patience}, "
-            f"objective_metric={objective.name!r})")
+    return (
+        f"Met validation criterion (validation_patience={options.validation_patience}, "
+        f"objective_metric={objective.name!r})"
+    )
 
 
 @contextlib.contextmanager
@@ -475,8 +596,9 @@ def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: ob
         return setup, ""
     # the step as training runs it: the user's step_fn where given (mixup or distillation may need more memory)
     forward = _forward(setup.loss_fn, setup.step_fn)
-    probe = gpu_probe(model, data, options, forward, device, autocast, setup.seed) if device.type == "cuda" \
-        else no_probe
+    probe = (
+        gpu_probe(model, data, options, forward, device, autocast, setup.seed) if device.type == "cuda" else no_probe
+    )
     with untouched(model, device) if options.mini_batch_size == "auto" else contextlib.nullcontext():
         choices = settle(options, setup.counts, len(data), setup.resume, probe, smallest_over(setup.group, device))
     return dataclasses.replace(setup, options=choices.options, counts=choices.counts), choices.said
@@ -512,6 +634,7 @@ def _placement(data: BatchSource, readers: Readers | None) -> str:
 
 def _first_input(data: BatchSource, seed: int) -> Callable[[], torch.Tensor]:
     """The first sample's input as a batch of one, from where the data are held (no file is read again)."""
+
     def first() -> torch.Tensor:
         inputs, _ = next(iter(data.epoch(torch.zeros((1, 1), dtype=torch.long), seed)))
         return inputs
@@ -534,15 +657,17 @@ def _graphs(options: TrainingOptions) -> bool:
     return options.compile in ("reduce-overhead", "max-autotune")
 
 
-def _distributed(model: nn.Module, setup: LoopSetup, share: float,
-                 metrics: KeptMetrics) -> tuple[nn.Module, PoolFigures]:
+def _distributed(
+    model: nn.Module, setup: LoopSetup, share: float, metrics: KeptMetrics
+) -> tuple[nn.Module, PoolFigures]:
     """`model` in DistributedDataParallel over the ranks with work, and the figures that travel with its
     gradients (nbscale.training.figures)."""
     from torch.nn.parallel import DistributedDataParallel
 
     device = setup.device
-    net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
-                                  process_group=setup.group)
+    net = DistributedDataParallel(
+        model, device_ids=[device] if device.type == "cuda" else None, process_group=setup.group
+    )
     hook = CarryingHook(setup.group, share)
     net.register_comm_hook(None, hook.reduce)
     return net, PoolFigures(hook, setup.group, device, setup.stop_reason, metrics, setup.read_each_iteration)
@@ -551,8 +676,8 @@ def _distributed(model: nn.Module, setup: LoopSetup, share: float,
 def _epoch_rows(order: torch.Tensor, iterations: int, global_batch: int, offset: int, local: int) -> torch.Tensor:
     """This rank's sample indices of each iteration of an epoch: iterations x local, from the epoch's order."""
     if len(order) < global_batch:  # fewer samples than a mini-batch (unreadable files left out): one iteration
-        return order[offset: offset + local][None]
-    return order[: iterations * global_batch].view(iterations, global_batch)[:, offset: offset + local]
+        return order[offset : offset + local][None]
+    return order[: iterations * global_batch].view(iterations, global_batch)[:, offset : offset + local]
 
 
 def _loader_seed(setup: LoopSetup) -> int:
@@ -566,9 +691,15 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return (seed * 1_000_003 + epoch) % 2**62
 
 
-def _trial(data: BatchSource, rows: torch.Tensor, seed: int, autocast: contextlib.AbstractContextManager[object],
-           forward: Callable[..., tuple[torch.Tensor, Any]]) -> Callable[[nn.Module], None]:
+def _trial(
+    data: BatchSource,
+    rows: torch.Tensor,
+    seed: int,
+    autocast: contextlib.AbstractContextManager[object],
+    forward: Callable[..., tuple[torch.Tensor, Any]],
+) -> Callable[[nn.Module], None]:
     """One forward and backward of a network on the first batch (whether a network compiles shows there)."""
+
     def trial(candidate: nn.Module) -> None:
         inputs, labels = next(iter(data.epoch(rows, seed)))
         with autocast:
@@ -585,11 +716,13 @@ def validation_batch(validation_data: Any, training_batch: int) -> int:
     return loader.batch_size if loader is not None else training_batch
 
 
-def _forward(loss_fn: Callable[[Any, Any], torch.Tensor],
-             step_fn: Callable[..., Any] | None) -> Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]:
+def _forward(
+    loss_fn: Callable[[Any, Any], torch.Tensor], step_fn: Callable[..., Any] | None
+) -> Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]:
     """The forward and loss of one iteration, (net, inputs, labels) -> (loss, outputs): the network's main output
     into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
     if step_fn is None:
+
         def forward(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
             return loss_and_first_output(loss_fn, call_model(net, inputs), labels)
 
@@ -608,17 +741,23 @@ def _check_loss(loss: object, step_fn: Callable[..., Any] | None) -> None:
     """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
         return
-    what = ("step_fn must return the batch's loss (a scalar tensor with a gradient) or (loss, outputs)"
-            if step_fn is not None else "loss_fn must return the batch's mean loss (a scalar tensor with a gradient)")
+    what = (
+        "step_fn must return the batch's loss (a scalar tensor with a gradient) or (loss, outputs)"
+        if step_fn is not None
+        else "loss_fn must return the batch's mean loss (a scalar tensor with a gradient)"
+    )
     got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
     from nbscale.errors import OptionsError
 
-    raise OptionsError(f"{what}; it returned {got}: average the loss over the batch (e.g. .mean()), "
-                       "and compute it from the model's outputs.")
+    raise OptionsError(
+        f"{what}; it returned {got}: average the loss over the batch (e.g. .mean()), "
+        "and compute it from the model's outputs."
+    )
 
 
-def _clipping(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-              options: TrainingOptions) -> Callable[[], None]:
+def _clipping(
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, options: TrainingOptions
+) -> Callable[[], None]:
     """The gradient clipping of every iteration (MATLAB's gradient_threshold), or a function doing nothing."""
     threshold, method = float(options.gradient_threshold), options.gradient_threshold_method
     if math.isinf(threshold):
@@ -678,9 +817,15 @@ class _Validator:
         self.source: BatchSource | None = None
         self.batches: list[torch.Tensor] = []
         if rows is None or len(rows):
-            self.source = make_batch_source(data, setup.device, setup.options.data_placement, False,
-                                            seed=_loader_seed(setup), rows=rows,
-                                            progress=_progress(setup, "validation data", data))
+            self.source = make_batch_source(
+                data,
+                setup.device,
+                setup.options.data_placement,
+                False,
+                seed=_loader_seed(setup),
+                rows=rows,
+                progress=_progress(setup, "validation data", data),
+            )
 
     def split(self, batch: int) -> None:
         """Validate in batches of `batch` samples (once the training's mini-batch is settled)."""
@@ -720,8 +865,9 @@ def _take_main_ranks_buffers(model: nn.Module, group: torch.distributed.ProcessG
         torch.distributed.broadcast(buffer, group=group, group_src=0)  # the group's rank 0 is the main rank
 
 
-def _precision(precision: str, device: torch.device,
-               warn: Callable[[str], None] | None) -> tuple[torch.dtype | None, torch.amp.GradScaler]:
+def _precision(
+    precision: str, device: torch.device, warn: Callable[[str], None] | None
+) -> tuple[torch.dtype | None, torch.amp.GradScaler]:
     """(autocast dtype or None, GradScaler): bf16 where the GPU has it, else fp16 with loss scaling; the scaler
     is enabled only for fp16 (disabled, it passes the loss and the step through, as in nanoGPT)."""
     if precision == "mixed" and device.type != "cuda" and warn is not None:
@@ -733,8 +879,13 @@ def _precision(precision: str, device: torch.device,
     return torch.float16, torch.amp.GradScaler("cuda")
 
 
-def _restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-             schedule: Any) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
+def _restore(
+    state: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    schedule: Any,
+) -> tuple[int, int, list[IterationDone], dict[str, Any]]:
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state.get("schedule") or {})
@@ -750,6 +901,8 @@ def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _plain_options(options: TrainingOptions) -> dict[str, Any]:
     # a factory is kept as "custom" (check_resume compares solvers by that name)
-    return {k: shown_choice(v) if k in FACTORY_FIELDS else v for k, v in options.to_dict().items()
-            if k not in ("validation_data", "output_fn")}
-
+    return {
+        k: shown_choice(v) if k in FACTORY_FIELDS else v
+        for k, v in options.to_dict().items()
+        if k not in ("validation_data", "output_fn")
+    }

@@ -92,15 +92,24 @@ def check_class_scores(name: str, batch: Batch, regression: bool) -> None:
     regression, class probabilities shaped like the scores."""
     outputs, target = batch.outputs, batch.target
     scores = isinstance(outputs, torch.Tensor) and outputs.ndim >= 2 and outputs.is_floating_point()
-    labels_fit = scores and isinstance(target, torch.Tensor) and (
-        (not target.is_floating_point() and not target.is_complex()
-         and tuple(target.shape) == (outputs.shape[0], *outputs.shape[2:]))
-        or (target.is_floating_point() and not regression and target.shape == outputs.shape))
+    labels_fit = (
+        scores
+        and isinstance(target, torch.Tensor)
+        and (
+            (
+                not target.is_floating_point()
+                and not target.is_complex()
+                and tuple(target.shape) == (outputs.shape[0], *outputs.shape[2:])
+            )
+            or (target.is_floating_point() and not regression and target.shape == outputs.shape)
+        )
+    )
     if not labels_fit:
         raise fail(
             f"{name!r} is a classification metric: it needs class scores (N x classes) and class labels (N "
             f"integers), but the outputs are {described(outputs)} and the targets {described(target)}. For a "
-            "regression use metrics=('rmse',) or ('mae',); metrics=() computes none.")
+            "regression use metrics=('rmse',) or ('mae',); metrics=() computes none."
+        )
 
 
 class ClassFraction:
@@ -116,8 +125,10 @@ class ClassFraction:
     def check(self, batch: Batch, regression: bool) -> None:
         check_class_scores(self.name, batch, regression)
         if batch.outputs.shape[1] < self.k:
-            raise fail(f"{self.name!r} needs at least {self.k} classes, but the outputs have "
-                       f"{batch.outputs.shape[1]}: use a smaller k, e.g. 'accuracy'.")
+            raise fail(
+                f"{self.name!r} needs at least {self.k} classes, but the outputs have "
+                f"{batch.outputs.shape[1]}: use a smaller k, e.g. 'accuracy'."
+            )
 
     def states(self, stacked: Stacked) -> torch.Tensor:
         labels = stacked.labels
@@ -145,16 +156,29 @@ class ErrorSum:
 
     def check(self, batch: Batch, regression: bool) -> None:
         outputs, target = batch.outputs, batch.target
-        if (isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor) and outputs.ndim >= 2
-                and not target.is_floating_point() and target.ndim == outputs.ndim - 1 and outputs.shape[1] > 1):
+        if (
+            isinstance(outputs, torch.Tensor)
+            and isinstance(target, torch.Tensor)
+            and outputs.ndim >= 2
+            and not target.is_floating_point()
+            and target.ndim == outputs.ndim - 1
+            and outputs.shape[1] > 1
+        ):
             raise fail(
                 f"{self.name!r} is a regression metric, but the targets are class labels ({described(target)}) "
-                f"for class scores ({described(outputs)}): use 'accuracy', 'precision', 'recall' or 'fscore'.")
-        if not (isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)
-                and outputs.is_floating_point() and target.numel() == outputs.numel() and outputs.numel() > 0):
+                f"for class scores ({described(outputs)}): use 'accuracy', 'precision', 'recall' or 'fscore'."
+            )
+        if not (
+            isinstance(outputs, torch.Tensor)
+            and isinstance(target, torch.Tensor)
+            and outputs.is_floating_point()
+            and target.numel() == outputs.numel()
+            and outputs.numel() > 0
+        ):
             raise fail(
                 f"{self.name!r} compares the outputs with targets of the same size, but the outputs are "
-                f"{described(outputs)} and the targets {described(target)}.")
+                f"{described(outputs)} and the targets {described(target)}."
+            )
 
     def states(self, stacked: Stacked) -> torch.Tensor:
         outputs = stacked.outputs
@@ -193,7 +217,7 @@ class ClassAverage:
 
     def value(self, state: Sequence[float]) -> float | None:
         classes = len(state) // 3
-        hits, predicted, actual = state[:classes], state[classes:2 * classes], state[2 * classes:]
+        hits, predicted, actual = state[:classes], state[classes : 2 * classes], state[2 * classes :]
         # a class neither in the labels nor predicted is left out, as sklearn and torchmetrics do
         seen = [c for c in range(classes) if predicted[c] + actual[c] > 0]
         if not seen:
@@ -220,18 +244,23 @@ class SampleMean:
         try:
             result = self.function(batch.outputs, batch.targets)
         except Exception as error:
-            raise fail(f"the metric {self.name!r} failed on the first batch: {type(error).__name__}: {error}") \
-                from error
+            raise fail(
+                f"the metric {self.name!r} failed on the first batch: {type(error).__name__}: {error}"
+            ) from error
         samples = _samples(batch)
         if isinstance(result, (int, float)) and not isinstance(result, bool):
             return
-        ok = isinstance(result, torch.Tensor) and not result.is_complex() and (
-            result.ndim == 0 or (result.shape[0] == samples and result.numel() == samples))
+        ok = (
+            isinstance(result, torch.Tensor)
+            and not result.is_complex()
+            and (result.ndim == 0 or (result.shape[0] == samples and result.numel() == samples))
+        )
         if not ok:
             raise fail(
                 f"the metric {self.name!r} returned {described(result)} for a batch of {samples} samples; a "
                 f"metric returns one value per sample (shape ({samples},)) or the batch's mean (a scalar "
-                "tensor): reduce the other dimensions, e.g. with .mean(1).")
+                "tensor): reduce the other dimensions, e.g. with .mean(1)."
+            )
 
     def state(self, batch: Batch) -> torch.Tensor:
         result = self.function(batch.outputs, batch.targets)

@@ -36,10 +36,21 @@ NAMES = ("accuracy", "top5-accuracy", "rmse", "mae", "precision", "recall", "fsc
 GOALS = ("minimize", "maximize")
 _TOP_K = re.compile(r"top(\d+)-accuracy")
 # names PyTorch, sklearn and MATLAB users write for ours: only suggested, never taken
-_ALIASES = {"acc": "accuracy", "top1-accuracy": "accuracy", "f1": "fscore", "f1score": "fscore",
-            "f1_score": "fscore", "f1-score": "fscore", "f-score": "fscore", "mse": "rmse",
-            "l1": "mae", "top5": "top5-accuracy", "top-5-accuracy": "top5-accuracy",
-            "top5_accuracy": "top5-accuracy", "top_5_accuracy": "top5-accuracy"}
+_ALIASES = {
+    "acc": "accuracy",
+    "top1-accuracy": "accuracy",
+    "f1": "fscore",
+    "f1score": "fscore",
+    "f1_score": "fscore",
+    "f1-score": "fscore",
+    "f-score": "fscore",
+    "mse": "rmse",
+    "l1": "mae",
+    "top5": "top5-accuracy",
+    "top-5-accuracy": "top5-accuracy",
+    "top5_accuracy": "top5-accuracy",
+    "top_5_accuracy": "top5-accuracy",
+}
 
 Kind = ClassFraction | ErrorSum | ClassAverage | SampleMean | TorchMetric
 PER_BATCH = (SampleMean, TorchMetric)  # the kinds that see one batch at a time; the named ones stack a bunch
@@ -125,12 +136,12 @@ class MetricSet:
         values: dict[str, float | None] = {}
         offset = 0
         for metric in self.metrics:
-            values[metric.name] = metric.value(numbers[offset:offset + metric.size])
+            values[metric.name] = metric.value(numbers[offset : offset + metric.size])
             offset += metric.size
         return values
 
     def goal(self, name: str) -> str | None:
-        """"minimize"/"maximize" for a metric whose direction is known, else None."""
+        """ "minimize"/"maximize" for a metric whose direction is known, else None."""
         return next(metric.goal for metric in self.metrics if metric.name == name)
 
 
@@ -139,10 +150,15 @@ def _same_shapes(group: list[Batch]) -> bool:
     first = group[0]
     if not (isinstance(first.outputs, torch.Tensor) and isinstance(first.target, torch.Tensor)):
         return len(group) == 1
-    return all(isinstance(b.outputs, torch.Tensor) and isinstance(b.target, torch.Tensor)
-               and b.outputs.shape == first.outputs.shape and b.outputs.dtype == first.outputs.dtype
-               and b.target.shape == first.target.shape and b.target.dtype == first.target.dtype
-               for b in group[1:])
+    return all(
+        isinstance(b.outputs, torch.Tensor)
+        and isinstance(b.target, torch.Tensor)
+        and b.outputs.shape == first.outputs.shape
+        and b.outputs.dtype == first.outputs.dtype
+        and b.target.shape == first.target.shape
+        and b.target.dtype == first.target.dtype
+        for b in group[1:]
+    )
 
 
 def resolve_metrics(metrics: object, *, regression: bool) -> MetricSet:
@@ -155,18 +171,25 @@ def resolve_metrics(metrics: object, *, regression: bool) -> MetricSet:
     """
     if metrics is None:
         metrics = ("rmse",) if regression else ("accuracy",)
-    elif isinstance(metrics, str) or _is_metric_object(metrics) or (callable(metrics) and not isinstance(
-            metrics, Sequence)):
+    elif (
+        isinstance(metrics, str)
+        or _is_metric_object(metrics)
+        or (callable(metrics) and not isinstance(metrics, Sequence))
+    ):
         metrics = (metrics,)
     elif not isinstance(metrics, Sequence) or isinstance(metrics, bytes):
-        raise OptionsError(f"TrainingOptions.metrics={type(metrics).__name__} is not allowed: metrics must be "
-                           "None or a sequence of metrics, e.g. ('accuracy', 'fscore').")
+        raise OptionsError(
+            f"TrainingOptions.metrics={type(metrics).__name__} is not allowed: metrics must be "
+            "None or a sequence of metrics, e.g. ('accuracy', 'fscore')."
+        )
     kinds = [_kind(metric, name) for item in metrics for name, metric in _expanded(item)]
     names = [kind.name for kind in kinds]
     for name in names:
         if names.count(name) > 1:
-            raise fail(f"two metrics are named {name!r}: name one differently with a (name, metric) pair, "
-                       f"e.g. ('{name}2', ...).")
+            raise fail(
+                f"two metrics are named {name!r}: name one differently with a (name, metric) pair, "
+                f"e.g. ('{name}2', ...)."
+            )
     return MetricSet(kinds, regression)
 
 
@@ -193,12 +216,15 @@ def _kind(item: object, name: str | None = None) -> Kind:
     if callable(item) and not isinstance(item, type):
         name = name or getattr(item, "__name__", None)
         if not isinstance(name, str) or not name or name.startswith("<"):  # "<lambda>", "<genexpr>"
-            raise fail(f"the callable {item!r} has no name to show it by: give it one with a pair, "
-                       "e.g. metrics=('accuracy', ('error', my_function)).")
+            raise fail(
+                f"the callable {item!r} has no name to show it by: give it one with a pair, "
+                "e.g. metrics=('accuracy', ('error', my_function))."
+            )
         return _not_loss(SampleMean(name, item))
     raise fail(
         f"{item!r} is not a metric: give a name ({', '.join(repr(name) for name in NAMES)}), a torchmetrics "
-        "Metric, a callable (outputs, targets) -> value per sample, or a (name, metric) pair.")
+        "Metric, a callable (outputs, targets) -> value per sample, or a (name, metric) pair."
+    )
 
 
 def _named(text: str) -> Kind:
@@ -213,15 +239,18 @@ def _named(text: str) -> Kind:
     if top and int(top.group(1)) >= 1:
         return ClassFraction(name, int(top.group(1)))
     hint = did_you_mean(name, NAMES, meant=_ALIASES)
-    raise fail(f"there is no metric named {text!r}.{hint} The names are: {', '.join(NAMES)} (any "
-               "top{k}-accuracy); a torchmetrics Metric or a callable (outputs, targets) -> value per sample "
-               "gives any other.")
+    raise fail(
+        f"there is no metric named {text!r}.{hint} The names are: {', '.join(NAMES)} (any "
+        "top{k}-accuracy); a torchmetrics Metric or a callable (outputs, targets) -> value per sample "
+        "gives any other."
+    )
 
 
 def _not_loss(kind: Kind) -> Kind:
     if kind.name == "loss":
-        raise fail("'loss' is the training loss's name (always shown): name the metric differently with a "
-                   "(name, metric) pair.")
+        raise fail(
+            "'loss' is the training loss's name (always shown): name the metric differently with a (name, metric) pair."
+        )
     return kind
 
 
@@ -240,8 +269,10 @@ def objective(objective_metric: str, objective_goal: str, metrics: MetricSet) ->
     or a goal against a known direction.
     """
     if objective_goal not in ("auto", *GOALS):
-        raise OptionsError(f"TrainingOptions.objective_goal={objective_goal!r} is not allowed: objective_goal "
-                           "must be one of 'auto', 'minimize', 'maximize'.")
+        raise OptionsError(
+            f"TrainingOptions.objective_goal={objective_goal!r} is not allowed: objective_goal "
+            "must be one of 'auto', 'minimize', 'maximize'."
+        )
     if objective_metric == "loss":
         known: str | None = "minimize"
     elif objective_metric in metrics.names:
@@ -251,15 +282,18 @@ def objective(objective_metric: str, objective_goal: str, metrics: MetricSet) ->
         hint = did_you_mean(objective_metric, ("loss", *metrics.names))
         raise OptionsError(
             f"TrainingOptions.objective_metric={objective_metric!r} is not among the metrics ({listed}).{hint} "
-            f"Use 'loss' (the validation loss) or add it: metrics=(..., {objective_metric!r}).")
+            f"Use 'loss' (the validation loss) or add it: metrics=(..., {objective_metric!r})."
+        )
     if known is None:
         if objective_goal == "auto":
             raise OptionsError(
                 f"TrainingOptions.objective_goal: nbscale cannot tell whether {objective_metric!r} is better high "
-                "or low: set objective_goal='maximize' or 'minimize'.")
+                "or low: set objective_goal='maximize' or 'minimize'."
+            )
         return objective_metric, objective_goal
     if objective_goal not in ("auto", known):
         raise OptionsError(
             f"TrainingOptions.objective_goal={objective_goal!r} contradicts objective_metric={objective_metric!r}, "
-            f"which is better {'low' if known == 'minimize' else 'high'}: leave objective_goal='auto'.")
+            f"which is better {'low' if known == 'minimize' else 'high'}: leave objective_goal='auto'."
+        )
     return objective_metric, known

@@ -28,8 +28,14 @@ def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Op
         params = [p for p in group["params"] if p.requires_grad]
         factor = float(group.get("lr", base)) / base
         is_bias = [names.get(id(p), "").endswith("bias") for p in params]
-        parts = ((0.0, params),) if l2 == 0 else ((l2, [p for p, b in zip(params, is_bias, strict=True) if not b]),
-                                                  (0.0, [p for p, b in zip(params, is_bias, strict=True) if b]))
+        parts = (
+            ((0.0, params),)
+            if l2 == 0
+            else (
+                (l2, [p for p, b in zip(params, is_bias, strict=True) if not b]),
+                (0.0, [p for p, b in zip(params, is_bias, strict=True) if b]),
+            )
+        )
         for decay, chosen in parts:
             if chosen:
                 split.append({"params": chosen, "lr": base * factor, "lr_factor": factor, "weight_decay": decay})
@@ -45,24 +51,30 @@ def make_optimizer(model: nn.Module, options: TrainingOptions) -> torch.optim.Op
         return torch.optim.Adam(split, lr=base, betas=betas, eps=float(options.epsilon))
     if solver == "adamw":
         return torch.optim.AdamW(split, lr=base, betas=betas, eps=float(options.epsilon))
-    return torch.optim.RMSprop(split, lr=base, alpha=float(options.squared_gradient_decay_factor),
-                               eps=float(options.epsilon))
+    return torch.optim.RMSprop(
+        split, lr=base, alpha=float(options.squared_gradient_decay_factor), eps=float(options.epsilon)
+    )
 
 
-def _custom_optimizer(model: nn.Module, factory: Any, groups: list[dict[str, Any]],
-                      base: float) -> torch.optim.Optimizer:
+def _custom_optimizer(
+    model: nn.Module, factory: Any, groups: list[dict[str, Any]], base: float
+) -> torch.optim.Optimizer:
     """`factory(groups)` (solver=callable): each group holds its trainable parameters and its "lr_factor"; the
     factory's lr (and weight_decay) apply to every group, its lr times the group's factor (l2_regularization and
     initial_learn_rate do not apply: the factory's own arguments say them)."""
     from nbscale.errors import OptionsError
 
-    given = [{"params": [p for p in g["params"] if p.requires_grad],
-              "lr_factor": float(g.get("lr", base)) / base} for g in groups]
+    given = [
+        {"params": [p for p in g["params"] if p.requires_grad], "lr_factor": float(g.get("lr", base)) / base}
+        for g in groups
+    ]
     given = [g for g in given if g["params"]]
     if not given:
         raise OptionsError("The model has no trainable parameters (all frozen?): unfreeze a layer to train.")
-    how = ("solver must be a function of the parameter groups returning a torch optimizer, e.g. "
-           "solver=lambda params: torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95))")
+    how = (
+        "solver must be a function of the parameter groups returning a torch optimizer, e.g. "
+        "solver=lambda params: torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95))"
+    )
     name = getattr(factory, "__name__", type(factory).__name__)
     try:
         optimizer = factory(given)

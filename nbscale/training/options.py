@@ -110,7 +110,9 @@ class TrainingOptions:
     learn_rate_reference_batch: int = 128  # "linear": initial_learn_rate is the rate for a global mini-batch of this
     # a callable learn_rate_schedule is stepped every "iteration" or every "epoch" (ReduceLROnPlateau: each validation)
     learn_rate_schedule_step: ScheduleStep = "iteration"
-    loss: Any = None  # None: cross-entropy for class labels; a name (nbscale.training.losses) or (outputs, targets) -> loss
+    loss: Any = (
+        None  # None: cross-entropy for class labels; a name (nbscale.training.losses) or (outputs, targets) -> loss
+    )
     metrics: Any = None  # None: ("accuracy",) for class labels, ("rmse",) under a regression loss; else a sequence
     objective_metric: str = "loss"  # MATLAB's ObjectiveMetricName: "loss" (validation loss) or one of `metrics`
     objective_goal: ObjectiveGoal = "auto"  # "auto": known for the named metrics; "minimize"/"maximize" otherwise
@@ -188,8 +190,11 @@ class TrainingOptions:
         """The solver-dependent fields that hold the current solver's default, at `solver`'s default instead
         (a value the user set stays)."""
         solver = check_field("solver", solver)
-        return {name: defaults[_defaults_key(solver)] for name, defaults in SOLVER_DEFAULTS.items()
-                if getattr(self, name) == defaults[_defaults_key(self.solver)]}
+        return {
+            name: defaults[_defaults_key(solver)]
+            for name, defaults in SOLVER_DEFAULTS.items()
+            if getattr(self, name) == defaults[_defaults_key(self.solver)]
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Every field by name (solver included)."""
@@ -259,18 +264,18 @@ PYTORCH_NAMES = {
     "lr": "the learn rate is initial_learn_rate=...",
     "learning_rate": "the learn rate is initial_learn_rate=...",
     "weight_decay": "L2 weight decay is l2_regularization=... (added to the gradients, as torch's weight_decay; "
-                    "for decoupled AdamW decay pass solver=lambda params: torch.optim.AdamW(params, weight_decay=...))",
+    "for decoupled AdamW decay pass solver=lambda params: torch.optim.AdamW(params, weight_decay=...))",
     "label_smoothing": "not supported as an option: pass loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1)",
     "patience": "early stopping is validation_patience=... (counted in validations, not epochs)",
     "epochs": "the number of epochs is max_epochs=...",
     "batch_size": "the mini-batch is mini_batch_size=...",
     "optimizer": "the optimizer is solver='sgdm'/'adam'/'adamw'/'rmsprop', or solver=lambda params: "
-                 "torch.optim.X(params, ...)",
+    "torch.optim.X(params, ...)",
     "scheduler": "the schedule is learn_rate_schedule='piecewise'/'cosine'/'warmup-cosine', or "
-                 "learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.X(optimizer, ...)",
+    "learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.X(optimizer, ...)",
     "lr_scheduler": "the schedule is learn_rate_schedule=... (a name, or optimizer -> LRScheduler)",
     "clip_grad_norm": "gradient clipping is gradient_threshold=... with gradient_threshold_method='global-l2norm' "
-                      "(torch's clip_grad_norm_)",
+    "(torch's clip_grad_norm_)",
     "max_grad_norm": "gradient clipping is gradient_threshold=... with gradient_threshold_method='global-l2norm'",
     "loss_fn": "the loss is loss=... (a name such as 'mse', or a function (outputs, targets) -> loss)",
 }
@@ -310,8 +315,15 @@ class _choice_or_callable(_choice):
         return None if allowed is None else f"{allowed}, or a function {self.factory}"
 
 
-def _number(low: float, high: float = math.inf, *, low_open: bool = False, high_open: bool = False,
-            integer: bool = False, allow_inf: bool = False) -> Callable[[object], str | None]:
+def _number(
+    low: float,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    integer: bool = False,
+    allow_inf: bool = False,
+) -> Callable[[object], str | None]:
     def check(value: Any) -> str | None:  # a numbers.Real test that mypy cannot follow through `ok`
         # numbers.Real: Python's and numpy's ints and floats alike (len(x) // 4 is often a numpy int)
         ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and not math.isnan(value)
@@ -363,8 +375,13 @@ def _dataset(value: object) -> str | None:
         return None
     is_array = hasattr(value, "shape") and hasattr(value, "dtype")  # inputs without labels
     odd_tuple = isinstance(value, tuple) and len(value) != 2
-    if value is None or (hasattr(value, "__getitem__") and hasattr(value, "__len__") and not is_array
-                         and not odd_tuple and not isinstance(value, str | bytes)):
+    if value is None or (
+        hasattr(value, "__getitem__")
+        and hasattr(value, "__len__")
+        and not is_array
+        and not odd_tuple
+        and not isinstance(value, str | bytes)
+    ):
         return None
     return "None, a torch Dataset or DataLoader, or a tuple (inputs, labels) of tensors or arrays"
 
@@ -411,8 +428,11 @@ def _loggers(value: object) -> str | None:
     """Refined in nbscale.loggers; here: a sequence of objects with log(metrics, step) and close()."""
     if value is None:
         return None  # no loggers: stored as ()
-    if isinstance(value, Sequence) and not isinstance(value, str | bytes) and all(
-            callable(getattr(logger, "log", None)) and callable(getattr(logger, "close", None)) for logger in value):
+    if (
+        isinstance(value, Sequence)
+        and not isinstance(value, str | bytes)
+        and all(callable(getattr(logger, "log", None)) and callable(getattr(logger, "close", None)) for logger in value)
+    ):
         return None
     return "a list of loggers, each with log(metrics, step) and close() (e.g. nbscale.loggers.CSVLogger('run.csv'))"
 
@@ -481,8 +501,17 @@ _CHECKS: dict[str, Callable[[object], str | None]] = {
 }
 
 
-_INTEGER_FIELDS = frozenset(("max_epochs", "mini_batch_size", "learn_rate_drop_period", "validation_frequency",
-                             "verbose_frequency", "checkpoint_frequency", "learn_rate_reference_batch"))
+_INTEGER_FIELDS = frozenset(
+    (
+        "max_epochs",
+        "mini_batch_size",
+        "learn_rate_drop_period",
+        "validation_frequency",
+        "verbose_frequency",
+        "checkpoint_frequency",
+        "learn_rate_reference_batch",
+    )
+)
 _FLAG_FIELDS = frozenset(("dispatch_in_background", "verbose"))
 _CHOICE_FIELDS = frozenset(name for name, check in _CHECKS.items() if isinstance(check, _choice))
 

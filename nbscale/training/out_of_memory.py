@@ -18,8 +18,9 @@ import torch
 T = TypeVar("T")
 
 
-def released_on_out_of_memory(run: Callable[[], T], message: Callable[[torch.OutOfMemoryError], str],
-                              after: Callable[[], None] | None = None) -> T:
+def released_on_out_of_memory(
+    run: Callable[[], T], message: Callable[[torch.OutOfMemoryError], str], after: Callable[[], None] | None = None
+) -> T:
     """`run()`; when it runs out of GPU memory, raises `torch.OutOfMemoryError(message(error))` that holds nothing
     of the run, after freeing the run's memory (its frames cleared, torch's cache emptied) and calling `after`
     (which releases what the run reserved)."""

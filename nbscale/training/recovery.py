@@ -96,11 +96,16 @@ def train_surviving_lost_workers(
             checkpoint = _this_runs_checkpoint(options, seed, began)
             where = f"the checkpoint of epoch {checkpoint[1]}" if checkpoint else "the start (no checkpoint yet)"
             losses = "; ".join(worker.dead or f"worker {worker.rank}" for worker in lost)
-            note = (f"restart {len(notes) + 1} after iteration {continuation.last_iteration}: {losses}; resumed from "
-                    f"{where}")
-            print(f"Training lost a worker ({losses}). Restarting the pool and resuming from {where} "
-                  f"(on_worker_failure='restart', restart {len(notes) + 1} of at most {MAX_RESTARTS}).",
-                  file=sys.stderr, flush=True)
+            note = (
+                f"restart {len(notes) + 1} after iteration {continuation.last_iteration}: {losses}; resumed from "
+                f"{where}"
+            )
+            print(
+                f"Training lost a worker ({losses}). Restarting the pool and resuming from {where} "
+                f"(on_worker_failure='restart', restart {len(notes) + 1} of at most {MAX_RESTARTS}).",
+                file=sys.stderr,
+                flush=True,
+            )
             pool.restart()
             resume = load_checkpoint(checkpoint[0]) if checkpoint else resume
             notes.append(note)

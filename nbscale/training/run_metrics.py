@@ -30,8 +30,11 @@ def is_regression(options: TrainingOptions, loss_fn: object, first_target: objec
     only where the loss does not decide (reading a sample can cost a file or an S3 request)."""
     if is_regression_loss(options.loss) or is_regression_loss(loss_fn) or loss_fn in _REGRESSION_FUNCTIONS:
         return True
-    if options.loss in ("crossentropy", "binary-crossentropy") or isinstance(loss_fn, _CLASS_LOSSES) \
-            or loss_fn in _CLASS_FUNCTIONS:
+    if (
+        options.loss in ("crossentropy", "binary-crossentropy")
+        or isinstance(loss_fn, _CLASS_LOSSES)
+        or loss_fn in _CLASS_FUNCTIONS
+    ):
         return False
     if callable(first_target):
         first_target = first_target()
@@ -41,8 +44,9 @@ def is_regression(options: TrainingOptions, loss_fn: object, first_target: objec
 
 def run_metrics(options: TrainingOptions, loss_fn: object, train_data: object) -> MetricSet:
     """`options.metrics` resolved for this run (the default decided by its loss and first target)."""
-    return resolve_metrics(options.metrics,
-                           regression=is_regression(options, loss_fn, lambda: _first_target(train_data)))
+    return resolve_metrics(
+        options.metrics, regression=is_regression(options, loss_fn, lambda: _first_target(train_data))
+    )
 
 
 def _first_target(data: Any) -> object:

@@ -26,8 +26,13 @@ def rank_key(run: TrainingRun) -> tuple[int, float]:
         return (2, 0.0)
     info = run.info
     final = info.final_validation
-    name = info.objective_metric if info.objective_metric != "loss" else \
-        "accuracy" if final.get("accuracy") is not None else "loss"
+    name = (
+        info.objective_metric
+        if info.objective_metric != "loss"
+        else "accuracy"
+        if final.get("accuracy") is not None
+        else "loss"
+    )
     value = final.get(name)
     if value is not None:
         maximized = info.objective_goal == "maximize" if name == info.objective_metric else name == "accuracy"
@@ -85,8 +90,15 @@ class RunsTable(Rendered):
 
 
 # options that do not shape a run on one worker, or are no short value: left out of the options column
-_NOT_SHOWN = ("validation_data", "output_fn", "plots", "verbose", "verbose_frequency", "execution_environment",
-              "worker_load")
+_NOT_SHOWN = (
+    "validation_data",
+    "output_fn",
+    "plots",
+    "verbose",
+    "verbose_frequency",
+    "execution_environment",
+    "worker_load",
+)
 _ALWAYS_SHOWN = ("solver", "initial_learn_rate", "mini_batch_size", "max_epochs")
 
 
@@ -99,8 +111,11 @@ def _options_text(run: TrainingRun) -> str:
     if options is None:
         return ""
     defaults = TrainingOptions(options.solver)
-    changed = [name for name in field_names() if name not in _ALWAYS_SHOWN + _NOT_SHOWN
-               and getattr(options, name) != getattr(defaults, name)]
+    changed = [
+        name
+        for name in field_names()
+        if name not in _ALWAYS_SHOWN + _NOT_SHOWN and getattr(options, name) != getattr(defaults, name)
+    ]
     return ", ".join(f"{name}={getattr(options, name)}" for name in (*_ALWAYS_SHOWN, *changed))
 
 

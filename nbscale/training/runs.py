@@ -100,8 +100,9 @@ class TrainingRun(Future[Any]):
             except Exception:  # a broken display must not break the pool's receiver thread
                 pass
 
-    def subscribe_events(self, listener: Callable[[Any], None],
-                         history: Callable[[TrainingRun], list[Any]] | None = None) -> None:
+    def subscribe_events(
+        self, listener: Callable[[Any], None], history: Callable[[TrainingRun], list[Any]] | None = None
+    ) -> None:
         """Call `listener(event)` with each training event from now on (on the pool's thread: keep it short),
         after the events `history(run)` rebuilds of what came before (none lost or repeated between them)."""
         with self._lock:
@@ -151,7 +152,11 @@ class TrainingRun(Future[Any]):
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
-        return f"<TrainingRun {self.name} ({params}) {self.state}>" if params else f"<TrainingRun {self.name} {self.state}>"
+        return (
+            f"<TrainingRun {self.name} ({params}) {self.state}>"
+            if params
+            else f"<TrainingRun {self.name} {self.state}>"
+        )
 
 
 @dataclass(frozen=True)
@@ -178,10 +183,17 @@ def seeded_model(make_model: Callable[[], nn.Module] | nn.Module, seed: int) -> 
         return model, SeededStart(seed, data_order_seed, torch.get_rng_state())
 
 
-def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | None = None,
-                loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None, pool: Any = None,
-                name: str = "run", params: dict[str, Any] | None = None,
-                seeded: SeededStart | None = None, step_fn: Callable[..., Any] | None = None) -> TrainingRun:
+def train_async(
+    model: nn.Module,
+    train_data: Any,
+    options: TrainingOptions | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    pool: Any = None,
+    name: str = "run",
+    params: dict[str, Any] | None = None,
+    seeded: SeededStart | None = None,
+    step_fn: Callable[..., Any] | None = None,
+) -> TrainingRun:
     """Train `model` on one free worker of `pool` (default: the current pool, started if none runs).
 
     Returns at once with a `TrainingRun` (a Future of `(net, info)`); `nbscale.show(run)` draws its progress live
@@ -196,9 +208,15 @@ def train_async(model: nn.Module, train_data: Any, options: TrainingOptions | No
     return submit_run(model, checked, pool, name, params, seeded, step_fn)
 
 
-def submit_run(model: nn.Module, checked: tuple[Any, TrainingOptions, Any], pool: Any = None, name: str = "run",
-               params: dict[str, Any] | None = None, seeded: SeededStart | None = None,
-               step_fn: Callable[..., Any] | None = None) -> TrainingRun:
+def submit_run(
+    model: nn.Module,
+    checked: tuple[Any, TrainingOptions, Any],
+    pool: Any = None,
+    name: str = "run",
+    params: dict[str, Any] | None = None,
+    seeded: SeededStart | None = None,
+    step_fn: Callable[..., Any] | None = None,
+) -> TrainingRun:
     """`train_async` of inputs already checked: `checked` is (data, options, loss_fn) as
     nbscale.training.trainer.checked_inputs returned them for `model` (nbscale.sweep checks every run before any
     starts)."""
@@ -212,16 +230,21 @@ def submit_run(model: nn.Module, checked: tuple[Any, TrainingOptions, Any], pool
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
-    task = submit_with_events(pool, train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn,
-                                   seeded, step_fn)
+    task = submit_with_events(
+        pool, train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn, seeded, step_fn
+    )
     run._attach(pool, task)
     return run
 
 
-def train_run_on_worker(model: nn.Module, train_data: object, options: TrainingOptions,
-                        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
-                        seeded: SeededStart | None = None,
-                        step_fn: Callable[..., Any] | None = None) -> tuple[nn.Module, TrainingInfo]:
+def train_run_on_worker(
+    model: nn.Module,
+    train_data: object,
+    options: TrainingOptions,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    seeded: SeededStart | None = None,
+    step_fn: Callable[..., Any] | None = None,
+) -> tuple[nn.Module, TrainingInfo]:
     """What the worker of a `train_async` run executes: the whole training loop on this one worker's device,
     events sent to the notebook (unlike nbscale.training.distributed.train_on_worker, one rank of a DDP run)."""
     from nbscale.data.loading import as_dataset
@@ -254,12 +277,22 @@ def train_run_on_worker(model: nn.Module, train_data: object, options: TrainingO
         torch.cuda.manual_seed_all(seeded.seed)
         torch.set_rng_state(seeded.random_state)
     try:
-        result = run_training(loop_setup(
-            model, dataset, options, loss_fn, step_fn, device=device,
-            seed=seeded.data_order_seed if seeded is not None else draw_seed(),
-            hardware=f"worker {context.rank} ({device})", publish=publish, stop_reason=stop,
-            # torch's Dataset declares no __len__; as_dataset checked it
-            counts=batch_counts(options, len(dataset), 1)))  # type: ignore[arg-type]
+        result = run_training(
+            loop_setup(
+                model,
+                dataset,
+                options,
+                loss_fn,
+                step_fn,
+                device=device,
+                seed=seeded.data_order_seed if seeded is not None else draw_seed(),
+                hardware=f"worker {context.rank} ({device})",
+                publish=publish,
+                stop_reason=stop,
+                # torch's Dataset declares no __len__; as_dataset checked it
+                counts=batch_counts(options, len(dataset), 1),  # type: ignore[arg-type]
+            )
+        )
     finally:
         sender.flush()
     info.stop_reason = info.stop_reason or result.stop_reason
@@ -274,6 +307,8 @@ def fresh_model(make_model: Callable[[], nn.Module] | nn.Module) -> nn.Module:
     if not isinstance(model, nn.Module):
         from nbscale.errors import OptionsError
 
-        raise OptionsError(f"make_model must return a torch nn.Module, not {type(model).__name__}: define "
-                           "make_model() so that it builds and returns a fresh network.")
+        raise OptionsError(
+            f"make_model must return a torch nn.Module, not {type(model).__name__}: define "
+            "make_model() so that it builds and returns a fresh network."
+        )
     return model

@@ -118,15 +118,18 @@ def make_schedule(options: TrainingOptions, optimizer: torch.optim.Optimizer, it
         base = float(options.initial_learn_rate)
         scale = 1.0 if isinstance(options.solver, str) else base_rate(optimizer) / base
         return NamedSchedule(learn_rate_schedule(options, iterations_per_epoch), optimizer, scale)
-    how = ("learn_rate_schedule must be a function of the optimizer alone returning a torch scheduler, e.g. "
-           "learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5)")
+    how = (
+        "learn_rate_schedule must be a function of the optimizer alone returning a torch scheduler, e.g. "
+        "learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=5)"
+    )
     try:
         scheduler = factory(optimizer)
     except TypeError as error:  # a scheduler class given itself, or a factory taking other arguments
         raise OptionsError(f"learn_rate_schedule={_name(factory)} failed on the optimizer ({error}): {how}.") from None
     if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler | torch.optim.lr_scheduler.ReduceLROnPlateau):
-        raise OptionsError(f"learn_rate_schedule={_name(factory)} returned {type(scheduler).__name__}, not a torch "
-                           f"scheduler: {how}.")
+        raise OptionsError(
+            f"learn_rate_schedule={_name(factory)} returned {type(scheduler).__name__}, not a torch scheduler: {how}."
+        )
     if scheduler.optimizer is not optimizer:
         raise OptionsError(f"learn_rate_schedule={_name(factory)} returned a scheduler of another optimizer: {how}.")
     return CustomSchedule(scheduler, options.learn_rate_schedule_step)

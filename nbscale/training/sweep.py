@@ -27,12 +27,15 @@ from nbscale.training.runs import TrainingRun, fresh_model, seeded_model, submit
 def grid_combinations(grid: dict[str, Sequence[Any]] | None) -> list[dict[str, Any]]:
     """Every combination of the grid's values, the first field varying slowest; OptionsError for a bad grid."""
     if grid is None or grid == {}:
-        raise OptionsError("nbscale.sweep needs grid=, the options to vary: a dict of option name -> list of values, "
-                           "e.g. grid={'initial_learn_rate': [0.01, 0.1]} (one run per combination). To train one "
-                           "network with the options as they are, use nbscale.train.")
+        raise OptionsError(
+            "nbscale.sweep needs grid=, the options to vary: a dict of option name -> list of values, "
+            "e.g. grid={'initial_learn_rate': [0.01, 0.1]} (one run per combination). To train one "
+            "network with the options as they are, use nbscale.train."
+        )
     if not isinstance(grid, dict):
-        raise OptionsError("grid must be a dict of option name -> list of values, e.g. "
-                           "{'initial_learn_rate': [0.01, 0.1]}.")
+        raise OptionsError(
+            "grid must be a dict of option name -> list of values, e.g. {'initial_learn_rate': [0.01, 0.1]}."
+        )
     names = field_names()
     for name, values in grid.items():
         if name not in names:
@@ -99,8 +102,9 @@ class SweepResult(Rendered):
                 if left is not None and left <= 0:
                     break
                 pending = [run for run in self.runs if not run.done()]
-                wait_for_futures(pending, timeout=min(0.25, left) if left is not None else 0.25,
-                                 return_when=FIRST_COMPLETED)
+                wait_for_futures(
+                    pending, timeout=min(0.25, left) if left is not None else 0.25, return_when=FIRST_COMPLETED
+                )
         except KeyboardInterrupt:
             self.cancel()
             wait_for_futures(self.runs, timeout=10)
@@ -120,14 +124,24 @@ class SweepResult(Rendered):
         return pd.DataFrame(self.table().rows())
 
 
-def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: object, options: TrainingOptions | None = None,
-          grid: dict[str, Sequence[Any]] | None = None, pool: object = None,
-          loss_fn: Callable[..., Any] | None = None, val_data: object = None, wait: bool = True,
-          seed: int | None = None, *, step_fn: Callable[..., Any] | None = None) -> SweepResult:
+def sweep(
+    make_model: Callable[[], nn.Module] | nn.Module,
+    train_data: object,
+    options: TrainingOptions | None = None,
+    grid: dict[str, Sequence[Any]] | None = None,
+    pool: object = None,
+    loss_fn: Callable[..., Any] | None = None,
+    val_data: object = None,
+    wait: bool = True,
+    seed: int | None = None,
+    *,
+    step_fn: Callable[..., Any] | None = None,
+) -> SweepResult:
     """Train one network per combination of `grid` (option name -> list of values), each on its own worker.
 
     `make_model()` builds a fresh network per run (or pass a network: each run starts from a copy of it).
-    `loss_fn`, `step_fn` and `val_data` are nbscale.train's, the same for every run. `pool` defaults to the current pool (one is started if none runs). Every combination is checked before any
+    `loss_fn`, `step_fn` and `val_data` are nbscale.train's, the same for every run. `pool` defaults to the current
+    pool (one is started if none runs). Every combination is checked before any
     run starts (OptionsError). `wait=False` returns at once; `result.wait()` blocks later. Shows nothing: the
     live figure is nbscale.sweep's (nbscale.notebook). Returns a SweepResult holding every run's net and info;
     failed runs keep their error (`run.error`).
@@ -146,22 +160,35 @@ def sweep(make_model: Callable[[], nn.Module] | nn.Module, train_data: object, o
         base = base.replace(validation_data=val_data)
     combinations = grid_combinations(grid)
     run_options = _own_checkpoint_folders([base.replace(**params) for params in combinations])  # all checked first
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise OptionsError(f"seed={seed!r} must be a whole number from 0 to 2**63 - 1 (as torch.manual_seed takes), "
-                           "or None for a different start in every run.")
-    seeded = [seeded_model(make_model, seed) for _ in combinations] if seed is not None else \
-        [(fresh_model(make_model), None) for _ in combinations]
+    _check_seed(seed)
+    seeded = (
+        [seeded_model(make_model, seed) for _ in combinations]
+        if seed is not None
+        else [(fresh_model(make_model), None) for _ in combinations]
+    )
     # every run checked as nbscale.train checks it (a DataLoader's batch_size against the run's mini_batch_size
     # too), before a pool starts and before any run is sent
-    checked = [checked_inputs(model, train_data, opts, loss_fn, step_fn)
-               for (model, _), opts in zip(seeded, run_options, strict=True)]
+    checked = [
+        checked_inputs(model, train_data, opts, loss_fn, step_fn)
+        for (model, _), opts in zip(seeded, run_options, strict=True)
+    ]
     pool = pool if pool is not None else current_pool(start=True)
-    runs = [submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start, step_fn=step_fn)
-            for index, ((model, start), inputs, params) in enumerate(zip(seeded, checked, combinations, strict=True))]
+    runs = [
+        submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start, step_fn=step_fn)
+        for index, ((model, start), inputs, params) in enumerate(zip(seeded, checked, combinations, strict=True))
+    ]
     result = SweepResult(runs, pool)
     if wait:
         result.wait()
     return result
+
+
+def _check_seed(seed: object) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise OptionsError(
+            f"seed={seed!r} must be a whole number from 0 to 2**63 - 1 (as torch.manual_seed takes), "
+            "or None for a different start in every run."
+        )
 
 
 def _own_checkpoint_folders(run_options: list[TrainingOptions]) -> list[TrainingOptions]:
@@ -170,9 +197,12 @@ def _own_checkpoint_folders(run_options: list[TrainingOptions]) -> list[Training
     resume_from would continue another run. `result[k].options.checkpoint_path` is run k's folder."""
     paths = [str(opts.checkpoint_path) for opts in run_options if opts.checkpoint_path is not None]
     shared = {path for path in paths if paths.count(path) > 1}
-    return [opts.replace(checkpoint_path=os.path.join(opts.checkpoint_path, f"run-{index + 1}"))
-            if opts.checkpoint_path is not None and str(opts.checkpoint_path) in shared else opts
-            for index, opts in enumerate(run_options)]
+    return [
+        opts.replace(checkpoint_path=os.path.join(opts.checkpoint_path, f"run-{index + 1}"))
+        if opts.checkpoint_path is not None and str(opts.checkpoint_path) in shared
+        else opts
+        for index, opts in enumerate(run_options)
+    ]
 
 
 def parse_grid(specs: Sequence[str]) -> dict[str, Sequence[Any]]:
@@ -184,7 +214,9 @@ def parse_grid(specs: Sequence[str]) -> dict[str, Sequence[Any]]:
         name, equals, values = spec.strip().strip("\"'").partition("=")  # IPython keeps the quotes
         name = name.strip()
         if not equals or not name or not values.strip():
-            raise OptionsError(f'--sweep {spec!r}: write FIELD=VALUE1,VALUE2 (e.g. --sweep "initial_learn_rate=0.01,0.1").')
+            raise OptionsError(
+                f'--sweep {spec!r}: write FIELD=VALUE1,VALUE2 (e.g. --sweep "initial_learn_rate=0.01,0.1").'
+            )
         parsed = []
         for text in values.split(","):
             text = text.strip()

@@ -32,15 +32,19 @@ class TorchMetric:
         from torchmetrics.utilities.data import dim_zero_sum
 
         self.name = name
-        refused = [state for state, reduce in metric._reductions.items()
-                   if reduce is not dim_zero_sum or not isinstance(metric._defaults[state], torch.Tensor)]
+        refused = [
+            state
+            for state, reduce in metric._reductions.items()
+            if reduce is not dim_zero_sum or not isinstance(metric._defaults[state], torch.Tensor)
+        ]
         if refused or not metric._defaults:
             what = f"keeps state {refused[0]!r} that is not a sum" if refused else "has no states"
             raise fail(
                 f"the torchmetrics metric {name!r} ({type(metric).__name__}) {what} (e.g. a list of every "
                 "prediction), so it cannot be summed over batches and ranks. Use a version with summable states "
                 "(e.g. thresholds=200 for AUROC and average-precision metrics), or a callable (outputs, targets) "
-                "-> value per sample.")
+                "-> value per sample."
+            )
         self.host = copy.deepcopy(metric).cpu()
         self.shapes = {state: default.shape for state, default in self.host._defaults.items()}
         self.dtypes = {state: default.dtype for state, default in self.host._defaults.items()}
@@ -62,17 +66,18 @@ class TorchMetric:
         return torch.cat([getattr(metric, state).reshape(-1).float() for state in metric._defaults])
 
     def check(self, batch: Batch, regression: bool) -> None:
-        metric = self._copy_on(batch.outputs.device if isinstance(batch.outputs, torch.Tensor) else
-                               torch.device("cpu"))
+        metric = self._copy_on(batch.outputs.device if isinstance(batch.outputs, torch.Tensor) else torch.device("cpu"))
         try:
             state = self._update(metric, batch)
             value = self.value(state.tolist(), strict=True)
         except OptionsError:
             raise
         except Exception as error:
-            raise fail(f"the torchmetrics metric {self.name!r} ({type(metric).__name__}) failed on the first "
-                       f"batch (outputs {described(batch.outputs)}, targets {described(batch.target)}): "
-                       f"{type(error).__name__}: {error}") from error
+            raise fail(
+                f"the torchmetrics metric {self.name!r} ({type(metric).__name__}) failed on the first "
+                f"batch (outputs {described(batch.outputs)}, targets {described(batch.target)}): "
+                f"{type(error).__name__}: {error}"
+            ) from error
         del value
         if hasattr(metric, "validate_args"):  # its input checks read tensors to the host: once is enough
             metric.validate_args = False
@@ -84,7 +89,7 @@ class TorchMetric:
         metric, offset = self.host, 0
         for name, shape in self.shapes.items():
             count = math.prod(shape)
-            values = torch.tensor(state[offset:offset + count], dtype=torch.float64)
+            values = torch.tensor(state[offset : offset + count], dtype=torch.float64)
             offset += count
             dtype = self.dtypes[name]
             values = values if dtype.is_floating_point else values.round()
@@ -94,6 +99,8 @@ class TorchMetric:
             number = float(result)
             return None if math.isnan(number) and not strict else number
         if strict:
-            raise fail(f"the torchmetrics metric {self.name!r} ({type(metric).__name__}) computes "
-                       f"{described(result)}, not one number: ask it for one (e.g. average='macro').")
+            raise fail(
+                f"the torchmetrics metric {self.name!r} ({type(metric).__name__}) computes "
+                f"{described(result)}, not one number: ask it for one (e.g. average='macro')."
+            )
         return None

@@ -93,8 +93,9 @@ def train(
     # button stops it)
     with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop):
         if on_pool:
-            result, restarts = _train_on_pool(model, dataset, options, (loss_fn, step_fn), seed, resume, channel,
-                                              stop, forced)
+            result, restarts = _train_on_pool(
+                model, dataset, options, (loss_fn, step_fn), seed, resume, channel, stop, forced
+            )
         else:
             result = _train_here(model, dataset, options, (loss_fn, step_fn), seed, resume, channel, stop, info)
     info.stop_reason = stop.reason or result.stop_reason
@@ -103,8 +104,9 @@ def train(
     return model, info
 
 
-def _resume_point(resume_from: str | os.PathLike[str] | None, model: nn.Module, options: TrainingOptions,
-                  items: int) -> dict[str, Any] | None:
+def _resume_point(
+    resume_from: str | os.PathLike[str] | None, model: nn.Module, options: TrainingOptions, items: int
+) -> dict[str, Any] | None:
     """The checkpoint `resume_from` names, checked against this run (None without one); warns when it is
     trained to max_epochs already."""
     if resume_from is None:
@@ -113,22 +115,34 @@ def _resume_point(resume_from: str | os.PathLike[str] | None, model: nn.Module, 
     batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
     check_resume(resume, model, shown_choice(options.solver), batch, items, resume_from)
     if resume["epoch"] >= options.max_epochs:
-        warn_user(f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
-                  f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
-                  RuntimeWarning)
+        warn_user(
+            f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
+            f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
+            RuntimeWarning,
+        )
     return resume
 
 
 def _check_worker_load(options: TrainingOptions, on_pool: bool) -> None:
     if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
-        raise OptionsError(f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
-                           f"but execution_environment={options.execution_environment!r} trains in this process: "
-                           "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out.")
+        raise OptionsError(
+            f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
+            f"but execution_environment={options.execution_environment!r} trains in this process: "
+            "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out."
+        )
 
 
-def _train_on_pool(model: nn.Module, dataset: object, options: TrainingOptions, step: tuple[Any, Any], seed: int,
-                   resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal,
-                   forced: Callable[[], bool]) -> tuple[Any, list[str]]:
+def _train_on_pool(
+    model: nn.Module,
+    dataset: object,
+    options: TrainingOptions,
+    step: tuple[Any, Any],
+    seed: int,
+    resume: dict[str, Any] | None,
+    channel: EventChannel,
+    stop: StopSignal,
+    forced: Callable[[], bool],
+) -> tuple[Any, list[str]]:
     """(the pool's result, the restarts it took): the run on the pool, restarted without lost workers under
     on_worker_failure="restart"; a PoolInterrupted after a forced stop says what became of the weights."""
     from nbscale.training.distributed import train_on_pool
@@ -146,28 +160,57 @@ def _train_on_pool(model: nn.Module, dataset: object, options: TrainingOptions, 
         raise
 
 
-def _train_here(model: nn.Module, dataset: Any, options: TrainingOptions, step: tuple[Any, Any], seed: int,
-                resume: dict[str, Any] | None, channel: EventChannel, stop: StopSignal, info: TrainingInfo) -> object:
+def _train_here(
+    model: nn.Module,
+    dataset: Any,
+    options: TrainingOptions,
+    step: tuple[Any, Any],
+    seed: int,
+    resume: dict[str, Any] | None,
+    channel: EventChannel,
+    stop: StopSignal,
+    info: TrainingInfo,
+) -> object:
     """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
     device = training_device(options.execution_environment)
     check_auto_batch_device(options, device.type == "cuda", "the CPU")
 
     def message(error: torch.OutOfMemoryError) -> str:
         tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
-            "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset)))
-        return (f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
-                f"mini_batch_size, or try precision='mixed'. ({error})")
+            "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset))
+        )
+        return (
+            f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
+            f"mini_batch_size, or try precision='mixed'. ({error})"
+        )
 
     # raised holding none of the run's frames (which hold the GPU's tensors); the GPU's reservation goes with them
-    return released_on_out_of_memory(lambda: run_training(loop_setup(
-        model, dataset, options, step[0], step[1], device=device, seed=seed, hardware=describe_device(device),
-        publish=channel.publish, stop_reason=lambda: stop.reason, counts=batch_counts(options, len(dataset), 1),
-        resume=resume, read_each_iteration=options.output_fn is not None)),
-        message, after=release_training_gpus if device.type == "cuda" else None)
+    return released_on_out_of_memory(
+        lambda: run_training(
+            loop_setup(
+                model,
+                dataset,
+                options,
+                step[0],
+                step[1],
+                device=device,
+                seed=seed,
+                hardware=describe_device(device),
+                publish=channel.publish,
+                stop_reason=lambda: stop.reason,
+                counts=batch_counts(options, len(dataset), 1),
+                resume=resume,
+                read_each_iteration=options.output_fn is not None,
+            )
+        ),
+        message,
+        after=release_training_gpus if device.type == "cuda" else None,
+    )
 
 
-def checked_inputs(model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any,
-                   step_fn: Any = None) -> tuple[Any, TrainingOptions, Any]:
+def checked_inputs(
+    model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any = None
+) -> tuple[Any, TrainingOptions, Any]:
     """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.training.checks).
 
     `loss_fn` None takes `options.loss` (a name of nbscale.training.losses, or a callable); a callable solver or
@@ -179,8 +222,10 @@ def checked_inputs(model: nn.Module, train_data: Any, options: TrainingOptions, 
     check_model(model)
     check_loss_fn(loss_fn)
     if step_fn is not None and not callable(step_fn):
-        raise OptionsError(f"step_fn must be a function (model, inputs, targets) -> loss or (loss, outputs), not "
-                           f"{type(step_fn).__name__}: leave it out to use the model's output and loss_fn.")
+        raise OptionsError(
+            f"step_fn must be a function (model, inputs, targets) -> loss or (loss, outputs), not "
+            f"{type(step_fn).__name__}: leave it out to use the model's output and loss_fn."
+        )
     if loss_fn is None and options.loss not in (None, "crossentropy"):
         loss_fn = resolve_loss(options.loss)
     dataset = as_dataset(train_data)
@@ -194,8 +239,10 @@ def checked_inputs(model: nn.Module, train_data: Any, options: TrainingOptions, 
     if validation is not None:
         validation = as_dataset(validation, "validation_data")
         if len(validation) == 0:  # type: ignore[arg-type]
-            raise OptionsError("validation_data is empty: give it at least one sample, or leave validation_data out "
-                               "(None) to train without validation.")
+            raise OptionsError(
+                "validation_data is empty: give it at least one sample, or leave validation_data out "
+                "(None) to train without validation."
+            )
         first_validation_item = check_items(validation, "validation_data")
     if loss_fn is None:
         dataset = with_class_labels(dataset, "train_data", first_item)
@@ -227,8 +274,9 @@ def as_options(options: object) -> TrainingOptions:
     unwrapped = unwrap_form(options)
     if isinstance(unwrapped, TrainingOptions):
         return unwrapped
-    raise OptionsError(f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), "
-                       f"not {type(options).__name__}.")
+    raise OptionsError(
+        f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), not {type(options).__name__}."
+    )
 
 
 @contextlib.contextmanager
@@ -241,14 +289,17 @@ def _interrupt_as_stop(stop: StopSignal, on_pool: bool) -> Iterator[Callable[[],
     and restarts those that do not stop. Yields a function that tells whether that happened.
     """
     if on_pool:
-        notice = (f"Stopping at the end of this iteration. If the pool has not stopped in {STOP_GRACE_S:.0f} s, its "
-                  "workers are interrupted (interrupt again to do that now).")
+        notice = (
+            f"Stopping at the end of this iteration. If the pool has not stopped in {STOP_GRACE_S:.0f} s, its "
+            "workers are interrupted (interrupt again to do that now)."
+        )
         # counted only while the pool runs something: not while it is still starting
         force_after: tuple[float, Callable[[], bool]] | None = (STOP_GRACE_S, _pool_busy)
     else:
         notice, force_after = "Stopping at the end of this iteration (interrupt again to stop at once).", None
-    with graceful_interrupt(lambda: stop.request(INTERRUPT_REASON), lambda: stop.requested, notice,
-                            force_after) as forced:
+    with graceful_interrupt(
+        lambda: stop.request(INTERRUPT_REASON), lambda: stop.requested, notice, force_after
+    ) as forced:
         yield forced
 
 
@@ -279,9 +330,11 @@ def training_device(environment: str) -> torch.device:
     if environment == "cpu" or (environment == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise OptionsError("execution_environment='gpu' but no CUDA GPU is visible to this process "
-                           "(torch.cuda.is_available() is False): use execution_environment='auto' or 'cpu' "
-                           "(nbscale.gpus() or %gpu lists the GPUs).")
+        raise OptionsError(
+            "execution_environment='gpu' but no CUDA GPU is visible to this process "
+            "(torch.cuda.is_available() is False): use execution_environment='auto' or 'cpu' "
+            "(nbscale.gpus() or %gpu lists the GPUs)."
+        )
     from nbscale.gpu import training_gpu  # reserves the GPU machine-wide (nbscale.gpu_reservations)
 
     return torch.device("cuda", training_gpu(torch.cuda.current_device()))
@@ -306,6 +359,8 @@ def with_loader_batch_size(options: TrainingOptions, train_data: object) -> Trai
     default = next(f.default for f in fields(options) if f.name == "mini_batch_size")
     if options.mini_batch_size == default:
         return options.replace(mini_batch_size=loader.batch_size)
-    raise OptionsError(f"train_data is a DataLoader with batch_size={loader.batch_size}, but TrainingOptions has "
-                       f"mini_batch_size={options.mini_batch_size!r}: set one of them, or the same value in both "
-                       f"(mini_batch_size={default}, its default, lets the DataLoader's stand).")
+    raise OptionsError(
+        f"train_data is a DataLoader with batch_size={loader.batch_size}, but TrainingOptions has "
+        f"mini_batch_size={options.mini_batch_size!r}: set one of them, or the same value in both "
+        f"(mini_batch_size={default}, its default, lets the DataLoader's stand)."
+    )

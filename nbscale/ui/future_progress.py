@@ -29,8 +29,10 @@ def show(future: Future[Any]) -> Any:
 
         return show_run(future)
     if not isinstance(future, Future):
-        raise NbscaleError(f"nbscale.show takes a future from nbscale.train_async(...) or pool.submit(...), not "
-                           f"{type(future).__name__}.")
+        raise NbscaleError(
+            f"nbscale.show takes a future from nbscale.train_async(...) or pool.submit(...), not "
+            f"{type(future).__name__}."
+        )
     handle = display(_status_bundle(future), raw=True, display_id=True)
     if handle is not None:  # None outside IPython, which has no display to update
         future.add_done_callback(lambda done: handle.update(_status_bundle(done), raw=True))

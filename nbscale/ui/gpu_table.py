@@ -73,16 +73,17 @@ def gpu_html(gpus: GpuList) -> str:
             cells["utilization"] += _bar(gpu.utilization_percent / 100, "#ef6c00")
         body += "<tr>" + "".join(f"<td style='text-align:left'>{cells[c]}</td>" for c in COLUMNS) + "</tr>"
     note = "<div>* the notebook's GPU (select_gpu)</div>" if any(gpu.selected for gpu in gpus) else ""
-    return (
-        f"<div class='nbscale-gpus'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}</div>"
-    )
+    return f"<div class='nbscale-gpus'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}</div>"
 
 
 def pool_gpus_note(gpus: GpuList) -> str:
-    """" on GPU 0, 2. Held by others: GPU 1 by bob's pool (notebook b.ipynb, pid 77)." for the GPUs this process's
+    """ " on GPU 0, 2. Held by others: GPU 1 by bob's pool (notebook b.ipynb, pid 77)." for the GPUs this process's
     pool reserved and the holders of the others (or of the same ones, where --force shared them)."""
     taken = [str(gpu.index) for gpu in gpus if any(h.this_process and h.purpose == "pool" for h in gpu.holders)]
-    held = [f"GPU {gpu.index} by {' and '.join(h.describe() for h in gpu.held_by_others())}"
-            for gpu in gpus if gpu.held_by_others()]
+    held = [
+        f"GPU {gpu.index} by {' and '.join(h.describe() for h in gpu.held_by_others())}"
+        for gpu in gpus
+        if gpu.held_by_others()
+    ]
     note = f" on GPU {', '.join(taken)}." if taken else "."
     return note + (f" Held by others: {'; '.join(held)}." if held else "")

@@ -35,8 +35,10 @@ def show_job(job: Job, training: int | None = None, wait: bool = False) -> None:
     """Display a job's training (see `Job.show`); returns once caught up, or with `wait=True` when the job ends."""
     shell = kernel_shell()
     if shell is None:
-        raise JobError("job.show() draws in a notebook (a Jupyter kernel). In a script, job.training_info() gives "
-                       "the training's history so far and job.wait() waits for the job to end.")
+        raise JobError(
+            "job.show() draws in a notebook (a Jupyter kernel). In a script, job.training_info() gives "
+            "the training's history so far and job.wait() waits for the job to end."
+        )
     if training is not None:
         job._record_path(training)  # JobError now for a training the job does not have
     elif not job.trainings and job.state not in ACTIVE_STATES:
@@ -135,13 +137,17 @@ class JobMonitor:
             first = "its first training" if self.number == 1 else f"training {self.number}"
             return f"Job {job.id}{name} is {record.state}: waiting for {first} to start (nbscale.train in the job)."
         if how == "following":
-            return (f"Job {job.id}{name}, {shown}: following live until the job ends. Stop asks the job to stop "
-                    "training at the end of its iteration and keep the network.")
+            return (
+                f"Job {job.id}{name}, {shown}: following live until the job ends. Stop asks the job to stop "
+                "training at the end of its iteration and keep the network."
+            )
         error = f" ({record.error})" if _says_more(record.error, how) else ""
         if not self.progress:
             awaited = "a training" if self.number == 1 else f"training {self.number}"
-            return (f"Job {job.id}{name} {how}{error} without starting {awaited}: only nbscale.train runs inside a "
-                    "job are shown.")
+            return (
+                f"Job {job.id}{name} {how}{error} without starting {awaited}: only nbscale.train runs inside a "
+                "job are shown."
+            )
         return f"Job {job.id}{name} {how}{error}: {shown} shown."
 
     def say(self, text: str) -> None:
@@ -162,8 +168,9 @@ class JobTrainingProgress(TrainingProgress):
 
     holds_the_cell = False  # the button stays once show()'s cell ends; the job's end removes it
     redraws_when_done = True
-    stop_tooltip = ("Ask the job to stop training at the end of this iteration; it keeps the network trained so far "
-                    "(job.result)")
+    stop_tooltip = (
+        "Ask the job to stop training at the end of this iteration; it keeps the network trained so far (job.result)"
+    )
 
     def redraw(self) -> None:
         if self.done is None:
@@ -188,8 +195,10 @@ class JobTrainingProgress(TrainingProgress):
         elif start is not None and last is not None and last.iteration > 0 and self.job_state is None:
             total = start.max_epochs * start.iterations_per_epoch
             left = (total - last.iteration) * last.time_since_start / last.iteration
-            rows.insert(rows.index(next(row for row in rows if row[0] == "Elapsed")) + 1,
-                        ("Time left", f"about {format_duration(left)}"))
+            rows.insert(
+                rows.index(next(row for row in rows if row[0] == "Elapsed")) + 1,
+                ("Time left", f"about {format_duration(left)}"),
+            )
         return rows
 
 

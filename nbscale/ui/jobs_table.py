@@ -49,13 +49,15 @@ class JobsTable:
         rows = []
         for job in jobs:
             fields = job if isinstance(job, Mapping) else job.as_dict()
-            rows.append({
-                "id": fields["id"],
-                "name": fields["name"] or "",
-                "state": fields["state"],
-                "started": _started(fields["started"]),
-                "elapsed": format_elapsed(fields["elapsed_s"]),
-            })
+            rows.append(
+                {
+                    "id": fields["id"],
+                    "name": fields["name"] or "",
+                    "state": fields["state"],
+                    "started": _started(fields["started"]),
+                    "elapsed": format_elapsed(fields["elapsed_s"]),
+                }
+            )
         return cls(store, rows)
 
     @property
@@ -70,6 +72,8 @@ class JobsTable:
 
     def _repr_html_(self) -> str:
         if not self.rows:
-            return f"<div>No jobs in <code>{html.escape(self.store)}</code>. Submit one with <code>%%batch</code>.</div>"
+            return (
+                f"<div>No jobs in <code>{html.escape(self.store)}</code>. Submit one with <code>%%batch</code>.</div>"
+            )
         table = html_table(COLUMNS, self.rows, _COLOURS)
         return f"<div><b>{html.escape(self.title)}</b>{table}</div>"

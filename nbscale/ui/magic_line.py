@@ -5,8 +5,13 @@ from __future__ import annotations
 from nbscale.training.options import TrainingOptions, field_names
 
 # %%train's own flags and the field each sets
-_MAGIC_FLAGS = (("solver", "--solver"), ("execution_environment", "--env"), ("max_epochs", "--epochs"),
-                ("mini_batch_size", "--batch-size"), ("initial_learn_rate", "--lr"))
+_MAGIC_FLAGS = (
+    ("solver", "--solver"),
+    ("execution_environment", "--env"),
+    ("max_epochs", "--epochs"),
+    ("mini_batch_size", "--batch-size"),
+    ("initial_learn_rate", "--lr"),
+)
 
 
 def train_magic_line(options: TrainingOptions, name: str = "form") -> str:
@@ -27,8 +32,13 @@ def train_magic_line(options: TrainingOptions, name: str = "form") -> str:
     if not options.verbose:
         flags.append("--quiet")
     expressed = {field for field, _ in _MAGIC_FLAGS} | {"plots", "verbose"}
-    rest = [f for f in field_names() if f not in expressed and getattr(options, f) is not getattr(base, f)
-            and _differs(getattr(options, f), getattr(base, f))]
+    rest = [
+        f
+        for f in field_names()
+        if f not in expressed
+        and getattr(options, f) is not getattr(base, f)
+        and _differs(getattr(options, f), getattr(base, f))
+    ]
     if rest:
         return f"%%train --options {name}"
     return " ".join(flags)

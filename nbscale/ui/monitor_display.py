@@ -33,8 +33,9 @@ def monitor_panels(panels: list[tuple[str, list[str]]]) -> tuple[Panel, ...]:
 class MonitorDisplay:
     """Draws a monitor's columns and info; built in the notebook, from records made there or sent by ranks."""
 
-    def __init__(self, stop: StopSignal, panels: list[tuple[str, list[str]]], x_label: str,
-                 holds_the_cell: bool = True) -> None:
+    def __init__(
+        self, stop: StopSignal, panels: list[tuple[str, list[str]]], x_label: str, holds_the_cell: bool = True
+    ) -> None:
         from IPython.display import display
 
         self.stop = stop
@@ -51,8 +52,7 @@ class MonitorDisplay:
     def set_log(self, panel: int, log: bool) -> None:
         self.figure.set_log(panel, log)
 
-    def draw(self, columns: dict[str, list[float]], info: dict[str, Any], progress: float | None,
-             state: str) -> None:
+    def draw(self, columns: dict[str, list[float]], info: dict[str, Any], progress: float | None, state: str) -> None:
         self.figure_handle.update(self._figure_bundle(columns), raw=True)
         self.info_handle.update(self._info_bundle(info, progress, state), raw=True)
 
@@ -70,19 +70,27 @@ class MonitorDisplay:
         return {"image/png": self.figure.render(columns), "text/plain": "<training progress figure>"}
 
     def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
-        rows = [("State", state), ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start))),
-                ("Elapsed", format_duration(time.time() - self.start))]
+        rows = [
+            ("State", state),
+            ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start))),
+            ("Elapsed", format_duration(time.time() - self.start)),
+        ]
         if progress is not None:
             rows.append(("Progress", f"{progress:.0f}%"))
         rows += [(name, _shown(value)) for name, value in info.items()]
-        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
-                       f"<td style='text-align:left'>{escape(v)}</td></tr>" for k, v in rows)
+        html = "".join(
+            f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
+            f"<td style='text-align:left'>{escape(v)}</td></tr>"
+            for k, v in rows
+        )
         text = "\n".join(f"{k}: {v}" for k, v in rows)
         bar = ""
         if progress is not None:
             done = max(0.0, min(progress, 100.0))
-            bar = (f"<div style='width:300px;height:8px;background:#e0e0e0;margin:2px 0 4px 0'>"
-                   f"<div style='width:{done:.1f}%;height:8px;background:#0072bd'></div></div>")
+            bar = (
+                f"<div style='width:300px;height:8px;background:#e0e0e0;margin:2px 0 4px 0'>"
+                f"<div style='width:{done:.1f}%;height:8px;background:#0072bd'></div></div>"
+            )
         return {"text/html": f"{bar}<table style='font-size:12px'>{html}</table>", "text/plain": text}
 
 

@@ -15,28 +15,62 @@ from typing import Any
 
 from nbscale.training import options as rules
 
-CHOICES = {"solver": rules.SOLVERS, "gradient_threshold_method": rules.THRESHOLD_METHODS,
-           "shuffle": rules.SHUFFLE_MODES, "learn_rate_schedule": rules.SCHEDULES,
-           "output_network": rules.OUTPUT_NETWORKS, "precision": rules.PRECISIONS, "plots": rules.PLOTS,
-           "data_placement": rules.DATA_PLACEMENTS, "on_worker_failure": rules.WORKER_FAILURES,
-           "learn_rate_scaling": rules.LEARN_RATE_SCALINGS, "learn_rate_schedule_step": rules.SCHEDULE_STEPS,
-           "objective_goal": rules.OBJECTIVE_GOALS}
+CHOICES = {
+    "solver": rules.SOLVERS,
+    "gradient_threshold_method": rules.THRESHOLD_METHODS,
+    "shuffle": rules.SHUFFLE_MODES,
+    "learn_rate_schedule": rules.SCHEDULES,
+    "output_network": rules.OUTPUT_NETWORKS,
+    "precision": rules.PRECISIONS,
+    "plots": rules.PLOTS,
+    "data_placement": rules.DATA_PLACEMENTS,
+    "on_worker_failure": rules.WORKER_FAILURES,
+    "learn_rate_scaling": rules.LEARN_RATE_SCALINGS,
+    "learn_rate_schedule_step": rules.SCHEDULE_STEPS,
+    "objective_goal": rules.OBJECTIVE_GOALS,
+}
 # compile: off, on (torch.compile's default mode), or a named mode
 COMPILE_CHOICES = [("off", False), ("on", True), *((f"mode {mode!r}", mode) for mode in rules.COMPILE_MODES)]
-INTEGERS = ("max_epochs", "learn_rate_drop_period", "validation_frequency", "verbose_frequency",
-            "checkpoint_frequency", "learn_rate_reference_batch")  # all >= 1
+INTEGERS = (
+    "max_epochs",
+    "learn_rate_drop_period",
+    "validation_frequency",
+    "verbose_frequency",
+    "checkpoint_frequency",
+    "learn_rate_reference_batch",
+)  # all >= 1
 FRACTIONS = ("momentum", "learn_rate_drop_factor")  # in [0, 1], stepped by 0.05
-FLOATS = ("initial_learn_rate", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
-          "l2_regularization")  # open bounds: checked by the rules, shown inline
+FLOATS = (
+    "initial_learn_rate",
+    "gradient_decay_factor",
+    "squared_gradient_decay_factor",
+    "epsilon",
+    "l2_regularization",
+)  # open bounds: checked by the rules, shown inline
 NUMBER_OR_INF = ("gradient_threshold", "validation_patience")
 FLAGS = ("dispatch_in_background", "verbose")
-NOTEBOOK_OBJECTS = ("validation_data", "output_fn", "loss", "metrics", "loggers")  # chosen among the notebook's variables
-TEXT_FIELDS = (*NUMBER_OR_INF, "mini_batch_size", "checkpoint_path", "objective_metric")  # shown and read through text_of / value_of
+NOTEBOOK_OBJECTS = (
+    "validation_data",
+    "output_fn",
+    "loss",
+    "metrics",
+    "loggers",
+)  # chosen among the notebook's variables
+TEXT_FIELDS = (
+    *NUMBER_OR_INF,
+    "mini_batch_size",
+    "checkpoint_path",
+    "objective_metric",
+)  # shown and read through text_of / value_of
 NONE = "None"
 KEPT = "(value given in options)"  # a validation_data / output_fn object no notebook variable holds
 # the text boxes' hints, by field
-_PLACEHOLDERS = {**dict.fromkeys(NUMBER_OR_INF, "a number, or inf"), "mini_batch_size": "a whole number, or auto (GPUs)",
-                 "checkpoint_path": "a folder; empty: no checkpoints", "objective_metric": "loss, or one of the metrics"}
+_PLACEHOLDERS = {
+    **dict.fromkeys(NUMBER_OR_INF, "a number, or inf"),
+    "mini_batch_size": "a whole number, or auto (GPUs)",
+    "checkpoint_path": "a folder; empty: no checkpoints",
+    "objective_metric": "loss, or one of the metrics",
+}
 
 _LABEL_STYLE = {"description_width": "230px"}
 _WIDTH = "420px"
@@ -101,7 +135,6 @@ def value_of(name: str, text: str) -> Any:
     return text.strip() or None  # checkpoint_path: empty for none
 
 
-
 class WorkerLoad:
     """One slider per worker of the current pool: the share of every mini-batch it takes (worker_load).
 
@@ -115,12 +148,24 @@ class WorkerLoad:
         from nbscale.pool.pool import current_pool
 
         pool = current_pool()
-        self.sliders = [w.FloatSlider(value=1.0, min=0.0, max=1.0, step=0.05, description=f"worker {rank} ({device})",
-                                      style=_LABEL_STYLE, layout=w.Layout(width=_WIDTH))
-                        for rank, device in enumerate(pool.devices if pool is not None else [])]
-        self.note = ("<i>Equal sliders: an even split (worker_load=None). 0 leaves a worker out.</i>" if pool
-                     else "<i>worker_load: start a pool (%pool start) to weigh each worker; without one, the "
-                          "mini-batch is split evenly.</i>")
+        self.sliders = [
+            w.FloatSlider(
+                value=1.0,
+                min=0.0,
+                max=1.0,
+                step=0.05,
+                description=f"worker {rank} ({device})",
+                style=_LABEL_STYLE,
+                layout=w.Layout(width=_WIDTH),
+            )
+            for rank, device in enumerate(pool.devices if pool is not None else [])
+        ]
+        self.note = (
+            "<i>Equal sliders: an even split (worker_load=None). 0 leaves a worker out.</i>"
+            if pool
+            else "<i>worker_load: start a pool (%pool start) to weigh each worker; without one, the "
+            "mini-batch is split evenly.</i>"
+        )
         self.box = w.VBox([w.Label("worker_load"), *self.sliders] if self.sliders else [])
         self._explicit: Any = None
 
@@ -173,7 +218,9 @@ def hardware_choices() -> list[tuple[str, str]]:
         if pool is None or pool.kind == "gpu":
             choices.append((f"multi-gpu ({pool.size if pool else len(gpus)} GPU workers)", "multi-gpu"))
     if pool is not None:
-        choices.append((f"parallel (the running pool: {pool.size} {pool.kind} worker{'s' if pool.size != 1 else ''})", "parallel"))
+        choices.append(
+            (f"parallel (the running pool: {pool.size} {pool.kind} worker{'s' if pool.size != 1 else ''})", "parallel")
+        )
     else:
         choices.append(("parallel (starts a pool with default settings)", "parallel"))
     return choices
@@ -217,5 +264,9 @@ def is_user_function(value: object) -> bool:
 
 # the fields whose dropdown lists the notebook's variables, with the test of the values each takes
 _NOTEBOOK_CHOICES: dict[str, Callable[[Any], bool]] = {
-    "validation_data": looks_like_data, "output_fn": is_user_function, "loss": is_user_function,
-    "metrics": is_sequence, "loggers": is_sequence}
+    "validation_data": looks_like_data,
+    "output_fn": is_user_function,
+    "loss": is_user_function,
+    "metrics": is_sequence,
+    "loggers": is_sequence,
+}

@@ -28,20 +28,48 @@ from nbscale.ui.option_widgets import (
 )
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "Solver": ("solver", "momentum", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon",
-               "l2_regularization", "gradient_threshold", "gradient_threshold_method"),
-    "Learning rate": ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor",
-                      "learn_rate_drop_period", "learn_rate_scaling", "learn_rate_reference_batch",
-                      "learn_rate_schedule_step"),
+    "Solver": (
+        "solver",
+        "momentum",
+        "gradient_decay_factor",
+        "squared_gradient_decay_factor",
+        "epsilon",
+        "l2_regularization",
+        "gradient_threshold",
+        "gradient_threshold_method",
+    ),
+    "Learning rate": (
+        "initial_learn_rate",
+        "learn_rate_schedule",
+        "learn_rate_drop_factor",
+        "learn_rate_drop_period",
+        "learn_rate_scaling",
+        "learn_rate_reference_batch",
+        "learn_rate_schedule_step",
+    ),
     "Data & batches": ("max_epochs", "mini_batch_size", "shuffle", "dispatch_in_background", "data_placement"),
     "Validation": ("validation_data", "validation_frequency", "validation_patience", "output_network"),
     "Loss & metrics": ("loss", "metrics", "objective_metric", "objective_goal"),
     "Hardware": ("execution_environment", "worker_load", "precision", "compile", "on_worker_failure"),
-    "Output": ("plots", "verbose", "verbose_frequency", "checkpoint_path", "checkpoint_frequency", "output_fn",
-               "loggers"),
+    "Output": (
+        "plots",
+        "verbose",
+        "verbose_frequency",
+        "checkpoint_path",
+        "checkpoint_frequency",
+        "output_fn",
+        "loggers",
+    ),
 }
-_SCHEDULE_FIELDS = ("initial_learn_rate", "learn_rate_schedule", "learn_rate_drop_factor", "learn_rate_drop_period",
-                    "max_epochs", "learn_rate_scaling", "learn_rate_reference_batch")  # what the preview draws from
+_SCHEDULE_FIELDS = (
+    "initial_learn_rate",
+    "learn_rate_schedule",
+    "learn_rate_drop_factor",
+    "learn_rate_drop_period",
+    "max_epochs",
+    "learn_rate_scaling",
+    "learn_rate_reference_batch",
+)  # what the preview draws from
 
 
 def options_form(options: TrainingOptions | None = None, bind_to: str | None = None, show: bool = True) -> OptionsForm:
@@ -108,8 +136,7 @@ class OptionsForm:
         return w.VBox(rows)
 
     def _notebook_names(self, accept: Callable[[Any], bool]) -> list[str]:
-        return sorted(name for name, value in self.namespace.items()
-                      if not name.startswith("_") and accept(value))
+        return sorted(name for name, value in self.namespace.items() if not name.startswith("_") and accept(value))
 
     # ---- values -----------------------------------------------------------------------------------------------
 
@@ -131,8 +158,11 @@ class OptionsForm:
             widget.value = self._choice_for(name, value)
         elif name in FACTORY_FIELDS and callable(value):  # the user's factory: a "custom" entry holding it
             # pairs throughout: a mixed list reads as values; an earlier "custom" entry is replaced
-            names = [o if isinstance(o, tuple) else (o, o) for o in widget.options if not isinstance(o, tuple)
-                     or o[0] != "custom"]
+            names = [
+                o if isinstance(o, tuple) else (o, o)
+                for o in widget.options
+                if not isinstance(o, tuple) or o[0] != "custom"
+            ]
             widget.options = [*names, ("custom", value)]
             widget.value = value
         elif name == "execution_environment" and value not in [v for _, v in widget.options]:
@@ -146,7 +176,8 @@ class OptionsForm:
         if value is None:
             return NONE
         found: str | None = next(
-            (n for n in widget.options if n not in (NONE, KEPT) and self.namespace.get(n) is value), None)
+            (n for n in widget.options if n not in (NONE, KEPT) and self.namespace.get(n) is value), None
+        )
         if found is not None:
             return found
         self._kept[name] = value
@@ -179,8 +210,10 @@ class OptionsForm:
         """
         if self.errors:
             problems = " ".join(self.errors.values())
-            raise OptionsError(f"The options form has {len(self.errors)} wrong value(s): {problems} Fix them in "
-                               "the form; nothing was run.")
+            raise OptionsError(
+                f"The options form has {len(self.errors)} wrong value(s): {problems} Fix them in "
+                "the form; nothing was run."
+            )
         values = self.values()
         options = TrainingOptions(values.pop("solver"), **values)
         options.observe(self._set_from_code)  # these options, changed from code, change the form
@@ -228,10 +261,15 @@ class OptionsForm:
             text = self.errors.get(field, "")
             message.value = f"<span style='color:#d62728'>{html.escape(text)}</span>" if text else ""
         if self.errors:
-            self.summary.value = (f"<span style='color:#d62728'>&#10007; {len(self.errors)} wrong value(s); "
-                                  f"form.options raises until fixed.</span>"
-                                  + "".join(f"<br><span style='color:#d62728'>{html.escape(e)}</span>"
-                                            for f, e in self.errors.items() if f == "" or f not in self.messages))
+            self.summary.value = (
+                f"<span style='color:#d62728'>&#10007; {len(self.errors)} wrong value(s); "
+                f"form.options raises until fixed.</span>"
+                + "".join(
+                    f"<br><span style='color:#d62728'>{html.escape(e)}</span>"
+                    for f, e in self.errors.items()
+                    if f == "" or f not in self.messages
+                )
+            )
             self.line.value = ""
         else:
             self.summary.value = "<span style='color:#2ca02c'>&#10003; Valid training options.</span>"
@@ -262,10 +300,16 @@ class OptionsForm:
 
         self.schedule_image.value = schedule_png(options)
         self.schedule_image.layout.display = ""
-        scaled = (" With learn_rate_scaling='linear', training scales these rates by its global mini-batch / "
-                  f"{options.learn_rate_reference_batch}." if options.learn_rate_scaling == "linear" else "")
-        self.schedule_note.value = ("<i>The learn rate per epoch. The iterations per epoch depend on the data, "
-                                    f"known when training starts, so the curve is drawn against epochs.{scaled}</i>")
+        scaled = (
+            " With learn_rate_scaling='linear', training scales these rates by its global mini-batch / "
+            f"{options.learn_rate_reference_batch}."
+            if options.learn_rate_scaling == "linear"
+            else ""
+        )
+        self.schedule_note.value = (
+            "<i>The learn rate per epoch. The iterations per epoch depend on the data, "
+            f"known when training starts, so the curve is drawn against epochs.{scaled}</i>"
+        )
 
     def _enable(self) -> None:
         """Grey out what the other choices make irrelevant (the values stay and are still checked)."""

@@ -76,8 +76,11 @@ class TrainingProgress:
             self.state = f"Done: {self.stop.reason or event.stop_reason}"
             self.done = event
             if event.validation_loss is not None:  # the last iteration, validated after its event went out
-                self._add_validation(event.iteration, event.validation_loss,
-                                     validation_metrics(event.validation_metrics, event.validation_accuracy))
+                self._add_validation(
+                    event.iteration,
+                    event.validation_loss,
+                    validation_metrics(event.validation_metrics, event.validation_accuracy),
+                )
             self._draw()
             self._close_button()
             if self._figure is not None and not self.redraws_when_done:
@@ -104,8 +107,11 @@ class TrainingProgress:
                 _append_smoothed(c[name], c[f"{name}_smooth"], _shown(name, value))
                 c[f"{name}_iteration"].append(event.iteration)
         if event.validation_loss is not None:
-            self._add_validation(event.iteration, event.validation_loss,
-                                 validation_metrics(event.validation_metrics, event.validation_accuracy))
+            self._add_validation(
+                event.iteration,
+                event.validation_loss,
+                validation_metrics(event.validation_metrics, event.validation_accuracy),
+            )
         if is_drop(c["learn_rate"][-3:], event.learn_rate):  # confirmed an iteration after the fall
             c["drop_iteration"].append(event.iteration - 1)
             c["drop_rate"].append(event.learn_rate)
@@ -141,14 +147,21 @@ class TrainingProgress:
         self.start = event
         if event.metric_names != self.metric_names:
             self.metric_names = tuple(event.metric_names)
-            self.columns = metric_columns(self.metric_names) | {k: v for k, v in self.columns.items()
-                                                                if k.startswith(("restart", "drop"))}
+            self.columns = metric_columns(self.metric_names) | {
+                k: v for k, v in self.columns.items() if k.startswith(("restart", "drop"))
+            }
         if self.info_handle is None:
             self._open_panel()
-        rising = tuple(n for n in self.metric_names if n in RISING
-                       or (n == event.objective_metric and event.objective_goal == "maximize"))
-        self._figure = figure_for_run(event.max_epochs * event.iterations_per_epoch, event.iterations_per_epoch,
-                                      metric_panels(self.metric_names, rising))
+        rising = tuple(
+            n
+            for n in self.metric_names
+            if n in RISING or (n == event.objective_metric and event.objective_goal == "maximize")
+        )
+        self._figure = figure_for_run(
+            event.max_epochs * event.iterations_per_epoch,
+            event.iterations_per_epoch,
+            metric_panels(self.metric_names, rising),
+        )
         self.figure_handle = self._show_figure(self._figure_bundle())
         self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
 
@@ -163,7 +176,9 @@ class TrainingProgress:
         from IPython.display import display
 
         self.button = stop_button(self.stop, self.stop_tooltip)
-        self.button_handle = display(self.button, display_id=True)  # before routing: publishing from the main thread resets the comm's route
+        self.button_handle = display(
+            self.button, display_id=True
+        )  # before routing: publishing from the main thread resets the comm's route
         self._click_route = route_clicks_off_main_thread(self.button)
         if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
             if self._click_route is None:
@@ -183,8 +198,11 @@ class TrainingProgress:
 
     def _info_bundle(self) -> dict[str, str]:
         rows = self._info_rows()
-        html = "".join(f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
-                       f"<td style='text-align:left'>{escape(v)}</td></tr>" for k, v in rows)
+        html = "".join(
+            f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
+            f"<td style='text-align:left'>{escape(v)}</td></tr>"
+            for k, v in rows
+        )
         text = "\n".join(f"{k}: {v}" for k, v in rows)
         return {"text/html": f"<table style='font-size:12px'>{html}</table>", "text/plain": text}
 
@@ -194,25 +212,33 @@ class TrainingProgress:
             rows = [("State", self.state)]
             if self.preparing is not None:
                 p = self.preparing
-                rows += [("Preparing data", f"{p.what}: {p.done:,} of {p.total:,} {p.unit}"),
-                         ("Preparation", format_duration(time.time() - self._preparing_since))]
+                rows += [
+                    ("Preparing data", f"{p.what}: {p.done:,} of {p.total:,} {p.unit}"),
+                    ("Preparation", format_duration(time.time() - self._preparing_since)),
+                ]
             return rows
         total = start.max_epochs * start.iterations_per_epoch
-        rows = [("State", self.state),
-                ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.start_time))),
-                ("Elapsed", format_duration(time.time() - start.start_time)),
-                ("Hardware", start.hardware),
-                ("Mini-batch size", str(start.mini_batch_size))]
+        rows = [
+            ("State", self.state),
+            ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.start_time))),
+            ("Elapsed", format_duration(time.time() - start.start_time)),
+            ("Hardware", start.hardware),
+            ("Mini-batch size", str(start.mini_batch_size)),
+        ]
         if start.choices:  # mini_batch_size="auto", learn_rate_scaling: what was chosen and why
             rows.append(("Chosen", start.choices))
         if start.data_placement:  # where the data are held, and the time reading them took (not in Elapsed)
-            rows += [("Data", start.data_placement),
-                     ("Preparation", f"{start.prepare_seconds:.1f} s, before training (not in Elapsed)")]
+            rows += [
+                ("Data", start.data_placement),
+                ("Preparation", f"{start.prepare_seconds:.1f} s, before training (not in Elapsed)"),
+            ]
         if last is not None:
-            rows += [("Epoch", f"{last.epoch} of {start.max_epochs}"),
-                     ("Iteration", f"{last.iteration} of {total}"),
-                     ("Learn rate", f"{last.learn_rate:.3g}"),
-                     ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s")]
+            rows += [
+                ("Epoch", f"{last.epoch} of {start.max_epochs}"),
+                ("Iteration", f"{last.iteration} of {total}"),
+                ("Learn rate", f"{last.learn_rate:.3g}"),
+                ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s"),
+            ]
         if self.columns["val_iteration"]:
             rows.append(self._validation_row())
         if self.restarts:
@@ -266,8 +292,17 @@ RISING = frozenset({"accuracy", "top5-accuracy", "precision", "recall", "fscore"
 def metric_columns(metric_names: tuple[str, ...]) -> dict[str, list[float]]:
     """The columns a training's figure is drawn from: the loss and each metric, raw, smoothed, at which
     iterations, and validated; learn rates and their drops, restarts."""
-    keys = ["iteration", "loss", "loss_smooth", "val_iteration", "val_loss", "learn_rate", "drop_iteration",
-            "drop_rate", "restart_iteration"]
+    keys = [
+        "iteration",
+        "loss",
+        "loss_smooth",
+        "val_iteration",
+        "val_loss",
+        "learn_rate",
+        "drop_iteration",
+        "drop_rate",
+        "restart_iteration",
+    ]
     for name in metric_names:
         keys += [name, f"{name}_smooth", f"{name}_iteration", f"val_{name}"]
     return {k: [] for k in keys}

@@ -37,8 +37,14 @@ SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn ov
 # MATLAB's colours: a light raw curve (opaque, so it shows on a white or shaded background) under a darker
 # smoothed one; validation in black. Metrics beyond accuracy and loss (and a monitor's series) take the next pair.
 _COLOURS = {"accuracy": ("#80bfe6", "#0072bd"), "loss": ("#f4b183", "#d95319")}
-_MORE_COLOURS = (("#b3d89c", "#3a8a2a"), ("#c9b3e0", "#7e2f8e"), ("#f7d794", "#b8860b"), ("#a6dcd5", "#1b7f79"),
-                 ("#f2a6b8", "#a2142f"), ("#cccccc", "#555555"))
+_MORE_COLOURS = (
+    ("#b3d89c", "#3a8a2a"),
+    ("#c9b3e0", "#7e2f8e"),
+    ("#f7d794", "#b8860b"),
+    ("#a6dcd5", "#1b7f79"),
+    ("#f2a6b8", "#a2142f"),
+    ("#cccccc", "#555555"),
+)
 _BAND = "#f0f0f0"
 _DROP = "#6a3d9a"
 _RESTART = "#c00000"
@@ -74,10 +80,17 @@ def metric_panels(metric_names: tuple[str, ...] = ("accuracy",), rising: tuple[s
     for index, name in enumerate((*metric_names, "loss")):
         colours = _COLOURS.get(name) or _MORE_COLOURS[index % len(_MORE_COLOURS)]
         label = {"accuracy": "Accuracy (%)", "loss": "Loss"}.get(name, name)
-        panels.append(Panel(label, (Series(name, "train", "Training", colours),
-                                    Series(f"val_{name}", "validation", "Validation", colours)),
-                            (0.0, 100.0) if name == "accuracy" else None,
-                            rising=name == "accuracy" or name in rising))
+        panels.append(
+            Panel(
+                label,
+                (
+                    Series(name, "train", "Training", colours),
+                    Series(f"val_{name}", "validation", "Validation", colours),
+                ),
+                (0.0, 100.0) if name == "accuracy" else None,
+                rising=name == "accuracy" or name in rising,
+            )
+        )
     return tuple(panels)
 
 
@@ -85,8 +98,9 @@ _spare: ProgressFigure | None = None  # the last released figure (one kept: its 
 _spare_lock = threading.Lock()  # job monitors draw from threads
 
 
-def figure_for_run(total_iterations: int, iterations_per_epoch: int,
-                   panels: tuple[Panel, ...] | None = None) -> ProgressFigure:
+def figure_for_run(
+    total_iterations: int, iterations_per_epoch: int, panels: tuple[Panel, ...] | None = None
+) -> ProgressFigure:
     """An empty figure for a run: the last released one when its layout is the same, else a new one."""
     global _spare
     panels = panels if panels is not None else metric_panels()
@@ -108,13 +122,13 @@ def _series_lines(axes: Any, panel: Panel) -> list[tuple[Series, Any, Any]]:
     for series in panel.series:
         light, dark = series.colours
         if series.kind == "validation":
-            dots, = axes.plot([], [], "o--", color="black", markersize=4, linewidth=1, label=series.label,
-                              animated=True)
+            (dots,) = axes.plot(
+                [], [], "o--", color="black", markersize=4, linewidth=1, label=series.label, animated=True
+            )
             lines.append((series, dots, None))
         else:
-            raw, = axes.plot([], [], color=light, linewidth=1.0, label=series.label, animated=True)
-            smooth, = axes.plot([], [], color=dark, linewidth=1.8, label=f"{series.label} (smoothed)",
-                                animated=True)
+            (raw,) = axes.plot([], [], color=light, linewidth=1.0, label=series.label, animated=True)
+            (smooth,) = axes.plot([], [], color=dark, linewidth=1.8, label=f"{series.label} (smoothed)", animated=True)
             lines.append((series, raw, smooth))
     return lines
 
@@ -125,8 +139,13 @@ class ProgressFigure:
 
     `total_iterations` 0: the length is unknown (a user's own loop), and the x axis doubles when passed."""
 
-    def __init__(self, total_iterations: int, iterations_per_epoch: int,
-                 panels: tuple[Panel, ...] | None = None, x_label: str = "Iteration") -> None:
+    def __init__(
+        self,
+        total_iterations: int,
+        iterations_per_epoch: int,
+        panels: tuple[Panel, ...] | None = None,
+        x_label: str = "Iteration",
+    ) -> None:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -274,12 +293,20 @@ class ProgressFigure:
             for axes, *_ in self.panels:
                 axes.axvline(where, color=_DROP, linestyle="--", linewidth=1.0, zorder=1)
             if index < _MAX_DROP_LABELS:
-                self.loss_axes.annotate(f"learn rate {rates[index]:.3g}", (where, 1.0), xycoords=("data", "axes fraction"),
-                                        xytext=(3, -3), textcoords="offset points", ha="left", va="top",
-                                        fontsize=7.5, color=_DROP, rotation=90)
+                self.loss_axes.annotate(
+                    f"learn rate {rates[index]:.3g}",
+                    (where, 1.0),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(3, -3),
+                    textcoords="offset points",
+                    ha="left",
+                    va="top",
+                    fontsize=7.5,
+                    color=_DROP,
+                    rotation=90,
+                )
         self.drops_marked = len(iterations)
         self.background_without_loss_axis = self.background = None
-
 
     def _mark_restarts(self, iterations: list[float]) -> None:
         """A dash-dot line across both panels where training resumed after a lost worker (on_worker_failure=
@@ -290,9 +317,18 @@ class ProgressFigure:
             where = iterations[index] + 0.5  # after the checkpoint's last iteration
             for axes, *_ in self.panels:
                 axes.axvline(where, color=_RESTART, linestyle="-.", linewidth=1.2, zorder=1)
-            self.panels[0][0].annotate(f"restart {index + 1}", (where, 0.0), xycoords=("data", "axes fraction"),
-                                       xytext=(3, 3), textcoords="offset points", ha="left", va="bottom",
-                                       fontsize=7.5, color=_RESTART, rotation=90)
+            self.panels[0][0].annotate(
+                f"restart {index + 1}",
+                (where, 0.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, 3),
+                textcoords="offset points",
+                ha="left",
+                va="bottom",
+                fontsize=7.5,
+                color=_RESTART,
+                rotation=90,
+            )
         self.restarts_marked = len(iterations)
         self.background_without_loss_axis = self.background = None
 
@@ -317,8 +353,13 @@ def _mark_epochs(axes: Axes, total_iterations: int, iterations_per_epoch: int) -
     epochs = total_iterations // max(iterations_per_epoch, 1)
     if 1 < epochs <= _MAX_EPOCH_BANDS:
         for epoch in range(1, epochs, 2):  # the 2nd, 4th, ... epoch
-            axes.axvspan(epoch * iterations_per_epoch + 0.5, min(epoch + 1, epochs) * iterations_per_epoch + 0.5,
-                         color=_BAND, linewidth=0, zorder=0)
+            axes.axvspan(
+                epoch * iterations_per_epoch + 0.5,
+                min(epoch + 1, epochs) * iterations_per_epoch + 0.5,
+                color=_BAND,
+                linewidth=0,
+                zorder=0,
+            )
         return
     step = max(1, math.ceil(epochs / _MAX_EPOCH_BANDS))
     marks = [epoch * iterations_per_epoch + 0.5 for epoch in range(step, epochs, step)]
@@ -334,8 +375,7 @@ def _label_epochs(axes: Axes, total_iterations: int, iterations_per_epoch: int) 
     step = max(1, math.ceil(epochs / _MAX_EPOCH_LABELS))
     shown = list(range(1, epochs + 1, step))
     top = axes.secondary_xaxis("top")
-    top.set_xticks([(epoch - 0.5) * iterations_per_epoch + 0.5 for epoch in shown], [str(e) for e in shown],
-                   fontsize=8)
+    top.set_xticks([(epoch - 0.5) * iterations_per_epoch + 0.5 for epoch in shown], [str(e) for e in shown], fontsize=8)
     top.tick_params(length=0, pad=2)
     top.set_xlabel("Epoch", fontsize=9, labelpad=2)
 
@@ -371,6 +411,7 @@ def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tu
     grouped = ys[:whole].reshape(-1, size)
     low, high = np.argmin(grouped, axis=1), np.argmax(grouped, axis=1)
     starts = np.arange(0, whole, size)
-    index = np.concatenate([(starts[:, None] + np.sort(np.stack([low, high], 1), axis=1)).ravel(),
-                            np.arange(whole, len(ys))])
+    index = np.concatenate(
+        [(starts[:, None] + np.sort(np.stack([low, high], 1), axis=1)).ravel(), np.arange(whole, len(ys))]
+    )
     return xs[index], ys[index]

@@ -23,11 +23,22 @@ def _lazy(module: str, function: str) -> Callable[..., Any]:
 
 def register_renderers() -> None:
     """Register the renderer of every result type the core returns."""
-    register("nbscale.pool.status.PoolStatus",
-             _lazy("nbscale.ui.pool_status", "pool_status_text"), _lazy("nbscale.ui.pool_status", "pool_status_html"))
-    register("nbscale.gpu.GpuList", _lazy("nbscale.ui.gpu_table", "gpu_text"), _lazy("nbscale.ui.gpu_table", "gpu_html"))
-    register("nbscale.training.run_table.RunsTable",
-             _lazy("nbscale.ui.runs_table", "runs_table_text"), _lazy("nbscale.ui.runs_table", "runs_table_html"))
-    register("nbscale.training.sweep.SweepResult",
-             _lazy("nbscale.ui.runs_table", "sweep_result_text"), _lazy("nbscale.ui.runs_table", "sweep_result_html"))
+    register(
+        "nbscale.pool.status.PoolStatus",
+        _lazy("nbscale.ui.pool_status", "pool_status_text"),
+        _lazy("nbscale.ui.pool_status", "pool_status_html"),
+    )
+    register(
+        "nbscale.gpu.GpuList", _lazy("nbscale.ui.gpu_table", "gpu_text"), _lazy("nbscale.ui.gpu_table", "gpu_html")
+    )
+    register(
+        "nbscale.training.run_table.RunsTable",
+        _lazy("nbscale.ui.runs_table", "runs_table_text"),
+        _lazy("nbscale.ui.runs_table", "runs_table_html"),
+    )
+    register(
+        "nbscale.training.sweep.SweepResult",
+        _lazy("nbscale.ui.runs_table", "sweep_result_text"),
+        _lazy("nbscale.ui.runs_table", "sweep_result_html"),
+    )
     register_viewer("nbscale.jobs.job.Job", _lazy("nbscale.ui.job_monitor", "show_job"))

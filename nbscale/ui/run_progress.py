@@ -76,8 +76,9 @@ def show_run(run: TrainingRun) -> RunProgress:
     view = RunProgress(run)
     view.state = "Waiting for a worker" if run.state == "queued" else "Starting"
     view._open_panel()  # the Stop button and the info panel at once, in this cell; the figure at the first events
-    view.figure_placeholder = display({"text/plain": "<training progress figure: waiting for the first iterations>"},
-                                      raw=True, display_id=True)
+    view.figure_placeholder = display(
+        {"text/plain": "<training progress figure: waiting for the first iterations>"}, raw=True, display_id=True
+    )
     shell = kernel_shell()
     outputs = CellOutputs(shell) if shell is not None else None
     if outputs is not None:  # updates reach this cell's outputs in a client that is running a later cell too
@@ -100,18 +101,46 @@ def _history(run: TrainingRun) -> list[Any]:
     info = run.info
     if not info.iteration:
         return []
-    events: list[Any] = [TrainingStarted(info.max_epochs, info.iterations_per_epoch, info.mini_batch_size,
-                                         info.hardware, run.started_at or 0.0, info.iteration[0],
-                                         metric_names=info.metric_names, objective_metric=info.objective_metric,
-                                         objective_goal=info.objective_goal)]
+    events: list[Any] = [
+        TrainingStarted(
+            info.max_epochs,
+            info.iterations_per_epoch,
+            info.mini_batch_size,
+            info.hardware,
+            run.started_at or 0.0,
+            info.iteration[0],
+            metric_names=info.metric_names,
+            objective_metric=info.objective_metric,
+            objective_goal=info.objective_goal,
+        )
+    ]
     for index, iteration in enumerate(info.iteration):
-        events.append(IterationDone(
-            info.epoch[index], iteration, info.time[index], info.training_loss[index], info.training_accuracy[index],
-            info.learn_rate[index], 0, info.validation_loss[index], info.validation_accuracy[index],
-            training_metrics={name: values[index] for name, values in info.metrics.items()},
-            validation_metrics={name: values[index] for name, values in info.validation_metrics.items()}
-            if info.validation_loss[index] is not None else None))
+        events.append(
+            IterationDone(
+                info.epoch[index],
+                iteration,
+                info.time[index],
+                info.training_loss[index],
+                info.training_accuracy[index],
+                info.learn_rate[index],
+                0,
+                info.validation_loss[index],
+                info.validation_accuracy[index],
+                training_metrics={name: values[index] for name, values in info.metrics.items()},
+                validation_metrics={name: values[index] for name, values in info.validation_metrics.items()}
+                if info.validation_loss[index] is not None
+                else None,
+            )
+        )
     if run.done() and info.stop_reason:
-        events.append(TrainingDone(info.stop_reason, info.epoch[-1], info.iteration[-1], info.time[-1],
-                                   info.output_network_iteration, info.images_per_second))
+        events.append(
+            TrainingDone(
+                info.stop_reason,
+                info.epoch[-1],
+                info.iteration[-1],
+                info.time[-1],
+                info.output_network_iteration,
+                info.images_per_second,
+            )
+        )
     return events

@@ -12,8 +12,13 @@ from nbscale.ui.table import html_table, text_table
 if TYPE_CHECKING:
     from nbscale.training.sweep import SweepResult
 
-_STATE_COLOURS = {"queued": "#888", "running": "#1f77b4", "done": "#2ca02c", "failed": "#d62728",
-                  "cancelled": "#ff7f0e"}
+_STATE_COLOURS = {
+    "queued": "#888",
+    "running": "#1f77b4",
+    "done": "#2ca02c",
+    "failed": "#d62728",
+    "cancelled": "#ff7f0e",
+}
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -37,8 +42,10 @@ def runs_table_html(table: RunsTable) -> str:
     body = f"<b>{html.escape(table.title)}</b>" + html_table(_columns(rows), rows, _STATE_COLOURS)
     for run in table.runs:
         if run.state == "failed":
-            body += (f"<details><summary>{html.escape(run.name)} failed: {html.escape(last_line(run.error))}"
-                     f"</summary><pre>{html.escape(run.error or '')}</pre></details>")
+            body += (
+                f"<details><summary>{html.escape(run.name)} failed: {html.escape(last_line(run.error))}"
+                f"</summary><pre>{html.escape(run.error or '')}</pre></details>"
+            )
     return body
 
 

@@ -32,5 +32,7 @@ def say_stop_needs_the_interrupt(button: Any) -> None:
     """Training holds the cell to its end, so a button whose clicks wait for the cell's end cannot stop it."""
     button.disabled = True
     button.description = "Stop: interrupt the kernel"
-    button.tooltip = ("This kernel handles clicks only after the cell (in-cell clicks need ipykernel >= 7.4 with "
-                      "subshells): interrupt the kernel to stop at the end of the current iteration.")
+    button.tooltip = (
+        "This kernel handles clicks only after the cell (in-cell clicks need ipykernel >= 7.4 with "
+        "subshells): interrupt the kernel to stop at the end of the current iteration."
+    )

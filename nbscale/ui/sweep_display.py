@@ -27,8 +27,9 @@ _ENDED = ("done", "failed", "cancelled")
 class SweepDisplay:
     """Live figure + table + a Cancel (and optionally Stop) button per run, refreshed off the main thread."""
 
-    def __init__(self, runs: Sequence[TrainingRun], title: str = "", min_interval: float = 1.0,
-                 stop_buttons: bool = False) -> None:
+    def __init__(
+        self, runs: Sequence[TrainingRun], title: str = "", min_interval: float = 1.0, stop_buttons: bool = False
+    ) -> None:
         self.runs, self.title, self.min_interval = list(runs), title, min_interval
         self.stop_buttons = stop_buttons
         self.figure_handle: Any = None
@@ -57,15 +58,18 @@ class SweepDisplay:
                 undo = route_clicks_off_main_thread(button)
                 if undo is not None:
                     self._undo_routes.append(undo)
-        self.table_handle = display(runs_table_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True,
-                                    display_id=True)
-        self.figure_handle = display({"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True,
-                                     display_id=True)
+        self.table_handle = display(
+            runs_table_bundle(RunsTable(self.title or "Runs", tuple(self.runs))), raw=True, display_id=True
+        )
+        self.figure_handle = display(
+            {"text/plain": "<sweep figure: waiting for the first iterations>"}, raw=True, display_id=True
+        )
         shell = kernel_shell()
         if shell is not None:  # redraws reach these outputs in a client running a later cell too (wait=False)
             outputs = CellOutputs(shell)
             self.buttons_handle, self.table_handle, self.figure_handle = (
-                outputs.mirrored(handle) for handle in (self.buttons_handle, self.table_handle, self.figure_handle))
+                outputs.mirrored(handle) for handle in (self.buttons_handle, self.table_handle, self.figure_handle)
+            )
         for run in self.runs:
             run.subscribe(self._on_change)
         threading.Thread(target=self._refresh_forever, name="nbscale-sweep-display", daemon=True).start()
@@ -84,7 +88,9 @@ class SweepDisplay:
                 started = time.perf_counter()
                 self.draw()
                 pause_until = time.perf_counter() + max(self.min_interval, 20 * (time.perf_counter() - started))
-                while time.perf_counter() < pause_until and not self.finished:  # drawing takes at most a twentieth of the time
+                while (
+                    time.perf_counter() < pause_until and not self.finished
+                ):  # drawing takes at most a twentieth of the time
                     time.sleep(0.1)
         self.finish()
 
@@ -122,18 +128,27 @@ class SweepDisplay:
 
     def _button_box(self) -> object:
         import ipywidgets
+
         rows = []
         for run in self.runs:
-            cancel = ipywidgets.Button(description=f"Cancel {run.name}", icon="times", button_style="warning",
-                                       tooltip=f"Cancel {run.name} ({', '.join(map(str, run.params.values()))}); "
-                                               "its worker takes the next run",
-                                       layout=ipywidgets.Layout(width="auto"))
+            cancel = ipywidgets.Button(
+                description=f"Cancel {run.name}",
+                icon="times",
+                button_style="warning",
+                tooltip=f"Cancel {run.name} ({', '.join(map(str, run.params.values()))}); "
+                "its worker takes the next run",
+                layout=ipywidgets.Layout(width="auto"),
+            )
             cancel.on_click(lambda _button, run=run: run.cancel())
             buttons = [cancel]
             if self.stop_buttons:
-                stop = ipywidgets.Button(description="Stop", icon="stop", button_style="danger",
-                                         tooltip="Stop at the end of this iteration and keep the network so far",
-                                         layout=ipywidgets.Layout(width="auto"))
+                stop = ipywidgets.Button(
+                    description="Stop",
+                    icon="stop",
+                    button_style="danger",
+                    tooltip="Stop at the end of this iteration and keep the network so far",
+                    layout=ipywidgets.Layout(width="auto"),
+                )
                 stop.on_click(lambda _button, run=run: run.stop())
                 buttons.insert(0, stop)
             self.buttons[run.name] = buttons
@@ -201,12 +216,18 @@ def _plot_run(axes: Any, info: Any, name: str, colour: str, label: str) -> None:
     training = info.training_loss[:count] if name == "loss" else info.metrics.get(name, [])[:count]
     validation = info.validation_loss[:count] if name == "loss" else info.validation_metrics.get(name, [])[:count]
     if any(value is not None for value in training):
-        axes.plot(iterations[:len(training)], _smooth([scale * v if v is not None else float("nan") for v in training]),
-                  color=colour, linewidth=1.4, label=label)
+        axes.plot(
+            iterations[: len(training)],
+            _smooth([scale * v if v is not None else float("nan") for v in training]),
+            color=colour,
+            linewidth=1.4,
+            label=label,
+        )
     validated = [(i, scale * v) for i, v in zip(iterations, validation, strict=False) if v is not None]
     if validated:
-        axes.plot([v[0] for v in validated], [v[1] for v in validated], "o--", color=colour, markersize=3,
-                  linewidth=0.8)
+        axes.plot(
+            [v[0] for v in validated], [v[1] for v in validated], "o--", color=colour, markersize=3, linewidth=0.8
+        )
 
 
 def _smooth(values: Sequence[float]) -> list[float]:

@@ -10,7 +10,9 @@ from typing import Any
 def text_table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
     """The title, then the columns aligned with two spaces between them."""
     cells = [[str(row[column]) for column in columns] for row in rows]
-    widths = [max(len(column), *(len(r[i]) for r in cells)) if cells else len(column) for i, column in enumerate(columns)]
+    widths = [
+        max(len(column), *(len(r[i]) for r in cells)) if cells else len(column) for i, column in enumerate(columns)
+    ]
     lines = [title, "  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(lines)

@@ -16,8 +16,16 @@ from nbscale.training.events import IterationDone, PreparingData, StopSignal, Tr
 if TYPE_CHECKING:
     from nbscale.training.events import Event
 
-_HEADER = ("Epoch", "Iteration", "Time Elapsed", "Mini-batch Accuracy", "Validation Accuracy",
-           "Mini-batch Loss", "Validation Loss", "Base Learning Rate")
+_HEADER = (
+    "Epoch",
+    "Iteration",
+    "Time Elapsed",
+    "Mini-batch Accuracy",
+    "Validation Accuracy",
+    "Mini-batch Loss",
+    "Validation Loss",
+    "Base Learning Rate",
+)
 
 
 def header(metric_names: tuple[str, ...]) -> tuple[str, ...]:
@@ -32,8 +40,9 @@ def header(metric_names: tuple[str, ...]) -> tuple[str, ...]:
 class VerboseTable:
     """Listener for the training event channel that prints the verbose table."""
 
-    def __init__(self, frequency: int, stop: StopSignal | None = None, stream: TextIO | None = None,
-                 preparing: bool = False) -> None:
+    def __init__(
+        self, frequency: int, stop: StopSignal | None = None, stream: TextIO | None = None, preparing: bool = False
+    ) -> None:
         """`preparing`: show how far reading the data before training has come, on one line rewritten in place
         (where no training-progress display shows it)."""
         self.frequency, self.stop, self.stream = int(frequency), stop, stream
@@ -60,8 +69,10 @@ class VerboseTable:
             if self.preparing_line:  # the count stays as it ended, on its own line
                 self._write("\n")
             if event.data_placement:
-                self._print(f"Data: {event.data_placement}; read in {event.prepare_seconds:.1f} s before training "
-                            "(not in Time Elapsed).")
+                self._print(
+                    f"Data: {event.data_placement}; read in {event.prepare_seconds:.1f} s before training "
+                    "(not in Time Elapsed)."
+                )
             chosen = [f"Chosen: {event.choices}."] if event.choices else []  # "auto", learn_rate_scaling
             self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(self.header), rule)
         elif isinstance(event, IterationDone):
@@ -73,9 +84,12 @@ class VerboseTable:
             last = self.last
             if last is not None and event.validation_loss is not None and event.iteration == last.iteration:
                 # validated after its row was due (a stop asked as its event went out): its row with the figures
-                last = dataclasses.replace(last, validation_loss=event.validation_loss,
-                                           validation_accuracy=event.validation_accuracy,
-                                           validation_metrics=event.validation_metrics)
+                last = dataclasses.replace(
+                    last,
+                    validation_loss=event.validation_loss,
+                    validation_accuracy=event.validation_accuracy,
+                    validation_metrics=event.validation_metrics,
+                )
                 self.last_printed = -1  # printed again, now with them
             if last is not None and self.last_printed != last.iteration:
                 self._print_event(last)
@@ -94,14 +108,24 @@ class VerboseTable:
         seconds = int(e.time_since_start)
         elapsed = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
         training = e.training_metrics if e.training_metrics is not None else {"accuracy": e.training_accuracy}
-        validation = e.validation_metrics if e.validation_metrics is not None else {
-            "accuracy": e.validation_accuracy}
+        validation = e.validation_metrics if e.validation_metrics is not None else {"accuracy": e.validation_accuracy}
         cells: list[str] = []
         for name in self.metric_names:
             shown = percent if name == "accuracy" else number
             cells += [shown(training.get(name)), shown(validation.get(name) if e.validation_loss is not None else None)]
-        self._print(self._row((str(e.epoch), str(e.iteration), elapsed, *cells, number(e.training_loss),
-                               number(e.validation_loss), f"{e.learn_rate:.4g}")))
+        self._print(
+            self._row(
+                (
+                    str(e.epoch),
+                    str(e.iteration),
+                    elapsed,
+                    *cells,
+                    number(e.training_loss),
+                    number(e.validation_loss),
+                    f"{e.learn_rate:.4g}",
+                )
+            )
+        )
         self.last_printed = e.iteration
 
     def _print_preparing(self, event: PreparingData) -> None:

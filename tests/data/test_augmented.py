@@ -29,7 +29,7 @@ def test_centercrop_cuts_the_middle_exactly(digits_folder: Path) -> None:
 def test_randcrop_cuts_a_window_of_the_image(digits_folder: Path) -> None:
     source = ImageDatastore(digits_folder)
     original = source[3][0]
-    windows = {(top, left): original[:, top:top + 5, left:left + 5] for top in range(4) for left in range(4)}
+    windows = {(top, left): original[:, top : top + 5, left : left + 5] for top in range(4) for left in range(4)}
     ds = AugmentedImageDatastore((5, 5), source, output_size_mode="randcrop")
     found = set()
     for _ in range(40):
@@ -45,8 +45,9 @@ def test_gray2rgb_and_rgb2gray_set_the_channel_count(digits_folder: Path, photos
     assert colour.shape == (1, 24, 32)
 
 
-def test_output_size_with_channels_gives_every_item_that_many_channels(digits_folder: Path,
-                                                                       photos_folder: Path) -> None:
+def test_output_size_with_channels_gives_every_item_that_many_channels(
+    digits_folder: Path, photos_folder: Path
+) -> None:
     digits, photos = ImageDatastore(digits_folder), ImageDatastore(photos_folder)
     three = AugmentedImageDatastore((16, 16, 3), digits)  # MATLAB's [h w c], as for a 3-channel network
     assert three[0][0].shape == (3, 16, 16) and three.color_preprocessing == "gray2rgb"
@@ -91,8 +92,12 @@ def test_dataloader_batches_are_augmented_per_image(digits_folder: Path) -> None
 
 
 def test_mixed_sizes_are_batched_after_sizing(digits_folder: Path, photos_folder: Path) -> None:
-    ds = AugmentedImageDatastore((20, 20), ImageDatastore([photos_folder, digits_folder / "5"]),
-                                 ImageAugmenter(rand_y_reflection=True), color_preprocessing="gray2rgb")
+    ds = AugmentedImageDatastore(
+        (20, 20),
+        ImageDatastore([photos_folder, digits_folder / "5"]),
+        ImageAugmenter(rand_y_reflection=True),
+        color_preprocessing="gray2rgb",
+    )
     images, _ = next(iter(DataLoader(ds, batch_size=4)))
     assert images.shape == (4, 3, 20, 20)
 
@@ -143,20 +148,35 @@ def test_a_seeded_network_with_dropout_trains_alike_streamed_resident_and_in_bac
     data = AugmentedImageDatastore((8, 8), source, ImageAugmenter(rand_x_reflection=True))
     trained = []
     for fields in ({"data_placement": "device"}, {"data_placement": "stream"}, {"dispatch_in_background": True}):
-        options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=16, validation_data=data.subset(range(40)),
-                                          validation_frequency=3, plots="none", verbose=False, **fields)
+        options = nbscale.TrainingOptions(
+            "sgdm",
+            max_epochs=2,
+            mini_batch_size=16,
+            validation_data=data.subset(range(40)),
+            validation_frequency=3,
+            plots="none",
+            verbose=False,
+            **fields,
+        )
         torch.manual_seed(0)
-        net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
-                                  torch.nn.Linear(32, 10))
+        net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(32, 10)
+        )
         net, _ = nbscale.train(net, data, options)
         trained.append([parameter.detach() for parameter in net.parameters()])
     for other in trained[1:]:
         assert all(torch.equal(a, b) for a, b in zip(trained[0], other, strict=True))
 
 
-@pytest.mark.parametrize(("typed", "meant"), [("DataAugmentation", "augmenter"), ("data_augmentation", "augmenter"),
-                                              ("ColorPreprocessing", "color_preprocessing"),
-                                              ("OutputSizeMode", "output_size_mode")])
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("DataAugmentation", "augmenter"),
+        ("data_augmentation", "augmenter"),
+        ("ColorPreprocessing", "color_preprocessing"),
+        ("OutputSizeMode", "output_size_mode"),
+    ],
+)
 def test_matlab_option_names_are_errors_naming_the_option_to_use(digits_folder: Path, typed: str, meant: str) -> None:
     from nbscale.errors import OptionsError
 

@@ -105,9 +105,16 @@ def test_identity_augmenter_leaves_the_image_alone() -> None:
     assert torch.equal(ImageAugmenter()(known_image()), known_image())
 
 
-@pytest.mark.parametrize("options", [{"rand_rotation": 5}, {"rand_x_translation": (4, -4)},
-                                     {"rand_scale": (0, 2)}, {"rand_x_shear": (-90, 10)},
-                                     {"rand_x_reflection": "yes"}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"rand_rotation": 5},
+        {"rand_x_translation": (4, -4)},
+        {"rand_scale": (0, 2)},
+        {"rand_x_shear": (-90, 10)},
+        {"rand_x_reflection": "yes"},
+    ],
+)
 def test_wrong_option_values_are_errors_naming_the_option(options: dict) -> None:
     with pytest.raises(OptionsError, match=next(iter(options))):
         ImageAugmenter(**options)
@@ -128,8 +135,10 @@ def test_fill_value_with_another_channel_count_is_an_error_naming_both() -> None
         ImageAugmenter(fill_value="white")
 
 
-@pytest.mark.parametrize(("typed", "meant"), [("RandXReflection", "rand_x_reflection"), ("FillValue", "fill_value"),
-                                              ("rand_x_translate", "rand_x_translation")])
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [("RandXReflection", "rand_x_reflection"), ("FillValue", "fill_value"), ("rand_x_translate", "rand_x_translation")],
+)
 def test_matlab_names_and_typos_are_errors_naming_the_option_to_use(typed: str, meant: str) -> None:
     with pytest.raises(OptionsError, match=f"no option '{typed}'. Did you mean '{meant}'\\?"):
         ImageAugmenter(**{typed: True})

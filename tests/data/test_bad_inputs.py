@@ -49,8 +49,10 @@ def test_augmenter_translations_beyond_any_image_are_refused(shift):
         ImageAugmenter(rand_x_translation=(min(0, shift), max(0, shift)))
 
 
-@pytest.mark.parametrize("location, said", [(123, "is not a folder, file or URL"), (b"/path", "is bytes"),
-                                            ([Path("/x"), 4.5], "4.5 is not a folder")])
+@pytest.mark.parametrize(
+    "location, said",
+    [(123, "is not a folder, file or URL"), (b"/path", "is bytes"), ([Path("/x"), 4.5], "4.5 is not a folder")],
+)
 def test_locations_that_are_no_path_are_named(location, said):
     with pytest.raises(DatastoreError, match=said):
         ImageDatastore(location)

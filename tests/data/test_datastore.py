@@ -162,8 +162,9 @@ def test_split_each_label_counts_beyond_the_smallest_label_are_an_error_naming_i
     smallest, images = min(ds.count_each_label().items(), key=lambda item: item[1])
     parts = ds.split_each_label(images - 5, 5)
     assert parts[0].count_each_label()[smallest] == images - 5 and parts[2].count_each_label()[smallest] == 0
-    with pytest.raises(DatastoreError, match=f"take {images + 1} images of each label, but label '{smallest}' has "
-                                             f"only {images}"):
+    with pytest.raises(
+        DatastoreError, match=f"take {images + 1} images of each label, but label '{smallest}' has only {images}"
+    ):
         ds.split_each_label(images - 5, 6)
 
 
@@ -237,7 +238,7 @@ def test_works_with_a_dataloader_in_worker_processes(digits_folder: Path) -> Non
 def test_preview_is_a_labelled_montage_that_displays_in_a_notebook(digits_folder: Path) -> None:
     picture = ImageDatastore(digits_folder).shuffle(seed=0).preview(6)
     assert hasattr(picture, "_repr_png_") and picture.width > 0 and picture.height > 0
-    assert len(set(picture.convert('L').tobytes())) > 2  # images and captions, not a blank sheet
+    assert len(set(picture.convert("L").tobytes())) > 2  # images and captions, not a blank sheet
 
 
 def test_fsspec_url_lists_and_reads_through_fsspec(digits_folder: Path) -> None:
@@ -262,10 +263,17 @@ def test_warnings_are_not_raised_for_clean_data(digits_folder: Path) -> None:
         ImageDatastore(digits_folder, on_error="skip")[0]
 
 
-@pytest.mark.parametrize(("typed", "meant"), [("IncludeSubfolders", "include_subfolders"),
-                                              ("LabelSource", "label_source"), ("file_extension", "file_extensions")])
-def test_matlab_option_names_and_typos_are_errors_naming_the_option_to_use(digits_folder: Path, typed: str,
-                                                                           meant: str) -> None:
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("IncludeSubfolders", "include_subfolders"),
+        ("LabelSource", "label_source"),
+        ("file_extension", "file_extensions"),
+    ],
+)
+def test_matlab_option_names_and_typos_are_errors_naming_the_option_to_use(
+    digits_folder: Path, typed: str, meant: str
+) -> None:
     from nbscale.errors import OptionsError
 
     with pytest.raises(OptionsError, match=f"ImageDatastore has no option '{typed}'. Did you mean '{meant}'"):

@@ -94,8 +94,12 @@ def test_tensors_and_augmented_tensors_become_resident_without_reading_items_one
     resident = DeviceResidentData(plain, CPU)
     assert plain.items_read == 0 and resident.images is plain.tensors[0]  # held as given, not copied
     source = CountingTensors(images, labels)
-    augmented = AugmentedImageDatastore((8, 8), torch.utils.data.Subset(source, range(100, 300)),
-                                        ImageAugmenter(rand_x_reflection=True), color_preprocessing="rgb2gray")
+    augmented = AugmentedImageDatastore(
+        (8, 8),
+        torch.utils.data.Subset(source, range(100, 300)),
+        ImageAugmenter(rand_x_reflection=True),
+        color_preprocessing="rgb2gray",
+    )
     resident = DeviceResidentData(augmented, CPU)
     assert source.items_read == 0 and resident.images.shape == (200, 1, 8, 8)
     batch, batch_labels = next(resident.batches(200, shuffle=False))
@@ -106,12 +110,16 @@ def test_training_on_tensors_reads_no_item_one_by_one() -> None:
     import nbscale
 
     data = CountingTensors(torch.rand(1000, 64), torch.arange(1000) % 10)
-    augmented = AugmentedImageDatastore((8, 8), CountingTensors(torch.rand(1000, 1, 8, 8), torch.arange(1000) % 10),
-                                        ImageAugmenter(rand_x_translation=(-1, 1)))
+    augmented = AugmentedImageDatastore(
+        (8, 8),
+        CountingTensors(torch.rand(1000, 1, 8, 8), torch.arange(1000) % 10),
+        ImageAugmenter(rand_x_translation=(-1, 1)),
+    )
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
     for dataset in (data, augmented):
-        options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
-                                          validation_data=dataset, validation_frequency=5)
+        options = nbscale.TrainingOptions(
+            "sgdm", max_epochs=2, mini_batch_size=100, verbose=False, validation_data=dataset, validation_frequency=5
+        )
         nbscale.train(model, dataset, options)
         counted = dataset if isinstance(dataset, CountingTensors) else dataset.ds
         assert counted.items_read <= 6  # the checks of the first items, not one read per item
@@ -124,15 +132,22 @@ def known_images(n: int) -> torch.Tensor:
 
 def moves(image: torch.Tensor) -> dict[tuple[bool, int, int], torch.Tensor]:
     """Every reflection and whole-pixel shift (-2..2 each way) of `image`, as ImageAugmenter defines them."""
-    return {(flip, dx, dy): ImageAugmenter(rand_x_translation=(dx, dx), rand_y_translation=(dy, dy))(
-        image.flip(-1) if flip else image) for flip in (False, True) for dx in range(-2, 3) for dy in range(-2, 3)}
+    return {
+        (flip, dx, dy): ImageAugmenter(rand_x_translation=(dx, dx), rand_y_translation=(dy, dy))(
+            image.flip(-1) if flip else image
+        )
+        for flip in (False, True)
+        for dx in range(-2, 3)
+        for dy in range(-2, 3)
+    }
 
 
 def test_resident_augmentation_moves_pixels_exactly_with_random_values_per_image() -> None:
     images = known_images(400)
     augmenter = ImageAugmenter(rand_x_reflection=True, rand_x_translation=(-2, 2), rand_y_translation=(-2, 2))
-    resident = DeviceResidentData(AugmentedImageDatastore((6, 7), TensorDataset(images, torch.zeros(400).long()),
-                                                          augmenter), CPU)
+    resident = DeviceResidentData(
+        AugmentedImageDatastore((6, 7), TensorDataset(images, torch.zeros(400).long()), augmenter), CPU
+    )
     batch, _ = next(resident.batches(400, shuffle=False, generator=torch.Generator().manual_seed(0)))
     candidates = moves(images[0].float() / 255)
     found = [[key for key, moved in candidates.items() if torch.equal(moved, image)] for image in batch]
@@ -143,9 +158,12 @@ def test_resident_augmentation_moves_pixels_exactly_with_random_values_per_image
 
 def test_resident_augmentation_repeats_with_the_seed_and_follows_each_image_whatever_its_batch() -> None:
     images = torch.randint(0, 256, (64, 3, 10, 10), dtype=torch.uint8)
-    augmented = AugmentedImageDatastore((8, 8), TensorDataset(images, torch.arange(64)),
-                                        ImageAugmenter(rand_x_reflection=True, rand_rotation=(-20, 20)),
-                                        output_size_mode="randcrop")
+    augmented = AugmentedImageDatastore(
+        (8, 8),
+        TensorDataset(images, torch.arange(64)),
+        ImageAugmenter(rand_x_reflection=True, rand_rotation=(-20, 20)),
+        output_size_mode="randcrop",
+    )
     resident = DeviceResidentData(augmented, CPU)
     order = torch.randperm(64)
     first = torch.cat([x for x, _ in resident.epoch(order.view(4, 16), seed=7)])

@@ -129,11 +129,11 @@ def test_pool_worker_reads_s3_with_credentials_given_only_as_pool_env(
 ) -> None:
     ds = ImageDatastore(f"s3://{BUCKET}/digits")
     expected = [ds[i][0].sum().item() for i in (0, 13, 49)]
-    credentials = {key: s3_env[key] for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                                "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")}
-    for (
-        key
-    ) in credentials:  # the workers must get them from env=, not by inheriting this process's environment
+    credentials = {
+        key: s3_env[key]
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+    }
+    for key in credentials:  # the workers must get them from env=, not by inheriting this process's environment
         monkeypatch.delenv(key)
     with nbscale.Pool(1, cpu=True, env=credentials) as pool:
         assert SECRET_KEY not in repr(pool)
@@ -144,8 +144,13 @@ def test_pool_worker_reads_s3_with_credentials_given_only_as_pool_env(
 def _object_requests(key: str, method: str) -> collections.Counter[str]:
     """How often `key` asked for each object (bucket/key path) with `method`."""
     assert SERVER is not None
-    return collections.Counter({path: n for (who, how, path), n in SERVER.requests.items()
-                                if who == key and how == method and path.endswith(".png")})
+    return collections.Counter(
+        {
+            path: n
+            for (who, how, path), n in SERVER.requests.items()
+            if who == key and how == method and path.endswith(".png")
+        }
+    )
 
 
 def test_training_on_a_pool_reads_each_s3_object_once_in_all(s3_env: dict[str, str]) -> None:
@@ -160,8 +165,14 @@ def test_training_on_a_pool_reads_each_s3_object_once_in_all(s3_env: dict[str, s
         SERVER.requests.clear()
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
-        options = nbscale.TrainingOptions("sgdm", execution_environment="parallel", max_epochs=3, mini_batch_size=10,
-                                          validation_data=AugmentedImageDatastore((8, 8), val), verbose=False)
+        options = nbscale.TrainingOptions(
+            "sgdm",
+            execution_environment="parallel",
+            max_epochs=3,
+            mini_batch_size=10,
+            validation_data=AugmentedImageDatastore((8, 8), val),
+            verbose=False,
+        )
         _, info = nbscale.train(model, AugmentedImageDatastore((8, 8), train), options)
     objects = [file.split("://", 1)[1] for file in train.files + val.files]
     # every object once, but the first of the training and validation data, which each worker's first-batch checks
@@ -169,8 +180,9 @@ def test_training_on_a_pool_reads_each_s3_object_once_in_all(s3_env: dict[str, s
     expected = collections.Counter({f"/{path}": 1 for path in objects})
     got = _object_requests(WORKER_KEY, "GET")
     firsts = {f"/{train.files[0].split('://', 1)[1]}", f"/{val.files[0].split('://', 1)[1]}"}
-    assert {path: n for path, n in got.items() if path not in firsts} == \
-        {path: n for path, n in expected.items() if path not in firsts}
+    assert {path: n for path, n in got.items() if path not in firsts} == {
+        path: n for path, n in expected.items() if path not in firsts
+    }
     assert all(1 <= got[path] <= 3 for path in firsts), got
     assert _object_requests(WORKER_KEY, "HEAD") == collections.Counter()
     firsts = [train.files[0].split("://", 1)[1], val.files[0].split("://", 1)[1]]

@@ -95,9 +95,7 @@ def test_cancel_from_the_kernel(kernel: KernelSession) -> None:
     cell = kernel.run("%%batch\nimport time\ntime.sleep(60)")
     job_id = submitted_id(cell.stdout)
     time.sleep(0.5)
-    result = kernel.run(
-        f"import nbscale\nprint(nbscale.jobs.cancel({job_id}), nbscale.jobs.get({job_id}).state)"
-    )
+    result = kernel.run(f"import nbscale\nprint(nbscale.jobs.cancel({job_id}), nbscale.jobs.get({job_id}).state)")
     assert "True cancelled" in result.stdout, result.text
 
 
@@ -127,8 +125,11 @@ def test_the_python_forms_of_batch_and_spmd_take_the_notebooks_variables_as_the_
     """`nbscale.jobs.submit(code)` and `pool.spmd(code)` without `namespace=` read and bind the notebook's
     variables, as `%%batch` and `%%spmd` do (a user writing the Python form expects the same words to work)."""
     kernel.run("import nbscale\nbase = 20")
-    cell = kernel.run("job = nbscale.jobs.submit('answer = base + 1')\njob.wait(timeout=60)\nprint(job.result('answer'))")
+    cell = kernel.run(
+        "job = nbscale.jobs.submit('answer = base + 1')\njob.wait(timeout=60)\nprint(job.result('answer'))"
+    )
     assert cell.ok and cell.stdout.strip() == "21", cell.text
-    cell = kernel.run("with nbscale.Pool(2, cpu=True) as pool:\n    pool.spmd('doubled = (base + rank) * 2')\n"
-                      "    print(doubled[:])")
+    cell = kernel.run(
+        "with nbscale.Pool(2, cpu=True) as pool:\n    pool.spmd('doubled = (base + rank) * 2')\n    print(doubled[:])"
+    )
     assert cell.ok and cell.stdout.strip() == "[40, 42]", cell.text

@@ -49,7 +49,9 @@ def test_a_running_job_is_refused_until_cancelled_and_nothing_of_a_refused_call_
     ended, running = _ended(), _running()
     with pytest.raises(JobError) as refused:
         running.delete()
-    assert f"Job {running.id} is still running, so it is not deleted: cancel it first (job.cancel()" in str(refused.value)
+    assert f"Job {running.id} is still running, so it is not deleted: cancel it first (job.cancel()" in str(
+        refused.value
+    )
     with pytest.raises(JobError) as refused:
         jobs.delete(ended.id, running.id)
     assert f"Job {running.id} (running) is still active, so nothing was deleted" in str(refused.value)
@@ -66,15 +68,18 @@ def test_delete_older_than_removes_ended_jobs_past_the_age_and_leaves_running_on
     assert [(job.id, job.state) for job in jobs.list()] == [(running.id, "running")]
 
 
-@pytest.mark.parametrize(("call", "words"), [
-    (lambda: jobs.delete(), "takes job ids (delete(3, 4)) or an age (delete(older_than='7d')), one of them"),
-    (lambda: jobs.delete(1, older_than="7d"), "one of them"),
-    (lambda: jobs.delete(older_than="7 days"), "older_than takes an age such as '7d'"),
-    (lambda: jobs.delete(older_than=7), "older_than takes an age such as '7d'"),
-    (lambda: jobs.delete(older_than=timedelta(days=-1)), "an age of 0 or more"),
-    (lambda: jobs.delete(999), "There is no job 999"),
-    (lambda: jobs.delete("net"), "A job id is a number"),
-])
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda: jobs.delete(), "takes job ids (delete(3, 4)) or an age (delete(older_than='7d')), one of them"),
+        (lambda: jobs.delete(1, older_than="7d"), "one of them"),
+        (lambda: jobs.delete(older_than="7 days"), "older_than takes an age such as '7d'"),
+        (lambda: jobs.delete(older_than=7), "older_than takes an age such as '7d'"),
+        (lambda: jobs.delete(older_than=timedelta(days=-1)), "an age of 0 or more"),
+        (lambda: jobs.delete(999), "There is no job 999"),
+        (lambda: jobs.delete("net"), "A job id is a number"),
+    ],
+)
 def test_delete_refuses_wrong_arguments_with_one_clear_error(call, words: str) -> None:
     with pytest.raises(JobError, match=re.escape(words)):
         call()

@@ -26,8 +26,11 @@ def small_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     """NBSCALE_HOME on a 2 MiB tmpfs; yields the mount point."""
     folder = tmp_path / "small"
     folder.mkdir(mode=0o700)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES},mode=0700", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES},mode=0700", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): run as root to test a full disk")
     monkeypatch.setenv("NBSCALE_HOME", str(folder / "home"))
@@ -75,7 +78,8 @@ def test_a_result_that_does_not_fit_fails_the_job_naming_it_and_every_other_resu
 
 @pytest.mark.slow
 def test_a_dead_job_on_a_full_store_disk_reads_as_failed_everywhere_and_writes_name_the_full_disk(
-        small_store: Path) -> None:
+    small_store: Path,
+) -> None:
     job = jobs.submit("import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n", name="sleeper")
     deadline = time.monotonic() + WAIT_S
     while "sleeping" not in job.log():
@@ -111,9 +115,11 @@ def test_a_dead_job_on_a_full_store_disk_reads_as_failed_everywhere_and_writes_n
 
 
 def test_a_job_that_fills_the_store_disk_itself_reads_as_failed_naming_the_full_disk(small_store: Path) -> None:
-    code = (f"value = 1\nfor size in (65536, 1):\n    with open({str(small_store / 'filler')!r}, 'ab', buffering=0) as f:\n"
-            "        try:\n            while True:\n                f.write(bytes(size))\n"
-            "        except OSError:\n            pass\nprint('filled')\n")
+    code = (
+        f"value = 1\nfor size in (65536, 1):\n    with open({str(small_store / 'filler')!r}, 'ab', buffering=0) as f:\n"
+        "        try:\n            while True:\n                f.write(bytes(size))\n"
+        "        except OSError:\n            pass\nprint('filled')\n"
+    )
     job = jobs.submit(code, name="filler")
     assert job.wait(WAIT_S), job.log()
     assert job.state == "failed" and "the job store's disk is full" in job.error, (job.error, job.log())

@@ -106,16 +106,22 @@ def test_jobs_show_in_another_kernel_catches_up_then_follows_while_the_notebook_
         outputs.wait_until(lambda: other in outputs.idle, 30, "a cell run while following did not return")
         assert any("42" in d.get("text/plain", "") for d in outputs.by_cell[other])
 
-        outputs.wait_until(lambda: any("Done:" in p for p in outputs.info_panels(show)), 180,
-                           "the monitor did not follow the job to its end")
+        outputs.wait_until(
+            lambda: any("Done:" in p for p in outputs.info_panels(show)),
+            180,
+            "the monitor did not follow the job to its end",
+        )
         panels = outputs.info_panels(show)
         assert "State: Done: Max epochs completed" in panels[-1]
         assert "Iteration: 230 of 230" in panels[-1] and "Epoch: 5 of 5" in panels[-1]
         shown = [iteration_shown(p) for p in panels]
         assert shown == sorted(shown) and len(set(shown)) >= 3  # followed, not only caught up at the end
         assert outputs.images(show) >= 3
-        outputs.wait_until(lambda: any(f"Job {job_id} 'digits' finished" in t for t in outputs.texts()), 30,
-                           "the header did not say the job finished")
+        outputs.wait_until(
+            lambda: any(f"Job {job_id} 'digits' finished" in t for t in outputs.texts()),
+            30,
+            "the header did not say the job finished",
+        )
         assert jobs.get(job_id).wait(30)
     finally:
         watcher.shutdown()
@@ -141,13 +147,17 @@ def test_the_stop_button_of_jobs_show_stops_the_jobs_training_and_the_job_keeps_
     assert info.stop_reason == "Stopped from the job monitor"
     assert info.iteration[-1] < 100 * 46
     assert type(job.result("net")).__name__ == "Sequential"
-    outputs.wait_until(lambda: any("Done: Stopped from the job monitor" in p for p in outputs.info_panels(show)),
-                       30, "the monitor did not show the stop")
+    outputs.wait_until(
+        lambda: any("Done: Stopped from the job monitor" in p for p in outputs.info_panels(show)),
+        30,
+        "the monitor did not show the stop",
+    )
 
 
 def test_a_restarted_kernel_shows_a_finished_jobs_full_history_and_picks_a_training(kernel) -> None:
     two_trainings = TRAIN_CELL.replace("EPOCHS", "1").replace("sleep(0.02)", "sleep(0)") + (
-        "net2, info2 = nbscale.train(tiny_net(1), (x, y), opts.replace(max_epochs=2))\n")
+        "net2, info2 = nbscale.train(tiny_net(1), (x, y), opts.replace(max_epochs=2))\n"
+    )
     job_id = submitted_id(kernel.run(two_trainings).stdout)
     assert jobs.get(job_id).wait(120), jobs.get(job_id).log()
     kernel.manager.restart_kernel(now=True)
@@ -193,10 +203,16 @@ def test_a_job_cancelled_mid_training_ends_the_display_with_its_state_and_no_tim
     show = outputs.execute(f"%jobs show {job_id}")
     outputs.wait_until(lambda: show in outputs.idle, 60, "%jobs show did not return")
     assert jobs.cancel(job_id)
-    outputs.wait_until(lambda: any("State: Job cancelled" in p for p in outputs.info_panels(show)), 30,
-                       "the display did not say the job was cancelled")
-    outputs.wait_until(lambda: any(f"Job {job_id} 'digits' cancelled" in t for t in outputs.texts()), 30,
-                       "the header did not say the job was cancelled")
+    outputs.wait_until(
+        lambda: any("State: Job cancelled" in p for p in outputs.info_panels(show)),
+        30,
+        "the display did not say the job was cancelled",
+    )
+    outputs.wait_until(
+        lambda: any(f"Job {job_id} 'digits' cancelled" in t for t in outputs.texts()),
+        30,
+        "the header did not say the job was cancelled",
+    )
     final = [p for p in outputs.info_panels(show) if "State: Job cancelled" in p][-1]
     assert "State: Job cancelled\n" in final + "\n", final  # not "Job cancelled: cancelled"
     assert "Time left" not in final, final  # a cancelled training has no time left
@@ -208,6 +224,7 @@ def test_showing_a_job_that_ends_without_a_training_says_so(kernel) -> None:
     job_id = submitted_id(kernel.run("%%batch --name plain\nimport time\ntime.sleep(1)\nx = 1").stdout)
     shown = kernel.run(f"%jobs show {job_id} --wait", timeout=WAIT_S)
     assert shown.ok, shown.text
-    assert (f"Job {job_id} 'plain' finished without starting a training: only nbscale.train runs inside a job are "
-            "shown.") in shown.text
+    assert (
+        f"Job {job_id} 'plain' finished without starting a training: only nbscale.train runs inside a job are shown."
+    ) in shown.text
     assert "training 1 shown" not in shown.text

@@ -68,8 +68,10 @@ def test_log_holds_stdout_and_stderr_in_order() -> None:
 
 
 def test_log_shows_a_redrawn_progress_line_as_a_terminal_does_and_tail_counts_the_shown_text() -> None:
-    code = ("for percent in range(0, 101, 10):\n    print(f'\\rPreparing data {percent}%', end='', flush=True)\n"
-            "print()\nfor step in range(300):\n    print(f'\\rstep {step}', end='', flush=True)\nprint(' done')\n")
+    code = (
+        "for percent in range(0, 101, 10):\n    print(f'\\rPreparing data {percent}%', end='', flush=True)\n"
+        "print()\nfor step in range(300):\n    print(f'\\rstep {step}', end='', flush=True)\nprint(' done')\n"
+    )
     job = jobs.submit(code)
     assert job.wait(WAIT_S) and job.state == "finished", job.log()
     log = job.log()
@@ -81,12 +83,14 @@ def test_log_shows_a_redrawn_progress_line_as_a_terminal_does_and_tail_counts_th
 
 
 def test_training_errors_in_a_job_give_no_notebook_only_advice() -> None:
-    code = ("import nbscale\nfrom tests.training.digits import digits, tiny_net\n"
-            "for fields in ({'execution_environment': 'gpu'}, {'worker_load': [3, 1], 'execution_environment': 'cpu'},\n"
-            "               {'execution_environment': 'multi-gpu'}):\n"
-            "    try:\n"
-            "        nbscale.train(tiny_net(), digits()[0], nbscale.TrainingOptions('sgdm', verbose=False, **fields))\n"
-            "    except nbscale.OptionsError as error:\n        print(error)\n")
+    code = (
+        "import nbscale\nfrom tests.training.digits import digits, tiny_net\n"
+        "for fields in ({'execution_environment': 'gpu'}, {'worker_load': [3, 1], 'execution_environment': 'cpu'},\n"
+        "               {'execution_environment': 'multi-gpu'}):\n"
+        "    try:\n"
+        "        nbscale.train(tiny_net(), digits()[0], nbscale.TrainingOptions('sgdm', verbose=False, **fields))\n"
+        "    except nbscale.OptionsError as error:\n        print(error)\n"
+    )
     job = jobs.submit(code, pool=1, env={"CUDA_VISIBLE_DEVICES": ""})  # a job whose pool has CPU workers
     assert job.wait(WAIT_S) and job.state == "finished", job.log()
     log = job.log()
@@ -110,12 +114,15 @@ def test_failing_job_is_failed_with_a_traceback_naming_the_cell_line() -> None:
 
 
 def test_an_nbscale_error_in_a_job_shows_the_cell_line_and_message_not_nbscales_frames() -> None:
-    code = "import nbscale\ndef options():\n    return nbscale.TrainingOptions('sgdm', max_epochs=0)\nopts = options()\n"
+    code = (
+        "import nbscale\ndef options():\n    return nbscale.TrainingOptions('sgdm', max_epochs=0)\nopts = options()\n"
+    )
     job = jobs.submit(code)
     job.wait(WAIT_S)
     assert job.state == "failed"
-    assert job.error == ("OptionsError: TrainingOptions.max_epochs=0 is not allowed: max_epochs must be an integer "
-                         "in [1, 1000000].")
+    assert job.error == (
+        "OptionsError: TrainingOptions.max_epochs=0 is not allowed: max_epochs must be an integer in [1, 1000000]."
+    )
     log = job.log()
     assert f'File "<batch job {job.id}>", line 4' in log and f'File "<batch job {job.id}>", line 3' in log
     assert "\nOptionsError: TrainingOptions.max_epochs=0 is not allowed" in log
@@ -129,8 +136,10 @@ def test_stop_training_of_a_job_that_ended_without_training_is_false() -> None:
 
 
 def test_cancel_kills_the_whole_process_group() -> None:
-    code = ("import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
-            "print('child', child.pid, flush=True)\ntime.sleep(60)\n")
+    code = (
+        "import subprocess, time\nchild = subprocess.Popen(['sleep', '60'])\n"
+        "print('child', child.pid, flush=True)\ntime.sleep(60)\n"
+    )
     job = jobs.submit(code)
     wait_for_log(job, "child ")
     child_pid = int(job.log().split("child ")[1].split()[0])
@@ -184,15 +193,16 @@ def test_job_folder_and_store_are_private(job_store: JobStore) -> None:
     for path in [job.folder, *job.folder.rglob("*"), job_store.index_path]:
         expected = 0o700 if path.is_dir() else 0o600
         assert stat.S_IMODE(path.stat().st_mode) == expected, path
-    assert (
-        stat.S_IMODE((job_store.root.parent / "written.txt").stat().st_mode) == 0o600
-    )  # the job's own files
+    assert stat.S_IMODE((job_store.root.parent / "written.txt").stat().st_mode) == 0o600  # the job's own files
 
 
 def test_env_values_reach_the_job_but_never_the_store(job_store: JobStore) -> None:
     secret = "s3cr3t-token-value-1234"
-    job = jobs.submit("import os\nmatches = os.environ['API_TOKEN'] == expected\n", namespace={"expected": "x"},
-                      env={"API_TOKEN": secret})
+    job = jobs.submit(
+        "import os\nmatches = os.environ['API_TOKEN'] == expected\n",
+        namespace={"expected": "x"},
+        env={"API_TOKEN": secret},
+    )
     job.wait(WAIT_S)
     assert job.result("matches") is False  # compared, not printed
     for path in job_store.root.rglob("*"):
@@ -230,7 +240,9 @@ def test_wait_with_timeout_returns_false_while_running() -> None:
 
 def test_private_looking_notebook_variables_are_sent_but_ipython_history_is_not() -> None:
     namespace = {"_offset": 5, "_i3": "x = 1", "_oh": {}}
-    job = jobs.submit("total = _offset + 1\ntry:\n    _i3\n    seen = True\nexcept NameError:\n    seen = False\n",
-                      namespace=namespace)
+    job = jobs.submit(
+        "total = _offset + 1\ntry:\n    _i3\n    seen = True\nexcept NameError:\n    seen = False\n",
+        namespace=namespace,
+    )
     job.wait(WAIT_S)
     assert (job.result("total"), job.result("seen")) == (6, False)

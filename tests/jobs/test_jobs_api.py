@@ -26,7 +26,10 @@ def test_list_gives_job_objects_oldest_first_and_get_finds_the_newest_of_a_name(
     listed = jobs.list()
     assert all(isinstance(job, Job) for job in listed)
     assert [(job.id, job.name, job.state) for job in listed] == [
-        (first.id, "run", "finished"), (other.id, "other", "finished"), (again.id, "run", "finished")]
+        (first.id, "run", "finished"),
+        (other.id, "other", "finished"),
+        (again.id, "run", "finished"),
+    ]
     assert jobs.get(name="run") == again and jobs.get(name="run").result("value") == 3
     assert jobs.get(first.id) == first and jobs.get(str(first.id)) == first and jobs.get(np.int64(first.id)) == first
     with pytest.raises(JobError, match=r"no job named 'rn'.*Did you mean 'run'"):
@@ -61,7 +64,10 @@ BAD_CALLS = [
     (lambda: jobs.submit(b"x = 1"), "not bytes"),
     (lambda: jobs.submit("x = '\x00'"), "holds a NUL character"),
     (lambda: jobs.submit("x = 1", name=5), "A job's name is a string"),
-    (lambda: jobs.submit("x = 1", namespace=[("x", 1)]), "takes the notebook's variables as a dict (globals()), not list"),
+    (
+        lambda: jobs.submit("x = 1", namespace=[("x", 1)]),
+        "takes the notebook's variables as a dict (globals()), not list",
+    ),
     (lambda: jobs.submit("x = 1", cwd=123), "submit(cwd=...) takes a folder path, not int 123"),
     (lambda: jobs.submit("x = 1", cwd="/no/such/folder"), "submit(cwd='/no/such/folder'): that folder does not exist"),
     (lambda: jobs.submit("x = 1", env=["A=1"]), "takes a dict of environment variables"),
@@ -71,8 +77,10 @@ BAD_CALLS = [
     (lambda: jobs.submit("x = 1", pool="2"), "--pool takes a number of workers >= 1, not '2'"),
     (lambda: jobs.submit("x = 1", cluster=5), "submit(cluster=...) takes a profile name or an address, not int"),
     (lambda: jobs.submit("x = (1"), "The batch cell has a syntax error on line 1"),
-    (lambda: jobs.submit("x = 1", cluster="nosuchprofile"),  # a typo: no failed job left in %jobs
-     "--cluster 'nosuchprofile' is neither an address (ray://HOST:PORT) nor a profile"),
+    (
+        lambda: jobs.submit("x = 1", cluster="nosuchprofile"),  # a typo: no failed job left in %jobs
+        "--cluster 'nosuchprofile' is neither an address (ray://HOST:PORT) nor a profile",
+    ),
 ]
 
 
@@ -88,11 +96,13 @@ def test_a_bad_argument_is_one_clear_job_error_and_no_job(job_store: JobStore, c
 def test_bad_arguments_to_a_job_are_clear_errors() -> None:
     job = jobs.submit("value = 1\n")
     assert job.wait(WAIT_S)
-    for call, words in [(lambda: job.result(["value"]), "takes a variable's name as a string"),
-                        (lambda: job.result("../../inputs"), "did not assign '../../inputs'"),
-                        (lambda: job.wait("soon"), "takes seconds (a number) or None"),
-                        (lambda: job.wait(math.nan), "not nan"),
-                        (lambda: job.log(tail=-1), "takes a number of characters (>= 0) or None, not -1")]:
+    for call, words in [
+        (lambda: job.result(["value"]), "takes a variable's name as a string"),
+        (lambda: job.result("../../inputs"), "did not assign '../../inputs'"),
+        (lambda: job.wait("soon"), "takes seconds (a number) or None"),
+        (lambda: job.wait(math.nan), "not nan"),
+        (lambda: job.log(tail=-1), "takes a number of characters (>= 0) or None, not -1"),
+    ]:
         with pytest.raises(JobError) as caught:
             call()
         assert words in str(caught.value)
@@ -126,9 +136,12 @@ def test_a_job_store_in_a_folder_others_can_write_is_refused_unless_it_is_sticky
     team = tmp_path / "team"
     team.mkdir()
     team.chmod(0o777)
-    with pytest.raises(JobError, match=f"The job store folder {team / 'jobs'} cannot be trusted: the folder {team} "
-                                       r"above it can be written by other users \(mode drwxrwxrwx, no sticky bit\)"
-                                       ".*Point NBSCALE_HOME at a folder only you can write to"):
+    with pytest.raises(
+        JobError,
+        match=f"The job store folder {team / 'jobs'} cannot be trusted: the folder {team} "
+        r"above it can be written by other users \(mode drwxrwxrwx, no sticky bit\)"
+        ".*Point NBSCALE_HOME at a folder only you can write to",
+    ):
         JobStore(team / "jobs")
     team.chmod(0o1777)  # as /tmp: others cannot rename what is the user's
     assert JobStore(team / "jobs").all() == []

@@ -64,8 +64,9 @@ print(json.dumps({"tail": tail, "whole": whole, "everything": everything, "size"
                   "everything_bytes": after_everything - before}))
 """
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True,
-                          env=environment, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=environment, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert found["size"] > 100 * 2**20

@@ -31,13 +31,10 @@ def job_server():
         yield f"http://127.0.0.1:{dashboard_port}"
 
 
-def test_ray_job_returns_its_variables_and_log_and_no_secret_reaches_the_store(
-    job_server, job_store: JobStore
-):
+def test_ray_job_returns_its_variables_and_log_and_no_secret_reaches_the_store(job_server, job_store: JobStore):
     secret = secrets.token_hex(16)
     code = "import os\nprint('doubling', x)\ny = x * 2\nsecret_arrived = len(os.environ['NBSCALE_TEST_SECRET'])\n"
-    job = jobs.submit(code, name="on ray", namespace={"x": 21}, env={"NBSCALE_TEST_SECRET": secret},
-                      cluster=job_server)
+    job = jobs.submit(code, name="on ray", namespace={"x": 21}, env={"NBSCALE_TEST_SECRET": secret}, cluster=job_server)
     assert job.wait(WAIT_S), job.log()
     assert job.state == "finished", job.log()
     assert (job.result("y"), job.result("secret_arrived")) == (42, 32)
@@ -48,9 +45,7 @@ def test_ray_job_returns_its_variables_and_log_and_no_secret_reaches_the_store(
 
 
 def test_ray_job_with_a_pool_gets_ray_actors_on_the_same_cluster(job_server):
-    job = jobs.submit(
-        "backend = pool.backend.name\nranks = pool.run(lambda: 1)\n", pool=2, cluster=job_server
-    )
+    job = jobs.submit("backend = pool.backend.name\nranks = pool.run(lambda: 1)\n", pool=2, cluster=job_server)
     assert job.wait(WAIT_S), job.log()
     assert job.state == "finished", job.log()
     assert (job.result("backend"), job.result("ranks")) == ("ray", [1, 1])
@@ -99,9 +94,7 @@ def test_unreachable_job_server_is_a_clear_error_and_a_failed_job():
 
 def test_batch_magic_with_a_cluster_profile_runs_a_ray_job_the_kernel_can_forget(job_server, tmp_path: Path):
     profiles = tmp_path / "profiles.toml"
-    profiles.write_text(
-        f'[profiles.lab]\nbackend = "ray"\naddress = "127.0.0.1:1"\njob_address = "{job_server}"\n'
-    )
+    profiles.write_text(f'[profiles.lab]\nbackend = "ray"\naddress = "127.0.0.1:1"\njob_address = "{job_server}"\n')
     kernel = KernelSession(env={"NBSCALE_PROFILES": str(profiles), **LOOPBACK_ENV})
     try:
         kernel.run("%load_ext nbscale")

@@ -52,9 +52,7 @@ def test_atomic_write_interrupted_before_replace_keeps_the_old_file(
     assert [p.name for p in folder.iterdir()] == ["net.pkl"]  # no temporary left behind
 
 
-def test_queued_job_whose_process_never_started_is_failed(
-    job_store: JobStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_queued_job_whose_process_never_started_is_failed(job_store: JobStore, monkeypatch: pytest.MonkeyPatch) -> None:
     job_id = job_store.create(None, None, os.getcwd())
     monkeypatch.setattr("nbscale.jobs.store.NEVER_STARTED_S", 0.0)
     record = job_store.get(job_id)

@@ -46,8 +46,9 @@ def _rows(store: JobStore, statement: str) -> None:
         connection.execute(statement)
 
 
-def test_an_index_truncated_to_nothing_is_refused_and_job_1_is_never_overwritten(job_store: JobStore,
-                                                                               first: Job) -> None:
+def test_an_index_truncated_to_nothing_is_refused_and_job_1_is_never_overwritten(
+    job_store: JobStore, first: Job
+) -> None:
     before = _files(first)
     job_store.index_path.write_bytes(b"")  # truncated, as a full disk or a crash mid-copy leaves it
     _refused_everywhere(job_store, "it is empty (0 bytes) while job folder 1 exists beside it")
@@ -61,22 +62,33 @@ def test_an_index_truncated_to_nothing_is_refused_and_job_1_is_never_overwritten
     assert _files(first) == before
 
 
-@pytest.mark.parametrize(("damage", "words"), [
-    (lambda path: path.write_bytes(b"\x00garbage" * 512), "it is not an SQLite database (it starts with b'\\x00garbage"),
-    (lambda path: path.write_text("[{\"id\": 1}]"), "it is not an SQLite database (it starts with b'[{\"id\": 1}]'"),
-    (lambda path: os.truncate(path, 4096), "database disk image is malformed"),
-    (lambda path: _rows_of(path, "ALTER TABLE jobs DROP COLUMN unpicklable"), "its jobs table has the columns"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET results = '{\"value\": 1}'"),
-     "the row of job 1 is not one nbscale wrote (results is '{\"value\": 1}', not a JSON list of variable "
-     "names)"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET results = 'not json'"), "(results is 'not json', not JSON text)"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET unpicklable = '[1, 2]'"), "unpicklable is '[1, 2]'"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET pool = 'many'"), "pool is 'many' (str), which the store never writes"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET state = 'exploded'"), "state is 'exploded', not one of queued"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET name = x'00ff'"), "name is b'\\x00\\xff' (bytes)"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET submitted = 'yesterday'"), "submitted is 'yesterday' (str)"),
-    (lambda path: _rows_of(path, "UPDATE jobs SET pid = 1.5"), "pid is 1.5 (float)"),
-])
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (
+            lambda path: path.write_bytes(b"\x00garbage" * 512),
+            "it is not an SQLite database (it starts with b'\\x00garbage",
+        ),
+        (lambda path: path.write_text('[{"id": 1}]'), "it is not an SQLite database (it starts with b'[{\"id\": 1}]'"),
+        (lambda path: os.truncate(path, 4096), "database disk image is malformed"),
+        (lambda path: _rows_of(path, "ALTER TABLE jobs DROP COLUMN unpicklable"), "its jobs table has the columns"),
+        (
+            lambda path: _rows_of(path, "UPDATE jobs SET results = '{\"value\": 1}'"),
+            "the row of job 1 is not one nbscale wrote (results is '{\"value\": 1}', not a JSON list of variable "
+            "names)",
+        ),
+        (lambda path: _rows_of(path, "UPDATE jobs SET results = 'not json'"), "(results is 'not json', not JSON text)"),
+        (lambda path: _rows_of(path, "UPDATE jobs SET unpicklable = '[1, 2]'"), "unpicklable is '[1, 2]'"),
+        (
+            lambda path: _rows_of(path, "UPDATE jobs SET pool = 'many'"),
+            "pool is 'many' (str), which the store never writes",
+        ),
+        (lambda path: _rows_of(path, "UPDATE jobs SET state = 'exploded'"), "state is 'exploded', not one of queued"),
+        (lambda path: _rows_of(path, "UPDATE jobs SET name = x'00ff'"), "name is b'\\x00\\xff' (bytes)"),
+        (lambda path: _rows_of(path, "UPDATE jobs SET submitted = 'yesterday'"), "submitted is 'yesterday' (str)"),
+        (lambda path: _rows_of(path, "UPDATE jobs SET pid = 1.5"), "pid is 1.5 (float)"),
+    ],
+)
 def test_a_damaged_index_is_refused_naming_what_is_wrong(job_store: JobStore, first: Job, damage, words) -> None:
     before = _files(first)
     damage(job_store.index_path)
@@ -136,8 +148,10 @@ def test_a_store_is_created_from_nothing_and_an_empty_index_without_folders_is_n
 
 
 def _running_job_waiting_for(go: Path) -> Job:
-    job = jobs.submit(f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.1)\n"
-                      "value = 'done'\n", name="waits")
+    job = jobs.submit(
+        f"import pathlib, time\nwhile not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.1)\nvalue = 'done'\n",
+        name="waits",
+    )
     deadline = time.monotonic() + WAIT_S
     while job.state != "running" and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -157,7 +171,8 @@ def _failed_for_its_deleted_folder(job: Job) -> None:
 
 
 def test_a_job_whose_folder_is_deleted_while_it_runs_ends_failed_saying_so_and_the_store_stays_usable(
-        job_store: JobStore, tmp_path: Path) -> None:
+    job_store: JobStore, tmp_path: Path
+) -> None:
     go = tmp_path / "go"
     job = _running_job_waiting_for(go)
     shutil.rmtree(job.folder)
@@ -166,7 +181,8 @@ def test_a_job_whose_folder_is_deleted_while_it_runs_ends_failed_saying_so_and_t
 
 
 def test_a_killed_job_whose_folder_was_deleted_is_noticed_as_failed_saying_so_and_the_store_stays_usable(
-        job_store: JobStore, tmp_path: Path) -> None:
+    job_store: JobStore, tmp_path: Path
+) -> None:
     job = _running_job_waiting_for(tmp_path / "never")
     pid = job.record().pid
     shutil.rmtree(job.folder)

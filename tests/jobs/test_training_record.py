@@ -28,16 +28,27 @@ STARTED = TrainingStarted(max_epochs=2, iterations_per_epoch=5, mini_batch_size=
 
 
 def iteration(i: int, loss: float = 1.0, validation: float | None = None) -> IterationDone:
-    return IterationDone(epoch=1 + (i - 1) // 5, iteration=i, time_since_start=0.5 * i, training_loss=loss,
-                         training_accuracy=0.5, learn_rate=0.01, images=32 * i, validation_loss=validation,
-                         validation_accuracy=None if validation is None else 0.75)
+    return IterationDone(
+        epoch=1 + (i - 1) // 5,
+        iteration=i,
+        time_since_start=0.5 * i,
+        training_loss=loss,
+        training_accuracy=0.5,
+        learn_rate=0.01,
+        images=32 * i,
+        validation_loss=validation,
+        validation_accuracy=None if validation is None else 0.75,
+    )
 
 
 def test_events_round_trip_as_strict_json_lines_with_non_finite_losses_kept() -> None:
-    events = [STARTED, iteration(1, loss=math.nan), iteration(2, loss=math.inf, validation=-math.inf),
-              TrainingDone("Max epochs completed", 2, 10, 5.0, 10, 64.0),
-              TrainingRestarted(5, 7, "restart 1 after iteration 7: worker 1 died; resumed from the checkpoint of "
-                                      "epoch 1")]
+    events = [
+        STARTED,
+        iteration(1, loss=math.nan),
+        iteration(2, loss=math.inf, validation=-math.inf),
+        TrainingDone("Max epochs completed", 2, 10, 5.0, 10, 64.0),
+        TrainingRestarted(5, 7, "restart 1 after iteration 7: worker 1 died; resumed from the checkpoint of epoch 1"),
+    ]
     lines = [training_record.encode(event) for event in events]
     for line in lines:
         assert line.endswith(b"\n") and line.count(b"\n") == 1
@@ -48,15 +59,21 @@ def test_events_round_trip_as_strict_json_lines_with_non_finite_losses_kept() ->
     assert decoded[2].validation_loss == -math.inf and decoded[2].validation_accuracy == 0.75
 
 
-@pytest.mark.parametrize("line", [
-    b'{"event": "IterationDone", "epoch": "1"}',  # a field missing, another of the wrong type
-    b'{"event": "TrainingDone", "stop_reason": 3, "epoch": 1, "iteration": 1, "time_since_start": 1, '
-    b'"output_network_iteration": 1, "images_per_second": 1}',
-    b'{"event": "TrainingStarted", "max_epochs": true, "iterations_per_epoch": 1, "mini_batch_size": 1, '
-    b'"hardware": "x", "start_time": 1}',
-    b'{"event": "os.system", "command": "rm -rf /"}',
-    b'["IterationDone"]', b'{"event": ["IterationDone"]}', b"not json", b'{"event": "IterationDone", "epoch": 1',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"event": "IterationDone", "epoch": "1"}',  # a field missing, another of the wrong type
+        b'{"event": "TrainingDone", "stop_reason": 3, "epoch": 1, "iteration": 1, "time_since_start": 1, '
+        b'"output_network_iteration": 1, "images_per_second": 1}',
+        b'{"event": "TrainingStarted", "max_epochs": true, "iterations_per_epoch": 1, "mini_batch_size": 1, '
+        b'"hardware": "x", "start_time": 1}',
+        b'{"event": "os.system", "command": "rm -rf /"}',
+        b'["IterationDone"]',
+        b'{"event": ["IterationDone"]}',
+        b"not json",
+        b'{"event": "IterationDone", "epoch": 1',
+    ],
+)
 def test_a_line_that_is_not_an_event_is_skipped(line: bytes) -> None:
     assert training_record.decode(line) is None
 
@@ -110,8 +127,7 @@ def test_outside_a_job_nothing_is_recorded_and_inside_each_training_gets_its_own
         with recorded_for_job_monitor(channel, StopSignal()):
             channel.publish([STARTED, iteration(1)])
     assert training_record.trainings(tmp_path) == [1, 2]
-    assert training_record.RecordReader(training_record.record_path(tmp_path, 2)).read_all() == [STARTED,
-                                                                                                 iteration(1)]
+    assert training_record.RecordReader(training_record.record_path(tmp_path, 2)).read_all() == [STARTED, iteration(1)]
 
 
 def test_the_summary_gives_epoch_iteration_loss_and_time_left_from_the_records_ends(tmp_path) -> None:
@@ -173,7 +189,9 @@ def test_stop_training_stops_a_jobs_training_at_an_iteration_end_and_the_job_kee
 
 @pytest.mark.slow
 def test_a_training_on_the_jobs_own_pool_is_recorded_and_stops_from_the_monitor() -> None:
-    cell = TRAIN_CELL.replace("EPOCHS", "200").replace("verbose=False,", "verbose=False, execution_environment='parallel',")
+    cell = TRAIN_CELL.replace("EPOCHS", "200").replace(
+        "verbose=False,", "verbose=False, execution_environment='parallel',"
+    )
     job = jobs.submit(cell, pool=2, cwd=Path(__file__).parents[2])
     wait_for_iterations(job, 20)
     assert job.stop_training()
@@ -201,9 +219,13 @@ def test_metric_fields_survive_the_record_with_non_finite_values_and_missing_met
     from nbscale.training.events import IterationDone
     from tests.metric_events import metric_run
 
-    events = [*metric_run(("rmse", "fscore")),
-              IterationDone(1, 21, 2.1, 1.0, None, 0.1, 8, training_metrics={"rmse": math.inf, "fscore": None})]
+    events = [
+        *metric_run(("rmse", "fscore")),
+        IterationDone(1, 21, 2.1, 1.0, None, 0.1, 8, training_metrics={"rmse": math.inf, "fscore": None}),
+    ]
     back = [decode(encode(event)) for event in events]
     assert back == events
-    assert back[0].metric_names == ("rmse", "fscore") and back[-1].training_metrics == {"rmse": math.inf,
-                                                                                        "fscore": None}
+    assert back[0].metric_names == ("rmse", "fscore") and back[-1].training_metrics == {
+        "rmse": math.inf,
+        "fscore": None,
+    }

@@ -139,7 +139,8 @@ def jupyter_server(
     log = open(tmp_path / "server.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", app, "--no-browser", "--ip=127.0.0.1", "--port=0",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}", f"--{expose}.expose_app_in_browser=True",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root_dir}",
+         f"--{expose}.expose_app_in_browser=True",
          *root],
         env=server_env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip

@@ -44,7 +44,8 @@ x = torch.tensor(digits.data, dtype=torch.float32) / 16; y = torch.tensor(digits
 data = torch.utils.data.TensorDataset(x[:1500], y[:1500])
 opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=150, mini_batch_size=64,
                                plots="training-progress", verbose=False,
-                               validation_data=torch.utils.data.TensorDataset(x[1500:], y[1500:]), validation_frequency=10,
+                               validation_data=torch.utils.data.TensorDataset(x[1500:], y[1500:]),
+                               validation_frequency=10,
                                output_fn=lambda info: time.sleep(0.02))  # >= 20 ms an iteration, on any machine
 net, info = nbscale.train(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), data, opts)
 print("returned", type(net).__name__, "·", info.stop_reason)""",
@@ -149,8 +150,14 @@ def test_status_bar_and_panel_show_the_notebooks_pool(lab_or_notebook7: Server):
 def _inside(inner: Any, outer: Any) -> bool:
     """Whether `inner` lies wholly inside `outer` on the screen (not cut off by its edges)."""
     a, b = inner.bounding_box(), outer.bounding_box()
-    return (a is not None and b is not None and a["x"] >= b["x"] and a["x"] + a["width"] <= b["x"] + b["width"] + 0.5
-            and a["y"] >= b["y"] and a["y"] + a["height"] <= b["y"] + b["height"] + 0.5)
+    return (
+        a is not None
+        and b is not None
+        and a["x"] >= b["x"]
+        and a["x"] + a["width"] <= b["x"] + b["width"] + 0.5
+        and a["y"] >= b["y"]
+        and a["y"] + a["height"] <= b["y"] + b["height"] + 0.5
+    )
 
 
 def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_panel_stops_a_pool(lab: Server):
@@ -288,8 +295,9 @@ def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_
         run_cell(page, 0, FORM_CELLS)
         form = run_cell(page, 1, FORM_CELLS).locator(".jp-OutputArea-output")
         tabs = form.get_by_role("tab")
-        expect(tabs).to_have_text(["Solver", "Learning rate", "Data & batches", "Validation", "Loss & metrics", "Hardware",
-                                  "Output"])
+        expect(tabs).to_have_text(
+            ["Solver", "Learning rate", "Data & batches", "Validation", "Loss & metrics", "Hardware", "Output"]
+        )
         expect(form).to_contain_text("Valid training options")
         tabs.filter(has_text="Learning rate").click()
         preview = form.locator("img")  # the schedule, drawn from the fields
@@ -304,7 +312,8 @@ def test_the_options_form_shows_every_group_an_error_beside_its_field_and_train_
         expect(message).to_be_visible()
         field, said = threshold.locator("input").bounding_box(), message.bounding_box()
         assert said["x"] >= field["x"] + field["width"] and abs(said["y"] - field["y"]) < field["height"], (
-            f"the message is not beside its field: field {field}, message {said}")
+            f"the message is not beside its field: field {field}, message {said}"
+        )
         expect(form).to_contain_text("1 wrong value(s)")
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "options-form-error.png"))

@@ -18,8 +18,11 @@ def _small_net() -> nn.Module:
 
 def test_a_billion_classes_is_refused_naming_the_layer_size():
     net = _small_net()
-    with pytest.raises(ModelError, match=r"num_classes=1,000,000,000 makes a new layer of 32 x 1,000,000,000 "
-                                         r"weights, 122\.9 GiB \(at most 1 GiB\)"):
+    with pytest.raises(
+        ModelError,
+        match=r"num_classes=1,000,000,000 makes a new layer of 32 x 1,000,000,000 "
+        r"weights, 122\.9 GiB \(at most 1 GiB\)",
+    ):
         transfer(net, 10**9)
     assert net[3].out_features == 10  # unchanged
 
@@ -32,8 +35,9 @@ def test_weights_from_a_fifo_are_refused_at_once_not_called_missing(tmp_path):
     fifo = tmp_path / "weights.pt"
     os.mkfifo(fifo)
     outcome: list[BaseException] = []
-    reader = threading.Thread(target=lambda: _record(outcome, lambda: pretrained("resnet18", weights=fifo)),
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: _record(outcome, lambda: pretrained("resnet18", weights=fifo)), daemon=True
+    )
     reader.start()
     reader.join(30)
     assert not reader.is_alive(), "pretrained() blocked on the pipe"

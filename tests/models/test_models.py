@@ -25,13 +25,15 @@ def resnet18_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, 
 def test_weights_from_a_local_file_are_loaded(resnet18_file: tuple[nn.Module, Path]) -> None:
     saved, path = resnet18_file
     loaded = pretrained("resnet18", weights=path)
-    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), loaded.state_dict().values(),
-                                                 strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(saved.state_dict().values(), loaded.state_dict().values(), strict=True)
+    )
     assert isinstance(pretrained("resnet18", weights=str(path)), nn.Module)
 
 
 def test_missing_file_unknown_name_and_mismatched_weights_are_clear_errors(
-        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    resnet18_file: tuple[nn.Module, Path], tmp_path: Path
+) -> None:
     with pytest.raises(ModelError, match="does not exist") as missing:
         pretrained("resnet18", weights=tmp_path / "nope.pth")
     assert "nope.pth" in str(missing.value)
@@ -46,12 +48,15 @@ def test_missing_file_unknown_name_and_mismatched_weights_are_clear_errors(
 
 
 def test_weights_of_another_network_are_a_short_error_counting_and_naming_a_few_parameters(
-        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    resnet18_file: tuple[nn.Module, Path], tmp_path: Path
+) -> None:
     torch.save(pretrained("mobilenet_v3_small", weights=None).state_dict(), tmp_path / "mobilenet.pt")
     with pytest.raises(ModelError) as caught:
         pretrained("resnet18", weights=tmp_path / "mobilenet.pt")
     message = str(caught.value)
-    assert re.search(r"do not fit resnet18: it lacks: conv1.weight, bn1.weight, bn1.bias, \.\.\. \(\d+ in all\)", message)
+    assert re.search(
+        r"do not fit resnet18: it lacks: conv1.weight, bn1.weight, bn1.bias, \.\.\. \(\d+ in all\)", message
+    )
     assert "it has parameters the network does not: features.0.0.weight" in message
     assert len(message) < 600  # one paragraph, not torch's list of every key
     with pytest.raises(ModelError, match="is a folder; weights= takes the file in it"):
@@ -59,7 +64,8 @@ def test_weights_of_another_network_are_a_short_error_counting_and_naming_a_few_
 
 
 def test_a_whole_saved_network_of_another_architecture_is_refused(
-        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    resnet18_file: tuple[nn.Module, Path], tmp_path: Path
+) -> None:
     torch.save(resnet18_file[0], tmp_path / "resnet18_whole.pt")
     torch.save(pretrained("mobilenet_v3_small", weights=None), tmp_path / "mobilenet_whole.pt")
     with pytest.raises(ModelError, match=r"holds a whole MobileNetV3 network, not resnet18 \(a ResNet\)"):
@@ -76,7 +82,8 @@ class NotTorchvision(nn.Module):
 
 
 def test_whole_networks_ddp_names_and_transferred_heads_load_from_a_file(
-        resnet18_file: tuple[nn.Module, Path], tmp_path: Path) -> None:
+    resnet18_file: tuple[nn.Module, Path], tmp_path: Path
+) -> None:
     saved, _ = resnet18_file
     torch.save(saved, tmp_path / "whole.pt")  # torch.save(model, path), not its state_dict
     assert torch.equal(pretrained("resnet18", weights=tmp_path / "whole.pt").fc.weight, saved.fc.weight)
@@ -91,8 +98,7 @@ def test_whole_networks_ddp_names_and_transferred_heads_load_from_a_file(
         pretrained("resnet18", weights=tmp_path / "other.pt")
 
 
-def test_transfer_replaces_fc_freezes_the_trunk_and_records_the_factor(
-        resnet18_file: tuple[nn.Module, Path]) -> None:
+def test_transfer_replaces_fc_freezes_the_trunk_and_records_the_factor(resnet18_file: tuple[nn.Module, Path]) -> None:
     model = transfer(pretrained("resnet18", weights=resnet18_file[1]), 7, learn_rate_factor=10.0, freeze="trunk")
     assert model.fc.out_features == 7
     assert model.nbscale_learn_rate_factors == {"fc.weight": 10.0, "fc.bias": 10.0}
@@ -147,8 +153,11 @@ def test_freezing_an_unknown_layer_names_it_with_close_names_and_the_layers_in_o
     assert "Its top-level layers are conv1, bn1, relu, maxpool, layer1, layer2, layer3, layer4, avgpool, fc" in message
     assert "freeze='trunk'" in message and "['" not in message and "\n" not in message  # no Python list
     small = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    with pytest.raises(ModelError, match=r"freeze names 'fc1', which is no layer of Sequential\. Its layers are 0, "
-                                         r"1, 2\. Name layers as model\.named_modules\(\) does"):
+    with pytest.raises(
+        ModelError,
+        match=r"freeze names 'fc1', which is no layer of Sequential\. Its layers are 0, "
+        r"1, 2\. Name layers as model\.named_modules\(\) does",
+    ):
         transfer(small, 3, freeze="fc1")
 
 

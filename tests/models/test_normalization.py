@@ -51,8 +51,12 @@ def test_normalize_false_or_a_pair_or_random_weights(weights_file: str) -> None:
 
 
 def test_the_normalization_survives_transfer_checkpoints_pickling_and_whole_network_files(weights_file, tmp_path):
-    net = nbscale.models.transfer(nbscale.models.pretrained("resnet18", weights=weights_file), 4,
-                                  learn_rate_factor={"fc": 10, "layer4.*": 2}, freeze=["conv1", "bn1"])
+    net = nbscale.models.transfer(
+        nbscale.models.pretrained("resnet18", weights=weights_file),
+        4,
+        learn_rate_factor={"fc": 10, "layer4.*": 2},
+        freeze=["conv1", "bn1"],
+    )
     assert net.fc.out_features == 4 and isinstance(net.normalize, Normalize)
     factors = nbscale.models.learn_rate_factors(net)
     assert factors["fc"] == 10 and factors["layer4"] == 2 and factors["conv1"] == 0
@@ -76,7 +80,8 @@ def test_a_normalized_network_trains_on_a_pool(weights_file) -> None:
     net = nbscale.models.transfer(nbscale.models.pretrained("resnet18", weights=weights_file), 2, freeze="trunk")
     images, labels = torch.rand(16, 3, 32, 32), torch.randint(0, 2, (16,))
     with nbscale.Pool(2, cpu=True) as pool:  # noqa: F841 - the running pool trains
-        opts = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=8, verbose=False,
-                                       execution_environment="parallel")
+        opts = nbscale.TrainingOptions(
+            "sgdm", max_epochs=1, mini_batch_size=8, verbose=False, execution_environment="parallel"
+        )
         trained, info = nbscale.train(net, (images, labels), opts)
     assert info.stop_reason == "Max epochs completed" and isinstance(trained.normalize, Normalize)

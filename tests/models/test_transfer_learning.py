@@ -17,8 +17,16 @@ from tests.datasets import write_digits_pngs
 
 def small_cnn(num_classes: int) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, num_classes))
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
 
 
 def train(model: nn.Module, data: ImageDatastore, epochs: int, lr: float = 3e-3) -> nn.Module:
@@ -49,7 +57,8 @@ def test_transfer_from_digits_0_to_4_beats_training_from_scratch_on_5_to_9(tmp_p
     assert torch.equal(transferred[0].weight, trunk_before)  # the frozen trunk did not move
 
     torch.manual_seed(0)
-    scratch = train(transfer(small_cnn(5), num_classes=5, learn_rate_factor=10.0, freeze="trunk"), few,
-                    epochs=5, lr=1e-3)
+    scratch = train(
+        transfer(small_cnn(5), num_classes=5, learn_rate_factor=10.0, freeze="trunk"), few, epochs=5, lr=1e-3
+    )
     transfer_accuracy, scratch_accuracy = nbscale.accuracy(transferred, test), nbscale.accuracy(scratch, test)
     assert transfer_accuracy > scratch_accuracy + 0.1, (transfer_accuracy, scratch_accuracy)

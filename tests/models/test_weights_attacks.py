@@ -66,20 +66,26 @@ def test_a_state_dict_loads_with_the_weights_only_loader(tmp_path: Path) -> None
 def test_the_allow_list_is_layer_classes_and_a_few_named_helpers_only() -> None:
     allowed = network_globals()
     others = {key for key, value in allowed.items() if not (isinstance(value, type) and issubclass(value, nn.Module))}
-    assert others == {("functools", "partial"), ("torchvision.models.detection._utils", "BalancedPositiveNegativeSampler"),
-                      ("torchvision.models.detection._utils", "BoxCoder"),
-                      ("torchvision.models.detection._utils", "BoxLinearCoder"),
-                      ("torchvision.models.detection._utils", "Matcher"),
-                      ("torchvision.models.detection._utils", "SSDMatcher"),
-                      ("torchvision.models.optical_flow.raft", "_pass_through_h"),
-                      ("torchvision.ops.boxes", "box_iou"),
-                      ("nbscale.models.normalization", "normalize_inputs")}  # pretrained(normalize=True)'s hook
+    assert others == {
+        ("functools", "partial"),
+        ("torchvision.models.detection._utils", "BalancedPositiveNegativeSampler"),
+        ("torchvision.models.detection._utils", "BoxCoder"),
+        ("torchvision.models.detection._utils", "BoxLinearCoder"),
+        ("torchvision.models.detection._utils", "Matcher"),
+        ("torchvision.models.detection._utils", "SSDMatcher"),
+        ("torchvision.models.optical_flow.raft", "_pass_through_h"),
+        ("torchvision.ops.boxes", "box_iou"),
+        ("nbscale.models.normalization", "normalize_inputs"),
+    }  # pretrained(normalize=True)'s hook
     modules = {module for module, _ in allowed}
-    assert all(m.startswith(("torch.nn.modules.", "torchvision.models.", "torchvision.ops.", "torch.ao."))
-               for m in modules - {"functools", "nbscale.models.normalization"})
+    assert all(
+        m.startswith(("torch.nn.modules.", "torchvision.models.", "torchvision.ops.", "torch.ao."))
+        for m in modules - {"functools", "nbscale.models.normalization"}
+    )
     assert ("torch.nn.modules.module", "torch.serialization.os.system") not in allowed
-    assert all(getattr(__import__(module, fromlist=["_"]), name.split(".")[0]) is not None
-               for module, name in allowed)  # each pair is an exact, existing name
+    assert all(
+        getattr(__import__(module, fromlist=["_"]), name.split(".")[0]) is not None for module, name in allowed
+    )  # each pair is an exact, existing name
 
 
 @pytest.mark.slow

@@ -15,8 +15,9 @@ from tests.training.widget_click import run_and_click
 
 
 def test_history_has_one_row_per_step_and_a_step_recorded_twice_is_one_row() -> None:
-    monitor = nbscale.TrainingMonitor(metrics=["loss", "val_loss", "accuracy"], info=["epoch"],
-                                      groups={"loss": ["loss", "val_loss"]})
+    monitor = nbscale.TrainingMonitor(
+        metrics=["loss", "val_loss", "accuracy"], info=["epoch"], groups={"loss": ["loss", "val_loss"]}
+    )
     for step in range(1, 11):
         monitor.record(step, loss=torch.tensor(1.0 / step), accuracy=0.1 * step)
         if step % 5 == 0:
@@ -25,8 +26,18 @@ def test_history_has_one_row_per_step_and_a_step_recorded_twice_is_one_row() -> 
     assert list(frame.columns) == ["iteration", "loss", "val_loss", "accuracy"]
     assert list(frame["iteration"]) == list(range(1, 11))
     assert frame["loss"].tolist() == pytest.approx([1.0 / s for s in range(1, 11)])
-    assert monitor.history["val_loss"] == [None, None, None, None, pytest.approx(0.4), None, None, None, None,
-                                           pytest.approx(0.2)]
+    assert monitor.history["val_loss"] == [
+        None,
+        None,
+        None,
+        None,
+        pytest.approx(0.4),
+        None,
+        None,
+        None,
+        None,
+        pytest.approx(0.2),
+    ]
 
 
 def test_tensors_are_read_in_bunches_not_at_each_record() -> None:
@@ -43,8 +54,11 @@ def test_tensors_are_read_in_bunches_not_at_each_record() -> None:
 
 def test_a_name_the_monitor_was_not_given_is_one_clear_error() -> None:
     monitor = nbscale.TrainingMonitor(metrics=["loss"], info=["epoch"])
-    with pytest.raises(OptionsError, match=r"'acc' is not one of the monitor's metrics \['loss'\]; add it to "
-                                           r"TrainingMonitor\(metrics=\[...\]\)"):
+    with pytest.raises(
+        OptionsError,
+        match=r"'acc' is not one of the monitor's metrics \['loss'\]; add it to "
+        r"TrainingMonitor\(metrics=\[...\]\)",
+    ):
         monitor.record(1, acc=0.5)
     with pytest.raises(OptionsError, match="'lr' is not one of the monitor's info fields"):
         monitor.update_info(lr=0.1)
@@ -65,8 +79,14 @@ def test_the_monitors_loggers_receive_every_record_and_are_closed(tmp_path) -> N
             monitor.record(step, loss=torch.tensor(float(step)))
         monitor.record(5, val_loss=0.5)
     lines = path.read_text().splitlines()
-    assert lines[0] == "step,loss,val_loss" and lines[1:] == ["1,1.0,", "2,2.0,", "3,3.0,", "4,4.0,", "5,5.0,",
-                                                              "5,,0.5"]
+    assert lines[0] == "step,loss,val_loss" and lines[1:] == [
+        "1,1.0,",
+        "2,2.0,",
+        "3,3.0,",
+        "4,4.0,",
+        "5,5.0,",
+        "5,,0.5",
+    ]
 
 
 LOOP = """
@@ -101,8 +121,10 @@ def test_a_custom_loop_in_a_real_kernel_draws_the_figure_and_its_stop_button_end
     image = Image.open(io.BytesIO(base64.b64decode(pngs[-1])))
     assert image.size[0] > 500
     # the monitor's figure has the loss group (log scale) and the accuracy panel, drawn with its values
-    check = kernel.run("print([a.get_ylabel() for a in monitor._sink.display.figure.figure.axes[:2]], "
-                       "monitor._sink.display.figure.figure.axes[0].get_yscale(), len(monitor.history['loss']) == steps)")
+    check = kernel.run(
+        "print([a.get_ylabel() for a in monitor._sink.display.figure.figure.axes[:2]], "
+        "monitor._sink.display.figure.figure.axes[0].get_yscale(), len(monitor.history['loss']) == steps)"
+    )
     assert check.ok and check.stdout.split() == ["['loss',", "'accuracy']", "log", "True"]
     texts = [d.get("text/plain", "") for d in result.displays]
     assert any("Progress:" in t and "epoch:" in t for t in texts)  # the info panel with the loop's info
@@ -139,9 +161,11 @@ def test_a_monitor_in_an_spmd_cell_shows_once_in_the_notebook_and_its_stop_reach
         assert kernel.run("REDUCE, STEPS = 'mean', 20").ok
         result = kernel.run(SPMD_LOOP)
         assert result.ok, result.text
-        check = kernel.run("from nbscale.monitor import _views\nview = _views[max(_views)]\n"
-                           "print(view.history['step'] == list(range(1, 21)), "
-                           "all(abs(v - 1.5 / s) < 1e-6 for s, v in zip(view.history['step'], view.history['loss'])))")
+        check = kernel.run(
+            "from nbscale.monitor import _views\nview = _views[max(_views)]\n"
+            "print(view.history['step'] == list(range(1, 21)), "
+            "all(abs(v - 1.5 / s) < 1e-6 for s, v in zip(view.history['step'], view.history['loss'])))"
+        )
         assert check.ok and check.stdout.split() == ["True", "True"], check.text
     finally:
         kernel.run("%pool stop")

@@ -42,11 +42,14 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("child_end", "child_says"), [
-    ("pass", ""),  # runs on to the end of the cell, as a script's child would
-    ("import sys; sys.exit(0)", ""),
-    ("raise ValueError('the child failed')", "ValueError: the child failed"),
-])
+@pytest.mark.parametrize(
+    ("child_end", "child_says"),
+    [
+        ("pass", ""),  # runs on to the end of the cell, as a script's child would
+        ("import sys; sys.exit(0)", ""),
+        ("raise ValueError('the child failed')", "ValueError: the child failed"),
+    ],
+)
 def test_a_cell_whose_forked_child_runs_to_the_end_returns_and_the_pool_keeps_working(kernel, child_end, child_says):
     kernel.run("%pool start 2 --cpu")
     forked = kernel.run(FORK_AND_WAIT.format(child_end=child_end), timeout=60)

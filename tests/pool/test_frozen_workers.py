@@ -66,8 +66,9 @@ def test_a_stopped_worker_fails_its_cell_by_rank_within_30_s_and_restart_recover
 
 
 def test_one_interrupt_of_a_cell_with_a_stopped_worker_returns_within_10_s_with_a_fresh_pool(kernel):
-    cell, seconds, pids = _run_with_worker_1_stopped(kernel, COLLECTIVE_LOOP, after=1.0, interrupt_after=3.0,
-                                                     timeout=60)
+    cell, seconds, pids = _run_with_worker_1_stopped(
+        kernel, COLLECTIVE_LOOP, after=1.0, interrupt_after=3.0, timeout=60
+    )
     print(f"interrupt returned after {seconds - 3.0:.1f} s")
     assert seconds - 3.0 < INTERRUPT_LIMIT_S
     assert cell.error_name == "PoolInterrupted"
@@ -95,8 +96,9 @@ def test_a_cell_deadlocked_on_a_lock_is_named_and_one_interrupt_frees_it_keeping
 def test_a_collective_one_worker_never_joins_is_interrupted_within_10_s_by_restarting_the_pool(kernel):
     kernel.run("%pool start 2 --cpu")
     pids = _worker_pids(kernel)
-    cell, seconds = _timed(kernel, "%%spmd\nif rank == 0:\n    allreduce(torch.ones(1))\n", interrupt_after=3.0,
-                           timeout=60)
+    cell, seconds = _timed(
+        kernel, "%%spmd\nif rank == 0:\n    allreduce(torch.ones(1))\n", interrupt_after=3.0, timeout=60
+    )
     print(f"interrupt returned after {seconds - 3.0:.1f} s")
     assert seconds - 3.0 < INTERRUPT_LIMIT_S
     assert cell.error_name == "PoolInterrupted"
@@ -111,9 +113,11 @@ def test_ranks_in_different_collectives_are_named_within_the_heartbeat_window(ke
     kernel.run("%pool start 2 --cpu")
     mismatch = "%%spmd\nif rank == 0:\n    allreduce(torch.ones(1))\nelse:\n    broadcast(torch.ones(1))\n"
     cell = kernel.run(mismatch, interrupt_after=8.0, timeout=60)  # named at the first heartbeat (every 3 s)
-    assert ("Collective mismatch, the ranks wait for each other forever: rank 0 in allreduce (its collective 1 of "
-            "this cell); rank 1 in broadcast (its collective 1 of this cell). Every rank must call the same "
-            "collectives in the same order.") in cell.stderr, cell.text
+    assert (
+        "Collective mismatch, the ranks wait for each other forever: rank 0 in allreduce (its collective 1 of "
+        "this cell); rank 1 in broadcast (its collective 1 of this cell). Every rank must call the same "
+        "collectives in the same order."
+    ) in cell.stderr, cell.text
     assert cell.error_name == "PoolInterrupted" and "the pool was restarted" in cell.traceback
     matched = "%%spmd\nvalues = gather(rank) if rank == 0 else allgather(rank)\nprint(allreduce(rank))\n"
     cell = kernel.run(matched, timeout=60)  # gather meets allgather: no mismatch
@@ -190,8 +194,9 @@ def test_one_interrupt_of_a_pool_training_hung_in_a_collective_returns_within_10
     assert kernel.run(TRAINING_SETUP + HANGING_LOSS).ok
     kernel.run("%pool start 2 --cpu")
     pids = _worker_pids(kernel)
-    cell, seconds = _timed(kernel, TRAINING.replace("options)", "options, loss_fn=HangsOnRank1())"),
-                           interrupt_after=6.0, timeout=60)
+    cell, seconds = _timed(
+        kernel, TRAINING.replace("options)", "options, loss_fn=HangsOnRank1())"), interrupt_after=6.0, timeout=60
+    )
     print(f"interrupt returned after {seconds - 6.0:.1f} s")
     assert seconds - 6.0 < INTERRUPT_LIMIT_S
     assert cell.error_name == "PoolInterrupted"
@@ -217,7 +222,8 @@ def test_a_cell_napping_at_one_line_gets_no_stuck_note(kernel):
     """The heartbeat sees the same instruction every time, but the thread wakes up a hundred times a second: moving.
     (A forked worker's threading.main_thread().native_id names the forking thread, so its wake-ups went unseen.)"""
     kernel.run("%pool start 2 --cpu")
-    cell = kernel.run("%%spmd\nimport time\nend = time.time() + 28\nwhile time.time() < end:\n    time.sleep(0.01)\n",
-                      timeout=90)
+    cell = kernel.run(
+        "%%spmd\nimport time\nend = time.time() + 28\nwhile time.time() < end:\n    time.sleep(0.01)\n", timeout=90
+    )
     assert cell.ok, cell.text
     assert "no progress" not in cell.text

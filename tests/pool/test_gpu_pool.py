@@ -12,16 +12,20 @@ def test_gpu_pool_allreduces_on_the_device(kernel):
 
     count = torch.cuda.device_count()
     assert kernel.run("%pool start").stdout.startswith(f"Started {count} GPU worker{'s' * (count != 1)} in")
-    cell = kernel.run("%%spmd\nx = torch.ones(4, device=device) * (rank + 1)\ntotal = allreduce(x)\n"
-                      "print(total.device, total.sum().item())")
+    cell = kernel.run(
+        "%%spmd\nx = torch.ones(4, device=device) * (rank + 1)\ntotal = allreduce(x)\n"
+        "print(total.device, total.sum().item())"
+    )
     expected = 4 * sum(range(1, count + 1))
     assert cell.ok, cell.text
     assert f"[0] cuda:0 {float(expected)}" in cell.stdout
     # API.md's broadcast of a notebook tensor (sent to the workers on the CPU) and of one on rank 0's GPU
     kernel.run("weights = torch.arange(3.0)")
-    cell = kernel.run("%%spmd\nw = broadcast(weights if rank == 0 else None)\n"
-                      "g = broadcast(torch.full((2,), 7.0, device=device) if rank == 0 else None)\n"
-                      "print(w.device, w.tolist(), g.device == device, g.tolist())")
+    cell = kernel.run(
+        "%%spmd\nw = broadcast(weights if rank == 0 else None)\n"
+        "g = broadcast(torch.full((2,), 7.0, device=device) if rank == 0 else None)\n"
+        "print(w.device, w.tolist(), g.device == device, g.tolist())"
+    )
     assert cell.ok, cell.text
     assert f"[{count - 1}] cpu [0.0, 1.0, 2.0] True [7.0, 7.0]" in cell.stdout
 

@@ -145,9 +145,13 @@ def test_planning_in_this_process_leaves_held_gpus_alone(monkeypatch, tmp_path):
     with gpu_holder(["GPU-aaaa1-1111"], purpose="training", notebook="c.ipynb") as holder:
         assert plan_devices(None, None, cpu=False) == ["GPU-aaaa0-1111"]
         assert plan_devices(None, None, cpu=False, force=True) == ["GPU-aaaa0-1111", "GPU-aaaa1-1111"]
-        with pytest.raises(PoolError, match=rf"GPU 1 is held by {ME}'s training \(notebook c.ipynb, pid {holder.pid}\)"):
+        with pytest.raises(
+            PoolError, match=rf"GPU 1 is held by {ME}'s training \(notebook c.ipynb, pid {holder.pid}\)"
+        ):
             plan_devices(None, (1,), cpu=False)
-        with pytest.raises(PoolError, match=r"2 GPU workers asked for but only 1 of the 2 GPUs are free: GPU 1 is held"):
+        with pytest.raises(
+            PoolError, match=r"2 GPU workers asked for but only 1 of the 2 GPUs are free: GPU 1 is held"
+        ):
             plan_devices(2, None, cpu=False)
 
 

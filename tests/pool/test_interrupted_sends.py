@@ -15,8 +15,10 @@ BLOB_BYTES = 64 * 2**20  # bytes, not a tensor: it travels in the message on the
 
 
 def test_interrupts_while_a_large_push_is_sent_leave_every_workers_channel_whole(kernel):
-    kernel.run(f"%pool start 2 --cpu\nimport nbscale\npool = nbscale.current_pool()\nblob = bytes({BLOB_BYTES})\n"
-               "pool.push(pushed=blob)")
+    kernel.run(
+        f"%pool start 2 --cpu\nimport nbscale\npool = nbscale.current_pool()\nblob = bytes({BLOB_BYTES})\n"
+        "pool.push(pushed=blob)"
+    )
     # each push spends about half its time writing to the workers' sockets: over these points some interrupts land
     # part-way through a frame, others while pickling or waiting
     for seconds in (0.4, 0.7, 1.0, 1.3, 1.6, 1.9, 2.2, 2.5):

@@ -29,8 +29,9 @@ def interrupt_this_process():
 def _scenario(body: str) -> list[str]:
     """What a fresh process running `body` (after the prelude) printed, line by line."""
     script = _PRELUDE + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          cwd=str(nbscale.__path__[0] + "/.."))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=str(nbscale.__path__[0] + "/..")
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 

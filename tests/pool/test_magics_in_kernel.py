@@ -83,7 +83,9 @@ def test_failing_rank_shows_its_traceback_with_cell_lines_and_no_internals(kerne
 
 def test_variables_a_failing_cell_assigned_before_its_error_stay_defined_where_workers_hold_them(kernel):
     kernel.run("%pool start 2 --cpu")
-    cell = kernel.run("%%spmd\nbefore = rank * 10\nif rank == 1:\n    raise ValueError('rank 1 gave up')\nafter = rank\n")
+    cell = kernel.run(
+        "%%spmd\nbefore = rank * 10\nif rank == 1:\n    raise ValueError('rank 1 gave up')\nafter = rank\n"
+    )
     assert cell.error_name == "WorkerError" and "rank 1 gave up" in cell.traceback
     shown = kernel.run("print(len(before), before[:], len(after), after[0])")
     assert shown.stdout.strip() == "2 [0, 10] 1 0"  # `after` only on rank 0, which ran the whole cell
@@ -102,7 +104,9 @@ def test_bad_input_gets_one_clear_line(kernel):
     nameless = kernel.run("%pool start 1 --cpu --env =hunter2").traceback
     assert "a pair has no name before its '='" in nameless and "hunter2" not in nameless  # values are never shown
     assert "100,000 workers is more than a pool can hold" in kernel.run("%pool start 100000").traceback
-    assert "--connect-timeout soon: give seconds as a number" in kernel.run("%pool start --connect-timeout soon").traceback
+    assert (
+        "--connect-timeout soon: give seconds as a number" in kernel.run("%pool start --connect-timeout soon").traceback
+    )
     assert "is for cluster pools" in kernel.run("%pool start 1 --cpu --connect-timeout 60").traceback
     assert "takes no N or flags" in kernel.run("%pool restart --connect-timeout 60").traceback
     assert "No pool is running" in kernel.run("%pool status").stdout  # none of the above started one
@@ -210,8 +214,14 @@ slow = SlowToPickle()
 """
 
 
-@pytest.mark.parametrize("cell", ["%%spmd\nprint(slow)", "import nbscale\nnbscale.current_pool().run(print, slow)",
-                                  "import nbscale\nnbscale.current_pool().submit(print, slow)"])
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "%%spmd\nprint(slow)",
+        "import nbscale\nnbscale.current_pool().run(print, slow)",
+        "import nbscale\nnbscale.current_pool().submit(print, slow)",
+    ],
+)
 def test_an_interrupt_while_a_cell_pickles_what_it_sends_is_one_line_and_the_pool_is_unchanged(kernel, cell):
     kernel.run("%pool start 2 --cpu")
     kernel.run("%%spmd\nkept = rank")
@@ -229,8 +239,10 @@ def test_a_module_variable_the_workers_cannot_import_is_named_with_the_fix(kerne
     kernel.run("import types\nhandmade = types.ModuleType('handmade')")
     failed = kernel.run("%%spmd\nprint(handmade)", timeout=30)
     assert failed.error_name == "WorkerError", failed.text
-    assert ("Variable 'handmade' is the module 'handmade', which worker 0 cannot import (ModuleNotFoundError: "
-            "No module named 'handmade')") in failed.traceback
+    assert (
+        "Variable 'handmade' is the module 'handmade', which worker 0 cannot import (ModuleNotFoundError: "
+        "No module named 'handmade')"
+    ) in failed.traceback
     assert "add its folder to sys.path" in failed.traceback and "importlib" not in failed.traceback
     assert kernel.run("%%spmd\nprint('fine', rank)").ok
 
@@ -314,14 +326,17 @@ def test_spmd_after_an_idle_shutdown_starts_the_same_pool_again_and_says_so(kern
     kernel.run("import nbscale, time\nwhile nbscale.current_pool() is not None:\n    time.sleep(0.1)", timeout=30)
     cell = kernel.run("%%spmd\nprint('workers', world_size)")
     assert cell.ok, cell.text
-    assert ("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it again with the same "
-            "settings.") in cell.stdout
+    assert (
+        "The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it again with the same settings."
+    ) in cell.stdout
     assert "[0] workers 1" in cell.stdout  # one worker as asked, not the default size
     kernel.run("while nbscale.current_pool() is not None:\n    time.sleep(0.1)", timeout=30)
     restarted = kernel.run("%pool restart")  # what a user types to get the pool back
     assert restarted.ok, restarted.text
-    assert restarted.stdout.startswith("The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it "
-                                       "again with the same settings.\nRestarted 1 CPU worker in")
+    assert restarted.stdout.startswith(
+        "The pool shut itself down after 0.02 idle minutes (--idle-timeout). Starting it "
+        "again with the same settings.\nRestarted 1 CPU worker in"
+    )
 
 
 def test_every_worker_exits_when_the_kernel_dies():
@@ -356,8 +371,10 @@ def test_interrupting_pool_map_cancels_its_items_and_says_so(kernel):
     cell = kernel.run("results = list(pool.map(time.sleep, [30] * 5))", interrupt_after=2.0, timeout=60)
     assert cell.error_name == "PoolInterrupted", cell.text
     # submitted two per worker ahead: the fifth item was never sent
-    assert ("Interrupted pool.map: 2 running calls interrupted on the workers and 2 queued ones cancelled. "
-            "The pool is ready for the next cell.") in cell.traceback
+    assert (
+        "Interrupted pool.map: 2 running calls interrupted on the workers and 2 queued ones cancelled. "
+        "The pool is ready for the next cell."
+    ) in cell.traceback
     assert "site-packages" not in cell.traceback and "nbscale/pool" not in cell.traceback
     after = kernel.run("print(list(pool.map(abs, [-1, -2, -3])))", timeout=30)
     assert after.stdout.strip() == "[1, 2, 3]"
@@ -369,8 +386,10 @@ def test_interrupting_a_long_map_leaves_nothing_running_and_an_endless_one_holds
     kernel.run("%pool start 2 --cpu\nimport itertools, os, time, psutil, nbscale\npool = nbscale.current_pool()")
     cell = kernel.run("results = list(pool.map(time.sleep, [0.01] * 100000))", interrupt_after=3.0, timeout=60)
     assert cell.error_name == "PoolInterrupted", cell.text
-    waited = kernel.run("started = time.monotonic()\npool.submit(os.getpid).result(timeout=60)\n"
-                        "print(f'{time.monotonic() - started:.1f}')")
+    waited = kernel.run(
+        "started = time.monotonic()\npool.submit(os.getpid).result(timeout=60)\n"
+        "print(f'{time.monotonic() - started:.1f}')"
+    )
     assert float(waited.stdout) < 5, waited.text  # nothing of the map's left to run first
     kernel.run("before = psutil.Process().memory_info().rss")
     cell = kernel.run("for _ in pool.map(abs, itertools.count()):\n    pass", interrupt_after=8.0, timeout=60)
@@ -387,4 +406,6 @@ def test_a_task_traceback_shows_the_lines_of_functions_defined_in_the_notebook(k
     cell = kernel.run("list(pool.map(scale, [1, 2, 3]))")
     assert cell.error_name == "WorkerError"
     assert "scale() of pool.map's item 1 failed on rank 0" in cell.traceback
-    assert "  Cell In[3], line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback
+    assert (
+        "  Cell In[3], line 3, in scale\n    return value * factor / (value - 2)\nZeroDivisionError" in cell.traceback
+    )

@@ -24,8 +24,21 @@ def kernel_with_pool(request, tmp_path_factory):
     env = {}
     if request.param != "installed":
         target = tmp_path_factory.mktemp("cloudpickle")
-        installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                                    f"cloudpickle=={request.param}"], capture_output=True, text=True)
+        installed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                str(target),
+                f"cloudpickle=={request.param}",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if installed.returncode != 0:
             pytest.skip(f"cloudpickle {request.param} cannot be installed here: {installed.stderr[-300:]}")
         env["PYTHONPATH"] = str(target)
@@ -58,7 +71,8 @@ def test_a_notebook_loss_that_fails_in_training_on_the_pool_shows_its_cell_and_l
         "data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))\n"
         "opts = nbscale.TrainingOptions(max_epochs=1, mini_batch_size=8, verbose=False, "
         "execution_environment='parallel')\n"
-        "nbscale.train(torch.nn.Linear(4, 2), data, opts, loss_fn=broken_loss)")
+        "nbscale.train(torch.nn.Linear(4, 2), data, opts, loss_fn=broken_loss)"
+    )
     assert cell.error_name is not None, cell.text
     assert "line 2, in broken_loss" in cell.traceback and "Cell In[" in cell.traceback, cell.traceback
     assert "undefined_name" in cell.traceback

@@ -14,14 +14,18 @@ from tests.training.test_out_of_memory import OutOfMemoryOnSecondStep
 
 def test_out_of_memory_on_a_worker_is_torchs_type_in_the_notebook_and_the_pool_trains_on():
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-    options = nbscale.TrainingOptions("sgdm", mini_batch_size=16, max_epochs=1, plots="none", verbose=False,
-                                      execution_environment="parallel")
+    options = nbscale.TrainingOptions(
+        "sgdm", mini_batch_size=16, max_epochs=1, plots="none", verbose=False, execution_environment="parallel"
+    )
     with nbscale.Pool(2, cpu=True) as pool:
         with pytest.raises(torch.OutOfMemoryError) as caught:
             nbscale.train(nn.Linear(4, 2), data, options, loss_fn=OutOfMemoryOnSecondStep())
         assert isinstance(caught.value, nbscale.WorkerError)  # and still what a failed pool run raises
         message = str(caught.value)
-        assert "Out of GPU memory on worker" in message and "samples per iteration: lower mini_batch_size (now 16)" in message
+        assert (
+            "Out of GPU memory on worker" in message
+            and "samples per iteration: lower mini_batch_size (now 16)" in message
+        )
         assert caught.value.__context__ is None and caught.value.__cause__ is None
         _, info = nbscale.train(nn.Linear(4, 2), data, options)  # the pool is fine afterwards
         assert info.iteration[-1] == 4

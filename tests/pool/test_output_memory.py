@@ -55,8 +55,10 @@ def test_a_long_unfinished_line_arrives_whole_in_pieces(capfd):
 def test_200_mb_of_worker_output_in_a_notebook_cost_the_kernel_far_less_and_say_what_was_left_out(kernel, call):
     # ipykernel and ZeroMQ hold whatever the notebook has not read yet: 1 GB of output left the kernel 1.45 GB larger.
     # A task's output (pool.submit) is shown by the receiver thread, under the cell that started the pool.
-    setup = kernel.run("import nbscale\npool = nbscale.Pool(1, cpu=True)\npool.run(int)\n"
-                       "def spew(n):\n    line = 'y' * 1023\n    for _ in range(n):\n        print(line)\n    return n")
+    setup = kernel.run(
+        "import nbscale\npool = nbscale.Pool(1, cpu=True)\npool.run(int)\n"
+        "def spew(n):\n    line = 'y' * 1023\n    for _ in range(n):\n        print(line)\n    return n"
+    )
     assert setup.ok, setup.text
     with open(f"/proc/{kernel.pid}/clear_refs", "w") as clear:
         clear.write("5")
@@ -66,8 +68,11 @@ def test_200_mb_of_worker_output_in_a_notebook_cost_the_kernel_far_less_and_say_
     while True:  # read as a notebook does, without keeping 200 MB in this process
         message = kernel.client.get_iopub_msg(timeout=300)
         kind, content = message["msg_type"], message["content"]
-        if message["parent_header"].get("msg_id") == message_id and kind == "status" \
-                and content["execution_state"] == "idle":
+        if (
+            message["parent_header"].get("msg_id") == message_id
+            and kind == "status"
+            and content["execution_state"] == "idle"
+        ):
             break
         assert kind != "error", content
         if kind == "stream" and content["name"] == "stdout":

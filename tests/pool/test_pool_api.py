@@ -25,7 +25,11 @@ def test_pool_starts_one_process_per_worker_in_one_group(pool):
     assert pool.devices == ["cpu", "cpu", "cpu"]
     pids = pool.run(os.getpid)
     assert len(set(pids)) == 3 and os.getpid() not in pids
-    assert pool.run(lambda: (torch.distributed.get_rank(), torch.distributed.get_world_size())) == [(0, 3), (1, 3), (2, 3)]
+    assert pool.run(lambda: (torch.distributed.get_rank(), torch.distributed.get_world_size())) == [
+        (0, 3),
+        (1, 3),
+        (2, 3),
+    ]
 
 
 def test_current_pool_is_the_running_pool(pool):
@@ -120,8 +124,11 @@ def test_a_composite_given_to_run_or_push_is_each_workers_own_value_and_elsewher
     assert pool.run(lambda value, plus=0: value + plus, mine, plus=mine) == [0, 20, 40]
     pool.push(copied=mine)
     assert pool.pull("copied") == [0, 10, 20]
-    with pytest.raises(PoolError, match="Argument 1 of <lambda>\\(\\) cannot be sent .*Composite 'mine' holds one "
-                                        "value per worker.*pass mine\\[r\\]"):
+    with pytest.raises(
+        PoolError,
+        match="Argument 1 of <lambda>\\(\\) cannot be sent .*Composite 'mine' holds one "
+        "value per worker.*pass mine\\[r\\]",
+    ):
         pool.submit(lambda value: value, mine)
     with pytest.raises(PoolError, match="Variable 'mine', which <lambda>\\(\\) uses, cannot be sent"):
         list(pool.map(lambda index: mine, [0]))
@@ -148,7 +155,9 @@ def test_targets_run_on_listed_ranks_with_collectives_among_them(pool):
     with pytest.raises(PoolError, match="--targets 5"):
         pool.spmd("pass", targets=[5])
     assert pool.run(os.getpid, targets=1) == pool.run(os.getpid, targets=[1])  # one rank, or several
-    with pytest.raises(PoolError, match=r"targets=\[1.5\]: give worker ranks as whole numbers, such as targets=\[0, 2\]"):
+    with pytest.raises(
+        PoolError, match=r"targets=\[1.5\]: give worker ranks as whole numbers, such as targets=\[0, 2\]"
+    ):
         pool.run(os.getpid, targets=[1.5])
 
 
@@ -185,8 +194,9 @@ def test_failure_shows_each_failing_rank_with_cell_line(pool):
 
 def test_a_chained_error_shows_its_cause_with_cell_lines_as_python_does(pool):
     with pytest.raises(WorkerError) as caught:
-        pool.spmd("try:\n    {}['key']\nexcept KeyError as error:\n    raise ValueError('no key') from error\n",
-                  targets=[0])
+        pool.spmd(
+            "try:\n    {}['key']\nexcept KeyError as error:\n    raise ValueError('no key') from error\n", targets=[0]
+        )
     message = str(caught.value)
     assert 'File "<spmd cell' in message and "line 2" in message and "KeyError: 'key'" in message
     assert "The above exception was the direct cause of the following exception" in message
@@ -213,8 +223,14 @@ def test_unpicklable_variable_is_named(pool):
 def test_a_file_opened_in_the_notebook_is_named_instead_of_sent_as_a_copy(pool, tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("first line\n")
-    with path.open() as handle, pytest.raises(PoolError, match="Variable 'handle' cannot be sent.*notes.txt' is a file "
-                                                                "opened here: each process must open the file itself"):
+    with (
+        path.open() as handle,
+        pytest.raises(
+            PoolError,
+            match="Variable 'handle' cannot be sent.*notes.txt' is a file "
+            "opened here: each process must open the file itself",
+        ),
+    ):
         pool.spmd("print(handle.readline())", namespace={"handle": handle})
 
 
@@ -235,6 +251,7 @@ def test_push_and_pull_large_tensor_through_shared_memory(pool):
     assert all(torch.equal(t, big) for t in pulled)
     pool.spmd("big.mul_(rank)")  # writes stay private to each worker
     assert torch.equal(pool.pull("big", targets=[1])[0], big)
+
     def leftovers():
         return [f for f in os.listdir("/dev/shm") if f.startswith(f"nbscale-{os.getpid()}-")]
 
@@ -304,8 +321,10 @@ def test_a_message_one_side_cannot_unpickle_fails_its_request_and_the_pool_stays
     worker_dir = tmp_path / "workers_only"
     worker_dir.mkdir()
     (worker_dir / "nbscale_only_there.py").write_text("class Thing:\n    pass\n")
-    pool.spmd(f"import sys\nsys.path.insert(0, {str(worker_dir)!r})\nimport nbscale_only_there\n"
-              "thing = nbscale_only_there.Thing()")
+    pool.spmd(
+        f"import sys\nsys.path.insert(0, {str(worker_dir)!r})\nimport nbscale_only_there\n"
+        "thing = nbscale_only_there.Thing()"
+    )
     with pytest.raises(WorkerError, match="No module named 'nbscale_only_there'"):
         pool.pull("thing")
     assert pool.run(os.getpid) == [w.pid for w in pool.workers]

@@ -37,8 +37,9 @@ def _count_until_stopped(limit: int) -> int:
 
 def test_submit_with_events_delivers_every_event_on_the_receiver_thread(pool):
     seen: list[tuple[int, int, str]] = []
-    future = submit_with_events(pool, _count_until_stopped, lambda rank, step: seen.append(
-        (rank, step, threading.current_thread().name)), 5)
+    future = submit_with_events(
+        pool, _count_until_stopped, lambda rank, step: seen.append((rank, step, threading.current_thread().name)), 5
+    )
     assert future.result(timeout=30) == 5
     assert [step for _, step, _ in seen] == [0, 1, 2, 3, 4]
     assert {(rank, thread) for rank, _, thread in seen} == {(0, "nbscale-pool-receiver")}
@@ -70,8 +71,15 @@ def _train_for_long() -> None:
     from tests.training.digits import digits, tiny_net
 
     (x, y), _ = digits()
-    options = nbscale.TrainingOptions("sgdm", mini_batch_size=32, max_epochs=100000, execution_environment="cpu",
-                                      plots="none", verbose=False, output_fn=_emit_each_iteration)
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        mini_batch_size=32,
+        max_epochs=100000,
+        execution_environment="cpu",
+        plots="none",
+        verbose=False,
+        output_fn=_emit_each_iteration,
+    )
     nbscale.train(tiny_net(), (x, y), options)
 
 

@@ -29,8 +29,10 @@ def test_a_local_pool_listens_on_loopback_only():
         sockets = {worker.rank: _listening(worker.pid) for worker in pool.workers}
         sockets["kernel"] = _listening(psutil.Process().pid)
     assert sockets[0], "gloo listens on every worker"
-    exposed = {who: [(ip, port) for ip, port in found if not ipaddress.ip_address(ip).is_loopback]
-               for who, found in sockets.items()}
+    exposed = {
+        who: [(ip, port) for ip, port in found if not ipaddress.ip_address(ip).is_loopback]
+        for who, found in sockets.items()
+    }
     assert exposed == {0: [], 1: [], "kernel": []}, sockets
 
 
@@ -90,8 +92,9 @@ def _answers_as_a_store(port: int) -> bool:
     """Whether another process can connect to `port` as a TCPStore client and write a key (one that is no store
     errs or never answers)."""
     try:
-        probe = subprocess.run([sys.executable, "-c", _STORE_PROBE, str(port)], capture_output=True, text=True,
-                               timeout=30)
+        probe = subprocess.run(
+            [sys.executable, "-c", _STORE_PROBE, str(port)], capture_output=True, text=True, timeout=30
+        )
     except subprocess.TimeoutExpired:
         return False
     return probe.stdout.strip() == "reached"
@@ -131,14 +134,26 @@ def test_a_pool_refuses_to_meet_in_a_tmpdir_others_could_swap(tmp_path):
     shared.mkdir()
     shared.chmod(0o777)  # no sticky bit: anyone could rename the group's folder and put theirs in its place
     environment = {**os.environ, "TMPDIR": str(shared)}
-    said = subprocess.run([sys.executable, "-c", _START_WITH_TMPDIR], capture_output=True, text=True, timeout=180,
-                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout
+    said = subprocess.run(
+        [sys.executable, "-c", _START_WITH_TMPDIR],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=environment,
+        cwd=os.path.dirname(nbscale.__path__[0]),
+    ).stdout
     assert said.startswith(f"The pool's workers cannot meet in {shared}/nbscale-group-"), said
     assert f"the folder {shared} above it can be written by other users" in said and "Point TMPDIR" in said
     assert os.listdir(shared) == []  # nothing left behind
     shared.chmod(0o1777)  # sticky, like /tmp: others cannot rename what is the user's
-    said = subprocess.run([sys.executable, "-c", _START_WITH_TMPDIR], capture_output=True, text=True, timeout=180,
-                          env=environment, cwd=os.path.dirname(nbscale.__path__[0])).stdout
+    said = subprocess.run(
+        [sys.executable, "-c", _START_WITH_TMPDIR],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=environment,
+        cwd=os.path.dirname(nbscale.__path__[0]),
+    ).stdout
     assert said.strip().endswith("started"), said
 
 
@@ -156,8 +171,13 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit: as a kernel kille
 
 def test_the_store_folder_of_a_killed_kernels_pool_is_removed_at_the_next_pool_start(tmp_path):
     temporary = tempfile.gettempdir()
-    killed = subprocess.run([sys.executable, "-c", _KILLED_KERNEL], capture_output=True, text=True, timeout=180,
-                            cwd=os.path.dirname(nbscale.__path__[0]))
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_KERNEL],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=os.path.dirname(nbscale.__path__[0]),
+    )
     (left,) = glob.glob(os.path.join(temporary, f"nbscale-group-{int(killed.stdout)}-*"))
     alive = tempfile.mkdtemp(prefix=f"nbscale-group-{os.getpid()}-")  # a live kernel's: kept
     link = os.path.join(temporary, "nbscale-group-999999999-link")  # no pid has that number; a link is no folder

@@ -109,8 +109,9 @@ def test_stop_leaves_no_process():
 def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():
     import subprocess
 
-    before = subprocess.run(["pgrep", "-f", "nbscale.pool.forkserver", "-P", str(os.getpid())],
-                            capture_output=True, text=True).stdout
+    before = subprocess.run(
+        ["pgrep", "-f", "nbscale.pool.forkserver", "-P", str(os.getpid())], capture_output=True, text=True
+    ).stdout
     with pytest.raises(PoolError) as caught:
         nbscale.Pool(2, cpu=True, env={"GLOO_SOCKET_IFNAME": "nosuchif0"})
     message = str(caught.value)
@@ -119,31 +120,43 @@ def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():
     assert "nosuchif0" not in message  # an --env value is never shown, even where torch quotes it
     assert "site-packages" not in message and "Traceback" not in message
     assert nbscale.current_pool() is None
-    after = subprocess.run(["pgrep", "-f", "nbscale.pool.forkserver", "-P", str(os.getpid())],
-                           capture_output=True, text=True).stdout
+    after = subprocess.run(
+        ["pgrep", "-f", "nbscale.pool.forkserver", "-P", str(os.getpid())], capture_output=True, text=True
+    ).stdout
     assert after == before == ""
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"idle_timeout": "x"}, r"idle_timeout \(--idle-timeout\) must be a number of minutes, such as 30 \(0 = never\), not 'x'"),
+        (
+            {"idle_timeout": "x"},
+            r"idle_timeout \(--idle-timeout\) must be a number of minutes, such as 30 \(0 = never\), not 'x'",
+        ),
         ({"idle_timeout": float("nan")}, r"idle_timeout \(--idle-timeout\) must be a number of minutes"),
-        ({"idle_timeout": float("inf")}, r"between 0 and 525,600 minutes \(a year\), not inf: use 0 for a pool that never"),
+        (
+            {"idle_timeout": float("inf")},
+            r"between 0 and 525,600 minutes \(a year\), not inf: use 0 for a pool that never",
+        ),
         ({"idle_timeout": 1e300}, r"between 0 and 525,600 minutes"),
         ({"idle_timeout": -1}, r"between 0 and 525,600 minutes"),
         ({"gpus": "0"}, r"gpus must be a list of GPU indices such as \[0, 2\] \(--gpus 0,2\), not '0'"),
         ({"gpus": [0.5]}, r"gpus must list GPU indices"),
         ({"gpus": []}, r"--gpus lists no GPU: give indices such as --gpus 0,2 \(see %gpu\), or --cpu"),
         ({"gpus": [0, 0]}, r"--gpus lists GPU 0 twice"),
-        ({"cluster": 123}, r"cluster \(--cluster\) must be a profile name or an address such as 'ray://head:10001', not 123"),
+        (
+            {"cluster": 123},
+            r"cluster \(--cluster\) must be a profile name or an address such as 'ray://head:10001', not 123",
+        ),
         ({"n": 2.5}, r"N \(the number of workers\) must be a whole number such as 4, not 2.5"),
         ({"n": True}, r"N \(the number of workers\) must be a whole number"),
         ({"n": 100_000}, r"100,000 workers is more than a pool can hold \(512\): ask for at most 512"),
         ({"env": {"TOKEN": "ab\0cd"}}, r"--env TOKEN: the variable's name or value holds a NUL byte"),
         ({"env": ["A=1"]}, r"env must be a dict of KEY: VALUE strings"),
-        ({"cluster": "ray://head:10001", "connect_timeout": 0},
-         r"connect_timeout must be a number of seconds from 1 to 3600, such as 120, not 0"),
+        (
+            {"cluster": "ray://head:10001", "connect_timeout": 0},
+            r"connect_timeout must be a number of seconds from 1 to 3600, such as 120, not 0",
+        ),
         ({"cluster": "ray://head:10001", "connect_timeout": float("inf")}, r"connect_timeout must be .*, not inf"),
         ({"cluster": "ray://head:10001", "connect_timeout": "60"}, r"connect_timeout must be .*, not '60'"),
         ({"connect_timeout": 60}, r"connect_timeout \(--connect-timeout\) is for cluster pools"),

@@ -18,6 +18,7 @@ from tests.ray_head import ray_head as start_ray_head
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
 
+
 @pytest.fixture(scope="module")
 def ray_head():
     with start_ray_head(num_cpus=3) as address:
@@ -51,8 +52,14 @@ def test_parallel_training_on_digits_runs_on_ray_actors(ray_head):
 
     (train_x, train_y), validation = digits()
     options = nbscale.TrainingOptions(
-        "sgdm", initial_learn_rate=0.1, mini_batch_size=64, max_epochs=8, validation_data=validation,
-        execution_environment="parallel", plots="none", verbose=False,
+        "sgdm",
+        initial_learn_rate=0.1,
+        mini_batch_size=64,
+        max_epochs=8,
+        validation_data=validation,
+        execution_environment="parallel",
+        plots="none",
+        verbose=False,
     )
     with nbscale.Pool(2, cluster=ray_head):
         net, info = nbscale.train(tiny_net(), (train_x, train_y), options)
@@ -77,10 +84,13 @@ def test_unknown_profile_names_the_file(tmp_path, monkeypatch):
 
 
 def test_an_address_where_nothing_listens_answers_at_once():
-    code = "import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:9')\nexcept nbscale.PoolError as e:\n    print(e)"
+    code = (
+        "import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:9')\nexcept nbscale.PoolError as e:\n    print(e)"
+    )
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, **LOOPBACK_ENV})
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, **LOOPBACK_ENV}
+    )
     assert time.monotonic() - started < 20  # the interpreter's start and imports; the refusal itself is instant
     assert "Could not reach the Ray cluster at 127.0.0.1:9: Connection refused" in result.stdout
 
@@ -90,12 +100,15 @@ def test_a_cluster_that_answers_too_slowly_fails_after_the_connect_timeout_namin
 
     silent = socket.create_server(("127.0.0.1", 0))  # accepts TCP, never speaks Ray: a head too busy to answer
     port = silent.getsockname()[1]
-    code = (f"import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:{port}', connect_timeout=5)\n"
-            "except nbscale.PoolError as e:\n    print(e)")
+    code = (
+        f"import nbscale\ntry:\n    nbscale.Pool(2, cluster='127.0.0.1:{port}', connect_timeout=5)\n"
+        "except nbscale.PoolError as e:\n    print(e)"
+    )
     started = time.monotonic()
     try:
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                                env={**os.environ, **LOOPBACK_ENV})
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, **LOOPBACK_ENV}
+        )
     finally:
         silent.close()
     assert time.monotonic() - started < 25

@@ -44,8 +44,14 @@ def test_a_pool_spreads_over_two_nodes_trains_across_them_names_a_lost_node_by_r
     cluster, second = two_nodes
     (train_x, train_y), validation = digits()
     options = nbscale.TrainingOptions(
-        "sgdm", initial_learn_rate=0.1, mini_batch_size=64, max_epochs=6, validation_data=validation,
-        execution_environment="parallel", plots="none", verbose=False,
+        "sgdm",
+        initial_learn_rate=0.1,
+        mini_batch_size=64,
+        max_epochs=6,
+        validation_data=validation,
+        execution_environment="parallel",
+        plots="none",
+        verbose=False,
     )
     pool = nbscale.Pool(2, cluster=cluster.address, connect_timeout=180)
 
@@ -65,8 +71,9 @@ def test_a_pool_spreads_over_two_nodes_trains_across_them_names_a_lost_node_by_r
     # the second node dies mid-training: the training fails naming the rank that was there
     lost_rank = nodes.index(second.node_id[:8])
     removed_at: list[float] = []
-    threading.Timer(3.0, lambda: (removed_at.append(time.monotonic()),
-                                  cluster.remove_node(second, allow_graceful=False))).start()
+    threading.Timer(
+        3.0, lambda: (removed_at.append(time.monotonic()), cluster.remove_node(second, allow_graceful=False))
+    ).start()
     with pytest.raises(WorkerError) as failed:
         nbscale.train(tiny_net(), (train_x, train_y), options.replace(max_epochs=5000))
     detected_s = time.monotonic() - removed_at[0]

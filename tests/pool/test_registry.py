@@ -51,13 +51,15 @@ def test_a_pool_outside_a_kernel_publishes_without_importing_ipython(tmp_path):
     """Asking ipykernel for the kernel id imported IPython on the monitor thread, half-imported while a failing
     worker's traceback on the main thread looked up IPython to name notebook cells: an AttributeError instead of
     the worker's error."""
-    script = ("import sys, time, nbscale\n"
-              "from nbscale.pool import registry\n"
-              "with nbscale.Pool(1, cpu=True):\n"
-              "    deadline = time.monotonic() + 10\n"
-              "    while not registry.read_all() and time.monotonic() < deadline:\n"
-              "        time.sleep(0.1)\n"
-              "    print(len(registry.read_all()), 'IPython' in sys.modules)\n")
+    script = (
+        "import sys, time, nbscale\n"
+        "from nbscale.pool import registry\n"
+        "with nbscale.Pool(1, cpu=True):\n"
+        "    deadline = time.monotonic() + 10\n"
+        "    while not registry.read_all() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.1)\n"
+        "    print(len(registry.read_all()), 'IPython' in sys.modules)\n"
+    )
     env = {**os.environ, "NBSCALE_RUNTIME_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert run.stdout.split() == ["1", "False"], run.stderr
@@ -65,14 +67,19 @@ def test_a_pool_outside_a_kernel_publishes_without_importing_ipython(tmp_path):
 
 # --- another user (`nobody`, which only root can become) plants files in a registry folder they can write ---------
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
-                                reason="playing a second user needs root and setpriv")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"), reason="playing a second user needs root and setpriv"
+)
 NOBODY = 65534
 
 
 def _as_nobody(command: str) -> None:
-    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -85,8 +92,9 @@ def others_folder():
 
 
 @needs_root
-def test_a_pool_writes_nothing_through_a_link_in_a_registry_folder_of_another_user(others_folder, tmp_path,
-                                                                                   monkeypatch):
+def test_a_pool_writes_nothing_through_a_link_in_a_registry_folder_of_another_user(
+    others_folder, tmp_path, monkeypatch
+):
     precious = tmp_path / "precious.txt"
     precious.write_text("the user's own file")
     # the other user made the folder NBSCALE_RUNTIME_DIR names, and a link where the pool's file is first written
@@ -127,8 +135,9 @@ def _outcome(read: Callable[[], object]) -> object:
         return error
 
 
-def test_a_pool_in_a_registry_folder_others_can_write_works_and_says_once_why_the_panel_lacks_it(tmp_path,
-                                                                                                  monkeypatch, capfd):
+def test_a_pool_in_a_registry_folder_others_can_write_works_and_says_once_why_the_panel_lacks_it(
+    tmp_path, monkeypatch, capfd
+):
     monkeypatch.setenv("NBSCALE_RUNTIME_DIR", str(tmp_path))
     registry.registry_dir().mkdir(mode=0o700)
     registry.registry_dir().chmod(0o770)

@@ -46,8 +46,7 @@ def test_every_worker_running_the_request_gets_each_message_in_order(pool):
 
 def test_a_message_to_a_request_that_ended_never_reaches_the_next_one(pool):
     # answered while the call returns, or after: either way the answer is for that call alone
-    pool.run(_emit_and_return, on_event=lambda rank, payload:
-             message_running_request(pool, "stale"))
+    pool.run(_emit_and_return, on_event=lambda rank, payload: message_running_request(pool, "stale"))
     message_running_request(pool, "late")  # no request is waited for: nothing is sent
 
     def answer(rank: int, question: int) -> None:

@@ -60,7 +60,7 @@ def test_a_tensor_changed_in_place_is_sent_again_and_never_read_stale(shm):
         before = _files(shm)
         data += 1  # in place: the same object and data pointer, a new version
         assert pool.run(torch.sum, data) == [float(4 * MIB)]
-        view = data[: MIB]
+        view = data[:MIB]
         view.fill_(2)  # through a view: the version counter is shared
         assert pool.run(torch.sum, data) == [float(2 * MIB + 3 * MIB)]
         after = _files(shm)
@@ -117,8 +117,13 @@ def test_files_kept_by_a_killed_kernel_are_removed_at_the_next_pool_start(shm):
         print("kept", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, SHARED_MEMORY_DIR_VARIABLE: str(shm)})
+    killed = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, SHARED_MEMORY_DIR_VARIABLE: str(shm)},
+    )
     assert "kept" in killed.stdout and killed.returncode == -signal.SIGKILL, killed.stderr
     assert len(_files(shm)) == 1  # left behind by the kill
     with nbscale.Pool(1, cpu=True):

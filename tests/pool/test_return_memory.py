@@ -33,7 +33,7 @@ def _peak_and_held(pool: nbscale.Pool, make) -> tuple[float, float]:
         clear.write("5")  # the peak starts again from now
     before = _status("VmRSS")
     value = pool.run(make)[0]
-    touched = (value.sum() if isinstance(value, torch.Tensor) else len(value))  # every page read
+    touched = value.sum() if isinstance(value, torch.Tensor) else len(value)  # every page read
     assert touched
     return (_status("VmHWM") - before) / SIZE, (_status("VmRSS") - before) / SIZE
 

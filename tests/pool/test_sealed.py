@@ -50,9 +50,11 @@ def _member(rank: int, store_file: str, secret: bytes, attack: str | None, resul
     dist.init_process_group("gloo", store=dist.FileStore(store_file, 2), rank=rank, world_size=2)
     sent = Payload(Path(attack)) if rank == 1 and attack is not None else rank
     outcomes = []
-    for collective in (lambda: all_gather_objects(sent),
-                       lambda: Collectives().broadcast(sent, src=1),
-                       lambda: Collectives().allreduce(sent)):
+    for collective in (
+        lambda: all_gather_objects(sent),
+        lambda: Collectives().broadcast(sent, src=1),
+        lambda: Collectives().allreduce(sent),
+    ):
         try:
             outcomes.append(("ok", repr(collective())))  # a repr: the test process unpickles it
         except Exception as error:  # reported to the test
@@ -65,9 +67,13 @@ def _run_group(tmp_path: Path, secrets: tuple[bytes, bytes], attack: Path | None
     """Each rank's outcomes of all_gather_objects, broadcast and allreduce in a real 2-process gloo group."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    members = [context.Process(target=_member, args=(rank, str(tmp_path / "store"), secrets[rank],
-                                                     str(attack) if attack else None, results))
-               for rank in (0, 1)]
+    members = [
+        context.Process(
+            target=_member,
+            args=(rank, str(tmp_path / "store"), secrets[rank], str(attack) if attack else None, results),
+        )
+        for rank in (0, 1)
+    ]
     for member in members:
         member.start()
     outcomes = dict(results.get(timeout=120) for _ in members)

@@ -27,8 +27,11 @@ def small_shm(tmp_path, monkeypatch):
     """A 1 MiB tmpfs as the pool's shared-memory folder (writes past 1 MiB fail with ENOSPC, as in a full /dev/shm)."""
     folder = tmp_path / "shm"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SMALL_TMPFS_BYTES},mode=1777", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SMALL_TMPFS_BYTES},mode=1777", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): run as root to test a full /dev/shm")
     monkeypatch.setenv(SHARED_MEMORY_DIR_VARIABLE, str(folder))
@@ -54,7 +57,9 @@ def _stale_file(folder: Path, pid: int, size: int) -> Path:
     return path
 
 
-def test_a_full_shared_memory_sends_large_values_on_the_socket_names_the_cause_once_and_kills_no_worker(small_shm, capfd):
+def test_a_full_shared_memory_sends_large_values_on_the_socket_names_the_cause_once_and_kills_no_worker(
+    small_shm, capfd
+):
     with nbscale.Pool(2, cpu=True) as pool:
         big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB: more than the whole tmpfs holds
         pool.push(big=big)

@@ -19,7 +19,9 @@ def test_cells_calls_and_tasks_run_in_the_notebooks_folder_after_cd(kernel, tmp_
     assert cell.ok, cell.text
     for rank in (0, 1):
         assert f"[{rank}] from the notebook's folder {tmp_path}" in cell.stdout
-    shown = kernel.run("print(pool.submit(os.getcwd).result(), pool.run(os.getcwd), list(pool.map(os.path.abspath, ['a'])))")
+    shown = kernel.run(
+        "print(pool.submit(os.getcwd).result(), pool.run(os.getcwd), list(pool.map(os.path.abspath, ['a'])))"
+    )
     assert shown.stdout.split(" ", 1) == [str(tmp_path), f"{[str(tmp_path)] * 2} {[str(tmp_path / 'a')]}\n"]
     kernel.run("os.chdir(os.path.dirname(os.getcwd()))")  # os.chdir in the notebook, as %cd
     assert kernel.run("print(pool.submit(os.getcwd).result())").stdout == f"{tmp_path.parent}\n"
@@ -75,10 +77,12 @@ def test_training_on_a_pool_writes_relative_checkpoints_in_the_notebooks_folder(
 def test_a_task_queued_before_a_cd_runs_in_the_folder_it_was_submitted_from(kernel, tmp_path):
     kernel.run("%pool start 2 --cpu\nimport os, time, nbscale\npool = nbscale.current_pool()")
     kernel.run(f"%cd {tmp_path}")
-    queued = kernel.run("busy = [pool.submit(time.sleep, 2) for _ in range(2)]\n"
-                        "later = pool.submit(os.getcwd)\n"
-                        "os.chdir('/')\n"
-                        "print(later.running(), later.result(), pool.submit(os.getcwd).result())")
+    queued = kernel.run(
+        "busy = [pool.submit(time.sleep, 2) for _ in range(2)]\n"
+        "later = pool.submit(os.getcwd)\n"
+        "os.chdir('/')\n"
+        "print(later.running(), later.result(), pool.submit(os.getcwd).result())"
+    )
     assert queued.stdout == f"False {tmp_path} /\n", queued.text
 
 

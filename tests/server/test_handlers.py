@@ -55,7 +55,10 @@ async def test_gpus_name_each_gpus_holder_from_the_machine_wide_registry(jp_fetc
         first, second = (await _json(jp_fetch, "gpus"))["gpus"]
     [held] = first["holders"]
     assert {key: held[key] for key in ("user", "pid", "purpose", "notebook", "mine")} == {
-        "user": pwd.getpwuid(os.geteuid()).pw_name, "pid": holder.pid, "purpose": "pool", "notebook": "analysis.ipynb",
+        "user": pwd.getpwuid(os.geteuid()).pw_name,
+        "pid": holder.pid,
+        "purpose": "pool",
+        "notebook": "analysis.ipynb",
         "mine": True,
     }
     assert second["holders"] == []
@@ -78,9 +81,19 @@ async def test_another_users_reservation_naming_this_kernel_is_not_marked_as_the
     monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(folder))
     planted = folder / "nbscale-gpu.GPU-aaaa0-1111.0123456789abcdef"
     claim = json.dumps({"pid": 0, "purpose": "pool", "kernel_id": "the-kernel-in-front", "notebook": "mine.ipynb"})
-    claim = claim.replace('"pid": 0', '"pid": \'$$\'')  # the other user's live shell, which `exec sleep` keeps
-    other = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
-                              f"echo '{claim}' > {planted} && exec sleep 60"], start_new_session=True)
+    claim = claim.replace('"pid": 0', "\"pid\": '$$'")  # the other user's live shell, which `exec sleep` keeps
+    other = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+            f"echo '{claim}' > {planted} && exec sleep 60",
+        ],
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -120,7 +133,9 @@ def _exited_pid() -> int:
 
 def _write_pool_file(folder, pid: int, heartbeat: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{pid}.json").write_text(json.dumps({"kernel_id": f"k{pid}", "size": 1, "pid": pid, "heartbeat": heartbeat}))
+    (folder / f"{pid}.json").write_text(
+        json.dumps({"kernel_id": f"k{pid}", "size": 1, "pid": pid, "heartbeat": heartbeat})
+    )
 
 
 async def test_pools_lists_live_pools_and_drops_dead_or_silent_ones(jp_fetch, pool_dir):
@@ -223,7 +238,8 @@ async def test_a_running_jobs_training_is_listed_as_strict_json_with_epoch_itera
         "opts = nbscale.TrainingOptions('sgdm', initial_learn_rate=1e12, max_epochs=3, mini_batch_size=32, "
         "verbose=False)\n"
         "net, info = nbscale.train(tiny_net(), (x, y), opts)\nprint('trained', flush=True)\ntime.sleep(60)\n",
-        name="diverges", cwd=repo,
+        name="diverges",
+        cwd=repo,
     )
     deadline = time.monotonic() + 120
     while "trained" not in job.log():
@@ -262,7 +278,8 @@ async def test_a_browser_cancel_needs_the_xsrf_token_beside_its_login_cookie(
     refused = await client.fetch(url, method="POST", body=b"{}", headers={"Cookie": cookie}, raise_error=False)
     assert refused.code == 403 and fake_jobs == []
 
-    accepted = await client.fetch(url, method="POST", body=b"{}", headers={"Cookie": cookie, "X-XSRFToken": xsrf},
-                                  raise_error=False)
+    accepted = await client.fetch(
+        url, method="POST", body=b"{}", headers={"Cookie": cookie, "X-XSRFToken": xsrf}, raise_error=False
+    )
     assert accepted.code == 200 and json.loads(accepted.body) == {"id": 3, "cancelled": True}
     assert fake_jobs == [3]

@@ -17,6 +17,7 @@ from nbscale.server.handlers import json_text
 
 def _strict(body: bytes) -> dict:
     """Parse as a browser's JSON.parse would: Infinity, -Infinity and NaN are errors there."""
+
     def refuse(constant: str) -> None:
         raise ValueError(f"{constant} is not JSON")
 
@@ -43,8 +44,10 @@ async def test_a_pool_file_with_infinite_or_nan_numbers_is_answered_as_strict_js
         assert (await _get(jp_fetch, "pools"))["pools"] == []
     finally:
         registry.withdraw()
-    assert json.loads(json_text({"idle_timeout": math.inf, "memory_mb": math.nan})) == {"idle_timeout": None,
-                                                                                       "memory_mb": None}
+    assert json.loads(json_text({"idle_timeout": math.inf, "memory_mb": math.nan})) == {
+        "idle_timeout": None,
+        "memory_mb": None,
+    }
 
 
 @pytest.mark.parametrize("content", ['["a", "list"]', '{"pid": "me", "heartbeat": "now"}', '"text"'])
@@ -62,16 +65,18 @@ async def test_a_job_id_past_any_job_is_a_404_with_a_json_message(jp_fetch, tmp_
     monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
     for method, action in (("GET", "log"), ("POST", "cancel")):
         with pytest.raises(HTTPClientError) as missing:
-            await jp_fetch("nbscale", "api", "jobs", job_id, action, method=method,
-                           body=b"{}" if method == "POST" else None)
+            await jp_fetch(
+                "nbscale", "api", "jobs", job_id, action, method=method, body=b"{}" if method == "POST" else None
+            )
         assert missing.value.code == 404
         message = _strict(missing.value.response.body)["message"]
         assert message.startswith("There is no job ") and message.endswith(" the numbers %jobs shows.")
         assert len(message) < 300
 
 
-async def test_a_damaged_job_store_is_named_while_pools_and_gpus_still_answer(jp_fetch, tmp_path, monkeypatch,
-                                                                              pool_dir) -> None:
+async def test_a_damaged_job_store_is_named_while_pools_and_gpus_still_answer(
+    jp_fetch, tmp_path, monkeypatch, pool_dir
+) -> None:
     import nbscale.jobs as jobs
 
     monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
@@ -99,18 +104,32 @@ async def test_a_job_id_with_leading_zeros_is_that_job(jp_fetch, tmp_path, monke
 
 def test_json_text_is_strict_json_whatever_it_is_given() -> None:
     value = {"a": [math.inf, -math.inf, math.nan, 1.5, (2, math.nan)], "b": {"c": math.nan}, "d": object}
-    assert _strict(json_text(value).encode()) == {"a": [None, None, None, 1.5, [2, None]], "b": {"c": None},
-                                                  "d": str(object)}
+    assert _strict(json_text(value).encode()) == {
+        "a": [None, None, None, 1.5, [2, None]],
+        "b": {"c": None},
+        "d": str(object),
+    }
 
 
-@pytest.mark.parametrize(("method", "path"), [("GET", "jobs/-1/log"), ("GET", "jobs/abc/log"),
-                                              ("GET", "jobs/1/log/extra"), ("GET", "jobs/%2e%2e/log"),
-                                              ("POST", "jobs/1/delete"), ("GET", "nothing")])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "jobs/-1/log"),
+        ("GET", "jobs/abc/log"),
+        ("GET", "jobs/1/log/extra"),
+        ("GET", "jobs/%2e%2e/log"),
+        ("POST", "jobs/1/delete"),
+        ("GET", "nothing"),
+    ],
+)
 async def test_a_path_no_endpoint_serves_is_a_json_404_naming_the_endpoints(jp_fetch, method, path) -> None:
     with pytest.raises(HTTPClientError) as missing:
         await jp_fetch("nbscale", "api", *path.split("/"), method=method, body=b"{}" if method == "POST" else None)
     assert missing.value.code == 404
-    assert "serves gpus, pools, jobs, jobs/<id>/log and jobs/<id>/cancel" in _strict(missing.value.response.body)["message"]
+    assert (
+        "serves gpus, pools, jobs, jobs/<id>/log and jobs/<id>/cancel"
+        in _strict(missing.value.response.body)["message"]
+    )
 
 
 async def test_an_unknown_path_still_needs_the_token(jp_fetch) -> None:
@@ -144,5 +163,7 @@ async def test_a_registry_folder_others_can_write_is_answered_with_why_not_read(
     pool_dir.chmod(0o777)
     answer = await _get(jp_fetch, "pools")
     assert answer["pools"] == []
-    assert answer["error"].startswith(f"The pool registry cannot be read: The pool registry folder {pool_dir} can be "
-                                      "written by other users (mode drwxrwxrwx)")
+    assert answer["error"].startswith(
+        f"The pool registry cannot be read: The pool registry folder {pool_dir} can be "
+        "written by other users (mode drwxrwxrwx)"
+    )

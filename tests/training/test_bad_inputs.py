@@ -51,8 +51,10 @@ def test_resuming_from_a_fifo_is_refused_at_once_instead_of_waiting_for_a_writer
 @pytest.mark.slow
 def test_train_magic_refuses_a_result_name_bound_to_a_module_before_the_cell_runs(kernel):
     assert kernel.run("import torch").ok
-    cell = kernel.run("%%train --net torch\nmodel = torch.nn.Linear(4, 2)\n"
-                      "train_data = (torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))\n")
+    cell = kernel.run(
+        "%%train --net torch\nmodel = torch.nn.Linear(4, 2)\n"
+        "train_data = (torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))\n"
+    )
     assert cell.error_name == "OptionsError"
     assert "--net torch: 'torch' is the notebook's torch module, which the result would replace" in cell.traceback
     assert kernel.run("print(type(torch).__name__, 'model' in dir())").stdout.split() == ["module", "False"]

@@ -30,13 +30,16 @@ def recorded(fits):
     return predicate, calls
 
 
-@pytest.mark.parametrize(("largest_that_fits", "limit", "found", "tried"), [
-    (300, 10_000, 256, [32, 64, 128, 256, 512]),  # doubles from 32 and stops at the first that does not fit
-    (5, 10_000, 4, [32, 16, 8, 4]),  # halves from 32 to the first that fits
-    (10**9, 100, 64, [32, 64]),  # never past the limit (128 > 100 is not tried)
-    (10**9, 20, 16, [16]),  # a limit below the first probe starts at the power of two under it
-    (0, 10_000, 0, [32, 16, 8, 4, 2, 1]),  # not even one sample fits
-])
+@pytest.mark.parametrize(
+    ("largest_that_fits", "limit", "found", "tried"),
+    [
+        (300, 10_000, 256, [32, 64, 128, 256, 512]),  # doubles from 32 and stops at the first that does not fit
+        (5, 10_000, 4, [32, 16, 8, 4]),  # halves from 32 to the first that fits
+        (10**9, 100, 64, [32, 64]),  # never past the limit (128 > 100 is not tried)
+        (10**9, 20, 16, [16]),  # a limit below the first probe starts at the power of two under it
+        (0, 10_000, 0, [32, 16, 8, 4, 2, 1]),  # not even one sample fits
+    ],
+)
 def test_the_search_finds_the_largest_power_of_two_that_fits(largest_that_fits, limit, found, tried) -> None:
     fits, calls = recorded(lambda batch: batch <= largest_that_fits)
     assert largest_fitting_batch(fits, limit) == found
@@ -61,15 +64,23 @@ def test_auto_takes_the_smallest_fit_over_the_workers_times_the_workers_and_says
     choices = settle(auto(), [1, 1], 1500, None, probe, smallest=lambda batch: batch // 2)  # another worker: half
     assert limits == [750]  # 1500 samples: at most 750 a worker
     assert choices.counts == [32, 32] and choices.options.mini_batch_size == 64
-    assert choices.said == (f"mini_batch_size='auto': 32 a worker x 2 workers = 64, the largest power of two whose "
-                            f"training step (probed at precision 'single') left {HEADROOM:.0%} of every worker's GPU "
-                            "memory free")
+    assert choices.said == (
+        f"mini_batch_size='auto': 32 a worker x 2 workers = 64, the largest power of two whose "
+        f"training step (probed at precision 'single') left {HEADROOM:.0%} of every worker's GPU "
+        "memory free"
+    )
     assert choices.options.initial_learn_rate == 0.1  # learn_rate_scaling "none": the rate as given
 
 
 def test_auto_with_an_uneven_worker_load_fits_the_most_loaded_worker() -> None:
-    choices = settle(auto(worker_load=[3, 1, 0]), [1, 1, 0], 1500, None, lambda limit: lambda b: b <= 64,
-                     smallest=lambda batch: batch)
+    choices = settle(
+        auto(worker_load=[3, 1, 0]),
+        [1, 1, 0],
+        1500,
+        None,
+        lambda limit: lambda b: b <= 64,
+        smallest=lambda batch: batch,
+    )
     assert choices.counts == [64, 21, 0] and choices.options.mini_batch_size == 85
     assert "64 for the most loaded worker, 85 in all (worker_load)" in choices.said
 
@@ -81,8 +92,11 @@ def test_auto_stays_within_the_data_and_says_so() -> None:
 
 
 def test_auto_that_fits_not_even_one_sample_is_a_clear_error() -> None:
-    with pytest.raises(OptionsError, match=r"mini_batch_size='auto': one training step of a single sample does not "
-                                           r"fit in the GPU memory .* precision='mixed'"):
+    with pytest.raises(
+        OptionsError,
+        match=r"mini_batch_size='auto': one training step of a single sample does not "
+        r"fit in the GPU memory .* precision='mixed'",
+    ):
         settle(auto(), [1], 1500, None, lambda limit: lambda batch: False, smallest=lambda batch: batch)
 
 
@@ -97,15 +111,18 @@ def test_linear_scaling_scales_the_rate_by_the_global_mini_batch_over_the_refere
     choices = settle(options, [1, 1], 1500, None, lambda limit: lambda batch: batch <= 256, lambda b: b)
     assert choices.options.mini_batch_size == 512 and choices.options.initial_learn_rate == pytest.approx(0.2)
     assert choices.options.learn_rate_scaling == "none"  # applied once
-    assert choices.said.endswith("; learn_rate_scaling='linear': initial_learn_rate 0.1 x 512 / 256 "
-                                 "(learn_rate_reference_batch) = 0.2")
+    assert choices.said.endswith(
+        "; learn_rate_scaling='linear': initial_learn_rate 0.1 x 512 / 256 (learn_rate_reference_batch) = 0.2"
+    )
 
 
 def test_auto_on_the_cpu_is_refused_naming_the_option_and_the_fix() -> None:
     with pytest.raises(OptionsError) as caught:
         nbscale.train(tiny_net(), TRAIN, auto(execution_environment="cpu", verbose=False))
-    assert str(caught.value).startswith("mini_batch_size='auto' fits the mini-batch to GPU memory, but this run "
-                                        "trains on the CPU: give a number, e.g. mini_batch_size=128")
+    assert str(caught.value).startswith(
+        "mini_batch_size='auto' fits the mini-batch to GPU memory, but this run "
+        "trains on the CPU: give a number, e.g. mini_batch_size=128"
+    )
 
 
 @pytest.mark.slow
@@ -118,9 +135,19 @@ def test_auto_on_a_pool_of_cpu_workers_is_refused_before_it_trains() -> None:
 
 
 def scaled(**fields) -> nbscale.TrainingOptions:
-    return nbscale.TrainingOptions("sgdm", **{
-        "initial_learn_rate": 0.1, "mini_batch_size": 64, "max_epochs": 4, "learn_rate_scaling": "linear",
-        "learn_rate_schedule": "piecewise", "learn_rate_drop_period": 2, "learn_rate_drop_factor": 0.5, **fields})
+    return nbscale.TrainingOptions(
+        "sgdm",
+        **{
+            "initial_learn_rate": 0.1,
+            "mini_batch_size": 64,
+            "max_epochs": 4,
+            "learn_rate_scaling": "linear",
+            "learn_rate_schedule": "piecewise",
+            "learn_rate_drop_period": 2,
+            "learn_rate_drop_factor": 0.5,
+            **fields,
+        },
+    )
 
 
 def test_linear_scaling_trains_with_the_scaled_rate_and_says_so_in_info_and_the_table(capsys) -> None:
@@ -129,8 +156,9 @@ def test_linear_scaling_trains_with_the_scaled_rate_and_says_so_in_info_and_the_
     assert info.mini_batch_size == 64 and info.initial_learn_rate == pytest.approx(0.05) and info.choices == said
     assert info.learn_rate[0] == pytest.approx(0.05) and info.learn_rate[-1] == pytest.approx(0.025)  # one drop
     assert f"Training on CPU ({torch.get_num_threads()} threads).\nChosen: {said}.\n|" in capsys.readouterr().out
-    _, plain = nbscale.train(tiny_net(), TRAIN, scaled(execution_environment="cpu", learn_rate_scaling="none",
-                                                        verbose=False))
+    _, plain = nbscale.train(
+        tiny_net(), TRAIN, scaled(execution_environment="cpu", learn_rate_scaling="none", verbose=False)
+    )
     assert plain.initial_learn_rate == 0.1 and plain.choices == ""
 
 
@@ -142,12 +170,16 @@ from tests.training.digits import digits, tiny_net
 from tests.training.test_batch_fitting import scaled
 (train_x, train_y), _ = digits()
 """).ok
-    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), scaled(execution_environment='cpu', "
-                        "plots='training-progress', verbose=False, learn_rate_reference_batch=32))")
+    result = kernel.run(
+        "net, info = nbscale.train(tiny_net(), (train_x, train_y), scaled(execution_environment='cpu', "
+        "plots='training-progress', verbose=False, learn_rate_reference_batch=32))"
+    )
     assert result.ok, result.text
     panel = [d["text/plain"] for d in result.displays if d.get("text/plain", "").startswith("State:")][-1]
-    assert "\nMini-batch size: 64\nChosen: learn_rate_scaling='linear': initial_learn_rate 0.1 x 64 / 32 " \
-           "(learn_rate_reference_batch) = 0.2\n" in panel
+    assert (
+        "\nMini-batch size: 64\nChosen: learn_rate_scaling='linear': initial_learn_rate 0.1 x 64 / 32 "
+        "(learn_rate_reference_batch) = 0.2\n" in panel
+    )
 
 
 @pytest.mark.slow
@@ -164,12 +196,21 @@ def test_linear_scaling_on_a_pool_scales_by_the_global_mini_batch_and_trains_lik
 
 # ---- on GPUs (skipped where none is visible) ---------------------------------------------------------------------
 
+
 def memory_hungry_net() -> nn.Module:
     """A net for 8x8 digits that upsamples each image 256-fold first: some hundred MB a sample, so a GPU's memory,
     not MAX_PER_WORKER, limits the mini-batch."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Upsample(scale_factor=256), nn.Conv2d(1, 8, 3, padding=1),
-                         nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Upsample(scale_factor=256),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
 
 
 def is_power_of_two(number: int) -> bool:
@@ -181,12 +222,26 @@ def is_power_of_two(number: int) -> bool:
 def test_auto_on_a_gpu_fits_the_largest_power_of_two_that_leaves_headroom() -> None:
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
-    _, info = nbscale.train(memory_hungry_net(), TRAIN, nbscale.TrainingOptions(
-        "sgdm", mini_batch_size="auto", learn_rate_scaling="linear", initial_learn_rate=0.05, max_epochs=1,
-        execution_environment="gpu", verbose=False, validation_data=VAL, validation_frequency=10))
+    _, info = nbscale.train(
+        memory_hungry_net(),
+        TRAIN,
+        nbscale.TrainingOptions(
+            "sgdm",
+            mini_batch_size="auto",
+            learn_rate_scaling="linear",
+            initial_learn_rate=0.05,
+            max_epochs=1,
+            execution_environment="gpu",
+            verbose=False,
+            validation_data=VAL,
+            validation_frequency=10,
+        ),
+    )
     assert is_power_of_two(info.mini_batch_size) and info.mini_batch_size < MAX_PER_WORKER  # memory was the limit
-    assert info.choices.startswith(f"mini_batch_size='auto': {info.mini_batch_size}, the largest power of two whose "
-                                   "training step (probed at precision 'single') left 20% of the GPU's memory free")
+    assert info.choices.startswith(
+        f"mini_batch_size='auto': {info.mini_batch_size}, the largest power of two whose "
+        "training step (probed at precision 'single') left 20% of the GPU's memory free"
+    )
     assert info.initial_learn_rate == pytest.approx(0.05 * info.mini_batch_size / 128)
     assert info.stop_reason == "Max epochs completed"
     # the probe leaves the peak statistics to training, which kept clear of the GPU's limit
@@ -203,12 +258,14 @@ def batch_norm_mlp() -> nn.Module:
 def test_the_probe_leaves_the_network_its_statistics_and_random_numbers_as_they_were() -> None:
     options = dict(initial_learn_rate=0.05, max_epochs=3, execution_environment="gpu", verbose=False)
     torch.manual_seed(1)
-    net, info = nbscale.train(batch_norm_mlp(), TRAIN, nbscale.TrainingOptions("sgdm", mini_batch_size="auto",
-                                                                               **options))
+    net, info = nbscale.train(
+        batch_norm_mlp(), TRAIN, nbscale.TrainingOptions("sgdm", mini_batch_size="auto", **options)
+    )
     assert info.mini_batch_size == MAX_PER_WORKER  # a small network: the cap, not the memory
     torch.manual_seed(1)
-    same, _ = nbscale.train(batch_norm_mlp(), TRAIN, nbscale.TrainingOptions(
-        "sgdm", mini_batch_size=info.mini_batch_size, **options))
+    same, _ = nbscale.train(
+        batch_norm_mlp(), TRAIN, nbscale.TrainingOptions("sgdm", mini_batch_size=info.mini_batch_size, **options)
+    )
     for trained, again in zip(net.state_dict().values(), same.state_dict().values(), strict=True):
         assert torch.allclose(trained.float(), again.float(), atol=1e-5)
 
@@ -218,8 +275,13 @@ def test_the_probe_leaves_the_network_its_statistics_and_random_numbers_as_they_
 def test_auto_on_a_gpu_pool_is_the_per_worker_fit_times_the_workers() -> None:
     workers = torch.cuda.device_count()
     with nbscale.Pool(gpus=list(range(workers))):
-        _, info = nbscale.train(memory_hungry_net(), TRAIN, nbscale.TrainingOptions(
-            "sgdm", mini_batch_size="auto", max_epochs=1, execution_environment="parallel", verbose=False))
+        _, info = nbscale.train(
+            memory_hungry_net(),
+            TRAIN,
+            nbscale.TrainingOptions(
+                "sgdm", mini_batch_size="auto", max_epochs=1, execution_environment="parallel", verbose=False
+            ),
+        )
     per_worker = info.mini_batch_size // workers
     assert is_power_of_two(per_worker) and info.mini_batch_size == per_worker * workers
     across = f" a worker x {workers} workers = {info.mini_batch_size}" if workers > 1 else ""
@@ -242,8 +304,9 @@ def distilling_step(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_auto_probes_the_users_step_fn_not_the_model_alone() -> None:
-    options = nbscale.TrainingOptions("sgdm", mini_batch_size="auto", max_epochs=1, execution_environment="gpu",
-                                      verbose=False)
+    options = nbscale.TrainingOptions(
+        "sgdm", mini_batch_size="auto", max_epochs=1, execution_environment="gpu", verbose=False
+    )
     _, alone = nbscale.train(batch_norm_mlp(), TRAIN, options)
     distilling_step.teacher = memory_hungry_net().eval()  # type: ignore[attr-defined]
     assert alone.mini_batch_size == MAX_PER_WORKER  # the student alone: the cap

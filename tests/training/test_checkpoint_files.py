@@ -195,8 +195,10 @@ def test_partial_files_of_killed_writes_are_removed_by_the_next_run(run_folder: 
 
     nbscale.train(tiny_net(), TRAIN, quiet(checkpoint_path=str(run_folder)))
     assert _partials(run_folder) == sorted([fresh.name, foreign.name])
-    assert sorted(p.name for p in run_folder.glob("nbscale_*.pt")) == ["nbscale_checkpoint_epoch0001.pt",
-                                                                       "nbscale_checkpoint_epoch0002.pt"]
+    assert sorted(p.name for p in run_folder.glob("nbscale_*.pt")) == [
+        "nbscale_checkpoint_epoch0001.pt",
+        "nbscale_checkpoint_epoch0002.pt",
+    ]
 
 
 def test_a_checkpoint_refers_to_nothing_but_tensors_plain_values_and_history_entries(run_folder: Path) -> None:
@@ -205,24 +207,34 @@ def test_a_checkpoint_refers_to_nothing_but_tensors_plain_values_and_history_ent
     opcodes = pickletools.genops(_data_pickle(checkpoint_file(run_folder, 2)))
     names = {argument for opcode, argument, _ in opcodes if opcode.name == "GLOBAL"}
     assert "nbscale.training.events IterationDone" in names
-    assert names <= {"torch._utils _rebuild_tensor_v2", "collections OrderedDict", "torch FloatStorage",
-                     "torch ByteStorage", "torch LongStorage", "nbscale.training.events IterationDone"}, names
+    assert names <= {
+        "torch._utils _rebuild_tensor_v2",
+        "collections OrderedDict",
+        "torch FloatStorage",
+        "torch ByteStorage",
+        "torch LongStorage",
+        "nbscale.training.events IterationDone",
+    }, names
 
 
-@pytest.mark.parametrize(("change", "words"), [
-    ({"epoch": "2"}, "its 'epoch' is a str"),
-    ({"epoch": True}, "its 'epoch' is a bool"),
-    ({"model": [1, 2]}, "its 'model' is a list"),
-    ({"model": {"weight": 1.0}}, "its 'model' is not a state_dict of tensors"),
-    ({"history": ["iteration 1"]}, "its 'history' holds entries other than nbscale's"),
-    ({"rng": torch.zeros(3)}, "its 'rng' is not a random-number generator state"),
-    ({"optimizer": {}}, "its 'optimizer' is not an optimizer's state_dict"),
-    ({"options": ["sgdm"]}, "its 'options' is a list"),
-    ({"best": None}, "its 'best' is a NoneType"),
-    ({"seed": None, "samples": None}, "its 'seed' is a NoneType"),
-])
-def test_a_checkpoint_of_the_right_types_but_the_wrong_shape_is_refused(run_folder: Path, tmp_path: Path,
-                                                                         change: dict, words: str) -> None:
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"epoch": "2"}, "its 'epoch' is a str"),
+        ({"epoch": True}, "its 'epoch' is a bool"),
+        ({"model": [1, 2]}, "its 'model' is a list"),
+        ({"model": {"weight": 1.0}}, "its 'model' is not a state_dict of tensors"),
+        ({"history": ["iteration 1"]}, "its 'history' holds entries other than nbscale's"),
+        ({"rng": torch.zeros(3)}, "its 'rng' is not a random-number generator state"),
+        ({"optimizer": {}}, "its 'optimizer' is not an optimizer's state_dict"),
+        ({"options": ["sgdm"]}, "its 'options' is a list"),
+        ({"best": None}, "its 'best' is a NoneType"),
+        ({"seed": None, "samples": None}, "its 'seed' is a NoneType"),
+    ],
+)
+def test_a_checkpoint_of_the_right_types_but_the_wrong_shape_is_refused(
+    run_folder: Path, tmp_path: Path, change: dict, words: str
+) -> None:
     state = torch.load(checkpoint_file(run_folder, 2), weights_only=False)  # our own file: trusted here
     bent = tmp_path / "bent.pt"
     torch.save({**state, **change}, bent)
@@ -241,8 +253,11 @@ def room_for_one_checkpoint(run_folder: Path, tmp_path: Path):
     size = (run_folder / "nbscale_checkpoint_epoch0001.pt").stat().st_size
     folder = tmp_path / "small"
     folder.mkdir(mode=0o700)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2},mode=0700", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size * 3 // 2},mode=0700", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}): run as root to test a full disk")
     try:
@@ -258,7 +273,8 @@ def _full_folder_error_says_what_and_how(message: str, folder: Path) -> None:
 
 
 def test_a_checkpoint_folder_that_fills_up_is_one_clear_error_and_the_last_checkpoint_resumes(
-        room_for_one_checkpoint: Path) -> None:
+    room_for_one_checkpoint: Path,
+) -> None:
     folder = room_for_one_checkpoint
     with pytest.raises(OptionsError) as failed:
         nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path=str(folder)))
@@ -269,12 +285,14 @@ def test_a_checkpoint_folder_that_fills_up_is_one_clear_error_and_the_last_check
 
 
 def test_a_checkpoint_folder_that_fills_up_during_a_pool_training_is_one_clear_error_and_the_pool_works(
-        room_for_one_checkpoint: Path) -> None:
+    room_for_one_checkpoint: Path,
+) -> None:
     folder = room_for_one_checkpoint
     with nbscale.Pool(2, cpu=True) as pool:
         with pytest.raises(nbscale.WorkerError) as failed:
-            nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path=str(folder),
-                                                   execution_environment="parallel"))
+            nbscale.train(
+                tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path=str(folder), execution_environment="parallel")
+            )
         message = str(failed.value)
         _full_folder_error_says_what_and_how(message, folder)
         assert "Traceback" not in message
@@ -294,7 +312,11 @@ def test_a_checkpoint_cut_short_is_named_as_such_with_the_checkpoints_beside_it(
             nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3), resume_from=resume_from)
         message = str(refused.value)
         read = "" if resume_from == newest else f": its newest checkpoint, {newest.name},"
-        assert f"resume_from={str(resume_from)!r}{read} is cut short or damaged ({int(len(whole) * kept)} bytes" in message
+        assert (
+            f"resume_from={str(resume_from)!r}{read} is cut short or damaged ({int(len(whole) * kept)} bytes" in message
+        )
         assert "nbscale_checkpoint_epoch0001.pt" in message and "Invalid argument" not in message
-    _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2), resume_from=run_folder / "nbscale_checkpoint_epoch0001.pt")
+    _, info = nbscale.train(
+        tiny_net(), TRAIN, quiet(max_epochs=2), resume_from=run_folder / "nbscale_checkpoint_epoch0001.pt"
+    )
     assert info.epoch[-1] == 2

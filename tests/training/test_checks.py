@@ -49,12 +49,15 @@ def test_a_list_of_inputs_and_labels_trains_like_the_tuple() -> None:
     assert info.iteration[-1] == 1500 // 100 and info.final_validation_accuracy is not None
 
 
-@pytest.mark.parametrize(("data", "words"), [
-    ((TRAIN[0], TRAIN[1], TRAIN[1]), "as a tuple must be (inputs, labels), but it has 3 items"),
-    (TRAIN[0], "train_data is a single Tensor, without labels"),
-    (Items(lambda i: {"x": TRAIN[0][i], "y": TRAIN[1][i]}), "train_data yields dicts (keys ['x', 'y'])"),
-    (Items(lambda i: (Image.new("L", (8, 8)), 1)), "yields PIL images: give its dataset transform="),
-])
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        ((TRAIN[0], TRAIN[1], TRAIN[1]), "as a tuple must be (inputs, labels), but it has 3 items"),
+        (TRAIN[0], "train_data is a single Tensor, without labels"),
+        (Items(lambda i: {"x": TRAIN[0][i], "y": TRAIN[1][i]}), "train_data yields dicts (keys ['x', 'y'])"),
+        (Items(lambda i: (Image.new("L", (8, 8)), 1)), "yields PIL images: give its dataset transform="),
+    ],
+)
 def test_data_that_is_no_input_label_pairs_is_refused_before_training(data: object, words: str) -> None:
     loss = CountingLoss()
     with pytest.raises(OptionsError) as caught:
@@ -62,19 +65,25 @@ def test_data_that_is_no_input_label_pairs_is_refused_before_training(data: obje
     assert words in str(caught.value) and loss.calls == 0
 
 
-@pytest.mark.parametrize(("model", "words"), [
-    (tiny_net, "model must be a torch nn.Module"),
-    (nn.Linear, "model is the class Linear, not a network: create one"),
-])
+@pytest.mark.parametrize(
+    ("model", "words"),
+    [
+        (tiny_net, "model must be a torch nn.Module"),
+        (nn.Linear, "model is the class Linear, not a network: create one"),
+    ],
+)
 def test_a_model_that_is_no_network_is_refused(model: object, words: str) -> None:
     with pytest.raises(OptionsError, match=words):
         nbscale.train(model, TRAIN, quiet())
 
 
-@pytest.mark.parametrize(("loss_fn", "words"), [
-    ("mse", "loss_fn must be a function of (outputs, labels) returning the loss, such as nn.MSELoss()"),
-    (nn.MSELoss, "loss_fn is the class MSELoss, not a loss: create one, e.g. loss_fn=MSELoss()"),
-])
+@pytest.mark.parametrize(
+    ("loss_fn", "words"),
+    [
+        ("mse", "loss_fn must be a function of (outputs, labels) returning the loss, such as nn.MSELoss()"),
+        (nn.MSELoss, "loss_fn is the class MSELoss, not a loss: create one, e.g. loss_fn=MSELoss()"),
+    ],
+)
 def test_a_loss_fn_that_is_no_loss_is_refused_naming_it(loss_fn: object, words: str) -> None:
     with pytest.raises(OptionsError) as caught:
         nbscale.train(tiny_net(), TRAIN, quiet(), loss_fn=loss_fn)
@@ -101,7 +110,9 @@ def test_a_network_that_does_not_fit_the_data_fails_naming_the_batch_shapes_and_
         nbscale.train(misfit, TRAIN, quiet())
     message = str(caught.value)
     assert "The first mini-batch failed in the network or its loss: RuntimeError: mat1 and mat2 shapes" in message
-    assert "inputs are a torch.float32 tensor of shape 100x64 and its labels a torch.int64 tensor of shape 100" in message
+    assert (
+        "inputs are a torch.float32 tensor of shape 100x64 and its labels a torch.int64 tensor of shape 100" in message
+    )
     assert "first nn.Linear's in_features is C*H*W" in message
     assert isinstance(caught.value.__cause__, RuntimeError)  # torch's own error and traceback stay visible
     gray_into_colour = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 10))
@@ -141,8 +152,10 @@ def test_a_checkpoint_path_in_the_home_folder_is_written_there_and_resumes(tmp_p
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(work)
     nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2, checkpoint_path="~/runs"))
-    assert sorted(p.name for p in (home / "runs").iterdir()) == ["nbscale_checkpoint_epoch0001.pt",
-                                                                 "nbscale_checkpoint_epoch0002.pt"]
+    assert sorted(p.name for p in (home / "runs").iterdir()) == [
+        "nbscale_checkpoint_epoch0001.pt",
+        "nbscale_checkpoint_epoch0002.pt",
+    ]
     assert list(work.iterdir()) == []  # no folder named "~" where the notebook runs
     _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=3, checkpoint_path="~/runs"), resume_from="~/runs")
     assert info.epoch[-1] == 3 and (home / "runs" / "nbscale_checkpoint_epoch0003.pt").exists()
@@ -155,12 +168,15 @@ def checkpoint(tmp_path) -> str:
     return str(tmp_path)
 
 
-@pytest.mark.parametrize(("model", "data", "fields", "words"), [
-    (tiny_net, TRAIN, {"mini_batch_size": 50}, "mini_batch_size=100 there, 50 here"),
-    (tiny_net, TRAIN, {"solver": "adam"}, "solver='sgdm' there, 'adam' here"),
-    (tiny_net, (TRAIN[0][:500], TRAIN[1][:500]), {}, "train_data of 1500 samples there, 500 here"),
-    (lambda: nn.Linear(64, 10), TRAIN, {}, "holds another network's weights"),
-])
+@pytest.mark.parametrize(
+    ("model", "data", "fields", "words"),
+    [
+        (tiny_net, TRAIN, {"mini_batch_size": 50}, "mini_batch_size=100 there, 50 here"),
+        (tiny_net, TRAIN, {"solver": "adam"}, "solver='sgdm' there, 'adam' here"),
+        (tiny_net, (TRAIN[0][:500], TRAIN[1][:500]), {}, "train_data of 1500 samples there, 500 here"),
+        (lambda: nn.Linear(64, 10), TRAIN, {}, "holds another network's weights"),
+    ],
+)
 def test_resuming_a_different_run_is_refused(checkpoint: str, model, data, fields, words) -> None:
     with pytest.raises(OptionsError) as caught:
         nbscale.train(model(), data, quiet(max_epochs=4, **fields), resume_from=checkpoint)
@@ -178,7 +194,9 @@ def test_a_file_that_is_no_checkpoint_is_named(tmp_path) -> None:
 
 
 def test_a_resume_from_that_is_no_path_is_refused_naming_it() -> None:
-    with pytest.raises(OptionsError, match="resume_from=5 is not a path: pass a checkpoint file or the checkpoint_path"):
+    with pytest.raises(
+        OptionsError, match="resume_from=5 is not a path: pass a checkpoint file or the checkpoint_path"
+    ):
         nbscale.train(tiny_net(), TRAIN, quiet(), resume_from=5)  # type: ignore[arg-type]
 
 

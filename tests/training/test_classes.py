@@ -28,8 +28,13 @@ def digit_files(tmp_path_factory: pytest.TempPathFactory) -> ImageDatastore:
 
 
 def quiet(**fields: object) -> TrainingOptions:
-    base = {"initial_learn_rate": 0.05, "max_epochs": 1, "mini_batch_size": 20, "verbose": False,
-            "execution_environment": "cpu"}
+    base = {
+        "initial_learn_rate": 0.05,
+        "max_epochs": 1,
+        "mini_batch_size": 20,
+        "verbose": False,
+        "execution_environment": "cpu",
+    }
     return TrainingOptions("sgdm", **{**base, **fields})
 
 
@@ -97,14 +102,20 @@ def test_a_five_class_network_on_a_subset_with_ten_classes_is_refused_naming_bot
 
 def test_more_outputs_than_named_classes_is_refused_as_in_matlab(digit_files: ImageDatastore) -> None:
     five = digit_files.subset(five_digits(digit_files), drop_unused_classes=True)
-    with pytest.raises(OptionsError, match=r"train_data has 5 classes \(\[3, 4, 5, 6, 7\]; label indices up to 4\), "
-                                           r"but the network has 10 outputs.*build the network with 5 outputs"):
+    with pytest.raises(
+        OptionsError,
+        match=r"train_data has 5 classes \(\[3, 4, 5, 6, 7\]; label indices up to 4\), "
+        r"but the network has 10 outputs.*build the network with 5 outputs",
+    ):
         nbscale.train(cnn(10), five, quiet())
 
 
 def test_tensor_labels_past_the_outputs_are_refused_instead_of_a_raw_index_error() -> None:
-    with pytest.raises(OptionsError, match=r"train_data has label indices up to 9, so at least 10 classes, but the "
-                                           r"network has 5 outputs"):
+    with pytest.raises(
+        OptionsError,
+        match=r"train_data has label indices up to 9, so at least 10 classes, but the "
+        r"network has 5 outputs",
+    ):
         nbscale.train(nn.Sequential(nn.Linear(64, 5)), TRAIN, quiet(mini_batch_size=100))
     with pytest.raises(OptionsError, match="validation_data has label indices up to 9"):
         few = TRAIN[1] < 5
@@ -118,8 +129,11 @@ def test_tensor_labels_past_the_outputs_are_refused_instead_of_a_raw_index_error
 def test_validation_data_with_other_classes_is_refused(digit_files: ImageDatastore) -> None:
     mask = five_digits(digit_files)
     train = digit_files.subset(mask, drop_unused_classes=True)
-    with pytest.raises(OptionsError, match=r"train_data and validation_data have different classes \(\[3, 4, 5, 6, 7\] "
-                                           r"and \[0, 1, .*\]\), so the same label index means different classes"):
+    with pytest.raises(
+        OptionsError,
+        match=r"train_data and validation_data have different classes \(\[3, 4, 5, 6, 7\] "
+        r"and \[0, 1, .*\]\), so the same label index means different classes",
+    ):
         nbscale.train(cnn(5), train, quiet(validation_data=digit_files.subset(mask)))
 
 
@@ -130,8 +144,11 @@ def test_a_network_without_a_last_linear_is_measured_by_one_forward_pass(digit_f
     state = torch.get_rng_state()
     assert network_outputs(model, sample) == (5, "its output for one sample has shape (1, 5)")
     assert model.training and not model.dropout.training and torch.equal(state, torch.get_rng_state())
-    with pytest.raises(OptionsError, match=r"train_data has 10 classes .* but the network has 5 outputs \(its output "
-                                           r"for one sample has shape \(1, 5\)\)"):
+    with pytest.raises(
+        OptionsError,
+        match=r"train_data has 10 classes .* but the network has 5 outputs \(its output "
+        r"for one sample has shape \(1, 5\)\)",
+    ):
         nbscale.train(model, digit_files.subset(five_digits(digit_files)), quiet())
     assert network_outputs(GlobalPoolNet(5), torch.zeros(64)) is None  # cannot run on the data: the loop tells
 
@@ -169,7 +186,7 @@ def test_preview_takes_images_from_every_class(digit_files: ImageDatastore, tmp_
     picture = digit_files.preview(10, columns=10)
     tiles = np.array(picture.convert("L"))[:96]
     # each tile is one digit, in class order: the tiles differ from each other (the first 10 items are all zeros)
-    assert len({tiles[:, 96 * k: 96 * (k + 1)].tobytes() for k in range(10)}) == 10
+    assert len({tiles[:, 96 * k : 96 * (k + 1)].tobytes() for k in range(10)}) == 10
     augmented = AugmentedImageDatastore((8, 8), digit_files).preview(10, columns=10)
     assert np.array_equal(np.array(augmented), np.array(picture))
 
@@ -179,7 +196,8 @@ def test_labels_the_loss_ignores_are_not_refused() -> None:
     labels[::7] = -100  # cross-entropy's ignore_index: padding, unlabelled items
     nbscale.train(nn.Linear(64, 10), (TRAIN[0], labels), quiet(mini_batch_size=100))
     labels[::7] = -1
-    nbscale.train(nn.Linear(64, 10), (TRAIN[0], labels), quiet(mini_batch_size=100),
-                  loss_fn=nn.CrossEntropyLoss(ignore_index=-1))
+    nbscale.train(
+        nn.Linear(64, 10), (TRAIN[0], labels), quiet(mini_batch_size=100), loss_fn=nn.CrossEntropyLoss(ignore_index=-1)
+    )
     with pytest.raises(OptionsError, match="train_data has label -1"):
         nbscale.train(nn.Linear(64, 10), (TRAIN[0], labels), quiet(mini_batch_size=100))

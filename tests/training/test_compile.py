@@ -23,8 +23,14 @@ pytestmark = pytest.mark.slow  # compiling takes seconds
 
 
 def options(**fields: object) -> TrainingOptions:
-    base = {"initial_learn_rate": 0.1, "max_epochs": 2, "mini_batch_size": 64, "verbose": False,
-            "validation_data": VAL, "validation_frequency": 10}
+    base = {
+        "initial_learn_rate": 0.1,
+        "max_epochs": 2,
+        "mini_batch_size": 64,
+        "verbose": False,
+        "validation_data": VAL,
+        "validation_frequency": 10,
+    }
     return TrainingOptions("sgdm", **{**base, **fields})
 
 
@@ -59,8 +65,14 @@ def test_a_network_that_cannot_compile_trains_eagerly_and_says_so_once(tmp_path)
         print(info.training_loss[-1] < 0.5 * info.training_loss[0])
     """)
     environment = {**os.environ, "CXX": str(tmp_path / "no-such-compiler"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment,
-                            timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=600,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     assert result.returncode == 0, result.stderr
     counts, message, learned = result.stdout.strip().splitlines()[-3:]
     count, kind, finished = counts.split(" ", 2)

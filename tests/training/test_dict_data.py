@@ -20,7 +20,8 @@ def test_a_dict_of_inputs_and_labels_is_refused_naming_its_keys(what: str) -> No
         nbscale.train(tiny_net(), train_data, options)
     assert str(caught.value) == (
         f"{what} is a dict (keys 'images', 'labels'), not samples: give (inputs, labels) as a tuple, e.g. "
-        f"({what}['images'], {what}['labels']), or a torch Dataset yielding (input, label).")
+        f"({what}['images'], {what}['labels']), or a torch Dataset yielding (input, label)."
+    )
 
 
 def test_an_empty_dict_is_refused_too() -> None:

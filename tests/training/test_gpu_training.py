@@ -19,16 +19,28 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
 def options(**fields: object) -> TrainingOptions:
-    base = {"initial_learn_rate": 0.1, "max_epochs": 6, "mini_batch_size": 64, "verbose": False,
-            "validation_data": VAL, "validation_frequency": 20}
+    base = {
+        "initial_learn_rate": 0.1,
+        "max_epochs": 6,
+        "mini_batch_size": 64,
+        "verbose": False,
+        "validation_data": VAL,
+        "validation_frequency": 20,
+    }
     return TrainingOptions("sgdm", **{**base, **fields})
 
 
 def memory_hungry_net() -> nn.Module:
     """A net for 8x8 digits that upsamples each image 512-fold first: a mini-batch of 4096 needs ~275 GB."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Upsample(scale_factor=512), nn.Conv2d(1, 8, 3, padding=1),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Upsample(scale_factor=512),
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +53,9 @@ def test_real_out_of_memory_in_the_notebook_names_the_gpu_and_mini_batch_and_fre
     with pytest.raises(torch.OutOfMemoryError) as caught:
         nbscale.train(memory_hungry_net(), TRAIN, options(execution_environment="gpu", mini_batch_size=4096))
     message = str(caught.value)
-    assert "Out of GPU memory training on cuda:0" in message and "mini_batch_size=1500: lower mini_batch_size" in message
+    assert (
+        "Out of GPU memory training on cuda:0" in message and "mini_batch_size=1500: lower mini_batch_size" in message
+    )
     assert caught.value.__traceback__ is not None and torch.cuda.memory_allocated() < 2**30  # nothing held
     _, info = nbscale.train(tiny_net(), TRAIN, options(execution_environment="gpu", max_epochs=2))
     assert info.stop_reason == "Max epochs completed"  # the GPU is usable again
@@ -68,9 +82,16 @@ def test_real_out_of_memory_on_a_gpu_worker_names_it_and_the_pool_stays_usable(g
 
 def test_mixed_precision_trains_conv_nets_channels_last_and_gives_them_back_in_nchw() -> None:
     torch.manual_seed(0)
-    conv = nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(16 * 64, 10))
+    conv = nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(16 * 64, 10),
+    )
     layouts = []
     conv[3].register_forward_pre_hook(lambda module, args: layouts.append(module.weight.is_contiguous()))
     net, info = nbscale.train(conv, TRAIN, options(execution_environment="gpu", precision="mixed"))
@@ -90,15 +111,21 @@ def test_an_augmented_epoch_on_the_gpu_waits_for_it_only_at_the_bunched_reads() 
 
     images = (TRAIN[0].view(-1, 1, 8, 8) * 255).to(torch.uint8).repeat(2, 3, 1, 1)
     labels = TRAIN[1].repeat(2)
-    data = AugmentedImageDatastore((8, 8), torch.utils.data.TensorDataset(images, labels), ImageAugmenter(
-        rand_x_reflection=True, rand_x_translation=(-2, 2), rand_y_translation=(-2, 2)))
+    data = AugmentedImageDatastore(
+        (8, 8),
+        torch.utils.data.TensorDataset(images, labels),
+        ImageAugmenter(rand_x_reflection=True, rand_x_translation=(-2, 2), rand_y_translation=(-2, 2)),
+    )
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 64, 10))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            _, info = nbscale.train(model, data, options(execution_environment="gpu", validation_data=None,
-                                                         mini_batch_size=32, max_epochs=4))
+            _, info = nbscale.train(
+                model,
+                data,
+                options(execution_environment="gpu", validation_data=None, mini_batch_size=32, max_epochs=4),
+            )
         finally:
             torch.cuda.set_sync_debug_mode("default")
     waits = [w for w in caught if "synchroniz" in str(w.message).lower()]

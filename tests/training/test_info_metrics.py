@@ -20,8 +20,9 @@ def test_info_keeps_every_metric_per_iteration_and_the_returned_networks_validat
     assert info.metric_names == ("accuracy", "fscore")
     assert info.metrics["fscore"] == pytest.approx([value(1, i, 20) for i in range(1, 21)])
     assert info.validation_metrics["fscore"][:5] == [None, None, None, None, pytest.approx(value(1, 5, 20) + 0.05)]
-    assert info.final_validation == pytest.approx({"loss": 1.5 / 20, "accuracy": value(0, 20, 20) + 0.05,
-                                                   "fscore": value(1, 20, 20) + 0.05})
+    assert info.final_validation == pytest.approx(
+        {"loss": 1.5 / 20, "accuracy": value(0, 20, 20) + 0.05, "fscore": value(1, 20, 20) + 0.05}
+    )
     assert info.training_accuracy == info.metrics["accuracy"]  # the accuracy lists stay as they were
 
 

@@ -54,11 +54,15 @@ def test_kernel_interrupt_stops_at_the_end_of_the_iteration_and_keeps_the_net(ke
 def test_an_interrupt_of_a_run_reading_in_background_processes_is_said_once(kernel) -> None:
     """The kernel's interrupt reaches the DataLoader processes of dispatch_in_background=True too (one process
     group); they inherit the Stop handler, and each printed the Stop line into the cell."""
-    assert kernel.run(SETUP + "import nbscale\n"
-                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True)").ok
+    assert kernel.run(
+        SETUP + "import nbscale\nbackground = nbscale.TrainingOptions('sgdm', dispatch_in_background=True)"
+    ).ok
     cell = LONG_CELL.replace("--quiet", "--quiet --no-plots --options background")
-    result = kernel.run(cell.replace("(train_x, train_y)", "torch.utils.data.TensorDataset(train_x, train_y)"),
-                        interrupt_after=4.0, timeout=60)
+    result = kernel.run(
+        cell.replace("(train_x, train_y)", "torch.utils.data.TensorDataset(train_x, train_y)"),
+        interrupt_after=4.0,
+        timeout=60,
+    )
     assert result.ok, result.text
     assert result.text.count("Stopping at the end of this iteration") == 1, result.text
     check = kernel.run("print(info.stop_reason); print(info.data_placement)")
@@ -82,11 +86,14 @@ def children(pid: int) -> list[int]:
 def test_a_run_reading_in_background_processes_that_fails_leaves_none_of_them_behind(kernel) -> None:
     """The notebook keeps a failed cell's traceback, whose frames hold the DataLoader: its processes lived on,
     two more with every failed run."""
-    assert kernel.run(SETUP + "import nbscale\n"
-                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True, verbose=False)").ok
+    assert kernel.run(
+        SETUP + "import nbscale\n"
+        "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True, verbose=False)"
+    ).ok
     for _ in range(2):
-        failed = kernel.run("nbscale.train(torch.nn.Linear(5, 10), "
-                            "torch.utils.data.TensorDataset(train_x, train_y), background)")
+        failed = kernel.run(
+            "nbscale.train(torch.nn.Linear(5, 10), torch.utils.data.TensorDataset(train_x, train_y), background)"
+        )
         assert failed.error_name == "ModelError"
     assert children(kernel.pid) == []
 
@@ -94,15 +101,17 @@ def test_a_run_reading_in_background_processes_that_fails_leaves_none_of_them_be
 def test_a_run_whose_data_fails_to_read_in_a_background_process_leaves_none_of_them_behind(kernel) -> None:
     """The read error comes back through the DataLoader's iterator, whose frames the kept traceback holds: the
     iterator is never freed, so stopping its processes cannot wait for torch to free it."""
-    assert kernel.run(SETUP + "import nbscale\n"
-                      "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True, verbose=False)\n"
-                      "class Unreadable(torch.utils.data.Dataset):\n"
-                      "    def __len__(self):\n"
-                      "        return len(train_y)\n"
-                      "    def __getitem__(self, index):\n"
-                      "        if index >= 100:\n"
-                      "            raise OSError(f'image {index} is corrupt')\n"
-                      "        return train_x[index], train_y[index]\n").ok
+    assert kernel.run(
+        SETUP + "import nbscale\n"
+        "background = nbscale.TrainingOptions('sgdm', dispatch_in_background=True, verbose=False)\n"
+        "class Unreadable(torch.utils.data.Dataset):\n"
+        "    def __len__(self):\n"
+        "        return len(train_y)\n"
+        "    def __getitem__(self, index):\n"
+        "        if index >= 100:\n"
+        "            raise OSError(f'image {index} is corrupt')\n"
+        "        return train_x[index], train_y[index]\n"
+    ).ok
     failed = kernel.run("nbscale.train(tiny_net(), Unreadable(), background)")
     assert "image" in failed.text and "is corrupt" in failed.text, failed.text
     assert children(kernel.pid) == []
@@ -112,8 +121,9 @@ def test_a_warning_of_a_train_cell_names_the_cell_not_ipython(kernel) -> None:
     """In a %%train cell, IPython's frames run the training: the warning named interactiveshell.py's line."""
     assert kernel.run(SETUP).ok
     assert kernel.run("import nbscale\nmixed = nbscale.TrainingOptions('sgdm', precision='mixed', verbose=False)").ok
-    result = kernel.run("%%train --options mixed --epochs 1 --no-plots\nmodel = tiny_net()\n"
-                        "train_data = (train_x, train_y)")
+    result = kernel.run(
+        "%%train --options mixed --epochs 1 --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)"
+    )
     assert result.ok, result.text
     # the cell's first line: the %%train line, as IPython runs it
     assert ".py:1: RuntimeWarning: precision='mixed' only speeds up GPUs" in result.stderr, result.stderr
@@ -166,33 +176,45 @@ train_data = (train_x, train_y)
 
 def test_an_error_in_the_train_cell_fails_the_cell_and_trains_nothing(kernel) -> None:
     assert kernel.run(SETUP).ok
-    result = kernel.run("%%train --epochs 1 --quiet --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n1 / 0")
+    result = kernel.run(
+        "%%train --epochs 1 --quiet --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n1 / 0"
+    )
     assert result.error_name == "NbscaleError" and "nothing was trained" in result.error_value  # Run All stops here
     assert "ZeroDivisionError" in result.text  # the cell's own error is shown too
     assert kernel.run("print('info' in globals())").stdout.strip() == "False"
 
 
 def test_the_cells_val_data_wins_over_the_options_validation_data(kernel) -> None:
-    assert kernel.run(SETUP + "import nbscale\n"
-                      "one = nbscale.TrainingOptions('sgdm', initial_learn_rate=0.1, max_epochs=1, verbose=False, "
-                      "validation_data=(train_x[:1], train_y[:1]))").ok
-    result = kernel.run("%%train --options one --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n"
-                        "val_data = val")
+    assert kernel.run(
+        SETUP + "import nbscale\n"
+        "one = nbscale.TrainingOptions('sgdm', initial_learn_rate=0.1, max_epochs=1, verbose=False, "
+        "validation_data=(train_x[:1], train_y[:1]))"
+    ).ok
+    result = kernel.run(
+        "%%train --options one --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\nval_data = val"
+    )
     assert result.ok, result.text
     # one validation sample gives 0 or 1; the cell's 297 give a fraction in between
     assert kernel.run("print(0 < info.final_validation_accuracy < 1)").stdout.strip() == "True"
     # val_data = None in the cell trains without the options' validation data
-    result = kernel.run("%%train --options one --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\n"
-                        "val_data = None")
+    result = kernel.run(
+        "%%train --options one --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)\nval_data = None"
+    )
     assert result.ok, result.text
     assert kernel.run("print(info.final_validation_accuracy, set(info.validation_loss))").stdout.split() == [
-        "None", "{None}"]
+        "None",
+        "{None}",
+    ]
 
 
 def test_an_interrupt_while_the_pool_starts_stops_parallel_training_at_its_first_iteration(kernel) -> None:
     assert kernel.run(SETUP).ok
-    result = kernel.run("%%train --env parallel --epochs 10 --batch-size 32 --no-plots\n"
-                        "model = tiny_net()\ntrain_data = (train_x, train_y)", interrupt_after=0.5, timeout=120)
+    result = kernel.run(
+        "%%train --env parallel --epochs 10 --batch-size 32 --no-plots\n"
+        "model = tiny_net()\ntrain_data = (train_x, train_y)",
+        interrupt_after=0.5,
+        timeout=120,
+    )
     assert result.ok, result.text
     assert "Training finished: Stopped by kernel interrupt." in result.stdout  # the table agrees with info
     check = kernel.run("print(info.stop_reason); print(info.iteration[-1] < 10 * 46)")

@@ -66,6 +66,9 @@ def test_without_plots_the_verbose_output_counts_the_files_on_a_pool_and_says_th
     assert "\rPreparing data: training data: 240 of 240 files" in out
     assert "\rPreparing data: validation data: 60 of 60 files" in out
     data_line = next(line for line in out.splitlines() if line.startswith("Data: "))
-    assert re.fullmatch(r"Data: device-resident \(240 images, 0\.0 MB on cpu\) on each of 2 workers, which read 1/2 of "
-                        r"it each; read in \d+\.\d s before training \(not in Time Elapsed\)\.", data_line)
+    assert re.fullmatch(
+        r"Data: device-resident \(240 images, 0\.0 MB on cpu\) on each of 2 workers, which read 1/2 of "
+        r"it each; read in \d+\.\d s before training \(not in Time Elapsed\)\.",
+        data_line,
+    )
     assert out.index(data_line) < out.index("Training on 2 workers")

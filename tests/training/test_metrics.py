@@ -25,10 +25,11 @@ def predictions(samples: int = 300, seed: int = 0) -> tuple[torch.Tensor, torch.
     return scores, labels
 
 
-def summed_over_batches(metrics: MetricSet, outputs: torch.Tensor, targets: torch.Tensor,
-                        sizes: tuple[int, ...] = (7, 64, 100, 129)) -> dict[str, float | None]:
+def summed_over_batches(
+    metrics: MetricSet, outputs: torch.Tensor, targets: torch.Tensor, sizes: tuple[int, ...] = (7, 64, 100, 129)
+) -> dict[str, float | None]:
     """The values from the states of uneven batches, summed (as the loop sums a bunch or a validation)."""
-    metrics.check(outputs[:sizes[0]], targets[:sizes[0]])
+    metrics.check(outputs[: sizes[0]], targets[: sizes[0]])
     bounds = [0, *torch.tensor(sizes).cumsum(0).tolist()]
     states = [metrics.state(outputs[a:b], targets[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
     return metrics.values(torch.stack(states).sum(0))
@@ -39,10 +40,13 @@ def test_class_metrics_equal_sklearns_on_the_same_predictions_whatever_the_batch
     predicted = scores.argmax(1)
     values = summed_over_batches(
         resolve_metrics(["accuracy", "top3-accuracy", "precision", "recall", "fscore"], regression=False),
-        scores, labels)
+        scores,
+        labels,
+    )
     assert values["accuracy"] == pytest.approx(sk.accuracy_score(labels, predicted))
     assert values["top3-accuracy"] == pytest.approx(
-        sk.top_k_accuracy_score(labels, scores.numpy(), k=3, labels=range(CLASSES)))
+        sk.top_k_accuracy_score(labels, scores.numpy(), k=3, labels=range(CLASSES))
+    )
     for name, score in [("precision", sk.precision_score), ("recall", sk.recall_score), ("fscore", sk.f1_score)]:
         assert values[name] == pytest.approx(score(labels, predicted, average="macro", zero_division=0)), name
 
@@ -51,7 +55,8 @@ def test_top5_accuracy_counts_a_label_among_the_five_best_scores() -> None:
     scores, labels = predictions()
     values = summed_over_batches(resolve_metrics(["top5-accuracy"], regression=False), scores, labels)
     assert values["top5-accuracy"] == pytest.approx(
-        sk.top_k_accuracy_score(labels, scores.numpy(), k=5, labels=range(CLASSES)))
+        sk.top_k_accuracy_score(labels, scores.numpy(), k=5, labels=range(CLASSES))
+    )
 
 
 def test_class_probabilities_as_targets_count_their_largest_class() -> None:
@@ -156,8 +161,9 @@ def test_a_callable_returning_more_than_one_value_per_sample_is_refused_on_the_f
 
 
 def test_pairs_name_any_metric_and_duplicate_names_are_refused() -> None:
-    metrics = resolve_metrics([("f1", "fscore"), "accuracy", ("error", lambda o, y: (o.argmax(1) != y).float())],
-                              regression=False)
+    metrics = resolve_metrics(
+        [("f1", "fscore"), "accuracy", ("error", lambda o, y: (o.argmax(1) != y).float())], regression=False
+    )
     scores, labels = predictions()
     values = summed_over_batches(metrics, scores, labels)
     assert values["error"] == pytest.approx(1 - values["accuracy"])
@@ -168,8 +174,10 @@ def test_pairs_name_any_metric_and_duplicate_names_are_refused() -> None:
         resolve_metrics([lambda o, y: o], regression=False)
 
 
-@pytest.mark.parametrize(("name", "suggested"), [("acuracy", "accuracy"), ("f1", "fscore"), ("RMSEE", "rmse"),
-                                                 ("top5", "top5-accuracy"), ("mse", "rmse")])
+@pytest.mark.parametrize(
+    ("name", "suggested"),
+    [("acuracy", "accuracy"), ("f1", "fscore"), ("RMSEE", "rmse"), ("top5", "top5-accuracy"), ("mse", "rmse")],
+)
 def test_an_unknown_metric_name_suggests_the_right_one(name: str, suggested: str) -> None:
     with pytest.raises(OptionsError, match=f"no metric named '{name}'. Did you mean '{suggested}'"):
         resolve_metrics([name], regression=False)
@@ -179,8 +187,11 @@ def test_an_unknown_metric_name_suggests_the_right_one(name: str, suggested: str
 
 def test_a_regression_metric_on_class_labels_is_refused_naming_the_class_metrics() -> None:
     scores, labels = predictions()
-    with pytest.raises(OptionsError, match=r"'rmse' is a regression metric, but the targets are class labels.*"
-                                           r"use 'accuracy'"):
+    with pytest.raises(
+        OptionsError,
+        match=r"'rmse' is a regression metric, but the targets are class labels.*"
+        r"use 'accuracy'",
+    ):
         resolve_metrics(["rmse"], regression=False).check(scores, labels)
 
 
@@ -202,12 +213,20 @@ def test_things_that_are_not_metrics_are_refused_listing_what_is() -> None:
 
 
 def test_objective_directions_are_known_for_the_names_and_loss() -> None:
-    metrics = resolve_metrics(["accuracy", "top5-accuracy", "rmse", "mae", "precision", "recall", "fscore"],
-                              regression=False)
+    metrics = resolve_metrics(
+        ["accuracy", "top5-accuracy", "rmse", "mae", "precision", "recall", "fscore"], regression=False
+    )
     assert objective("loss", "auto", metrics) == ("loss", "minimize")
     goals = {name: objective(name, "auto", metrics)[1] for name in metrics.names}
-    assert goals == {"accuracy": "maximize", "top5-accuracy": "maximize", "rmse": "minimize", "mae": "minimize",
-                     "precision": "maximize", "recall": "maximize", "fscore": "maximize"}
+    assert goals == {
+        "accuracy": "maximize",
+        "top5-accuracy": "maximize",
+        "rmse": "minimize",
+        "mae": "minimize",
+        "precision": "maximize",
+        "recall": "maximize",
+        "fscore": "maximize",
+    }
     with pytest.raises(OptionsError, match="contradicts objective_metric='rmse'"):
         objective("rmse", "maximize", metrics)
     with pytest.raises(OptionsError, match="objective_goal='up' is not allowed"):
@@ -226,8 +245,11 @@ def test_a_callables_objective_needs_a_goal() -> None:
 
 def test_an_objective_metric_not_among_the_metrics_names_both_and_lists_the_metrics() -> None:
     metrics = resolve_metrics(["accuracy", "fscore"], regression=False)
-    with pytest.raises(OptionsError, match=r"objective_metric='rmse' is not among the metrics \('accuracy', "
-                                           r"'fscore'\).*metrics=\(\.\.\., 'rmse'\)"):
+    with pytest.raises(
+        OptionsError,
+        match=r"objective_metric='rmse' is not among the metrics \('accuracy', "
+        r"'fscore'\).*metrics=\(\.\.\., 'rmse'\)",
+    ):
         objective("rmse", "auto", metrics)
     with pytest.raises(OptionsError, match="objective_metric='fscore' is not among the metrics"):
         TrainingOptions(objective_metric="fscore")
@@ -253,8 +275,7 @@ def test_a_state_reads_nothing_to_the_host_so_it_runs_on_meta_tensors_that_hold_
     def error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return (outputs.argmax(1) != targets).float()
 
-    classes = resolve_metrics(["accuracy", "top3-accuracy", "precision", "recall", "fscore", error],
-                              regression=False)
+    classes = resolve_metrics(["accuracy", "top3-accuracy", "precision", "recall", "fscore", error], regression=False)
     scores, labels = predictions()
     classes.check(scores, labels)
     state = classes.state(scores.to("meta"), labels.to("meta"))
@@ -267,12 +288,19 @@ def test_a_bunchs_states_computed_together_equal_each_iterations_state() -> None
     def error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return (outputs.argmax(1) != targets).float()
 
-    metrics = resolve_metrics(["accuracy", "top2-accuracy", "fscore", error,
-                               torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES)],
-                              regression=False)
+    metrics = resolve_metrics(
+        [
+            "accuracy",
+            "top2-accuracy",
+            "fscore",
+            error,
+            torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES),
+        ],
+        regression=False,
+    )
     scores, labels = predictions()
     metrics.check(scores[:50], labels[:50])
-    bunch = [(scores[i:i + 50], labels[i:i + 50]) for i in range(0, 300, 50)]
+    bunch = [(scores[i : i + 50], labels[i : i + 50]) for i in range(0, 300, 50)]
     each = torch.stack([metrics.state(outputs, targets) for outputs, targets in bunch])
     assert torch.equal(metrics.states(bunch), each)
     uneven = [*bunch[:2], (scores[100:130], labels[100:130])]  # a validation's last, smaller batch
@@ -283,12 +311,16 @@ def test_a_bunchs_states_computed_together_equal_each_iterations_state() -> None
 
 
 def test_a_torchmetrics_collection_gives_its_metrics_by_key() -> None:
-    collection = torchmetrics.MetricCollection({
-        "f1": torchmetrics.classification.MulticlassF1Score(num_classes=CLASSES, average="macro"),
-        "recall_tm": torchmetrics.classification.MulticlassRecall(num_classes=CLASSES, average="macro")})
+    collection = torchmetrics.MetricCollection(
+        {
+            "f1": torchmetrics.classification.MulticlassF1Score(num_classes=CLASSES, average="macro"),
+            "recall_tm": torchmetrics.classification.MulticlassRecall(num_classes=CLASSES, average="macro"),
+        }
+    )
     metrics = resolve_metrics(["accuracy", collection], regression=False)
     assert metrics.names == ("accuracy", "f1", "recall_tm")
     scores, labels = predictions()
     values = summed_over_batches(metrics, scores, labels)
-    assert values["recall_tm"] == pytest.approx(sk.recall_score(labels, scores.argmax(1), average="macro", zero_division=0),
-                                                 rel=1e-6)
+    assert values["recall_tm"] == pytest.approx(
+        sk.recall_score(labels, scores.argmax(1), average="macro", zero_division=0), rel=1e-6
+    )

@@ -44,7 +44,8 @@ def rank_metrics() -> dict[str, dict[str, float | None]]:
 
 
 def test_summed_states_over_two_ranks_give_sklearns_fscore_of_all_predictions_not_the_mean_of_ranks(
-        pool: nbscale.Pool) -> None:  # the pool of 2 CPU workers of tests/training/conftest.py
+    pool: nbscale.Pool,
+) -> None:  # the pool of 2 CPU workers of tests/training/conftest.py
     results = pool.run(rank_metrics)
     every = shares()
     scores = torch.cat([s for s, _ in every])

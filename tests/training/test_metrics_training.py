@@ -30,16 +30,26 @@ pytestmark = pytest.mark.slow
 
 def class_options(environment: str, **changes: Any) -> nbscale.TrainingOptions:
     settings: dict[str, Any] = dict(
-        initial_learn_rate=0.5, mini_batch_size=100, max_epochs=2, validation_data=VAL, validation_frequency=6,
-        execution_environment=environment, verbose=False, plots="none",
-        metrics=(*CLASS_METRICS, ("torchmetrics_f1", torchmetrics.classification.MulticlassF1Score(
-            num_classes=10, average="macro"))))
+        initial_learn_rate=0.5,
+        mini_batch_size=100,
+        max_epochs=2,
+        validation_data=VAL,
+        validation_frequency=6,
+        execution_environment=environment,
+        verbose=False,
+        plots="none",
+        metrics=(
+            *CLASS_METRICS,
+            ("torchmetrics_f1", torchmetrics.classification.MulticlassF1Score(num_classes=10, average="macro")),
+        ),
+    )
     settings.update(changes)
     return nbscale.TrainingOptions("sgdm", **settings)
 
 
-def trained(options: nbscale.TrainingOptions, model: nn.Module | None = None, data: Any = TRAIN,
-            loss_fn: Any = None) -> tuple[nn.Module, list[Any]]:
+def trained(
+    options: nbscale.TrainingOptions, model: nn.Module | None = None, data: Any = TRAIN, loss_fn: Any = None
+) -> tuple[nn.Module, list[Any]]:
     events: list[Any] = []
     net, _ = train(model if model is not None else tiny_net(), data, options, loss_fn, listeners=[events.append])
     return net, events
@@ -55,15 +65,18 @@ def sklearns(net: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> dict[st
     with torch.no_grad():
         scores = net.eval()(inputs)
     predicted = scores.argmax(1)
-    return {"accuracy": sk.accuracy_score(labels, predicted),
-            "fscore": sk.f1_score(labels, predicted, average="macro"),
-            "torchmetrics_f1": sk.f1_score(labels, predicted, average="macro"),
-            "top5-accuracy": sk.top_k_accuracy_score(labels, scores, k=5, labels=range(10))}
+    return {
+        "accuracy": sk.accuracy_score(labels, predicted),
+        "fscore": sk.f1_score(labels, predicted, average="macro"),
+        "torchmetrics_f1": sk.f1_score(labels, predicted, average="macro"),
+        "top5-accuracy": sk.top_k_accuracy_score(labels, scores, k=5, labels=range(10)),
+    }
 
 
 @pytest.mark.parametrize("environment", ["cpu", "parallel"])
 def test_class_metrics_of_the_last_validation_equal_sklearns_on_the_returned_networks_predictions(
-        environment: str) -> None:
+    environment: str,
+) -> None:
     """A torchmetrics F1 over 2 ranks is the F1 of all validation predictions (summed states), as sklearn's."""
     with nbscale.Pool(2, cpu=True) if environment == "parallel" else contextlib.nullcontext():
         net, events = trained(class_options(environment))
@@ -88,8 +101,15 @@ def test_a_train_async_runs_events_carry_the_metrics_of_its_network() -> None:
     """The worker of a train_async run sends the same metric values to the notebook."""
     received: list[Any] = []
     with nbscale.Pool(1, cpu=True) as pool:
-        task = submit_with_events(pool, train_run_on_worker, lambda rank, events: received.extend(events),
-                                       tiny_net(), TRAIN, class_options("cpu"), None)
+        task = submit_with_events(
+            pool,
+            train_run_on_worker,
+            lambda rank, events: received.extend(events),
+            tiny_net(),
+            TRAIN,
+            class_options("cpu"),
+            None,
+        )
         net, info = task.result(timeout=300)
     last = iterations(received)[-1]
     assert last.validation_metrics is not None
@@ -106,9 +126,16 @@ def regression_data(samples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor
 @pytest.mark.parametrize("environment", ["cpu", "parallel"])
 def test_a_regression_shows_rmse_and_no_accuracy(environment: str) -> None:
     validation = regression_data(90, 2)
-    options = nbscale.TrainingOptions("adam", mini_batch_size=64, max_epochs=2, validation_data=validation,
-                                      validation_frequency=4, execution_environment=environment, verbose=False,
-                                      plots="none")
+    options = nbscale.TrainingOptions(
+        "adam",
+        mini_batch_size=64,
+        max_epochs=2,
+        validation_data=validation,
+        validation_frequency=4,
+        execution_environment=environment,
+        verbose=False,
+        plots="none",
+    )
     torch.manual_seed(0)
     with nbscale.Pool(2, cpu=True) if environment == "parallel" else contextlib.nullcontext():
         net, events = trained(options, nn.Linear(4, 1), regression_data(512, 1), nn.MSELoss())
@@ -125,9 +152,16 @@ def test_a_regression_shows_rmse_and_no_accuracy(environment: str) -> None:
 
 
 def test_objective_fscore_drives_patience_and_best_validation_returns_the_best_fscore_network() -> None:
-    options = class_options("cpu", metrics=("accuracy", "fscore"), objective_metric="fscore", max_epochs=30,
-                            validation_frequency=3, validation_patience=2, output_network="best-validation",
-                            initial_learn_rate=0.9)
+    options = class_options(
+        "cpu",
+        metrics=("accuracy", "fscore"),
+        objective_metric="fscore",
+        max_epochs=30,
+        validation_frequency=3,
+        validation_patience=2,
+        output_network="best-validation",
+        initial_learn_rate=0.9,
+    )
     net, events = trained(options)
     started = next(event for event in events if isinstance(event, TrainingStarted))
     assert (started.objective_metric, started.objective_goal) == ("fscore", "maximize")
@@ -159,11 +193,13 @@ def test_a_metric_that_does_not_fit_on_a_pool_names_the_metric_and_the_fix() -> 
 
 def test_default_metrics_that_do_not_fit_a_custom_loss_leave_their_values_blank_and_train() -> None:
     """Float targets under a custom loss make "rmse" the default; outputs it cannot compare leave it None."""
+
     def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(outputs, targets[:, 0].long())
 
-    options = nbscale.TrainingOptions("sgdm", mini_batch_size=100, max_epochs=1, execution_environment="cpu",
-                                      verbose=False, plots="none")
+    options = nbscale.TrainingOptions(
+        "sgdm", mini_batch_size=100, max_epochs=1, execution_environment="cpu", verbose=False, plots="none"
+    )
     _, events = trained(options, tiny_net(), (TRAIN[0], TRAIN[1].float()[:, None]), loss)
     assert next(event for event in events if isinstance(event, TrainingStarted)).metric_names == ("rmse",)
     assert len(iterations(events)) == 15

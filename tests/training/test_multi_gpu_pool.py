@@ -46,8 +46,11 @@ def test_the_multi_gpu_pool_takes_the_free_gpus_and_leaves_a_held_one_alone(two_
 
 def test_with_every_gpu_held_the_multi_gpu_pool_names_the_holders(two_stand_in_gpus) -> None:
     with gpu_holder(["GPU-aaaa0-1111", "GPU-aaaa1-1111"], notebook="a.ipynb") as holder:
-        with pytest.raises(PoolError, match=rf"Every GPU of this machine is held by another process: GPU 0 is held by "
-                                            rf"{ME}'s pool \(notebook a.ipynb, pid {holder.pid}\)"):
+        with pytest.raises(
+            PoolError,
+            match=rf"Every GPU of this machine is held by another process: GPU 0 is held by "
+            rf"{ME}'s pool \(notebook a.ipynb, pid {holder.pid}\)",
+        ):
             planned_gpus()
 
 
@@ -56,8 +59,14 @@ def test_with_every_gpu_held_the_multi_gpu_pool_names_the_holders(two_stand_in_g
 def test_multi_gpu_trains_on_the_gpus_another_notebook_leaves_free(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(tmp_path))
     train, validation = digits()
-    options = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=64, verbose=False,
-                                      validation_data=validation, execution_environment="multi-gpu")
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        max_epochs=1,
+        mini_batch_size=64,
+        verbose=False,
+        validation_data=validation,
+        execution_environment="multi-gpu",
+    )
     gpus = nbscale.gpus()
     with gpu_holder([gpu_key(gpus[0].device_id)], notebook="a.ipynb"):
         if len(gpus) == 1:

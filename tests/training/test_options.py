@@ -28,19 +28,22 @@ def test_misspelt_field_suggests_the_right_name() -> None:
         TrainingOptions("sgdm", max_epoch=3)
 
 
-@pytest.mark.parametrize(("field", "value", "allowed"), [
-    ("shuffle", "sometimes", "'every-epoch'"),
-    ("learn_rate_schedule", "linear", "'warmup-cosine'"),
-    ("mini_batch_size", 0, "integer"),
-    ("mini_batch_size", "big", "an integer >= 1, or 'auto' (fitted to GPU memory)"),
-    ("learn_rate_reference_batch", 0, "integer"),
-    ("max_epochs", 2.5, "integer"),
-    ("execution_environment", "tpu", "'multi-gpu'"),
-    ("gradient_threshold_method", "l1", "'global-l2norm'"),
-    ("worker_load", [0, 0], "at least one positive"),
-    ("precision", "half", "'mixed'"),
-    ("data_placement", "disk", "'stream'"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [
+        ("shuffle", "sometimes", "'every-epoch'"),
+        ("learn_rate_schedule", "linear", "'warmup-cosine'"),
+        ("mini_batch_size", 0, "integer"),
+        ("mini_batch_size", "big", "an integer >= 1, or 'auto' (fitted to GPU memory)"),
+        ("learn_rate_reference_batch", 0, "integer"),
+        ("max_epochs", 2.5, "integer"),
+        ("execution_environment", "tpu", "'multi-gpu'"),
+        ("gradient_threshold_method", "l1", "'global-l2norm'"),
+        ("worker_load", [0, 0], "at least one positive"),
+        ("precision", "half", "'mixed'"),
+        ("data_placement", "disk", "'stream'"),
+    ],
+)
 def test_bad_value_names_the_field_and_the_allowed_values(field: str, value: object, allowed: str) -> None:
     with pytest.raises(OptionsError) as caught:
         TrainingOptions("sgdm", **{field: value})
@@ -89,8 +92,11 @@ def test_setting_the_solver_or_none_later_gives_the_solver_defaults_as_the_const
 def test_open_ended_ranges_do_not_offer_infinity_unless_it_is_allowed() -> None:
     with pytest.raises(OptionsError, match=r"initial_learn_rate must be a finite number > 0\.$"):
         TrainingOptions("sgdm", initial_learn_rate=math.inf)
-    with pytest.raises(OptionsError, match=r"mini_batch_size must be an integer >= 1, or 'auto' \(fitted to GPU "
-                                           r"memory\)\.$"):
+    with pytest.raises(
+        OptionsError,
+        match=r"mini_batch_size must be an integer >= 1, or 'auto' \(fitted to GPU "
+        r"memory\)\.$",
+    ):
         TrainingOptions("sgdm", mini_batch_size=0)
     with pytest.raises(OptionsError, match=r"gradient_threshold must be a number > 0 or math.inf\.$"):
         TrainingOptions("sgdm", gradient_threshold=0)
@@ -136,8 +142,15 @@ def test_dataclasses_replace_gives_a_checked_copy_as_for_any_dataclass() -> None
 def test_numpy_numbers_whole_floats_and_matlab_flags_are_accepted_as_plain_python_values() -> None:
     import numpy as np
 
-    options = TrainingOptions("sgdm", mini_batch_size=np.int64(64), max_epochs=3.0, initial_learn_rate=np.float32(0.5),
-                              validation_frequency=np.int32(10), verbose=0, dispatch_in_background=np.bool_(False))
+    options = TrainingOptions(
+        "sgdm",
+        mini_batch_size=np.int64(64),
+        max_epochs=3.0,
+        initial_learn_rate=np.float32(0.5),
+        validation_frequency=np.int32(10),
+        verbose=0,
+        dispatch_in_background=np.bool_(False),
+    )
     assert options.mini_batch_size == 64 and type(options.mini_batch_size) is int
     assert options.max_epochs == 3 and type(options.max_epochs) is int
     assert options.initial_learn_rate == 0.5 and type(options.initial_learn_rate) is float
@@ -175,8 +188,9 @@ def test_compile_takes_a_flag_or_a_torch_compile_mode() -> None:
         TrainingOptions("sgdm", compile="fast")
 
 
-@pytest.mark.parametrize(("name", "good", "bad"), [("on_worker_failure", "restart", "retry"),
-                                                   ("learn_rate_scaling", "linear", "sqrt")])
+@pytest.mark.parametrize(
+    ("name", "good", "bad"), [("on_worker_failure", "restart", "retry"), ("learn_rate_scaling", "linear", "sqrt")]
+)
 def test_new_choice_fields_name_their_allowed_values(name: str, good: str, bad: str) -> None:
     assert getattr(TrainingOptions("sgdm", **{name: good}), name) == good
     with pytest.raises(OptionsError, match=rf"{name}='{bad}' is not allowed: {name} must be one of"):
@@ -186,7 +200,11 @@ def test_new_choice_fields_name_their_allowed_values(name: str, good: str, bad: 
 def test_choices_are_taken_in_any_case_as_matlab_takes_them_and_kept_in_lower_case() -> None:
     options = TrainingOptions("Adam", execution_environment="CPU", shuffle="Every-Epoch", plots="None")
     assert (options.solver, options.execution_environment, options.shuffle, options.plots) == (
-        "adam", "cpu", "every-epoch", "none")
+        "adam",
+        "cpu",
+        "every-epoch",
+        "none",
+    )
     assert options.initial_learn_rate == 0.001  # adam's default, found from the name in any case
     options.solver = "RMSProp"
     assert options.solver == "rmsprop"

@@ -57,8 +57,9 @@ class OutOfMemoryOnSecondStep(nn.Module):
 def test_training_in_the_notebook_that_runs_out_of_memory_raises_torchs_type_naming_the_batch_and_holds_nothing():
     HELD.clear()
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-    options = nbscale.TrainingOptions("sgdm", mini_batch_size=16, max_epochs=1, plots="none", verbose=False,
-                                      execution_environment="cpu")
+    options = nbscale.TrainingOptions(
+        "sgdm", mini_batch_size=16, max_epochs=1, plots="none", verbose=False, execution_environment="cpu"
+    )
     with pytest.raises(torch.OutOfMemoryError) as caught:
         nbscale.train(nn.Linear(4, 2), data, options, loss_fn=OutOfMemoryOnSecondStep())
     assert "Out of GPU memory training on CPU" in str(caught.value) and "mini_batch_size=16" in str(caught.value)

@@ -18,8 +18,14 @@ pytestmark = pytest.mark.slow
 
 
 def options(**fields: object) -> TrainingOptions:
-    base = {"initial_learn_rate": 0.1, "max_epochs": 3, "mini_batch_size": 64, "verbose": False,
-            "validation_data": VAL, "validation_frequency": 20}
+    base = {
+        "initial_learn_rate": 0.1,
+        "max_epochs": 3,
+        "mini_batch_size": 64,
+        "verbose": False,
+        "validation_data": VAL,
+        "validation_frequency": 20,
+    }
     return TrainingOptions("sgdm", **{**base, **fields})
 
 
@@ -69,8 +75,9 @@ def test_augmented_images_train_on_the_pool_like_one_process(pool: nbscale.Pool)
     from nbscale.data import AugmentedImageDatastore, ImageAugmenter
 
     images = TensorDataset(TRAIN[0].view(-1, 1, 8, 8), TRAIN[1])
-    augmented = AugmentedImageDatastore((8, 8), images, ImageAugmenter(
-        rand_x_reflection=True, rand_x_translation=(-1, 1), rand_y_translation=(-1, 1)))
+    augmented = AugmentedImageDatastore(
+        (8, 8), images, ImageAugmenter(rand_x_reflection=True, rand_x_translation=(-1, 1), rand_y_translation=(-1, 1))
+    )
 
     def run(**fields: object) -> tuple[torch.nn.Module, nbscale.TrainingInfo]:
         torch.manual_seed(1)
@@ -85,8 +92,12 @@ def test_one_worker_with_all_the_work_trains_and_stops_like_one_process(pool: nb
     alone, _ = trained(max_epochs=2)
     net, info = trained(execution_environment="parallel", worker_load=[0, 1], max_epochs=2)
     assert same(alone, net) and info.hardware.startswith("1 worker (cpu")
-    _, info = trained(execution_environment="parallel", worker_load=[1, 0], max_epochs=50,
-                      output_fn=lambda info: info.iteration[-1] >= 5)
+    _, info = trained(
+        execution_environment="parallel",
+        worker_load=[1, 0],
+        max_epochs=50,
+        output_fn=lambda info: info.iteration[-1] >= 5,
+    )
     assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] == 5
 
 
@@ -107,8 +118,9 @@ def test_a_compiled_run_failing_on_one_worker_is_reported_not_left_hanging(pool:
 
     for compile_network in (True, False):  # failing while compiled, then eagerly after a compiled run
         with pytest.raises(WorkerError, match="broken loss on purpose"):
-            nbscale.train(tiny_net(), TRAIN, options(execution_environment="parallel", compile=compile_network),
-                          loss_fn=loss_fn)
+            nbscale.train(
+                tiny_net(), TRAIN, options(execution_environment="parallel", compile=compile_network), loss_fn=loss_fn
+            )
     assert trained(execution_environment="parallel", max_epochs=1)[1].stop_reason  # the pool still works
 
 
@@ -158,7 +170,9 @@ def test_a_pool_runs_warnings_come_once_in_the_notebook_at_the_users_line(pool: 
         trained(execution_environment="parallel", precision="mixed", max_epochs=1)
         trained(execution_environment="parallel", initial_learn_rate=1e6, max_epochs=1)
     assert [(str(w.message)[:27], w.filename) for w in caught] == [
-        ("precision='mixed' only spee", __file__), ("Training loss is inf at ite", __file__)]
+        ("precision='mixed' only spee", __file__),
+        ("Training loss is inf at ite", __file__),
+    ]
     shown = capfd.readouterr()
     assert "RuntimeWarning" not in shown.out + shown.err
 
@@ -203,8 +217,12 @@ def test_a_dying_worker_leaves_the_checkpoint_to_resume_from(pool: nbscale.Pool,
             os._exit(3)
         return torch.nn.functional.cross_entropy(outputs, labels)
 
-    fields = {"execution_environment": "parallel", "max_epochs": 4, "checkpoint_path": str(tmp_path),
-              "validation_data": None}
+    fields = {
+        "execution_environment": "parallel",
+        "max_epochs": 4,
+        "checkpoint_path": str(tmp_path),
+        "validation_data": None,
+    }
     with pytest.raises(WorkerError, match="resume_from") as caught:
         nbscale.train(tiny_net(), TRAIN, options(**fields), loss_fn=loss_fn)
     assert "1" in str(caught.value)
@@ -215,10 +233,18 @@ def test_a_dying_worker_leaves_the_checkpoint_to_resume_from(pool: nbscale.Pool,
 
 
 def test_a_relative_checkpoint_path_lands_in_the_notebooks_folder_after_it_changed(
-        pool: nbscale.Pool, tmp_path, monkeypatch) -> None:
+    pool: nbscale.Pool, tmp_path, monkeypatch
+) -> None:
     monkeypatch.chdir(tmp_path)  # as %cd after %pool start: the workers stay in the folder the pool started in
-    options = TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False, plots="none",
-                              execution_environment="parallel", checkpoint_path="checkpoints")
+    options = TrainingOptions(
+        "sgdm",
+        max_epochs=1,
+        mini_batch_size=100,
+        verbose=False,
+        plots="none",
+        execution_environment="parallel",
+        checkpoint_path="checkpoints",
+    )
     nbscale.train(tiny_net(), TRAIN, options)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["nbscale_checkpoint_epoch0001.pt"]
     assert options.checkpoint_path == "checkpoints"  # the user's options are left as given

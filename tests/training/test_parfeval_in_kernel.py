@@ -25,8 +25,11 @@ def train_one(rate):
 def test_a_notebook_function_calling_train_runs_on_the_pool_as_parfeval(kernel) -> None:
     assert kernel.run("%pool start 2 --cpu").ok
     assert kernel.run(TRAIN_ONE).ok
-    result = kernel.run("futures = [nbscale.current_pool().submit(train_one, r) for r in (0.01, 0.1)]\n"
-                        "print([f.result() for f in futures])", timeout=240)
+    result = kernel.run(
+        "futures = [nbscale.current_pool().submit(train_one, r) for r in (0.01, 0.1)]\n"
+        "print([f.result() for f in futures])",
+        timeout=240,
+    )
     assert result.ok, result.text
     assert "[(0.01, 'Max epochs completed'), (0.1, 'Max epochs completed')]" in result.stdout
 
@@ -36,8 +39,9 @@ def test_a_notebook_function_calling_train_runs_in_a_batch_job(kernel, tmp_path)
     assert kernel.run(TRAIN_ONE).ok
     submitted = kernel.run("%%batch --name parfeval\nresult = train_one(0.05)\n")
     assert submitted.ok, submitted.text
-    waited = kernel.run("job = nbscale.jobs.list()[-1]\njob.wait(timeout=240)\nprint(job.state, job.result('result'))",
-                        timeout=300)
+    waited = kernel.run(
+        "job = nbscale.jobs.list()[-1]\njob.wait(timeout=240)\nprint(job.state, job.result('result'))", timeout=300
+    )
     assert waited.ok, waited.text
     assert "finished (0.05, 'Max epochs completed')" in waited.stdout, waited.text + str(job_log(kernel))
 

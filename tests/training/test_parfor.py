@@ -18,8 +18,15 @@ def train_with(rate: float) -> tuple[float, float, str, int]:
     import os
 
     torch.manual_seed(0)
-    options = nbscale.TrainingOptions("sgdm", initial_learn_rate=rate, max_epochs=3, mini_batch_size=100,
-                                      execution_environment="cpu", verbose=False, validation_data=VAL)
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        initial_learn_rate=rate,
+        max_epochs=3,
+        mini_batch_size=100,
+        execution_environment="cpu",
+        verbose=False,
+        validation_data=VAL,
+    )
     net, info = nbscale.train(tiny_net(), TRAIN, options)
     return rate, info.final_validation_accuracy, info.stop_reason, os.getpid()
 

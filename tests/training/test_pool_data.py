@@ -33,8 +33,17 @@ def net() -> torch.nn.Module:
 
 
 def trained(data: object, validation: object, **fields: object) -> tuple[torch.nn.Module, nbscale.TrainingInfo]:
-    options = TrainingOptions("sgdm", initial_learn_rate=0.1, max_epochs=3, mini_batch_size=32, verbose=False,
-                              shuffle="every-epoch", validation_data=validation, validation_frequency=10, **fields)
+    options = TrainingOptions(
+        "sgdm",
+        initial_learn_rate=0.1,
+        max_epochs=3,
+        mini_batch_size=32,
+        verbose=False,
+        shuffle="every-epoch",
+        validation_data=validation,
+        validation_frequency=10,
+        **fields,
+    )
     torch.manual_seed(1)
     return nbscale.train(net(), data, options)
 
@@ -52,14 +61,16 @@ def test_augmented_image_files_train_on_the_pool_like_one_process(pool: nbscale.
     assert same(alone, pooled)  # every worker holds every image, in the same order as one process
     # each worker validates on its share; the shares add up to the whole validation set
     assert info.final_validation_accuracy == pytest.approx(alone_info.final_validation_accuracy, abs=1e-6)
-    assert info.data_placement.startswith(f"device-resident ({len(train)} images, 0.0 MB on cpu) on each of 2 "
-                                          "workers, which read 1/2 of it each")
+    assert info.data_placement.startswith(
+        f"device-resident ({len(train)} images, 0.0 MB on cpu) on each of 2 workers, which read 1/2 of it each"
+    )
     assert alone_info.data_placement.startswith(f"device-resident ({len(train)} images")
     assert "workers" not in alone_info.data_placement
 
 
 def test_augmented_image_files_streamed_in_background_train_alike_in_one_process_on_the_pool_and_held_whole(
-        pool: nbscale.Pool, digits_files: Path) -> None:
+    pool: nbscale.Pool, digits_files: Path
+) -> None:
     """dispatch_in_background=True streams the files through DataLoader processes; each image still takes its
     random augmentation from the run's seed, the epoch and its index, so the run is the resident one's, on the pool
     too (each loader process drawing from its own random stream made every run differ)."""
@@ -70,14 +81,18 @@ def test_augmented_image_files_streamed_in_background_train_alike_in_one_process
     streamed, streamed_info = trained(data, None, dispatch_in_background=True)
     pooled, pooled_info = trained(data, None, dispatch_in_background=True, execution_environment="parallel")
     assert streamed_info.data_placement.startswith("streamed by a DataLoader (")
-    assert pooled_info.data_placement.startswith("streamed by a DataLoader (") and "on each of 2" in pooled_info.data_placement
+    assert (
+        pooled_info.data_placement.startswith("streamed by a DataLoader (")
+        and "on each of 2" in pooled_info.data_placement
+    )
     assert held_info.data_placement.startswith("device-resident")
     assert same(held, streamed) and same(held, pooled)
     assert streamed_info.training_loss == pytest.approx(held_info.training_loss, rel=1e-5)
 
 
 def test_images_of_several_sizes_and_unreadable_files_are_left_out_on_the_pool_as_in_one_process(
-        pool: nbscale.Pool, tmp_path: Path) -> None:
+    pool: nbscale.Pool, tmp_path: Path
+) -> None:
     """The workers agree on one size for all images and leave out the same unreadable files as one process."""
     small = write_digits_pngs(tmp_path / "files", limit_per_class=12)
     write_digits_pngs(tmp_path / "large", limit_per_class=12, size=12)
@@ -95,7 +110,8 @@ def test_images_of_several_sizes_and_unreadable_files_are_left_out_on_the_pool_a
 
 
 def test_an_unreadable_file_in_the_second_workers_block_is_named_and_nothing_hangs(
-        pool: nbscale.Pool, tmp_path: Path) -> None:
+    pool: nbscale.Pool, tmp_path: Path
+) -> None:
     folder = write_digits_pngs(tmp_path / "files", limit_per_class=6)
     (folder / "9" / "zz-broken.png").write_bytes(b"not an image")
     started = time.monotonic()
@@ -119,10 +135,12 @@ def _gathered_on_worker(counts: list[int], dtype: torch.dtype, chunk_bytes: int)
 
 @pytest.mark.parametrize("counts", [[5, 4], [4, 4], [3, 5], [0, 2]])
 @pytest.mark.parametrize("dtype", [torch.uint16, torch.float16, torch.int64])
-def test_workers_gather_every_rank_rows_in_rank_order_in_small_chunks(pool: nbscale.Pool, counts: list[int],
-                                                                      dtype: torch.dtype) -> None:
-    expected = torch.cat([(torch.arange(count * 6).view(-1, 2, 3) + 1000 * rank).to(dtype).long()
-                          for rank, count in enumerate(counts)])
+def test_workers_gather_every_rank_rows_in_rank_order_in_small_chunks(
+    pool: nbscale.Pool, counts: list[int], dtype: torch.dtype
+) -> None:
+    expected = torch.cat(
+        [(torch.arange(count * 6).view(-1, 2, 3) + 1000 * rank).to(dtype).long() for rank, count in enumerate(counts)]
+    )
     for kind, result in pool.run(_gathered_on_worker, counts, dtype, 7):  # 7 bytes at a time: many collectives
         assert kind == str(dtype) and torch.equal(result, expected)
 
@@ -131,15 +149,23 @@ def test_each_reader_takes_one_block_and_the_blocks_cover_every_item_once() -> N
     blocks = [Readers(position, 3, None, torch.device("cpu")).block(403) for position in range(3)]
     assert blocks == [range(0, 135), range(135, 270), range(270, 403)]
     assert [Readers(position, 4, None, torch.device("cpu")).block(2) for position in range(4)] == [
-        range(0, 1), range(1, 2), range(2, 2), range(2, 2)]
+        range(0, 1),
+        range(1, 2),
+        range(2, 2),
+        range(2, 2),
+    ]
 
 
 def test_a_datastore_of_a_relative_folder_trains_on_the_pool_after_the_notebook_changed_folder(
-        pool: nbscale.Pool, digits_files: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool: nbscale.Pool, digits_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(digits_files.parent)  # as %cd after %pool start: the workers stay where the pool started
     store = ImageDatastore(digits_files.name, label_source="foldernames")
     assert all(Path(file).is_absolute() for file in store.files)  # as MATLAB's Files: full paths
     monkeypatch.chdir("/")  # and a later change of folder does not lose them either
-    _, info = nbscale.train(net(), store, TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False,
-                                                          execution_environment="parallel"))
+    _, info = nbscale.train(
+        net(),
+        store,
+        TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False, execution_environment="parallel"),
+    )
     assert info.stop_reason == "Max epochs completed"

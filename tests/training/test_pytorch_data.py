@@ -76,8 +76,9 @@ def test_a_dataloaders_collate_fn_and_batch_size_are_used_with_two_input_batches
     torch.manual_seed(0)
     before = doubled.calls  # type: ignore[attr-defined]
     loader = DataLoader(TwoInputs(), batch_size=16, shuffle=True, collate_fn=doubled)
-    net, info = nbscale.train(TwoInputNet(), loader, options(validation_data=DataLoader(TwoInputs(64, 1))),
-                              loss_fn=first_output_loss)
+    net, info = nbscale.train(
+        TwoInputNet(), loader, options(validation_data=DataLoader(TwoInputs(64, 1))), loss_fn=first_output_loss
+    )
     assert info.mini_batch_size == 16
     assert doubled.calls - before >= 3 * (128 // 16)  # type: ignore[attr-defined]
     assert info.final_validation_loss is not None and info.final_validation_loss < 0.69
@@ -96,9 +97,12 @@ def test_a_dict_input_model_trains_and_classifies_from_its_first_output() -> Non
 def test_nested_batches_and_a_collate_fn_train_on_a_pool_of_two(pool: nbscale.Pool) -> None:
     torch.manual_seed(0)
     loader = DataLoader(TwoInputs(), batch_size=16, collate_fn=doubled)
-    net, info = nbscale.train(TwoInputNet(), loader, options(execution_environment="parallel",
-                                                              validation_data=DictInputs(64, 1)),
-                              loss_fn=first_output_loss)
+    net, info = nbscale.train(
+        TwoInputNet(),
+        loader,
+        options(execution_environment="parallel", validation_data=DictInputs(64, 1)),
+        loss_fn=first_output_loss,
+    )
     assert info.stop_reason == "Max epochs completed" and info.mini_batch_size == 16
     assert nbscale.accuracy(net, TwoInputs(64, 1)) > 0.6
 
@@ -115,8 +119,12 @@ recording_sizes.sizes = []  # type: ignore[attr-defined]
 def test_a_validation_dataloaders_batch_size_is_the_validation_batch() -> None:
     recording_sizes.sizes.clear()  # type: ignore[attr-defined]
     validation = DataLoader(TwoInputs(64, 1), batch_size=10, collate_fn=recording_sizes)
-    _, info = nbscale.train(TwoInputNet(), DataLoader(TwoInputs(), batch_size=16),
-                            options(validation_data=validation, validation_frequency=4), loss_fn=first_output_loss)
+    _, info = nbscale.train(
+        TwoInputNet(),
+        DataLoader(TwoInputs(), batch_size=16),
+        options(validation_data=validation, validation_frequency=4),
+        loss_fn=first_output_loss,
+    )
     validations = sum(loss is not None for loss in info.validation_loss)
     assert validations > 3
     # the 64 samples in batches of 10 at every validation, not in the training's 16s
@@ -125,10 +133,15 @@ def test_a_validation_dataloaders_batch_size_is_the_validation_batch() -> None:
 
 def test_a_dataloader_batch_size_different_from_mini_batch_size_is_one_error_naming_both() -> None:
     with pytest.raises(OptionsError) as caught:
-        nbscale.train(TwoInputNet(), DataLoader(TwoInputs(), batch_size=16), options(mini_batch_size=32),
-                      loss_fn=first_output_loss)
-    assert str(caught.value).startswith("train_data is a DataLoader with batch_size=16, but TrainingOptions has "
-                                        "mini_batch_size=32: set one of them")
+        nbscale.train(
+            TwoInputNet(),
+            DataLoader(TwoInputs(), batch_size=16),
+            options(mini_batch_size=32),
+            loss_fn=first_output_loss,
+        )
+    assert str(caught.value).startswith(
+        "train_data is a DataLoader with batch_size=16, but TrainingOptions has mini_batch_size=32: set one of them"
+    )
 
 
 class Stream(IterableDataset):
@@ -136,20 +149,30 @@ class Stream(IterableDataset):
         return iter([])
 
 
-@pytest.mark.parametrize(("loader", "said"), [
-    (DataLoader(TwoInputs(), batch_sampler=BatchSampler(SequentialSampler(range(128)), 8, False)),
-     "train_data is a DataLoader with its own batch_sampler (BatchSampler), which nbscale cannot follow"),
-    (DataLoader(TwoInputs(), sampler=WeightedRandomSampler([1.0] * 128, 128)),
-     "train_data is a DataLoader with sampler=WeightedRandomSampler, which nbscale cannot follow"),
-    (DataLoader(Stream(), batch_size=8),
-     "train_data is a DataLoader over an IterableDataset (Stream), which nbscale cannot index"),
-])
+@pytest.mark.parametrize(
+    ("loader", "said"),
+    [
+        (
+            DataLoader(TwoInputs(), batch_sampler=BatchSampler(SequentialSampler(range(128)), 8, False)),
+            "train_data is a DataLoader with its own batch_sampler (BatchSampler), which nbscale cannot follow",
+        ),
+        (
+            DataLoader(TwoInputs(), sampler=WeightedRandomSampler([1.0] * 128, 128)),
+            "train_data is a DataLoader with sampler=WeightedRandomSampler, which nbscale cannot follow",
+        ),
+        (
+            DataLoader(Stream(), batch_size=8),
+            "train_data is a DataLoader over an IterableDataset (Stream), which nbscale cannot index",
+        ),
+    ],
+)
 def test_a_dataloader_nbscale_cannot_follow_is_refused_by_name_saying_what_is_supported(loader, said) -> None:
     with pytest.raises(OptionsError) as caught:
         nbscale.train(TwoInputNet(), loader, options(), loss_fn=first_output_loss)
     assert str(caught.value).startswith(said)
-    assert "Supported: DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., num_workers=...)" in \
-        str(caught.value)
+    assert "Supported: DataLoader(dataset, batch_size=..., shuffle=..., collate_fn=..., num_workers=...)" in str(
+        caught.value
+    )
 
 
 def test_predict_and_classify_use_the_first_output_of_a_tuple_output_model() -> None:

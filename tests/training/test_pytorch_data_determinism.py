@@ -35,8 +35,9 @@ class RandomlyShifted(Dataset):
 
 
 def trained(data: Dataset, placement: str) -> tuple[object, list[warnings.WarningMessage]]:
-    options = TrainingOptions("sgdm", max_epochs=EPOCHS, mini_batch_size=32, verbose=False, plots="none",
-                              data_placement=placement)
+    options = TrainingOptions(
+        "sgdm", max_epochs=EPOCHS, mini_batch_size=32, verbose=False, plots="none", data_placement=placement
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, info = nbscale.train(nn.Sequential(nn.Linear(8, 2)), data, options)

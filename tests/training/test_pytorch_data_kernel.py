@@ -52,8 +52,9 @@ def run(env):
 
 def test_a_notebook_dataloader_with_collate_fn_trains_a_two_input_model_in_the_kernel(kernel) -> None:
     assert kernel.run(CELL).ok
-    result = kernel.run("reads, batch, reason, acc = run('cpu')\nprint(reads >= 3 * 128, batch, reason, acc > 0.6)",
-                        timeout=240)
+    result = kernel.run(
+        "reads, batch, reason, acc = run('cpu')\nprint(reads >= 3 * 128, batch, reason, acc > 0.6)", timeout=240
+    )
     assert result.ok, result.text
     assert "True 16 Max epochs completed True" in result.stdout, result.text
 

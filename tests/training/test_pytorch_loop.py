@@ -33,6 +33,7 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor], atol: float = 1e-6) -> bo
 
 # ---- losses ------------------------------------------------------------------------------------------------------
 
+
 def test_loss_crossentropy_by_name_or_function_trains_as_the_default() -> None:
     default, _ = nbscale.train(tiny_net(), SMALL, options())
     named, _ = nbscale.train(tiny_net(), SMALL, options(loss="crossentropy"))
@@ -53,8 +54,11 @@ def test_binary_crossentropy_takes_zero_one_targets_of_one_score() -> None:
     inputs = torch.randn(256, 2, generator=torch.Generator().manual_seed(0))
     targets = (inputs[:, 0] > 0).float()[:, None]
     torch.manual_seed(0)
-    _, info = nbscale.train(nn.Linear(2, 1), (inputs, targets),
-                            options(loss="binary-crossentropy", max_epochs=10, mini_batch_size=32, initial_learn_rate=1))
+    _, info = nbscale.train(
+        nn.Linear(2, 1),
+        (inputs, targets),
+        options(loss="binary-crossentropy", max_epochs=10, mini_batch_size=32, initial_learn_rate=1),
+    )
     assert info.training_loss[-1] < 0.5 * info.training_loss[0]
 
 
@@ -65,6 +69,7 @@ def test_unknown_loss_name_is_an_options_error_with_the_closest_name() -> None:
 
 # ---- step_fn and several outputs ---------------------------------------------------------------------------------
 
+
 def test_step_fn_mixup_sees_every_batch_and_trains_on_the_mixed_inputs() -> None:
     seen: list[torch.Tensor] = []
 
@@ -72,8 +77,9 @@ def test_step_fn_mixup_sees_every_batch_and_trains_on_the_mixed_inputs() -> None
         seen.append(inputs)
         mixed = 0.8 * inputs + 0.2 * inputs.roll(1, 0)
         outputs = model(mixed)
-        loss = 0.8 * nn.functional.cross_entropy(outputs, targets) + \
-            0.2 * nn.functional.cross_entropy(outputs, targets.roll(1, 0))
+        loss = 0.8 * nn.functional.cross_entropy(outputs, targets) + 0.2 * nn.functional.cross_entropy(
+            outputs, targets.roll(1, 0)
+        )
         return loss, outputs
 
     net, info = nbscale.train(tiny_net(), TRAIN, options(max_epochs=3), step_fn=mixup)
@@ -119,6 +125,7 @@ def test_model_with_several_outputs_trains_on_its_first_output() -> None:
 
 # ---- solver and schedule factories -------------------------------------------------------------------------------
 
+
 def adamw(params: list[dict[str, Any]]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=0.01, betas=(0.9, 0.95), weight_decay=0.05)
 
@@ -162,25 +169,45 @@ def test_custom_solver_keeps_learn_rate_factors_as_groups_of_its_rate() -> None:
 
 
 def test_steplr_stepped_per_epoch() -> None:
-    _, info = nbscale.train(tiny_net(), SMALL, options(
-        max_epochs=3, learn_rate_schedule_step="epoch",
-        learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)))
+    _, info = nbscale.train(
+        tiny_net(),
+        SMALL,
+        options(
+            max_epochs=3,
+            learn_rate_schedule_step="epoch",
+            learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5),
+        ),
+    )
     per_epoch = 512 // 64
     assert info.learn_rate == pytest.approx([0.1] * per_epoch + [0.05] * per_epoch + [0.025] * per_epoch)
 
 
 def test_reduce_on_plateau_lowers_the_rate_after_validations_that_do_not_improve() -> None:
     # mode="max": a falling validation loss counts as no improvement, so each validation after the first lowers it
-    _, info = nbscale.train(tiny_net(), SMALL, options(
-        max_epochs=2, validation_data=VAL, validation_frequency=4,
-        learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(
-            optimizer, mode="max", factor=0.5, patience=0)))
-    validated = [i for i, loss in zip(info.iteration, info.validation_loss, strict=True)
-                 if loss is not None and not math.isnan(loss)]
+    _, info = nbscale.train(
+        tiny_net(),
+        SMALL,
+        options(
+            max_epochs=2,
+            validation_data=VAL,
+            validation_frequency=4,
+            learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(
+                optimizer, mode="max", factor=0.5, patience=0
+            ),
+        ),
+    )
+    validated = [
+        i
+        for i, loss in zip(info.iteration, info.validation_loss, strict=True)
+        if loss is not None and not math.isnan(loss)
+    ]
     rates = info.learn_rate
     drops = [info.iteration[k] for k in range(1, len(rates)) if rates[k] < rates[k - 1]]
-    assert drops and all(i - 1 in validated for i in drops) and len(drops) == len(validated) - 1 - (
-        info.iteration[-1] in validated)
+    assert (
+        drops
+        and all(i - 1 in validated for i in drops)
+        and len(drops) == len(validated) - 1 - (info.iteration[-1] in validated)
+    )
     assert info.learn_rate[-1] == pytest.approx(0.1 * 0.5 ** len(drops))
 
 
@@ -195,6 +222,7 @@ def test_checkpoint_and_resume_equal_an_uninterrupted_run_with_factories(tmp_pat
 
 # ---- errors before training --------------------------------------------------------------------------------------
 
+
 def test_solver_factory_returning_no_optimizer_fails_before_training() -> None:
     started: list[Any] = []
     with pytest.raises(OptionsError, match=r"solver=<lambda> returned int, not a torch.optim.Optimizer.*lambda params"):
@@ -207,11 +235,20 @@ def test_schedule_factory_needing_more_arguments_fails_before_training() -> None
         nbscale.train(tiny_net(), SMALL, options(learn_rate_schedule=torch.optim.lr_scheduler.StepLR))
 
 
-@pytest.mark.parametrize(("name", "pointer"), [
-    ("lr", "initial_learn_rate"), ("weight_decay", "l2_regularization"), ("label_smoothing", "CrossEntropyLoss"),
-    ("patience", "validation_patience"), ("epochs", "max_epochs"), ("batch_size", "mini_batch_size"),
-    ("optimizer", "solver="), ("scheduler", "learn_rate_schedule="), ("clip_grad_norm", "gradient_threshold"),
-])
+@pytest.mark.parametrize(
+    ("name", "pointer"),
+    [
+        ("lr", "initial_learn_rate"),
+        ("weight_decay", "l2_regularization"),
+        ("label_smoothing", "CrossEntropyLoss"),
+        ("patience", "validation_patience"),
+        ("epochs", "max_epochs"),
+        ("batch_size", "mini_batch_size"),
+        ("optimizer", "solver="),
+        ("scheduler", "learn_rate_schedule="),
+        ("clip_grad_norm", "gradient_threshold"),
+    ],
+)
 def test_pytorch_names_point_to_the_nbscale_field(name: str, pointer: str) -> None:
     with pytest.raises(OptionsError) as raised:
         TrainingOptions(**{name: 1})

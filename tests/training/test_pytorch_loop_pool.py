@@ -46,8 +46,9 @@ def test_factories_on_the_pool_train_as_in_one_process(pool: nbscale.Pool) -> No
 
 def test_step_fn_on_the_pool_replaces_the_loss(pool: nbscale.Pool) -> None:
     # without L2 (which the loss does not scale), SGD on twice the loss is SGD at twice the rate
-    doubled, _ = nbscale.train(tiny_net(), SMALL, options(execution_environment="parallel", l2_regularization=0),
-                               step_fn=scaled_step)
+    doubled, _ = nbscale.train(
+        tiny_net(), SMALL, options(execution_environment="parallel", l2_regularization=0), step_fn=scaled_step
+    )
     twice_the_rate, _ = nbscale.train(tiny_net(), SMALL, options(initial_learn_rate=0.2, l2_regularization=0))
     assert same(weights(doubled), weights(twice_the_rate))
 

@@ -11,8 +11,14 @@ from nbscale.training.schedules import learn_rate_schedule
 
 
 def test_piecewise_drops_by_the_factor_every_period_of_epochs() -> None:
-    options = TrainingOptions("sgdm", initial_learn_rate=0.1, max_epochs=6, learn_rate_schedule="piecewise",
-                              learn_rate_drop_factor=0.5, learn_rate_drop_period=2)
+    options = TrainingOptions(
+        "sgdm",
+        initial_learn_rate=0.1,
+        max_epochs=6,
+        learn_rate_schedule="piecewise",
+        learn_rate_drop_factor=0.5,
+        learn_rate_drop_period=2,
+    )
     rate = learn_rate_schedule(options, iterations_per_epoch=3)
     assert [rate(i) for i in range(18)] == pytest.approx([0.1] * 6 + [0.05] * 6 + [0.025] * 6)
 

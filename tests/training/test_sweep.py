@@ -55,8 +55,9 @@ def test_a_failing_run_keeps_its_error_and_the_others_finish(pool, data) -> None
         return nn.Linear(63, 10) if len(built) == 2 else tiny_net()  # the second run's input size is wrong
 
     options = nbscale.TrainingOptions("adam", max_epochs=1, verbose=False)
-    result = nbscale.sweep(make_model, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
-                           pool=pool)
+    result = nbscale.sweep(
+        make_model, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]}, pool=pool
+    )
     assert [run.state for run in result.runs] == ["done", "failed", "done"]
     assert "mat1 and mat2 shapes cannot be multiplied" in result.runs[1].error
     assert result.nets[1] is None and result.ranked()[-1] is result.runs[1]
@@ -67,8 +68,9 @@ def test_a_failing_run_keeps_its_error_and_the_others_finish(pool, data) -> None
 def test_cancelling_a_running_run_with_its_button_frees_its_worker_for_the_next_one(pool, data) -> None:
     (train_x, train_y), _ = data
     options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
-    result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
-                           pool=pool, wait=False)
+    result = nbscale.sweep(
+        tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]}, pool=pool, wait=False
+    )
     try:
         _wait_for(lambda: result.runs[0].info.iteration and result.runs[1].info.iteration)
         assert result.runs[2].state == "queued"  # two workers, three runs
@@ -90,8 +92,15 @@ def test_cancelling_a_running_run_with_its_button_frees_its_worker_for_the_next_
 def test_cancelled_runs_count_as_done_for_wait_and_as_completed(pool, data) -> None:
     (train_x, train_y), _ = data
     options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
-    result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.02, 0.03]},
-                           pool=pool, wait=False, show=False)
+    result = nbscale.sweep(
+        tiny_net,
+        (train_x, train_y),
+        options,
+        {"initial_learn_rate": [0.01, 0.02, 0.03]},
+        pool=pool,
+        wait=False,
+        show=False,
+    )
     try:
         _wait_for(lambda: result.runs[0].info.iteration and result.runs[1].info.iteration)
         result.cancel()  # two running, one queued
@@ -105,8 +114,10 @@ def test_cancelled_runs_count_as_done_for_wait_and_as_completed(pool, data) -> N
 
 @pytest.mark.slow
 def test_a_kernel_interrupt_of_a_sweep_cell_cancels_the_runs_and_ends_the_cell_at_once(kernel) -> None:
-    started = kernel.run("import nbscale\nfrom tests.training.digits import digits, tiny_net\n"
-                         "(train_x, train_y), val = digits()\n%pool start 2 --cpu")
+    started = kernel.run(
+        "import nbscale\nfrom tests.training.digits import digits, tiny_net\n"
+        "(train_x, train_y), val = digits()\n%pool start 2 --cpu"
+    )
     assert started.ok, started.text
     cell = """%%train --sweep "initial_learn_rate=0.01,0.1" --epochs 100000 --batch-size 500 --quiet --no-plots
 model = tiny_net()
@@ -137,21 +148,27 @@ def test_stop_ends_a_run_with_the_network_so_far_and_leaves_the_other_run_alone(
         second.result(timeout=30)
 
 
-def test_runs_of_a_sweep_with_a_checkpoint_path_each_write_and_resume_from_their_own_folder(pool, data,
-                                                                                           tmp_path) -> None:
+def test_runs_of_a_sweep_with_a_checkpoint_path_each_write_and_resume_from_their_own_folder(
+    pool, data, tmp_path
+) -> None:
     (train_x, train_y), _ = data
-    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
-                                      checkpoint_path=str(tmp_path))
-    result = nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.05, 0.3]}, pool=pool,
-                           seed=0)
+    options = nbscale.TrainingOptions(
+        "sgdm", max_epochs=2, mini_batch_size=100, verbose=False, checkpoint_path=str(tmp_path)
+    )
+    result = nbscale.sweep(
+        tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.05, 0.3]}, pool=pool, seed=0
+    )
     folders = [run.options.checkpoint_path for run in result.runs]
     assert folders == [str(tmp_path / "run-1"), str(tmp_path / "run-2")]
-    assert all(sorted(os.listdir(folder)) == ["nbscale_checkpoint_epoch0001.pt", "nbscale_checkpoint_epoch0002.pt"]
-               for folder in folders)
+    assert all(
+        sorted(os.listdir(folder)) == ["nbscale_checkpoint_epoch0001.pt", "nbscale_checkpoint_epoch0002.pt"]
+        for folder in folders
+    )
     for run in result.runs:  # each folder holds its own run: resuming it at its end gives that run's network
         net, _ = nbscale.train(tiny_net(), (train_x, train_y), run.options, resume_from=run.options.checkpoint_path)
-        assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), run.net.state_dict().values(),
-                                                     strict=True))
+        assert all(
+            torch.equal(a, b) for a, b in zip(net.state_dict().values(), run.net.state_dict().values(), strict=True)
+        )
 
 
 def test_a_warning_of_a_run_on_a_worker_shows_as_nbscales_without_its_source_lines(pool, data, capfd) -> None:
@@ -200,8 +217,9 @@ def train_seeded(seed: int, options: nbscale.TrainingOptions, data: tuple) -> tu
 
 def test_sweeps_with_the_same_seed_give_the_same_runs_and_each_run_is_a_seeded_train(pool, data) -> None:
     (train_x, train_y), val = data
-    options = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=100, verbose=False,
-                                      execution_environment="cpu", shuffle="every-epoch")
+    options = nbscale.TrainingOptions(
+        "sgdm", max_epochs=1, mini_batch_size=100, verbose=False, execution_environment="cpu", shuffle="every-epoch"
+    )
     grid = {"initial_learn_rate": [0.05, 0.2]}
     first = nbscale.sweep(dropout_net, (train_x, train_y), options, grid, pool=pool, val_data=val, seed=7)
     torch.manual_seed(123)  # the notebook's own random stream does not matter
@@ -241,10 +259,14 @@ def test_a_seeded_sweep_on_augmented_png_files_is_a_seeded_train(pool, tmp_path)
     from tests.datasets import write_digits_pngs
 
     files = ImageDatastore(write_digits_pngs(tmp_path / "digits", limit_per_class=30))
-    augmented = AugmentedImageDatastore((8, 8), files, augmenter=ImageAugmenter(
-        rand_x_translation=(-2, 2), rand_y_translation=(-2, 2), rand_rotation=(-10, 10)))
-    options = nbscale.TrainingOptions("adam", max_epochs=2, mini_batch_size=30, verbose=False,
-                                      execution_environment="cpu", initial_learn_rate=0.01)
+    augmented = AugmentedImageDatastore(
+        (8, 8),
+        files,
+        augmenter=ImageAugmenter(rand_x_translation=(-2, 2), rand_y_translation=(-2, 2), rand_rotation=(-10, 10)),
+    )
+    options = nbscale.TrainingOptions(
+        "adam", max_epochs=2, mini_batch_size=30, verbose=False, execution_environment="cpu", initial_learn_rate=0.01
+    )
     result = nbscale.sweep(small_cnn, augmented, options, {"initial_learn_rate": [0.01]}, pool=pool, seed=3)
     run = result.runs[0]
     assert pool.submit(train_augmented_seeded, 3, run.options, augmented).result(timeout=120) == run.info.training_loss

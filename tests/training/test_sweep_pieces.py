@@ -27,8 +27,9 @@ def shifted_step(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -
 
 def test_every_run_of_a_sweep_trains_with_the_users_step_fn(pool) -> None:
     options = nbscale.TrainingOptions("sgdm", max_epochs=3, verbose=False)
-    result = nbscale.sweep(tiny_net, (TRAIN_X, TRAIN_Y), options, {"initial_learn_rate": [0.2, 0.4]}, pool=pool,
-                           step_fn=shifted_step)
+    result = nbscale.sweep(
+        tiny_net, (TRAIN_X, TRAIN_Y), options, {"initial_learn_rate": [0.2, 0.4]}, pool=pool, step_fn=shifted_step
+    )
     assert [run.state for run in result.runs] == ["done", "done"], [run.error for run in result.runs]
     for net in result.nets:
         predicted = net(VAL_X).argmax(1)
@@ -37,10 +38,17 @@ def test_every_run_of_a_sweep_trains_with_the_users_step_fn(pool) -> None:
 
 
 def test_a_sweep_ranks_by_a_maximized_objective_metric_and_shows_each_metric(pool) -> None:
-    options = nbscale.TrainingOptions("sgdm", max_epochs=1, metrics=("accuracy", "fscore"), objective_metric="fscore",
-                                      validation_frequency=5, verbose=False)
-    result = nbscale.sweep(tiny_net, (TRAIN_X, TRAIN_Y), options, {"initial_learn_rate": [0.002, 0.3]}, pool=pool,
-                           val_data=(VAL_X, VAL_Y))
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        max_epochs=1,
+        metrics=("accuracy", "fscore"),
+        objective_metric="fscore",
+        validation_frequency=5,
+        verbose=False,
+    )
+    result = nbscale.sweep(
+        tiny_net, (TRAIN_X, TRAIN_Y), options, {"initial_learn_rate": [0.002, 0.3]}, pool=pool, val_data=(VAL_X, VAL_Y)
+    )
     assert [run.state for run in result.runs] == ["done", "done"], [run.error for run in result.runs]
     scores = [run.info.final_validation["fscore"] for run in result.ranked()]
     assert scores[0] > scores[1]  # the higher F-score first (the learn rates are far apart)
@@ -63,10 +71,17 @@ def regression_data(items: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_a_regression_sweep_ranks_by_a_minimized_objective_and_plots_no_accuracy(pool) -> None:
-    options = nbscale.TrainingOptions("adam", loss="mse", max_epochs=2, metrics=("rmse", "mae"), objective_metric="mae",
-                                      validation_frequency=5, verbose=False, validation_data=regression_data(200, 1))
-    result = nbscale.sweep(tiny_net, regression_data(1000, 0), options, {"initial_learn_rate": [1e-5, 1e-2]},
-                           pool=pool)
+    options = nbscale.TrainingOptions(
+        "adam",
+        loss="mse",
+        max_epochs=2,
+        metrics=("rmse", "mae"),
+        objective_metric="mae",
+        validation_frequency=5,
+        verbose=False,
+        validation_data=regression_data(200, 1),
+    )
+    result = nbscale.sweep(tiny_net, regression_data(1000, 0), options, {"initial_learn_rate": [1e-5, 1e-2]}, pool=pool)
     assert [run.state for run in result.runs] == ["done", "done"], [run.error for run in result.runs]
     errors = [run.info.final_validation["mae"] for run in result.ranked()]
     assert errors[0] < errors[1]  # the lower error first
@@ -83,7 +98,10 @@ def test_a_sweep_trains_in_a_dataloaders_batch_size_and_checks_it_against_every_
     assert [run.options.mini_batch_size for run in result.runs] == [50, 50]
     assert [run.info.mini_batch_size for run in result.runs] == [50, 50]
     assert [run.info.iteration[-1] for run in result.runs] == [1500 // 50] * 2
-    with pytest.raises(OptionsError, match=r"DataLoader with batch_size=50, but TrainingOptions has "
-                                           r"mini_batch_size=64"):
+    with pytest.raises(
+        OptionsError,
+        match=r"DataLoader with batch_size=50, but TrainingOptions has "
+        r"mini_batch_size=64",
+    ):
         nbscale.sweep(tiny_net, loader, options, {"mini_batch_size": [50, 64]}, pool=pool)
     assert not pool.busy  # refused before any run was sent

@@ -45,11 +45,23 @@ def test_trains_digits_to_90_percent_validation_accuracy() -> None:
 def test_training_accuracy_is_the_fraction_of_each_mini_batch_classified_right() -> None:
     net, _ = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=2))
     with torch.no_grad():
-        expected = [(net(x).argmax(1) == y).float().mean().item()
-                    for x, y in zip(TRAIN[0].split(100), TRAIN[1].split(100), strict=True)]
+        expected = [
+            (net(x).argmax(1) == y).float().mean().item()
+            for x, y in zip(TRAIN[0].split(100), TRAIN[1].split(100), strict=True)
+        ]
     # a learn rate so small the network does not change: each iteration's accuracy is known in advance
-    _, info = nbscale.train(net, TRAIN, quiet(max_epochs=1, mini_batch_size=100, shuffle="never",
-                                              initial_learn_rate=1e-12, momentum=0.0, l2_regularization=0.0))
+    _, info = nbscale.train(
+        net,
+        TRAIN,
+        quiet(
+            max_epochs=1,
+            mini_batch_size=100,
+            shuffle="never",
+            initial_learn_rate=1e-12,
+            momentum=0.0,
+            l2_regularization=0.0,
+        ),
+    )
     assert info.training_accuracy == pytest.approx(expected, abs=1e-6)
     assert 0.5 < min(info.training_accuracy) and max(info.training_accuracy) <= 1.0
 
@@ -110,8 +122,9 @@ def test_gradient_clipping_methods(method: str) -> None:
 
 def test_patience_stops_when_validation_loss_stops_improving() -> None:
     torch.manual_seed(0)
-    options = quiet(max_epochs=200, initial_learn_rate=0.3, validation_data=VAL, validation_frequency=5,
-                    validation_patience=3)
+    options = quiet(
+        max_epochs=200, initial_learn_rate=0.3, validation_data=VAL, validation_frequency=5, validation_patience=3
+    )
     _, info = nbscale.train(tiny_net(), TRAIN, options)
     assert info.stop_reason.startswith("Met validation criterion") and info.epoch[-1] < 200
     losses = [v for v in info.validation_loss if v is not None]
@@ -120,8 +133,13 @@ def test_patience_stops_when_validation_loss_stops_improving() -> None:
 
 def test_best_validation_returns_the_network_of_the_lowest_validation_loss() -> None:
     torch.manual_seed(0)
-    options = quiet(max_epochs=6, initial_learn_rate=0.5, validation_data=VAL, validation_frequency=10,
-                    output_network="best-validation")
+    options = quiet(
+        max_epochs=6,
+        initial_learn_rate=0.5,
+        validation_data=VAL,
+        validation_frequency=10,
+        output_network="best-validation",
+    )
     net, info = nbscale.train(tiny_net(), TRAIN, options)
     losses = [(v, i) for v, i in zip(info.validation_loss, info.iteration, strict=True) if v is not None]
     best_loss, best_iteration = min(losses)
@@ -131,12 +149,21 @@ def test_best_validation_returns_the_network_of_the_lowest_validation_loss() -> 
 
 
 def test_checkpoint_then_resume_equals_training_straight_through(tmp_path) -> None:
-    options = quiet(max_epochs=4, shuffle="every-epoch", solver="adam", initial_learn_rate=0.01,
-                    learn_rate_schedule="cosine", checkpoint_path=str(tmp_path), checkpoint_frequency=2)
+    options = quiet(
+        max_epochs=4,
+        shuffle="every-epoch",
+        solver="adam",
+        initial_learn_rate=0.01,
+        learn_rate_schedule="cosine",
+        checkpoint_path=str(tmp_path),
+        checkpoint_frequency=2,
+    )
     torch.manual_seed(7)
     straight, _ = nbscale.train(tiny_net(), TRAIN, options)
-    assert sorted(p.name for p in tmp_path.glob("*.pt")) == ["nbscale_checkpoint_epoch0002.pt",
-                                                             "nbscale_checkpoint_epoch0004.pt"]
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [
+        "nbscale_checkpoint_epoch0002.pt",
+        "nbscale_checkpoint_epoch0004.pt",
+    ]
     (tmp_path / "nbscale_checkpoint_epoch0004.pt").unlink()  # as if it had stopped after epoch 3
     resumed, info = nbscale.train(tiny_net(seed=99), TRAIN, options, resume_from=tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(weights(straight), weights(resumed), strict=True))
@@ -208,9 +235,12 @@ def test_mixed_precision_on_the_cpu_warns_at_the_users_call() -> None:
 
 
 def test_a_worker_load_for_several_workers_in_the_notebooks_process_says_it_needs_a_pool() -> None:
-    with pytest.raises(OptionsError, match=r"worker_load=\[3, 1\] splits each mini-batch across a pool's workers, but "
-                       r"execution_environment='cpu' trains in this process: use execution_environment="
-                       r"'parallel'"):
+    with pytest.raises(
+        OptionsError,
+        match=r"worker_load=\[3, 1\] splits each mini-batch across a pool's workers, but "
+        r"execution_environment='cpu' trains in this process: use execution_environment="
+        r"'parallel'",
+    ):
         nbscale.train(tiny_net(), TRAIN, quiet(worker_load=[3, 1], execution_environment="cpu"))
 
 
@@ -247,22 +277,35 @@ def test_bad_training_data_is_an_options_error() -> None:
 
 def test_gpu_training_where_no_gpu_is_visible_names_the_fix() -> None:
     """In a process that sees no GPU (CUDA_VISIBLE_DEVICES="" hides any this machine has)."""
-    code = ("import nbscale\nfrom tests.training.digits import digits, tiny_net\n"
-            "options = nbscale.TrainingOptions('sgdm', execution_environment='gpu', verbose=False)\n"
-            "try:\n    nbscale.train(tiny_net(), digits()[0], options)\n"
-            "except nbscale.OptionsError as error:\n    print(error)\n")
-    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, cwd=Path(__file__).parents[2])
-    assert "execution_environment='gpu' but no CUDA GPU is visible to this process (torch.cuda.is_available() is " \
-           "False): use execution_environment='auto' or 'cpu'" in shown.stdout, shown.stdout + shown.stderr
+    code = (
+        "import nbscale\nfrom tests.training.digits import digits, tiny_net\n"
+        "options = nbscale.TrainingOptions('sgdm', execution_environment='gpu', verbose=False)\n"
+        "try:\n    nbscale.train(tiny_net(), digits()[0], options)\n"
+        "except nbscale.OptionsError as error:\n    print(error)\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        cwd=Path(__file__).parents[2],
+    )
+    assert (
+        "execution_environment='gpu' but no CUDA GPU is visible to this process (torch.cuda.is_available() is "
+        "False): use execution_environment='auto' or 'cpu'" in shown.stdout
+    ), shown.stdout + shown.stderr
 
 
 @pytest.mark.gpu
 def test_gpu_and_mixed_precision_train_digits() -> None:
     torch.manual_seed(0)
     for precision in ("single", "mixed"):
-        _, info = nbscale.train(tiny_net(), TRAIN, quiet(max_epochs=5, execution_environment="gpu",
-                                                         precision=precision, validation_data=VAL))
+        _, info = nbscale.train(
+            tiny_net(),
+            TRAIN,
+            quiet(max_epochs=5, execution_environment="gpu", precision=precision, validation_data=VAL),
+        )
         assert "cuda" in info.hardware and info.final_validation_accuracy >= 0.85
 
 
@@ -273,8 +316,13 @@ def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop()
 
     def run(every_iteration: bool, loss_fn=None) -> tuple[list[torch.Tensor], nbscale.TrainingInfo]:
         seen: list[int] = []
-        options = quiet(validation_data=VAL, validation_frequency=9, validation_patience=3, max_epochs=4,
-                        output_fn=(lambda info: seen.append(info.iteration[-1])) if every_iteration else None)
+        options = quiet(
+            validation_data=VAL,
+            validation_frequency=9,
+            validation_patience=3,
+            max_epochs=4,
+            output_fn=(lambda info: seen.append(info.iteration[-1])) if every_iteration else None,
+        )
         torch.manual_seed(3)
         net, info = nbscale.train(tiny_net(), TRAIN, options, loss_fn=loss_fn)
         if every_iteration:
@@ -283,12 +331,20 @@ def test_figures_read_in_bunches_give_the_same_history_validation_and_nan_stop()
 
     (every, info_every), (bunched, info_bunched) = run(True), run(False)
     assert all(torch.equal(a, b) for a, b in zip(every, bunched, strict=True))
-    for column in ("epoch", "iteration", "training_loss", "training_accuracy", "validation_loss",
-                   "validation_accuracy", "learn_rate"):
+    for column in (
+        "epoch",
+        "iteration",
+        "training_loss",
+        "training_accuracy",
+        "validation_loss",
+        "validation_accuracy",
+        "learn_rate",
+    ):
         assert getattr(info_every, column) == getattr(info_bunched, column), column
     assert info_every.stop_reason == info_bunched.stop_reason
 
     for every_iteration in (True, False):
+
         def nan_at_12(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             nan_at_12.calls += torch.is_grad_enabled()  # training calls only, not validation's
             return nn.functional.cross_entropy(outputs, labels) * (math.nan if nan_at_12.calls == 12 else 1.0)
@@ -322,13 +378,16 @@ def test_labels_as_a_list_numpy_array_column_or_narrow_integers_train_like_int64
     val_inputs, val_labels = VAL
     results = []
     for train_data, validation_data in (
-            ((inputs, labels), (val_inputs, val_labels)),
-            ((inputs, labels.tolist()), (val_inputs, val_labels.tolist())),
-            ((inputs.double().numpy(), labels.numpy()), (val_inputs.numpy(), val_labels.numpy().astype("int32"))),
-            ((inputs, labels.int()), (val_inputs, val_labels.to(torch.uint8))),
-            ((inputs, labels.numpy()[:, None]), (val_inputs, val_labels[:, None])),  # a column of labels
-            (torch.utils.data.TensorDataset(inputs, labels.short()), torch.utils.data.TensorDataset(val_inputs,
-                                                                                                    val_labels.int()))):
+        ((inputs, labels), (val_inputs, val_labels)),
+        ((inputs, labels.tolist()), (val_inputs, val_labels.tolist())),
+        ((inputs.double().numpy(), labels.numpy()), (val_inputs.numpy(), val_labels.numpy().astype("int32"))),
+        ((inputs, labels.int()), (val_inputs, val_labels.to(torch.uint8))),
+        ((inputs, labels.numpy()[:, None]), (val_inputs, val_labels[:, None])),  # a column of labels
+        (
+            torch.utils.data.TensorDataset(inputs, labels.short()),
+            torch.utils.data.TensorDataset(val_inputs, val_labels.int()),
+        ),
+    ):
         torch.manual_seed(5)
         net, info = nbscale.train(tiny_net(), train_data, quiet(max_epochs=1, validation_data=validation_data))
         results.append((weights(net), info.final_validation_accuracy))
@@ -357,9 +416,20 @@ class _RegressionSamples(torch.utils.data.Dataset):
 def test_a_dataset_of_float_targets_trains_a_regression_on_the_exact_targets(placement: str) -> None:
     for vector in (True, False):
         model = nn.Linear(64, 2) if vector else nn.Sequential(nn.Linear(64, 1), nn.Flatten(0))
-        _, info = nbscale.train(model, _RegressionSamples(vector), quiet(
-            solver="adam", max_epochs=30, data_placement=placement, l2_regularization=0.0, initial_learn_rate=0.02,
-            validation_data=_RegressionSamples(vector), validation_frequency=100), loss_fn=nn.MSELoss())
+        _, info = nbscale.train(
+            model,
+            _RegressionSamples(vector),
+            quiet(
+                solver="adam",
+                max_epochs=30,
+                data_placement=placement,
+                l2_regularization=0.0,
+                initial_learn_rate=0.02,
+                validation_data=_RegressionSamples(vector),
+                validation_frequency=100,
+            ),
+            loss_fn=nn.MSELoss(),
+        )
         assert set(info.training_accuracy) == {None} and info.final_validation_accuracy is None
         # rounded to integers the targets could not be fitted this closely
         assert info.final_validation_loss < 0.01, (vector, info.final_validation_loss)
@@ -367,7 +437,9 @@ def test_a_dataset_of_float_targets_trains_a_regression_on_the_exact_targets(pla
 
 def _conv_net() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 10)
+    )
 
 
 IMAGES = (TRAIN[0].reshape(-1, 1, 8, 8), TRAIN[1])
@@ -391,8 +463,9 @@ def test_a_conv_net_trains_in_channels_last_on_the_cpu_unless_it_cannot() -> Non
 def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails(environment: str) -> None:
     """Conv nets train in channels_last; the network still comes back in the layout it came in (code in the
     notebook may `.view` its weights), also when training raised."""
-    options = quiet(max_epochs=1, execution_environment=environment, precision="mixed" if environment == "gpu"
-                    else "single")
+    options = quiet(
+        max_epochs=1, execution_environment=environment, precision="mixed" if environment == "gpu" else "single"
+    )
 
     def fails_at_iteration_3(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         fails_at_iteration_3.calls += 1
@@ -416,11 +489,13 @@ def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails
 def test_training_on_tensors_does_not_import_torchvision() -> None:
     """A kernel's first training of a network on tensors pays no torchvision import (datastore checks and the
     learn-rate factors import nbscale.data and nbscale.models, which load torchvision only when they need it)."""
-    script = ("import sys, torch, nbscale\n"
-              "data = (torch.randn(64, 4), torch.randint(0, 3, (64,)))\n"
-              "nbscale.train(torch.nn.Linear(4, 3), data, nbscale.TrainingOptions('sgdm', max_epochs=1, "
-              "plots='none', verbose=False))\n"
-              "print(sorted(m for m in sys.modules if m.startswith('torchvision')))\n")
+    script = (
+        "import sys, torch, nbscale\n"
+        "data = (torch.randn(64, 4), torch.randint(0, 3, (64,)))\n"
+        "nbscale.train(torch.nn.Linear(4, 3), data, nbscale.TrainingOptions('sgdm', max_epochs=1, "
+        "plots='none', verbose=False))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('torchvision')))\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -29,8 +29,16 @@ def batch_norm_net() -> nn.Module:
 def train_with_validation(environment: str, output_network: str) -> tuple[nn.Module, nbscale.TrainingInfo]:
     torch.manual_seed(1)
     options = nbscale.TrainingOptions(
-        "sgdm", initial_learn_rate=1.0, mini_batch_size=60, max_epochs=3, validation_data=VAL,
-        validation_frequency=7, output_network=output_network, execution_environment=environment, verbose=False)
+        "sgdm",
+        initial_learn_rate=1.0,
+        mini_batch_size=60,
+        max_epochs=3,
+        validation_data=VAL,
+        validation_frequency=7,
+        output_network=output_network,
+        execution_environment=environment,
+        verbose=False,
+    )
     return nbscale.train(batch_norm_net(), TRAIN, options)
 
 
@@ -69,8 +77,16 @@ def test_in_the_notebooks_process_the_final_validation_figures_are_the_returned_
 def stopped_by_output_fn_at_iteration_8(environment: str) -> tuple[nn.Module, nbscale.TrainingInfo]:
     torch.manual_seed(1)
     options = nbscale.TrainingOptions(
-        "sgdm", initial_learn_rate=1.0, mini_batch_size=60, max_epochs=3, validation_data=VAL, validation_frequency=7,
-        execution_environment=environment, verbose=True, output_fn=lambda info: info.iteration[-1] >= 8)
+        "sgdm",
+        initial_learn_rate=1.0,
+        mini_batch_size=60,
+        max_epochs=3,
+        validation_data=VAL,
+        validation_frequency=7,
+        execution_environment=environment,
+        verbose=True,
+        output_fn=lambda info: info.iteration[-1] >= 8,
+    )
     return nbscale.train(batch_norm_net(), TRAIN, options)
 
 
@@ -98,10 +114,18 @@ opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=1.0, mini_batch_size=6
 """).ok
     result = kernel.run("net, info = nbscale.train(batch_norm_net(), TRAIN, opts)")
     assert result.ok, result.text
-    figures = kernel.run("print(info.final_validation_loss, info.final_validation_accuracy, "
-                         "info.output_network_iteration, nbscale.accuracy(net, VAL))").stdout.split()
-    loss, accuracy, iteration, returned_accuracy = float(figures[0]), float(figures[1]), int(figures[2]), float(figures[3])
+    figures = kernel.run(
+        "print(info.final_validation_loss, info.final_validation_accuracy, "
+        "info.output_network_iteration, nbscale.accuracy(net, VAL))"
+    ).stdout.split()
+    loss, accuracy, iteration, returned_accuracy = (
+        float(figures[0]),
+        float(figures[1]),
+        int(figures[2]),
+        float(figures[3]),
+    )
     assert accuracy == returned_accuracy
     panel = [d["text/plain"] for d in result.displays if d.get("text/plain", "").startswith("State:")][-1]
-    assert (f"Validation: loss {loss:.4f}, accuracy {100 * accuracy:.2f}% (the returned network, iteration "
-            f"{iteration})") in panel
+    assert (
+        f"Validation: loss {loss:.4f}, accuracy {100 * accuracy:.2f}% (the returned network, iteration {iteration})"
+    ) in panel

@@ -21,16 +21,27 @@ ITERATIONS_PER_EPOCH = 1500 // 64
 
 def _options(folder: Path | None, **changes) -> nbscale.TrainingOptions:
     (_, _), validation = digits()
-    settings = dict(initial_learn_rate=0.1, mini_batch_size=64, max_epochs=8, validation_data=validation,
-                    execution_environment="parallel", plots="none", verbose=False,
-                    checkpoint_path=str(folder) if folder else None, on_worker_failure="restart")
+    settings = dict(
+        initial_learn_rate=0.1,
+        mini_batch_size=64,
+        max_epochs=8,
+        validation_data=validation,
+        execution_environment="parallel",
+        plots="none",
+        verbose=False,
+        checkpoint_path=str(folder) if folder else None,
+        on_worker_failure="restart",
+    )
     return nbscale.TrainingOptions("sgdm", **{**settings, **changes})
 
 
 def test_restart_without_a_checkpoint_path_is_refused_naming_it_before_training():
     (train_x, train_y), _ = digits()
-    with pytest.raises(OptionsError, match=r"on_worker_failure='restart' resumes from the last checkpoint, so it "
-                                           r"needs checkpoint_path"):
+    with pytest.raises(
+        OptionsError,
+        match=r"on_worker_failure='restart' resumes from the last checkpoint, so it "
+        r"needs checkpoint_path",
+    ):
         nbscale.train(tiny_net(), (train_x, train_y), _options(None))
     with pytest.raises(OptionsError, match=r"execution_environment is 'cpu': train on the pool"):
         nbscale.train(tiny_net(), (train_x, train_y), _options(Path("unused"), execution_environment="cpu"))
@@ -72,8 +83,12 @@ def _loss_losing_worker(rank: int, after: Path, how: int = signal.SIGKILL) -> Ca
 def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_from_its_checkpoint(pool, tmp_path, capfd):
     (train_x, train_y), _ = digits()
     lost_pid = pool.workers[1].pid
-    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12),
-                              loss_fn=_loss_losing_worker(1, checkpoint_file(tmp_path, 3)))
+    net, info = nbscale.train(
+        tiny_net(),
+        (train_x, train_y),
+        _options(tmp_path, max_epochs=12),
+        loss_fn=_loss_losing_worker(1, checkpoint_file(tmp_path, 3)),
+    )
 
     assert info.stop_reason.startswith("Max epochs completed (after 1 restart: restart 1 after iteration ")
     assert f"worker 1 (pid {lost_pid}) died: it was killed by SIGKILL" in info.stop_reason
@@ -88,8 +103,12 @@ def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_fro
     assert info.final_validation_accuracy > 0.85
     assert lost_pid not in [w.pid for w in pool.workers] and all(w.state == "idle" for w in pool.workers)
     said = capfd.readouterr().err
-    assert "Training lost a worker (worker 1 (pid" in said and "Restarting the pool and resuming from the checkpoint " \
-        "of epoch 3 (on_worker_failure='restart', restart 1 of at most 3)" in said
+    assert (
+        "Training lost a worker (worker 1 (pid" in said
+        and "Restarting the pool and resuming from the checkpoint "
+        "of epoch 3 (on_worker_failure='restart', restart 1 of at most 3)"
+        in said
+    )
 
 
 def test_a_checkpoint_of_an_earlier_run_in_the_folder_is_never_resumed_from(pool, tmp_path):
@@ -97,8 +116,12 @@ def test_a_checkpoint_of_an_earlier_run_in_the_folder_is_never_resumed_from(pool
     earlier = _options(tmp_path, max_epochs=5, on_worker_failure="error")
     _, quiet = nbscale.train(tiny_net(seed=1), (train_x, train_y), earlier)  # leaves epochs 1..5 of another run
     assert quiet.restarts == []
-    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=3),
-                              loss_fn=_loss_losing_worker(0, checkpoint_file(tmp_path, 1)))
+    net, info = nbscale.train(
+        tiny_net(),
+        (train_x, train_y),
+        _options(tmp_path, max_epochs=3),
+        loss_fn=_loss_losing_worker(0, checkpoint_file(tmp_path, 1)),
+    )
     assert "resumed from the checkpoint of epoch 1" in info.stop_reason  # this run's own, not the earlier epoch 5
     assert info.iteration == list(range(1, 3 * ITERATIONS_PER_EPOCH + 1))
 
@@ -120,8 +143,12 @@ def test_a_frozen_worker_is_given_up_by_the_heartbeat_and_training_resumes_witho
     (train_x, train_y), _ = digits()
     frozen_pid = pool.workers[1].pid
     started = time.monotonic()
-    net, info = nbscale.train(tiny_net(), (train_x, train_y), _options(tmp_path, max_epochs=12),
-                              loss_fn=_loss_losing_worker(1, checkpoint_file(tmp_path, 2), how=signal.SIGSTOP))
+    net, info = nbscale.train(
+        tiny_net(),
+        (train_x, train_y),
+        _options(tmp_path, max_epochs=12),
+        loss_fn=_loss_losing_worker(1, checkpoint_file(tmp_path, 2), how=signal.SIGSTOP),
+    )
     print(f"trained, with the frozen worker replaced, in {time.monotonic() - started:.1f} s")
     assert f"worker 1 (pid {frozen_pid}) stopped answering for 20 s: its process is stopped" in info.stop_reason
     assert "resumed from the checkpoint of epoch 2" in info.stop_reason
@@ -148,8 +175,7 @@ folder = Path({str(tmp_path)!r})
 opts = _options(folder, max_epochs=8, plots="training-progress")
 loss_fn = _loss_losing_worker(1, checkpoint_file(folder, 3))
 """).ok
-    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), opts, loss_fn=loss_fn)",
-                        timeout=240)
+    result = kernel.run("net, info = nbscale.train(tiny_net(), (train_x, train_y), opts, loss_fn=loss_fn)", timeout=240)
     assert result.ok, result.text
     restarts = kernel.run("print(info.restarts)").stdout
     assert "restart 1 after iteration" in restarts and "resumed from the checkpoint of epoch 3" in restarts

@@ -7,8 +7,10 @@ import sys
 
 
 def test_show_of_a_future_in_a_script_leaves_no_error_when_the_task_ends() -> None:
-    script = ("import nbscale\nwith nbscale.Pool(1, cpu=True) as pool:\n    future = pool.submit(pow, 2, 3)\n"
-              "    nbscale.show(future)\n    print('result', future.result())\n")
+    script = (
+        "import nbscale\nwith nbscale.Pool(1, cpu=True) as pool:\n    future = pool.submit(pow, 2, 3)\n"
+        "    nbscale.show(future)\n    print('result', future.result())\n"
+    )
     ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert "result 8" in ran.stdout

@@ -52,12 +52,16 @@ print(o.solver, o.max_epochs, o.mini_batch_size, o.initial_learn_rate, o.verbose
     assert line == "%%train --solver adam --env cpu --epochs 3 --batch-size 64 --lr 0.02 --quiet"
     assert kernel.run(line + CELL_BODY).ok
     # a field %%train has no flag for: the line names the form instead
-    kernel.run('form.widgets["learn_rate_schedule"].value = "piecewise"; form.widgets["gradient_threshold"].value = "2.5"')
+    kernel.run(
+        'form.widgets["learn_rate_schedule"].value = "piecewise"; form.widgets["gradient_threshold"].value = "2.5"'
+    )
     line = _magic_line(kernel)
     assert line == "%%train --options form"
     assert kernel.run(line + CELL_BODY).ok
-    check = kernel.run("print(captured[0] == captured[1].replace(learn_rate_schedule='none', gradient_threshold="
-                       "float('inf')), captured[1] == form.options, captured[1].gradient_threshold)")
+    check = kernel.run(
+        "print(captured[0] == captured[1].replace(learn_rate_schedule='none', gradient_threshold="
+        "float('inf')), captured[1] == form.options, captured[1].gradient_threshold)"
+    )
     assert check.stdout.split() == ["True", "True", "2.5"], check.text
 
 
@@ -94,8 +98,7 @@ w["initial_learn_rate"].value = -1.0
 print(form.valid, "initial_learn_rate" in form.errors,
       "must be a finite number &gt; 0" in form.messages["initial_learn_rate"].value)
 """)
-    assert result.stdout.split() == ["0", "['max_epochs',", "'momentum']", "True", "False", "True", "True"], \
-        result.text
+    assert result.stdout.split() == ["0", "['max_epochs',", "'momentum']", "True", "False", "True", "True"], result.text
     refused = kernel.run("%%train --options form" + CELL_BODY)
     assert refused.error_name == "OptionsError" and "initial_learn_rate" in refused.error_value
     assert "Traceback" not in refused.traceback  # the message alone
@@ -118,13 +121,17 @@ from tests.training.digits import digits, tiny_net
     shown = kernel.run("f = %train_options opts\nprint(type(opts).__name__, opts.max_epochs, opts.plots)")
     assert shown.stdout.split() == ["TrainingOptions", "30", "training-progress"], shown.text
     assert sum(WIDGET_VIEW in d for d in shown.displays) == 1
-    ids = kernel.run('w = f.widgets\nprint(w["max_epochs"].model_id, w["validation_data"].model_id, '
-                     'w["validation_data"].options.index("val"))').stdout.split()
+    ids = kernel.run(
+        'w = f.widgets\nprint(w["max_epochs"].model_id, w["validation_data"].model_id, '
+        'w["validation_data"].options.index("val"))'
+    ).stdout.split()
     _browser_sets(kernel, ids[0], {"value": 2})  # the user types 2 in the max_epochs box
     _browser_sets(kernel, ids[1], {"index": int(ids[2])})  # and picks `val` in the validation_data list
     check = kernel.run("print(opts.max_epochs, opts.validation_data is val, f.magic_line('opts'))")
     assert check.stdout.split() == ["2", "True", "%%train", "--options", "opts"], check.text
-    trained = kernel.run("%%train --options opts --quiet --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)")
+    trained = kernel.run(
+        "%%train --options opts --quiet --no-plots\nmodel = tiny_net()\ntrain_data = (train_x, train_y)"
+    )
     assert trained.ok, trained.text
     done = kernel.run("print(info.max_epochs, info.final_validation_accuracy is not None)")
     assert done.stdout.split() == ["2", "True"], done.text
@@ -141,13 +148,18 @@ print(form.widgets["max_epochs"].value, form.options.max_epochs, form.widgets["v
     refused = kernel.run("form.options.max_epochs = 0")
     assert refused.error_name == "OptionsError" and "max_epochs" in refused.error_value, refused.text
     assert kernel.run("print(form.options.max_epochs)").stdout.strip() == "2"  # a refused value changes nothing
-    trained = kernel.run("%%train --options form --no-plots\nmodel = torch.nn.Linear(64, 10)\n"
-                         "train_data = (torch.randn(256, 64), torch.randint(0, 10, (256,)))")
+    trained = kernel.run(
+        "%%train --options form --no-plots\nmodel = torch.nn.Linear(64, 10)\n"
+        "train_data = (torch.randn(256, 64), torch.randint(0, 10, (256,)))"
+    )
     assert trained.ok, trained.text
     assert kernel.run("print(info.epoch[-1])").stdout.strip() == "2"
-    whole = kernel.run("form.options = nbscale.TrainingOptions('adam', max_epochs=4)\n"
-                       "print(form.widgets['solver'].value, form.options.max_epochs, type(form.options).__name__)")
+    whole = kernel.run(
+        "form.options = nbscale.TrainingOptions('adam', max_epochs=4)\n"
+        "print(form.widgets['solver'].value, form.options.max_epochs, type(form.options).__name__)"
+    )
     assert whole.stdout.split() == ["adam", "4", "TrainingOptions"], whole.text
+
 
 def _browser_sets(kernel: KernelSession, model_id: str, state: dict) -> None:
     """Send a widget state update on the shell channel, as JupyterLab does when the user edits a widget."""

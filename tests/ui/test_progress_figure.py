@@ -22,8 +22,17 @@ def _columns(info: nbscale.TrainingInfo) -> dict[str, list[float]]:
     from nbscale.training.events import IterationDone, StopSignal
 
     progress = TrainingProgress(StopSignal())
-    for row in zip(info.epoch, info.iteration, info.time, info.training_loss, info.training_accuracy,
-                   info.learn_rate, info.validation_loss, info.validation_accuracy, strict=True):
+    for row in zip(
+        info.epoch,
+        info.iteration,
+        info.time,
+        info.training_loss,
+        info.training_accuracy,
+        info.learn_rate,
+        info.validation_loss,
+        info.validation_accuracy,
+        strict=True,
+    ):
         epoch, iteration, time, loss, accuracy, rate, val_loss, val_accuracy = row
         progress(IterationDone(epoch, iteration, time, loss, accuracy, rate, 0, val_loss, val_accuracy))
     return progress.columns
@@ -31,8 +40,14 @@ def _columns(info: nbscale.TrainingInfo) -> dict[str, list[float]]:
 
 def test_loss_axis_fits_a_regression_whose_loss_stays_far_below_one() -> None:
     inputs = TRAIN[0]
-    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
-                                      validation_data=(VAL[0], VAL[0][:, :2]), validation_frequency=10)
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        max_epochs=2,
+        mini_batch_size=100,
+        verbose=False,
+        validation_data=(VAL[0], VAL[0][:, :2]),
+        validation_frequency=10,
+    )
     torch.manual_seed(0)
     _, info = nbscale.train(nn.Linear(64, 2), (inputs, inputs[:, :2]), options, loss_fn=nn.MSELoss())
     assert max(info.training_loss) < 0.2 and set(info.training_accuracy) == {None}
@@ -56,18 +71,26 @@ def _pixels_near(png: bytes, colour: str, box: tuple[float, float, float, float]
     image = np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
     height, width, _ = image.shape
     left, top, right, bottom = box
-    region = image[int(top * height):int(bottom * height), int(left * width):int(right * width)]
-    target = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+    region = image[int(top * height) : int(bottom * height), int(left * width) : int(right * width)]
+    target = np.array([int(colour[i : i + 2], 16) for i in (1, 3, 5)])
     return int((np.abs(region - target).max(axis=2) <= 12).sum())
 
 
 def test_the_figure_shows_raw_loss_legends_epoch_labels_and_learn_rate_drops_as_matlab_does() -> None:
     from nbscale.ui.progress_figure import _COLOURS, _DROP
 
-    options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=8, mini_batch_size=32,
-                                      verbose=False, validation_data=VAL, validation_frequency=20,
-                                      learn_rate_schedule="piecewise", learn_rate_drop_period=3,
-                                      learn_rate_drop_factor=0.2)
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        initial_learn_rate=0.05,
+        max_epochs=8,
+        mini_batch_size=32,
+        verbose=False,
+        validation_data=VAL,
+        validation_frequency=20,
+        learn_rate_schedule="piecewise",
+        learn_rate_drop_period=3,
+        learn_rate_drop_factor=0.2,
+    )
     torch.manual_seed(0)
     _, info = nbscale.train(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), TRAIN, options)
     columns = _columns(info)
@@ -79,8 +102,11 @@ def test_the_figure_shows_raw_loss_legends_epoch_labels_and_learn_rate_drops_as_
     png = figure.render(columns)
     accuracy_axes, loss_axes = figure.figure.axes[:2]
     for axes in (accuracy_axes, loss_axes):  # both panels say what each curve is
-        assert [t.get_text() for t in axes.get_legend().get_texts()] == ["Training", "Training (smoothed)",
-                                                                         "Validation"]
+        assert [t.get_text() for t in axes.get_legend().get_texts()] == [
+            "Training",
+            "Training (smoothed)",
+            "Validation",
+        ]
     epoch_axis = next(child for child in accuracy_axes.child_axes)
     assert epoch_axis.get_xlabel() == "Epoch"
     assert [t.get_text() for t in epoch_axis.get_xticklabels()] == [str(e) for e in range(1, 9)]
@@ -97,13 +123,26 @@ def test_a_smooth_schedule_is_not_marked_and_many_epochs_get_few_labels() -> Non
     from nbscale.ui.progress_figure import is_drop
 
     rates = [0.1 * 0.5 * (1 + math.cos(math.pi * i / 50)) for i in range(50)]  # cosine: changes every iteration
-    assert not any(is_drop(rates[max(0, i - 3):i], rate) for i, rate in enumerate(rates))
+    assert not any(is_drop(rates[max(0, i - 3) : i], rate) for i, rate in enumerate(rates))
     # a drop is confirmed when the new rate holds an iteration (piecewise), not by a fall alone
     assert is_drop([0.1, 0.1, 0.01], 0.01) and not is_drop([0.1, 0.1], 0.01)
     assert not is_drop([0.1, 0.01], 0.01) and not is_drop([0.01, 0.01, 0.1], 0.1)
     figure = ProgressFigure(5000 * 3, 3)
-    figure.render({key: [] for key in ("iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
-                                       "val_iteration", "val_loss", "val_accuracy")})
+    figure.render(
+        {
+            key: []
+            for key in (
+                "iteration",
+                "loss",
+                "loss_smooth",
+                "accuracy",
+                "accuracy_smooth",
+                "val_iteration",
+                "val_loss",
+                "val_accuracy",
+            )
+        }
+    )
     labels = [t.get_text() for t in figure.figure.axes[0].child_axes[0].get_xticklabels()]
     assert 5 <= len(labels) <= 12 and labels[0] == "1"
 
@@ -132,8 +171,9 @@ opts = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=4, mi
 def test_a_second_run_of_the_same_layout_reuses_the_figure_and_draws_it_as_a_new_one_would() -> None:
     from nbscale.ui.progress_figure import figure_for_run
 
-    options = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, verbose=False,
-                                      validation_data=VAL, validation_frequency=10)
+    options = nbscale.TrainingOptions(
+        "sgdm", max_epochs=2, mini_batch_size=100, verbose=False, validation_data=VAL, validation_frequency=10
+    )
     runs = []
     for learn_rate in (0.5, 0.05):  # the first run's far higher losses refit its loss axis
         torch.manual_seed(0)
@@ -157,10 +197,22 @@ def test_a_second_run_of_the_same_layout_reuses_the_figure_and_draws_it_as_a_new
 def test_a_figure_with_learn_rate_marks_is_not_reused() -> None:
     from nbscale.ui.progress_figure import figure_for_run
 
-    columns = {key: [] for key in ("iteration", "loss", "loss_smooth", "accuracy", "accuracy_smooth",
-                                   "val_iteration", "val_loss", "val_accuracy")}
-    columns.update(iteration=[1, 2, 3], loss=[1.0, 0.9, 0.8], loss_smooth=[1.0, 0.9, 0.8],
-                   drop_iteration=[3], drop_rate=[0.01])
+    columns = {
+        key: []
+        for key in (
+            "iteration",
+            "loss",
+            "loss_smooth",
+            "accuracy",
+            "accuracy_smooth",
+            "val_iteration",
+            "val_loss",
+            "val_accuracy",
+        )
+    }
+    columns.update(
+        iteration=[1, 2, 3], loss=[1.0, 0.9, 0.8], loss_smooth=[1.0, 0.9, 0.8], drop_iteration=[3], drop_rate=[0.01]
+    )
     figure = figure_for_run(30, 10)
     figure.render(columns)
     figure.release()
@@ -172,7 +224,7 @@ def test_the_end_of_a_warmup_held_for_an_iteration_then_cosine_is_not_marked_as_
 
     warmup = [0.1 * (i + 1) / 10 for i in range(10)]
     rates = [*warmup, 0.1, *(0.05 * (1 + math.cos(math.pi * i / 40)) for i in range(1, 40))]  # peak held, then cosine
-    assert not any(is_drop(rates[max(0, i - 3):i], rate) for i, rate in enumerate(rates))
+    assert not any(is_drop(rates[max(0, i - 3) : i], rate) for i, rate in enumerate(rates))
 
 
 def _metric_columns(names: tuple[str, ...], steps: int) -> dict[str, list[float]]:
@@ -188,9 +240,20 @@ def _metric_columns(names: tuple[str, ...], steps: int) -> dict[str, list[float]
     assert start.metric_names == names
     for i in range(1, steps + 1):
         values = {name: 0.5 + 0.4 * i / steps for name in names}
-        progress(IterationDone(1, i, 0.01 * i, 1.0 / i, None, 0.01, 8 * i, training_metrics=values,
-                               validation_loss=1.2 / i if i % 5 == 0 else None,
-                               validation_metrics=values if i % 5 == 0 else None))
+        progress(
+            IterationDone(
+                1,
+                i,
+                0.01 * i,
+                1.0 / i,
+                None,
+                0.01,
+                8 * i,
+                training_metrics=values,
+                validation_loss=1.2 / i if i % 5 == 0 else None,
+                validation_metrics=values if i % 5 == 0 else None,
+            )
+        )
     return progress.columns
 
 
@@ -233,6 +296,8 @@ def test_the_loss_legend_sits_away_from_the_last_points_of_a_falling_loss() -> N
     assert not any(legend.contains(px, py) for px, py in last)
     accuracy_axes = figure.figure.axes[0]
     legend = accuracy_axes.get_legend().get_window_extent()
-    last = [accuracy_axes.transData.transform((x, y))
-            for x, y in zip(columns["iteration"][-10:], columns["accuracy"][-10:], strict=True)]
+    last = [
+        accuracy_axes.transData.transform((x, y))
+        for x, y in zip(columns["iteration"][-10:], columns["accuracy"][-10:], strict=True)
+    ]
     assert not any(legend.contains(px, py) for px, py in last)

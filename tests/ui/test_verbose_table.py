@@ -10,8 +10,15 @@ from tests.training.digits import digits, tiny_net
 
 def _table_lines(learn_rate: float, capsys: pytest.CaptureFixture[str]) -> list[str]:
     (train_x, train_y), val = digits()
-    options = nbscale.TrainingOptions("sgdm", initial_learn_rate=learn_rate, max_epochs=3, mini_batch_size=100,
-                                      validation_data=val, validation_frequency=15, verbose_frequency=15)
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        initial_learn_rate=learn_rate,
+        max_epochs=3,
+        mini_batch_size=100,
+        validation_data=val,
+        validation_frequency=15,
+        verbose_frequency=15,
+    )
     nbscale.train(tiny_net(), (train_x, train_y), options)
     return [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
 
@@ -35,17 +42,24 @@ def test_a_column_per_metric_and_a_regression_table_shows_rmse_never_a_blank_acc
     from nbscale.ui.verbose_table import VerboseTable
     from tests.metric_events import metric_run
 
-    for names, titles in ((("rmse",), ["Mini-batch RMSE", "Validation RMSE"]),
-                          (("accuracy", "fscore"), ["Mini-batch Accuracy", "Validation Accuracy",
-                                                    "Mini-batch fscore", "Validation fscore"])):
+    for names, titles in (
+        (("rmse",), ["Mini-batch RMSE", "Validation RMSE"]),
+        (
+            ("accuracy", "fscore"),
+            ["Mini-batch Accuracy", "Validation Accuracy", "Mini-batch fscore", "Validation fscore"],
+        ),
+    ):
         stream = io.StringIO()
         table = VerboseTable(5, stream=stream)
         for event in metric_run(names):
             table(event)
-        rows = [[c.strip() for c in line.strip("|").split("|")] for line in stream.getvalue().splitlines()
-                if line.startswith("| ")]
-        assert rows[0][3:3 + len(titles)] == titles and "Accuracy" not in " ".join(rows[0]) or "accuracy" in names
+        rows = [
+            [c.strip() for c in line.strip("|").split("|")]
+            for line in stream.getvalue().splitlines()
+            if line.startswith("| ")
+        ]
+        assert rows[0][3 : 3 + len(titles)] == titles and "Accuracy" not in " ".join(rows[0]) or "accuracy" in names
         last = rows[-1]
-        assert all(cell for cell in last[:3 + len(titles)])  # every metric's cell filled on a validated row
+        assert all(cell for cell in last[: 3 + len(titles)])  # every metric's cell filled on a validated row
         if names == ("rmse",):
             assert last[3] == "0.9000" and last[4] == "0.9500"

@@ -157,10 +157,13 @@ def submit_ray_job(
         client = _client(job_address, SUBMIT_TIMEOUT_S)
         _with_timeout(
             lambda: client.submit_job(
-                entrypoint=entrypoint, submission_id=reference.submission_id, runtime_env=runtime_env,
+                entrypoint=entrypoint,
+                submission_id=reference.submission_id,
+                runtime_env=runtime_env,
                 metadata={"nbscale_job": str(job_id)},
             ),
-            SUBMIT_TIMEOUT_S, f"Submitting to the Ray job server at {job_address}",
+            SUBMIT_TIMEOUT_S,
+            f"Submitting to the Ray job server at {job_address}",
         )
     except Exception as error:
         (job_dir / RAY_JOB_FILE).unlink(missing_ok=True)
@@ -195,9 +198,7 @@ def _status(ref: RayJobReference) -> tuple[str | None, str]:
         return None, ""
     try:
         client = _client(ref.job_address, STATUS_TIMEOUT_S)
-        info = _with_timeout(
-            lambda: client.get_job_info(ref.submission_id), STATUS_TIMEOUT_S, "Ray's job status"
-        )
+        info = _with_timeout(lambda: client.get_job_info(ref.submission_id), STATUS_TIMEOUT_S, "Ray's job status")
         status, message = str(info.status.value), info.message or ""
     except Exception:  # an unreachable cluster says nothing about the job: it may still run
         status, message = None, ""
@@ -216,15 +217,11 @@ def ended_without_state(job_dir: Path, ref: RayJobReference) -> str | None:
         return None
     try:
         client = _client(ref.job_address, STATUS_TIMEOUT_S)
-        logs = _with_timeout(
-            lambda: client.get_job_logs(ref.submission_id), STATUS_TIMEOUT_S, "Ray's job log"
-        )
+        logs = _with_timeout(lambda: client.get_job_logs(ref.submission_id), STATUS_TIMEOUT_S, "Ray's job log")
     except Exception:  # the reason below is enough without it
         logs = ""
     if logs.strip():
-        append_text(
-            job_dir / "log.txt", f"\n[nbscale] Ray's log of {ref.submission_id}:\n{logs[-LOG_TAIL_CHARS:]}"
-        )
+        append_text(job_dir / "log.txt", f"\n[nbscale] Ray's log of {ref.submission_id}:\n{logs[-LOG_TAIL_CHARS:]}")
     first_line = (message.strip().splitlines() or ["no message"])[0].rstrip(",:")
     return f"the Ray job ended ({status}: {first_line}) before the cell ended; see the log"
 

@@ -34,8 +34,10 @@ class LocalJobBackend(JobBackend):
         try:
             log = open_private(launch.log, append=True)
         except OSError as error:
-            raise LaunchFailed(f"Job {launch.job_id} could not open its log {launch.log}: {error}.",
-                               f"its log could not be opened: {error}") from None
+            raise LaunchFailed(
+                f"Job {launch.job_id} could not open its log {launch.log}: {error}.",
+                f"its log could not be opened: {error}",
+            ) from None
         try:
             return spawn_runner(launch.job_dir, log, launch.cwd, launch.env)
         except OSError as error:
@@ -62,9 +64,7 @@ class LocalJobBackend(JobBackend):
             kill_group(record.pid, record.pid_started)
 
 
-def spawn_runner(
-    job_dir: Path, log_descriptor: int, cwd: str, env: dict[str, str]
-) -> tuple[int, float | None]:
+def spawn_runner(job_dir: Path, log_descriptor: int, cwd: str, env: dict[str, str]) -> tuple[int, float | None]:
     """Start the runner for `job_dir` detached, output to the log; returns (pid, process start time)."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("JPY_")}
     environment["MPLBACKEND"] = "Agg"  # the kernel's inline backend means nothing without a kernel

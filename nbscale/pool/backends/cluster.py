@@ -61,7 +61,9 @@ class _Launcher:
         environment = {**os.environ, **config["env"], "PYTHONUNBUFFERED": "1"}
         if config["device"] == "cpu":
             environment["CUDA_VISIBLE_DEVICES"] = ""
-        self.process = subprocess.Popen([sys.executable, "-m", "nbscale.pool.worker"], stdin=subprocess.PIPE, env=environment)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "nbscale.pool.worker"], stdin=subprocess.PIPE, env=environment
+        )
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(config).encode() + b"\n")
         self.process.stdin.close()
@@ -158,7 +160,9 @@ class RayBackend(Backend):
         if not host or not port.isdigit():
             return  # "auto", or a form Ray resolves itself
         try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=min(REACHABLE_TIMEOUT_S, self.connect_timeout)).close()
+            socket.create_connection(
+                (host.strip("[]"), int(port)), timeout=min(REACHABLE_TIMEOUT_S, self.connect_timeout)
+            ).close()
         except OSError as error:
             raise PoolError(
                 f"Could not reach the Ray cluster at {self.profile.address}: {error.strerror or error}. Check that its "

@@ -79,7 +79,9 @@ class LocalBackend(Backend):
             raise
         finally:
             os.close(self._status_fd)  # the forkserver holds its own copy
-        threading.Thread(target=self._read_exits, args=(status_read,), name="nbscale-forkserver-exits", daemon=True).start()
+        threading.Thread(
+            target=self._read_exits, args=(status_read,), name="nbscale-forkserver-exits", daemon=True
+        ).start()
 
     def start(self, configs: Sequence[WorkerConfig]) -> None:
         self.prepare()

@@ -80,6 +80,9 @@ class TrainingMonitor:
                 f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
                 f"metrics {list(self.metrics)}; add it to TrainingMonitor(metrics=[...])."
             )
+        for name, value in values.items():
+            if getattr(value, "grad_fn", None) is not None:  # a loss keeps its graph alive until read: 6% of a loop
+                values[name] = value.detach()  # type: ignore[attr-defined]
         self._pending.append((step, values))
         now = time.perf_counter()
         if now >= self._next_flush or len(self._pending) >= _MAX_PENDING:

@@ -53,7 +53,7 @@ class MonitorDisplay:
         self.figure.set_log(panel, log)
 
     def draw(self, columns: dict[str, list[float]], info: dict[str, Any], progress: float | None, state: str) -> None:
-        self.figure_handle.update(self._figure_bundle(columns), raw=True)
+        self.figure_handle.update(self._figure_bundle(columns, progress), raw=True)
         self.info_handle.update(self._info_bundle(info, progress, state), raw=True)
 
     def close(self) -> None:
@@ -66,8 +66,8 @@ class MonitorDisplay:
             self._click_route()
             self._click_route = None
 
-    def _figure_bundle(self, columns: dict[str, list[float]]) -> dict[str, Any]:
-        return {"image/png": self.figure.render(columns), "text/plain": "<training progress figure>"}
+    def _figure_bundle(self, columns: dict[str, list[float]], progress: float | None = None) -> dict[str, Any]:
+        return {"image/png": self.figure.render(columns, progress), "text/plain": "<training progress figure>"}
 
     def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
         rows = [

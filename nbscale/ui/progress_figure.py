@@ -137,7 +137,8 @@ class ProgressFigure:
     """Panels stacked over a shared iteration axis (nbscale.train's: accuracy and loss, or one per metric and
     the loss; a TrainingMonitor's: one per metric or group), with epoch bands and learn-rate marks.
 
-    `total_iterations` 0: the length is unknown (a user's own loop), and the x axis doubles when passed."""
+    `total_iterations` 0: the length is unknown (a user's own loop): the x axis ends at a round number past where
+    the run's progress expects its end, or, without progress, at least doubles when passed."""
 
     def __init__(
         self,
@@ -217,8 +218,9 @@ class ProgressFigure:
         self.fitted.discard(id(axes))
         self.background_without_loss_axis = self.background = None
 
-    def render(self, c: dict[str, list[float]]) -> bytes:
-        """The figure with the curves in `c` (the columns TrainingProgress keeps), as PNG."""
+    def render(self, c: dict[str, list[float]], progress: float | None = None) -> bytes:
+        """The figure with the curves in `c` (the columns TrainingProgress keeps), as PNG. `progress`: how far
+        a run of unknown length is (percent), to end the iteration axis where 100% is expected."""
         empty = True
         for _, _, lines in self.panels:
             for series, line, smooth_line in lines:
@@ -232,7 +234,7 @@ class ProgressFigure:
                     smooth_line.set_data(*_thinned(x, c.get(f"{series.key}_smooth", [])))
         if empty and self.empty_png is not None:
             return self.empty_png
-        self._fit_limits(c)
+        self._fit_limits(c, progress)
         self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
         self._mark_restarts(c.get("restart_iteration", []))
         if self.background_without_loss_axis is None:
@@ -254,7 +256,7 @@ class ProgressFigure:
             self.empty_png = png
         return png
 
-    def _fit_limits(self, c: dict[str, list[float]]) -> None:
+    def _fit_limits(self, c: dict[str, list[float]], progress: float | None = None) -> None:
         """Widen the fitted y axes and the iteration axis when the data left them (the cached backgrounds are
         then stale)."""
         for axes, panel in self.fitted_axes:
@@ -279,8 +281,14 @@ class ProgressFigure:
                 self.background = None
         last = max((column[-1] for key, column in c.items() if key.endswith("iteration") and column), default=0)
         right = self.loss_axes.get_xlim()[1]
-        if last > right:
-            self.loss_axes.set_xlim(0, last if self.layout[0] else max(2 * right, last))  # unknown length: doubles
+        if self.layout[0]:
+            end = last
+        elif progress is not None and 1 <= progress < 100:  # unknown length: a round number past where 100% is
+            end = _round_up(max(last * 100 / progress, last))  # expected, so later updates keep the axis
+        else:
+            end = _round_up(max(2 * right, last * 1.25)) if last > right else right
+        if end > right:
+            self.loss_axes.set_xlim(0, end)
             self.background_without_loss_axis = self.background = None
 
     def _mark_drops(self, iterations: list[float], rates: list[float]) -> None:
@@ -378,6 +386,14 @@ def _label_epochs(axes: Axes, total_iterations: int, iterations_per_epoch: int) 
     top.set_xticks([(epoch - 0.5) * iterations_per_epoch + 0.5 for epoch in shown], [str(e) for e in shown], fontsize=8)
     top.tick_params(length=0, pad=2)
     top.set_xlabel("Epoch", fontsize=9, labelpad=2)
+
+
+def _round_up(value: float) -> float:
+    """The smallest of 1, 2, 2.5 and 5 times a power of ten that is at least `value`."""
+    if value <= 0:
+        return 0.0
+    power = 10.0 ** math.floor(math.log10(value))
+    return next(power * step for step in (1, 2, 2.5, 5, 10) if power * step >= value * (1 - 1e-12))
 
 
 def _x_of(c: dict[str, list[float]], series: Series, length: int) -> list[float]:

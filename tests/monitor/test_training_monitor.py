@@ -70,7 +70,7 @@ def test_a_name_the_monitor_was_not_given_is_one_clear_error() -> None:
         nbscale.TrainingMonitor(metrics=["loss"], reduce="sum")
 
 
-def test_the_monitors_loggers_receive_every_record_and_are_closed(tmp_path) -> None:
+def test_the_monitors_loggers_receive_every_step_and_are_closed(tmp_path) -> None:
     from nbscale.loggers import CSVLogger
 
     path = tmp_path / "loop.csv"
@@ -84,8 +84,7 @@ def test_the_monitors_loggers_receive_every_record_and_are_closed(tmp_path) -> N
         "2,2.0,",
         "3,3.0,",
         "4,4.0,",
-        "5,5.0,",
-        "5,,0.5",
+        "5,5.0,0.5",  # recorded in two calls: one step
     ]
 
 
@@ -162,7 +161,7 @@ def test_a_monitor_in_an_spmd_cell_shows_once_in_the_notebook_and_its_stop_reach
         result = kernel.run(SPMD_LOOP)
         assert result.ok, result.text
         check = kernel.run(
-            "from nbscale.monitor import _views\nview = _views[max(_views)]\n"
+            "from nbscale.monitor.training_monitor import views\nview = views[max(views)]\n"
             "print(view.history['step'] == list(range(1, 21)), "
             "all(abs(v - 1.5 / s) < 1e-6 for s, v in zip(view.history['step'], view.history['loss'])))"
         )

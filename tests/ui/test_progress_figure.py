@@ -301,3 +301,34 @@ def test_the_loss_legend_sits_away_from_the_last_points_of_a_falling_loss() -> N
         for x, y in zip(columns["iteration"][-10:], columns["accuracy"][-10:], strict=True)
     ]
     assert not any(legend.contains(px, py) for px, py in last)
+
+
+def _loss_columns(steps: int) -> dict[str, list[float]]:
+    loss = [2.0 / (1 + step / 100) for step in range(1, steps + 1)]
+    return {"loss": loss, "loss_smooth": loss, "loss_iteration": [float(s) for s in range(1, steps + 1)]}
+
+
+def test_a_loop_of_unknown_length_ends_its_axis_past_where_progress_expects_the_end_and_keeps_it() -> None:
+    from nbscale.ui.monitor_display import monitor_panels
+
+    figure = ProgressFigure(0, 1, monitor_panels([("loss", ["loss"])]))
+    figure.render({})
+    figure.render(_loss_columns(800), progress=100 * 800 / 18000)
+    assert figure.loss_axes.get_xlim() == (0, 20000)  # a round number past the expected 18,000
+    background = figure.background
+    for steps in (4000, 9000, 17999):
+        figure.render(_loss_columns(steps), progress=100 * steps / 18000)
+        figure.render(_loss_columns(steps))  # the last figure comes without progress (it reached 100)
+    assert figure.loss_axes.get_xlim() == (0, 20000)
+    assert figure.background is background  # every later update pasted the cached axes: no full redraw
+
+
+def test_without_progress_the_axis_of_an_unknown_length_grows_to_round_numbers_at_least_doubling() -> None:
+    from nbscale.ui.monitor_display import monitor_panels
+
+    figure = ProgressFigure(0, 1, monitor_panels([("loss", ["loss"])]))
+    ends = []
+    for steps in (800, 1200, 1600, 3000, 9000):
+        figure.render(_loss_columns(steps))
+        ends.append(figure.loss_axes.get_xlim()[1])
+    assert ends == [1000, 2000, 2000, 5000, 20000]

@@ -1,12 +1,14 @@
 """`nbscale.TrainingMonitor`: nbscale.train's live figure, info panel and Stop for a user's own loop (MATLAB's
 trainingProgressMonitor: recordMetrics, updateInfo, Progress, Stop, groupSubPlot).
 
-`record` only keeps what it is given: tensors stay on their device, and are read in one bunch (one host sync per
-device) at most every `min_interval` seconds, when the figure is drawn, so a fast loop pays for a list append.
+`record` only keeps what it is given (records.py): tensors stay on their device, and are read in one bunch (one
+host sync per device) at most every `min_interval` seconds, when the figure is drawn (sinks.py says where), so a
+fast loop pays for a few list appends.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -14,9 +16,11 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
+from nbscale.monitor.records import PendingRecords, RecordBatch, step_number
 from nbscale.training.events import StopSignal
 from nbscale.ui.progress_figure import smoothed
 
@@ -61,13 +65,13 @@ class TrainingMonitor:
         self.info: dict[str, Any] = {}
         self._progress: float | None = None
         self._stop = StopSignal()
-        self._pending: list[tuple[Any, dict[str, Any]]] = []
+        self._pending = PendingRecords(self.metrics)
         self._next_flush = 0.0
         self._columns: dict[str, list[float]] = {}
         for name in self.metrics:
             self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
         self._closed = False
-        self._sink = _sink_for(self)
+        self._sink = sink_for(self)
         self._next_flush = time.perf_counter() + min_interval  # the empty figure is drawn: no draw for 1 point
 
     # ---- the loop's side -----------------------------------------------------------------------------------------
@@ -80,12 +84,9 @@ class TrainingMonitor:
                 f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
                 f"metrics {list(self.metrics)}; add it to TrainingMonitor(metrics=[...])."
             )
-        for name, value in values.items():
-            if getattr(value, "grad_fn", None) is not None:  # a loss keeps its graph alive until read: 6% of a loop
-                values[name] = value.detach()  # type: ignore[attr-defined]
-        self._pending.append((step, values))
+        self._pending.add(step, values)
         now = time.perf_counter()
-        if now >= self._next_flush or len(self._pending) >= _MAX_PENDING:
+        if now >= self._next_flush or self._pending.count >= _MAX_PENDING:
             self._flush(now)
 
     def update_info(self, **values: object) -> None:
@@ -186,59 +187,39 @@ class TrainingMonitor:
             if force:
                 self._sink.draw(self)
             return
-        pending, self._pending = self._pending, []
-        rows = _read(pending)
-        rows = self._sink.reduce(rows)
-        self._add(rows)
-        for logger in self.loggers:
-            for step, values in rows:
-                logger.log(dict(values), _step_number(step))
+        batch = self._sink.reduce(self._pending.take())
+        self._add(batch)
+        if self.loggers:
+            rows = batch.rows()
+            for logger in self.loggers:
+                for step, values in rows:
+                    logger.log(dict(values), step_number(step))
         self._sink.draw(self)
         spent = time.perf_counter() - now
         self._next_flush = time.perf_counter() + max(self.min_interval, spent / self.budget)
 
-    def _add(self, rows: list[tuple[Any, dict[str, float]]]) -> None:
+    def _add(self, batch: RecordBatch) -> None:
         h, c = self._history, self._columns
-        steps = h[self.x_label]
-        for step, values in rows:
-            if not steps or steps[-1] != step:  # a step recorded in several calls is one row
-                steps.append(step)
-                for name in self.metrics:
-                    h[name].append(None)
-            for name, value in values.items():
-                h[name][-1] = value
-                c[name].append(value)
-                smooth = c[f"{name}_smooth"]
-                smooth.append(smoothed(smooth[-1] if smooth else None, value))
-                c[f"{name}_iteration"].append(_step_number(step))
-
-
-def _read(pending: list[tuple[Any, dict[str, Any]]]) -> list[tuple[Any, dict[str, float]]]:
-    """The pending records with every tensor read: one stack and one copy to the host per device."""
-    tensors: dict[Any, list[Any]] = {}
-    for _, values in pending:
-        for value in values.values():
-            if hasattr(value, "detach"):
-                tensors.setdefault(value.device, []).append(value)
-    read: dict[int, float] = {}
-    if tensors:
-        import torch
-
-        with torch.no_grad():  # a loss is kept as recorded: its graph's buffers were freed by its backward
-            for group in tensors.values():
-                try:
-                    numbers = torch.stack(group).float().tolist()  # 0-d tensors: one copy to the host
-                except RuntimeError:  # other shapes: one-element tensors, read as such
-                    numbers = torch.stack([t.reshape(()) for t in group]).float().tolist()
-                read.update((id(t), v) for t, v in zip(group, numbers, strict=True))
-    rows = []
-    for step, values in pending:
-        rows.append((step, {name: read[id(v)] if id(v) in read else float(v) for name, v in values.items()}))
-    return rows
-
-
-def _step_number(step: object) -> Any:
-    return step.item() if hasattr(step, "item") else step
+        steps, new_steps = h[self.x_label], batch.steps
+        first_row = len(steps)
+        if steps and new_steps and steps[-1] == new_steps[0]:  # a step recorded on both sides of a read: one row
+            first_row -= 1
+            new_steps = new_steps[1:]
+        steps.extend(new_steps)
+        for name in self.metrics:
+            h[name].extend([None] * len(new_steps))
+        numbers = [step_number(step) for step in batch.steps]
+        for name, (rows, values) in batch.columns.items():
+            history = h[name]
+            for row, value in zip(rows, values, strict=True):
+                history[first_row + row] = value
+            c[name].extend(values)
+            c[f"{name}_iteration"].extend([numbers[row] for row in rows])
+            smooth = c[f"{name}_smooth"]
+            previous = smooth[-1] if smooth else None
+            for value in values:
+                previous = smoothed(previous, value)
+                smooth.append(previous)
 
 
 def _names(what: str, names: Any, required: bool = False) -> tuple[str, ...]:
@@ -285,14 +266,14 @@ def _checked_loggers(loggers: Iterable[Any]) -> list[Any]:
     return list(loggers or ())
 
 
-# ---- where the monitor shows ---------------------------------------------------------------------------------------
+# ---- where the monitor shows --------------------------------------------------------------------------------------
 
 
-class _Sink:
+class Sink:
     """Nowhere to draw (a script, a worker without a notebook): the history and the loggers only."""
 
-    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
-        return rows
+    def reduce(self, batch: RecordBatch) -> RecordBatch:
+        return batch
 
     def draw(self, monitor: TrainingMonitor) -> None:
         pass
@@ -307,7 +288,7 @@ class _Sink:
         pass
 
 
-class _NotebookSink(_Sink):
+class NotebookSink(Sink):
     """The live display in this notebook; the kernel interrupt sets `stop` (a second one raises at once), and
     the cell's end draws the last figure and closes the monitor."""
 
@@ -355,6 +336,52 @@ class _NotebookSink(_Sink):
         self.display.close()
 
 
+class JobSink(Sink):
+    """Inside a %%batch job: the records go to the job's training record as nbscale.train's events do (the loss as
+    the loss, every other metric by name), so `%jobs show ID` follows the loop and its Stop sets `stop`."""
+
+    def __init__(self, monitor: TrainingMonitor, job_dir: str) -> None:
+        from nbscale.jobs.training_recorder import TrainingRecorder
+        from nbscale.training.events import TrainingStarted
+
+        self.monitor = monitor
+        self.recorder = TrainingRecorder(Path(job_dir), monitor._stop)
+        self.names = tuple(name for name in monitor.metrics if name != "loss")
+        self.start = time.time()
+        self.recorder(
+            TrainingStarted(1, 0, 0, "your own loop (nbscale.TrainingMonitor)", self.start, metric_names=self.names)
+        )
+        atexit.register(monitor.close)  # the job's process ends: the record gets its end
+
+    def reduce(self, batch: RecordBatch) -> RecordBatch:
+        from nbscale.training.events import IterationDone
+
+        for step, values in batch.rows():
+            self.recorder(
+                IterationDone(
+                    int(self.monitor.info.get("epoch", 1)) if isinstance(self.monitor.info.get("epoch", 1), int) else 1,
+                    int(step_number(step)),
+                    time.time() - self.start,
+                    values.get("loss", float("nan")),
+                    None,
+                    float(self.monitor.info.get("learn_rate", 0.0) or 0.0),
+                    0,
+                    training_metrics={name: values[name] for name in self.names if name in values},
+                )
+            )
+        return batch
+
+    def close(self, state: str) -> None:
+        from nbscale.training.events import TrainingDone
+
+        steps = self.monitor._history[self.monitor.x_label]
+        last = int(step_number(steps[-1])) if steps else 0
+        self.recorder(TrainingDone(self.monitor._stop.reason or state, 1, last, time.time() - self.start, last, 0.0))
+        self.recorder.close()
+
+
+# ---- a %%spmd cell: each rank's monitor sends its records, the notebook shows them as one --------------------
+
 _created_on_this_worker = 0  # the n-th monitor of a worker: the same on every rank, which run the same cell
 
 
@@ -376,13 +403,13 @@ class MonitorRecords:
 
     def show_in_notebook(self, pool: Pool, rank: int) -> None:
         """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
-        view = _views.get(self.key)
+        view = views.get(self.key)
         if view is None or view.closed:
-            view = _views[self.key] = _NotebookView(self, pool)
+            view = views[self.key] = NotebookView(self, pool)
         view.add(self, rank)
 
 
-class _RankSink(_Sink):
+class RankSink(Sink):
     """A %%spmd rank: rank 0 (every rank with reduce="mean") sends its rows to the notebook's one display,
     whose Stop (pool.request_stop) reaches every rank."""
 
@@ -399,9 +426,9 @@ class _RankSink(_Sink):
         self.log_panels: dict[int, bool] = {}
         self.context.at_cell_end.append(monitor.close)
 
-    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
-        self.rows.extend(rows)
-        return rows
+    def reduce(self, batch: RecordBatch) -> RecordBatch:
+        self.rows.extend(batch.rows())
+        return batch
 
     def draw(self, monitor: TrainingMonitor) -> None:
         self._send(done=False)
@@ -428,7 +455,7 @@ class _RankSink(_Sink):
                 m.metrics,
                 m.reduce,
                 self.context.world_size,
-                [(_step_number(s), v) for s, v in rows],
+                [(step_number(s), v) for s, v in rows],
                 dict(m.info),
                 m._progress,
                 dict(self.log_panels),
@@ -437,7 +464,7 @@ class _RankSink(_Sink):
         )
 
 
-class _NotebookView(TrainingMonitor):
+class NotebookView(TrainingMonitor):
     """The notebook's monitor for a %%spmd cell's ranks: rank 0's rows, or with reduce="mean" each step's mean
     once every rank sent it; its Stop asks every rank to stop (pool.request_stop)."""
 
@@ -464,7 +491,7 @@ class _NotebookView(TrainingMonitor):
             if records.reduce == "mean":
                 values = self._means(step, values)
             if values:
-                self._pending.append((step, values))
+                self._pending.add(step, values)
         if records.done:
             self.done_ranks.add(rank)
         if records.done and (records.reduce != "mean" or len(self.done_ranks) == self.world_size):
@@ -483,66 +510,19 @@ class _NotebookView(TrainingMonitor):
         return means
 
 
-_views: dict[int, _NotebookView] = {}
+views: dict[int, NotebookView] = {}
 
 
-class _JobSink(_Sink):
-    """Inside a %%batch job: the records go to the job's training record as nbscale.train's events do (the loss as
-    the loss, every other metric by name), so `%jobs show ID` follows the loop and its Stop sets `stop`."""
-
-    def __init__(self, monitor: TrainingMonitor, job_dir: str) -> None:
-        import atexit
-        from pathlib import Path
-
-        from nbscale.jobs.training_recorder import TrainingRecorder
-        from nbscale.training.events import TrainingStarted
-
-        self.monitor = monitor
-        self.recorder = TrainingRecorder(Path(job_dir), monitor._stop)
-        self.names = tuple(name for name in monitor.metrics if name != "loss")
-        self.start = time.time()
-        self.rows: list[tuple[Any, dict[str, float]]] = []
-        self.recorder(
-            TrainingStarted(1, 0, 0, "your own loop (nbscale.TrainingMonitor)", self.start, metric_names=self.names)
-        )
-        atexit.register(monitor.close)  # the job's process ends: the record gets its end
-
-    def reduce(self, rows: list[tuple[Any, dict[str, float]]]) -> list[tuple[Any, dict[str, float]]]:
-        from nbscale.training.events import IterationDone
-
-        for step, values in rows:
-            self.recorder(
-                IterationDone(
-                    int(self.monitor.info.get("epoch", 1)) if isinstance(self.monitor.info.get("epoch", 1), int) else 1,
-                    int(_step_number(step)),
-                    time.time() - self.start,
-                    values.get("loss", float("nan")),
-                    None,
-                    float(self.monitor.info.get("learn_rate", 0.0) or 0.0),
-                    0,
-                    training_metrics={name: values[name] for name in self.names if name in values},
-                )
-            )
-        return rows
-
-    def close(self, state: str) -> None:
-        from nbscale.training.events import TrainingDone
-
-        steps = self.monitor._history[self.monitor.x_label]
-        last = int(_step_number(steps[-1])) if steps else 0
-        self.recorder(TrainingDone(self.monitor._stop.reason or state, 1, last, time.time() - self.start, last, 0.0))
-        self.recorder.close()
-
-
-def _sink_for(monitor: TrainingMonitor) -> _Sink:
+def sink_for(monitor: TrainingMonitor) -> Sink:
+    """Where `monitor` shows, from where it runs."""
     from nbscale.notebook import in_notebook
     from nbscale.pool.context import in_worker
 
     if in_worker():
-        return _RankSink(monitor)
+        return RankSink(monitor)
     job_dir = os.environ.get("NBSCALE_JOB_DIR")
     if job_dir:
-        return _JobSink(monitor, job_dir)
+        return JobSink(monitor, job_dir)
     if in_notebook():
-        return _NotebookSink(monitor)
-    return _Sink()
+        return NotebookSink(monitor)
+    return Sink()

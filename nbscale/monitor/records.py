@@ -1,0 +1,162 @@
+"""What a TrainingMonitor was given and has not read yet: a column per metric, its tensors kept as given (never
+read when recorded) and stacked in chunks, then read in one copy to the host per device.
+
+Why chunks: records wait seconds to be read, so they outlive Python's young garbage collections, and every object
+that does is counted towards (and scanned by) the next full collection: a quarter of a second in a kernel holding
+400,000 objects. Three objects a record (a row, a dict, a tensor) brought one about every other run of a fast loop;
+a chunk of CHUNK tensors stacked into one leaves a few objects per chunk, and no per-record row or dict is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nbscale.errors import OptionsError
+
+CHUNK = 256  # tensors of one metric stacked together: one small op per CHUNK records, on their device
+
+
+@dataclass
+class RecordBatch:
+    """Records read: the steps in order (a step recorded in consecutive calls once), and per metric the row of
+    each value (an index into `steps`) and the values as numbers."""
+
+    steps: list[Any]
+    columns: dict[str, tuple[list[int], list[float]]]
+
+    def rows(self) -> list[tuple[Any, dict[str, float]]]:
+        """(step, {metric: value}) per step: what loggers, a job's record and a %%spmd rank's message take."""
+        out: list[tuple[Any, dict[str, float]]] = [(step, {}) for step in self.steps]
+        for name, (rows, values) in self.columns.items():
+            for row, value in zip(rows, values, strict=True):
+                out[row][1][name] = value
+        return out
+
+
+class _Column:
+    """One metric's values since the last read: numbers as given, tensors in `values` until stacked into
+    `chunks` (their places in `values` then hold NaN until read)."""
+
+    __slots__ = ("chunks", "rows", "unstacked", "values")
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.values: list[Any] = []
+        self.unstacked: list[int] = []  # places in `values` of tensors not yet in a chunk
+        self.chunks: list[tuple[Any, list[int]]] = []  # (a 1-d tensor, the places of its values)
+
+    def stack(self, name: str) -> None:
+        places, self.unstacked = self.unstacked, []
+        try:
+            self.chunks += _stacked(name, [self.values[place] for place in places], places)
+        finally:  # read from the chunks, or not at all (a tensor of many values: the error says so once)
+            for place in places:
+                self.values[place] = float("nan")
+
+
+class PendingRecords:
+    """The records of a monitor not read yet, for the metrics `names`."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self._clear()
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, step: object, values: Mapping[str, object]) -> None:
+        """Keep `values` (numbers or one-element tensors, by metric) recorded at `step`."""
+        steps = self.steps
+        new_row = not steps or steps[-1] != step
+        row = len(steps) if new_row else len(steps) - 1
+        kept = not values
+        try:
+            for name, value in values.items():
+                column = self.columns[name]
+                if hasattr(value, "detach"):
+                    if value.grad_fn is not None:  # type: ignore[attr-defined]  # a kept graph costs a loop ~6%
+                        value = value.detach()
+                    column.unstacked.append(len(column.values))
+                    column.values.append(value)
+                    column.rows.append(row)
+                    kept = True
+                    if len(column.unstacked) >= CHUNK:
+                        column.stack(name)
+                else:
+                    column.values.append(_number(name, value))  # a word raises here, before anything is kept
+                    column.rows.append(row)
+                    kept = True
+        finally:
+            if kept and new_row:
+                steps.append(step)
+        self.count += 1
+
+    def take(self) -> RecordBatch:
+        """Every record kept, read (one copy to the host per device), and forgotten here."""
+        by_device: dict[Any, list[tuple[Any, _Column, list[int]]]] = {}
+        for name, column in self.columns.items():
+            if column.unstacked:
+                column.stack(name)
+            for tensor, places in column.chunks:
+                by_device.setdefault(tensor.device, []).append((tensor, column, places))
+        if by_device:
+            _read(by_device)
+        batch = RecordBatch(self.steps, {name: (c.rows, c.values) for name, c in self.columns.items() if c.rows})
+        self._clear()
+        return batch
+
+    def _clear(self) -> None:
+        self.steps: list[Any] = []
+        self.columns = {name: _Column() for name in self.names}
+        self.count = 0
+
+
+def _read(by_device: dict[Any, list[tuple[Any, _Column, list[int]]]]) -> None:
+    """Each chunk's numbers into its column's places: one concatenation and copy to the host per device."""
+    import torch
+
+    with torch.no_grad():
+        for parts in by_device.values():
+            numbers = torch.cat([tensor for tensor, _, _ in parts]).float().tolist()
+            start = 0
+            for _, column, places in parts:
+                for place, number in zip(places, numbers[start : start + len(places)], strict=True):
+                    column.values[place] = number
+                start += len(places)
+
+
+def _stacked(name: str, tensors: list[Any], places: list[int]) -> list[tuple[Any, list[int]]]:
+    """The tensors as 1-d tensors of their values, one per device (one op in the common case: 0-d on one)."""
+    import torch
+
+    try:
+        stacked = torch.stack(tensors)
+        if stacked.dim() == 1:
+            return [(stacked, places)]
+    except RuntimeError:  # several devices or shapes
+        pass
+    groups: dict[Any, tuple[list[Any], list[int]]] = {}
+    for tensor, place in zip(tensors, places, strict=True):
+        if tensor.numel() != 1:
+            raise OptionsError(
+                f"monitor.record(..., {name}=...): got a tensor of shape {tuple(tensor.shape)}; give a number or "
+                f"a one-element tensor (such as loss, or loss.mean())."
+            )
+        group = groups.setdefault(tensor.device, ([], []))
+        group[0].append(tensor.reshape(()))
+        group[1].append(place)
+    return [(torch.stack(group), group_places) for group, group_places in groups.values()]
+
+
+def step_number(step: object) -> Any:
+    """A step as a number (a tensor's value read)."""
+    return step.item() if hasattr(step, "item") else step
+
+
+def _number(name: str, value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise OptionsError(f"monitor.record(..., {name}={value!r}): give a number or a one-element tensor.") from None

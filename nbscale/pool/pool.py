@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
 from nbscale.notices import notices
 from nbscale.pool import protocol as p
-from nbscale.pool import registry, session
+from nbscale.pool import session
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
@@ -206,10 +206,7 @@ class Pool:
             ]
         )
         session.stopped(self)
-        try:
-            registry.withdraw()
-        except (OSError, registry.RegistryUnsafe):  # nothing was published there
-            pass
+        self._monitor.withdraw()
         if interrupted:
             raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is left.")
 

@@ -38,6 +38,7 @@ class Monitor:
         self._state = state
         self._on_idle = on_idle
         self._round = 0
+        self._publishing = threading.Lock()  # a beat's publish and the pool's withdrawal never interleave
 
     def start(self) -> None:
         threading.Thread(target=self._watch, name="nbscale-pool-monitor", daemon=True).start()
@@ -94,7 +95,20 @@ class Monitor:
     def _idle_soon(self) -> bool:
         return self.idle_timeout_s is not None and self.idle_timeout_s < 2 * registry.HEARTBEAT_S
 
+    def withdraw(self) -> None:
+        """Remove the pool's published state (it stopped): a publish under way ends first, and none comes after."""
+        with self._publishing:
+            try:
+                registry.withdraw()
+            except (OSError, registry.RegistryUnsafe):  # nothing was published there
+                pass
+
     def _publish(self) -> None:
+        with self._publishing:
+            if not self.router.stopping.is_set():  # the pool may have stopped while this beat asked for memory
+                self._publish_now()
+
+    def _publish_now(self) -> None:
         global _refusal_said
         try:
             registry.publish(self._state())

@@ -28,7 +28,7 @@ from typing import Any, TypeVar, cast
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
 from nbscale.notices import notices
 from nbscale.pool import protocol as p
-from nbscale.pool import registry, session
+from nbscale.pool import session
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
@@ -148,37 +148,37 @@ class Pool:
         self.generation = secrets.token_hex(4)  # Composites of an earlier start know they are stale
         remove_stale_files()  # shared-memory files of kernels and workers killed mid-transfer
         remove_stale_group_folders()  # store folders of killed kernels' pools
-        self.backend = backend or make_backend(self.settings)
+        self._backend = backend or make_backend(self.settings)
         try:
-            workers, self.rejected_connections = launch_workers(self.backend, self.settings)
+            workers, self.rejected_connections = launch_workers(self._backend, self.settings)
         except BaseException:
-            self.backend.stop()
+            self._backend.stop()
             raise
         # the task queue sends through the router, which hands it its tasks' replies: both ends named here
-        self.router = Router(
+        self._router = Router(
             workers,
             secrets=secrets_of(self.settings.env),
-            exit_status=lambda worker: self.backend.exit_status(worker.rank, worker.pid),
-            on_task_reply=lambda request, item: self.tasks.complete(request, item),
-            on_worker_free=lambda: self.tasks.dispatch(),
+            exit_status=lambda worker: self._backend.exit_status(worker.rank, worker.pid),
+            on_task_reply=lambda request, item: self._tasks.complete(request, item),
+            on_worker_free=lambda: self._tasks.dispatch(),
         )
-        self.tasks = TaskQueue(self.router)
-        self.monitor = Monitor(
-            self.router, self.settings.idle_timeout_s, lambda: bool(self.tasks.queued), self._state, self._stop_idle
+        self._tasks = TaskQueue(self._router)
+        self._monitor = Monitor(
+            self._router, self.settings.idle_timeout_s, lambda: bool(self._tasks.queued), self._state, self._stop_idle
         )
         self._groups: set[tuple[int, ...]] = set()
         self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
         self.closed = False
         session.started(self)
-        self.router.start()
+        self._router.start()
         try:
-            self._store_folder = join_group(self.router, self.backend)
+            self._store_folder = join_group(self._router, self._backend)
         except BaseException:
             self.close()
             raise
         self.start_seconds = time.monotonic() - started
         session.started_fully()
-        self.monitor.start()
+        self._monitor.start()
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -190,26 +190,23 @@ class Pool:
         if self.closed:
             return
         self.closed = True
-        self.router.stopping.set()
+        self._router.stopping.set()
         # every step runs even if the kernel is interrupted meanwhile (a second Ctrl-C, one meant for the cell
         # before): a step cut short would leave a launcher, its workers or a waiting future behind
         interrupted = each_despite_interrupts(
             [
                 self._drop_spare,
-                lambda: self.router.tell(p.Shutdown()),
-                self.backend.stop,
+                lambda: self._router.tell(p.Shutdown()),
+                self._backend.stop,
                 self._close_channels,
-                lambda: self.tasks.fail_queued(queued),
-                lambda: self.router.fail_everything(running),
+                lambda: self._tasks.fail_queued(queued),
+                lambda: self._router.fail_everything(running),
                 self._remove_store_folder,
                 forget_all,  # notebook tensors kept in shared memory for the workers (nbscale.pool.resident)
             ]
         )
         session.stopped(self)
-        try:
-            registry.withdraw()
-        except (OSError, registry.RegistryUnsafe):  # nothing was published there
-            pass
+        self._monitor.withdraw()
         if interrupted:
             raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is left.")
 
@@ -270,7 +267,7 @@ class Pool:
     @property
     def workers(self) -> list[WorkerHandle]:
         """Each worker's handle by rank: rank, pid, host, device, state."""
-        return self.router.workers
+        return self._router.workers
 
     @property
     def size(self) -> int:
@@ -283,7 +280,7 @@ class Pool:
     @property
     def busy(self) -> bool:
         """Whether a started pool's workers are running something (a cell, a call, a task, a training)."""
-        return not self.closed and self.start_seconds is not None and self.router.busy
+        return not self.closed and self.start_seconds is not None and self._router.busy
 
     @property
     def kind(self) -> str:
@@ -293,7 +290,7 @@ class Pool:
     def __repr__(self) -> str:
         env_keys = ", ".join(f"{key}=***" for key in self.settings.env)
         workers = f"{self.size} worker{'s' if self.size != 1 else ''}"
-        state = "closed" if self.closed else f"{workers} ({self.kind}, {self.backend.describe()})"
+        state = "closed" if self.closed else f"{workers} ({self.kind}, {self._backend.describe()})"
         return f"<nbscale.Pool {state}{'; env ' + env_keys if env_keys else ''}>"
 
     # ---- run code on the workers ----------------------------------------------------------------------------
@@ -315,7 +312,7 @@ class Pool:
         """
         ranks = self._targets(targets)
         self._check_usable(ranks)
-        busy_with_tasks = self.tasks.ranks_running_tasks(ranks)
+        busy_with_tasks = self._tasks.ranks_running_tasks(ranks)
         if busy_with_tasks:
             notices.info(
                 f"{workers_named(busy_with_tasks)} still running a task from pool.submit or pool.map; this starts "
@@ -332,10 +329,10 @@ class Pool:
             raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
         held = HeldInterrupt(deliver_later=True)
         with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
-            request = self.router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
+            request = self._router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
         try:
             restarter = Restarter(self.restart, self._prepare_restart, self._drop_spare)
-            return wait(self.router, request, what, restarter, held)
+            return wait(self._router, request, what, restarter, held)
         except (WorkerError, PoolInterrupted):
             if on_failure is not None:
                 on_failure(request)
@@ -434,15 +431,15 @@ class Pool:
 
         With `future` (from `submit`), only the worker running that task is asked.
         """
-        self.router.tell(p.RequestStop(), None if future is None else self.tasks.ranks_of(future))
+        self._router.tell(p.RequestStop(), None if future is None else self._tasks.ranks_of(future))
 
     def _message_foreground(self, payload: Any) -> None:
         """Send `payload` to the workers running the request the caller's thread waits for (a `run` whose
         on_event is running now); its code reads it with `worker_context().next_message()`. Nothing when no
         request is waited for."""
-        request = self.router.foreground
+        request = self._router.foreground
         if request is not None:
-            self.router.tell(p.RequestMessage(request.request_id, payload), request.ranks)
+            self._router.tell(p.RequestMessage(request.request_id, payload), request.ranks)
 
     def _targets(self, targets: Iterable[int] | int | None) -> tuple[int, ...]:
         """The ranks `targets` names (one rank, or several), checked against the pool."""
@@ -497,7 +494,7 @@ class Pool:
         `on_event` runs on the pool's receiver thread: keep it short and never block in it.
         """
         self._check_usable(())
-        return self.tasks.submit(fn, args, kwargs, on_event)
+        return self._tasks.submit(fn, args, kwargs, on_event)
 
     def cancel(self, future: Future[Any]) -> bool:
         """Cancel a task from `submit`: a queued one never runs; a running one is interrupted on its worker.
@@ -507,7 +504,7 @@ class Pool:
         soon as the task has stopped; code that stops gracefully on the user's interrupt (training) stops at once,
         and says nothing. Returns False when the task had already finished.
         """
-        return self.tasks.cancel(future)
+        return self._tasks.cancel(future)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
         """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor).
@@ -528,7 +525,7 @@ class Pool:
 
         def fill() -> None:
             for index, args in itertools.islice(items, window - len(pending)):
-                pending.append(self.tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}"))
+                pending.append(self._tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}"))
 
         def interrupted() -> PoolInterrupted:
             running = sum(future.running() for future in pending)
@@ -575,7 +572,7 @@ class Pool:
 
         Raises PoolError once the pool is closed (its workers are gone: a table of them would be stale)."""
         self._check_usable(())
-        self.monitor.refresh_memory(wait=True)
+        self._monitor.refresh_memory(wait=True)
         return self._snapshot()
 
     def _state(self) -> dict[str, Any]:
@@ -594,7 +591,7 @@ class Pool:
             )
             for w in self.workers
         )
-        return PoolStatus(self.size, self.kind, self.backend.name, self.monitor.idle_left_s(), workers)
+        return PoolStatus(self.size, self.kind, self._backend.name, self._monitor.idle_left_s(), workers)
 
 
 def _shown_in_notebook(pool: Pool) -> Callable[[int, Any], None]:

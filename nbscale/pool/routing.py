@@ -165,12 +165,6 @@ class Router:
                 if isinstance(message, p.Output) and not _more_waiting(connection):
                     flush_output()  # the end of a burst of tasks' output: shown now, not line by line
 
-    def _say_background_output_left_out(self, rank: int) -> None:
-        notice = self.background_output.notice(rank)
-        if notice is not None:
-            print_output(notice)
-            self.background_output.took(notice)
-
     def _route(self, worker: WorkerHandle, message: Any) -> None:
         if isinstance(message, p.Output):
             foreground = self.foreground
@@ -179,8 +173,7 @@ class Router:
                     foreground.inbox.put(item)
             else:
                 for item in self.background_output.admit(message):
-                    print_output(item, flush=False)  # flushed at the end of the burst (see _receive_forever)
-                    self.background_output.took(item)
+                    self._show_task_output(item, flush=False)  # flushed at the end of the burst (_receive_forever)
             return
         if isinstance(message, p.StatusReport):
             worker.memory_mb, worker.device_memory_mb = message.memory_mb, message.device_memory_mb
@@ -197,17 +190,31 @@ class Router:
                 self.last_activity = time.monotonic()
         if request is None:
             return
-        if request.future is not None:
-            if isinstance(message, p.Done | p.Failed):  # a task's output left out: said at its end too
-                self._say_background_output_left_out(worker.rank)
-            self.on_task_reply(request, message)
-        else:
-            notice = request.backlog.notice(worker.rank)  # output left out: said before the request ends
-            if notice is not None:
-                request.inbox.put(notice)
-            request.inbox.put(message)
+        self._say_output_left_out(request, worker.rank, message)
+        self._deliver(request, message)
         if isinstance(message, p.Done | p.Failed):
             self.on_worker_free()
+
+    def _say_output_left_out(self, request: Request, rank: int, reply: object) -> None:
+        """Say how much of `rank`'s output was left out, before `reply` to `request` is handed on: the one place
+        that decides where that notice goes. A blocking request's output waits in its inbox for its caller, so its
+        notice goes there too, ahead of each reply (the last one said before the request ends). A task's output
+        (pool.submit) is printed by this thread as it comes, so its notice is printed here, when the task ends."""
+        say: Callable[[p.Output], None]
+        if request.future is None:
+            backlog, say = request.backlog, request.inbox.put
+        elif isinstance(reply, p.Done | p.Failed):
+            backlog, say = self.background_output, self._show_task_output
+        else:
+            return
+        notice = backlog.notice(rank)
+        if notice is not None:
+            say(notice)
+
+    def _show_task_output(self, output: p.Output, flush: bool = True) -> None:
+        """Print output that came while no caller waits for a request (tasks' output), from this thread."""
+        print_output(output, flush=flush)
+        self.background_output.took(output)
 
     def _warn_missing_folder(self, message: p.FolderMissing) -> None:
         """Say once per folder that workers run where they are: in the cell's output when the cell waits for it."""

@@ -45,7 +45,7 @@ def test_ray_job_returns_its_variables_and_log_and_no_secret_reaches_the_store(j
 
 
 def test_ray_job_with_a_pool_gets_ray_actors_on_the_same_cluster(job_server):
-    job = jobs.submit("backend = pool.backend.name\nranks = pool.run(lambda: 1)\n", pool=2, cluster=job_server)
+    job = jobs.submit("backend = pool.status().backend\nranks = pool.run(lambda: 1)\n", pool=2, cluster=job_server)
     assert job.wait(WAIT_S), job.log()
     assert job.state == "finished", job.log()
     assert (job.result("backend"), job.result("ranks")) == ("ray", [1, 1])

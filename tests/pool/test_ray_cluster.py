@@ -31,7 +31,7 @@ def ray_head():
 
 def test_spmd_and_futures_on_ray_actors(ray_head):
     with nbscale.Pool(2, cluster=ray_head) as pool:
-        assert pool.backend.name == "ray" and pool.size == 2
+        assert pool.status().backend == "ray" and pool.size == 2
         namespace = {"offset": 10}
         pool.spmd("import os\nvalue = allreduce(rank + offset)\npid = os.getpid()", namespace=namespace)
         assert namespace["value"][:] == [21, 21]

@@ -38,6 +38,19 @@ def test_pool_publishes_its_workers_and_withdraws_on_stop(tmp_path, monkeypatch)
     assert registry.read_all() == []
 
 
+def test_a_pool_stopped_as_soon_as_it_started_leaves_nothing_published(tmp_path, monkeypatch):
+    """The monitor's first beat asks the workers for their memory before it publishes: a pool stopped meanwhile
+    published its state after withdrawing it, a stale entry for a pool that no longer runs."""
+    from nbscale.pool.monitor import STATUS_TIMEOUT_S
+
+    monkeypatch.setenv("NBSCALE_RUNTIME_DIR", str(tmp_path))
+    for _ in range(3):
+        with nbscale.Pool(1, cpu=True):
+            pass
+    time.sleep(STATUS_TIMEOUT_S + 1)  # past the first beat's wait for the workers' answers
+    assert registry.read_all() == []
+
+
 def test_a_dead_processes_entry_is_dropped(tmp_path, monkeypatch):
     monkeypatch.setenv("NBSCALE_RUNTIME_DIR", str(tmp_path))
     folder = registry.registry_dir()

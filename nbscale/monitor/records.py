@@ -76,7 +76,8 @@ class PendingRecords:
             for name, value in values.items():
                 column = self.columns[name]
                 if hasattr(value, "detach"):
-                    if value.grad_fn is not None:  # type: ignore[attr-defined]  # a kept graph costs a loop ~6%
+                    # a kept graph costs a fast loop ~6% (reading grad_fn instead of requires_grad, 2 us a call)
+                    if value.requires_grad:  # type: ignore[attr-defined]
                         value = value.detach()
                     column.unstacked.append(len(column.values))
                     column.values.append(value)

@@ -98,25 +98,25 @@ Event = TrainingStarted | IterationDone | TrainingDone | TrainingRestarted | Pre
 
 
 class StopSignal:
-    """Asks the loop to stop at the end of the current iteration; the first reason given wins."""
+    """Asks the loop to stop at the end of the current iteration; the first reason given wins. `requested` is a
+    plain attribute: a loop reads it every iteration (a TrainingMonitor's `stop`)."""
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self.requested = False
         self.reason: str | None = None
         self.on_request: list[Callable[[], None]] = []
 
     def request(self, reason: str) -> None:
         """Ask the run to stop at the end of its iteration; the first reason is kept, later requests change
         nothing. Calls each of `on_request` once."""
-        if not self._event.is_set():
+        with self._lock:  # the Stop button's thread and the kernel interrupt may ask at once
+            if self.requested:
+                return
             self.reason = reason
-            self._event.set()
-            for callback in self.on_request:
-                callback()
-
-    @property
-    def requested(self) -> bool:
-        return self._event.is_set()
+            self.requested = True
+        for callback in self.on_request:
+            callback()
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""What a TrainingMonitor was given and has not read yet: a column per metric, its tensors kept as given (never
-read when recorded) and stacked in chunks, then read in one copy to the host per device.
+"""What a TrainingMonitor was given and has not read yet: a column per metric. Numbers and CPU tensors are kept as
+numbers (reading a CPU tensor waits for nothing); tensors on a GPU are kept unread and stacked in chunks, then read
+in one copy to the host per device.
 
 Why chunks: records wait seconds to be read, so they outlive Python's young garbage collections, and every object
 that does is counted towards (and scanned by) the next full collection: a quarter of a second in a kernel holding
@@ -15,6 +16,7 @@ from typing import Any
 
 from nbscale.errors import OptionsError
 
+_NO_STEP = object()  # no step recorded yet: unequal to any step
 CHUNK = 256  # tensors of one metric stacked together: one small op per CHUNK records, on their device
 
 
@@ -47,6 +49,16 @@ class _Column:
         self.unstacked: list[int] = []  # places in `values` of tensors not yet in a chunk
         self.chunks: list[tuple[Any, list[int]]] = []  # (a 1-d tensor, the places of its values)
 
+    def keep_tensor(self, name: str, tensor: Any, row: int) -> None:
+        """Keep a tensor (of a device other than the CPU) unread, stacked with others once CHUNK are kept."""
+        if tensor.requires_grad:  # a kept graph costs a fast loop ~6% (reading grad_fn instead: 2 us a call)
+            tensor = tensor.detach()
+        self.unstacked.append(len(self.values))
+        self.values.append(tensor)
+        self.rows.append(row)
+        if len(self.unstacked) >= CHUNK:
+            self.stack(name)
+
     def stack(self, name: str) -> None:
         places, self.unstacked = self.unstacked, []
         try:
@@ -61,38 +73,57 @@ class PendingRecords:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
+        self.steps: list[Any] = []
+        self._last_step: Any = _NO_STEP
+        self.columns: dict[str, _Column] = {}
+        self.count = 0
         self._clear()
 
     def __len__(self) -> int:
         return self.count
 
-    def add(self, step: object, values: Mapping[str, object]) -> None:
-        """Keep `values` (numbers or one-element tensors, by metric) recorded at `step`."""
+    def add(self, step: object, values: Mapping[str, object]) -> int:
+        """Keep `values` (numbers or one-element tensors, by metric) recorded at `step`; returns how many records
+        are kept. A name that is not a metric, or a value that is not a number, raises with the values before it
+        kept. This runs every iteration of the user's loop: one pass, nothing checked twice."""
         steps = self.steps
-        new_row = not steps or steps[-1] != step
-        row = len(steps) if new_row else len(steps) - 1
-        kept = not values
+        if step != self._last_step:  # consecutive records of one step make one row
+            steps.append(step)
+            self._last_step = step
+        row = len(steps) - 1
         try:
             for name, value in values.items():
                 column = self.columns[name]
-                if hasattr(value, "detach"):
-                    # a kept graph costs a fast loop ~6% (reading grad_fn instead of requires_grad, 2 us a call)
-                    if value.requires_grad:  # type: ignore[attr-defined]
-                        value = value.detach()
-                    column.unstacked.append(len(column.values))
-                    column.values.append(value)
-                    column.rows.append(row)
-                    kept = True
-                    if len(column.unstacked) >= CHUNK:
-                        column.stack(name)
+                if type(value) is float:
+                    number = value
+                elif getattr(value, "is_cpu", False):  # a CPU tensor: nothing to wait for, read now, nothing kept
+                    try:
+                        number = float(value.item())  # type: ignore[attr-defined]
+                    except RuntimeError:  # more than one value
+                        raise OptionsError(_one_value(name, value)) from None
+                elif hasattr(value, "detach"):
+                    column.keep_tensor(name, value, row)  # another device's: read later, in a bunch, no sync here
+                    continue
                 else:
-                    column.values.append(_number(name, value))  # a word raises here, before anything is kept
-                    column.rows.append(row)
-                    kept = True
-        finally:
-            if kept and new_row:
-                steps.append(step)
+                    number = _number(name, value)
+                column.values.append(number)
+                column.rows.append(row)
+        except BaseException as error:
+            if not any(c.rows and c.rows[-1] == row for c in self.columns.values()):  # the step's row is empty
+                steps.pop()
+                self._last_step = steps[-1] if steps else _NO_STEP
+            if isinstance(error, KeyError) and values.keys() - self.columns.keys():
+                self._raise_unknown(values)
+            raise
         self.count += 1
+        return self.count
+
+    def _raise_unknown(self, values: Mapping[str, object]) -> None:
+        unknown = sorted(set(values) - set(self.names))
+        raise OptionsError(
+            f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
+            f"metrics {list(self.names)}; add it to TrainingMonitor(metrics=[...])."
+        )
 
     def take(self) -> RecordBatch:
         """Every record kept, read (one copy to the host per device), and forgotten here."""
@@ -109,7 +140,8 @@ class PendingRecords:
         return batch
 
     def _clear(self) -> None:
-        self.steps: list[Any] = []
+        self.steps = []
+        self._last_step = _NO_STEP
         self.columns = {name: _Column() for name in self.names}
         self.count = 0
 
@@ -141,10 +173,7 @@ def _stacked(name: str, tensors: list[Any], places: list[int]) -> list[tuple[Any
     groups: dict[Any, tuple[list[Any], list[int]]] = {}
     for tensor, place in zip(tensors, places, strict=True):
         if tensor.numel() != 1:
-            raise OptionsError(
-                f"monitor.record(..., {name}=...): got a tensor of shape {tuple(tensor.shape)}; give a number or "
-                f"a one-element tensor (such as loss, or loss.mean())."
-            )
+            raise OptionsError(_one_value(name, tensor))
         group = groups.setdefault(tensor.device, ([], []))
         group[0].append(tensor.reshape(()))
         group[1].append(place)
@@ -154,6 +183,13 @@ def _stacked(name: str, tensors: list[Any], places: list[int]) -> list[tuple[Any
 def step_number(step: object) -> Any:
     """A step as a number (a tensor's value read)."""
     return step.item() if hasattr(step, "item") else step
+
+
+def _one_value(name: str, tensor: Any) -> str:
+    return (
+        f"monitor.record(..., {name}=...): got a tensor of shape {tuple(tensor.shape)}; give a number or "
+        f"a one-element tensor (such as loss, or loss.mean())."
+    )
 
 
 def _number(name: str, value: object) -> float:

@@ -1,9 +1,10 @@
 """`nbscale.TrainingMonitor`: nbscale.train's live figure, info panel and Stop for a user's own loop (MATLAB's
 trainingProgressMonitor: recordMetrics, updateInfo, Progress, Stop, groupSubPlot).
 
-`record` only keeps what it is given (records.py): tensors stay on their device, and are read in one bunch (one
-host sync per device) at most every `min_interval` seconds, when the figure is drawn (sinks.py says where), so a
-fast loop pays for a few list appends.
+`record` only keeps what it is given (records.py): numbers, and CPU tensors read at once (nothing to wait for); a
+GPU's tensors stay on their device and are read in one bunch (one host sync per device) at most every
+`min_interval` seconds, when the figure is drawn (the sinks below say where), so a fast loop pays for a few list
+appends.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
@@ -45,10 +47,9 @@ class TrainingMonitor:
         reduce: str = "first",
         loggers: Sequence[Any] = (),
         min_interval: float = 0.5,
-        budget: float = 0.005,
+        budget: float = 0.002,
     ) -> None:
         self.metrics = _names("metrics", metrics, required=True)
-        self._known = frozenset(self.metrics)
         self.info_names = _names("info", info)
         self._info_known = frozenset(self.info_names)
         self.x_label = str(x_label)
@@ -63,10 +64,10 @@ class TrainingMonitor:
         self.min_interval, self.budget = min_interval, budget
         self._history: dict[str, list[Any]] = {self.x_label: [], **{name: [] for name in self.metrics}}
         self.info: dict[str, Any] = {}
+        self._info_checked = 0  # len(info) when its names were last checked
         self._progress: float | None = None
         self._stop = StopSignal()
         self._pending = PendingRecords(self.metrics)
-        self._next_flush = 0.0
         self._columns: dict[str, list[float]] = {}
         for name in self.metrics:
             self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
@@ -77,27 +78,30 @@ class TrainingMonitor:
     # ---- the loop's side -----------------------------------------------------------------------------------------
 
     def record(self, step: object, **values: object) -> None:
-        """Record metric values (numbers or 0-d tensors, never read here) at `step` (the x value)."""
-        if not values.keys() <= self._known:
-            unknown = sorted(set(values) - self._known)
-            raise OptionsError(
-                f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
-                f"metrics {list(self.metrics)}; add it to TrainingMonitor(metrics=[...])."
-            )
-        self._pending.add(step, values)
-        now = time.perf_counter()
-        if now >= self._next_flush or self._pending.count >= _MAX_PENDING:
+        """Record metric values (numbers or one-element tensors; a GPU's are not read here) at `step` (the x value)."""
+        count = self._pending.add(step, values)
+        now = perf_counter()
+        if now >= self._next_flush or count >= _MAX_PENDING:
             self._flush(now)
 
     def update_info(self, **values: object) -> None:
         """Show `values` in the info panel (names given as TrainingMonitor(info=[...]))."""
-        if not values.keys() <= self._info_known:
-            unknown = sorted(set(values) - set(self.info_names))
+        info = self.info
+        info.update(values)
+        if len(info) != self._info_checked:  # a name not seen before: checked once, not at every call
+            self._check_info(values)
+
+    def _check_info(self, values: Mapping[str, object]) -> None:
+        unknown = sorted(set(self.info) - self._info_known)
+        for name in unknown:
+            del self.info[name]
+        self._info_checked = len(self.info)
+        if unknown:
+            name = next((name for name in unknown if name in values), unknown[0])
             raise OptionsError(
-                f"monitor.update_info({unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
+                f"monitor.update_info({name}=...): {name!r} is not one of the monitor's "
                 f"info fields {list(self.info_names)}; add it to TrainingMonitor(info=[...])."
             )
-        self.info.update(values)
 
     @property
     def progress(self) -> float | None:

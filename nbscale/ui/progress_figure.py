@@ -18,11 +18,12 @@ starts from it (`figure_for_run`), its static layout already drawn.
 
 from __future__ import annotations
 
-import io
 import math
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from nbscale.ui.png import canvas_png
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -177,6 +178,8 @@ class ProgressFigure:
                 axes.set_ylim(*((0.1, 1.0) if panel.log else (0.0, 1.0)))
                 axes.yaxis.set_animated(True)  # left out of the full draw: see `render`
                 self.fitted_axes.append((axes, panel))
+            if not total_iterations:  # the iteration axis widens as the loop goes: redrawn alone, as a fitted y axis
+                axes.xaxis.set_animated(True)
             self.panels.append((axes, panel, lines))
         if total_iterations:
             _label_epochs(axes_list[0], total_iterations, iterations_per_epoch)
@@ -244,6 +247,9 @@ class ProgressFigure:
             self.canvas.restore_region(self.background_without_loss_axis)
             for axes, _ in self.fitted_axes:
                 axes.draw_artist(axes.yaxis)
+            if not self.layout[0]:
+                for axes, *_ in self.panels:
+                    axes.draw_artist(axes.xaxis)
             self.background = self.canvas.copy_from_bbox(self.figure.bbox)
         self.canvas.restore_region(self.background)
         for axes, _, lines in self.panels:
@@ -251,7 +257,7 @@ class ProgressFigure:
                 for line in drawn:
                     if line is not None:
                         axes.draw_artist(line)
-        png = _png(self.canvas)
+        png = canvas_png(self.canvas)
         if empty and not self.fitted:
             self.empty_png = png
         return png
@@ -289,7 +295,9 @@ class ProgressFigure:
             end = _round_up(max(2 * right, last * 1.25)) if last > right else right
         if end > right:
             self.loss_axes.set_xlim(0, end)
-            self.background_without_loss_axis = self.background = None
+            self.background = None  # the iteration axes, left out of the full draw, are drawn again onto it
+            if self.drops_marked or self.restarts_marked:  # marks placed by iteration move with the axis
+                self.background_without_loss_axis = None
 
     def _mark_drops(self, iterations: list[float], rates: list[float]) -> None:
         """A dashed line across both panels where the learn rate dropped, labelled with the new rate (the first
@@ -402,17 +410,6 @@ def _x_of(c: dict[str, list[float]], series: Series, length: int) -> list[float]
     if x is None:
         x = c.get("val_iteration", []) if series.kind == "validation" else c.get("iteration", [])
     return x[-length:] if length else []
-
-
-def _png(canvas: Any) -> bytes:
-    """The canvas as an RGB PNG, compressed lightly (faster than the default level, a little larger)."""
-    from PIL import Image
-
-    width, height = canvas.get_width_height()
-    image = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).convert("RGB")
-    buffer = io.BytesIO()
-    image.save(buffer, format="png", compress_level=1)
-    return buffer.getvalue()
 
 
 def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tuple[Any, Any]:

@@ -53,8 +53,9 @@ def test_a_tensor_of_many_values_or_a_word_is_one_clear_error_naming_the_metric(
     monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=3600)
     with pytest.raises(OptionsError, match=r"monitor.record\(..., loss='high'\): give a number or a one-element"):
         monitor.record(1, loss="high")
-    monitor.record(1, loss=torch.ones(3))
     with pytest.raises(OptionsError, match=r"loss=...\): got a tensor of shape \(3,\); give a number or a one"):
-        monitor.flush()
+        monitor.record(1, loss=torch.ones(3))  # a CPU tensor is read at once (a GPU's at the next read)
+    with pytest.raises(OptionsError, match=r"'acc' is not one of the monitor's metrics"):
+        monitor.record(1, acc=0.5)
     monitor.record(2, loss=torch.tensor(0.5))  # the monitor goes on
-    assert monitor.history["loss"][-1] == 0.5
+    assert monitor.history == {"iteration": [2], "loss": [0.5]}  # no empty row where a record failed

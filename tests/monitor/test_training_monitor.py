@@ -62,6 +62,11 @@ def test_a_name_the_monitor_was_not_given_is_one_clear_error() -> None:
         monitor.record(1, acc=0.5)
     with pytest.raises(OptionsError, match="'lr' is not one of the monitor's info fields"):
         monitor.update_info(lr=0.1)
+    monitor.update_info(epoch=1)
+    with pytest.raises(OptionsError, match=r"update_info\(lr=...\): 'lr' is not one of the monitor's info fields"):
+        monitor.update_info(epoch=2, lr=0.1)  # checked whenever a name is new, not only on the first call
+    monitor.update_info(epoch=3)
+    assert monitor.info == {"epoch": 3}
     with pytest.raises(OptionsError, match="no panel shows 'accuracy'"):
         monitor.y_scale("accuracy", "log")
     with pytest.raises(OptionsError, match="each group lists metrics of"):

@@ -1,9 +1,11 @@
-"""What a TrainingMonitor keeps until it reads: tensors stacked in chunks (few objects for the garbage collector),
-read exactly, whatever mix of numbers, shapes and dtypes a loop records."""
+"""What a TrainingMonitor keeps until it reads: CPU tensors read at once, a GPU's tensors stacked in chunks (few
+objects for the garbage collector), read exactly, whatever mix of numbers, shapes and dtypes a loop records. The
+GPU's path runs here on tensors that say they are not on the CPU (`_Elsewhere`)."""
 
 from __future__ import annotations
 
 import gc
+import math
 
 import pytest
 import torch
@@ -13,28 +15,50 @@ from nbscale.errors import OptionsError
 from nbscale.monitor.records import CHUNK
 
 
-def test_a_long_loop_keeps_a_few_objects_per_chunk_not_three_per_record() -> None:
+class _Elsewhere(torch.Tensor):
+    """A CPU tensor that says it is elsewhere: recorded as a GPU's tensor is (kept unread, stacked, read later)."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return False
+
+
+def _on_the_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def _elsewhere(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.as_subclass(_Elsewhere)
+
+
+PLACES = pytest.mark.parametrize("place", [_on_the_cpu, _elsewhere], ids=["cpu", "another device"])
+
+
+@PLACES
+def test_a_long_loop_keeps_a_few_objects_per_chunk_not_three_per_record(place) -> None:
     monitor = nbscale.TrainingMonitor(metrics=["loss", "accuracy"], min_interval=3600)
-    weight = torch.ones((), requires_grad=True)
+    weight = place(torch.ones((), requires_grad=True))
     monitor.record(0, loss=weight * 1.0, accuracy=0.0)
     gc.collect()
     before = len(gc.get_objects())
     for step in range(1, 10_001):
-        monitor.record(step, loss=weight * step, accuracy=torch.tensor(step / 10_000))
+        monitor.record(step, loss=weight * step, accuracy=place(torch.tensor(step / 10_000)))
     gc.collect()
     assert len(gc.get_objects()) - before < 1_000  # was ~30,000: a row, a dict and a tensor per record
     monitor.flush()
     assert monitor.history["loss"][-1] == 10_000.0 and monitor.history["accuracy"][-1] == pytest.approx(1.0)
 
 
-def test_numbers_tensors_of_one_element_and_mixed_dtypes_are_read_exactly_in_order() -> None:
+@PLACES
+def test_numbers_tensors_of_one_element_and_mixed_dtypes_are_read_exactly_in_order(place) -> None:
     monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=3600)
     values = []
     for step in range(3 * CHUNK + 7):
         kind = step % 4
         value = float(step)
         values.append(value)
-        recorded = [value, torch.tensor(value), torch.tensor([value]), torch.tensor(step, dtype=torch.int64)][kind]
+        tensors = [torch.tensor(value), torch.tensor([value]), torch.tensor(step, dtype=torch.int64)]
+        recorded = [value, *map(place, tensors)][kind]
         monitor.record(step, loss=recorded)
     assert monitor.history["loss"] == values
     assert monitor._columns["loss_iteration"] == list(range(3 * CHUNK + 7))
@@ -54,8 +78,12 @@ def test_a_tensor_of_many_values_or_a_word_is_one_clear_error_naming_the_metric(
     with pytest.raises(OptionsError, match=r"monitor.record\(..., loss='high'\): give a number or a one-element"):
         monitor.record(1, loss="high")
     with pytest.raises(OptionsError, match=r"loss=...\): got a tensor of shape \(3,\); give a number or a one"):
-        monitor.record(1, loss=torch.ones(3))  # a CPU tensor is read at once (a GPU's at the next read)
+        monitor.record(1, loss=torch.ones(3))  # a CPU tensor is read at once
+    monitor.record(1, loss=_elsewhere(torch.ones(3)))  # a GPU's at the next read
+    with pytest.raises(OptionsError, match=r"loss=...\): got a tensor of shape \(3,\); give a number or a one"):
+        monitor.flush()
     with pytest.raises(OptionsError, match=r"'acc' is not one of the monitor's metrics"):
         monitor.record(1, acc=0.5)
     monitor.record(2, loss=torch.tensor(0.5))  # the monitor goes on
-    assert monitor.history == {"iteration": [2], "loss": [0.5]}  # no empty row where a record failed
+    history = monitor.history  # no row where a record failed; NaN where a kept tensor could not be read
+    assert history["iteration"] == [1, 2] and math.isnan(history["loss"][0]) and history["loss"][1] == 0.5

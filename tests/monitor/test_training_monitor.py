@@ -40,14 +40,14 @@ def test_history_has_one_row_per_step_and_a_step_recorded_twice_is_one_row() -> 
     ]
 
 
-def test_tensors_are_read_in_bunches_not_at_each_record() -> None:
+def test_records_are_drawn_and_logged_in_bunches_not_at_each_record() -> None:
     monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=3600)
     monitor.record(1, loss=1.0)  # nothing is read (or drawn) before min_interval: a short loop pays no draw
     losses = [torch.tensor(float(i)) for i in range(2, 200)]
     for step, loss in enumerate(losses, 2):
         monitor.record(step, loss=loss)
     monitor.progress = 100  # the end of the loop draws nothing either: the cell's end (or flush, close) does
-    assert len(monitor._history["loss"]) == 0 and len(monitor._pending) == 199  # kept, not read
+    assert len(monitor._history["loss"]) == 0 and len(monitor._pending) == 199  # kept, not drawn
     monitor.flush()
     assert monitor.history["loss"] == [1.0, *range(2, 200)]
 

@@ -34,7 +34,10 @@ _MAX_PENDING = 65536  # without a display, records are still read in bunches of 
 
 
 class TrainingMonitor:
-    """A live monitor for your own training loop: see docs/training.md, "Your own loop"."""
+    """A live monitor for your own training loop: see docs/training.md, "Your own loop".
+
+    `stop` is True once the Stop button, the kernel interrupt or (in %%spmd) the notebook's Stop asked the loop to
+    end: a plain attribute, as the loop reads it every iteration."""
 
     interrupt_stops = True  # in the notebook, the kernel interrupt sets `stop` (a second one raises)
 
@@ -66,7 +69,9 @@ class TrainingMonitor:
         self.info: dict[str, Any] = {}
         self._info_checked = 0  # len(info) when its names were last checked
         self._progress: float | None = None
+        self.stop = False
         self._stop = StopSignal()
+        self._stop.on_request.append(self._stopped)
         self._pending = PendingRecords(self.metrics)
         self._columns: dict[str, list[float]] = {}
         for name in self.metrics:
@@ -113,17 +118,15 @@ class TrainingMonitor:
         self._progress = float(percent)  # shown at the next draw: drawing now would cost a loop's end a figure
 
     @property
-    def stop(self) -> bool:
-        """True once the Stop button (or the kernel interrupt, or a rank's Stop in %%spmd) asked the loop to end."""
-        return self._stop.requested or self._sink.stop_requested()
-
-    @property
     def stop_reason(self) -> str | None:
         return self._stop.reason
 
     def request_stop(self, reason: str = "Stopped by request") -> None:
         """What the Stop button does: `monitor.stop` becomes True."""
         self._stop.request(reason)
+
+    def _stopped(self) -> None:
+        self.stop = True
 
     def y_scale(self, name: str, scale: str) -> None:
         """The y scale of the panel that shows `name` (a metric or a group): "log" or "linear"."""
@@ -285,9 +288,6 @@ class Sink:
     def set_log(self, panel: int, log: bool) -> None:
         pass
 
-    def stop_requested(self) -> bool:
-        return False
-
     def close(self, state: str) -> None:
         pass
 
@@ -429,6 +429,12 @@ class RankSink(Sink):
         self.rows: list[tuple[Any, dict[str, float]]] = []
         self.log_panels: dict[int, bool] = {}
         self.context.at_cell_end.append(monitor.close)
+        self.context.on_stop.append(self._on_stop)
+        if self.context.stop_requested:  # asked before this monitor was made
+            self._on_stop()
+
+    def _on_stop(self) -> None:
+        self.monitor.request_stop("Stopped from the notebook")
 
     def reduce(self, batch: RecordBatch) -> RecordBatch:
         self.rows.extend(batch.rows())
@@ -440,10 +446,9 @@ class RankSink(Sink):
     def set_log(self, panel: int, log: bool) -> None:
         self.log_panels[panel] = log
 
-    def stop_requested(self) -> bool:
-        return self.context.stop_requested
-
     def close(self, state: str) -> None:
+        with contextlib.suppress(ValueError):
+            self.context.on_stop.remove(self._on_stop)
         self._send(done=True)
 
     def _send(self, done: bool) -> None:

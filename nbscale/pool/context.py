@@ -25,11 +25,19 @@ class WorkerContext:
     _messages: queue.Queue[Any] = field(default_factory=queue.Queue)  # to the running request, from the notebook
     # run once when the running %%spmd cell ends, however it ends (a TrainingMonitor's last records go out)
     at_cell_end: list[Callable[[], None]] = field(default_factory=list)
+    # run when the notebook asks running code to stop (a TrainingMonitor's `stop` is set, not polled)
+    on_stop: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def stop_requested(self) -> bool:
         """True once the notebook asked running code to stop (Stop button, `pool.request_stop()`)."""
         return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Set the stop flag and run the `on_stop` callbacks (from the worker's receiver thread)."""
+        self._stop.set()
+        for callback in list(self.on_stop):
+            callback()
 
     def next_message(self) -> Any:
         """Block until the notebook sends the running request a message (`nbscale.pool.plumbing`); its payload.
@@ -45,8 +53,9 @@ class WorkerContext:
         self._messages.put(payload)
 
     def reset(self) -> None:
-        """Forget the stop flag and the messages (a new request starts)."""
+        """Forget the stop flag, its callbacks and the messages (a new request starts)."""
         self._stop.clear()
+        self.on_stop = []
         self._messages = queue.Queue()
 
     def cell_ended(self) -> None:

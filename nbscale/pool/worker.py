@@ -213,7 +213,7 @@ class Worker:
         self.importable_folder.follow(message.folder)
 
     def request_stop(self, message: p.RequestStop) -> None:
-        self.context._stop.set()
+        self.context.request_stop()
 
     def deliver_message(self, message: p.RequestMessage) -> None:
         """A message to a running request: kept for its code (until it starts here, when a peer running it sent

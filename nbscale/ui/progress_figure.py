@@ -295,8 +295,8 @@ class ProgressFigure:
             end = _round_up(max(2 * right, last * 1.25)) if last > right else right
         if end > right:
             self.loss_axes.set_xlim(0, end)
-            self.background = None  # the iteration axes, left out of the full draw, are drawn again onto it
-            if self.drops_marked or self.restarts_marked:  # marks placed by iteration move with the axis
+            self.background = None  # an unknown length's iteration axes, left out of the full draw, are redrawn alone
+            if self.layout[0] or self.drops_marked or self.restarts_marked:  # else in the full draw, or marks move
                 self.background_without_loss_axis = None
 
     def _mark_drops(self, iterations: list[float], rates: list[float]) -> None:

@@ -332,3 +332,15 @@ def test_without_progress_the_axis_of_an_unknown_length_grows_to_round_numbers_a
         figure.render(_loss_columns(steps))
         ends.append(figure.loss_axes.get_xlim()[1])
     assert ends == [1000, 2000, 2000, 5000, 20000]
+
+
+@pytest.mark.parametrize("total", [0, 1000], ids=["unknown length", "known length"])
+def test_a_widened_iteration_axis_draws_as_a_fresh_figure_would(total) -> None:
+    from nbscale.ui.monitor_display import monitor_panels
+
+    panels = monitor_panels([("loss", ["loss"])])
+    widened = ProgressFigure(total, 1, panels)
+    for steps in (800, 1200, 3000):  # past the known length, too (its axis then follows the last iteration)
+        widened.render(_loss_columns(steps))
+    fresh = ProgressFigure(total, 1, panels)
+    assert widened.render(_loss_columns(3000)) == fresh.render(_loss_columns(3000))

@@ -99,10 +99,11 @@ Event = TrainingStarted | IterationDone | TrainingDone | TrainingRestarted | Pre
 
 class StopSignal:
     """Asks the loop to stop at the end of the current iteration; the first reason given wins. `requested` is a
-    plain attribute: a loop reads it every iteration (a TrainingMonitor's `stop`)."""
+    plain attribute: a loop reads it every iteration."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # reentrant: the kernel interrupt's handler may ask while this thread is inside `request` (no deadlock)
+        self._lock = threading.RLock()
         self.requested = False
         self.reason: str | None = None
         self.on_request: list[Callable[[], None]] = []

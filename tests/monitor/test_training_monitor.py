@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 
 import pytest
 import torch
 
 import nbscale
 from nbscale.errors import OptionsError
+from nbscale.training.events import StopSignal
 from tests.training.widget_click import run_and_click
 
 
@@ -73,6 +75,19 @@ def test_a_name_the_monitor_was_not_given_is_one_clear_error() -> None:
         nbscale.TrainingMonitor(metrics=["loss"], groups={"both": ["loss", "val_loss"]})
     with pytest.raises(OptionsError, match="reduce='sum'"):
         nbscale.TrainingMonitor(metrics=["loss"], reduce="sum")
+
+
+def test_the_interrupt_asking_to_stop_while_this_thread_is_inside_a_request_does_not_hang() -> None:
+    stop = StopSignal()
+    asked = threading.Event()
+
+    def interrupted_inside_a_request() -> None:  # the handler runs between two bytecodes of the thread, possibly
+        with stop._lock:  # while `request` holds its lock
+            stop.request("Stopped by the kernel interrupt")
+        asked.set()
+
+    threading.Thread(target=interrupted_inside_a_request, daemon=True).start()
+    assert asked.wait(5) and stop.requested and stop.reason == "Stopped by the kernel interrupt"
 
 
 def test_the_monitors_loggers_receive_every_step_and_are_closed(tmp_path) -> None:

@@ -10,13 +10,24 @@ a chunk of CHUNK tensors stacked into one leaves a few objects per chunk, and no
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 from nbscale.errors import OptionsError
 
 _NO_STEP = object()  # no step recorded yet: unequal to any step
+KEPT = object()  # a value kept unread
+
+
+class _NoTensorYet:
+    """The tensor type until torch is imported."""
+
+
+_tensor: type = _NoTensorYet  # torch.Tensor: record's one check for the common value, a CPU tensor
+MAX_ROWS = 65536  # records are read once this many steps are kept, wherever the next read's time is
 CHUNK = 256  # tensors of one metric stacked together: one small op per CHUNK records, on their device
 
 
@@ -49,8 +60,14 @@ class _Column:
         self.unstacked: list[int] = []  # places in `values` of tensors not yet in a chunk
         self.chunks: list[tuple[Any, list[int]]] = []  # (a 1-d tensor, the places of its values)
 
-    def keep_tensor(self, name: str, tensor: Any, row: int) -> None:
-        """Keep a tensor (of a device other than the CPU) unread, stacked with others once CHUNK are kept."""
+    def number(self, name: str, value: Any, row: int) -> Any:
+        """`value` as a number, or KEPT: a tensor of a device other than the CPU is kept unread, stacked with others
+        once CHUNK are kept."""
+        if getattr(value, "is_cpu", False):  # a tensor of a subclass
+            return value.item()
+        if not hasattr(value, "detach"):
+            return _number(name, value)
+        tensor = value
         if tensor.requires_grad:  # a kept graph costs a fast loop ~6% (reading grad_fn instead: 2 us a call)
             tensor = tensor.detach()
         self.unstacked.append(len(self.values))
@@ -58,6 +75,7 @@ class _Column:
         self.rows.append(row)
         if len(self.unstacked) >= CHUNK:
             self.stack(name)
+        return KEPT
 
     def stack(self, name: str) -> None:
         places, self.unstacked = self.unstacked, []
@@ -68,82 +86,95 @@ class _Column:
                 self.values[place] = float("nan")
 
 
-class PendingRecords:
-    """The records of a monitor not read yet, for the metrics `names`."""
+class RecordKeeper:
+    """A TrainingMonitor's `record` and the records it keeps until read (the monitor inherits both): `record` runs
+    at every iteration of the user's loop, in one Python frame, a few list appends on the monitor itself, since
+    between a fast loop's kernels every object and line of code it touches costs several times its own time.
+    The monitor sets `_next_read` (a perf_counter time) and defines `_read_due` (read, draw, log)."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
-        self.steps: list[Any] = []
-        self._last_step: Any = _NO_STEP
-        self.columns: dict[str, _Column] = {}
-        self.count = 0
-        self._clear()
+    _next_read: float
+    _steps: list[Any]
+    _last_step: Any
+    _record_columns: dict[str, _Column]
 
-    def __len__(self) -> int:
-        return self.count
+    def _keep_records_of(self, names: tuple[str, ...]) -> None:
+        global _tensor
+        torch = sys.modules.get("torch")  # a loop recording tensors has imported torch (nbscale does not need it)
+        if torch is not None:
+            _tensor = torch.Tensor
+        self._record_names = names
+        self._clear_records()
 
-    def add(self, step: object, values: Mapping[str, object]) -> int:
-        """Keep `values` (numbers or one-element tensors, by metric) recorded at `step`; returns how many records
-        are kept. A name that is not a metric, or a value that is not a number, raises with the values before it
-        kept. This runs every iteration of the user's loop: one pass, nothing checked twice."""
-        steps = self.steps
+    def record(self, step: object, **values: object) -> None:
+        """Record metric values (numbers or one-element tensors; a GPU's are not read here) at `step` (the x value)."""
+        steps = self._steps
         if step != self._last_step:  # consecutive records of one step make one row
             steps.append(step)
             self._last_step = step
         row = len(steps) - 1
+        columns = self._record_columns
         try:
             for name, value in values.items():
-                column = self.columns[name]
-                if type(value) is float:
-                    number = value
-                elif getattr(value, "is_cpu", False):  # a CPU tensor: nothing to wait for, read now, nothing kept
-                    try:
-                        number = float(value.item())  # type: ignore[attr-defined]
-                    except RuntimeError:  # more than one value
-                        raise OptionsError(_one_value(name, value)) from None
-                elif hasattr(value, "detach"):
-                    column.keep_tensor(name, value, row)  # another device's: read later, in a bunch, no sync here
-                    continue
-                else:
-                    number = _number(name, value)
-                column.values.append(number)
+                column = columns[name]
+                if type(value) is _tensor and value.is_cpu:  # type: ignore[attr-defined]
+                    value = value.item()  # type: ignore[attr-defined]  # a CPU tensor: nothing to wait for, read now
+                elif type(value) is not float:
+                    value = column.number(name, value, row)
+                    if value is KEPT:  # another device's tensor: read later, in a bunch, no sync here
+                        continue
+                column.values.append(value)
                 column.rows.append(row)
         except BaseException as error:
-            if not any(c.rows and c.rows[-1] == row for c in self.columns.values()):  # the step's row is empty
-                steps.pop()
-                self._last_step = steps[-1] if steps else _NO_STEP
-            if isinstance(error, KeyError) and values.keys() - self.columns.keys():
-                self._raise_unknown(values)
+            self._record_failed(error, row, values)  # raises the clear error it means, if any
             raise
-        self.count += 1
-        return self.count
+        if row >= MAX_ROWS or perf_counter() >= self._next_read:
+            self._read_due()
 
-    def _raise_unknown(self, values: Mapping[str, object]) -> None:
-        unknown = sorted(set(values) - set(self.names))
-        raise OptionsError(
-            f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
-            f"metrics {list(self.names)}; add it to TrainingMonitor(metrics=[...])."
-        )
+    def _read_due(self) -> None:
+        raise NotImplementedError
 
-    def take(self) -> RecordBatch:
+    @property
+    def _records_kept(self) -> int:
+        """How many steps have records not read yet."""
+        return len(self._steps)
+
+    def _record_failed(self, error: BaseException, row: int, values: Mapping[str, object]) -> None:
+        """After a failed record (the values before the failure kept): no empty row left, and a clear error for an
+        unknown name or a CPU tensor of several values."""
+        columns = self._record_columns
+        if not any(c.rows and c.rows[-1] == row for c in columns.values()):  # the step's row is empty
+            self._steps.pop()
+            self._last_step = self._steps[-1] if self._steps else _NO_STEP
+        unknown = sorted(set(values) - set(columns))
+        if isinstance(error, KeyError) and unknown:
+            raise OptionsError(
+                f"monitor.record(..., {unknown[0]}=...): {unknown[0]!r} is not one of the monitor's "
+                f"metrics {list(self._record_names)}; add it to TrainingMonitor(metrics=[...])."
+            ) from None
+        if isinstance(error, RuntimeError):
+            for name, value in values.items():
+                if getattr(value, "is_cpu", False) and value.numel() != 1:  # type: ignore[attr-defined]
+                    raise OptionsError(_one_value(name, value)) from None
+
+    def _take_records(self) -> RecordBatch:
         """Every record kept, read (one copy to the host per device), and forgotten here."""
         by_device: dict[Any, list[tuple[Any, _Column, list[int]]]] = {}
-        for name, column in self.columns.items():
+        for name, column in self._record_columns.items():
             if column.unstacked:
                 column.stack(name)
             for tensor, places in column.chunks:
                 by_device.setdefault(tensor.device, []).append((tensor, column, places))
         if by_device:
             _read(by_device)
-        batch = RecordBatch(self.steps, {name: (c.rows, c.values) for name, c in self.columns.items() if c.rows})
-        self._clear()
+        columns = {name: (c.rows, list(map(float, c.values))) for name, c in self._record_columns.items() if c.rows}
+        batch = RecordBatch(self._steps, columns)
+        self._clear_records()
         return batch
 
-    def _clear(self) -> None:
-        self.steps = []
+    def _clear_records(self) -> None:
+        self._steps = []
         self._last_step = _NO_STEP
-        self.columns = {name: _Column() for name in self.names}
-        self.count = 0
+        self._record_columns = {name: _Column() for name in self._record_names}
 
 
 def _read(by_device: dict[Any, list[tuple[Any, _Column, list[int]]]]) -> None:

@@ -22,7 +22,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
-from nbscale.monitor.records import PendingRecords, RecordBatch, step_number
+from nbscale.monitor.records import RecordBatch, RecordKeeper, step_number
 from nbscale.training.events import StopSignal
 from nbscale.ui.progress_figure import smoothed
 
@@ -30,14 +30,15 @@ if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
 
 _REDUCES = ("first", "mean")
-_MAX_PENDING = 65536  # without a display, records are still read in bunches of at most this many
+_PARAMETERS = {"metrics": ("self", "step"), "info": ("self",)}  # names record's or update_info's own parameters take
 
 
-class TrainingMonitor:
+class TrainingMonitor(RecordKeeper):
     """A live monitor for your own training loop: see docs/training.md, "Your own loop".
 
     `stop` is True once the Stop button, the kernel interrupt or (in %%spmd) the notebook's Stop asked the loop to
-    end: a plain attribute, as the loop reads it every iteration."""
+    end; `progress` is the loop's progress in percent (0..100), shown as a bar above the info panel at the next
+    draw. Both are plain attributes, as the loop reads or sets them every iteration."""
 
     interrupt_stops = True  # in the notebook, the kernel interrupt sets `stop` (a second one raises)
 
@@ -68,26 +69,24 @@ class TrainingMonitor:
         self._history: dict[str, list[Any]] = {self.x_label: [], **{name: [] for name in self.metrics}}
         self.info: dict[str, Any] = {}
         self._info_checked = 0  # len(info) when its names were last checked
-        self._progress: float | None = None
+        self.progress: Any = None  # read as a number when drawn: a bad value is one clear error there
         self.stop = False
         self._stop = StopSignal()
         self._stop.on_request.append(self._stopped)
-        self._pending = PendingRecords(self.metrics)
+        self._keep_records_of(self.metrics)
         self._columns: dict[str, list[float]] = {}
         for name in self.metrics:
             self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
         self._closed = False
         self._sink = sink_for(self)
-        self._next_flush = time.perf_counter() + min_interval  # the empty figure is drawn: no draw for 1 point
+        self._next_read = time.perf_counter() + min_interval  # the empty figure is drawn: no draw for 1 point
 
     # ---- the loop's side -----------------------------------------------------------------------------------------
 
-    def record(self, step: object, **values: object) -> None:
-        """Record metric values (numbers or one-element tensors; a GPU's are not read here) at `step` (the x value)."""
-        count = self._pending.add(step, values)
-        now = perf_counter()
-        if now >= self._next_flush or count >= _MAX_PENDING:
-            self._flush(now)
+    # `record` (records.py) keeps what it is given and calls _read_due when a read is due
+
+    def _read_due(self) -> None:
+        self._flush(perf_counter())
 
     def update_info(self, **values: object) -> None:
         """Show `values` in the info panel (names given as TrainingMonitor(info=[...]))."""
@@ -109,15 +108,6 @@ class TrainingMonitor:
             )
 
     @property
-    def progress(self) -> float | None:
-        """The loop's progress in percent (0..100), shown as a bar above the info panel."""
-        return self._progress
-
-    @progress.setter
-    def progress(self, percent: float) -> None:
-        self._progress = float(percent)  # shown at the next draw: drawing now would cost a loop's end a figure
-
-    @property
     def stop_reason(self) -> str | None:
         return self._stop.reason
 
@@ -127,6 +117,17 @@ class TrainingMonitor:
 
     def _stopped(self) -> None:
         self.stop = True
+
+    def _percent(self) -> float | None:
+        """`progress` as a number (read when drawn, not when set: the loop sets it every iteration)."""
+        if self.progress is None:
+            return None
+        try:
+            return float(self.progress)
+        except (TypeError, ValueError):
+            raise OptionsError(
+                f"monitor.progress = {self.progress!r}: give a number, the percent of the loop done (0 to 100)."
+            ) from None
 
     def y_scale(self, name: str, scale: str) -> None:
         """The y scale of the panel that shows `name` (a metric or a group): "log" or "linear"."""
@@ -142,7 +143,7 @@ class TrainingMonitor:
     def history(self) -> dict[str, list[Any]]:
         """Every recorded step as columns: the x values under `x_label`, then each metric (None where a step did
         not record it). Reading it reads what was recorded since the last draw."""
-        if self._pending:
+        if self._records_kept:
             self.flush()
         return self._history
 
@@ -190,11 +191,11 @@ class TrainingMonitor:
         return panels
 
     def _flush(self, now: float, force: bool = False) -> None:
-        if not self._pending:
+        if not self._records_kept:
             if force:
                 self._sink.draw(self)
             return
-        batch = self._sink.reduce(self._pending.take())
+        batch = self._sink.reduce(self._take_records())
         self._add(batch)
         if self.loggers:
             rows = batch.rows()
@@ -203,7 +204,7 @@ class TrainingMonitor:
                     logger.log(dict(values), step_number(step))
         self._sink.draw(self)
         spent = time.perf_counter() - now
-        self._next_flush = time.perf_counter() + max(self.min_interval, spent / self.budget)
+        self._next_read = time.perf_counter() + max(self.min_interval, spent / self.budget)
 
     def _add(self, batch: RecordBatch) -> None:
         h, c = self._history, self._columns
@@ -244,6 +245,13 @@ def _names(what: str, names: Any, required: bool = False) -> tuple[str, ...]:
         raise OptionsError(
             f"TrainingMonitor({what}={names!r}): give a list of distinct names usable as keywords, "
             f"such as {what}=['loss', 'val_loss']" + (" (at least one)." if required else ".")
+        )
+    taken = [n for n in out if n in _PARAMETERS[what]]
+    if taken:
+        call = "record(step, ...)" if what == "metrics" else "update_info(...)"
+        raise OptionsError(
+            f"TrainingMonitor({what}=[..., {taken[0]!r}, ...]): {taken[0]!r} is a parameter of monitor.{call}, so "
+            f"it cannot be given as a keyword there; name it otherwise, such as {taken[0]!r} + '_value'."
         )
     return out
 
@@ -319,7 +327,7 @@ class NotebookSink(Sink):
 
     def draw(self, monitor: TrainingMonitor) -> None:
         state = "Stopping" if monitor._stop.requested else "Running"
-        self.display.draw(monitor._columns, monitor.info, monitor._progress, state)
+        self.display.draw(monitor._columns, monitor.info, monitor._percent(), state)
 
     def set_log(self, panel: int, log: bool) -> None:
         self.display.set_log(panel, log)
@@ -335,7 +343,7 @@ class NotebookSink(Sink):
             self.previous_handler = None
         reason = self.monitor._stop.reason
         self.display.draw(
-            self.monitor._columns, self.monitor.info, self.monitor._progress, f"{state}: {reason}" if reason else state
+            self.monitor._columns, self.monitor.info, self.monitor._percent(), f"{state}: {reason}" if reason else state
         )
         self.display.close()
 
@@ -466,7 +474,7 @@ class RankSink(Sink):
                 self.context.world_size,
                 [(step_number(s), v) for s, v in rows],
                 dict(m.info),
-                m._progress,
+                m._percent(),
                 dict(self.log_panels),
                 done,
             )
@@ -495,12 +503,12 @@ class NotebookView(TrainingMonitor):
     def add(self, records: MonitorRecords, rank: int) -> None:
         for panel, log in records.log_panels.items():
             self._sink.set_log(panel, log)
-        self.info, self._progress = records.info if rank == 0 else self.info, records.progress
+        self.info, self.progress = records.info if rank == 0 else self.info, records.progress
         for step, values in records.rows:
             if records.reduce == "mean":
                 values = self._means(step, values)
             if values:
-                self._pending.add(step, values)
+                self.record(step, **values)
         if records.done:
             self.done_ranks.add(rank)
         if records.done and (records.reduce != "mean" or len(self.done_ranks) == self.world_size):

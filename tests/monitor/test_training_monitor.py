@@ -49,7 +49,7 @@ def test_records_are_drawn_and_logged_in_bunches_not_at_each_record() -> None:
     for step, loss in enumerate(losses, 2):
         monitor.record(step, loss=loss)
     monitor.progress = 100  # the end of the loop draws nothing either: the cell's end (or flush, close) does
-    assert len(monitor._history["loss"]) == 0 and len(monitor._pending) == 199  # kept, not drawn
+    assert len(monitor._history["loss"]) == 0 and monitor._records_kept == 199  # kept, not drawn
     monitor.flush()
     assert monitor.history["loss"] == [1.0, *range(2, 200)]
 
@@ -75,6 +75,17 @@ def test_a_name_the_monitor_was_not_given_is_one_clear_error() -> None:
         nbscale.TrainingMonitor(metrics=["loss"], groups={"both": ["loss", "val_loss"]})
     with pytest.raises(OptionsError, match="reduce='sum'"):
         nbscale.TrainingMonitor(metrics=["loss"], reduce="sum")
+    with pytest.raises(OptionsError, match=r"'step' is a parameter of monitor.record\(step, ...\), so it cannot"):
+        nbscale.TrainingMonitor(metrics=["loss", "step"])
+
+
+def test_a_progress_that_is_not_a_number_is_one_clear_error_when_drawn() -> None:
+    monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=3600)
+    monitor.progress = torch.tensor(25.0)  # read as a number when drawn, like the records
+    assert monitor._percent() == 25.0
+    monitor.progress = "half"  # set every iteration: checked when drawn, not at each set
+    with pytest.raises(OptionsError, match=r"monitor.progress = 'half': give a number, the percent of the loop"):
+        monitor._percent()
 
 
 def test_the_interrupt_asking_to_stop_while_this_thread_is_inside_a_request_does_not_hang() -> None:

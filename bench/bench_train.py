@@ -12,8 +12,8 @@ The table gives the best run of each (interference from other tenants only ever 
 the least disturbed one, as timeit reports its minimum), the ratio of medians, and the median of the pairs' ratios
 (each nbscale run over the peer run beside it: drift of the machine's load between pairs cancels out); every run's
 figure is printed too. Run: `python bench/bench_train.py`
-(BENCH_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS, BENCH_CONV_SIZE and
-BENCH_REPEATS override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "metrics" is
+(BENCH_EPOCHS, BENCH_MONITOR_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS,
+BENCH_CONV_SIZE and BENCH_REPEATS override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "metrics" is
 metrics=("accuracy", "fscore") against the hand-written loop computing both each iteration; "plots" (plots on vs
 none in the kernel) and "pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs
 are long enough (~10 s on 2 cores) for the progress figure to update during training, not only before and after
@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", 150))  # in the notebook's process
+MONITOR_EPOCHS = int(os.environ.get("BENCH_MONITOR_EPOCHS", 300))  # TrainingMonitor rows: ~14 s runs to tell 1%
 PARALLEL_EPOCHS = int(os.environ.get("BENCH_PARALLEL_EPOCHS", 40))  # on the pool and with hand-written DDP
 BATCH = int(os.environ.get("BENCH_BATCH", 64))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 8))
@@ -360,10 +361,15 @@ def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
     )
     for repeat in range(REPEATS):  # every other repeat in the reverse order: no variant always runs first or last
         for code, name, rates in variants if repeat % 2 == 0 else variants[::-1]:
-            formatted = code.format(device="cpu", x="X", y="Y", rate=name, epochs="EPOCHS")
+            formatted = code.format(device="cpu", x="X", y="Y", rate=name, epochs=MONITOR_EPOCHS)
             rates.append(_measured(kernel, formatted, name)[0])
     return [
-        _row("CPU hand-written loop with nbscale.TrainingMonitor vs without (the monitor's cost)", watched, hand),
+        _row(
+            f"CPU hand-written loop ({MONITOR_EPOCHS} epochs) with nbscale.TrainingMonitor vs without (the monitor's "
+            "cost)",
+            watched,
+            hand,
+        ),
         _row("the same, calls to a stand-in that does nothing vs without (the calls' own cost)", called, hand),
         _row(
             "CPU hand-written loop with nbscale.TrainingMonitor vs with the stand-in (nbscale's part)", watched, called

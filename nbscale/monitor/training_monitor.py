@@ -342,10 +342,15 @@ class NotebookSink(Sink):
             signal.signal(signal.SIGINT, self.previous_handler)
             self.previous_handler = None
         reason = self.monitor._stop.reason
-        self.display.draw(
-            self.monitor._columns, self.monitor.info, self.monitor._percent(), f"{state}: {reason}" if reason else state
-        )
-        self.display.close()
+        try:  # a progress that is not a number raises here: the Stop button is removed all the same
+            self.display.draw(
+                self.monitor._columns,
+                self.monitor.info,
+                self.monitor._percent(),
+                f"{state}: {reason}" if reason else state,
+            )
+        finally:
+            self.display.close()
 
 
 class JobSink(Sink):
@@ -499,6 +504,9 @@ class NotebookView(TrainingMonitor):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def _read_due(self) -> None:
+        """Nothing in the middle of a rank's message: `add` reads and draws once all its rows are kept."""
 
     def add(self, records: MonitorRecords, rank: int) -> None:
         for panel, log in records.log_panels.items():

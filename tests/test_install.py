@@ -2,12 +2,18 @@
 
 The wheel carries the prebuilt JupyterLab extension; with that build present (as in the sdist), building the
 wheel needs no Node (the build hook's skip-if-exists): the build runs here with no node or npm on PATH.
+
+The fresh venv shares the checkout's pinned torch, torchvision and triton and their CUDA wheels (about 5 GB, which
+CI's disk could not hold twice: "No space left on device") through a .pth file; pip sees them installed at the
+pinned versions and installs everything else fresh, torch's own Python dependencies included.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -21,12 +27,28 @@ from tests.test_readme import quick_start_code
 pytestmark = pytest.mark.slow
 
 BUILT_EXTENSION = REPO_ROOT / "nbscale" / "labextension" / "package.json"
+# what the torch stack's wheels put in site-packages (next to their .dist-info folders)
+TORCH_STACK_FOLDERS = {"torch", "functorch", "torchgen", "torchvision", "torchvision.libs", "triton", "nvidia", "cuda"}
 
 
 def _constraints() -> list[str]:
     """The pins `make venv` installs with (every file named constraints*.txt or a lock under requirements/)."""
     files = [REPO_ROOT / "constraints.txt", *sorted((REPO_ROOT / "requirements").glob("*.txt"))]
     return [arg for path in files if path.is_file() for arg in ("-c", str(path))]
+
+
+def _share_the_torch_stack(venv: Path, shelf: Path) -> None:
+    """Put links to this interpreter's torch-stack folders in `shelf` and `shelf` on `venv`'s path (a .pth file)."""
+    shelf.mkdir()
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"].lower()
+        tops = {Path(file).parts[0] for file in dist.files or []} - {".."}
+        folders = {top for top in tops if not top.endswith(".dist-info")}
+        if name.startswith(("torch", "triton", "nvidia-", "cuda-")) and folders <= TORCH_STACK_FOLDERS:
+            for top in tops - {entry.name for entry in shelf.iterdir()}:
+                (shelf / top).symlink_to(Path(str(dist.locate_file(top))))
+    site_packages = next(venv.glob("lib/python*/site-packages"))
+    (site_packages / "shared_torch_stack.pth").write_text(f"{shelf}\n")
 
 
 def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path: Path) -> None:
@@ -50,6 +72,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path:
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    _share_the_torch_stack(venv, tmp_path / "torch-stack")
     python = str(venv / "bin" / "python")
     installed = subprocess.run(
         [python, "-m", "pip", "install", "-q", *_constraints(), f"{wheel}[examples]"],
@@ -60,6 +83,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path:
     )
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     assert (venv / "share" / "jupyter" / "labextensions" / "nbscale" / "package.json").is_file()
+    assert not list(venv.glob("lib/python*/site-packages/torch")), "pip installed torch again, not the shared one"
 
     # a kernel of the fresh venv, away from this checkout (so `import nbscale` finds the installed wheel)
     home = tmp_path / "work"
@@ -74,3 +98,4 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path:
     finally:
         session.run("import nbscale\np = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=30)
         session.shutdown()
+        shutil.rmtree(venv, ignore_errors=True)  # ~1 GB a later test's disk needs more

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from nbscale.errors import OptionsError
 from nbscale.monitor.records import RecordBatch, RecordKeeper, step_number
 from nbscale.training.events import StopSignal
-from nbscale.ui.progress_figure import smoothed
+from nbscale.ui.progress_figure import extend_smoothed
 
 if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
@@ -216,18 +216,18 @@ class TrainingMonitor(RecordKeeper):
         steps.extend(new_steps)
         for name in self.metrics:
             h[name].extend([None] * len(new_steps))
-        numbers = [step_number(step) for step in batch.steps]
+        numbers = batch.steps if set(map(type, batch.steps)) <= {int, float} else list(map(step_number, batch.steps))
         for name, (rows, values) in batch.columns.items():
             history = h[name]
-            for row, value in zip(rows, values, strict=True):
-                history[first_row + row] = value
+            if rows == list(range(len(numbers))):  # one value at every step (the common case): in one go
+                history[first_row : first_row + len(values)] = values
+                c[f"{name}_iteration"].extend(numbers)
+            else:
+                for row, value in zip(rows, values, strict=True):
+                    history[first_row + row] = value
+                c[f"{name}_iteration"].extend([numbers[row] for row in rows])
             c[name].extend(values)
-            c[f"{name}_iteration"].extend([numbers[row] for row in rows])
-            smooth = c[f"{name}_smooth"]
-            previous = smooth[-1] if smooth else None
-            for value in values:
-                previous = smoothed(previous, value)
-                smooth.append(previous)
+            extend_smoothed(c[f"{name}_smooth"], values)
 
 
 def _names(what: str, names: Any, required: bool = False) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -361,6 +362,16 @@ def smoothed(previous: float | None, value: float) -> float:
     if previous is None or previous != previous:
         return value
     return SMOOTHING * previous + (1 - SMOOTHING) * value
+
+
+def extend_smoothed(smooth: list[float], values: Iterable[float]) -> None:
+    """`smoothed` over `values` in turn, appended to `smooth` (one loop for a monitor's whole read)."""
+    previous = smooth[-1] if smooth else None
+    keep = SMOOTHING
+    append = smooth.append
+    for value in values:
+        previous = value if previous is None or previous != previous else keep * previous + (1 - keep) * value
+        append(previous)
 
 
 def _mark_epochs(axes: Axes, total_iterations: int, iterations_per_epoch: int) -> None:

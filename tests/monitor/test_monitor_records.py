@@ -73,6 +73,32 @@ def test_a_step_recorded_on_both_sides_of_a_read_is_one_row() -> None:
     assert monitor.history == {"iteration": [1, 2], "loss": [1.0, 0.5], "val_loss": [2.0, None]}
 
 
+def test_a_metric_at_every_step_one_now_and_then_and_a_step_recorded_twice_are_drawn_as_recorded() -> None:
+    """A read takes a metric recorded at every step in one go, others value by value: both give the same rows."""
+    monitor = nbscale.TrainingMonitor(metrics=["loss", "val_loss"], min_interval=3600)
+    recorded = []
+    for step in range(1, 41):
+        monitor.record(step, loss=1.0 / step)
+        recorded.append((step, "loss", 1.0 / step))
+        if step % 10 == 0:
+            monitor.record(step, val_loss=2.0 / step)
+            monitor.record(step, val_loss=3.0 / step)  # a second value at one step: drawn, and last in the history
+            recorded += [(step, "val_loss", 2.0 / step), (step, "val_loss", 3.0 / step)]
+        if step % 15 == 0:
+            monitor.flush()
+    monitor.flush()
+    steps = list(range(1, 41))
+    assert monitor.history["iteration"] == steps and monitor.history["loss"] == [1.0 / s for s in steps]
+    assert monitor.history["val_loss"] == [3.0 / s if s % 10 == 0 else None for s in steps]
+    for name in ("loss", "val_loss"):
+        drawn = [(step, value) for step, metric, value in recorded if metric == name]
+        assert monitor._columns[f"{name}_iteration"] == [step for step, _ in drawn]
+        assert monitor._columns[name] == [value for _, value in drawn]
+        smooth = monitor._columns[f"{name}_smooth"]
+        assert len(smooth) == len(drawn) and smooth[0] == drawn[0][1]
+        assert smooth[1] == pytest.approx(0.6 * drawn[0][1] + 0.4 * drawn[1][1])
+
+
 def test_a_tensor_of_many_values_or_a_word_is_one_clear_error_naming_the_metric() -> None:
     monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=3600)
     with pytest.raises(OptionsError, match=r"monitor.record\(..., loss='high'\): give a number or a one-element"):

@@ -10,8 +10,9 @@ a chunk of CHUNK tensors stacked into one leaves a few objects per chunk, and no
 
 from __future__ import annotations
 
+import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
@@ -27,6 +28,10 @@ class _NoTensorYet:
 
 
 _tensor: type = _NoTensorYet  # torch.Tensor: record's one check for the common value, a CPU tensor
+# torch.Tensor's is_cpu and item, taken from the class once: looked up on a tensor at each record, they cost a walk
+# of the Tensor class' bases whenever the loop's own lookups have evicted them from Python's type cache
+_is_cpu: Callable[[Any], bool] = bool
+_item: Callable[[Any], Any] = float
 MAX_ROWS = 65536  # records are read once this many steps are kept, wherever the next read's time is
 CHUNK = 256  # tensors of one metric stacked together: one small op per CHUNK records, on their device
 
@@ -88,20 +93,31 @@ class _Column:
 
 class RecordKeeper:
     """A TrainingMonitor's `record` and the records it keeps until read (the monitor inherits both): `record` runs
-    at every iteration of the user's loop, in one Python frame, a few list appends on the monitor itself, since
-    between a fast loop's kernels every object and line of code it touches costs several times its own time.
+    at every iteration of the user's loop, in one Python frame, a few list appends on the monitor itself.
+
+    Between a fast loop's kernels, what costs is code the loop runs nowhere else: torch's code evicts it from the
+    CPU's instruction cache at every iteration, so each such path is fetched again (callgrind, a 150k images/s loop:
+    the monitor's four calls missed the instruction cache ~460 times an iteration, four calls doing nothing ~120).
+    So `record` uses what the loop itself uses (list appends, dict subscripts): it walks the metrics' names, not
+    `values.items()`, and reads a tensor through torch.Tensor's own `is_cpu` and `item`, not by attribute lookups
+    on the tensor (with update_info's names walked too: ~300 misses an iteration). It still reads the clock at
+    every record: reading it every few records instead measured no better, and a loop that slowed down (records
+    a minute apart after a fast phase) would have had its reads put off by as many records.
     The monitor sets `_next_read` (a perf_counter time) and defines `_read_due` (read, draw, log)."""
 
     _next_read: float
     _steps: list[Any]
     _last_step: Any
+    _row: int  # the row of `_last_step`
     _record_columns: dict[str, _Column]
 
     def _keep_records_of(self, names: tuple[str, ...]) -> None:
-        global _tensor
+        global _tensor, _is_cpu, _item
         torch = sys.modules.get("torch")  # a loop recording tensors has imported torch (nbscale does not need it)
         if torch is not None:
             _tensor = torch.Tensor
+            _is_cpu = inspect.getattr_static(torch.Tensor, "is_cpu").__get__
+            _item = torch.Tensor.item
         self._record_names = names
         self._clear_records()
 
@@ -109,15 +125,18 @@ class RecordKeeper:
         """Record metric values (numbers or one-element tensors; a GPU's are not read here) at `step` (the x value)."""
         steps = self._steps
         if step != self._last_step:  # consecutive records of one step make one row
+            self._row = row = len(steps)
             steps.append(step)
             self._last_step = step
-        row = len(steps) - 1
+        else:
+            row = self._row
         columns = self._record_columns
         try:
-            for name, value in values.items():
+            for name in values:
+                value = values[name]
                 column = columns[name]
-                if type(value) is _tensor and value.is_cpu:  # type: ignore[attr-defined]
-                    value = value.item()  # type: ignore[attr-defined]  # a CPU tensor: nothing to wait for, read now
+                if type(value) is _tensor and _is_cpu(value):
+                    value = _item(value)  # a CPU tensor: nothing to wait for, read now
                 elif type(value) is not float:
                     value = column.number(name, value, row)
                     if value is KEPT:  # another device's tensor: read later, in a bunch, no sync here
@@ -145,6 +164,7 @@ class RecordKeeper:
         if not any(c.rows and c.rows[-1] == row for c in columns.values()):  # the step's row is empty
             self._steps.pop()
             self._last_step = self._steps[-1] if self._steps else _NO_STEP
+            self._row = len(self._steps) - 1
         unknown = sorted(set(values) - set(columns))
         if isinstance(error, KeyError) and unknown:
             raise OptionsError(

@@ -28,22 +28,27 @@ from pathlib import Path
 BATCH, SAMPLES = 64, 7188
 ITERATIONS_PER_EPOCH = SAMPLES // BATCH
 
-LOOPS = {
-    "hand": """
+MODEL = """
 model = make_model()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 loss_fn = nn.CrossEntropyLoss()
-for epoch in range(EPOCHS):
-    order = torch.randperm(len(X))
-    for i in range(len(X) // BATCH):
-        index = order[i * BATCH:(i + 1) * BATCH]
-        x, y = X[index], Y[index]
+"""
+STEP = """        x, y = X[index], Y[index]
         loss = loss_fn(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         last_loss = loss.item()
-""",
+"""  # the hand-written loop's iteration, given `index`
+
+LOOPS = {
+    "hand": MODEL
+    + """for epoch in range(EPOCHS):
+    order = torch.randperm(len(X))
+    for i in range(len(X) // BATCH):
+        index = order[i * BATCH:(i + 1) * BATCH]
+"""
+    + STEP,
     "nbscale": """
 import nbscale
 options = nbscale.TrainingOptions("sgdm", initial_learn_rate=0.05, momentum=0.9, l2_regularization=0.0,
@@ -80,30 +85,25 @@ def instructions(loop: str, epochs: int) -> int:
 
 
 MONITOR_ITERATIONS = 300
-MONITOR_LOOP = """
-model = make_model()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-loss_fn = nn.CrossEntropyLoss()
-def run(iterations):
+MONITOR_LOOP = (
+    MODEL
+    + """def run(iterations):
     for step in range(1, iterations + 1):
         index = torch.randint(0, len(X), (BATCH,))
-        x, y = X[index], Y[index]
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        last_loss = loss.item()
-        if monitor is not None:
+"""
+    + STEP
+    + """        if monitor is not None:
             monitor.record(step, loss=loss)
             monitor.update_info(epoch=1)
             monitor.progress = 100 * step / iterations
             if monitor.stop:
                 break
-run(20)  # warm: allocator, caches, the monitor's first read
+run(20)  # warm: the allocator and caches
 import os, subprocess
 subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True)
 eval(compile("run(ITERATIONS)", "loop", "exec"))  # counted: callgrind collects inside builtin eval only
 """
+)
 MONITORS = {
     "hand-written loop": "monitor = None",
     "+ four calls to a stand-in doing nothing": """

@@ -108,7 +108,6 @@ class RecordKeeper:
     _next_read: float
     _steps: list[Any]
     _last_step: Any
-    _row: int  # the row of `_last_step`
     _record_columns: dict[str, _Column]
 
     def _keep_records_of(self, names: tuple[str, ...]) -> None:
@@ -125,11 +124,9 @@ class RecordKeeper:
         """Record metric values (numbers or one-element tensors; a GPU's are not read here) at `step` (the x value)."""
         steps = self._steps
         if step != self._last_step:  # consecutive records of one step make one row
-            self._row = row = len(steps)
             steps.append(step)
             self._last_step = step
-        else:
-            row = self._row
+        row = len(steps) - 1
         columns = self._record_columns
         try:
             for name in values:
@@ -164,7 +161,6 @@ class RecordKeeper:
         if not any(c.rows and c.rows[-1] == row for c in columns.values()):  # the step's row is empty
             self._steps.pop()
             self._last_step = self._steps[-1] if self._steps else _NO_STEP
-            self._row = len(self._steps) - 1
         unknown = sorted(set(values) - set(columns))
         if isinstance(error, KeyError) and unknown:
             raise OptionsError(

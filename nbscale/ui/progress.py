@@ -26,7 +26,7 @@ from nbscale.training.events import (
     TrainingStarted,
 )
 from nbscale.ui.click_routing import route_clicks_off_main_thread
-from nbscale.ui.progress_figure import ProgressFigure, figure_for_run, is_drop, metric_panels, smoothed
+from nbscale.ui.progress_figure import ProgressFigure, extend_smoothed, figure_for_run, is_drop, metric_panels
 from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
 
 if TYPE_CHECKING:
@@ -320,7 +320,7 @@ def _shown(name: str, value: float) -> float:
 
 def _append_smoothed(raw: list[float], smooth: list[float], value: float) -> None:
     raw.append(value)
-    smooth.append(smoothed(smooth[-1] if smooth else None, value))
+    extend_smoothed(smooth, (value,))
 
 
 def format_duration(seconds: float) -> str:

@@ -357,15 +357,9 @@ def is_drop(rates: list[float], rate: float) -> bool:
     return len(rates) >= 3 and rate == rates[-1] and rates[-1] < rates[-2] and rates[-2] == rates[-3]
 
 
-def smoothed(previous: float | None, value: float) -> float:
-    """The next point of a smoothed curve (it restarts after a NaN, e.g. an iteration without accuracy)."""
-    if previous is None or previous != previous:
-        return value
-    return SMOOTHING * previous + (1 - SMOOTHING) * value
-
-
 def extend_smoothed(smooth: list[float], values: Iterable[float]) -> None:
-    """`smoothed` over `values` in turn, appended to `smooth` (one loop for a monitor's whole read)."""
+    """Append to the smoothed curve `smooth` its next point for each of `values` in turn (an exponential moving
+    average that restarts after a NaN, e.g. an iteration without accuracy); one loop for a monitor's whole read."""
     previous = smooth[-1] if smooth else None
     keep = SMOOTHING
     append = smooth.append

@@ -18,7 +18,7 @@ from typing import Any
 from nbscale.training.run_table import RunsTable, ranked
 from nbscale.training.runs import TrainingRun
 from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
-from nbscale.ui.progress_figure import smoothed
+from nbscale.ui.progress_figure import extend_smoothed
 from nbscale.ui.runs_table import runs_table_bundle
 
 _ENDED = ("done", "failed", "cancelled")
@@ -232,6 +232,5 @@ def _plot_run(axes: Any, info: Any, name: str, colour: str, label: str) -> None:
 
 def _smooth(values: Sequence[float]) -> list[float]:
     curve: list[float] = []
-    for value in values:
-        curve.append(smoothed(curve[-1] if curve else None, value))
+    extend_smoothed(curve, values)
     return curve

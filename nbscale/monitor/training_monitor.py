@@ -22,7 +22,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
-from nbscale.monitor.records import RecordBatch, RecordKeeper, step_number
+from nbscale.monitor.records import MAX_ROWS, RecordBatch, RecordKeeper, step_number
 from nbscale.training.events import StopSignal
 from nbscale.ui.progress_figure import extend_smoothed
 
@@ -79,7 +79,8 @@ class TrainingMonitor(RecordKeeper):
             self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
         self._closed = False
         self._sink = sink_for(self)
-        self._next_read = time.perf_counter() + min_interval  # the empty figure is drawn: no draw for 1 point
+        self._last_read = time.perf_counter()
+        self._next_read = self._last_read + min_interval  # the empty figure is drawn: no draw for 1 point
 
     # ---- the loop's side -----------------------------------------------------------------------------------------
 
@@ -144,7 +145,7 @@ class TrainingMonitor(RecordKeeper):
     def history(self) -> dict[str, list[Any]]:
         """Every recorded step as columns: the x values under `x_label`, then each metric (None where a step did
         not record it). Reading it reads what was recorded since the last draw."""
-        if self._records_kept:
+        if self._kept:
             self.flush()
         return self._history
 
@@ -192,7 +193,7 @@ class TrainingMonitor(RecordKeeper):
         return panels
 
     def _flush(self, now: float, force: bool = False) -> None:
-        if not self._records_kept:
+        if not self._kept:
             if force:
                 self._sink.draw(self)
             return
@@ -204,8 +205,16 @@ class TrainingMonitor(RecordKeeper):
                 for step, values in rows:
                     logger.log(dict(values), step_number(step))
         self._sink.draw(self)
-        spent = time.perf_counter() - now
-        self._next_read = time.perf_counter() + max(self.min_interval, spent / self.budget)
+        self._next_read = time.perf_counter() + self._read_interval(now, len(batch.steps))
+
+    def _read_interval(self, now: float, steps: int) -> float:
+        """Seconds to the next read: at least `min_interval`, reads and draws at most `budget` of the time, and
+        at the last read's pace no more than MAX_ROWS steps kept (records, not reads, check nothing else)."""
+        interval = max(self.min_interval, (time.perf_counter() - now) / self.budget)
+        since, self._last_read = now - self._last_read, now
+        if since > 0 and steps * interval > MAX_ROWS * since:
+            interval = max(self.min_interval, MAX_ROWS * since / steps)
+        return interval
 
     def _add(self, batch: RecordBatch) -> None:
         h, c = self._history, self._columns

@@ -113,3 +113,36 @@ def test_a_tensor_of_many_values_or_a_word_is_one_clear_error_naming_the_metric(
     monitor.record(2, loss=torch.tensor(0.5))  # the monitor goes on
     history = monitor.history  # no row where a record failed; NaN where a kept tensor could not be read
     assert history["iteration"] == [1, 2] and math.isnan(history["loss"][0]) and history["loss"][1] == 0.5
+
+
+@PLACES
+def test_records_of_any_mix_of_names_steps_and_reads_are_kept_as_recorded(place) -> None:
+    """Whatever a loop records (one name or several, in any order, none, a step twice), between reads at any
+    point: the history and the drawn columns are what was recorded."""
+    import random
+
+    chooser = random.Random(0)
+    monitor = nbscale.TrainingMonitor(metrics=["loss", "accuracy", "lr"], min_interval=3600)
+    drawn: dict[str, list[tuple[int, float]]] = {"loss": [], "accuracy": [], "lr": []}
+    rows: list[dict[str, float]] = []
+    steps: list[int] = []
+    step = 0
+    for _ in range(3000):
+        step += chooser.random() < 0.8  # a step recorded again now and then
+        names = chooser.choice([["loss"], ["loss"], ["loss", "accuracy"], ["lr", "loss"], [], ["accuracy"]])
+        values = {name: float(chooser.randrange(1000)) for name in names}
+        monitor.record(step, **{name: place(torch.tensor(v)) if v % 2 else v for name, v in values.items()})
+        if not steps or steps[-1] != step:
+            steps.append(step)
+            rows.append({})
+        rows[-1].update(values)
+        for name, value in values.items():
+            drawn[name].append((step, value))
+        if chooser.random() < 0.01:
+            monitor.flush()
+    history = monitor.history
+    assert history["iteration"] == steps
+    for name in drawn:
+        assert history[name] == [row.get(name) for row in rows]
+        assert monitor._columns[name] == [value for _, value in drawn[name]]
+        assert monitor._columns[f"{name}_iteration"] == [at for at, _ in drawn[name]]

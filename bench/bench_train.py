@@ -14,7 +14,9 @@ the least disturbed one, as timeit reports its minimum), the ratio of medians, a
 figure is printed too. Run: `python bench/bench_train.py`
 (BENCH_EPOCHS, BENCH_MONITOR_EPOCHS, BENCH_BATCH, BENCH_PARALLEL_EPOCHS, BENCH_GPU_EPOCHS, BENCH_CONV_EPOCHS,
 BENCH_CONV_SIZE and BENCH_REPEATS override the defaults; BENCH_ROWS=gpu, say, runs only the GPU rows; "metrics" is
-metrics=("accuracy", "fscore") against the hand-written loop computing both each iteration; "plots" (plots on vs
+metrics=("accuracy", "fscore") against the hand-written loop computing both each iteration; "monitor" a hand loop
+with a TrainingMonitor, without it and with a stand-in, as whole runs and with their epochs interleaved in one cell
+(INTERLEAVED: this VM's speed changes fall on all three alike); "plots" (plots on vs
 none in the kernel) and "pool1" (a pool of one CPU worker vs in-process) are rows to ask for). The in-process runs
 are long enough (~10 s on 2 cores) for the progress figure to update during training, not only before and after
 it; the table says how many times it did.
@@ -59,7 +61,19 @@ EPOCHS, BATCH = {EPOCHS}, {BATCH}
 cpu = torch.device("cpu")
 """
 
-HAND_WRITTEN = """
+# one iteration of the hand-written loop (inside `for i in range(len({x}) // BATCH):`)
+ITERATION = """        index = order[i * BATCH:(i + 1) * BATCH]
+        x, y = {x}[index], {y}[index]
+        loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        images += len(y)
+        last_loss = loss.item()
+"""
+
+HAND_WRITTEN = (
+    """
 model = make_model().to({device})
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 loss_fn = nn.CrossEntropyLoss()
@@ -68,44 +82,83 @@ started = time.perf_counter(); images = 0
 for epoch in range({epochs}):
     order = torch.randperm(len({x}), device={device})
     for i in range(len({x}) // BATCH):
-        index = order[i * BATCH:(i + 1) * BATCH]
-        x, y = {x}[index], {y}[index]
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        images += len(y)
-        last_loss = loss.item()
-{rate} = images / (time.perf_counter() - started)
+"""
+    + ITERATION
+    + """{rate} = images / (time.perf_counter() - started)
+"""
+)
+
+# a user's own loop calls the monitor after each iteration (as API.md shows it)
+MONITOR_CALLS = """        step += 1
+        monitor.record(step, loss=loss)
+        monitor.update_info(epoch=epoch + 1)
+        monitor.progress = 100 * step / total
+        if monitor.stop:
+            break
+"""
+NEW_MONITOR = """nbscale.TrainingMonitor(
+    metrics=["loss"], info=["epoch"], x_label="iteration")"""
+# a stand-in with the monitor's four names that does nothing: what the calls themselves cost
+STAND_IN_CLASS = """class StandIn:
+    stop, progress = False, None
+    def record(self, step, **values): pass
+    def update_info(self, **values): pass
 """
 
 # the same hand loop followed by a TrainingMonitor (figure, info panel, Stop), as a user's own loop uses it
 MONITORED = HAND_WRITTEN.replace(
     "started = time.perf_counter(); images = 0",
-    """monitor = nbscale.TrainingMonitor(
-    metrics=["loss"], info=["epoch"], x_label="iteration")
-total = {epochs} * (len({x}) // BATCH); step = 0
+    f"""monitor = {NEW_MONITOR}
+total = {{epochs}} * (len({{x}}) // BATCH); step = 0
 started = time.perf_counter(); images = 0""",
-).replace(
-    "        last_loss = loss.item()",
-    """        last_loss = loss.item()
-        step += 1
-        monitor.record(step, loss=loss)
-        monitor.update_info(epoch=epoch + 1)
-        monitor.progress = 100 * step / total
-        if monitor.stop:
-            break""",
-)
+).replace(ITERATION, ITERATION + MONITOR_CALLS)
 
-# the same loop calling a stand-in with the monitor's four names that does nothing: what the calls themselves cost
-STAND_IN = MONITORED.replace(
-    """monitor = nbscale.TrainingMonitor(
-    metrics=["loss"], info=["epoch"], x_label="iteration")""",
-    """class StandIn:
-    stop, progress = False, None
-    def record(self, step, **values): pass
-    def update_info(self, **values): pass
-monitor = StandIn()""",
+# the same loop calling the stand-in
+STAND_IN = MONITORED.replace(f"monitor = {NEW_MONITOR}", STAND_IN_CLASS + "monitor = StandIn()")
+
+# the three loops' epochs interleaved in one cell, the order turned every cycle: a change of the machine's speed
+# (this VM's neighbours move it by 30% within minutes) falls on all three alike. One monitor draws throughout; its
+# reads and draws are timed (by wrapping its _flush) to count them apart: their budget is a share of the wall
+# time, so in epochs that are a third of it they weigh three times what they do in a loop of its own.
+EPOCH_FUNCTION = """
+def {name}(epoch, step, monitor, total):
+    order = torch.randperm(len(X)); images = 0
+    for i in range(len(X) // BATCH):
+"""
+INTERLEAVED = (
+    STAND_IN_CLASS
+    + EPOCH_FUNCTION.format(name="hand_epoch")
+    + ITERATION.format(x="X", y="Y")
+    + "    return step\n"
+    + "".join(
+        EPOCH_FUNCTION.format(name=name) + ITERATION.format(x="X", y="Y") + MONITOR_CALLS + "    return step\n"
+        for name in ("monitored_epoch", "stand_in_epoch")
+    )
+    + "\nimport statistics\nmonitor = "
+    + NEW_MONITOR
+    + """
+flush, drawing = monitor._flush, [0.0]
+def timed_flush(*args, **kwargs):
+    started = time.perf_counter(); flush(*args, **kwargs); drawing[0] += time.perf_counter() - started
+monitor._flush = timed_flush
+model = make_model()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+loss_fn = nn.CrossEntropyLoss()
+variants = [("hand", hand_epoch, None), ("monitor", monitored_epoch, monitor), ("stand-in", stand_in_epoch, StandIn())]
+times, steps = {{name: [] for name, *_ in variants}}, {{name: 0 for name, *_ in variants}}
+total = {epochs} // 3 * (len(X) // BATCH)
+wall_started = time.perf_counter()
+for e in range({epochs}):
+    name, epoch_of, watcher = variants[(e + e // 3) % 3]
+    started = time.perf_counter()
+    steps[name] = epoch_of(e // 3, steps[name], watcher, total)
+    times[name].append(time.perf_counter() - started)
+wall = time.perf_counter() - wall_started
+def per_cycle(name):
+    return statistics.median(h / t for h, t in zip(times["hand"], times[name]))
+monitor_cycle, stand_in_cycle, drawn_share = per_cycle("monitor"), per_cycle("stand-in"), drawing[0] / wall
+hand_rate = len(X) // BATCH * BATCH / statistics.median(times["hand"])
+"""
 )
 
 NBSCALE = """
@@ -268,6 +321,7 @@ def run() -> str:
     kernel = KernelSession()
     runs: dict[str, list[float]] = {}
     updates: list[int] = []
+    tables: list[str] = []  # after the table of whole runs
     try:
         kernel.run("%load_ext nbscale")
         setup = kernel.run(SETUP)
@@ -277,6 +331,7 @@ def run() -> str:
         if "cpu" in ROWS:
             rows += _in_process_rows(kernel, runs, updates)
         if "monitor" in ROWS:
+            tables += _interleaved_monitor_table(kernel)
             rows += _monitor_rows(kernel, runs)
         if "plots" in ROWS:
             rows += _plot_rows(kernel, runs, updates)
@@ -312,6 +367,7 @@ def run() -> str:
             "Every run (images/s): "
             + "; ".join(f"{name} {', '.join(f'{v:,.0f}' for v in values)}" for name, values in runs.items()),
             "",
+            *tables,
         ]
     )
 
@@ -347,6 +403,45 @@ def _metrics_rows(kernel, runs: dict[str, list[float]]) -> list[str]:
         if not _value(kernel, "int(metrics_computed)"):  # before the loop computes them, a bare run is no figure
             return [f"| {label} | not measured: nbscale.train does not compute metrics=... yet | | | | |"]
     return [_row(label, ours, hand)]
+
+
+def _interleaved_monitor_table(kernel) -> list[str]:
+    """The hand loop, the monitored loop and the stand-in's, epoch by epoch in one cell (INTERLEAVED), REPEATS
+    // 2 times: per run the median over cycles of the hand epoch's time over the other's, and the monitor's reads
+    and draws as a share of the wall time (the share a loop of its own gives them)."""
+    monitored: list[float] = []
+    called: list[float] = []
+    drawn: list[float] = []
+    rates: list[float] = []
+    for _ in range(max(1, REPEATS // 2)):
+        result = kernel.run(INTERLEAVED.format(epochs=3 * MONITOR_EPOCHS), timeout=900)
+        if not result.ok:
+            raise RuntimeError(result.text)
+        for name, kept in (
+            ("monitor_cycle", monitored),
+            ("stand_in_cycle", called),
+            ("drawn_share", drawn),
+            ("hand_rate", rates),
+        ):
+            kept.append(_value(kernel, name))
+        print(f"interleaved: monitor {monitored[-1]:.4f}, stand-in {called[-1]:.4f}", file=sys.stderr, flush=True)
+    cost = [1 - ratio + share for ratio, share in zip(monitored, drawn, strict=True)]
+    runs = ", ".join(f"{ratio:.4f}" for ratio in monitored)
+    return [
+        f"The same loops with their epochs interleaved in one cell ({MONITOR_EPOCHS} epochs each, the order turned "
+        f"every cycle; {len(cost)} runs, the hand loop's median epoch at "
+        f"{', '.join(f'{rate:,.0f}' for rate in rates)} images/s): the cost is 1 - the median over cycles of the "
+        "hand epoch's time over the monitored one's, plus the monitor's reads and draws as a share of the wall "
+        "time (in epochs that are a third of it they weigh three times that).",
+        "",
+        "| loop | median epoch ratio per cycle (runs) | reads and draws, share of the wall time | cost (median run) |",
+        "|---|---:|---:|---:|",
+        f"| hand-written loop with nbscale.TrainingMonitor vs without | {statistics.median(monitored):.4f} ({runs}) "
+        f"| {statistics.median(drawn):.2%} | {statistics.median(cost):.2%} |",
+        f"| the same, calls to a stand-in that does nothing | {statistics.median(called):.4f} | - | "
+        f"{1 - statistics.median(called):.2%} |",
+        "",
+    ]
 
 
 def _monitor_rows(kernel, runs: dict[str, list[float]]) -> list[str]:

@@ -51,7 +51,7 @@ class TrainingMonitor(RecordKeeper):
         reduce: str = "first",
         loggers: Sequence[Any] = (),
         min_interval: float = 0.5,
-        budget: float = 0.002,
+        budget: float = 0.001,
     ) -> None:
         self.metrics = _names("metrics", metrics, required=True)
         self.info_names = _names("info", info)

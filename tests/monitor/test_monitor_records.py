@@ -146,3 +146,17 @@ def test_records_of_any_mix_of_names_steps_and_reads_are_kept_as_recorded(place)
         assert history[name] == [row.get(name) for row in rows]
         assert monitor._columns[name] == [value for _, value in drawn[name]]
         assert monitor._columns[f"{name}_iteration"] == [at for at, _ in drawn[name]]
+
+
+def test_a_loop_recording_faster_than_its_reads_are_budgeted_is_read_before_it_keeps_too_many() -> None:
+    """Reads and draws get `budget` of the time; a loop recording a great many records a second is still read at
+    a pace that keeps about MAX_ROWS steps unread at most (the bound is set at a read, not checked per record)."""
+    from nbscale.monitor.records import MAX_ROWS
+
+    monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=0.001, budget=1e-9)
+    most = 0
+    for step in range(8 * MAX_ROWS):
+        monitor.record(step, loss=0.5)
+        if step % 1024 == 0:
+            most = max(most, monitor._records_kept)
+    assert len(monitor._history["loss"]) > 0 and most <= 3 * MAX_ROWS

@@ -136,7 +136,10 @@ class RecordKeeper:
             return value.item()
         if not hasattr(value, "detach"):
             return _number(name, value)
-        self._unread.setdefault(name, _Unread()).keep(name, value)
+        unread = self._unread.get(name)
+        if unread is None:  # not setdefault: it would build an _Unread at every record
+            unread = self._unread[name] = _Unread()
+        unread.keep(name, value)
         return KEPT
 
     def _read_due(self) -> None:

@@ -1,17 +1,35 @@
-"""A Ray head on 127.0.0.1 for tests (Ray uses loopback as node address: see conftest.py)."""
+"""A Ray head on 127.0.0.1 for tests (Ray uses loopback as node address: see conftest.py).
+
+Each head keeps its session in a temporary folder of its own (`--temp-dir`), and is stopped by ending exactly its
+processes (found by that folder and its address in their command lines): `ray stop` would end every Ray process of the
+user on the machine, another test run's or a notebook's too.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+STOP_WAIT_S = 10.0
+_FIXED_DEFAULT_PORTS = (
+    "ray-client-server-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
 
 
 def free_port() -> int:
@@ -20,13 +38,38 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _processes_of(*marks: str) -> list[psutil.Process]:
+    """The head's processes: this user's whose command line names one of `marks` (its session folder, its address),
+    and their descendants (some rename themselves, as `ray::DashboardAgent`)."""
+    found: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter(["cmdline", "uids"]):
+        try:
+            named = any(mark in part for part in process.info["cmdline"] or () for mark in marks)
+            if named and process.info["uids"].real == os.getuid() and process.pid != os.getpid():
+                found.update({each.pid: each for each in [process, *process.children(recursive=True)]})
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def _stop_processes_of(*marks: str) -> None:
+    """SIGKILL each of the head's processes, as `ray stop --force` does."""
+    processes = _processes_of(*marks)
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(processes, timeout=STOP_WAIT_S)
+
+
 @contextmanager
 def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
     """Start `ray start --head` on loopback (with its dashboard/job server on `dashboard_port` if given),
-    yield the head's address HOST:PORT, and stop it (`ray stop --force`) afterwards."""
+    yield the head's address HOST:PORT, and stop its processes (only this head's) afterwards."""
     ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
     port = free_port()
     env = {**os.environ, **LOOPBACK_ENV}
+    # Ray puts its sockets in the session folder: keep the path short (a socket path has at most 107 characters)
+    session_folder = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     command = [
         ray_cli,
         "start",
@@ -35,6 +78,9 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
         f"--num-cpus={num_cpus}",
         "--node-ip-address=127.0.0.1",
         "--disable-usage-stats",
+        f"--temp-dir={session_folder}",
+        # ports whose defaults are fixed numbers, which a second head on the machine would find taken
+        *(f"--{name}={free_port()}" for name in _FIXED_DEFAULT_PORTS),
     ]
     if dashboard_port is None:
         command.append("--include-dashboard=false")
@@ -44,4 +90,8 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
         subprocess.run(command, check=True, env=env, capture_output=True, timeout=180)
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=60)
+        # the session folder names most of them; the client server, whose parent `ray start` has exited, only the
+        # head's address
+        _stop_processes_of(session_folder, f"127.0.0.1:{port}")
+        time.sleep(0.1)
+        shutil.rmtree(session_folder, ignore_errors=True)

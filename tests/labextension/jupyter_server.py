@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -55,15 +54,13 @@ class Server:
     def stop(self) -> None:
         if self.server.poll() is not None:
             return
-        self.server.send_signal(signal.SIGINT)  # the server shuts its kernels down (and so their pools)
+        # SIGTERM: the server stops and shuts its kernels down (and so their pools). SIGINT is not used: a process
+        # started in the background by a non-interactive shell ignores it, and JupyterLab asks to confirm one.
+        self.server.terminate()
         try:
-            self.server.wait(timeout=5)
+            self.server.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            self.server.send_signal(signal.SIGINT)  # JupyterLab asks to confirm; a second interrupt stops it
-            try:
-                self.server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
+            self.server.kill()
 
 
 def _extension_installed() -> bool:

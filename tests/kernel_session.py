@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,10 +55,16 @@ class KernelSession:
         return self.manager.provisioner.process.pid  # type: ignore[union-attr]
 
     def run(
-        self, code: str, timeout: float = 120, interrupt_after: float | Sequence[float] | None = None
+        self,
+        code: str,
+        timeout: float = 120,
+        interrupt_after: float | Sequence[float] | None = None,
+        interrupt_when: Callable[[], bool] | None = None,
     ) -> CellResult:
         """Execute `code` as one cell; with `interrupt_after`, interrupt the kernel that many seconds in (a sequence:
-        at each of those times, while the cell runs)."""
+        at each of those times, while the cell runs); with `interrupt_when`, once, as soon as it returns True
+        (asked every 50 ms while the cell runs), so the interrupt lands at an event rather than at a time a busy
+        machine may not keep."""
         result = CellResult()
 
         def collect(message: dict[str, Any]) -> None:
@@ -83,10 +89,13 @@ class KernelSession:
             if interrupts and time.monotonic() >= interrupts[0]:
                 self.manager.interrupt_kernel()
                 interrupts.pop(0)
+            if interrupt_when is not None and interrupt_when():
+                self.manager.interrupt_kernel()
+                interrupt_when = None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}\n--- so far:\n{result.text}")
             try:
-                message = self.client.get_iopub_msg(timeout=0.2)
+                message = self.client.get_iopub_msg(timeout=0.2 if interrupt_when is None else 0.05)
             except Exception:  # queue.Empty
                 continue
             if message["parent_header"].get("msg_id") != message_id:
@@ -94,6 +103,22 @@ class KernelSession:
             if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
                 return result
             collect(message)
+
+    def child_running(self, module: str) -> bool:
+        """Whether a process the kernel started (at any depth) runs `python -m module`."""
+        import psutil
+
+        try:
+            children = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return False
+        for child in children:
+            try:
+                if module in child.cmdline():
+                    return True
+            except psutil.Error:
+                continue
+        return False
 
     def kill(self) -> None:
         """Kill the kernel process abruptly (as a crash would), without any cleanup of its own."""

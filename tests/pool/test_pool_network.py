@@ -103,14 +103,16 @@ def _answers_as_a_store(port: int) -> bool:
 def test_no_other_process_can_reach_a_local_pools_rendezvous_store():
     # torch's TCPStore has no authentication: whoever reaches it could rewrite the addresses the workers connect
     # to, then feed them pickles. A local pool meets in a private file instead, so no port answers as a store.
-    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "nbscale-group-*")))
+    # this process's own group folders only: other pools on the machine (a notebook, another test run) meet too
+    ours = os.path.join(tempfile.gettempdir(), f"nbscale-group-{os.getpid()}-*")
+    before = set(glob.glob(ours))
     with nbscale.Pool(3, cpu=True) as pool:
         assert pool.spmd("total = allreduce(rank)")["total"][:] == [3, 3, 3]
         ports = sorted({port for worker in pool.workers for _, port in _listening(worker.pid)})
         with ThreadPoolExecutor(len(ports)) as probes:  # a port that is no store may hang its probe to the timeout
             reached = [port for port, store in zip(ports, probes.map(_answers_as_a_store, ports), strict=True) if store]
         assert reached == [], f"the workers' ports {reached} answered as a torch.distributed store"
-        (folder,) = set(glob.glob(os.path.join(tempfile.gettempdir(), "nbscale-group-*"))) - before
+        (folder,) = set(glob.glob(ours)) - before
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
         assert pool.spmd("total = allreduce(rank)")["total"][:] == [3, 3, 3]  # the probe disturbed nothing
         assert pool.spmd("part = allreduce(rank)", targets=[0, 2])["part"][:] == [2, 2]  # a subgroup meets there too

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
 
-.PHONY: venv demo test test-latest lock chromium bench lint style typecheck clean reference examples screenshots
+.PHONY: venv demo test test-fast test-latest lock chromium bench lint style typecheck clean reference examples screenshots
 
 $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,9 +20,18 @@ venv: $(STAMP)
 demo: venv
 	$(PY) examples/run_notebook.py examples/quickstart.ipynb
 
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist): most tests wait on kernels, pools and servers, so
+# more processes than cores still pays. conftest.py keeps the tests that share a fixture in one process.
+PYTEST_WORKERS ?= 4
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
+
 test: venv chromium
 	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra --durations=15
+
+# the tests a change most likely breaks, in under 3 minutes: everything not marked slow (few real kernels)
+test-fast: venv
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra -m "not slow" --durations=10
 
 # the suite against the newest releases of every dependency (torch and torchvision stay at constraints.txt's
 # versions: others download several GB), in a venv of its own; not part of .ci/run. PYTEST_ARGS narrows it.

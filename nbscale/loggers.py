@@ -1,26 +1,31 @@
 """Loggers: every metric of a run (nbscale.train's, or a TrainingMonitor's) written to a CSV file or TensorBoard.
 
-A logger is any object with `log(metrics: dict, step: int)` and `close()`. nbscale.train feeds them from the
-notebook's training events (a pool's events arrive there too), in bunches, and closes them however the run ends.
+A logger is any object with `log(metrics: dict, step: int)` and `close()`, and maybe `flush()`. nbscale.train
+feeds them from the notebook's training events (a pool's events arrive there too), in bunches, and closes them
+however the run ends. What they were given reaches the disk (`flush()`) every second and at each epoch's end of
+nbscale.train, and at each read or draw of a TrainingMonitor and its `flush()`: a killed kernel loses the last
+second or so. A step logged again (a run's final validation, which comes after its iteration) adds to its row.
 """
 
 from __future__ import annotations
 
 import csv
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from nbscale.errors import OptionsError
-from nbscale.training.events import IterationDone, TrainingDone
+from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
 
 __all__ = ["CSVLogger", "TensorBoardLogger"]
 
 
 class CSVLogger:
     """One row per step, one column per metric (the columns grow when a metric first appears, e.g. the first
-    validation: the file is then rewritten with the wider header). Empty cells where a metric was not logged."""
+    validation: the file is then rewritten with the wider header). Empty cells where a metric was not logged;
+    a step logged twice in a row is one row. `flush()` puts what was logged in the file."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -31,16 +36,29 @@ class CSVLogger:
         self.rows: list[dict[str, Any]] = []
         self._file: Any = None
         self._writer: Any = None
+        self._last_row_at = 0  # where the last row starts in the file: a step logged again rewrites it alone
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        row = {"step": step, **metrics}
-        self.rows.append(row)
+        again = bool(self.rows) and self.rows[-1]["step"] == step
+        if again:
+            self.rows[-1].update(metrics)
+        else:
+            self.rows.append({"step": step, **metrics})
         new = [name for name in metrics if name not in self.columns]
         if new or self._file is None:
             self.columns += new
             self._rewrite()
+            return
+        if again:
+            self._file.seek(self._last_row_at)
+            self._file.truncate()
         else:
-            self._writer.writerow(row)
+            self._last_row_at = self._file.tell()
+        self._writer.writerow(self.rows[-1])
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
 
     def close(self) -> None:
         if self._file is not None:
@@ -48,11 +66,19 @@ class CSVLogger:
             self._file = None
 
     def _rewrite(self) -> None:
+        """The whole file anew, in a temporary file moved over it (a kill meanwhile leaves the old one)."""
         self.close()
-        self._file = self.path.open("w", newline="")
+        written = self.path.with_name(self.path.name + ".partial")
+        with written.open("w", newline="") as file:
+            writer = csv.DictWriter(file, self.columns, restval="")
+            writer.writeheader()
+            writer.writerows(self.rows[:-1])
+            last_row_at = file.tell()
+            writer.writerows(self.rows[-1:])
+        os.replace(written, self.path)
+        self._file = self.path.open("a", newline="")
         self._writer = csv.DictWriter(self._file, self.columns, restval="")
-        self._writer.writeheader()
-        self._writer.writerows(self.rows)
+        self._last_row_at = last_row_at
 
 
 class TensorBoardLogger:
@@ -74,37 +100,62 @@ class TensorBoardLogger:
             if value is not None:
                 self.writer.add_scalar(name, value, step)
 
+    def flush(self) -> None:
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
 
 
+def flush_loggers(loggers: Sequence[Any]) -> None:
+    """What each logger was given, in its file (a logger without `flush` writes when it likes)."""
+    for logger in loggers:
+        flush = getattr(logger, "flush", None)
+        if callable(flush):
+            flush()
+
+
 class LoggerFeed:
     """Listener for the training event channel: each iteration's loss, metrics, learn rate and validation, handed
-    to the loggers every `interval` seconds and at the end."""
+    to the loggers (and flushed) every `interval` seconds, at each epoch's end and at the end."""
 
     def __init__(self, loggers: Sequence[Any], interval: float = 1.0) -> None:
         self.loggers, self.interval = list(loggers), interval
         self.rows: list[tuple[dict[str, Any], int]] = []
         self.next = time.perf_counter() + interval
+        self.iterations_per_epoch = 0
+        self.last_logged: int | None = None  # the step of the last row handed to the loggers
         self.closed = False
 
     def __call__(self, event: object) -> None:
         if isinstance(event, IterationDone):
             self.rows.append((iteration_row(event), event.iteration))
-            if time.perf_counter() >= self.next:
+            per_epoch = self.iterations_per_epoch
+            if time.perf_counter() >= self.next or (per_epoch and event.iteration % per_epoch == 0):
                 self.flush()
+        elif isinstance(event, TrainingStarted):
+            self.iterations_per_epoch = event.iterations_per_epoch
         elif isinstance(event, TrainingDone):
-            if event.validation_loss is not None and self.rows and self.rows[-1][1] == event.iteration:
-                self.rows[-1][0].update(
-                    _validation(event.validation_loss, event.validation_metrics, event.validation_accuracy)
-                )
+            if event.validation_loss is not None:
+                validation = _validation(event.validation_loss, event.validation_metrics, event.validation_accuracy)
+                self._final_validation(validation, event.iteration)
             self.flush()
+
+    def _final_validation(self, validation: dict[str, Any], iteration: int) -> None:
+        """The validation of the run's last iteration, which comes after it: into its row, or logged at its step."""
+        if self.rows and self.rows[-1][1] == iteration:
+            self.rows[-1][0].update(validation)
+        elif self.last_logged == iteration:
+            self.rows.append((validation, iteration))
 
     def flush(self) -> None:
         rows, self.rows = self.rows, []
         for logger in self.loggers:
             for metrics, step in rows:
                 logger.log(metrics, step)
+        flush_loggers(self.loggers)
+        if rows:
+            self.last_logged = rows[-1][1]
         self.next = time.perf_counter() + self.interval
 
     def close(self) -> None:

@@ -35,14 +35,15 @@ def train(
     model: nn.Module,
     train_data: object,
     options: TrainingOptions | None = None,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | str | None = None,
     resume_from: str | os.PathLike[str] | None = None,
     *,
     step_fn: Callable[..., Any] | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
 
-    `loss_fn(outputs, labels)` must average over the batch (default: `options.loss`, cross-entropy when None).
+    `loss_fn(outputs, labels)` must average over the batch, or is a name `options.loss` takes ("mse", ...)
+    (default: `options.loss`, cross-entropy when None).
     `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and loss. `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
@@ -101,7 +102,7 @@ def sweep(
     options: TrainingOptions | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
     pool: Pool | None = None,
-    loss_fn: Callable[..., Any] | None = None,
+    loss_fn: Callable[..., Any] | str | None = None,
     val_data: object = None,
     wait: bool = True,
     show: bool | None = None,

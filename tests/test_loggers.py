@@ -100,3 +100,81 @@ def test_tensorboard_missing_is_one_error_naming_the_package() -> None:
         out.startswith("OptionsError TensorBoardLogger needs the tensorboard package")
         and "pip install tensorboard" in out
     )
+
+
+# ---- written as they go: what a killed kernel leaves ---------------------------------------------------------------
+
+
+def _steps_on_disk(path) -> list[int]:
+    """The steps the file holds now, read as another process would (the logger still open)."""
+    return [int(row["step"]) for row in csv.DictReader(path.open())] if path.exists() else []
+
+
+def test_a_monitors_csv_is_on_disk_after_flush_after_a_read_and_after_a_draw(tmp_path) -> None:
+    import time
+
+    path = tmp_path / "loop.csv"
+    monitor = nbscale.TrainingMonitor(metrics=["loss"], loggers=[CSVLogger(path)], min_interval=0.05)
+    try:
+        monitor.record(1, loss=1.0)
+        monitor.flush()
+        assert _steps_on_disk(path) == [1]
+        monitor.record(2, loss=0.5)
+        assert monitor.history["loss"] == [1.0, 0.5] and _steps_on_disk(path) == [1, 2]  # a read of the history
+        monitor.record(3, loss=0.25)
+        time.sleep(0.2)
+        monitor.record(4, loss=0.125)  # past min_interval: this record reads and draws
+        assert _steps_on_disk(path) == [1, 2, 3, 4]
+    finally:
+        monitor.close()
+
+
+def test_train_writes_each_epochs_rows_by_its_end_and_the_final_validation_into_the_last_row(tmp_path) -> None:
+    (train_x, train_y), val = digits()
+    path = tmp_path / "run.csv"
+    on_disk: dict[int, list[int]] = {}
+
+    def read_at_epoch_ends(info) -> bool:
+        if info.iteration[-1] % 15 == 0:  # 1500 images in batches of 100: an epoch's last iteration
+            on_disk[info.iteration[-1]] = _steps_on_disk(path)
+        return False
+
+    options = nbscale.TrainingOptions(
+        "sgdm",
+        max_epochs=2,
+        mini_batch_size=100,
+        verbose=False,
+        validation_data=val,
+        validation_frequency=10,  # not at iteration 30: its validation comes with the end of training
+        loggers=[CSVLogger(path)],
+        output_fn=read_at_epoch_ends,
+    )
+    _, info = nbscale.train(tiny_net(), (train_x, train_y), options)
+    assert on_disk == {15: list(range(1, 16)), 30: list(range(1, 31))}
+    rows = list(csv.DictReader(path.open()))
+    assert [int(r["step"]) for r in rows] == info.iteration  # the final validation is no row of its own
+    assert float(rows[-1]["val_loss"]) == pytest.approx(info.final_validation_loss)
+    assert float(rows[-1]["loss"]) == pytest.approx(info.training_loss[-1])
+
+
+def test_a_step_logged_again_is_one_row_and_a_rewrite_keeps_the_file_whole(tmp_path) -> None:
+    path = tmp_path / "m.csv"
+    logger = CSVLogger(path)
+    logger.log({"loss": 1.0}, 1)
+    logger.log({"loss": 0.5}, 2)
+    logger.log({"val_loss": 0.7}, 2)  # a new column: the file rewritten
+    logger.log({"loss": 0.25}, 3)
+    logger.log({"val_loss": 0.6}, 3)  # the same columns: the last row rewritten alone
+    logger.flush()
+    assert path.read_text().splitlines() == ["step,loss,val_loss", "1,1.0,", "2,0.5,0.7", "3,0.25,0.6"]
+    assert [p.name for p in tmp_path.iterdir()] == ["m.csv"]
+    logger.close()
+
+
+def test_tensorboard_scalars_are_on_disk_after_flush(tmp_path) -> None:
+    logger = TensorBoardLogger(tmp_path / "tb")
+    logger.log({"loss": 1.0}, 1)
+    logger.log({"loss": 0.5}, 2)
+    logger.flush()
+    assert _scalars(tmp_path / "tb")["loss"] == [(1, 1.0), (2, 0.5)]
+    logger.close()

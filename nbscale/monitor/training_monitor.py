@@ -22,6 +22,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
+from nbscale.loggers import flush_loggers
 from nbscale.monitor.records import MAX_ROWS, RecordBatch, RecordKeeper, step_number
 from nbscale.training.events import StopSignal
 from nbscale.ui.progress_figure import extend_smoothed
@@ -157,7 +158,8 @@ class TrainingMonitor(RecordKeeper):
         return pd.DataFrame(self._history)
 
     def flush(self) -> None:
-        """Read what is recorded and not yet read, draw it and log it (done by itself every `min_interval`)."""
+        """Read what is recorded and not yet read, draw it and log it, the loggers' files written (done by itself
+        every `min_interval`)."""
         self._flush(time.perf_counter(), force=True)
 
     def close(self) -> None:
@@ -204,6 +206,7 @@ class TrainingMonitor(RecordKeeper):
             for logger in self.loggers:
                 for step, values in rows:
                     logger.log(dict(values), step_number(step))
+            flush_loggers(self.loggers)  # at each read, not each record: a killed kernel loses one read's rows
         self._sink.draw(self)
         self._next_read = time.perf_counter() + self._read_interval(now, len(batch.steps))
 

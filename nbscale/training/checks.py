@@ -19,6 +19,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from nbscale.data.batches import call_model, first_output, one_sample_batch, to_device
 from nbscale.errors import ModelError, OptionsError
+from nbscale.training.losses import unknown_loss
 
 
 def check_model(model: object) -> None:
@@ -35,15 +36,21 @@ def check_model(model: object) -> None:
 
 
 def check_loss_fn(loss_fn: object) -> None:
-    """`loss_fn` must be None (cross-entropy) or a function of (outputs, labels) returning the batch's loss."""
+    """`loss_fn` must be None (cross-entropy), a name `TrainingOptions(loss=...)` takes, or a function of
+    (outputs, labels) returning the batch's loss."""
+    if isinstance(loss_fn, str):
+        problem = unknown_loss(loss_fn)
+        if problem is not None:
+            raise OptionsError(f"loss_fn={loss_fn!r} is not a loss: loss_fn must be {problem}.")
+        return
     if isinstance(loss_fn, type) and issubclass(loss_fn, nn.Module):
         raise OptionsError(
             f"loss_fn is the class {loss_fn.__name__}, not a loss: create one, e.g. loss_fn={loss_fn.__name__}()."
         )
     if loss_fn is not None and not callable(loss_fn):
         raise OptionsError(
-            f"loss_fn must be a function of (outputs, labels) returning the loss, such as "
-            f"nn.MSELoss() or torch.nn.functional.cross_entropy, not {type(loss_fn).__name__} "
+            f"loss_fn must be a loss name such as 'mse', or a function of (outputs, labels) returning the loss, "
+            f"such as nn.MSELoss() or torch.nn.functional.cross_entropy, not {type(loss_fn).__name__} "
             f"{loss_fn!r:.40}: leave it out for cross-entropy."
         )
 

@@ -187,7 +187,7 @@ def train_async(
     model: nn.Module,
     train_data: Any,
     options: TrainingOptions | None = None,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | str | None = None,
     pool: Any = None,
     name: str = "run",
     params: dict[str, Any] | None = None,

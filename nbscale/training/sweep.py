@@ -130,7 +130,7 @@ def sweep(
     options: TrainingOptions | None = None,
     grid: dict[str, Sequence[Any]] | None = None,
     pool: object = None,
-    loss_fn: Callable[..., Any] | None = None,
+    loss_fn: Callable[..., Any] | str | None = None,
     val_data: object = None,
     wait: bool = True,
     seed: int | None = None,

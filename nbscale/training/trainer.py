@@ -51,7 +51,7 @@ def train(
     model: nn.Module,
     train_data: Any,
     options: TrainingOptions | None = None,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | str | None = None,
     resume_from: str | os.PathLike[str] | None = None,
     *,
     step_fn: Callable[..., Any] | None = None,
@@ -61,7 +61,8 @@ def train(
 ) -> tuple[nn.Module, TrainingInfo]:
     """Train `model` on `train_data` (a Dataset of (input, label) or a tuple of tensors); returns (net, info).
 
-    `loss_fn(outputs, labels)` must average over the batch (default: `options.loss`, cross-entropy when None).
+    `loss_fn(outputs, labels)` must average over the batch, or is a name `options.loss` takes ("mse", ...)
+    (default: `options.loss`, cross-entropy when None).
     `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and the loss (mixup,
     distillation); precision, backward, clipping, the step, DDP and compile stay nbscale's. `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
@@ -213,14 +214,17 @@ def checked_inputs(
 ) -> tuple[Any, TrainingOptions, Any]:
     """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.training.checks).
 
-    `loss_fn` None takes `options.loss` (a name of nbscale.training.losses, or a callable); a callable solver or
-    learn_rate_schedule is tried once on `model` here, so a bad factory fails before training starts.
+    `loss_fn` None takes `options.loss` (a name of nbscale.training.losses, or a callable); a name given as
+    `loss_fn` becomes `options.loss`. A callable solver or learn_rate_schedule is tried once on `model` here,
+    so a bad factory fails before training starts.
 
     With the default loss (cross-entropy, when `loss_fn` is None) whole-number float labels become int64; with a
     class loss (that one, CrossEntropyLoss, NLLLoss) the labels must fit the network's outputs (check_classes).
     """
     check_model(model)
     check_loss_fn(loss_fn)
+    if isinstance(loss_fn, str):  # a name: the run is the one TrainingOptions(loss=name) gives
+        options, loss_fn = options.replace(loss=loss_fn), None
     if step_fn is not None and not callable(step_fn):
         raise OptionsError(
             f"step_fn must be a function (model, inputs, targets) -> loss or (loss, outputs), not "

@@ -22,8 +22,17 @@ _STATE_COLOURS = {
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:
-    columns = list(rows[0]) if rows else ["run"]
-    return [c for c in columns if c != "error" or any(r["error"] for r in rows)]
+    """Every row's columns, in the rows' order: a queued run's row has no metric cells, a training run's has them
+    after "validation loss", so each column new to a row goes after the column before it there."""
+    columns: list[str] = []
+    for row in rows:
+        position = -1
+        for name in row:
+            if name not in columns:
+                columns.insert(position + 1, name)
+            position = columns.index(name)
+    columns = columns or ["run"]
+    return [c for c in columns if c != "error" or any(r.get("error") for r in rows)]
 
 
 def runs_table_text(table: RunsTable) -> str:

@@ -8,8 +8,8 @@ from typing import Any
 
 
 def text_table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> str:
-    """The title, then the columns aligned with two spaces between them."""
-    cells = [[str(row[column]) for column in columns] for row in rows]
+    """The title, then the columns aligned with two spaces between them (a row without a column: an empty cell)."""
+    cells = [[str(row.get(column, "")) for column in columns] for row in rows]
     widths = [
         max(len(column), *(len(r[i]) for r in cells)) if cells else len(column) for i, column in enumerate(columns)
     ]
@@ -19,13 +19,14 @@ def text_table(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]
 
 
 def html_table(columns: Sequence[str], rows: Sequence[dict[str, Any]], state_colours: dict[str, str]) -> str:
-    """An HTML table; the `state` column gets a coloured dot from `state_colours`."""
+    """An HTML table; the `state` column gets a coloured dot from `state_colours`; a row without a column: an empty
+    cell."""
     head = "".join(f"<th style='text-align:left'>{html.escape(c)}</th>" for c in columns)
     body = ""
     for row in rows:
         cells = ""
         for column in columns:
-            value = html.escape(str(row[column]))
+            value = html.escape(str(row.get(column, "")))
             if column == "state":
                 value = f"<span style='color:{state_colours.get(row['state'], 'inherit')}'>&#9679; {value}</span>"
             cells += f"<td style='text-align:left'>{value}</td>"

@@ -80,7 +80,8 @@ def test_a_model_that_is_no_network_is_refused(model: object, words: str) -> Non
 @pytest.mark.parametrize(
     ("loss_fn", "words"),
     [
-        ("mse", "loss_fn must be a function of (outputs, labels) returning the loss, such as nn.MSELoss()"),
+        ("msee", "loss_fn='msee' is not a loss: loss_fn must be one of 'crossentropy', 'mse'"),
+        (3, "loss_fn must be a loss name such as 'mse', or a function of (outputs, labels) returning the loss"),
         (nn.MSELoss, "loss_fn is the class MSELoss, not a loss: create one, e.g. loss_fn=MSELoss()"),
     ],
 )

@@ -253,3 +253,30 @@ def test_pytorch_names_point_to_the_nbscale_field(name: str, pointer: str) -> No
     with pytest.raises(OptionsError) as raised:
         TrainingOptions(**{name: 1})
     assert pointer in str(raised.value) and "The fields are" not in str(raised.value)
+
+
+# ---- loss_fn by name ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["mse", "l1", "binary-crossentropy"])
+def test_loss_fn_by_name_trains_as_options_loss_of_that_name(name: str) -> None:
+    inputs = torch.randn(256, 3, generator=torch.Generator().manual_seed(0))
+    targets = inputs @ torch.tensor([[1.0], [-2.0], [0.5]])
+    if name == "binary-crossentropy":
+        targets = (targets > 0).float()
+    runs = []
+    for loss_fn, loss in ((name, None), (None, name)):
+        torch.manual_seed(0)
+        net, info = nbscale.train(nn.Linear(3, 1), (inputs, targets), options(loss=loss), loss_fn=loss_fn)
+        runs.append((weights(net), info))
+    (by_argument, argument_info), (by_option, option_info) = runs
+    assert same(by_argument, by_option)
+    assert argument_info.training_loss == option_info.training_loss
+    assert argument_info.metric_names == option_info.metric_names
+
+
+def test_loss_fn_crossentropy_by_name_trains_as_the_default() -> None:
+    default, _ = nbscale.train(tiny_net(), SMALL, options())
+    named, info = nbscale.train(tiny_net(), SMALL, options(), loss_fn="crossentropy")
+    assert same(weights(default), weights(named))
+    assert info.metric_names == ("accuracy",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import CancelledError, as_completed, wait
 
@@ -277,3 +278,21 @@ def test_a_seeded_sweep_on_augmented_png_files_is_a_seeded_train(pool, tmp_path)
     result = nbscale.sweep(small_cnn, augmented, options, {"initial_learn_rate": [0.01]}, pool=pool, seed=3)
     run = result.runs[0]
     assert pool.submit(train_augmented_seeded, 3, run.options, augmented).result(timeout=120) == run.info.training_loss
+
+
+def test_a_live_sweep_of_4_runs_on_2_workers_with_fscore_shows_every_row_20_times(pool, data, monkeypatch) -> None:
+    """The live table's first draws come while runs #3 and #4 wait for a worker (rows with no metric cells)
+    and #1 already trains (its row has them): every draw, in this thread or the display's, must take them all."""
+    (train_x, train_y), _ = data
+    thread_errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: thread_errors.append(args.exc_value))
+    options = nbscale.TrainingOptions(
+        "sgdm", max_epochs=1, mini_batch_size=64, metrics=("accuracy", "fscore"), verbose=False
+    )
+    grid = {"initial_learn_rate": [0.05, 0.1, 0.2, 0.4]}
+    small = (train_x[:128], train_y[:128])
+    for _ in range(20):
+        result = nbscale.sweep(tiny_net, small, options, grid, pool=pool, show=True)
+        assert [run.state for run in result.runs] == ["done"] * 4
+        assert "training fscore" in repr(result)
+    assert thread_errors == []

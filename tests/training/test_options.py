@@ -244,3 +244,37 @@ def test_every_field_and_choice_the_contract_names_is_taken() -> None:
             TrainingOptions(**{field: "nonsense"})
     assert TrainingOptions(mini_batch_size="auto").mini_batch_size == "auto"
     assert TrainingOptions(compile=True).compile is True and TrainingOptions().compile is False
+
+
+def test_matlab_name_value_pairs_are_read_as_the_keyword_hint_reads_the_names() -> None:
+    options = TrainingOptions("sgdm", "InitialLearnRate", 0.05, "MaxEpochs", 4, "Verbose", 0, mini_batch_size=32)
+    assert options == TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=4, verbose=False, mini_batch_size=32)
+    assert TrainingOptions("adam", "max_epochs", 2).max_epochs == 2
+    with pytest.raises(OptionsError, match="Did you mean 'initial_learn_rate'"):
+        TrainingOptions("sgdm", InitialLearnRate=0.05)  # the hint that names the same field
+
+
+@pytest.mark.parametrize(
+    ("pairs", "shown"),
+    [
+        (("InitialLearnRate", 0.01, "MaxEpochs"), "'MaxEpochs' has no value after it"),
+        ((0.01,), "0.01 is not an option name"),
+        (("InitialLearnRate", 0.01, "SequenceLength", 8), "'SequenceLength' is no option"),
+        (("CheckpointFrequency", 2, "CheckpointFrequencyUnit", "epoch"), "both mean 'checkpoint_frequency'"),
+    ],
+)
+def test_a_name_value_pair_that_cannot_be_read_is_refused_in_one_line_showing_the_keyword_form(
+    pairs: tuple[object, ...], shown: str
+) -> None:
+    with pytest.raises(OptionsError) as caught:
+        TrainingOptions("sgdm", *pairs)
+    message = str(caught.value)
+    assert shown in message and "\n" not in message and "TrainingOptions('sgdm', " in message
+    assert "initial_learn_rate=0.01" in message or "checkpoint_frequency=2" in message
+
+
+def test_a_pair_and_a_keyword_for_one_field_or_a_pytorch_name_as_a_pair_are_refused() -> None:
+    with pytest.raises(OptionsError, match="max_epochs both as a name-value pair and as a keyword"):
+        TrainingOptions("sgdm", "MaxEpochs", 3, max_epochs=4)
+    with pytest.raises(OptionsError, match="initial_learn_rate="):
+        TrainingOptions("sgdm", "lr", 0.1)

@@ -174,10 +174,12 @@ def class_names(data: object) -> list[str]:
     return list(getattr(data, "classes", None) or [])
 
 
-def classify(net: nn.Module, data: Data, batch_size: int = 256) -> tuple[list[str] | torch.Tensor, torch.Tensor]:
-    """(labels, scores): the predicted class of each item and the softmax scores (N x classes).
+def classify(net: nn.Module, data: Data, batch_size: int = 256) -> tuple[np.ndarray[Any, Any], torch.Tensor]:
+    """(labels, scores): the predicted class of each item, as a numpy array, and the softmax scores (an N x classes
+    tensor).
 
-    labels are class names when `data` has `classes`, else a tensor of class indices.
+    labels are class names (a str array) when `data` has `classes`, else class indices (int64); as an array they
+    compare elementwise with `==`: `(labels == val_ds.labels).mean()` is the accuracy.
     """
     outputs: list[torch.Tensor] = []
     _run(net, data, batch_size, lambda out, _: outputs.append(out.float().cpu()), "classify")
@@ -185,8 +187,8 @@ def classify(net: nn.Module, data: Data, batch_size: int = 256) -> tuple[list[st
     indices = scores.argmax(dim=1)
     names = class_names(data)
     if names:
-        return [names[i] if i < len(names) else str(i) for i in indices.tolist()], scores
-    return indices, scores
+        return np.array([names[i] if i < len(names) else str(i) for i in indices.tolist()], dtype=str), scores
+    return indices.numpy(), scores
 
 
 def accuracy(net: nn.Module, data: Data, batch_size: int = 256) -> float:

@@ -32,13 +32,21 @@ def pixel_sum_net() -> nn.Module:
 
 def test_classify_returns_class_names_and_softmax_scores(digits: ImageDatastore) -> None:
     labels, scores = nbscale.classify(pixel_sum_net(), digits, batch_size=7)
-    assert labels == ["0"] * len(digits)
+    assert isinstance(labels, np.ndarray) and labels.tolist() == ["0"] * len(digits)
     assert scores.shape == (60, 3) and torch.allclose(scores.sum(dim=1), torch.ones(60))
 
 
 def test_classify_a_tensor_gives_indices() -> None:
     labels, _ = nbscale.classify(pixel_sum_net(), torch.rand(5, 1, 8, 8))
-    assert torch.equal(labels, torch.zeros(5, dtype=torch.long))
+    assert isinstance(labels, np.ndarray) and labels.dtype == np.int64 and labels.tolist() == [0] * 5
+
+
+def test_classifys_labels_compare_elementwise_with_the_true_labels_as_matlabs_do(digits: ImageDatastore) -> None:
+    predicted, scores = nbscale.classify(pixel_sum_net(), digits)
+    assert (predicted == digits.labels).mean() == pytest.approx(1 / 3)  # MATLAB's mean(YPred == YValidation)
+    assert isinstance(scores, torch.Tensor)
+    indices, _ = nbscale.classify(pixel_sum_net(), torch.rand(4, 1, 8, 8))
+    assert (indices == np.array([0, 0, 1, 0])).mean() == 0.75
 
 
 def test_predict_returns_raw_outputs_in_order(digits: ImageDatastore) -> None:
@@ -220,7 +228,7 @@ def test_a_dataloader_is_read_batch_by_batch() -> None:
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, labels), batch_size=3)
     assert torch.allclose(nbscale.predict(net, loader), nbscale.predict(net, images), atol=1e-6)
     assert nbscale.accuracy(net, loader) == nbscale.accuracy(net, (images, labels))
-    assert torch.equal(nbscale.classify(net, loader)[0], nbscale.classify(net, images)[0])
+    assert np.array_equal(nbscale.classify(net, loader)[0], nbscale.classify(net, images)[0])
 
 
 def test_activations_of_a_layer_the_network_lacks_names_the_close_ones() -> None:

@@ -6,7 +6,7 @@ import math
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import cloudpickle
 
@@ -130,36 +130,41 @@ class Job:
             )
         self.store.delete(self.id)  # False only if another process deleted it meanwhile: it is gone either way
 
-    def result(self, name: str) -> Any:
-        """The value the cell assigned to `name`, unpickled from the job's folder.
+    @overload
+    def result(self) -> dict[str, Any]: ...
+
+    @overload
+    def result(self, name: str) -> Any: ...
+
+    def result(self, name: str | None = None) -> Any:
+        """The value the cell assigned to `name`, unpickled from the job's folder; with no name, a dict of every
+        variable the job saved, by name (MATLAB's fetchOutputs).
 
         Raises JobError while the job runs, and for a name the cell did not assign (listing those it did).
         """
-        if not isinstance(name, str):
+        if name is not None and not isinstance(name, str):
             raise JobError(f"job.result(name) takes a variable's name as a string (like 'net'), not {name!r}.")
         record = self.record()
         if record.state in ACTIVE_STATES:
             raise JobError(
-                f"Job {self.id} is still {record.state}; its variables are saved when it ends. "
-                f"Wait for it with job.wait() (or check job.state), then call job.result({name!r}) again."
+                f"Job {self.id} is still {record.state}; its variables are saved when it ends. Wait for it with "
+                f"job.wait() (or check job.state), then call job.result({'' if name is None else repr(name)}) again."
             )
+        if name is None:
+            if not record.results and record.state != "finished":
+                raise JobError(f"Job {self.id} saved no variable.{_how_it_ended(record)}")
+            return {saved: self._load(saved) for saved in record.results}
         if name in record.unpicklable:
-            reason = record.unpicklable[name]
-            fix = (
-                f"Free space where the job store is ({self.store.root}), or point NBSCALE_HOME at a larger disk, "
-                "and run the job again."
-                if reason.startswith(NOT_WRITTEN)
-                else "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job "
-                "again."
-            )
-            raise JobError(f"Job {self.id} assigned {name!r}, but it could not be saved: {reason}. {fix}")
+            raise JobError(self._unsaved_message(name, record.unpicklable[name]))
         if name not in record.results:
             saved = ", ".join(record.results) or "none"
-            ended = {
-                "failed": f" It failed ({record.error}); job.log() shows where.",
-                "cancelled": " It was cancelled before it saved any variable.",
-            }.get(record.state, "")
-            raise JobError(f"Job {self.id} did not assign {name!r}. Variables it assigned: {saved}.{ended}")
+            raise JobError(
+                f"Job {self.id} did not assign {name!r}. Variables it assigned: {saved}.{_how_it_ended(record)}"
+            )
+        return self._load(name)
+
+    def _load(self, name: str) -> Any:
+        """The saved variable `name`, unpickled (JobError when this environment cannot load it)."""
         try:
             return cloudpickle.loads(self.store.result_path(self.id, name).read_bytes())
         except Exception as error:
@@ -167,6 +172,16 @@ class Job:
                 f"Job {self.id}'s saved {name!r} cannot be loaded here: {error}. Load it in an environment with "
                 "the same packages as the job (the file is " + str(self.store.result_path(self.id, name)) + ")."
             ) from None
+
+    def _unsaved_message(self, name: str, reason: str) -> str:
+        """Why the assigned variable `name` was not saved, and what to do."""
+        fix = (
+            f"Free space where the job store is ({self.store.root}), or point NBSCALE_HOME at a larger disk, "
+            "and run the job again."
+            if reason.startswith(NOT_WRITTEN)
+            else "Convert it to something picklable in the cell (a state_dict, a numpy array) and run the job again."
+        )
+        return f"Job {self.id} assigned {name!r}, but it could not be saved: {reason}. {fix}"
 
     @property
     def trainings(self) -> list[int]:
@@ -266,3 +281,11 @@ def _training_summary(record: JobRecord, store: JobStore) -> dict[str, Any] | No
         return None
     found = training_record.summary(store.job_dir(record.id))
     return found.as_dict() if found is not None else None
+
+
+def _how_it_ended(record: JobRecord) -> str:
+    """The sentence saying how a job that saved nothing ended: failed or cancelled ("" otherwise)."""
+    return {
+        "failed": f" It failed ({record.error}); job.log() shows where.",
+        "cancelled": " It was cancelled before it saved any variable.",
+    }.get(record.state, "")

@@ -45,6 +45,7 @@ from nbscale.pool.interrupts import (
     interrupt_main_thread,
     set_task_cancelled,
 )
+from nbscale.pool.matlab_names import note_matlab_name
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.resident import keep_tensors_here
@@ -433,6 +434,9 @@ class Worker:
         self._cell_file = message.filename
         try:
             exec(compile(message.code, message.filename, "exec"), self.namespace)
+        except NameError as error:
+            note_matlab_name(error)
+            raise
         finally:
             self.context.cell_ended()
         return [name for name in message.result_names if name in self.namespace]

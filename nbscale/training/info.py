@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import re
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
+from nbscale.suggestions import did_you_mean
 from nbscale.training.events import IterationDone, TrainingDone, TrainingRestarted, TrainingStarted
 
 _COLUMNS = (
@@ -164,15 +166,37 @@ class TrainingInfo:
         return pd.DataFrame(self.history())
 
     def __repr__(self) -> str:
-        done = self.iteration[-1] if self.iteration else 0
-        parts = [
-            f"iterations={done}",
-            f"stop_reason={self.stop_reason!r}",
-            f"hardware={self.hardware!r}",
-            f"images_per_second={self.images_per_second:.0f}",
-        ]
-        if self.training_loss:
-            parts.append(f"final_training_loss={self.training_loss[-1]:.4g}")
+        """The outcome by attribute name, history lists shortened (`iteration=[1, 2, ..., 184]`)."""
+        parts = [f"stop_reason={self.stop_reason!r}"]
+        if self.iteration:
+            parts += [f"iteration={_shortened(self.iteration)}", f"training_loss={_shortened(self.training_loss)}"]
+        parts += [f"hardware={self.hardware!r}", f"images_per_second={self.images_per_second:.0f}"]
         if self.final_validation_accuracy is not None:
             parts.append(f"final_validation_accuracy={self.final_validation_accuracy:.4f}")
         return f"TrainingInfo({', '.join(parts)})"
+
+    if not TYPE_CHECKING:  # hidden from mypy, which would otherwise take any attribute name as valid
+
+        def __getattr__(self, name: str) -> Any:
+            """Only for a name that is not an attribute: AttributeError naming the attribute meant (MATLAB's
+            trainInfo names, `info.TrainingLoss` -> `training_loss`, or a close one)."""
+            if name.startswith("_"):  # copy and pickle ask for these before the fields exist
+                raise AttributeError(name)
+            snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()  # TrainingLoss -> training_loss
+            known = {f.name for f in fields(TrainingInfo)} | {n for n in dir(TrainingInfo) if not n.startswith("_")}
+            hint = did_you_mean(snake, known, meant=_MATLAB_NAMES)
+            raise AttributeError(f"'TrainingInfo' object has no attribute {name!r}.{hint}")
+
+
+# MATLAB's trainInfo names whose snake_case is not the attribute (the others are: TrainingLoss -> training_loss)
+_MATLAB_NAMES = {
+    "base_learn_rate": "learn_rate",
+    "training_history": "history()",
+    "validation_history": "history()",
+}
+
+
+def _shortened(values: list[Any]) -> str:
+    """A history list as numpy prints a long array: `[2.31, 2.05, ..., 0.0905]` (numbers to 4 digits)."""
+    shown = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in values]
+    return "[" + ", ".join(shown if len(shown) <= 4 else [*shown[:2], "...", shown[-1]]) + "]"

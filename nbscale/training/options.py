@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
 from nbscale.errors import OptionsError
-from nbscale.suggestions import did_you_mean
+from nbscale.training.option_names import options_from_pairs, unknown_field_message
 
 Solver = Literal["sgdm", "adam", "adamw", "rmsprop"]
 ShuffleMode = Literal["once", "never", "every-epoch"]
@@ -67,7 +67,8 @@ _SOLVER_DEFAULT: Any = None
 
 @dataclass(init=False, repr=False, eq=False)
 class TrainingOptions:
-    """Training options (trainingOptions): `TrainingOptions("adam", max_epochs=10, mini_batch_size=64)`.
+    """Training options (trainingOptions): `TrainingOptions("adam", max_epochs=10, mini_batch_size=64)`, or
+    with MATLAB's name-value pairs: `TrainingOptions("adam", "MaxEpochs", 10, "MiniBatchSize", 64)`.
 
     Raises OptionsError (a ValueError) for an unknown field or a value outside the allowed ones.
     Setting a field afterwards (`opts.max_epochs = 5`) is checked the same way; `opts.replace(**fields)`
@@ -119,11 +120,16 @@ class TrainingOptions:
     loggers: Sequence[Any] = ()  # objects with log(metrics: dict, step: int) and close() (nbscale.loggers)
     _ready: bool = field(default=False, compare=False, init=False)  # not an argument: dataclasses.replace works
 
-    def __init__(self, solver: Solver = "sgdm", **options: object) -> None:
+    def __init__(self, solver: Solver = "sgdm", *pairs: object, **options: object) -> None:
         names = field_names()
+        if pairs:  # MATLAB's name-value pairs: ("InitialLearnRate", 0.01)
+            from_pairs = options_from_pairs(solver, pairs, names)
+            if twice := sorted(from_pairs.keys() & options.keys()):
+                raise OptionsError(f"TrainingOptions got {twice[0]} both as a name-value pair and as a keyword.")
+            options = {**from_pairs, **options}
         for name in options:
             if name not in names:
-                raise OptionsError(_unknown_field_message(name, names))
+                raise OptionsError(unknown_field_message(name, names))
         object.__setattr__(self, "_ready", False)
         # told of each accepted change made from code; not a dataclass field, so out of eq, repr, pickle, asdict
         self._observer: Callable[[TrainingOptions], None] | None
@@ -144,7 +150,7 @@ class TrainingOptions:
         """Checked like the constructor: None gives a solver-dependent field its solver's default, and a new
         solver brings its defaults to the fields that held the old one's (as `replace(solver=...)` does)."""
         if name not in field_names():
-            raise OptionsError(_unknown_field_message(name, field_names()))
+            raise OptionsError(unknown_field_message(name, field_names()))
         changes = {name: value}
         if name == "solver":
             changes.update(self._defaults_of(value))
@@ -257,34 +263,6 @@ def _short(value: object) -> str:
         return f"<{type(value).__name__} {tuple(value.shape)} {value.dtype}>"
     size = f" of {len(value)}" if hasattr(value, "__len__") else ""
     return f"<{type(value).__name__}{size}>"
-
-
-# PyTorch's names for what TrainingOptions holds under MATLAB's: each points to its field, or says what to do
-PYTORCH_NAMES = {
-    "lr": "the learn rate is initial_learn_rate=...",
-    "learning_rate": "the learn rate is initial_learn_rate=...",
-    "weight_decay": "L2 weight decay is l2_regularization=... (added to the gradients, as torch's weight_decay; "
-    "for decoupled AdamW decay pass solver=lambda params: torch.optim.AdamW(params, weight_decay=...))",
-    "label_smoothing": "not supported as an option: pass loss=torch.nn.CrossEntropyLoss(label_smoothing=0.1)",
-    "patience": "early stopping is validation_patience=... (counted in validations, not epochs)",
-    "epochs": "the number of epochs is max_epochs=...",
-    "batch_size": "the mini-batch is mini_batch_size=...",
-    "optimizer": "the optimizer is solver='sgdm'/'adam'/'adamw'/'rmsprop', or solver=lambda params: "
-    "torch.optim.X(params, ...)",
-    "scheduler": "the schedule is learn_rate_schedule='piecewise'/'cosine'/'warmup-cosine', or "
-    "learn_rate_schedule=lambda optimizer: torch.optim.lr_scheduler.X(optimizer, ...)",
-    "lr_scheduler": "the schedule is learn_rate_schedule=... (a name, or optimizer -> LRScheduler)",
-    "clip_grad_norm": "gradient clipping is gradient_threshold=... with gradient_threshold_method='global-l2norm' "
-    "(torch's clip_grad_norm_)",
-    "max_grad_norm": "gradient clipping is gradient_threshold=... with gradient_threshold_method='global-l2norm'",
-    "loss_fn": "the loss is loss=... (a name such as 'mse', or a function (outputs, targets) -> loss)",
-}
-
-
-def _unknown_field_message(name: str, names: Sequence[str]) -> str:
-    if name in PYTORCH_NAMES:
-        return f"TrainingOptions has no field {name!r}: {PYTORCH_NAMES[name]} (docs/training.md, From PyTorch)."
-    return f"TrainingOptions has no field {name!r}.{did_you_mean(name, names)} The fields are: {', '.join(names)}."
 
 
 # ---- per-field checks: each returns None when fine, or the allowed values as words ---------------------------

@@ -109,6 +109,21 @@ def test_bad_arguments_to_a_job_are_clear_errors() -> None:
     assert job.wait(math.inf) and job.wait(-1)
 
 
+def test_result_with_no_name_gives_every_saved_variable_as_matlabs_fetch_outputs_does() -> None:
+    done = jobs.submit("value = 1\nwords = ['a', 'b']\n")
+    failed = jobs.submit("raise ValueError('boom')\n")
+    running = jobs.submit("import time\ntime.sleep(60)\n")
+    try:
+        with pytest.raises(JobError, match=r"is still (queued|running).*then call job.result\(\) again"):
+            running.result()
+    finally:
+        running.cancel()
+    assert done.wait(WAIT_S) and failed.wait(WAIT_S)
+    assert done.result() == {"value": 1, "words": ["a", "b"]}
+    with pytest.raises(JobError, match=r"saved no variable\. It failed \(ValueError: boom\)"):
+        failed.result()
+
+
 def test_a_result_name_in_a_record_cannot_reach_outside_the_job_folder(job_store: JobStore) -> None:
     import sqlite3
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import time
 
 import pytest
@@ -203,6 +204,20 @@ def test_a_chained_error_shows_its_cause_with_cell_lines_as_python_does(pool):
     assert message.index("KeyError") < message.index("ValueError: no key")
     with pytest.raises(WorkerError, match="(?s)ZeroDivisionError.*During handling of the above exception.*NameError"):
         pool.spmd("try:\n    1 / 0\nexcept ZeroDivisionError:\n    undefined_name\n", targets=[0])
+
+
+def test_a_name_error_for_matlabs_spmd_names_adds_one_line_naming_nbscales(pool):
+    with pytest.raises(NameError) as caught:  # a WorkerError, and a NameError as every rank's error is one
+        pool.spmd("x = spmdIndex", targets=[0, 1])
+    message = str(caught.value)
+    assert message.count("In %%spmd, MATLAB's spmdIndex is rank + 1: nbscale's names are rank (counted from 0), ") == 2
+    assert "world_size and barrier()" in message
+    for name, meant in (("numlabs", "world_size"), ("spmdBarrier", "barrier()")):
+        with pytest.raises(WorkerError, match=f"MATLAB's {name} is {re.escape(meant)}:"):
+            pool.spmd(f"{name}", targets=[0])
+    with pytest.raises(WorkerError) as other:
+        pool.spmd("undefined_name", targets=[0])
+    assert "MATLAB" not in str(other.value)
 
 
 def test_a_failing_collective_shows_the_cells_line_not_torch_distributed_frames(pool):

@@ -7,8 +7,11 @@ import math
 import pickle
 
 import pytest
+import torch
 
 from nbscale import OptionsError, TrainingOptions
+from nbscale.training.option_names import MATLAB_ONLY, field_meant, snake_case
+from nbscale.training.options import field_names
 
 
 def test_defaults_follow_matlab_and_depend_on_the_solver() -> None:
@@ -244,3 +247,110 @@ def test_every_field_and_choice_the_contract_names_is_taken() -> None:
             TrainingOptions(**{field: "nonsense"})
     assert TrainingOptions(mini_batch_size="auto").mini_batch_size == "auto"
     assert TrainingOptions(compile=True).compile is True and TrainingOptions().compile is False
+
+
+def test_matlab_name_value_pairs_are_read_as_the_keyword_hint_reads_the_names() -> None:
+    options = TrainingOptions("sgdm", "InitialLearnRate", 0.05, "MaxEpochs", 4, "Verbose", 0, mini_batch_size=32)
+    assert options == TrainingOptions("sgdm", initial_learn_rate=0.05, max_epochs=4, verbose=False, mini_batch_size=32)
+    assert TrainingOptions("adam", "max_epochs", 2).max_epochs == 2
+    with pytest.raises(OptionsError, match="Did you mean 'initial_learn_rate'"):
+        TrainingOptions("sgdm", InitialLearnRate=0.05)  # the hint that names the same field
+    with pytest.raises(OptionsError, match="Did you mean 'output_fn'"):
+        TrainingOptions("sgdm", OutputFcn=print)
+
+
+def test_matlab_names_with_an_nbscale_field_are_accepted_as_pairs() -> None:
+    stop = lambda info: False  # noqa: E731
+    validation = (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long))
+    options = TrainingOptions(
+        "adam",
+        *("InitialLearnRate", 0.002, "MaxEpochs", 3, "MiniBatchSize", 16, "ObjectiveMetricName", "accuracy"),
+        *("Metrics", ["accuracy"], "OutputFcn", stop, "ValidationData", validation, "Shuffle", "every-epoch"),
+        *("Plots", "training-progress", "Verbose", False, "L2Regularization", 0.0, "DispatchInBackground", True),
+    )
+    assert (options.initial_learn_rate, options.max_epochs, options.mini_batch_size) == (0.002, 3, 16)
+    assert options.objective_metric == "accuracy" and options.output_fn is stop
+    assert options.validation_data is validation and options.shuffle == "every-epoch"
+    assert options.plots == "training-progress" and options.verbose is False and options.l2_regularization == 0.0
+    assert options.dispatch_in_background is True
+
+
+def test_every_matlab_name_the_reference_gives_a_field_means_that_field() -> None:
+    from tests.reference_doc import FIELDS
+
+    names = field_names()
+    matlab_names = {
+        field: matlab for field, (matlab, _) in FIELDS.items() if matlab.isidentifier() and field != "solver"
+    }
+    assert matlab_names["output_fn"] == "OutputFcn" and matlab_names["objective_metric"] == "ObjectiveMetricName"
+    assert {field: field_meant(matlab, names) for field, matlab in matlab_names.items()} == {
+        field: field for field in matlab_names
+    }
+    assert not set(MATLAB_ONLY) & set(matlab_names.values())  # an option nbscale has is never said to be missing
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "instead"),
+    [
+        ("PreprocessingEnvironment", "parallel", "dispatch_in_background=True"),
+        ("CheckpointFrequencyUnit", "iteration", "checkpoint_frequency counts epochs"),
+        ("LearnRateScheduleSettings", {}, "learn_rate_drop_factor and learn_rate_drop_period"),
+        ("SequenceLength", 8, "collate_fn"),
+        ("BatchNormalizationStatistics", "population", "docs/training.md"),
+    ],
+)
+def test_a_matlab_option_nbscale_lacks_is_refused_as_such_never_read_as_a_close_field(
+    name: str, value: object, instead: str
+) -> None:
+    with pytest.raises(OptionsError) as caught:
+        TrainingOptions("sgdm", "MaxEpochs", 2, name, value)
+    message = str(caught.value)
+    assert message.startswith(f"TrainingOptions got MATLAB's {name!r}, and nbscale has no such option")
+    assert instead in message and "\n" not in message and "Did you mean" not in message
+    with pytest.raises(OptionsError, match=f"MATLAB's {name!r}, and nbscale has no such option"):
+        TrainingOptions("sgdm", **{name: value})  # the keyword hint says the same
+    snake = snake_case(name)
+    with pytest.raises(OptionsError, match=f"'{snake}' \\(MATLAB's {name}\\), and nbscale has no such option"):
+        TrainingOptions("sgdm", **{snake: value})
+    assert field_meant(name, field_names()) is None and field_meant(snake, field_names()) is None
+
+
+def test_checkpoint_frequency_with_its_matlab_unit_is_refused_for_the_unit_not_as_a_duplicate() -> None:
+    with pytest.raises(OptionsError) as caught:
+        TrainingOptions("sgdm", "CheckpointFrequency", 2, "CheckpointFrequencyUnit", "epoch")
+    assert "'CheckpointFrequencyUnit'" in str(caught.value) and "both mean" not in str(caught.value)
+    assert TrainingOptions("sgdm", "CheckpointFrequency", 2).checkpoint_frequency == 2
+
+
+def test_a_close_name_is_only_suggested_never_taken() -> None:
+    with pytest.raises(OptionsError) as caught:
+        TrainingOptions("sgdm", "InitialLernRate", 0.1)
+    assert str(caught.value).startswith("TrainingOptions has no option 'InitialLernRate'. Did you mean 'initial_learn")
+    assert field_meant("InitialLernRate", field_names()) is None
+    assert field_meant("initial_learning_rate", field_names()) is None
+    assert field_meant("L2Regularization", field_names()) == "l2_regularization"
+
+
+@pytest.mark.parametrize(
+    ("pairs", "shown"),
+    [
+        (("InitialLearnRate", 0.01, "MaxEpochs"), "'MaxEpochs' has no value after it"),
+        ((0.01,), "0.01 is not an option name"),
+        (("InitialLearnRate", 0.01, "MaxEpochs", 2, "max_epochs", 3), "both mean 'max_epochs'"),
+    ],
+)
+def test_a_name_value_pair_that_cannot_be_read_is_refused_in_one_line_showing_the_keyword_form(
+    pairs: tuple[object, ...], shown: str
+) -> None:
+    with pytest.raises(OptionsError) as caught:
+        TrainingOptions("sgdm", *pairs)
+    message = str(caught.value)
+    assert shown in message and "\n" not in message and "TrainingOptions('sgdm', " in message
+    assert "initial_learn_rate=0.01" in message
+
+
+def test_a_pair_and_a_keyword_for_one_field_or_a_pytorch_name_as_a_pair_are_refused() -> None:
+    with pytest.raises(OptionsError, match="max_epochs both as a name-value pair and as a keyword"):
+        TrainingOptions("sgdm", "MaxEpochs", 3, max_epochs=4)
+    with pytest.raises(OptionsError, match="initial_learn_rate="):
+        TrainingOptions("sgdm", "lr", 0.1)

@@ -23,6 +23,7 @@ SHARED = {
     "cellvars",
     "suggestions",
     "notices",
+    "file_locks",
 }
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}

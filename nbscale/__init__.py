@@ -9,6 +9,7 @@ only %%batch and nbscale.jobs need. Editors see every name (the TYPE_CHECKING im
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,17 @@ if TYPE_CHECKING:
     from nbscale.monitor import TrainingMonitor
     from nbscale.training.runs import train_async
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The installed package's version (written only in pyproject.toml); "0+unknown" when nbscale is imported from
+    a folder it was never installed from."""
+    try:
+        return importlib.metadata.version("nbscale")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "Composite",

@@ -9,7 +9,6 @@ only %%batch and nbscale.jobs need. Editors see every name (the TYPE_CHECKING im
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +33,7 @@ from nbscale.training.options import TrainingOptions
 from nbscale.ui.future_progress import show
 from nbscale.ui.options_form import options_form
 from nbscale.ui.renderers import register_renderers
+from nbscale.version import installed_version
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -45,16 +45,7 @@ if TYPE_CHECKING:
     from nbscale.training.runs import train_async
 
 
-def _installed_version() -> str:
-    """The installed package's version (written only in pyproject.toml); "0+unknown" when nbscale is imported from
-    a folder it was never installed from."""
-    try:
-        return importlib.metadata.version("nbscale")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
-
-
-__version__ = _installed_version()
+__version__ = installed_version()  # written only in pyproject.toml
 
 __all__ = [
     "Composite",

@@ -24,6 +24,7 @@ SHARED = {
     "suggestions",
     "notices",
     "file_locks",
+    "version",
 }
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}

@@ -33,6 +33,7 @@ from nbscale.training.options import TrainingOptions
 from nbscale.ui.future_progress import show
 from nbscale.ui.options_form import options_form
 from nbscale.ui.renderers import register_renderers
+from nbscale.version import installed_version
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     from nbscale.monitor import TrainingMonitor
     from nbscale.training.runs import train_async
 
-__version__ = "0.1.0"
+
+__version__ = installed_version()  # written only in pyproject.toml
 
 __all__ = [
     "Composite",

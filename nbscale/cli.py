@@ -2,23 +2,27 @@
 terminal. It parses and calls the same Python API a notebook uses (nbscale.jobs, nbscale.gpus, nbscale.doctor).
 
 Exit codes: 0 done; 1 an nbscale error (its message on stderr: no such job, a job still running, a damaged
-store), a job that was not cancelled because it had ended, or a doctor check that found a problem; 2 a wrong
-command line (argparse's usage message).
+store, an age that is not one), a job that was not cancelled because it had ended, or a doctor check that found
+a problem; 2 a wrong command line (argparse's usage message).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from nbscale.errors import NbscaleError
+from nbscale.errors import JobError, NbscaleError
+from nbscale.version import installed_version
+
+_AGE_EXAMPLES = "7d, 12h, 30m, 45s or 2w"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns the exit code."""
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_age_attached(sys.argv[1:] if argv is None else list(argv)))
     try:
         return int(args.run(args))
     except NbscaleError as error:
@@ -36,15 +40,17 @@ def _parser() -> argparse.ArgumentParser:
         prog="nbscale",
         description="nbscale from a terminal: batch jobs, GPUs, and a check of what this machine offers nbscale.",
     )
+    parser.add_argument("--version", action="version", version=f"nbscale {installed_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     jobs = commands.add_parser(
         "jobs",
-        help="list, show, follow, cancel and delete batch jobs (%%%%batch)",
+        help="list, show, log, cancel and delete batch jobs (%%%%batch); alone, as 'jobs list'",
         description="The batch jobs in the job store ($NBSCALE_HOME/jobs, else the user's "
-        "data folder): the same store %jobs and nbscale.jobs use.",
+        "data folder): the same store %jobs and nbscale.jobs use. Without an action: list them.",
     )
-    actions = jobs.add_subparsers(dest="action", required=True, metavar="ACTION")
+    jobs.set_defaults(run=_jobs_list)
+    actions = jobs.add_subparsers(dest="action", metavar="ACTION")
     actions.add_parser("list", help="every job: id, name, state, started, elapsed").set_defaults(run=_jobs_list)
     show = actions.add_parser("show", help="one job's fields: state, times, error, saved variables, folder")
     show.add_argument("id", help="the job's id, as 'nbscale jobs list' shows it")
@@ -71,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     delete.add_argument(
         "--older-than",
         metavar="AGE",
-        help="instead of ids: every job that ended longer ago than AGE (7d, 12h, 30m, 45s, 2w)",
+        help=f"instead of ids: every job that ended longer ago than AGE ({_AGE_EXAMPLES})",
     )
     delete.set_defaults(run=_jobs_delete)
 
@@ -82,6 +88,17 @@ def _parser() -> argparse.ArgumentParser:
         "extension and Ray (exit 1 on a problem)",
     ).set_defaults(run=_doctor)
     return parser
+
+
+def _age_attached(argv: list[str]) -> list[str]:
+    """`argv` with a value of --older-than that starts with '-' attached to it (`--older-than=-1d`), so that the
+    age check, not argparse ("expected one argument"), says what is wrong with it."""
+    attached = list(argv)
+    for index, word in enumerate(attached[:-1]):
+        if word == "--older-than" and re.match(r"-\d", attached[index + 1]):
+            attached[index : index + 2] = [f"--older-than={attached[index + 1]}"]
+            break
+    return attached
 
 
 def _jobs_list(args: argparse.Namespace) -> int:
@@ -141,12 +158,29 @@ def _jobs_cancel(args: argparse.Namespace) -> int:
 def _jobs_delete(args: argparse.Namespace) -> int:
     from nbscale import jobs
 
+    if args.older_than is not None and not _is_age(args.older_than):
+        unsigned = args.older_than.lstrip("-")
+        raise JobError(
+            f"--older-than takes an age of 0 or more ({_AGE_EXAMPLES}), not {args.older_than!r}: for example "
+            f"'nbscale jobs delete --older-than {unsigned if _is_age(unsigned) else '7d'}'."
+        )
     deleted = jobs.delete(*args.ids, older_than=args.older_than)
     if deleted:
         print(f"Deleted job{'s' if len(deleted) > 1 else ''} {', '.join(map(str, deleted))}.")
     else:
         print(f"No job ended more than {args.older_than} ago: nothing deleted.")
     return 0
+
+
+def _is_age(value: str) -> bool:
+    """Whether `value` is an age that --older-than takes."""
+    from nbscale.jobs.arguments import age_s
+
+    try:
+        age_s(value)
+    except JobError:
+        return False
+    return True
 
 
 def _gpus(args: argparse.Namespace) -> int:

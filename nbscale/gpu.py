@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, overload
 
 from nbscale.errors import GpuError
-from nbscale.gpu_reservations import GpuHolder, GpuReservation, gpu_key, holders, reserve
+from nbscale.gpu_reservations import GpuHolder, GpuReservation, can_reserve, gpu_key, holders, reserve
 from nbscale.rendering import Rendered
 from nbscale.user_warnings import warn_user
 
@@ -173,7 +173,10 @@ def training_gpu(current: int) -> int:
     `current` is torch's current device. When another process holds it, training moves to a free GPU (made
     torch's current device) and warns; it stays on a held GPU, with a warning, when no GPU is free or when the
     notebook chose that one with `select_gpu`. Raises GpuError when the GPU registry folder cannot be used.
+    Off POSIX (Windows), where there is no registry, training stays on `current` and reserves nothing.
     """
+    if not can_reserve():
+        return current
     decided: dict[str, Any] = {}
 
     def choose() -> list[str]:

@@ -18,12 +18,13 @@ file's owner, never from what the file says, so nobody can make a reservation lo
 Two notebooks starting at the same moment never take one GPU, and no other user can stop or delay that:
 - a user's own processes choose one at a time, under a `flock` on a lock file in that user's own folder
   (`$NBSCALE_HOME`, else the user's data folder; 0600 in a folder only the user can write), which no other user
-  can open;
+  can open (where fcntl is missing, an O_EXCL lock file beside it: nbscale.file_locks);
 - across users, a reservation is announced, then checked: a process writes its files, then looks again, and
   when a live holder it had not seen has appeared on one of its GPUs since it chose, it withdraws and chooses
   again after a short random pause. Of two racers, the one that announced last always sees the other.
 Reservations are advisory: they steer nbscale, and nothing stops a program that ignores them. They need a POSIX
-system (Linux, macOS); elsewhere reserving raises GpuError and `nbscale.gpus()` lists no holders.
+system (Linux, macOS); elsewhere reserving raises GpuError, training in the notebook reserves nothing
+(nbscale.gpu.training_gpu) and `nbscale.gpus()` lists no holders.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Literal
 
 from nbscale.errors import GpuError
+from nbscale.file_locks import exclusive
 
 REGISTRY_ENV = "NBSCALE_GPU_REGISTRY"
 PREFIX = "nbscale-gpu."
@@ -195,8 +197,13 @@ def reserve(choose: Callable[[], Sequence[str]], purpose: Purpose) -> GpuReserva
     raise AssertionError("unreachable")
 
 
+def can_reserve() -> bool:
+    """Whether this platform has the registry: POSIX users and processes (Linux, macOS), not Windows."""
+    return hasattr(os, "geteuid")
+
+
 def _posix() -> None:
-    if not hasattr(os, "geteuid"):
+    if not can_reserve():
         raise GpuError(
             "GPU reservations need a POSIX system (Linux or macOS); on this platform nbscale cannot "
             "reserve GPUs machine-wide. Train in the notebook on the GPU you choose (%gpu N), or use "
@@ -251,15 +258,8 @@ def lock_path() -> Path:
 @contextlib.contextmanager
 def _user_lock() -> Iterator[None]:
     """Exclusive use of the registry among this user's processes while GPUs are chosen and written: a flock on
-    a 0600 file in the user's own folder, which no other user can open, so none can hold it or make us wait."""
-    try:
-        import fcntl
-    except ImportError:
-        raise GpuError(
-            "GPU reservations need fcntl's file locks (Linux or macOS); this platform has none. Train "
-            "in the notebook on the GPU you choose (%gpu N), or use Linux (WSL on Windows) for "
-            "pools."
-        ) from None
+    a 0600 file in the user's own folder, which no other user can open, so none can hold it or make us wait.
+    Without fcntl (Windows), an O_EXCL lock file beside it (nbscale.file_locks.exclusive)."""
     from nbscale.trust import swappable_by_others
 
     path = lock_path()
@@ -282,8 +282,8 @@ def _user_lock() -> Iterator[None]:
                 "another user could hold it and stop you reserving GPUs. Point NBSCALE_HOME at a folder "
                 "only you can write (mode 0700), or remove the file."
             )
-        fcntl.flock(descriptor, fcntl.LOCK_EX)  # only this user's processes can hold it, each for a moment
-        yield
+        with exclusive(descriptor, path):  # only this user's processes can hold it, each for a moment
+            yield
     finally:
         os.close(descriptor)  # closing drops the lock
 

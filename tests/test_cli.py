@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -81,15 +82,39 @@ def test_errors_exit_1_with_the_message_on_stderr_and_a_wrong_command_line_exits
     assert missing.stderr.startswith("nbscale: error: There is no job 7 in the job store at "), missing.stderr
     assert "Traceback" not in missing.stderr
     bad_age = nbscale("jobs", "delete", "--older-than", "soon")
-    assert bad_age.returncode == 1 and "older_than takes an age such as '7d'" in bad_age.stderr
-    for argv in (["jobs"], ["jobs", "log"], ["jobs", "log", "1", "--tail", "many"], ["frobnicate"], []):
+    assert bad_age.returncode == 1 and "--older-than takes an age of 0 or more" in bad_age.stderr, bad_age
+    for argv in (["jobs", "log"], ["jobs", "log", "1", "--tail", "many"], ["frobnicate"], []):
         usage = nbscale(*argv)
         assert usage.returncode == 2 and "usage: nbscale" in usage.stderr, (argv, usage)
 
 
-def test_every_command_has_help() -> None:
+def test_a_negative_age_gets_nbscales_one_line_message_naming_the_option_and_the_fix() -> None:
+    for argv in (["--older-than", "-1d"], ["--older-than=-1d"]):
+        negative = nbscale("jobs", "delete", *argv)
+        assert (negative.returncode, negative.stdout) == (1, ""), negative
+        assert negative.stderr == (
+            "nbscale: error: --older-than takes an age of 0 or more (7d, 12h, 30m, 45s or 2w), not '-1d': for "
+            "example 'nbscale jobs delete --older-than 1d'.\n"
+        )
+
+
+def test_version_prints_the_installed_version() -> None:
+    version = nbscale("--version")
+    assert (version.returncode, version.stdout) == (0, f"nbscale {importlib.metadata.version('nbscale')}\n"), version
+
+
+def test_jobs_alone_lists_the_jobs_as_jobs_list_does() -> None:
+    done = jobs.submit("value = 1\n", name="listed")
+    assert done.wait(WAIT_S), done.log()
+    alone, listed = nbscale("jobs"), nbscale("jobs", "list")
+    assert alone.returncode == 0 and alone.stdout == listed.stdout and "listed" in alone.stdout, alone
+
+
+def test_every_command_has_help_and_names_only_real_actions() -> None:
     top = nbscale("--help")
-    assert top.returncode == 0 and all(word in top.stdout for word in ("jobs", "gpus", "doctor"))
+    assert top.returncode == 0 and all(word in top.stdout for word in ("jobs", "gpus", "doctor", "--version"))
+    jobs_help = " ".join(top.stdout.split())
+    assert "list, show, log, cancel and delete batch jobs" in jobs_help and "follow" not in jobs_help
     for argv, words in (
         (["jobs"], ("list", "show", "log", "cancel", "delete")),
         (["jobs", "log"], ("--tail N",)),

@@ -23,6 +23,8 @@ SHARED = {
     "cellvars",
     "suggestions",
     "notices",
+    "file_locks",
+    "version",
 }
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.kernel_session import REPO_ROOT
 
@@ -29,17 +30,76 @@ def test_nbscale_imports_and_builds_training_options_without_fcntl_or_pwd():
     assert result.stdout.strip() == "2"
 
 
-def test_reserving_a_gpu_without_fcntl_says_the_platform_cannot():
-    result = _run("""
+# trains, resumes, cleans a killed run's partial checkpoint, and runs a job; argv[1] is the checkpoint folder
+_TRAIN_RESUME_AND_RUN_A_JOB = """
+import os, sys
+assert sys.modules["fcntl"] is None
+import torch
+import nbscale
+folder = sys.argv[1]
+os.mkdir(folder, 0o700)
+partial = os.path.join(folder, ".partial-nbscale_checkpoint_epoch0009.pt")  # a write whose run was killed
+open(partial, "wb").close()
+os.utime(partial, (1e9, 1e9))
+torch.manual_seed(0)
+data = (torch.randn(64, 8), torch.randint(0, 3, (64,)))
+def run(epochs, resume_from=None):
+    options = nbscale.TrainingOptions(max_epochs=epochs, mini_batch_size=16, verbose=False, checkpoint_path=folder)
+    return nbscale.train(torch.nn.Linear(8, 3), data, options, resume_from=resume_from)[1]
+first, resumed = run(1), run(2, resume_from=folder)
+print("files:", sorted(os.listdir(folder)))
+print("epochs:", resumed.epoch, resumed.training_loss[:4] == first.training_loss)  # epoch 1 as the first run trained it
+job = nbscale.jobs.submit("import sys\\nblocked = sys.modules['fcntl'] is None\\nprint('done')\\n", name="posixless")
+assert job.wait(120), job.log()
+found = nbscale.jobs.get(name="posixless")
+print("job:", job.state, job.result("blocked"), "\\ndone\\n" in job.log(), found.id == job.id)
+"""
+_PRINTED = ("files", "epochs", "job")
+
+
+def test_training_checkpoints_resume_and_a_jobs_files_work_without_fcntl(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(_WITHOUT_POSIX)  # the job's own interpreter has no fcntl either
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)]), "NBSCALE_HOME": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", _TRAIN_RESUME_AND_RUN_A_JOB, str(tmp_path / "checkpoints")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    printed = dict(line.split(": ", 1) for line in result.stdout.splitlines() if line.split(":")[0] in _PRINTED)
+    files, epochs, job = (printed[name] for name in _PRINTED)  # between them, the job's start and end lines
+    assert files == str(["nbscale_checkpoint_epoch0001.pt", "nbscale_checkpoint_epoch0002.pt"])  # partial removed
+    assert epochs == "[1, 1, 1, 1, 2, 2, 2, 2] True"  # the resumed run trained epoch 2 only
+    assert job == "finished True True True"
+
+
+def test_gpu_reservations_without_fcntl_take_an_o_excl_lock_file(tmp_path: Path) -> None:
+    result = _run(
+        f"""
+import os
+os.environ.update(NBSCALE_HOME={str(tmp_path / "home")!r}, NBSCALE_GPU_REGISTRY={str(tmp_path)!r})
 from nbscale import gpu_reservations
-from nbscale.errors import GpuError
-try:
-    gpu_reservations.reserve(lambda: ["GPU-a"], "pool")
-except GpuError as error:
-    print(error)
+with gpu_reservations.reserve(lambda: ["GPU-a"], "pool") as reservation:
+    holder, = gpu_reservations.holders()["GPU-a"]
+    print(reservation.gpus, holder.this_process, holder.purpose)
+print(gpu_reservations.holders(), sorted(os.listdir({str(tmp_path / "home")!r})))
+"""
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["('GPU-a',) True pool", "{} ['gpu-registry.lock']"]  # the lock file went
+
+
+def test_training_off_posix_reserves_no_gpu_and_stays_on_the_current_one() -> None:
+    result = _run("""
+import os
+del os.geteuid  # as on Windows: no registry
+from nbscale import gpu
+print(gpu.training_gpu(1), gpu._training_reservations)
 """)
     assert result.returncode == 0, result.stderr
-    assert "GPU reservations need fcntl's file locks (Linux or macOS)" in result.stdout
+    assert result.stdout.strip() == "1 {}"
 
 
 def test_starting_a_pool_where_processes_cannot_fork_says_pools_need_linux_or_macos():

@@ -13,12 +13,12 @@ user (or root) and be writable by no one else: anyone who can write there could 
 Partial files (`.partial-nbscale_checkpoint_epoch*.pt`) left by a run killed mid-write are removed when the
 next run prepares the folder, when no process holds their write lock (the writer locks its partial file with
 flock until it renames it; the kernel drops the lock when the writer dies) and they are at least
-`STALE_PARTIAL_S` old (so a file between its creation and its lock is never taken).
+`STALE_PARTIAL_S` old (so a file between its creation and its lock is never taken). Where there is no flock
+(Windows: nbscale.file_locks), the age alone decides, and Windows refuses to delete a file still open.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pathlib
 import re
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from nbscale.errors import OptionsError
+from nbscale.file_locks import hold_while_open, try_lock
 from nbscale.safe_load import RefusedPickle, load_restricted
 from nbscale.training.events import IterationDone
 
@@ -70,7 +71,7 @@ def save_checkpoint(folder: str | os.PathLike[str], epoch: int, state: dict[str,
     except OSError as error:
         raise _unwritable(folder, epoch, error) from None
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # held until closed: a clean-up never takes a file being written
+        hold_while_open(handle)  # held until closed: a clean-up never takes a file being written
         with os.fdopen(handle, "wb") as stream:
             torch.save(state, stream)
             stream.flush()
@@ -322,9 +323,7 @@ def remove_stale_partials(folder: Path, min_age_s: float = STALE_PARTIAL_S) -> l
                 or time.time() - status.st_mtime < min_age_s
             ):
                 continue
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # a live run is writing it
+            if not try_lock(descriptor):  # a live run is writing it
                 continue
             if os.path.samestat(status, os.lstat(partial)):  # still the file we checked and locked
                 partial.unlink()

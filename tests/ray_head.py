@@ -93,5 +93,17 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
         # the session folder names most of them; the client server, whose parent `ray start` has exited, only the
         # head's address
         _stop_processes_of(session_folder, f"127.0.0.1:{port}")
+        forget_cluster_address(f"127.0.0.1:{port}")
         time.sleep(0.1)
         shutil.rmtree(session_folder, ignore_errors=True)
+
+
+def forget_cluster_address(address: str) -> None:
+    """Remove Ray's address file (which `ray.init()` with no address joins) where it names `address`, a cluster the
+    test stopped, as `ray stop` does."""
+    from ray._private.utils import get_ray_address_file
+
+    with contextlib.suppress(OSError):
+        path = Path(get_ray_address_file(None))
+        if path.read_text().strip() == address:
+            path.unlink()

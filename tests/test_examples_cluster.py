@@ -12,7 +12,10 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("ray")
 
 
-def test_cluster_notebook_runs_a_pool_on_a_local_ray_stand_in():
+def test_cluster_notebook_runs_a_pool_on_a_local_ray_stand_in(monkeypatch):
+    # the stand-in is a new cluster even where another is running on the machine (another test's head, another test
+    # run's): ray.init() with no address would join the one named in Ray's address file
+    monkeypatch.setenv("RAY_ADDRESS", "local")
     token_file = Path.home() / ".ray" / "auth_token"
     had_token = token_file.exists()
     printed = printed_text(run_notebook(REPO_ROOT / "examples" / "cluster.ipynb", timeout=300))

@@ -12,6 +12,7 @@ import pytest
 
 import nbscale
 from nbscale.errors import WorkerError
+from tests.ray_head import forget_cluster_address
 from tests.training.digits import digits, tiny_net
 
 pytestmark = pytest.mark.slow
@@ -33,6 +34,7 @@ def two_nodes():
             pool.close()
         ray.shutdown()
         cluster.shutdown()
+        forget_cluster_address(cluster.address)
 
 
 def _nodes(pool: nbscale.Pool) -> list[str]:

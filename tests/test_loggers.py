@@ -22,16 +22,17 @@ def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
+def _two_epochs_validated_every_10(val: object, **fields: object) -> nbscale.TrainingOptions:
+    """The loggers tests' training: 2 epochs of 15 iterations of 100 digits, validated every 10 iterations."""
+    return nbscale.TrainingOptions(
+        "sgdm", max_epochs=2, mini_batch_size=100, verbose=False, validation_data=val, validation_frequency=10, **fields
+    )
+
+
 def test_train_writes_every_figure_to_csv_and_tensorboard(tmp_path) -> None:
     (train_x, train_y), val = digits()
-    options = nbscale.TrainingOptions(
-        "sgdm",
-        max_epochs=2,
-        mini_batch_size=100,
-        verbose=False,
-        validation_data=val,
-        validation_frequency=10,
-        loggers=[CSVLogger(tmp_path / "run.csv"), TensorBoardLogger(tmp_path / "tb")],
+    options = _two_epochs_validated_every_10(
+        val, loggers=[CSVLogger(tmp_path / "run.csv"), TensorBoardLogger(tmp_path / "tb")]
     )
     _, info = nbscale.train(tiny_net(), (train_x, train_y), options)
     rows = list(csv.DictReader((tmp_path / "run.csv").open()))
@@ -139,16 +140,8 @@ def test_train_writes_each_epochs_rows_by_its_end_and_the_final_validation_into_
             on_disk[info.iteration[-1]] = _steps_on_disk(path)
         return False
 
-    options = nbscale.TrainingOptions(
-        "sgdm",
-        max_epochs=2,
-        mini_batch_size=100,
-        verbose=False,
-        validation_data=val,
-        validation_frequency=10,  # not at iteration 30: its validation comes with the end of training
-        loggers=[CSVLogger(path)],
-        output_fn=read_at_epoch_ends,
-    )
+    # validated every 10 iterations, so not at iteration 30: its validation comes with the end of training
+    options = _two_epochs_validated_every_10(val, loggers=[CSVLogger(path)], output_fn=read_at_epoch_ends)
     _, info = nbscale.train(tiny_net(), (train_x, train_y), options)
     assert on_disk == {15: list(range(1, 16)), 30: list(range(1, 31))}
     rows = list(csv.DictReader(path.open()))

@@ -32,6 +32,7 @@ from nbscale.training.event_bunches import EventBunches
 from nbscale.training.events import EventChannel, IterationDone, PreparingData, StopSignal
 from nbscale.training.loop import LoopResult, loop_setup, run_training
 from nbscale.training.options import TrainingOptions
+from nbscale.training.plan import RunPlan
 from nbscale.user_warnings import warn_user
 
 if TYPE_CHECKING:
@@ -48,25 +49,23 @@ class WorkerJob:
     model: nn.Module
     train_data: Any
     options: TrainingOptions
-    loss_fn: Any
+    plan: RunPlan  # the run's resolved choices (nbscale.training.plan), read by every rank's loop
     seed: int
     resume: dict[str, Any] | None
     counts: list[int]
     hardware: str
     answered: bool = False  # with output_fn: every iteration waits for the notebook's answer to it
-    step_fn: Any = None  # train(step_fn=...): replaces the forward and loss_fn
 
 
 def train_on_pool(
     model: nn.Module,
     dataset: Any,
     options: TrainingOptions,
-    loss_fn: Any,
+    plan: RunPlan,
     seed: int,
     resume: dict[str, Any] | None,
     channel: EventChannel,
     stop: StopSignal,
-    step_fn: Any = None,
 ) -> LoopResult:
     """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
     pool = _pool_for(options.execution_environment)
@@ -78,7 +77,7 @@ def train_on_pool(
     # its answer to each iteration, so a stop it asks for lands after the iteration it saw, as in the notebook
     worker_options = options.replace(output_fn=None, plots="none", verbose=False)
     answered = options.output_fn is not None
-    job = WorkerJob(model.cpu(), dataset, worker_options, loss_fn, seed, resume, counts, hardware, answered, step_fn)
+    job = WorkerJob(model.cpu(), dataset, worker_options, plan, seed, resume, counts, hardware, answered)
 
     preparing = _PreparingTotals()
     listener_failures: list[Exception] = []
@@ -189,8 +188,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
                 job.model,
                 job.train_data,
                 job.options,
-                job.loss_fn,
-                job.step_fn,
+                job.plan,
                 device=device,
                 seed=job.seed,
                 hardware=job.hardware,
@@ -430,8 +428,8 @@ def _unsendable(job: WorkerJob) -> str | None:
         ("the model", job.model),
         ("train_data", job.train_data),
         ("validation_data", job.options.validation_data),
-        ("loss_fn", job.loss_fn),
-        ("step_fn", job.step_fn),
+        ("loss_fn", job.plan.loss_fn),
+        ("step_fn", job.plan.step_fn),
     )
     for name, value in parts:
         try:

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.data.batches import batch_length, call_model, first_output
+from nbscale.data.batches import batch_length
 from nbscale.data.loader_data import loader_of
 from nbscale.data.loading import BatchSource, make_batch_source
 from nbscale.data.preparing import Progress, Readers
 from nbscale.data.streaming import StreamBatches
-from nbscale.outputs import loss_and_first_output
+from nbscale.errors import OptionsError
 from nbscale.training.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
 from nbscale.training.checkpoint import prepare_folder, save_checkpoint
 from nbscale.training.checks import misfit_error
@@ -38,6 +38,7 @@ from nbscale.training.figures import READ_EVERY, CarryingHook, KeptMetrics, Loca
 from nbscale.training.layout import layout_restored, train_channels_last
 from nbscale.training.optimizer import make_optimizer
 from nbscale.training.options import FACTORY_FIELDS, TrainingOptions, shown_choice
+from nbscale.training.plan import RunPlan
 from nbscale.training.run_metrics import Objective, run_metrics, summed_over
 from nbscale.training.schedules import Schedule, base_rate, make_schedule
 from nbscale.user_warnings import warn_user
@@ -50,7 +51,7 @@ class LoopSetup:
     model: nn.Module
     train_data: Any  # a Dataset
     options: TrainingOptions
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    plan: RunPlan  # the run's resolved choices (nbscale.training.plan): the step, the plateau's input
     device: torch.device
     seed: int
     hardware: str
@@ -67,16 +68,13 @@ class LoopSetup:
     warn: Callable[[str], None] | None = field(default=lambda message: warn_user(message, RuntimeWarning))
     # a listener needs every iteration's figures at once (output_fn; on a pool publish waits for its answer)
     read_each_iteration: bool = False
-    # step_fn(model, inputs, targets) -> loss | (loss, outputs): replaces the forward and loss_fn
-    step_fn: Callable[..., Any] | None = None
 
 
 def loop_setup(
     model: nn.Module,
     train_data: Any,
     options: TrainingOptions,
-    loss_fn: Any,
-    step_fn: Any,
+    plan: RunPlan,
     *,
     device: torch.device,
     seed: int,
@@ -87,14 +85,14 @@ def loop_setup(
     **where: Any,
 ) -> LoopSetup:
     """The one place a LoopSetup is built: in the notebook (trainer), on each pool rank (distributed) and on a
-    train_async worker (runs). The validation data are the options'; the loss is cross-entropy when None;
-    `where` holds what differs by place (resume, rank, group, is_main, warn, read_each_iteration)."""
+    train_async worker (runs). The validation data are the options'; `plan` is the one made before training
+    (trainer.checked_inputs); `where` holds what differs by place (resume, rank, group, is_main, warn,
+    read_each_iteration)."""
     return LoopSetup(
         model=model,
         train_data=train_data,
         options=options,
-        loss_fn=loss_fn or nn.CrossEntropyLoss(),
-        step_fn=step_fn,
+        plan=plan,
         device=device,
         seed=seed,
         hardware=hardware,
@@ -200,9 +198,9 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     global_batch, local = sum(setup.counts), setup.counts[setup.rank]
     iterations_per_epoch = max(1, len(data) // global_batch)  # MATLAB drops the last incomplete mini-batch
     optimizer = make_optimizer(model, options)
-    forward = _forward(setup.loss_fn, setup.step_fn)  # (net, inputs, labels) -> (loss, outputs or None)
+    forward = setup.plan.step.train  # (net, inputs, labels) -> (loss, outputs or None)
     # the metrics (options.metrics, or the default its loss and targets give) and what patience follows
-    metric_set = run_metrics(options, setup.loss_fn, setup.train_data)
+    metric_set = run_metrics(options, setup.plan.loss_fn, setup.train_data)
     metrics, objective = KeptMetrics(metric_set, options.metrics is not None), Objective(options, metric_set)
     net, figures = _network_and_figures(setup, model, metrics, local / global_batch)
     if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
@@ -379,11 +377,11 @@ def _step(run: _Run, inputs: Any, labels: Any) -> None:
         with run.autocast:
             loss, outputs = run.forward(run.net, inputs, labels)
     except Exception as error:
-        if run.iteration == run.first_iteration and not out_of_memory(error):
+        if run.iteration == run.first_iteration and not out_of_memory(error) and not isinstance(error, OptionsError):
             raise misfit_error(error, inputs, labels) from error
         raise
     if run.iteration == run.first_iteration:
-        _check_loss(loss, run.setup.step_fn)
+        _check_loss(loss, run.setup.plan.step_fn)
     kept = run.figures.keep(loss, outputs, labels)
     run.optimizer.zero_grad(set_to_none=True)
     run.scaler.scale(loss).backward()
@@ -441,7 +439,8 @@ def _validate(run: _Run, iteration: int) -> tuple[float, dict[str, float | None]
     """Validate `iteration`'s network: the schedule (ReduceLROnPlateau) and the objective's patience see it."""
     assert run.validation is not None  # the caller validates only with validation data
     validation_loss, validation_metrics = run.validation.evaluate(run.metrics)
-    run.schedule.after_validation(validation_loss)  # ReduceLROnPlateau's step
+    # ReduceLROnPlateau's step, with the objective's value or the validation loss
+    run.schedule.after_validation(run.setup.plan.plateau_value(validation_loss, validation_metrics))
     improved = _best_updated(
         run.best, run.objective.score(validation_loss, validation_metrics), iteration, run.model, run.options
     )
@@ -595,7 +594,7 @@ def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: ob
     if options.mini_batch_size != "auto" and options.learn_rate_scaling == "none":
         return setup, ""
     # the step as training runs it: the user's step_fn where given (mixup or distillation may need more memory)
-    forward = _forward(setup.loss_fn, setup.step_fn)
+    forward = setup.plan.step.train
     probe = (
         gpu_probe(model, data, options, forward, device, autocast, setup.seed) if device.type == "cuda" else no_probe
     )
@@ -716,27 +715,6 @@ def validation_batch(validation_data: Any, training_batch: int) -> int:
     return loader.batch_size if loader is not None else training_batch
 
 
-def _forward(
-    loss_fn: Callable[[Any, Any], torch.Tensor], step_fn: Callable[..., Any] | None
-) -> Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]]:
-    """The forward and loss of one iteration, (net, inputs, labels) -> (loss, outputs): the network's main output
-    into loss_fn, or the user's step_fn, whose outputs are None when it returns the loss alone."""
-    if step_fn is None:
-
-        def forward(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
-            return loss_and_first_output(loss_fn, call_model(net, inputs), labels)
-
-        return forward
-
-    def step(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
-        result = step_fn(net, inputs, labels)
-        if isinstance(result, tuple) and len(result) == 2:
-            return result[0], first_output(result[1])
-        return result, None
-
-    return step
-
-
 def _check_loss(loss: object, step_fn: Callable[..., Any] | None) -> None:
     """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
@@ -747,8 +725,6 @@ def _check_loss(loss: object, step_fn: Callable[..., Any] | None) -> None:
         else "loss_fn must return the batch's mean loss (a scalar tensor with a gradient)"
     )
     got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-    from nbscale.errors import OptionsError
-
     raise OptionsError(
         f"{what}; it returned {got}: average the loss over the batch (e.g. .mean()), "
         "and compute it from the model's outputs."
@@ -843,11 +819,11 @@ class _Validator:
         # the same augmentation draws at every validation, so its figures compare over the run
         for inputs, labels in self.source.epoch(self.batches, self.setup.seed) if self.source is not None else ():
             with torch.autocast(device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                loss, outputs = loss_and_first_output(self.setup.loss_fn, call_model(self.model, inputs), labels)
+                loss, outputs = self.setup.plan.step.validate(self.model, inputs, labels)  # or the user's step_fn
             count = batch_length(labels)
             totals[0] += loss.float() * count
             totals[1] += count
-            if metrics.size:
+            if metrics.size and outputs is not None:
                 totals[2:] += metrics.metrics.state(outputs, labels).to(device)
         loss_sum, count, *state = summed_over(self.setup.group, totals).tolist()
         return loss_sum / max(count, 1), metrics.values(state)

@@ -10,6 +10,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError
 from nbscale.suggestions import close_names
+from nbscale.training.target_shapes import TargetsShaped
 
 
 def binary_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -47,7 +48,8 @@ def resolve_loss(loss: Any) -> Callable[[Any, Any], torch.Tensor] | None:
 
 
 def is_regression_loss(loss: object) -> bool:
-    """True for "mse"/"l1" and torch's MSELoss/L1Loss/SmoothL1Loss/HuberLoss (the default metric becomes rmse)."""
+    """True for "mse"/"l1", torch's MSELoss/L1Loss/SmoothL1Loss/HuberLoss and such a loss with its target-shape
+    rule (the default metric becomes rmse)."""
     if isinstance(loss, str):
         return loss in REGRESSION_LOSSES
-    return isinstance(loss, nn.MSELoss | nn.L1Loss | nn.SmoothL1Loss | nn.HuberLoss)
+    return isinstance(loss, nn.MSELoss | nn.L1Loss | nn.SmoothL1Loss | nn.HuberLoss | TargetsShaped)

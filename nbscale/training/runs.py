@@ -27,6 +27,7 @@ from nbscale.training.options import TrainingOptions
 
 if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
+    from nbscale.training.plan import RunPlan
 
 _EMIT_INTERVAL = 0.2  # seconds between bunches of events sent by a worker
 
@@ -205,34 +206,31 @@ def train_async(
     from nbscale.training.trainer import as_options, checked_inputs
 
     checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
-    return submit_run(model, checked, pool, name, params, seeded, step_fn)
+    return submit_run(model, checked, pool, name, params, seeded)
 
 
 def submit_run(
     model: nn.Module,
-    checked: tuple[Any, TrainingOptions, Any],
+    checked: tuple[Any, TrainingOptions, RunPlan],
     pool: Any = None,
     name: str = "run",
     params: dict[str, Any] | None = None,
     seeded: SeededStart | None = None,
-    step_fn: Callable[..., Any] | None = None,
 ) -> TrainingRun:
-    """`train_async` of inputs already checked: `checked` is (data, options, loss_fn) as
+    """`train_async` of inputs already checked: `checked` is (data, options, plan) as
     nbscale.training.trainer.checked_inputs returned them for `model` (nbscale.sweep checks every run before any
     starts)."""
     from nbscale.pool.plumbing import submit_with_events
     from nbscale.pool.pool import current_pool
     from nbscale.training.batch_fitting import check_auto_batch_device
 
-    train_data, options, loss_fn = checked
+    train_data, options, plan = checked
     pool = pool if pool is not None else current_pool(start=True)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
-    task = submit_with_events(
-        pool, train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn, seeded, step_fn
-    )
+    task = submit_with_events(pool, train_run_on_worker, run._on_event, model, train_data, worker_options, plan, seeded)
     run._attach(pool, task)
     return run
 
@@ -241,9 +239,8 @@ def train_run_on_worker(
     model: nn.Module,
     train_data: object,
     options: TrainingOptions,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    plan: RunPlan,
     seeded: SeededStart | None = None,
-    step_fn: Callable[..., Any] | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """What the worker of a `train_async` run executes: the whole training loop on this one worker's device,
     events sent to the notebook (unlike nbscale.training.distributed.train_on_worker, one rank of a DDP run)."""
@@ -282,8 +279,7 @@ def train_run_on_worker(
                 model,
                 dataset,
                 options,
-                loss_fn,
-                step_fn,
+                plan,
                 device=device,
                 seed=seeded.data_order_seed if seeded is not None else draw_seed(),
                 hardware=f"worker {context.rank} ({device})",

@@ -64,7 +64,7 @@ class NamedSchedule:
     def after_epoch(self) -> None:
         pass
 
-    def after_validation(self, validation_loss: float) -> None:
+    def after_validation(self, value: float | None) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:
@@ -76,7 +76,8 @@ class NamedSchedule:
 
 class CustomSchedule:
     """The user's torch scheduler (`learn_rate_schedule=lambda optimizer: ...`), stepped after each iteration or
-    epoch (learn_rate_schedule_step), or, for ReduceLROnPlateau, after each validation with its loss."""
+    epoch (learn_rate_schedule_step), or, for ReduceLROnPlateau, after each validation with the objective metric's
+    value or the validation loss (nbscale.training.plateau)."""
 
     def __init__(self, scheduler: Any, step: str) -> None:
         self.scheduler = scheduler
@@ -96,9 +97,10 @@ class CustomSchedule:
         if self.each == "epoch":
             self.scheduler.step()
 
-    def after_validation(self, validation_loss: float) -> None:
-        if self.each == "validation":
-            self.scheduler.step(validation_loss)
+    def after_validation(self, value: float | None) -> None:
+        """ReduceLROnPlateau's step with `value` (the run plan's: nbscale.training.plateau); None: no step."""
+        if self.each == "validation" and value is not None:
+            self.scheduler.step(value)
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self.scheduler.state_dict())

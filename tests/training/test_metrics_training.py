@@ -19,7 +19,7 @@ from nbscale.errors import OptionsError
 from nbscale.pool.plumbing import submit_with_events
 from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
 from nbscale.training.runs import train_run_on_worker
-from nbscale.training.trainer import train
+from nbscale.training.trainer import checked_inputs, train
 from tests.training.digits import digits, tiny_net
 
 TRAIN, VAL = digits()
@@ -100,15 +100,11 @@ def test_class_metrics_of_the_last_validation_equal_sklearns_on_the_returned_net
 def test_a_train_async_runs_events_carry_the_metrics_of_its_network() -> None:
     """The worker of a train_async run sends the same metric values to the notebook."""
     received: list[Any] = []
+    model = tiny_net()
+    dataset, options, plan = checked_inputs(model, TRAIN, class_options("cpu"), None)
     with nbscale.Pool(1, cpu=True) as pool:
         task = submit_with_events(
-            pool,
-            train_run_on_worker,
-            lambda rank, events: received.extend(events),
-            tiny_net(),
-            TRAIN,
-            class_options("cpu"),
-            None,
+            pool, train_run_on_worker, lambda rank, events: received.extend(events), model, dataset, options, plan
         )
         net, info = task.result(timeout=300)
     last = iterations(received)[-1]

@@ -1,0 +1,328 @@
+"""The run plan's PyTorch-semantics rules, trained in this process and checked against plain PyTorch written here:
+regression targets shaped as the outputs, step_fn in validation, ReduceLROnPlateau stepped with the objective, and
+the refusals and warnings of what the network would apply twice."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nbscale
+from nbscale import OptionsError, TrainingOptions
+from nbscale.models.normalization import with_normalization
+from nbscale.training.trainer import checked_inputs
+from tests.training.digits import digits, tiny_net
+
+TRAIN, VAL = digits()
+SMALL = (TRAIN[0][:512], TRAIN[1][:512])
+
+
+def options(**fields: Any) -> TrainingOptions:
+    base = {"solver": "sgdm", "initial_learn_rate": 0.1, "max_epochs": 2, "mini_batch_size": 64, "verbose": False}
+    return TrainingOptions(**{**base, **fields})
+
+
+def plain_sgd(params: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def regression(samples: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs N x 4 and 1-D targets (N,), as a table's column gives them."""
+    inputs = torch.randn(samples, 4, generator=torch.Generator().manual_seed(1))
+    return inputs, inputs @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+
+
+def linear_head(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))  # outputs N x 1
+
+
+def plain_loop(
+    model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable[..., torch.Tensor], epochs: int
+) -> list[float]:
+    """PyTorch's own loop over the data in order, batches of 32, with (N, 1) targets: the losses it saw."""
+    optimizer = plain_sgd([{"params": list(model.parameters())}])
+    inputs, targets = data[0], data[1][:, None]
+    losses = []
+    for _ in range(epochs):
+        for start in range(0, len(inputs), 32):
+            loss = loss_fn(model(inputs[start : start + 32]), targets[start : start + 32])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
+# ---- regression losses: targets shaped as the outputs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "loss",
+    ["mse", "l1", nn.MSELoss(), nn.SmoothL1Loss(), F.huber_loss],
+    ids=["mse", "l1", "MSELoss", "smooth", "huber"],
+)
+def test_regression_loss_on_n_by_1_outputs_and_1d_targets_trains_as_pytorch_with_n_by_1_targets(loss: Any) -> None:
+    data = regression()
+    fields = {"solver": plain_sgd, "shuffle": "never", "mini_batch_size": 32, "max_epochs": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's broadcasting UserWarning would fail the test
+        net, info = nbscale.train(linear_head(), data, options(**fields), loss_fn=loss)
+    reference = linear_head()
+    named = {"mse": F.mse_loss, "l1": F.l1_loss}
+    expected = plain_loop(reference, data, named.get(loss, loss) if isinstance(loss, str) else loss, 3)
+    assert info.training_loss == pytest.approx(expected, abs=1e-5)
+    for mine, theirs in zip(net.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5)
+    assert info.training_loss[-1] < 0.5 * info.training_loss[0]  # it learned (an N x N loss would not)
+
+
+def test_n_by_1_targets_of_a_1d_output_are_viewed_as_the_outputs() -> None:
+    inputs, targets = regression()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 1), nn.Flatten(0))  # outputs (N,)
+    _, info = nbscale.train(net, (inputs, targets[:, None]), options(loss="mse", max_epochs=1, initial_learn_rate=0.01))
+    assert len(info.training_loss) == 4
+
+
+@pytest.mark.parametrize(
+    ("outputs", "targets", "shown"),
+    [
+        (3, (), r"outputs are \(N, 3\) and the targets \(N,\)"),
+        (2, (3,), r"outputs are \(N, 2\) and the targets \(N, 3\)"),
+    ],
+)
+def test_regression_shapes_that_do_not_match_unambiguously_are_refused_naming_the_loss_and_shapes(
+    outputs: int, targets: tuple[int, ...], shown: str
+) -> None:
+    inputs = torch.randn(64, 4)
+    with pytest.raises(OptionsError, match=rf"^loss='mse' compares .*{shown}.*give targets of shape"):
+        nbscale.train(nn.Linear(4, outputs), (inputs, torch.randn(64, *targets)), options(loss="mse"))
+    with pytest.raises(OptionsError, match=rf"^loss_fn=nn.L1Loss\(\) compares .*{shown}"):
+        nbscale.train(nn.Linear(4, outputs), (inputs, torch.randn(64, *targets)), options(), loss_fn=nn.L1Loss())
+
+
+def test_the_validation_targets_are_checked_before_training_too() -> None:
+    inputs, targets = regression()
+    with pytest.raises(OptionsError, match=r"targets \(N, 2\)"):
+        nbscale.train(
+            linear_head(),
+            (inputs, targets),
+            options(loss="mse", validation_data=(inputs[:8], torch.randn(8, 2))),
+        )
+
+
+# ---- step_fn in validation ---------------------------------------------------------------------------------------
+
+
+def test_step_fn_gives_the_validation_loss_called_under_eval_and_no_grad() -> None:
+    calls: list[tuple[bool, bool]] = []
+
+    def reconstruct(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls.append((model.training, torch.is_grad_enabled()))
+        return F.mse_loss(model(inputs), inputs)
+
+    torch.manual_seed(0)
+    autoencoder = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 64))
+    net, info = nbscale.train(
+        autoencoder, SMALL, options(validation_data=VAL, validation_frequency=100), step_fn=reconstruct
+    )
+    with torch.no_grad():
+        expected = F.mse_loss(net.eval()(VAL[0]), VAL[0]).item()  # PyTorch's reconstruction error
+    assert info.final_validation_loss == pytest.approx(expected, abs=1e-5)
+    assert expected < 0.5  # a cross-entropy of the outputs against the labels would be several units
+    assert (True, True) in calls and (False, False) in calls
+
+
+def test_step_fn_taking_training_is_told_which_and_its_outputs_give_the_validation_metrics() -> None:
+    told: list[bool] = []
+
+    def mixup(
+        model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, training: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        told.append(training)
+        if not training:  # mixup switches itself off in validation
+            outputs = model(inputs)
+            return F.cross_entropy(outputs, targets), outputs
+        outputs = model(0.8 * inputs + 0.2 * inputs.roll(1, 0))
+        loss = 0.8 * F.cross_entropy(outputs, targets) + 0.2 * F.cross_entropy(outputs, targets.roll(1, 0))
+        return loss, outputs
+
+    net, info = nbscale.train(tiny_net(), SMALL, options(validation_data=VAL, validation_frequency=100), step_fn=mixup)
+    with torch.no_grad():
+        outputs = net.eval()(VAL[0])
+    assert info.final_validation_loss == pytest.approx(F.cross_entropy(outputs, VAL[1]).item(), abs=1e-5)
+    expected_accuracy = (outputs.argmax(1) == VAL[1]).float().mean().item()
+    assert info.final_validation_accuracy == pytest.approx(expected_accuracy, abs=1e-6)
+    assert told.count(True) == 16 and told.count(False) >= 2  # 2 epochs of 8 batches; validations of 297 samples
+
+
+# ---- ReduceLROnPlateau -------------------------------------------------------------------------------------------
+
+
+def plateau(mode: str) -> Callable[[torch.optim.Optimizer], Any]:
+    return lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=mode, factor=0.5, patience=0)
+
+
+def replayed_rates(values: list[float | None], mode: str) -> list[float]:
+    """The rate of each iteration that torch's own ReduceLROnPlateau gives, stepped with `values` after the
+    iterations that validated (None: no validation)."""
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    scheduler = plateau(mode)(optimizer)
+    rates = []
+    for value in values:
+        rates.append(optimizer.param_groups[0]["lr"])
+        if value is not None:
+            scheduler.step(value)
+    return rates
+
+
+def test_plateau_in_max_mode_is_stepped_with_the_objective_metric() -> None:
+    _, info = nbscale.train(
+        tiny_net(),
+        SMALL,
+        options(
+            max_epochs=4,
+            validation_data=VAL,
+            validation_frequency=2,
+            objective_metric="accuracy",
+            learn_rate_schedule=plateau("max"),
+        ),
+    )
+    accuracies = info.validation_metrics["accuracy"]
+    assert info.learn_rate == pytest.approx(replayed_rates(accuracies, "max"))
+    rates = info.learn_rate
+    assert rates[-1] < 0.1 and rates[-1] > 0.1 * 0.5 ** (sum(a is not None for a in accuracies) - 1)  # some rose
+
+
+def test_plateau_without_objective_metric_is_stepped_with_the_validation_loss() -> None:
+    _, info = nbscale.train(
+        tiny_net(),
+        SMALL,
+        options(max_epochs=4, validation_data=VAL, validation_frequency=2, learn_rate_schedule=plateau("min")),
+    )
+    assert info.learn_rate == pytest.approx(replayed_rates(info.validation_loss, "min"))
+
+
+@pytest.mark.parametrize(
+    ("mode", "objective", "said"),
+    [
+        ("min", "accuracy", r"mode='min'\), which nbscale steps with objective_metric='accuracy', better high"),
+        ("max", "loss", r"mode='max'\), which nbscale steps with the validation loss, better low"),
+    ],
+)
+def test_a_plateau_mode_against_the_objective_is_refused_before_training(mode: str, objective: str, said: str) -> None:
+    fields = {"validation_data": VAL, "objective_metric": objective, "learn_rate_schedule": plateau(mode)}
+    with pytest.raises(OptionsError, match=rf"^learn_rate_schedule returned ReduceLROnPlateau\({said}"):
+        nbscale.train(tiny_net(), SMALL, options(**fields))
+
+
+def test_a_plateau_without_validation_data_is_refused() -> None:
+    with pytest.raises(OptionsError, match="no validation_data: give validation_data"):
+        nbscale.train(tiny_net(), SMALL, options(learn_rate_schedule=plateau("min")))
+
+
+# ---- what the network would apply twice --------------------------------------------------------------------------
+
+
+class EndsInSoftmax(nn.Module):
+    """A network whose softmax is registered first but applied last: only a forward pass shows it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.probabilities = nn.Softmax(dim=1)
+        self.body = tiny_net()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.probabilities(self.body(x))
+
+
+@pytest.mark.parametrize(
+    ("network", "named"),
+    [
+        (lambda: nn.Sequential(*tiny_net(), nn.Softmax(dim=1)), r"last layer '3' is nn.Softmax\(dim=1\)"),
+        (lambda: nn.Sequential(tiny_net(), nn.Sequential(nn.Softmax(dim=1))), r"last layer '1.0' is nn.Softmax"),
+        (EndsInSoftmax, r"last layer 'probabilities' is nn.Softmax"),
+    ],
+    ids=["sequential", "nested", "custom"],
+)
+def test_a_last_softmax_under_cross_entropy_is_refused_naming_the_layer(
+    network: Callable[[], nn.Module], named: str
+) -> None:
+    with pytest.raises(OptionsError, match=rf"^The network's {named}.*applies its own softmax.*remove that layer"):
+        nbscale.train(network(), SMALL, options())
+
+
+def test_a_last_log_softmax_is_refused_naming_nll_loss_and_trains_with_it() -> None:
+    network = nn.Sequential(*tiny_net(), nn.LogSoftmax(dim=1))
+    with pytest.raises(OptionsError, match=r"nn.LogSoftmax.*loss_fn=nn.NLLLoss\(\)"):
+        nbscale.train(network, SMALL, options(), loss_fn=nn.CrossEntropyLoss())
+    _, info = nbscale.train(network, SMALL, options(max_epochs=1), loss_fn=nn.NLLLoss())
+    assert len(info.training_loss) == 8
+
+
+def test_a_last_sigmoid_under_binary_cross_entropy_on_logits_is_refused() -> None:
+    inputs = torch.randn(64, 2)
+    with pytest.raises(OptionsError, match=r"nn.Sigmoid\(\).*binary cross-entropy on logits.*nn.BCELoss\(\)"):
+        nbscale.train(
+            nn.Sequential(nn.Linear(2, 1), nn.Sigmoid()),
+            (inputs, (inputs[:, :1] > 0).float()),
+            options(loss="binary-crossentropy"),
+        )
+
+
+def test_a_softmax_inside_the_network_is_not_refused() -> None:
+    torch.manual_seed(0)
+    attention_like = nn.Sequential(nn.Linear(64, 64), nn.Softmax(dim=1), nn.Linear(64, 10))
+    _, info = nbscale.train(attention_like, SMALL, options(max_epochs=1))
+    assert len(info.training_loss) == 8
+
+
+class SmallConvNet(nn.Module):
+    """A torchvision-like network (not an nn.Sequential, which would run an added layer last)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv, self.fc = nn.Conv2d(3, 4, 3), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).mean(dim=(2, 3)))
+
+
+def normalizing_net() -> nn.Module:
+    """What models.pretrained(..., normalize=True) builds, without downloading weights."""
+    return with_normalization(SmallConvNet(), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def images(standardized: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    pixels = torch.rand(32, 3, 16, 16, generator=torch.Generator().manual_seed(0))  # in [0, 1]
+    mean, std = torch.tensor([0.485, 0.456, 0.406])[:, None, None], torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    return ((pixels - mean) / std if standardized else pixels), torch.arange(32) % 2
+
+
+def test_standardized_images_into_a_normalizing_network_warn_once_naming_normalize_false() -> None:
+    with pytest.warns(UserWarning, match=r"already looks normalized.*models.pretrained\(\.\.\., normalize=False\)"):
+        nbscale.train(normalizing_net(), images(standardized=True), options(max_epochs=1, mini_batch_size=16))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nbscale.train(normalizing_net(), images(standardized=False), options(max_epochs=1, mini_batch_size=16))
+
+
+# ---- the plan itself ---------------------------------------------------------------------------------------------
+
+
+def test_the_plan_is_frozen_and_pickles_with_its_rules() -> None:
+    _, _, plan = checked_inputs(linear_head(), regression(), options(loss="mse"), None)
+    copy = pickle.loads(pickle.dumps(plan))
+    outputs, targets = torch.randn(5, 1), torch.randn(5)
+    assert torch.equal(copy.loss_fn(outputs, targets), F.mse_loss(outputs, targets[:, None]))
+    with pytest.raises(AttributeError):
+        plan.plateau_input = "loss"  # type: ignore[misc]

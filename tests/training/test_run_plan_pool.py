@@ -1,0 +1,62 @@
+"""The run plan on a real 2-worker CPU pool (gloo): step_fn validates on every rank, ReduceLROnPlateau is stepped
+with the objective metric, and a refusal comes from the notebook before any worker trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import nbscale
+from nbscale import OptionsError
+from tests.training.digits import tiny_net
+from tests.training.test_run_plan import SMALL, VAL, options, plateau, replayed_rates
+
+pytestmark = pytest.mark.slow
+
+
+def mixup(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, training: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixup that switches itself off in validation (module-level: it travels to the workers)."""
+    if not training:
+        outputs = model(inputs)
+        return F.cross_entropy(outputs, targets), outputs
+    outputs = model(0.8 * inputs + 0.2 * inputs.roll(1, 0))
+    return 0.8 * F.cross_entropy(outputs, targets) + 0.2 * F.cross_entropy(outputs, targets.roll(1, 0)), outputs
+
+
+def test_step_fn_validation_on_the_pool_is_the_steps_loss_and_metrics(pool: nbscale.Pool) -> None:
+    fields = {"validation_data": VAL, "validation_frequency": 100, "execution_environment": "parallel"}
+    net, info = nbscale.train(tiny_net(), SMALL, options(**fields), step_fn=mixup)
+    assert "2 workers" in info.hardware
+    with torch.no_grad():
+        outputs = net.eval()(VAL[0])  # PyTorch's own figures of the returned network
+    assert info.final_validation_loss == pytest.approx(F.cross_entropy(outputs, VAL[1]).item(), abs=1e-5)
+    expected_accuracy = (outputs.argmax(1) == VAL[1]).float().mean().item()
+    assert info.final_validation_accuracy == pytest.approx(expected_accuracy, abs=1e-6)
+
+
+def test_plateau_on_the_pool_is_stepped_with_the_objective_metric(pool: nbscale.Pool) -> None:
+    _, info = nbscale.train(
+        tiny_net(),
+        SMALL,
+        options(
+            max_epochs=4,
+            validation_data=VAL,
+            validation_frequency=2,
+            objective_metric="accuracy",
+            learn_rate_schedule=plateau("max"),
+            execution_environment="parallel",
+        ),
+    )
+    assert "2 workers" in info.hardware
+    assert info.learn_rate == pytest.approx(replayed_rates(info.validation_metrics["accuracy"], "max"))
+    assert min(info.learn_rate) < 0.1  # it was stepped
+
+
+def test_a_refusal_on_the_pool_comes_before_training(pool: nbscale.Pool) -> None:
+    network = nn.Sequential(*tiny_net(), nn.Softmax(dim=1))
+    with pytest.raises(OptionsError, match=r"^The network's last layer '3' is nn.Softmax"):
+        nbscale.train(network, SMALL, options(execution_environment="parallel"))

@@ -44,7 +44,8 @@ def train(
 
     `loss_fn(outputs, labels)` must average over the batch, or is a name `options.loss` takes ("mse", ...)
     (default: `options.loss`, cross-entropy when None).
-    `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and loss. `resume_from` is a
+    `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and loss, in
+    training and validation (given training=True/False when it has a `training` parameter). `resume_from` is a
     checkpoint file or a checkpoint_path folder (its newest checkpoint); training continues where it stopped
     with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
     trained weights are copied back). The Stop button, the kernel interrupt and output_fn returning True stop

@@ -67,8 +67,8 @@ def train(
     `step_fn(model, inputs, labels) -> loss | (loss, outputs)` replaces the forward and the loss (mixup,
     distillation), in validation too (nbscale.training.steps); precision, backward, clipping, the step, DDP and
     compile stay nbscale's. `resume_from` is a checkpoint file or a checkpoint_path folder (its newest
-    checkpoint); training continues where it stopped with the same schedule and optimizer state. The returned net is `model`, trained in place (on a pool the
-    trained weights are copied back).
+    checkpoint); training continues where it stopped with the same schedule and optimizer state. The returned
+    net is `model`, trained in place (on a pool the trained weights are copied back).
     Every training event (nbscale.training.events) goes to `info` (made here when None), then to each of
     `listeners` in order; nothing is shown here, and only the kernel interrupt and a pool restart
     (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and

@@ -11,7 +11,17 @@ from torch import nn
 import nbscale
 from nbscale import OptionsError
 from tests.training.digits import tiny_net
-from tests.training.test_run_plan import SMALL, VAL, options, plateau, replayed_rates
+from tests.training.test_run_plan import (
+    SMALL,
+    VAL,
+    linear_head,
+    options,
+    plain_loop,
+    plain_sgd,
+    plateau,
+    regression,
+    replayed_rates,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -60,3 +70,13 @@ def test_a_refusal_on_the_pool_comes_before_training(pool: nbscale.Pool) -> None
     network = nn.Sequential(*tiny_net(), nn.Softmax(dim=1))
     with pytest.raises(OptionsError, match=r"^The network's last layer '3' is nn.Softmax"):
         nbscale.train(network, SMALL, options(execution_environment="parallel"))
+
+
+def test_train_async_reads_the_plan_of_a_regression_on_1d_targets(pool: nbscale.Pool) -> None:
+    data = regression()
+    fields = {"solver": plain_sgd, "shuffle": "never", "mini_batch_size": 32, "max_epochs": 3, "loss": "mse"}
+    net, info = nbscale.train_async(linear_head(), data, options(**fields), pool=pool).result(timeout=300)
+    reference = linear_head()
+    assert info.training_loss == pytest.approx(plain_loop(reference, data, F.mse_loss, 3), abs=1e-5)
+    for mine, theirs in zip(net.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(mine, theirs, atol=1e-5)

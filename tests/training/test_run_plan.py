@@ -4,6 +4,7 @@ the refusals and warnings of what the network would apply twice."""
 
 from __future__ import annotations
 
+import math
 import pickle
 import warnings
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from torch import nn
 import nbscale
 from nbscale import OptionsError, TrainingOptions
 from nbscale.models.normalization import with_normalization
+from nbscale.training.target_shapes import matched_targets
 from nbscale.training.trainer import checked_inputs
 from tests.training.digits import digits, tiny_net
 
@@ -117,6 +119,33 @@ def test_the_validation_targets_are_checked_before_training_too() -> None:
             (inputs, targets),
             options(loss="mse", validation_data=(inputs[:8], torch.randn(8, 2))),
         )
+
+
+@pytest.mark.parametrize(
+    ("outputs", "targets", "viewed"),
+    [((5, 1), (5,), (5, 1)), ((5,), (5, 1), (5,)), ((5, 3), (5, 1, 3), (5, 3)), ((5, 3), (5, 3), (5, 3))],
+)
+def test_targets_are_viewed_as_the_outputs_where_only_sizes_of_1_differ(
+    outputs: tuple[int, ...], targets: tuple[int, ...], viewed: tuple[int, ...]
+) -> None:
+    matched = matched_targets(torch.zeros(outputs), torch.arange(5 * 3 * 1.0)[: math.prod(targets)].view(targets))
+    assert matched is not None and matched.shape == viewed
+
+
+@pytest.mark.parametrize(("outputs", "targets"), [((5, 3), (5,)), ((5, 1), (4,)), ((5, 2, 3), (5, 3, 2))])
+def test_other_shapes_have_no_match(outputs: tuple[int, ...], targets: tuple[int, ...]) -> None:
+    assert matched_targets(torch.zeros(outputs), torch.zeros(targets)) is None
+
+
+def test_a_loss_function_of_your_own_gets_the_targets_as_they_are() -> None:
+    shapes: list[tuple[int, ...]] = []
+
+    def own(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(targets.shape))
+        return F.mse_loss(outputs[:, 0], targets)
+
+    nbscale.train(linear_head(), regression(), options(max_epochs=1, mini_batch_size=64), loss_fn=own)
+    assert set(shapes) == {(64,)}
 
 
 # ---- step_fn in validation ---------------------------------------------------------------------------------------

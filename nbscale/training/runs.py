@@ -28,8 +28,6 @@ from nbscale.training.options import TrainingOptions
 if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
 
-_EMIT_INTERVAL = 0.2  # seconds between bunches of events sent by a worker
-
 
 class TrainingRun(Future[Any]):
     """A training run submitted to the pool: a Future of `(net, info)` with live progress.
@@ -256,7 +254,7 @@ def train_run_on_worker(
     context = worker_context()
     dataset = as_dataset(train_data)
     info = TrainingInfo()
-    sender = EventBunches(context.emit, _EMIT_INTERVAL)
+    sender = EventBunches(context.emit)
     stop_reason: list[str] = []
 
     def publish(event: object) -> None:

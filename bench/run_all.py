@@ -38,6 +38,10 @@ def main() -> int:
     parser.add_argument("--history", help="history file to add the run to, newest first (bench/HISTORY.md)")
     parser.add_argument("--only", nargs="*", help="section modules to run, e.g. bench_pool")
     args = parser.parse_args()
+    if args.history and MARKER not in Path(args.history).read_text():  # said before the runs, not after them
+        raise SystemExit(
+            f"{args.history} has no line {MARKER!r} to add the run under: put it back above the newest run."
+        )
     parts = [
         f"## {time.strftime('%Y-%m-%d %H:%M')}: `make bench`",
         "",
@@ -68,11 +72,8 @@ def nested(section: str) -> str:
 
 
 def add_to_history(path: Path, run: str) -> None:
-    """Insert `run` under `path`'s marker line, above the runs before it; a file without the marker is refused."""
-    history = path.read_text()
-    if MARKER not in history:
-        raise SystemExit(f"{path} has no line {MARKER!r} to add the run under: put it back above the newest run.")
-    head, rest = history.split(MARKER, 1)
+    """Insert `run` under `path`'s marker line (main checked it is there), above the runs before it."""
+    head, rest = path.read_text().split(MARKER, 1)
     path.write_text(f"{head}{MARKER}\n\n{run.rstrip()}\n\n{rest.lstrip()}")
 
 

@@ -24,6 +24,7 @@ from nbscale.training.event_bunches import EventBunches
 from nbscale.training.events import IterationDone, TrainingStarted
 from nbscale.training.info import TrainingInfo
 from nbscale.training.options import TrainingOptions
+from nbscale.training.run_inputs import CheckedInputs
 
 if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
@@ -203,33 +204,39 @@ def train_async(
     from nbscale.training.trainer import as_options, checked_inputs
 
     checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
-    return submit_run(model, checked, pool, name, params, seeded, step_fn)
+    return submit_run(model, checked, pool, name, params, seeded)
 
 
 def submit_run(
     model: nn.Module,
-    checked: tuple[Any, TrainingOptions, Any],
+    checked: CheckedInputs,
     pool: Any = None,
     name: str = "run",
     params: dict[str, Any] | None = None,
     seeded: SeededStart | None = None,
-    step_fn: Callable[..., Any] | None = None,
 ) -> TrainingRun:
-    """`train_async` of inputs already checked: `checked` is (data, options, loss_fn) as
-    nbscale.training.trainer.checked_inputs returned them for `model` (nbscale.sweep checks every run before any
-    starts)."""
+    """`train_async` of inputs already checked: `checked` is what nbscale.training.trainer.checked_inputs
+    returned for `model` (nbscale.sweep checks every run before any starts)."""
     from nbscale.pool.plumbing import submit_with_events
     from nbscale.pool.pool import current_pool
     from nbscale.training.batch_fitting import check_auto_batch_device
 
-    train_data, options, loss_fn = checked
+    options, step = checked.options, checked.step
     pool = pool if pool is not None else current_pool(start=True)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
     task = submit_with_events(
-        pool, train_run_on_worker, run._on_event, model, train_data, worker_options, loss_fn, seeded, step_fn
+        pool,
+        train_run_on_worker,
+        run._on_event,
+        model,
+        checked.data,
+        worker_options,
+        step.loss_fn,
+        seeded,
+        step.step_fn,
     )
     run._attach(pool, task)
     return run

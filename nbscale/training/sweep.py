@@ -174,7 +174,7 @@ def sweep(
     ]
     pool = pool if pool is not None else current_pool(start=True)
     runs = [
-        submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start, step_fn=step_fn)
+        submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start)
         for index, ((model, start), inputs, params) in enumerate(zip(seeded, checked, combinations, strict=True))
     ]
     result = SweepResult(runs, pool)

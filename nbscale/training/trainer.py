@@ -39,6 +39,7 @@ from nbscale.training.optimizer import check_factories
 from nbscale.training.options import TrainingOptions, shown_choice, unwrap_form
 from nbscale.training.out_of_memory import released_on_out_of_memory
 from nbscale.training.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.training.run_inputs import CheckedInputs, Step
 from nbscale.training.run_metrics import check_on_first_sample
 from nbscale.training.run_observers import observed_run
 from nbscale.user_warnings import warn_user
@@ -73,7 +74,8 @@ def train(
     (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and
     the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
-    dataset, options, loss_fn = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    dataset, options, step = checked.data, checked.options, checked.step
     if options.checkpoint_path is not None and not os.path.isabs(os.path.expanduser(options.checkpoint_path)):
         # the notebook's folder now, where the user looks: a cluster's workers may not have it (they then run in
         # their own folder), and on_worker_failure="restart" looks here for what they wrote
@@ -94,11 +96,9 @@ def train(
     # button stops it)
     with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop):
         if on_pool:
-            result, restarts = _train_on_pool(
-                model, dataset, options, (loss_fn, step_fn), seed, resume, channel, stop, forced
-            )
+            result, restarts = _train_on_pool(model, dataset, options, step, seed, resume, channel, stop, forced)
         else:
-            result = _train_here(model, dataset, options, (loss_fn, step_fn), seed, resume, channel, stop, info)
+            result = _train_here(model, dataset, options, step, seed, resume, channel, stop, info)
     info.stop_reason = stop.reason or result.stop_reason
     if restarts:
         info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
@@ -137,7 +137,7 @@ def _train_on_pool(
     model: nn.Module,
     dataset: object,
     options: TrainingOptions,
-    step: tuple[Any, Any],
+    step: Step,
     seed: int,
     resume: dict[str, Any] | None,
     channel: EventChannel,
@@ -149,7 +149,7 @@ def _train_on_pool(
     from nbscale.training.distributed import train_on_pool
 
     def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
-        return train_on_pool(model, dataset, options, step[0], seed, resume, events, stop, step_fn=step[1])
+        return train_on_pool(model, dataset, options, step.loss_fn, seed, resume, events, stop, step_fn=step.step_fn)
 
     try:
         if options.on_worker_failure == "restart":
@@ -165,7 +165,7 @@ def _train_here(
     model: nn.Module,
     dataset: Any,
     options: TrainingOptions,
-    step: tuple[Any, Any],
+    step: Step,
     seed: int,
     resume: dict[str, Any] | None,
     channel: EventChannel,
@@ -192,8 +192,8 @@ def _train_here(
                 model,
                 dataset,
                 options,
-                step[0],
-                step[1],
+                step.loss_fn,
+                step.step_fn,
                 device=device,
                 seed=seed,
                 hardware=describe_device(device),
@@ -211,8 +211,8 @@ def _train_here(
 
 def checked_inputs(
     model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any = None
-) -> tuple[Any, TrainingOptions, Any]:
-    """(train_data as a Dataset, options, loss_fn), checked before any training (nbscale.training.checks).
+) -> CheckedInputs:
+    """train_data as a Dataset, the options and the step, checked before any training (nbscale.training.checks).
 
     `loss_fn` None takes `options.loss` (a name of nbscale.training.losses, or a callable); a name given as
     `loss_fn` becomes `options.loss`. A callable solver or learn_rate_schedule is tried once on `model` here,
@@ -263,7 +263,7 @@ def checked_inputs(
     if validation is not options.validation_data:
         options = options.replace(validation_data=validation)
     check_factories(model, options)
-    return dataset, options, loss_fn
+    return CheckedInputs(dataset, options, Step(loss_fn, step_fn))
 
 
 def draw_seed() -> int:

@@ -60,7 +60,7 @@ chromium:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
 
 bench: venv
-	$(PY) bench/run_all.py --write BENCHMARKS.md
+	$(PY) bench/run_all.py --history bench/HISTORY.md
 
 lint: typecheck style
 	cd labextension && npm run lint

@@ -26,7 +26,14 @@ NO_NVML = "No GPU: nvidia-ml-py (pynvml) is not installed, so GPUs cannot be lis
 NO_DEVICE = "No GPU: the NVIDIA driver is loaded but sees no GPU."
 
 _MIB = 1024 * 1024
-_selected: int | None = None  # the index select_gpu() chose in this process
+
+
+@dataclass
+class _Selection:
+    index: int | None = None  # the index select_gpu() chose in this process
+
+
+_selection = _Selection()
 _training_reservations: dict[str, GpuReservation] = {}  # GPUs this process trained on, held until it exits
 
 
@@ -141,7 +148,6 @@ def select_gpu(index: int) -> GpuInfo:
     Calls `torch.cuda.set_device(index)` where torch can use CUDA; otherwise it only records the choice and
     warns. Raises GpuError naming the index and the GPUs that exist when there is no such GPU.
     """
-    global _selected
     if isinstance(index, bool) or not isinstance(index, int):
         raise GpuError(
             f"select_gpu() takes a GPU's index, a whole number as %gpu shows it (like 0), not "
@@ -163,7 +169,7 @@ def select_gpu(index: int) -> GpuInfo:
             f"GPU {index} is recorded as this process's GPU, but this torch cannot use CUDA "
             "(torch.cuda.is_available() is False): install a CUDA build of torch to compute on it."
         )
-    _selected = index
+    _selection.index = index
     return replace(available[index], selected=True)
 
 
@@ -185,7 +191,7 @@ def training_gpu(current: int) -> int:
             return []
         others = found[current].held_by_others()
         free = [gpu for gpu in found if not gpu.held_by_others()]
-        moved = bool(others and free and _selected != current)
+        moved = bool(others and free and _selection.index != current)
         target = free[0] if moved else found[current]
         decided.update(target=target, others=others, moved=moved, free=bool(free))
         key = gpu_key(target.device_id)
@@ -209,7 +215,7 @@ def training_gpu(current: int) -> int:
             torch.cuda.set_device(target.index)
         return int(target.index)
     if others:
-        why = "you selected it" if _selected == current else "no GPU is free"
+        why = "you selected it" if _selection.index == current else "no GPU is free"
         warn_user(
             f"{held}: training shares it ({why}), so both run slower and either may run out of GPU "
             "memory. %gpu shows each GPU's holders."
@@ -283,7 +289,7 @@ def _read(pynvml: Any, cuda_index: int, nvml_index: int) -> GpuInfo:
         power_w=power_mw / 1000 if power_mw is not None else None,
         power_limit_w=limit_mw / 1000 if limit_mw is not None else None,
         processes=_processes(pynvml, ask),
-        selected=cuda_index == _selected,
+        selected=cuda_index == _selection.index,
         uuid=_text(uuid) if uuid else None,
     )
 

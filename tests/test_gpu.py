@@ -53,7 +53,7 @@ def two_gpus(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     monkeypatch.setenv("NBSCALE_GPU_REGISTRY", str(tmp_path))  # no other test's or notebook's reservations
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(gpu_module, "_selected", None)
+    monkeypatch.setattr(gpu_module._selection, "index", None)
 
 
 def test_gpus_reads_every_field_and_tolerates_unsupported_ones(two_gpus):

@@ -12,9 +12,9 @@ or the user's data folder), so jobs outlive kernel restarts and closed notebooks
 
 from __future__ import annotations
 
-import builtins
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from nbscale.suggestions import did_you_mean
 __all__ = [
     "Job",
     "JobStore",
+    "all_jobs",
     "cancel",
     "current_job_dir",
     "default_root",
@@ -58,13 +59,20 @@ def get(job_id: int | str | None = None, *, name: str | None = None) -> Job:
     return Job(named[-1].id, store)
 
 
-def list() -> builtins.list[Job]:  # shadows the builtin: nbscale.jobs.list(), as the API names it
-    """Every job in the store as a Job (`.id`, `.name`, `.state`, ...), oldest first."""
+def all_jobs() -> list[Job]:
+    """Every job in the store as a Job (`.id`, `.name`, `.state`, ...), oldest first; `nbscale.jobs.list()`."""
     store = JobStore()
     return [Job.listed(record.id, store) for record in store.all()]
 
 
-def list_jobs() -> builtins.list[dict[str, Any]]:
+def __getattr__(name: str) -> Callable[[], list[Job]]:
+    """`nbscale.jobs.list`, the API's name for `all_jobs`, looked up here so that no `list` hides the builtin."""
+    if name == "list":
+        return all_jobs
+    raise AttributeError(f"module 'nbscale.jobs' has no attribute {name!r}")
+
+
+def list_jobs() -> list[dict[str, Any]]:
     """Every job as a plain dict, oldest first: id, name, state, started (ISO time or None), elapsed_s,
     pool, error, results (saved variable names), log_path. JSON-ready (the server extension returns it)."""
     store = JobStore()
@@ -76,7 +84,7 @@ def cancel(job_id: int | str) -> bool:
     return get(job_id).cancel()
 
 
-def delete(*job_ids: int | str, older_than: str | timedelta | None = None) -> builtins.list[int]:
+def delete(*job_ids: int | str, older_than: str | timedelta | None = None) -> list[int]:
     """Remove jobs from the store (record, log, saved variables, checkpoints); returns the ids removed.
 
     `delete(3, 4)`: those jobs; JobError, and nothing removed, if one does not exist or is still queued or running

@@ -16,6 +16,7 @@ import hashlib
 import operator
 import pickle
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,19 +35,23 @@ _PAIRWISE: dict[str, Callable[[Any, Any], Any]] = {
 }
 
 
-_calls = 0  # collectives this worker called in the request it runs
-_inside = ""  # the one it is in now, as "allreduce#3" (empty: none)
+@dataclass
+class _Calls:
+    count: int = 0  # collectives this worker called in the request it runs
+    inside: str = ""  # the one it is in now, as "allreduce#3" (empty: none)
+
+
+_calls = _Calls()
 
 
 def new_request() -> None:
     """Count this worker's collectives from 1 again (each request of the worker)."""
-    global _calls, _inside
-    _calls, _inside = 0, ""
+    _calls.count, _calls.inside = 0, ""
 
 
 def current_collective() -> str:
     """The collective this worker's main thread is in, as "<helper>#<its number in this request>", or ""."""
-    return _inside
+    return _calls.inside
 
 
 def _recorded(helper: Callable[..., Any]) -> Callable[..., Any]:
@@ -54,15 +59,14 @@ def _recorded(helper: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(helper)
     def recording(*args: object, **kwargs: object) -> Any:
-        global _calls, _inside
-        if _inside:  # gather through allgather: the user called gather
+        if _calls.inside:  # gather through allgather: the user called gather
             return helper(*args, **kwargs)
-        _calls += 1
-        _inside = f"{helper.__name__}#{_calls}"
+        _calls.count += 1
+        _calls.inside = f"{helper.__name__}#{_calls.count}"
         try:
             return helper(*args, **kwargs)
         finally:
-            _inside = ""
+            _calls.inside = ""
 
     return recording
 

@@ -70,23 +70,28 @@ class WorkerContext:
             self._emit(payload)
 
 
-_current: WorkerContext | None = None
+@dataclass
+class _This:
+    context: WorkerContext | None = None  # set once, when this process starts as a pool worker
+
+
+_this = _This()
 
 
 def worker_context() -> WorkerContext:
     """The context of the worker this code runs on; raises outside a pool worker."""
-    if _current is None:
+    current = _this.context
+    if current is None:
         from nbscale.errors import PoolError
 
         raise PoolError("worker_context() only works in code running on a pool worker (pool.run, %%spmd).")
-    return _current
+    return current
 
 
 def in_worker() -> bool:
     """Whether this process is a pool worker."""
-    return _current is not None
+    return _this.context is not None
 
 
 def set_worker_context(context: WorkerContext) -> None:
-    global _current
-    _current = context
+    _this.context = context

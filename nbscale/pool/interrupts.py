@@ -10,7 +10,7 @@ In the notebook's process (the kernel):
 - An interrupt while a blocking request waits interrupts the workers still running it and gives them a grace
   time; those that do not stop are replaced (waiting.py's `wait`, which states the grace times).
 - Training asks to stop at the end of its iteration on the first interrupt and stops at once on the second; on
-  the pool, the second comes by itself after a grace time (`graceful_interrupt`, used by train/trainer.py).
+  the pool, the second comes by itself after a grace time (`graceful_interrupt`, used by training/trainer.py).
 
 On a pool worker (worker.py):
 - SIGINT raises KeyboardInterrupt only in the request that runs (`RequestGate`): one arriving between requests
@@ -39,21 +39,28 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import Any
 
 from nbscale.notices import notices
 
 _task_cancelled = threading.Event()  # on a worker: the interrupt now landing is pool.cancel's
-_holding: HeldInterrupt | None = None  # the hold in force: one nested in it leaves the interrupt to it
-_second_lands = True  # whether a second interrupt during a hold lands at once (see `hold_every_interrupt`)
+
+
+@dataclass
+class _Holds:
+    holding: HeldInterrupt | None = None  # the hold in force: one nested in it leaves the interrupt to it
+    second_lands: bool = True  # whether a second interrupt during a hold lands at once (see `hold_every_interrupt`)
+
+
+_holds = _Holds()
 
 
 def hold_every_interrupt() -> None:
     """Hold a second interrupt too, in this process (a worker: its interrupts come from the kernel, which always
     reads what the worker sends, and a reply cut short would garble the kernel's channel)."""
-    global _second_lands
-    _second_lands = False
+    _holds.second_lands = False
 
 
 def task_cancelled() -> bool:
@@ -87,8 +94,7 @@ class HeldInterrupt:
         self._previous: Any = None
 
     def __enter__(self) -> HeldInterrupt:
-        global _holding
-        if _holding is not None or threading.get_ident() != threading.main_thread().ident:
+        if _holds.holding is not None or threading.get_ident() != threading.main_thread().ident:
             return self  # held already, or not the main thread: no interrupt is raised in this one
         previous = _signal.getsignal(signal.SIGINT)
         if callable(previous):
@@ -96,16 +102,15 @@ class HeldInterrupt:
                 _signal.signal(signal.SIGINT, self._note)
             except ValueError:  # not the main interpreter's main thread after all
                 return self
-            self._previous, _holding = previous, self
+            self._previous, _holds.holding = previous, self
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        global _holding
         if self._previous is not None:
             _signal.signal(signal.SIGINT, self._previous)
-            self._previous, _holding = None, None
+            self._previous, _holds.holding = None, None
         if self._notice is not None:
             self.pending = False  # dropped: the step that was held for is what the interrupts asked for
         elif not self._deliver_later:
@@ -117,7 +122,7 @@ class HeldInterrupt:
             notices.warning(self._notice)
             return
         if (
-            self.pending and _second_lands
+            self.pending and _holds.second_lands
         ):  # a second interrupt: the user wants out now (a send that never ends, to a frozen peer)
             self.pending = False
             raise KeyboardInterrupt

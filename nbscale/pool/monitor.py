@@ -16,7 +16,7 @@ from nbscale.pool.routing import Router
 
 STATUS_TIMEOUT_S = 1.0
 LAST_CHANCE_S = 2.0  # a silent worker is asked once more before it is given up
-_refusal_said = False  # an unsafe registry folder is said once per process, not at every heartbeat
+_refusal_said = threading.Event()  # an unsafe registry folder is said once per process, not at every heartbeat
 
 
 class Monitor:
@@ -109,12 +109,11 @@ class Monitor:
                 self._publish_now()
 
     def _publish_now(self) -> None:
-        global _refusal_said
         try:
             registry.publish(self._state())
         except (OSError, ValueError):  # a full disk, or a number JSON cannot hold: the next beat tries again
             pass
         except registry.RegistryUnsafe as refusal:  # the pool works; only the JupyterLab panel will not show it
-            if not _refusal_said:
-                _refusal_said = True
+            if not _refusal_said.is_set():
+                _refusal_said.set()
                 notices.warning(f"[nbscale] {refusal}")

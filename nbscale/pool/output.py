@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import TextIO
 
 from nbscale.pool import protocol as p
@@ -25,7 +26,14 @@ _unflushed: set[str] = set()  # streams written since their last flush
 # stream name -> other ranks' output that waits, in order, for the open line to end (see print_output)
 _waiting: dict[str, list[p.Output]] = {}
 _opened: dict[str, tuple[float, bool]] = {}  # stream name -> when its open line began, and whether it is plain text
-_unflushed_chars = 0  # written since the last flush
+
+
+@dataclass
+class _Written:
+    chars: int = 0  # written since the last flush
+
+
+_written = _Written()
 _PATIENCE_S = 1.0  # how long finished lines of other ranks wait for an open plain line ("loading..." then " ok")
 QUEUED_OUTPUT_CHARS = 8 * 2**20  # a request's output waiting to be shown, at most (the rest is left out, counted)
 # what the kernel sends faster than the notebook reads waits in the kernel (ipykernel and ZeroMQ keep it all):
@@ -173,9 +181,8 @@ def _write(stream: TextIO, name: str, rank: int, text: str) -> None:
         elif "\r" in text:
             _opened[name] = (_opened.get(name, (0.0, False))[0], False)
     _unflushed.add(name)
-    global _unflushed_chars
-    _unflushed_chars += len(text)
-    if _unflushed_chars > FLUSH_CHARS:
+    _written.chars += len(text)
+    if _written.chars > FLUSH_CHARS:
         flush_output()
 
 
@@ -196,8 +203,7 @@ def end_open_lines() -> None:
 
 def flush_output() -> None:
     """Flush the streams `print_output` wrote to since their last flush."""
-    global _unflushed_chars
-    _unflushed_chars = 0
+    _written.chars = 0
     for name, stream in (("stdout", sys.stdout), ("stderr", sys.stderr)):
         if name in _unflushed:  # discard, not pop: the receiver thread may print (and flush) at the same time
             _unflushed.discard(name)

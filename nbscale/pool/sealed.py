@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import pickle
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,20 +26,25 @@ from nbscale.errors import PoolError
 _PURPOSE = b"nbscale collectives"  # the key is derived for this use alone, apart from the channels' handshake
 _TAG_SIZE = hashlib.sha256().digest_size
 
-_key: bytes | None = None
+
+@dataclass
+class _Held:
+    key: bytes | None = None  # this worker's key for peers' messages, derived once by hold_pool_key
+
+
+_held = _Held()
 
 
 def hold_pool_key(secret: bytes) -> None:
     """Derive this worker's key for peers' messages from the pool's secret and keep it for `pool_key`."""
-    global _key
-    _key = hmac.new(secret, _PURPOSE, hashlib.sha256).digest()
+    _held.key = hmac.new(secret, _PURPOSE, hashlib.sha256).digest()
 
 
 def pool_key() -> bytes:
     """The key `hold_pool_key` derived; RuntimeError outside a pool worker, which has none."""
-    if _key is None:
+    if _held.key is None:
         raise RuntimeError("nbscale's sealed collectives run only in a pool worker, which holds the pool's key.")
-    return _key
+    return _held.key
 
 
 def seal(key: bytes, rank: int, payload: bytes) -> bytes:

@@ -39,8 +39,6 @@ if TYPE_CHECKING:
     from nbscale.pool.context import WorkerContext
     from nbscale.pool.pool import Pool
 
-_EMIT_INTERVAL = 0.1  # seconds between bunches of events sent from rank 0
-
 
 @dataclass
 class WorkerJob:
@@ -174,7 +172,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     if context.rank not in active:
         return None
     is_main = context.rank == active[0]
-    sender = EventBunches(context.emit, _EMIT_INTERVAL)
+    sender = EventBunches(context.emit)
     device = context.device
     if device.type == "cuda":
         torch.cuda.set_device(device)

@@ -8,11 +8,15 @@ from typing import Any
 
 from nbscale.training.events import PreparingData, TrainingDone, TrainingStarted
 
+# seconds between bunches of a worker's events to the notebook (a pool's rank 0, a train_async run): the
+# notebook's display hears of a run at most this late, and the channel carries at most 10 messages a second
+EMIT_INTERVAL_S = 0.1
+
 
 class EventBunches:
     """Buffers events and emits them as one list every `interval` seconds; start, end and PreparingData go at once."""
 
-    def __init__(self, emit: Callable[[Any], None], interval: float) -> None:
+    def __init__(self, emit: Callable[[Any], None], interval: float = EMIT_INTERVAL_S) -> None:
         self.emit, self.interval = emit, interval
         self.buffer: list[Any] = []
         self.last = 0.0

@@ -1,7 +1,8 @@
 """The training figures of each iteration (loss, metrics, stop requests): kept while the loop runs, read in bunches.
 
 A read of a figure from a GPU waits for the GPU to finish everything queued, so the loop keeps each iteration's
-figures where they are and reads them together, chosen once in setup:
+figures where they are and reads them together, in one of two ways chosen once in setup (the loop reads
+either through the `Figures` protocol):
 - `LocalFigures`, in the notebook's process and on a pool where one rank has all the work: an iteration keeps
   its loss, outputs and labels; a read stacks a whole bunch and works out the metrics' states
   (`MetricSet.states`) in one computation, at
@@ -28,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -100,6 +101,26 @@ class KeptMetrics:
         """Each name's value from a summed state (None for a name not computed)."""
         values = self.metrics.values(state) if self.metrics.size and len(state) == self.metrics.size else {}
         return {name: values.get(name) for name in self.names}
+
+
+class Figures(Protocol):
+    """What the loop reads of its figures, whichever way they are kept (LocalFigures, PoolFigures)."""
+
+    read_every: int  # most iterations between reads
+    interval: float  # most seconds between reads (math.inf: never by time)
+
+    @property
+    def unread(self) -> Bunch | None:
+        """The bunch last read, still on its way to the host (None: every read is of its own bunch)."""
+
+    def keep(self, loss: torch.Tensor, outputs: Any, labels: Any) -> Any:
+        """What to keep of this iteration (called before backward): `Pending.figures`."""
+
+    def stop_asked(self) -> bool:
+        """Whether this rank should stop now, before the next read says so."""
+
+    def read(self, pending: list[Pending], stop_asked: bool, wait: bool) -> list[Reading]:
+        """The readings of the iterations read now (with `wait`, `pending`'s own among them)."""
 
 
 class LocalFigures:

@@ -34,7 +34,7 @@ from nbscale.training.checkpoint import prepare_folder, save_checkpoint
 from nbscale.training.checks import misfit_error
 from nbscale.training.compiling import compiled_network
 from nbscale.training.events import IterationDone, PreparingData, TrainingDone, TrainingStarted
-from nbscale.training.figures import READ_EVERY, CarryingHook, KeptMetrics, LocalFigures, Pending, PoolFigures
+from nbscale.training.figures import READ_EVERY, CarryingHook, Figures, KeptMetrics, LocalFigures, Pending, PoolFigures
 from nbscale.training.layout import layout_restored, train_channels_last
 from nbscale.training.optimizer import make_optimizer
 from nbscale.training.options import FACTORY_FIELDS, TrainingOptions, shown_choice
@@ -149,7 +149,7 @@ class _Run:
     optimizer: torch.optim.Optimizer
     schedule: Schedule
     clip: Callable[[], None]
-    figures: LocalFigures | PoolFigures  # how the figures are kept and read (one process, or with DDP's hook)
+    figures: Figures  # how the figures are kept and read (one process, or with DDP's hook)
     reading: _ReadRule  # when they are read
     metrics: KeptMetrics
     objective: Objective
@@ -271,7 +271,7 @@ def _held_data(
 
 def _network_and_figures(
     setup: LoopSetup, model: nn.Module, metrics: KeptMetrics, share: float
-) -> tuple[nn.Module, LocalFigures | PoolFigures]:
+) -> tuple[nn.Module, Figures]:
     """The network the step calls and how the figures are kept and read: on several ranks with work, DDP with the
     figures summed with the last gradient bucket; else the model and the figures read in this process."""
     if setup.group is not None:
@@ -283,9 +283,7 @@ class _ReadRule:
     """When the loop reads the figures (nbscale.training.figures): a bunch is full, this iteration needs its figures
     now (validation, the last iteration, a checkpoint, a stop asked), an epoch ends, or the interval passed."""
 
-    def __init__(
-        self, figures: LocalFigures | PoolFigures, validation_frequency: int, total_iterations: int, validating: bool
-    ) -> None:
+    def __init__(self, figures: Figures, validation_frequency: int, total_iterations: int, validating: bool) -> None:
         self.figures, self.frequency, self.total, self.validating = (
             figures,
             validation_frequency,

@@ -7,20 +7,21 @@ worker that still runs) is raised as usual: restarting would only repeat it.
 
 The listeners see one continuous run: the resumed attempt's replay of what they already saw (its TrainingStarted,
 the checkpoint's history, and the iterations between the checkpoint and the loss, which resume recomputes
-exactly) is not passed on again. What happened is said when it happens: a line on stderr and a TrainingRestarted
-event (`info.restarts`, a mark in the progress figure), and in `info.stop_reason` at the end.
+exactly) is not passed on again. What happened is said when it happens: a warning of the `nbscale.notices` logger
+(on stderr by default) and a TrainingRestarted event (`info.restarts`, a mark in the progress figure), and in
+`info.stop_reason` at the end.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from nbscale.errors import OptionsError, WorkerError
+from nbscale.notices import notices
 from nbscale.training.checkpoint import checkpoint_file, load_checkpoint
 from nbscale.training.events import EventChannel, IterationDone, StopSignal, TrainingRestarted, TrainingStarted
 from nbscale.training.options import TrainingOptions
@@ -100,11 +101,13 @@ def train_surviving_lost_workers(
                 f"restart {len(notes) + 1} after iteration {continuation.last_iteration}: {losses}; resumed from "
                 f"{where}"
             )
-            print(
-                f"Training lost a worker ({losses}). Restarting the pool and resuming from {where} "
-                f"(on_worker_failure='restart', restart {len(notes) + 1} of at most {MAX_RESTARTS}).",
-                file=sys.stderr,
-                flush=True,
+            notices.warning(
+                "Training lost a worker (%s). Restarting the pool and resuming from %s "
+                "(on_worker_failure='restart', restart %d of at most %d).",
+                losses,
+                where,
+                len(notes) + 1,
+                MAX_RESTARTS,
             )
             pool.restart()
             resume = load_checkpoint(checkpoint[0]) if checkpoint else resume

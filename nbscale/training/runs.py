@@ -24,12 +24,11 @@ from nbscale.training.event_bunches import EventBunches
 from nbscale.training.events import IterationDone, TrainingStarted
 from nbscale.training.info import TrainingInfo
 from nbscale.training.options import TrainingOptions
+from nbscale.training.run_inputs import CheckedInputs
 
 if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
     from nbscale.training.plan import RunPlan
-
-_EMIT_INTERVAL = 0.2  # seconds between bunches of events sent by a worker
 
 
 class TrainingRun(Future[Any]):
@@ -211,26 +210,27 @@ def train_async(
 
 def submit_run(
     model: nn.Module,
-    checked: tuple[Any, TrainingOptions, RunPlan],
+    checked: CheckedInputs,
     pool: Any = None,
     name: str = "run",
     params: dict[str, Any] | None = None,
     seeded: SeededStart | None = None,
 ) -> TrainingRun:
-    """`train_async` of inputs already checked: `checked` is (data, options, plan) as
-    nbscale.training.trainer.checked_inputs returned them for `model` (nbscale.sweep checks every run before any
-    starts)."""
+    """`train_async` of inputs already checked: `checked` is what nbscale.training.trainer.checked_inputs
+    returned for `model` (nbscale.sweep checks every run before any starts)."""
     from nbscale.pool.plumbing import submit_with_events
     from nbscale.pool.pool import current_pool
     from nbscale.training.batch_fitting import check_auto_batch_device
 
-    train_data, options, plan = checked
+    options, plan = checked.options, checked.plan
     pool = pool if pool is not None else current_pool(start=True)
     check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)
     run.options, run.seed = options, seeded.seed if seeded is not None else None
     worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
-    task = submit_with_events(pool, train_run_on_worker, run._on_event, model, train_data, worker_options, plan, seeded)
+    task = submit_with_events(
+        pool, train_run_on_worker, run._on_event, model, checked.data, worker_options, plan, seeded
+    )
     run._attach(pool, task)
     return run
 
@@ -253,7 +253,7 @@ def train_run_on_worker(
     context = worker_context()
     dataset = as_dataset(train_data)
     info = TrainingInfo()
-    sender = EventBunches(context.emit, _EMIT_INTERVAL)
+    sender = EventBunches(context.emit)
     stop_reason: list[str] = []
 
     def publish(event: object) -> None:

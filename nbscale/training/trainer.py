@@ -40,6 +40,7 @@ from nbscale.training.options import TrainingOptions, shown_choice, unwrap_form
 from nbscale.training.out_of_memory import released_on_out_of_memory
 from nbscale.training.plan import RunPlan, plan_run
 from nbscale.training.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.training.run_inputs import CheckedInputs
 from nbscale.training.run_metrics import check_on_first_sample
 from nbscale.training.run_observers import observed_run
 from nbscale.user_warnings import warn_user
@@ -74,7 +75,8 @@ def train(
     (on_worker_failure="restart") print a line (on stderr). `stop` (made when None) is what the listeners and
     the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
-    dataset, options, plan = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    dataset, options, plan = checked.data, checked.options, checked.plan
     if options.checkpoint_path is not None and not os.path.isabs(os.path.expanduser(options.checkpoint_path)):
         # the notebook's folder now, where the user looks: a cluster's workers may not have it (they then run in
         # their own folder), and on_worker_failure="restart" looks here for what they wrote
@@ -209,8 +211,8 @@ def _train_here(
 
 def checked_inputs(
     model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any = None
-) -> tuple[Any, TrainingOptions, RunPlan]:
-    """(train_data as a Dataset, options, the run plan), checked before any training (nbscale.training.checks)
+) -> CheckedInputs:
+    """train_data as a Dataset, the options and the run plan, checked before any training (nbscale.training.checks)
     and planned (nbscale.training.plan: the loss's target-shape rule, the step, the plateau's input).
 
     `loss_fn` None takes `options.loss` (a name of nbscale.training.losses, or a callable); a name given as
@@ -265,7 +267,7 @@ def checked_inputs(
     first_items = {"train_data": first_item}
     if validation is not None:
         first_items["validation_data"] = first_validation_item
-    return dataset, options, plan_run(model, dataset, options, loss_fn, step_fn, first_items)
+    return CheckedInputs(dataset, options, plan_run(model, dataset, options, loss_fn, step_fn, first_items))
 
 
 def draw_seed() -> int:

@@ -36,6 +36,16 @@ def test_list_gives_job_objects_oldest_first_and_get_finds_the_newest_of_a_name(
         jobs.get(name="rn")
 
 
+def test_list_is_the_apis_name_for_all_jobs_and_the_module_defines_no_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NBSCALE_HOME", str(tmp_path))
+    assert jobs.list is jobs.all_jobs and jobs.list() == []
+    assert "list" not in vars(jobs)  # Python's list stays itself inside the module
+    with pytest.raises(AttributeError, match="no attribute 'lst'"):
+        jobs.lst  # noqa: B018 (the lookup is the test)
+
+
 def test_the_jobs_table_is_the_same_from_jobs_or_from_dicts(job_store: JobStore) -> None:
     job = jobs.submit("value = 1\n", name="tabled")
     job.wait(WAIT_S)

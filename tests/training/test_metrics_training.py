@@ -101,7 +101,8 @@ def test_a_train_async_runs_events_carry_the_metrics_of_its_network() -> None:
     """The worker of a train_async run sends the same metric values to the notebook."""
     received: list[Any] = []
     model = tiny_net()
-    dataset, options, plan = checked_inputs(model, TRAIN, class_options("cpu"), None)
+    checked = checked_inputs(model, TRAIN, class_options("cpu"), None)
+    dataset, options, plan = checked.data, checked.options, checked.plan
     with nbscale.Pool(1, cpu=True) as pool:
         task = submit_with_events(
             pool, train_run_on_worker, lambda rank, events: received.extend(events), model, dataset, options, plan

@@ -349,7 +349,7 @@ def test_standardized_images_into_a_normalizing_network_warn_once_naming_normali
 
 
 def test_the_plan_is_frozen_and_pickles_with_its_rules() -> None:
-    _, _, plan = checked_inputs(linear_head(), regression(), options(loss="mse"), None)
+    plan = checked_inputs(linear_head(), regression(), options(loss="mse"), None).plan
     copy = pickle.loads(pickle.dumps(plan))
     outputs, targets = torch.randn(5, 1), torch.randn(5)
     assert torch.equal(copy.loss_fn(outputs, targets), F.mse_loss(outputs, targets[:, None]))

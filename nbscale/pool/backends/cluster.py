@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from nbscale.cluster_profiles import ClusterProfile, resolve_cluster
@@ -32,10 +33,17 @@ DEFAULT_CONNECT_TIMEOUT_S = 120.0
 EXIT_STATUS_TIMEOUT_S = 3.0
 REACHABLE_TIMEOUT_S = 10.0  # the TCP handshake with the head: the OS answers it even when the head is busy
 
-# The Ray connection nbscale made in this process: (the address it was given, _connection_id()). A later pool on the
-# same cluster reuses it, a pool on another cluster replaces it (Ray holds one connection per process); the id tells it
-# from a connection the notebook made itself after a ray.shutdown().
-_connection: tuple[str, tuple[str | None, str | None]] | None = None
+
+@dataclass
+class _Connection:
+    """The Ray connection nbscale made in this process: (the address it was given, _connection_id()). A later pool
+    on the same cluster reuses it, a pool on another cluster replaces it (Ray holds one connection per process); the
+    id tells it from a connection the notebook made itself after a ray.shutdown()."""
+
+    made: tuple[str, tuple[str | None, str | None]] | None = None
+
+
+_connection = _Connection()
 
 
 def make_cluster_backend(cluster: str, connect_timeout: float | None = None) -> Backend:
@@ -104,11 +112,11 @@ class RayBackend(Backend):
         self.listen_host = "127.0.0.1" if self.kernel_host.startswith("127.") else "0.0.0.0"
 
     def _connect(self) -> None:
-        global _connection
         import ray
 
         if ray.is_initialized():
-            made_here = _connection[0] if _connection is not None and _connection[1] == _connection_id() else None
+            made = _connection.made
+            made_here = made[0] if made is not None and made[1] == _connection_id() else None
             if self.profile.address in (_gcs_address(), made_here):
                 return
             if made_here is None:
@@ -118,7 +126,7 @@ class RayBackend(Backend):
                     "ray.shutdown() first."
                 )
             ray.shutdown()  # the last pool's cluster: only one pool runs at a time, and it has stopped
-            _connection = None
+            _connection.made = None
         self._check_reachable()
         outcome: dict[str, Any] = {}
         deadline = time.monotonic() + self.connect_timeout
@@ -151,7 +159,7 @@ class RayBackend(Backend):
                 "(`ray status` there) and that this machine can reach the address; on a slow or loaded network allow "
                 "longer with --connect-timeout SECONDS (connect_timeout in the profile)."
             )
-        _connection = (self.profile.address, _connection_id())
+        _connection.made = (self.profile.address, _connection_id())
 
     def _check_reachable(self) -> None:
         """Fail at once where nothing listens at the address (Ray itself would retry until the timeout)."""

@@ -104,6 +104,7 @@ def plain_loop(
 ) -> History:
     """Train `model` in place as a plain PyTorch loop does; its histories and final weights."""
     history, metrics = History(), metrics or {}
+    loss_fn = loss_fn if loss_fn is not None or step_fn is not None else nn.CrossEntropyLoss()
     total, iteration = epochs * len(data), 0
     model.train()
     for _ in range(epochs):

@@ -41,3 +41,15 @@ def test_a_dataloaders_shuffle_and_drop_last_are_followed_on_a_pool_of_two(
         classes(), shuffle=shuffle, drop_last=drop_last, reference_metrics={"accuracy": accuracy}, validation=VALIDATION
     )
     assert_same(row.trained(execution_environment="parallel", data_placement="stream"), row.reference())
+
+
+def test_a_last_batch_the_workers_cannot_split_evenly_is_padded_from_the_epochs_start(pool: nbscale.Pool) -> None:
+    # 39 samples: the last batch, 7, is padded to 8 (one sample of the epoch's first batch again), so each worker
+    # takes 4; every other batch and the epoch count are the loader's, and nothing repeats with drop_last=True
+    row = Row(classes(39), reference_metrics={"accuracy": accuracy})
+    got, expected = row.trained(execution_environment="parallel"), row.reference()
+    assert len(got.training_loss) == len(expected.training_loss) == 3 * 5
+    assert got.training_loss[:4] == pytest.approx(expected.training_loss[:4], abs=1e-5)
+    assert got.training_loss[4] != pytest.approx(expected.training_loss[4], abs=1e-5)
+    dropped = Row(classes(39), drop_last=True, reference_metrics={"accuracy": accuracy})
+    assert_same(dropped.trained(execution_environment="parallel"), dropped.reference())

@@ -74,7 +74,8 @@ def test_resume_draws_the_loaders_order_on_from_where_its_generator_was(tmp_path
     nbscale.train(network(), loader(), options(max_epochs=1, checkpoint_path=str(tmp_path)))
     resumed, info = nbscale.train(network(), loader(), options(max_epochs=3), resume_from=str(tmp_path))
     assert info.training_loss == whole_info.training_loss
-    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()))
+    pairs = zip(whole.state_dict().values(), resumed.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
 
 
 def test_a_validation_loaders_drop_last_leaves_its_partial_batch_out() -> None:

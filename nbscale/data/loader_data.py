@@ -82,6 +82,12 @@ def loader_data(loader: DataLoader[Any], what: str = "train_data") -> LoaderData
         )
     if not hasattr(loader.dataset, "__len__"):
         raise OptionsError(f"{name} whose dataset has no __len__: give the dataset a __len__. Supported: {_SUPPORTED}.")
+    if len(loader) == 0:
+        raise OptionsError(
+            f"{name} that yields no batch: its {len(loader.sampler)} samples are fewer than batch_size="  # type: ignore[arg-type]
+            f"{loader.batch_size} with drop_last=True: lower batch_size, or give drop_last=False. "
+            f"Supported: {_SUPPORTED}."
+        )
     collate = None if loader.collate_fn is default_collate else loader.collate_fn
     workers = {
         "worker_init_fn": loader.worker_init_fn,

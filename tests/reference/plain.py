@@ -9,7 +9,6 @@ histories and the final weights.
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -244,7 +243,3 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> float:
 
 def rmse(outputs: torch.Tensor, targets: torch.Tensor) -> float:
     return float(((outputs.reshape(targets.shape) - targets) ** 2).mean().sqrt())
-
-
-def same_copy(row: Row) -> Row:
-    return copy.deepcopy(row)

@@ -156,6 +156,11 @@ class Stream(IterableDataset):
             "train_data is a DataLoader with its own batch_sampler (BatchSampler), which nbscale cannot follow",
         ),
         (
+            DataLoader(TwoInputs(6), batch_size=8, drop_last=True),
+            "train_data is a DataLoader that yields no batch: its 6 samples are fewer than batch_size=8 with "
+            "drop_last=True",
+        ),
+        (
             DataLoader(Stream(), batch_size=8),
             "train_data is a DataLoader over an IterableDataset (Stream), which nbscale cannot index",
         ),

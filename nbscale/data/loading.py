@@ -173,6 +173,8 @@ def _cannot_be_resident(dataset: Dataset[Any]) -> str | None:
     loader = loader_of(dataset)
     if loader is not None and loader.collate_fn is not None:
         return "its DataLoader has its own collate_fn"
+    if loader is not None and loader.num_workers and loader.workers.get("worker_init_fn") is not None:
+        return "its DataLoader has a worker_init_fn, which its worker processes run before reading"
     inner = dataset.dataset if isinstance(dataset, Subset | LoaderData) else dataset
     if isinstance(inner, Subset | LoaderData):
         return _cannot_be_resident(inner)
@@ -216,10 +218,12 @@ def make_batch_source(
     `progress` counts the items read before training.
     """
     rows = [int(row) for row in rows] if rows is not None else None
-    if isinstance(dataset, LoaderData) and dataset.collate_fn is None and deterministic(dataset.dataset):
-        dataset = dataset.dataset  # a DataLoader of tensors or datastores: resident as they are
-    if placement == "stream" or (placement == "auto" and (background or not deterministic(dataset))):
-        return StreamBatches(_part(dataset, rows), device, background, seed)
+    held = dataset  # what is held resident: a DataLoader of tensors or datastores, as they are
+    if isinstance(dataset, LoaderData) and deterministic(dataset.dataset) and _cannot_be_resident(dataset) is None:
+        held = dataset.dataset
+    if placement == "stream" or (placement == "auto" and (background or not deterministic(held))):
+        return StreamBatches(_part(dataset, rows), device, background, seed)  # a DataLoader's settings kept
+    dataset = held
     said = warn if warn is not None else (lambda message: None)  # None: a pool's other ranks, which stay quiet
     why_not = _cannot_be_resident(dataset)
     if why_not is not None:  # "auto" streams it quietly (a TensorDataset of three tensors); "device" says why

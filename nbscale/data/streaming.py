@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from nbscale.data.batches import to_device
 from nbscale.data.labels import as_labels
-from nbscale.data.loader_data import loader_of
+from nbscale.data.loader_data import LoaderData, loader_of
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -53,21 +53,19 @@ class StreamBatches:
         self.sampler = _EpochBatchSampler()
         self.device = device
         self.by_seed = isinstance(dataset, AugmentedImageDatastore)
-        loader = loader_of(dataset)  # a user's DataLoader: its collate_fn and num_workers
-        workers = min(4, os.cpu_count() or 1) if background else 0
-        if loader is not None and loader.num_workers:
-            workers = loader.num_workers
+        loader = loader_of(dataset)  # a user's DataLoader: its collate_fn and worker settings
+        workers, settings = _reading(loader, background, device)
         collate: Callable[[list[Any]], Any] | None = loader.collate_fn if loader is not None else None
-        extra: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 4} if workers else {}
-        read = _AugmentedBySeed(dataset) if self.by_seed else dataset
+        # a DataLoader's own dataset, as its worker_init_fn finds it in get_worker_info().dataset
+        read, self.positions = _users_dataset(dataset)
+        read = _AugmentedBySeed(read) if self.by_seed else read
         self.loader = DataLoader(
             read,
             batch_sampler=self.sampler,
             num_workers=workers,
             collate_fn=collate,
-            pin_memory=device.type == "cuda",
             generator=torch.Generator().manual_seed(seed),
-            **extra,
+            **settings,
         )
         self.description = (
             f"streamed by a DataLoader ({workers} background workers)" if workers else "streamed by a DataLoader"
@@ -84,12 +82,41 @@ class StreamBatches:
         _stop_worker_processes(self.loader)
 
     def epoch(self, rows: torch.Tensor | Sequence[torch.Tensor], seed: int) -> Iterator[Batch]:
-        self.sampler.lists = rows
+        self.sampler.lists = rows if self.positions is None else [self.positions[row] for row in rows]
         self.sampler.seed = seed if self.by_seed else None
         non_blocking, device = self.device.type == "cuda", self.device
         for x, y in self.loader:  # nested inputs and targets (tuples, dicts) move whole
             y = to_device(y, device, non_blocking)
             yield to_device(x, device, non_blocking), (as_labels(y) if isinstance(y, torch.Tensor) else y)
+
+
+def _users_dataset(dataset: Dataset[Any]) -> tuple[Dataset[Any], torch.Tensor | None]:
+    """(the dataset to read, where each of `dataset`'s items sits in it or None): the user's own dataset inside
+    a DataLoader's (LoaderData, or Subsets of one), else `dataset` itself."""
+    if loader_of(dataset) is None:
+        return dataset, None
+    positions = None
+    while isinstance(dataset, Subset):
+        chosen = torch.as_tensor(dataset.indices, dtype=torch.long)
+        positions = chosen if positions is None else chosen[positions]
+        dataset = dataset.dataset
+    assert isinstance(dataset, LoaderData)  # loader_of found it
+    return dataset.dataset, positions
+
+
+def _reading(loader: LoaderData | None, background: bool, device: torch.device) -> tuple[int, dict[str, Any]]:
+    """(worker processes, DataLoader settings): a user's DataLoader's own (num_workers, worker_init_fn, timeout,
+    persistent_workers, pin_memory, prefetch_factor, ...); nbscale's (4 persistent processes, pinned memory on a
+    GPU) for its own data, or when dispatch_in_background=True asks for processes a DataLoader has none of."""
+    own: dict[str, Any] = {"pin_memory": device.type == "cuda"}
+    workers = min(4, os.cpu_count() or 1) if background else 0
+    if loader is not None and (loader.num_workers or not background):
+        return loader.num_workers, dict(loader.workers)
+    if workers:
+        own.update(persistent_workers=True, prefetch_factor=4)
+    if loader is not None:  # its worker_init_fn, timeout and start method apply to nbscale's processes too
+        own.update({key: loader.workers[key] for key in ("worker_init_fn", "timeout", "multiprocessing_context")})
+    return workers, own
 
 
 def _stop_worker_processes(loader: DataLoader[Any]) -> None:

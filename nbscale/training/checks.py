@@ -18,6 +18,7 @@ from torch.nn.parameter import is_lazy
 from torch.utils.data import Dataset, TensorDataset
 
 from nbscale.data.batches import call_model, first_output, one_sample_batch, to_device
+from nbscale.data.loader_data import first_item
 from nbscale.errors import ModelError, OptionsError
 from nbscale.training.losses import unknown_loss
 
@@ -116,7 +117,7 @@ def check_items(dataset: Dataset[Any], what: str) -> Any:
     if len(dataset) == 0:  # type: ignore[arg-type]
         return None
     with torch.random.fork_rng(devices=[]):  # reading an augmented item draws numbers: the run's stream stays as it was
-        item = dataset[0]
+        item = first_item(dataset)  # a DataLoader's with a worker_init_fn: in a worker process of its own
     if isinstance(item, dict):
         raise OptionsError(
             f"{what} yields dicts (keys {sorted(item)[:5]}), but training takes (input, label) "

@@ -2,8 +2,9 @@
 
 The compiled network is a wrapper that shares the user's parameters, so training updates the user's module in
 place and the user gets the plain module back, never an OptimizedModule. Only the training step runs compiled:
-training batches all have one shape (the last incomplete mini-batch is dropped), so it compiles once, with
-static shapes; validation runs the plain module in eval mode, so neither its mode nor a last smaller validation
+training batches all have one shape (nbscale drops the last incomplete mini-batch of data it batches; a
+DataLoader's last partial batch, unless drop_last, compiles once more), so it compiles once, with static shapes;
+validation runs the plain module in eval mode, so neither its mode nor a last smaller validation
 batch makes it compile again.
 
 torch.compile compiles at the first call, so whether a network compiles is only known then. Setup tries one

@@ -25,6 +25,7 @@ from torch import nn
 
 from nbscale.data.batches import batch_length
 from nbscale.data.loader_data import loader_of
+from nbscale.data.loader_order import LoaderBatches, MatlabBatches, make_epoch_batches, validation_order
 from nbscale.data.loading import BatchSource, make_batch_source
 from nbscale.data.preparing import Progress, Readers
 from nbscale.data.streaming import StreamBatches
@@ -155,9 +156,8 @@ class _Run:
     objective: Objective
     iterations_per_epoch: int
     global_batch: int
-    offset: int  # this rank's first sample in each global batch
-    local: int  # and how many it takes
     started: dict[str, Any]  # what TrainingStarted says of the setup (chosen, prepare_seconds, data_placement)
+    batches: MatlabBatches | LoaderBatches  # each epoch's samples: the DataLoader's own, or MATLAB's
     epoch: int = 0
     iteration: int = 0
     images: int = 0
@@ -196,7 +196,9 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     if validation is not None:
         validation.split(validation_batch(setup.validation_data, max(setup.counts)))
     global_batch, local = sum(setup.counts), setup.counts[setup.rank]
-    iterations_per_epoch = max(1, len(data) // global_batch)  # MATLAB drops the last incomplete mini-batch
+    # a DataLoader's batches as iterating it gives them; MATLAB's (the last partial mini-batch dropped) otherwise
+    batches = make_epoch_batches(setup.train_data, len(data), options.shuffle, setup.seed, setup.counts, setup.rank)
+    iterations_per_epoch = batches.iterations
     optimizer = make_optimizer(model, options)
     forward = setup.plan.step.train  # (net, inputs, labels) -> (loss, outputs or None)
     # the metrics (options.metrics, or the default its loss and targets give) and what patience follows
@@ -204,14 +206,7 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     metrics, objective = KeptMetrics(metric_set, options.metrics is not None), Objective(options, metric_set)
     net, figures = _network_and_figures(setup, model, metrics, local / global_batch)
     if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
-        first = _epoch_rows(
-            epoch_order(options.shuffle, setup.seed, 1, len(data)),
-            iterations_per_epoch,
-            global_batch,
-            sum(setup.counts[: setup.rank]),
-            local,
-        )[:1]
-        trial = _trial(data, first, setup.seed, autocast, forward)
+        trial = _trial(data, batches.first_rows(), setup.seed, autocast, forward)
         net = compiled_network(net, options.compile, trial, model, device, warn=setup.warn)
     reading = _ReadRule(
         figures, options.validation_frequency, iterations_per_epoch * int(options.max_epochs), validation is not None
@@ -234,9 +229,8 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
         objective,
         iterations_per_epoch,
         global_batch,
-        sum(setup.counts[: setup.rank]),
-        local,
         started,
+        batches=batches,
     )
 
 
@@ -317,6 +311,7 @@ def _start(run: _Run) -> None:
     """Restore a checkpoint's state, then tell the listeners what this run is (a resumed run: its history)."""
     setup, options = run.setup, run.options
     if setup.resume is not None:
+        run.batches.skip(int(setup.resume["epoch"]))  # before the global stream is restored: it draws from it
         run.epoch, run.iteration, run.history, run.best = _restore(
             setup.resume, run.model, run.optimizer, run.scaler, run.schedule
         )
@@ -350,11 +345,10 @@ def _train_epoch(run: _Run) -> None:
     """One epoch's steps, with the figures read in bunches (or when an iteration needs them) and reported."""
     run.epoch += 1
     setup, options = run.setup, run.options
-    order = epoch_order(options.shuffle, setup.seed, run.epoch, len(run.data))
-    rows = _epoch_rows(order, run.iterations_per_epoch, run.global_batch, run.offset, run.local)
+    rows = run.batches.rows(run.epoch)
     run.model.train()
     for step, (inputs, labels) in enumerate(run.data.epoch(rows, _epoch_seed(setup.seed, run.epoch)), 1):
-        _step(run, inputs, labels)
+        _step(run, inputs, labels, run.batches.sizes[step - 1])
         epoch_end = step == len(rows)
         due = run.reading.validation_due(run.iteration)
         asked = run.figures.stop_asked()
@@ -367,7 +361,7 @@ def _train_epoch(run: _Run) -> None:
             break
 
 
-def _step(run: _Run, inputs: Any, labels: Any) -> None:
+def _step(run: _Run, inputs: Any, labels: Any, size: int) -> None:
     """One iteration: forward and loss (or the user's step_fn), backward, clip, step; its figures kept unread."""
     run.iteration += 1
     learn_rate = run.schedule.before_iteration(run.iteration)
@@ -387,7 +381,7 @@ def _step(run: _Run, inputs: Any, labels: Any) -> None:
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.schedule.after_iteration()
-    run.images += run.global_batch
+    run.images += size  # the global batch's samples (a DataLoader's last batch may be smaller)
     run.pending.append(Pending(run.epoch, run.iteration, time.perf_counter() - run.start, learn_rate, run.images, kept))
 
 
@@ -670,13 +664,6 @@ def _distributed(
     return net, PoolFigures(hook, setup.group, device, setup.stop_reason, metrics, setup.read_each_iteration)
 
 
-def _epoch_rows(order: torch.Tensor, iterations: int, global_batch: int, offset: int, local: int) -> torch.Tensor:
-    """This rank's sample indices of each iteration of an epoch: iterations x local, from the epoch's order."""
-    if len(order) < global_batch:  # fewer samples than a mini-batch (unreadable files left out): one iteration
-        return order[offset : offset + local][None]
-    return order[: iterations * global_batch].view(iterations, global_batch)[:, offset : offset + local]
-
-
 def _loader_seed(setup: LoopSetup) -> int:
     """The seed of a DataLoader's own random stream: a rank's background processes draw other numbers than
     another rank's."""
@@ -690,7 +677,7 @@ def _epoch_seed(seed: int, epoch: int) -> int:
 
 def _trial(
     data: BatchSource,
-    rows: torch.Tensor,
+    rows: torch.Tensor | list[torch.Tensor],
     seed: int,
     autocast: contextlib.AbstractContextManager[object],
     forward: Callable[..., tuple[torch.Tensor, Any]],
@@ -748,14 +735,6 @@ def _no_clipping() -> None:
     pass
 
 
-def epoch_order(shuffle: str, seed: int, epoch: int, samples: int) -> torch.Tensor:
-    """Sample order of `epoch` (1-based): the same on every rank, and a pure function so resume is exact."""
-    if shuffle == "never":
-        return torch.arange(samples)
-    generator = torch.Generator().manual_seed(seed + (epoch if shuffle == "every-epoch" else 0))
-    return torch.randperm(samples, generator=generator)
-
-
 def clip_gradients(model: nn.Module, method: str, threshold: float) -> None:
     """MATLAB's gradient clipping: per-parameter L2 norm, global L2 norm, or element-wise absolute value."""
     with_gradients = [p for p in model.parameters() if p.grad is not None]
@@ -785,9 +764,13 @@ class _Validator:
         data = as_dataset(setup.validation_data, "validation_data")
         active = sum(1 for c in setup.counts if c > 0)
         position = sum(1 for c in setup.counts[: setup.rank] if c > 0)
-        # each rank reads and holds only the samples it validates
-        # torch's Dataset declares no __len__; as_dataset checked it
-        rows = torch.arange(position, len(data), active) if active > 1 else None  # type: ignore[arg-type]
+        # the samples a validation DataLoader gives (its sampler, its drop_last); each rank reads and holds only
+        # the samples it validates
+        order = validation_order(data)
+        if active > 1:
+            # torch's Dataset declares no __len__; as_dataset checked it
+            order = (torch.arange(len(data)) if order is None else order)[position::active]  # type: ignore[arg-type]
+        rows = order
         self.source: BatchSource | None = None
         self.batches: list[torch.Tensor] = []
         if rows is None or len(rows):

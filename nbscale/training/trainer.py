@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from nbscale.data.loader_data import loader_of
+from nbscale.data.loader_order import options_over_loader
 from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
@@ -235,6 +236,8 @@ def checked_inputs(
         loss_fn = resolve_loss(options.loss)
     dataset = as_dataset(train_data)
     options = with_loader_batch_size(options, dataset)  # a DataLoader's batch_size, unless the options set one
+    for note in options_over_loader(options.shuffle, options.dispatch_in_background, dataset):
+        warn_user(note, RuntimeWarning)  # an option set explicitly wins over the loader's setting
     # torch's Dataset declares no __len__; as_dataset checked it
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise OptionsError("train_data is empty: give it at least one sample.")

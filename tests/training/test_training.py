@@ -16,8 +16,9 @@ from torch import nn
 
 import nbscale
 from nbscale import OptionsError, TrainingOptions
+from nbscale.data.loader_order import epoch_order
 from nbscale.data.loading import split_batch
-from nbscale.training.loop import clip_gradients, epoch_order
+from nbscale.training.loop import clip_gradients
 from tests.training.digits import ViewsItsFeatures, digits, tiny_net
 
 TRAIN, VAL = digits()

@@ -161,9 +161,9 @@ def queue(env: dict[str, str]) -> list[str]:
     return result.stdout.strip().splitlines()
 
 
-@pytest.fixture(scope="module")
-def slurm() -> Iterator[dict[str, str]]:
-    """A test SLURM cluster for a module's tests (its clients' environment); skipped where SLURM is not installed."""
+@contextmanager
+def running_cluster() -> Iterator[dict[str, str]]:
+    """slurm_cluster(), or the test skipped, saying why, where SLURM is not installed (make test installs it)."""
     missing = missing_programs()
     if missing:
         pytest.skip(f"SLURM is not installed here ({', '.join(missing)} not found): make test installs it with apt")

@@ -10,7 +10,14 @@ import pytest
 import nbscale
 from nbscale.cluster_profiles import resolve_cluster
 from nbscale.errors import PoolError
-from tests.slurm_cluster import queue, slurm  # noqa: F401 - slurm: the module's cluster (a fixture)
+from tests.slurm_cluster import queue, running_cluster
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The module's SLURM cluster: the environment its clients need."""
+    with running_cluster() as env:
+        yield env
 
 
 @pytest.fixture

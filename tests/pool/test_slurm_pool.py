@@ -15,12 +15,19 @@ from collections.abc import Iterator
 import pytest
 
 from tests.kernel_session import KernelSession
-from tests.slurm_cluster import queue, slurm  # noqa: F401 - slurm: the module's cluster (a fixture)
+from tests.slurm_cluster import queue, running_cluster
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray")
 
 QUEUE_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """The module's SLURM cluster: the environment its clients need."""
+    with running_cluster() as env:
+        yield env
 
 
 def _kernel(slurm: dict[str, str], folder) -> KernelSession:

@@ -24,7 +24,7 @@ from nbscale.cluster_profiles import ClusterProfile
 from nbscale.errors import PoolError, PoolInterrupted
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.backends.cluster import DEFAULT_CONNECT_TIMEOUT_S, RayBackend, disconnect
-from nbscale.pool.backends.slurm_allocation import ADDRESS_MARK
+from nbscale.pool.backends.slurm_allocation import ADDRESS_MARK, START_ATTEMPTS
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
 from nbscale.slurm_commands import JobState, cancel, job_state, never_starts, submit
@@ -138,6 +138,13 @@ class SlurmBackend(Backend):
 
     def _ended_before_ray(self, state: JobState, output: Path) -> str:
         last = _last_lines(output)
+        if "nbscale: Ray did not start" in last:
+            return (
+                f"Ray did not start in SLURM job {self.job_id} ({state.state}) after {START_ATTEMPTS} attempts: {last}. "
+                "Its node may be overloaded, or the filesystem Ray loads from slow; the job's output has Ray's "
+                f"messages ({output}). Start the pool again, or ask SLURM for an exclusive node (sbatch_args = "
+                '["--exclusive"]).'
+            )
         return (
             f"SLURM job {self.job_id} ended ({state.state}) before Ray started in it: {last or 'it wrote nothing'} "
             f"(all of it: {output}). Check the profile's python ({self.slurm.node_python}): nbscale and Ray must be "

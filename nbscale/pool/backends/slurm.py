@@ -140,10 +140,10 @@ class SlurmBackend(Backend):
         last = _last_lines(output)
         if "nbscale: Ray did not start" in last:
             return (
-                f"Ray did not start in SLURM job {self.job_id} ({state.state}) after {START_ATTEMPTS} attempts: {last}. "
-                "Its node may be overloaded, or the filesystem Ray loads from slow; the job's output has Ray's "
-                f"messages ({output}). Start the pool again, or ask SLURM for an exclusive node (sbatch_args = "
-                '["--exclusive"]).'
+                f"Ray did not start in SLURM job {self.job_id} ({state.state}) after {START_ATTEMPTS} attempts: "
+                f"{last}. Its node may be overloaded, or the filesystem Ray loads from slow; the job's output "
+                f"has Ray's messages ({output}). Start the pool again, or ask SLURM for an exclusive node "
+                '(sbatch_args = ["--exclusive"]).'
             )
         return (
             f"SLURM job {self.job_id} ended ({state.state}) before Ray started in it: {last or 'it wrote nothing'} "

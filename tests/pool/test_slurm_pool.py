@@ -111,7 +111,11 @@ def test_a_pending_allocation_says_it_waits_and_the_interrupt_cancels_it(slurm, 
     try:
         waiting = hpc_kernel.run(
             "%pool start 2 --cluster hpc",
-            interrupt_when=lambda: any("PENDING" in line for line in _pool_jobs(slurm)),
+            # the watchdog starts once the job is submitted and its first progress line written
+            interrupt_when=lambda: (
+                hpc_kernel.child_running("nbscale.pool.backends.slurm_watchdog")
+                and any("PENDING" in line for line in _pool_jobs(slurm))
+            ),
             timeout=120,
         )
         assert waiting.error_name == "PoolInterrupted", waiting.text

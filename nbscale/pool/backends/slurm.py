@@ -95,6 +95,7 @@ class SlurmBackend(Backend):
         ]
         script = f"#!/bin/sh\nexec {self.slurm.node_python} -m nbscale.pool.backends.slurm_allocation head {gpus}\n"
         self.job_id = submit(self.slurm, options, script)
+        _progress(_waiting_line(self.job_id, JobState("PENDING"), 0))
         self._start_watchdog()
         return folder / f"nbscale-pool-{self.job_id}.out"
 
@@ -198,8 +199,9 @@ def _progress(line: str) -> None:
 
 def _waiting_line(job_id: int, state: JobState, seconds: float) -> str:
     if state.state == "PENDING":
+        reason = f": {state.reason}" if state.reason not in ("", "None") else ""
         return (
-            f"SLURM job {job_id} waits in the queue (PENDING: {state.reason}) for {seconds:.0f} s; "
+            f"SLURM job {job_id} waits in the queue (PENDING{reason}) for {seconds:.0f} s; "
             "interrupt the kernel to cancel it"
         )
     return f"SLURM job {job_id} {state.state} on {state.nodes or '?'}: starting Ray there ({seconds:.0f} s)"

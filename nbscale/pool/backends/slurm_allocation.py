@@ -63,6 +63,7 @@ def _ray_start(session: str, cpus: int, gpus: int, *arguments: str) -> list[str]
         f"--num-gpus={gpus}",
         f"--node-ip-address={socket.gethostbyname(socket.gethostname())}",
         "--disable-usage-stats",
+        "--include-log-monitor=false",  # the pool's workers send their output over their own channels
         f"--temp-dir={session}",
         *(f"--{name}={_free_port()}" for name in _FIXED_DEFAULT_PORTS),
         *arguments,

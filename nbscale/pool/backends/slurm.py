@@ -173,6 +173,16 @@ class SlurmBackend(Backend):
         return True  # a worker that dies is noticed through its channel
 
     def exit_status(self, rank: int, pid: int) -> str | None:
+        """Ended with the allocation (its time limit: the profile's time field), else as Ray tells it."""
+        if self.job_id is not None:
+            state = job_state(self.slurm, self.job_id)
+            if state.state == "TIMEOUT":
+                return (
+                    f"went with SLURM job {self.job_id}, which reached its time limit (field time of profile "
+                    f"{self.slurm.name!r}): ask for more time, and keep checkpoints (TrainingOptions.checkpoint_path)"
+                )
+            if state.ended:
+                return f"went with SLURM job {self.job_id}, which ended ({state.state})"
         return self.ray.exit_status(rank, pid) if self.ray is not None else None
 
     def node(self, rank: int) -> str | None:

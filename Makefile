@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
 
-.PHONY: venv demo test test-fast test-latest lock chromium bench lint style typecheck clean reference examples screenshots
+.PHONY: venv demo test test-fast test-latest lock chromium slurm bench lint style typecheck clean reference examples screenshots
 
 $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ demo: venv
 PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
 
-test: venv chromium
+test: venv chromium slurm
 	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test
 	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra --durations=15
 
@@ -58,6 +58,12 @@ lock:
 # Debian's headless Chromium for the JupyterLab browser test (Playwright drives it; no Playwright browser download)
 chromium:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
+
+# a one-node SLURM cluster for tests/pool/test_slurm_*.py and tests/jobs/test_slurm_jobs.py (tests/slurm_cluster.py
+# configures and starts it in a temp folder; the packages' own services are not used)
+slurm:
+	test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged -a -x /usr/bin/sbatch || \
+		(apt-get update && apt-get install -y slurmctld slurmd munge slurm-client)
 
 bench: venv
 	$(PY) bench/run_all.py --history bench/HISTORY.md

@@ -29,9 +29,10 @@ from typing import Any, cast
 from platformdirs import user_config_path
 
 from nbscale.errors import PoolError
+from nbscale.slurm_profile import SlurmProfile, slurm_profile
 from nbscale.trust import others_could_change
 
-BACKENDS = ("ray",)
+BACKENDS = ("ray", "slurm")
 MAX_CONNECT_TIMEOUT_S = 3600.0
 
 
@@ -48,6 +49,7 @@ class ClusterProfile:
     job_address: str = ""
     job_python: str = ""
     connect_timeout: float | None = None  # seconds; None: the pool's default
+    slurm: SlurmProfile | None = None  # backend "slurm": what to ask SLURM for (then address is empty)
 
 
 def profiles_path() -> Path:
@@ -100,6 +102,8 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
     backend = entry.get("backend", "ray")
     if backend not in BACKENDS:
         raise PoolError(f"Profile {cluster!r} names backend {backend!r}; nbscale supports {', '.join(BACKENDS)}.")
+    if backend == "slurm":
+        return _slurm_cluster(cluster, entry)
     if "address" not in entry:
         raise PoolError(f'Profile {cluster!r} in {profiles_path()} has no address: add address = "ray://HOST:PORT".')
     return ClusterProfile(
@@ -114,6 +118,22 @@ def resolve_cluster(cluster: str) -> ClusterProfile:
         connect_timeout=checked_connect_timeout(
             entry.get("connect_timeout"), f"connect_timeout in profile {cluster!r} of {profiles_path()}"
         ),
+    )
+
+
+def _slurm_cluster(name: str, entry: dict[str, Any]) -> ClusterProfile:
+    """A slurm profile: Ray runs inside the allocation, so its address is known only once SLURM started it."""
+    slurm = slurm_profile(name, entry, str(profiles_path()))
+    return ClusterProfile(
+        name=name,
+        backend="slurm",
+        address="",
+        gpus_per_worker=slurm.gpus_per_worker,
+        env={str(k): str(v) for k, v in entry.get("env", {}).items()},
+        connect_timeout=checked_connect_timeout(
+            entry.get("connect_timeout"), f"connect_timeout in profile {name!r} of {profiles_path()}"
+        ),
+        slurm=slurm,
     )
 
 

@@ -26,8 +26,8 @@ SHARED = {
     "file_locks",
     "version",
 }
-# What a pool runs on: GPUs on this machine and cluster profiles.
-MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}
+# What a pool runs on: GPUs on this machine, cluster profiles and SLURM's commands.
+MACHINE = {"gpu_reservations", "gpu", "cluster_profiles", "slurm_profile", "slurm_commands"}
 # The core: no widget, no notebook display, no magic, no server.
 CORE = {*MACHINE, "pool", "models", "data", "training", "jobs", "confusion", "inference", "loggers"}
 
@@ -37,7 +37,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     **{name: set() for name in SHARED},
     "gpu_reservations": set(),
     "gpu": {"gpu_reservations"},
-    "cluster_profiles": set(),
+    "cluster_profiles": {"slurm_profile"},
+    "slurm_profile": set(),
+    "slurm_commands": {"slurm_profile"},
     "pool": {*MACHINE},  # generic: nothing of data, training or jobs
     "models": set(),
     "data": {"pool"},  # a pool's ranks exchange the data they read (sealed pickles); never train/ or jobs/

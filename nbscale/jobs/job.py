@@ -272,7 +272,16 @@ def _as_dict(record: JobRecord, store: JobStore) -> dict[str, Any]:
         "results": list(record.results),
         "log_path": str(store.log_path(record.id)),
         "training": _training_summary(record, store),
+        "scheduler": _scheduler_state(record, store),
     }
+
+
+def _scheduler_state(record: JobRecord, store: JobStore) -> str | None:
+    """What SLURM says of an active SLURM job ("SLURM PENDING (Priority)"); None for other jobs and ended ones."""
+    if record.state not in ACTIVE_STATES:
+        return None
+    job_dir = store.job_dir(record.id)
+    return backend_of(job_dir).scheduler_state(job_dir)
 
 
 def _training_summary(record: JobRecord, store: JobStore) -> dict[str, Any] | None:

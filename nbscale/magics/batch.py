@@ -32,7 +32,8 @@ class BatchMagics(Magics):
     @argument(
         "--cluster",
         metavar="PROFILE_OR_ADDRESS",
-        help="run the job as a Ray job on this cluster (a profile name, or the job server's http://HEAD:8265)",
+        help="run the job on this cluster: a Ray job (a profile name, or the job server's http://HEAD:8265), or a "
+        "SLURM batch job for a profile with backend = slurm",
     )
     @cell_magic
     def batch(self, line: str, cell: str) -> None:

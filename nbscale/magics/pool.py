@@ -58,7 +58,9 @@ class PoolMagics(Magics):
     @argument("--gpus", type=int_list, help="GPU indices to use, one worker each, e.g. 0,2")
     @argument("--cpu", action="store_true", help="use CPU workers even where GPUs exist")
     @argument("--force", action="store_true", help="take GPUs another notebook holds too, sharing them")
-    @argument("--cluster", help="a profile name from ~/.config/nbscale/profiles.toml, or ray://HOST:PORT")
+    @argument(
+        "--cluster", help="a profile name from ~/.config/nbscale/profiles.toml (Ray or SLURM), or ray://HOST:PORT"
+    )
     @argument("--idle-timeout", type=_minutes, default=30, help="minutes idle before the pool stops itself (0: never)")
     @argument("--env", nargs="+", action="extend", metavar="KEY=VALUE", help="environment variables for every worker")
     @argument(

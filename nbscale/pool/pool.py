@@ -591,7 +591,7 @@ class Pool:
             )
             for w in self.workers
         )
-        return PoolStatus(self.size, self.kind, self._backend.name, self._monitor.idle_left_s(), workers)
+        return PoolStatus(self.size, self.kind, self._backend.status_name(), self._monitor.idle_left_s(), workers)
 
 
 def _shown_in_notebook(pool: Pool) -> Callable[[int, Any], None]:

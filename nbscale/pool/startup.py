@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from nbscale.cluster_profiles import resolve_cluster
 from nbscale.errors import PoolError, WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool.backends.base import Backend
@@ -39,7 +40,12 @@ GROUP_FOLDER_PREFIX = "nbscale-group-"  # + the kernel's pid + "-" + mkdtemp's r
 
 
 def make_backend(settings: PoolSettings) -> Backend:
-    """The backend that starts this pool's workers: a Ray cluster for `cluster`, else processes here."""
+    """The backend that starts this pool's workers: a Ray cluster (or a SLURM allocation running one) for
+    `cluster`, else processes here."""
+    if settings.cluster is not None and resolve_cluster(settings.cluster).backend == "slurm":
+        from nbscale.pool.backends.slurm import SlurmBackend  # imports ray only for cluster pools
+
+        return SlurmBackend(resolve_cluster(settings.cluster), settings.connect_timeout)
     if settings.cluster is not None:
         from nbscale.pool.backends.cluster import make_cluster_backend  # imports ray only for cluster pools
 

@@ -53,7 +53,7 @@ class JobsTable:
                 {
                     "id": fields["id"],
                     "name": fields["name"] or "",
-                    "state": fields["state"],
+                    "state": fields["state"] + (f" ({fields['scheduler']})" if fields.get("scheduler") else ""),
                     "started": _started(fields["started"]),
                     "elapsed": format_elapsed(fields["elapsed_s"]),
                 }

@@ -28,7 +28,8 @@ def html_table(columns: Sequence[str], rows: Sequence[dict[str, Any]], state_col
         for column in columns:
             value = html.escape(str(row.get(column, "")))
             if column == "state":
-                value = f"<span style='color:{state_colours.get(row['state'], 'inherit')}'>&#9679; {value}</span>"
+                colour = state_colours.get(str(row["state"]).split(" ")[0], "inherit")  # "queued (SLURM ...)"
+                value = f"<span style='color:{colour}'>&#9679; {value}</span>"
             cells += f"<td style='text-align:left'>{value}</td>"
         body += f"<tr>{cells}</tr>"
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

@@ -55,3 +55,8 @@ class JobBackend(ABC):
     @abstractmethod
     def cancel(self, record: JobRecord, job_dir: Path) -> None:
         """Stop the job's runner and everything it started (the store already says cancelled)."""
+
+    def scheduler_state(self, job_dir: Path) -> str | None:
+        """What the cluster's scheduler says of an active job ("SLURM PENDING (Priority)"), for %jobs; None where
+        no scheduler is asked."""
+        return None

@@ -68,3 +68,7 @@ class Backend(ABC):
 
     def describe(self) -> str:
         return self.name
+
+    def status_name(self) -> str:
+        """What `%pool` shows as the backend ("local", "ray", "slurm job 42 RUNNING")."""
+        return self.name

@@ -282,6 +282,17 @@ class RayBackend(Backend):
         return f"ray at {self.profile.address}"
 
 
+def disconnect() -> None:
+    """End this process's Ray connection (before its cluster goes away: a driver whose cluster vanished is ended by
+    Ray after a while)."""
+    global _connection
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _connection = None
+
+
 def _free_resources(gpus_per_worker: float) -> str:
     """'the Ray cluster has 1 of its 3 CPUs free' (and its GPUs, for GPU workers), as Ray counts them now."""
     import ray

@@ -1,0 +1,152 @@
+"""What runs inside a SLURM allocation for a pool: Ray's SLURM recipe, as a batch script's body.
+
+`python -m nbscale.pool.backends.slurm_allocation head GPUS_PER_WORKER` is the batch script (it runs on the first
+node): it starts `ray start --head --block` there with as many Ray CPUs as the allocation has tasks on that node
+(one per pool worker; GPUS_PER_WORKER GPUs each), then `srun --overlap` starts `... worker HEAD` on each other
+node, which joins that head. Once the head runs it prints one line, `ADDRESS_MARK ip:port ip:client_port`, to
+the job's output, where the kernel reads it. Ray's processes stay children of this script, so `scancel` (SIGTERM
+to the job's processes) ends them all; the script also ends its Ray processes itself on SIGTERM, and removes
+Ray's session folder. Every port is picked free on its node: two allocations may share a node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import psutil
+
+ADDRESS_MARK = "nbscale-ray-head:"
+READY_TEXT = "Ray runtime started"
+START_ATTEMPTS = 3
+# ports whose defaults are fixed numbers, which a second Ray on the node (another allocation) would find taken
+_FIXED_DEFAULT_PORTS = (
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+)
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """SLURM_TASKS_PER_NODE ("2(x3),1") as one count per node ([2, 2, 2, 1])."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if match:
+            counts += [int(match[1])] * int(match[2] or 1)
+    return counts
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def _ray_start(session: str, cpus: int, gpus: int, *arguments: str) -> list[str]:
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+    return [
+        ray,
+        "start",
+        "--block",
+        f"--num-cpus={cpus}",
+        f"--num-gpus={gpus}",
+        f"--node-ip-address={socket.gethostbyname(socket.gethostname())}",
+        "--disable-usage-stats",
+        "--include-log-monitor=false",  # the pool's workers send their output over their own channels
+        f"--temp-dir={session}",
+        *(f"--{name}={_free_port()}" for name in _FIXED_DEFAULT_PORTS),
+        *arguments,
+    ]
+
+
+def _end_children(session: str) -> None:
+    """SIGKILL every process this script started (Ray's), and remove Ray's session folder."""
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(children, timeout=10)
+    shutil.rmtree(session, ignore_errors=True)
+
+
+def _run(start: Callable[[str], list[str]], announce: str | None) -> int:
+    """Run `ray start --block` (the command `start` makes for a session folder), echo its output, print `announce`
+    once Ray runs; end it all on SIGTERM. Ray's raylet gives its agents 15 s to start, which a loaded node or a slow
+    shared filesystem can miss: a start that fails before Ray runs is tried again, up to START_ATTEMPTS times."""
+    session = ""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        _end_children(session)
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    code = 1
+    for attempt in range(1, START_ATTEMPTS + 1):
+        session = tempfile.mkdtemp(prefix="ray-slurm-", dir="/tmp")  # Ray's socket paths must stay short
+        ray = subprocess.Popen(start(session), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert ray.stdout is not None
+        for line in ray.stdout:
+            print(line, end="", flush=True)
+            if announce is not None and READY_TEXT in line:
+                print(announce, flush=True)
+                announce = None
+        code = ray.wait()
+        _end_children(session)
+        if announce is None:  # Ray ran, then ended: that is the allocation's end, not a failed start
+            return code
+        print(f"nbscale: Ray did not start (attempt {attempt} of {START_ATTEMPTS})", flush=True)
+    return code
+
+
+def head(gpus_per_worker: int) -> int:
+    """The batch script: Ray's head here, a Ray worker node on every other node of the allocation."""
+    tasks = tasks_per_node(os.environ.get("SLURM_TASKS_PER_NODE", "1"))
+    nodes = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ.get("SLURM_JOB_NODELIST", "")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    ip, port, client_port = socket.gethostbyname(socket.gethostname()), _free_port(), _free_port()
+
+    def start(session: str) -> list[str]:
+        return _ray_start(
+            session,
+            tasks[0],
+            tasks[0] * gpus_per_worker,
+            "--head",
+            f"--port={port}",
+            f"--ray-client-server-port={client_port}",
+            "--include-dashboard=false",
+        )
+
+    for node, count in zip(nodes[1:], tasks[1:], strict=False):
+        subprocess.Popen(
+            ["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", node, sys.executable, "-m", __name__]
+            + ["worker", f"{ip}:{port}", str(count), str(count * gpus_per_worker)]
+        )
+    return _run(start, f"{ADDRESS_MARK} {ip}:{port} {ip}:{client_port}")
+
+
+def worker(address: str, cpus: int, gpus: int) -> int:
+    """A Ray worker node joining the head at `address` (one srun step on one node)."""
+    return _run(lambda session: _ray_start(session, cpus, gpus, f"--address={address}"), None)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "head":
+        sys.exit(head(int(sys.argv[2])))
+    sys.exit(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))

@@ -6,9 +6,9 @@ is an HTML output updated the same way. Only the Stop button is a widget; it is 
 are read before training (PreparingData events), the button and the info panel show already, with the count of
 files read; the panel then says where the data are held and how long reading them took.
 
-The figure is built and first shown (empty) before the first iteration. Updates are rate-limited twice: at most
-every `min_interval` seconds, and never more than `budget` of the elapsed time (a slow draw pushes the next one
-back), so the plot, with its per-event bookkeeping, costs the training loop almost nothing.
+The figure is built and first shown (empty) before the first iteration. The info panel and the figure are
+redrawn on two clocks (nbscale.ui.live_clock): the panel every `info_interval` seconds (0.5), so it is never a
+second behind; the figure every 1 to 2 s, as often as `budget` of the time allows (1%), never more than 2 s apart.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from nbscale.training.events import (
     TrainingStarted,
 )
 from nbscale.ui.click_routing import route_clicks_off_main_thread
+from nbscale.ui.live_clock import FIGURE_BUDGET, INFO_INTERVAL_S, FigureClock
 from nbscale.ui.progress_figure import ProgressFigure, extend_smoothed, figure_for_run, is_drop, metric_panels
 from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
 
@@ -40,8 +41,8 @@ class TrainingProgress:
     redraws_when_done = False  # a job monitor redraws a finished training; this display hands its figure on
     stop_tooltip = STOP_TOOLTIP
 
-    def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.005) -> None:
-        self.stop, self.min_interval, self.budget = stop, min_interval, budget
+    def __init__(self, stop: StopSignal, info_interval: float = INFO_INTERVAL_S, budget: float = FIGURE_BUDGET) -> None:
+        self.stop, self.info_interval = stop, info_interval
         self.start: TrainingStarted | None = None
         self.metric_names: tuple[str, ...] = ("accuracy",)
         self.columns: dict[str, list[float]] = metric_columns(self.metric_names)
@@ -49,7 +50,8 @@ class TrainingProgress:
         self.last: IterationDone | None = None
         self.done: TrainingDone | None = None
         self.state = "Starting"
-        self.next_draw = 0.0
+        self.next_info = 0.0  # a perf_counter time: the first iteration shows at once
+        self.figure_clock = FigureClock(time.perf_counter(), budget)
         self.figure_handle: Any = None
         self.info_handle: Any = None
         self.preparing: PreparingData | None = None  # how far reading the data before training has come
@@ -62,11 +64,9 @@ class TrainingProgress:
         if isinstance(event, IterationDone):  # first: this runs every iteration
             self._add(event)
             now = time.perf_counter()
-            if now >= self.next_draw:
+            if now >= self.next_info:
                 self.state = "Training"
-                self._draw()
-                spent = time.perf_counter() - now
-                self.next_draw = time.perf_counter() + max(self.min_interval, spent / self.budget)
+                self._draw_due(now)
         elif isinstance(event, PreparingData):
             if self.start is None:  # a pool restarted mid-run (on_worker_failure="restart") reads its data again
                 self._prepare(event)
@@ -137,11 +137,11 @@ class TrainingProgress:
         now = time.perf_counter()
         if self.info_handle is None:
             self._open_panel()
-        elif now >= self.next_draw or event.done >= event.total:  # at most every min_interval, and each part's end
+        elif now >= self.next_info or event.done >= event.total:  # at most every info_interval, and each part's end
             self.info_handle.update(self._info_bundle(), raw=True)
         else:
             return
-        self.next_draw = now + self.min_interval
+        self.next_info = now + self.info_interval
 
     def _open(self, event: TrainingStarted) -> None:
         self.start = event
@@ -163,7 +163,7 @@ class TrainingProgress:
             metric_panels(self.metric_names, rising),
         )
         self.figure_handle = self._show_figure(self._figure_bundle())
-        self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
+        self.figure_clock = FigureClock(time.perf_counter(), self.figure_clock.budget)
 
     def _show_figure(self, bundle: dict[str, Any]) -> Any:
         """The figure's first output and its display handle (below the info panel)."""
@@ -185,6 +185,15 @@ class TrainingProgress:
                 say_stop_needs_the_interrupt(self.button)
             self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
+
+    def _draw_due(self, now: float) -> None:
+        """The info panel, and the figure too when its clock says so (nbscale.ui.live_clock)."""
+        self.next_info = now + self.info_interval
+        if self.figure_clock.due(now) and self.figure_handle is not None and self._figure is not None:
+            self._draw()
+            self.figure_clock.drew(now, time.perf_counter() - now)
+        elif self.info_handle is not None:
+            self.info_handle.update(self._info_bundle(), raw=True)
 
     def _draw(self) -> None:
         if self.figure_handle is None or self._figure is None:  # not started, or done and its figure handed on

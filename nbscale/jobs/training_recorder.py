@@ -25,7 +25,7 @@ from nbscale.notices import notices
 from nbscale.training.events import EventChannel, PreparingData, StopSignal
 
 JOB_DIR_VARIABLE = "NBSCALE_JOB_DIR"
-FLUSH_INTERVAL_S = 0.5
+FLUSH_INTERVAL_S = 0.25
 
 
 @contextlib.contextmanager

@@ -72,6 +72,7 @@ class TrainingMonitor(RecordKeeper):
         self.info: dict[str, Any] = {}
         self._info_checked = 0  # len(info) when its names were last checked
         self.progress: Any = None  # read as a number when drawn: a bad value is one clear error there
+        self.status: Any = None  # MATLAB's monitor.Status: shown in the info panel (as text) at the next read
         self.stop = False
         self._stop = StopSignal()
         self._stop.on_request.append(self._stopped)
@@ -342,7 +343,7 @@ class NotebookSink(Sink):
 
     def draw(self, monitor: TrainingMonitor, figure: bool = False) -> None:
         state = "Stopping" if monitor._stop.requested else "Running"
-        self.display.draw(monitor._columns, monitor.info, monitor._percent(), state, figure)
+        self.display.draw(monitor._columns, monitor.info, monitor._percent(), state, figure, monitor.status)
 
     def set_log(self, panel: int, log: bool) -> None:
         self.display.set_log(panel, log)
@@ -363,6 +364,7 @@ class NotebookSink(Sink):
                 self.monitor.info,
                 self.monitor._percent(),
                 f"{state}: {reason}" if reason else state,
+                status=self.monitor.status,
             )
         finally:
             self.display.close()
@@ -432,6 +434,7 @@ class MonitorRecords:
     progress: float | None
     log_panels: dict[int, bool]
     done: bool = False
+    status: Any = None
 
     def show_in_notebook(self, pool: Pool, rank: int) -> None:
         """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
@@ -497,6 +500,7 @@ class RankSink(Sink):
                 m._percent(),
                 dict(self.log_panels),
                 done,
+                m.status,
             )
         )
 
@@ -527,6 +531,8 @@ class NotebookView(TrainingMonitor):
         for panel, log in records.log_panels.items():
             self._sink.set_log(panel, log)
         self.info, self.progress = records.info if rank == 0 else self.info, records.progress
+        if rank == 0:
+            self.status = records.status
         for step, values in records.rows:
             if records.reduce == "mean":
                 values = self._means(step, values)

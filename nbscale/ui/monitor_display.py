@@ -25,10 +25,17 @@ def monitor_panels(panels: list[tuple[str, list[str]]]) -> tuple[Panel, ...]:
         series = []
         for name in names:
             colours = _MORE_COLOURS[index % len(_MORE_COLOURS)] if index else ("#f4b183", "#d95319")
-            series.append(Series(name, "train", name, colours))
+            series.append(Series(name, "validation" if is_validation(name) else "train", name, colours))
             index += 1
         out.append(Panel(title, tuple(series), rising="acc" in title.lower()))
     return tuple(out)
+
+
+def is_validation(name: str) -> bool:
+    """Whether a monitor's metric is a validation series (named val_..., validation..., ValidationLoss...): drawn
+    as points, as train's figure draws validation, not smoothed into a line between its sparse values."""
+    lowered = name.lower()
+    return lowered.startswith("validation") or lowered.startswith("val_") or name.startswith("Val")
 
 
 class MonitorDisplay:
@@ -49,6 +56,7 @@ class MonitorDisplay:
         self.figure_clock = FigureClock(time.perf_counter(), budget)
         self.x_label = x_label.capitalize()
         self.step: float | None = None  # the last step drawn, shown in the info panel under the x label
+        self.status: object = None  # monitor.status (MATLAB's monitor.Status), shown under the state
         self.figure = ProgressFigure(0, 1, monitor_panels(panels), x_label=x_label.capitalize())
         self.button = stop_button(stop, STOP_TOOLTIP)
         self.button_handle = display(self.button, display_id=True)
@@ -68,6 +76,7 @@ class MonitorDisplay:
         progress: float | None,
         state: str,
         figure: bool = True,
+        status: object = None,
     ) -> None:
         """The info panel; the figure too when `figure` is True, or when its clock says so (nbscale.ui.live_clock)."""
         self.step = _last_step(columns, self.step)
@@ -75,6 +84,7 @@ class MonitorDisplay:
         if figure or self.figure_clock.due(now):
             self.figure_handle.update(self._figure_bundle(columns, progress), raw=True)
             self.figure_clock.drew(now, time.perf_counter() - now)
+        self.status = status
         self.info_handle.update(self._info_bundle(info, progress, state), raw=True)
 
     def close(self) -> None:
@@ -93,6 +103,7 @@ class MonitorDisplay:
     def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
         rows = [
             ("State", state),
+            *([("Status", str(self.status))] if self.status not in (None, "") else []),
             ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start))),
             ("Elapsed", format_duration(time.time() - self.start)),
         ]

@@ -62,6 +62,8 @@ class TrainingProgress:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, IterationDone):  # first: this runs every iteration
+            if self.last is None:
+                self._drop_empty_panels(event)
             self._add(event)
             now = time.perf_counter()
             if now >= self.next_info:
@@ -75,6 +77,8 @@ class TrainingProgress:
         elif isinstance(event, TrainingDone):
             self.state = f"Done: {self.stop.reason or event.stop_reason}"
             self.done = event
+            if self._figure is not None and self.start is not None:  # an early stop: the axis spans what ran
+                self._figure.end_at(event.iteration)
             if event.validation_loss is not None:  # the last iteration, validated after its event went out
                 self._add_validation(
                     event.iteration,
@@ -152,18 +156,29 @@ class TrainingProgress:
             }
         if self.info_handle is None:
             self._open_panel()
-        rising = tuple(
-            n
-            for n in self.metric_names
-            if n in RISING or (n == event.objective_metric and event.objective_goal == "maximize")
-        )
         self._figure = figure_for_run(
             event.max_epochs * event.iterations_per_epoch,
             event.iterations_per_epoch,
-            metric_panels(self.metric_names, rising),
+            metric_panels(self.metric_names, rising_metrics(self.metric_names, event)),
         )
         self.figure_handle = self._show_figure(self._figure_bundle())
         self.figure_clock = FigureClock(time.perf_counter(), self.figure_clock.budget)
+
+    def _drop_empty_panels(self, first: IterationDone) -> None:
+        """Metrics the first iteration has no value for (a step_fn returning its loss alone: no outputs to compute
+        accuracy on) get no panel: the figure is built again without them."""
+        metrics = first.training_metrics
+        if metrics is None:
+            metrics = {"accuracy": first.training_accuracy}
+        kept = tuple(name for name in self.metric_names if metrics.get(name) is not None)
+        if kept == self.metric_names or self.start is None or self._figure is None:
+            return
+        self.metric_names = kept
+        self._figure = figure_for_run(
+            self.start.max_epochs * self.start.iterations_per_epoch,
+            self.start.iterations_per_epoch,
+            metric_panels(kept, rising_metrics(kept, self.start)),
+        )
 
     def _show_figure(self, bundle: dict[str, Any]) -> Any:
         """The figure's first output and its display handle (below the info panel)."""
@@ -296,6 +311,13 @@ class TrainingProgress:
 
 
 RISING = frozenset({"accuracy", "top5-accuracy", "precision", "recall", "fscore"})  # the higher the better
+
+
+def rising_metrics(names: tuple[str, ...], start: TrainingStarted) -> tuple[str, ...]:
+    """The metrics among `names` that grow as training goes: accuracy's kind, and a maximized objective."""
+    return tuple(
+        n for n in names if n in RISING or (n == start.objective_metric and start.objective_goal == "maximize")
+    )
 
 
 def metric_columns(metric_names: tuple[str, ...]) -> dict[str, list[float]]:

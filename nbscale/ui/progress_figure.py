@@ -204,6 +204,12 @@ class ProgressFigure:
         with _spare_lock:
             _spare = self
 
+    def end_at(self, iteration: int) -> None:
+        """A run that stopped early: the iteration axis ends at its last iteration, not the planned end."""
+        if 0 < iteration < self.loss_axes.get_xlim()[1]:
+            self.loss_axes.set_xlim(0, iteration)
+            self.background_without_loss_axis = self.background = None
+
     def reset(self) -> None:
         """Back to the figure of a new run before its first values: the fitted axes' guess (their background
         redrawn); `render` sets the curves from the run's columns."""

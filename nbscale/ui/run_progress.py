@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from nbscale.training.events import StopSignal, TrainingDone, TrainingStarted
@@ -34,6 +35,9 @@ class RunProgress(TrainingProgress):
         self.finished = False  # the run ended and its last figure is drawn
         self.figure_placeholder: Any = None  # the figure's output, made in the showing cell (show_run)
 
+    def _ipython_display_(self) -> None:
+        """Shown already, above: as a cell's last value (`nbscale.show(run)`), no repr under the figure."""
+
     def png(self) -> bytes:
         """The figure as last drawn from the run's events."""
         figure = self._figure or figure_for_run(0, 1)
@@ -57,7 +61,12 @@ class RunProgress(TrainingProgress):
         pin()
         try:
             while True:
-                event = self.events.get()
+                try:
+                    event = self.events.get(timeout=self.info_interval)
+                except queue.Empty:  # no events for a while (a slow iteration): the clock ticks all the same
+                    if self.start is not None and self.done is None:
+                        self._draw_due(time.perf_counter())
+                    continue
                 if event is _ENDED:
                     break
                 self(event)

@@ -81,7 +81,7 @@ class TrainingMonitor(RecordKeeper):
         for name in self.metrics:
             self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
         self._closed = False
-        self._sink = sink_for(self)
+        self._sink = self._new_sink()
         self._last_read = time.perf_counter()
         self._next_read = self._last_read + min_interval  # the empty figure is drawn: no draw for 1 point
 
@@ -179,6 +179,15 @@ class TrainingMonitor(RecordKeeper):
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    def _new_sink(self) -> Sink:
+        return sink_for(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (a %%batch job saves its variables): as a SavedMonitor, its history, info and status."""
+        from nbscale.monitor.saved import saved_state
+
+        return saved_state(self)
 
     # ---- inside --------------------------------------------------------------------------------------------------
 

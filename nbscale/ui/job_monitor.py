@@ -160,7 +160,8 @@ class JobTrainingProgress(TrainingProgress):
     """The in-notebook display, fed from a job's record: drawn once per poll, with the job in its info panel."""
 
     def __init__(self, job: Job, number: int, name: str | None) -> None:
-        super().__init__(_MonitorStop(job, number), info_interval=math.inf)  # drawn by the monitor, not per event
+        # drawn by the monitor's polls, not per event; the figure every FIGURE_MIN_S: the job trains in another process
+        super().__init__(_MonitorStop(job, number), info_interval=math.inf, budget=1.0)
         self.job, self.number = job, number
         self.label = f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
         self.done: TrainingDone | None = None
@@ -196,6 +197,8 @@ class JobTrainingProgress(TrainingProgress):
             rows = [(k, format_duration(self.done.time_since_start) if k == "Elapsed" else v) for k, v in rows]
         elif start is not None and last is not None and last.iteration > 0 and self.job_state is None:
             total = start.max_epochs * start.iterations_per_epoch
+            if not total:  # a monitor's own loop: its length is not known
+                return rows
             left = (total - last.iteration) * last.time_since_start / last.iteration
             rows.insert(
                 rows.index(next(row for row in rows if row[0] == "Elapsed")) + 1,

@@ -166,12 +166,13 @@ class TrainingProgress:
 
     def _drop_empty_panels(self, first: IterationDone) -> None:
         """Metrics the first iteration has no value for (a step_fn returning its loss alone: no outputs to compute
-        accuracy on) get no panel: the figure is built again without them."""
+        accuracy on) get no panel: the figure is built again without them. Not for a monitor's loop in a job
+        (no iterations per epoch): its sparse metrics, validation among them, come later."""
         metrics = first.training_metrics
         if metrics is None:
             metrics = {"accuracy": first.training_accuracy}
         kept = tuple(name for name in self.metric_names if metrics.get(name) is not None)
-        if kept == self.metric_names or self.start is None or self._figure is None:
+        if kept == self.metric_names or self.start is None or self._figure is None or not self.start.iterations_per_epoch:
             return
         self.metric_names = kept
         self._figure = figure_for_run(
@@ -241,14 +242,15 @@ class TrainingProgress:
                     ("Preparation", format_duration(time.time() - self._preparing_since)),
                 ]
             return rows
-        total = start.max_epochs * start.iterations_per_epoch
+        total = start.max_epochs * start.iterations_per_epoch  # 0: a TrainingMonitor's loop in a job
         rows = [
             ("State", self.state),
             ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.start_time))),
             ("Elapsed", format_duration(time.time() - start.start_time)),
             ("Hardware", start.hardware),
-            ("Mini-batch size", str(start.mini_batch_size)),
         ]
+        if start.mini_batch_size:
+            rows.append(("Mini-batch size", str(start.mini_batch_size)))
         if start.choices:  # mini_batch_size="auto", learn_rate_scaling: what was chosen and why
             rows.append(("Chosen", start.choices))
         if start.data_placement:  # where the data are held, and the time reading them took (not in Elapsed)
@@ -256,13 +258,17 @@ class TrainingProgress:
                 ("Data", start.data_placement),
                 ("Preparation", f"{start.prepare_seconds:.1f} s, before training (not in Elapsed)"),
             ]
-        if last is not None:
+        if last is not None and total:
             rows += [
                 ("Epoch", f"{last.epoch} of {start.max_epochs}"),
                 ("Iteration", f"{last.iteration} of {total}"),
                 ("Learn rate", f"{last.learn_rate:.3g}"),
                 ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s"),
             ]
+        elif last is not None:  # a monitor's own loop: its step, and its epoch and learn rate when it gave them
+            rows.append(("Iteration", str(last.iteration)))
+            rows += [("Epoch", str(last.epoch))] if last.epoch > 1 else []
+            rows += [("Learn rate", f"{last.learn_rate:.3g}")] if last.learn_rate else []
         if self.columns["val_iteration"]:
             rows.append(self._validation_row())
         if self.restarts:

@@ -29,7 +29,7 @@ class RunProgress(TrainingProgress):
     def __init__(self, run: TrainingRun) -> None:
         stop = StopSignal()
         stop.on_request.append(run.stop)
-        super().__init__(stop)
+        super().__init__(stop, budget=1.0)  # the figure every FIGURE_MIN_S: drawn here, it slows no training
         self.run = run
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.finished = False  # the run ended and its last figure is drawn

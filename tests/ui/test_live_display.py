@@ -162,9 +162,9 @@ progress(TrainingStarted(10, 100, 8, "cpu", time.time()))
 for i in range(1, 38):
     progress(IterationDone(1, i, 0.01 * i, 1.0 / i, 0.5, 0.01, 8 * i, training_metrics={"accuracy": 0.5}))
 figure = progress._figure
-print(figure.loss_axes.get_xlim())
+print(tuple(map(float, figure.loss_axes.get_xlim())))
 progress(TrainingDone("Stopped by request", 1, 37, 0.37, 37, 800.0))
-print(figure.loss_axes.get_xlim())
+print(tuple(map(float, figure.loss_axes.get_xlim())))
 """)
     assert result.ok, result.text
     assert result.stdout.split("\n")[:2] == ["(0.0, 1000.0)", "(0.0, 37.0)"], result.stdout

@@ -172,13 +172,14 @@ class TrainingProgress:
         if metrics is None:
             metrics = {"accuracy": first.training_accuracy}
         kept = tuple(name for name in self.metric_names if metrics.get(name) is not None)
-        if kept == self.metric_names or self.start is None or self._figure is None or not self.start.iterations_per_epoch:
+        start = self.start
+        if kept == self.metric_names or start is None or self._figure is None or not start.iterations_per_epoch:
             return
         self.metric_names = kept
         self._figure = figure_for_run(
-            self.start.max_epochs * self.start.iterations_per_epoch,
-            self.start.iterations_per_epoch,
-            metric_panels(kept, rising_metrics(kept, self.start)),
+            start.max_epochs * start.iterations_per_epoch,
+            start.iterations_per_epoch,
+            metric_panels(kept, rising_metrics(kept, start)),
         )
 
     def _show_figure(self, bundle: dict[str, Any]) -> Any:

@@ -12,8 +12,8 @@ file, whatever its iteration rate, and the record holds every event once the run
 from __future__ import annotations
 
 import collections
-import dataclasses
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator

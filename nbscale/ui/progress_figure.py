@@ -247,6 +247,8 @@ class ProgressFigure:
         self._fit_limits(c, progress)
         self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
         self._mark_restarts(c.get("restart_iteration", []))
+        if self.background is None and self._widen_left_margin():
+            self.background_without_loss_axis = None  # the axes moved right: everything is drawn again
         if self.background_without_loss_axis is None:
             self.canvas.draw()  # everything but the animated curves and fitted y axes
             self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
@@ -268,6 +270,17 @@ class ProgressFigure:
         if empty and not self.fitted:
             self.empty_png = png
         return png
+
+    def _widen_left_margin(self) -> bool:
+        """Move the axes right when a y label or its tick labels (a long metric name, ticks such as 0.00025) would
+        be cut at the figure's left edge; True when they moved. Margins only grow, so the figure does not jitter."""
+        renderer = self.canvas.get_renderer()
+        left = min(axes.yaxis.get_tightbbox(renderer).x0 for axes, *_ in self.panels)
+        if left >= 2:
+            return False
+        width = self.figure.bbox.width
+        self.figure.subplots_adjust(left=self.figure.subplotpars.left + (2 - left) / width)
+        return True
 
     def _fit_limits(self, c: dict[str, list[float]], progress: float | None = None) -> None:
         """Widen the fitted y axes and the iteration axis when the data left them (the cached backgrounds are

@@ -64,3 +64,20 @@ def test_a_run_with_accuracy_keeps_its_accuracy_panel() -> None:
     progress(_iteration(1, 0.5))
     assert progress._figure is not None
     assert [axes.get_ylabel() for axes, *_ in progress._figure.panels] == ["Accuracy (%)", "Loss"]
+
+
+def test_a_monitors_y_labels_and_small_ticks_are_not_cut_at_the_left_edge() -> None:
+    panels = monitor_panels([("ValidationAccuracy", ["ValidationAccuracy"]), ("learn_rate", ["learn_rate"])])
+    figure = ProgressFigure(0, 1, panels, x_label="Iteration")
+    steps = list(range(1, 201))
+    columns = {
+        "ValidationAccuracy": [0.5 + s / 1000 for s in steps[::20]],
+        "ValidationAccuracy_iteration": steps[::20],
+        "learn_rate": [0.000123 * (1 + s / 200) for s in steps],
+        "learn_rate_smooth": [0.000123 * (1 + s / 200) for s in steps],
+        "learn_rate_iteration": steps,
+    }
+    figure.render(columns)
+    renderer = figure.canvas.get_renderer()
+    for axes, *_ in figure.panels:
+        assert axes.yaxis.get_tightbbox(renderer).x0 >= 0, axes.get_ylabel()

@@ -81,3 +81,13 @@ def test_a_monitors_y_labels_and_small_ticks_are_not_cut_at_the_left_edge() -> N
     renderer = figure.canvas.get_renderer()
     for axes, *_ in figure.panels:
         assert axes.yaxis.get_tightbbox(renderer).x0 >= 0, axes.get_ylabel()
+
+
+def test_the_legends_sit_beside_the_panels_off_every_curve() -> None:
+    panels = monitor_panels([("loss", ["loss", "val_loss"])])
+    figure = ProgressFigure(0, 1, panels)
+    steps = list(range(1, 101))
+    figure.render({"loss": [1.0] * 100, "loss_smooth": [1.0] * 100, "loss_iteration": steps})
+    for axes, *_ in figure.panels:
+        assert axes.get_legend().get_window_extent().x0 > axes.get_window_extent().x1
+        assert axes.get_legend().get_window_extent().x1 <= figure.figure.bbox.width

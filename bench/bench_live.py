@@ -1,6 +1,6 @@
 """The live display's cost and liveness on a fast loop (issue 42), in a real kernel: nbscale.train with
 plots="training-progress" and a hand loop with a TrainingMonitor, each on bench_train's MLP (digits x4, mini-batch
-64, ~150k images/s on 2 cores).
+64, one torch thread).
 
 For each run: the time spent in the display (TrainingProgress's listener, or the monitor's reads and draws, timed
 by wrapping them in the kernel) as a share of the run's time: what the display costs the loop, a figure this VM's
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_train import MONITORED, NBSCALE, SETUP  # noqa: E402 (after the path is set)
 
-EPOCHS = int(os.environ.get("BENCH_LIVE_EPOCHS", 150))
+EPOCHS = int(os.environ.get("BENCH_LIVE_EPOCHS", 60))  # ~10 s runs with one thread
 REPEATS = int(os.environ.get("BENCH_LIVE_REPEATS", 3))
 
 # the display's own time, summed in the kernel: train's listener, and the monitor's reads and draws
@@ -58,7 +58,8 @@ def run() -> str:
 
     kernel = KernelSession()
     try:
-        for code in ("%load_ext nbscale", SETUP, f"EPOCHS = {EPOCHS}", TIMED):
+        # one torch thread: a fast loop (two threads on a busy 2-core machine wait on each other, 40 ms an iteration)
+        for code in ("%load_ext nbscale", SETUP, f"EPOCHS = {EPOCHS}\ntorch.set_num_threads(1)", TIMED):
             result = kernel.run(code)
             if not result.ok:
                 raise RuntimeError(result.text)

@@ -1,9 +1,11 @@
 """A TrainingMonitor as pickled (a `%%batch` job saves the variables its cell assigned): what it recorded, its
 info and status, restored as a closed monitor that shows nowhere. Its display, Stop button and loggers belong to
-the process that ran the loop, and are not saved."""
+the process that ran the loop, and are not saved. Registered with copyreg (pickle's and cloudpickle's reducers)
+when nbscale.monitor is imported."""
 
 from __future__ import annotations
 
+import copyreg
 from typing import TYPE_CHECKING, Any
 
 from nbscale.monitor.training_monitor import Sink, TrainingMonitor
@@ -50,3 +52,7 @@ def restored(
         monitor.request_stop(stop_reason)
     monitor._closed = True
     return monitor
+
+
+copyreg.pickle(TrainingMonitor, saved_state)
+copyreg.pickle(SavedMonitor, saved_state)

@@ -183,12 +183,6 @@ class TrainingMonitor(RecordKeeper):
     def _new_sink(self) -> Sink:
         return sink_for(self)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled (a %%batch job saves its variables): as a SavedMonitor, its history, info and status."""
-        from nbscale.monitor.saved import saved_state
-
-        return saved_state(self)
-
     # ---- inside --------------------------------------------------------------------------------------------------
 
     @property

@@ -151,24 +151,9 @@ class ProgressFigure:
         panels: tuple[Panel, ...] | None = None,
         x_label: str = "Iteration",
     ) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
         panels = panels if panels is not None else metric_panels()
         self.spec = panels
-        height = 1.2 + 2.0 * len(panels) if len(panels) > 2 else 5.2
-        self.figure = Figure(figsize=(_WIDTH, height), dpi=72)
-        # the same room in inches above and below, whatever the number of panels; no layout engine; the legends
-        # in a column of their own on the right, as MATLAB's window has them: never over the last points
-        self.figure.subplots_adjust(
-            left=0.72 / _WIDTH,
-            right=1 - _LEGEND_ROOM / _WIDTH,
-            top=1 - 0.42 / height,
-            bottom=0.47 / height,
-            hspace=0.1,
-        )
-        self.canvas = FigureCanvasAgg(self.figure)
-        axes_list = self.figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+        self.figure, self.canvas, axes_list = _new_figure(len(panels))
         self.panels: list[tuple[Any, Panel, list[tuple[Series, Any, Any]]]] = []
         self.fitted_axes: list[tuple[Any, Panel]] = []  # axes whose y limits follow the data
         for axes, panel in zip(axes_list, panels, strict=True):
@@ -180,14 +165,7 @@ class ProgressFigure:
             if total_iterations:
                 _mark_epochs(axes, total_iterations, iterations_per_epoch)
             # in the background (text is the costly part to draw), beside the panel: off its curves
-            axes.legend(
-                loc="upper left",
-                bbox_to_anchor=(1.01, 1.0),
-                fontsize=7.5,
-                frameon=False,
-                borderaxespad=0.0,
-                handlelength=1.5,
-            )
+            axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5, frameon=False, borderaxespad=0)
             if panel.limits is not None:
                 axes.set_ylim(*panel.limits)
             else:
@@ -387,6 +365,22 @@ class ProgressFigure:
             )
         self.restarts_marked = len(iterations)
         self.background_without_loss_axis = self.background = None
+
+
+def _new_figure(panels: int) -> tuple[Any, Any, Any]:
+    """(figure, its Agg canvas, its axes top to bottom) for `panels` panels over a shared iteration axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    height = 1.2 + 2.0 * panels if panels > 2 else 5.2
+    figure = Figure(figsize=(_WIDTH, height), dpi=72)
+    # the same room in inches above and below, whatever the number of panels; no layout engine; the legends
+    # in a column of their own on the right, as MATLAB's window has them: never over the last points
+    figure.subplots_adjust(
+        left=0.72 / _WIDTH, right=1 - _LEGEND_ROOM / _WIDTH, top=1 - 0.42 / height, bottom=0.47 / height, hspace=0.1
+    )
+    canvas = FigureCanvasAgg(figure)
+    return figure, canvas, figure.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
 
 
 def is_drop(rates: list[float], rate: float) -> bool:

@@ -42,11 +42,21 @@ def _timed(original):
     return timed
 _progress.TrainingProgress.__call__ = _timed(_progress.TrainingProgress.__call__)
 _monitor.TrainingMonitor._flush = _timed(_monitor.TrainingMonitor._flush)
+import nbscale.ui.progress_figure as _figure
+render_seconds = []
+_render = _figure.ProgressFigure.render
+def _timed_render(self, *args, **kwargs):
+    begun = time.perf_counter()
+    try:
+        return _render(self, *args, **kwargs)
+    finally:
+        render_seconds.append(time.perf_counter() - begun)
+_figure.ProgressFigure.render = _timed_render
 """
 
-TRAIN = "display_seconds[0] = 0.0\n" + NBSCALE + "run_seconds = info.time[-1]\n"
+TRAIN = "display_seconds[0] = 0.0; render_seconds.clear()\n" + NBSCALE + "run_seconds = info.time[-1]\n"
 MONITOR = (
-    "display_seconds[0] = 0.0\n"
+    "display_seconds[0] = 0.0; render_seconds.clear()\n"
     + MONITORED.format(device="cpu", x="X", y="Y", rate="monitor_rate", epochs="EPOCHS")
     + "run_seconds = time.perf_counter() - started\nmonitor.close()\n"
 )
@@ -80,10 +90,12 @@ def run() -> str:
             "the run's time. Waits: the longest time between two changes of the info panel's Iteration row, and "
             "between two figures, from the first iteration (the bounds: 1 s and 2 s).",
             "",
-            "| run | display share | info updates | longest info wait | figures | longest figure wait |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| run | display share | info updates | longest info wait | figures | longest figure wait "
+            "| figure render (median) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
+            f"Machine load while measured: {os.getloadavg()[0]:.1f} (1-minute average). "
             f"Whole runs, plots on against plots none ({REPEATS} interleaved pairs): median pair ratio {ratio:.3f}x "
             "(images/s; 1.000 is free).",
             "",
@@ -96,6 +108,7 @@ def _liveness_row(kernel, label: str, code: str) -> str:  # kernel: a tests.kern
     if not result.ok:
         raise RuntimeError(result.text)
     share = _value(kernel, "display_seconds[0] / run_seconds")
+    render = _value(kernel, "sorted(render_seconds)[len(render_seconds) // 2] * 1000")
     info = _changes(result)
     first = info[0] if info else 0.0
     figures = [first] + [
@@ -105,7 +118,7 @@ def _liveness_row(kernel, label: str, code: str) -> str:  # kernel: a tests.kern
     ]
     return (
         f"| {label} | {share:.2%} | {len(info)} | {_longest(info):.2f} s | {len(figures) - 1} | "
-        f"{_longest(figures):.2f} s |"
+        f"{_longest(figures):.2f} s | {render:.1f} ms |"
     )
 
 

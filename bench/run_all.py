@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MARKER = "<!-- new runs go below this line -->"
-SECTIONS = ["bench_pool", "bench_train", "bench_gpu", "bench_data", "bench_cluster"]  # bench_gpu: where CUDA is
+# bench_gpu: where CUDA is
+SECTIONS = ["bench_pool", "bench_train", "bench_live", "bench_gpu", "bench_data", "bench_cluster"]
 
 
 def machine() -> str:

@@ -23,6 +23,7 @@ class CellResult:
     stdout: str = ""
     stderr: str = ""
     displays: list[dict[str, Any]] = field(default_factory=list)
+    shown_at: list[float] = field(default_factory=list)  # when the kernel sent each of `displays` (its clock, in s)
     error_name: str | None = None
     error_value: str | None = None
     traceback: str = ""
@@ -76,6 +77,7 @@ class KernelSession:
                     result.stderr += content["text"]
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 result.displays.append(content["data"])
+                result.shown_at.append(_sent_at(message))
             elif kind == "error":  # the last error names the cell's failure; every error's lines are kept
                 result.error_name, result.error_value = content["ename"], content["evalue"]
                 result.traceback += "\n".join(content["traceback"]) + "\n"
@@ -129,6 +131,14 @@ class KernelSession:
         self.client.stop_channels()
         if self.manager.is_alive():
             self.manager.shutdown_kernel(now=True)
+
+
+def _sent_at(message: dict[str, Any]) -> float:
+    """When the kernel sent `message` (its header's date), in seconds since the epoch."""
+    from datetime import datetime
+
+    date = message["header"]["date"]
+    return (date if isinstance(date, datetime) else datetime.fromisoformat(str(date))).timestamp()
 
 
 def run_notebook(path: Path, timeout: int = 600, cwd: Path | None = None) -> Any:

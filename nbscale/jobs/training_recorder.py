@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator
@@ -22,10 +23,10 @@ from typing import Any
 from nbscale.jobs.files import FILE_MODE, private_dir
 from nbscale.jobs.training_record import FOLDER, MONITOR_STOP_REASON, encode, stop_path
 from nbscale.notices import notices
-from nbscale.training.events import EventChannel, PreparingData, StopSignal
+from nbscale.training.events import EventChannel, PreparingData, StopSignal, TrainingDone
 
 JOB_DIR_VARIABLE = "NBSCALE_JOB_DIR"
-FLUSH_INTERVAL_S = 0.5
+FLUSH_INTERVAL_S = 0.25
 
 
 @contextlib.contextmanager
@@ -63,6 +64,10 @@ class TrainingRecorder:
     def __call__(self, event: object) -> None:
         if isinstance(event, PreparingData):  # a record starts with TrainingStarted; it holds the preparation's time
             return
+        if isinstance(event, TrainingDone) and self.stop.reason is not None:
+            # who stopped the run, as info.stop_reason says it (a pool's workers only know "Stopped on request"):
+            # the job's display reads the same reason live and when shown again later
+            event = dataclasses.replace(event, stop_reason=self.stop.reason)
         self.queue.append(event)
 
     def _run(self) -> None:

@@ -25,6 +25,7 @@ from nbscale.errors import OptionsError
 from nbscale.loggers import flush_loggers
 from nbscale.monitor.records import MAX_ROWS, RecordBatch, RecordKeeper, step_number
 from nbscale.training.events import StopSignal
+from nbscale.ui.live_clock import INFO_INTERVAL_S
 from nbscale.ui.progress_figure import extend_smoothed
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class TrainingMonitor(RecordKeeper):
         self.info: dict[str, Any] = {}
         self._info_checked = 0  # len(info) when its names were last checked
         self.progress: Any = None  # read as a number when drawn: a bad value is one clear error there
+        self.status: Any = None  # MATLAB's monitor.Status: shown in the info panel (as text) at the next read
         self.stop = False
         self._stop = StopSignal()
         self._stop.on_request.append(self._stopped)
@@ -79,7 +81,7 @@ class TrainingMonitor(RecordKeeper):
         for name in self.metrics:
             self._columns.update({name: [], f"{name}_smooth": [], f"{name}_iteration": []})
         self._closed = False
-        self._sink = sink_for(self)
+        self._sink = self._new_sink()
         self._last_read = time.perf_counter()
         self._next_read = self._last_read + min_interval  # the empty figure is drawn: no draw for 1 point
 
@@ -178,6 +180,9 @@ class TrainingMonitor(RecordKeeper):
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    def _new_sink(self) -> Sink:
+        return sink_for(self)
+
     # ---- inside --------------------------------------------------------------------------------------------------
 
     @property
@@ -197,7 +202,7 @@ class TrainingMonitor(RecordKeeper):
     def _flush(self, now: float, force: bool = False) -> None:
         if not self._kept:
             if force:
-                self._sink.draw(self)
+                self._sink.draw(self, figure=True)
             return
         batch = self._sink.reduce(self._take_records())
         self._add(batch)
@@ -207,13 +212,14 @@ class TrainingMonitor(RecordKeeper):
                 for step, values in rows:
                     logger.log(dict(values), step_number(step))
             flush_loggers(self.loggers)  # at each read, not each record: a killed kernel loses one read's rows
-        self._sink.draw(self)
+        self._sink.draw(self, figure=force)
         self._next_read = time.perf_counter() + self._read_interval(now, len(batch.steps))
 
     def _read_interval(self, now: float, steps: int) -> float:
-        """Seconds to the next read: at least `min_interval`, reads and draws at most `budget` of the time, and
-        at the last read's pace no more than MAX_ROWS steps kept (records, not reads, check nothing else)."""
-        interval = max(self.min_interval, (time.perf_counter() - now) / self.budget)
+        """Seconds to the next read: at least `min_interval`, reads at most `budget` of the time but at least every
+        INFO_INTERVAL_S (the info panel is never a second behind; the figure has its own clock, in the display),
+        and at the last read's pace no more than MAX_ROWS steps kept (records, not reads, check nothing else)."""
+        interval = max(self.min_interval, min(INFO_INTERVAL_S, (time.perf_counter() - now) / self.budget))
         since, self._last_read = now - self._last_read, now
         if since > 0 and steps * interval > MAX_ROWS * since:
             interval = max(self.min_interval, MAX_ROWS * since / steps)
@@ -303,8 +309,8 @@ class Sink:
     def reduce(self, batch: RecordBatch) -> RecordBatch:
         return batch
 
-    def draw(self, monitor: TrainingMonitor) -> None:
-        pass
+    def draw(self, monitor: TrainingMonitor, figure: bool = False) -> None:
+        """After a read: the info panel, and the figure when `figure` (a flush) or its clock says so."""
 
     def set_log(self, panel: int, log: bool) -> None:
         pass
@@ -322,7 +328,7 @@ class NotebookSink(Sink):
 
         from nbscale.ui.monitor_display import MonitorDisplay
 
-        self.display = MonitorDisplay(monitor._stop, monitor._panels, monitor.x_label)
+        self.display = MonitorDisplay(monitor._stop, monitor._panels, monitor.x_label, budget=monitor.budget)
         self.monitor = monitor
         self.shell = get_ipython()
         self.shell.events.register("post_run_cell", self._on_cell_end)
@@ -338,9 +344,9 @@ class NotebookSink(Sink):
             raise KeyboardInterrupt
         self.monitor._stop.request("Stopped by the kernel interrupt")
 
-    def draw(self, monitor: TrainingMonitor) -> None:
+    def draw(self, monitor: TrainingMonitor, figure: bool = False) -> None:
         state = "Stopping" if monitor._stop.requested else "Running"
-        self.display.draw(monitor._columns, monitor.info, monitor._percent(), state)
+        self.display.draw(monitor._columns, monitor.info, monitor._percent(), state, figure, monitor.status)
 
     def set_log(self, panel: int, log: bool) -> None:
         self.display.set_log(panel, log)
@@ -361,6 +367,7 @@ class NotebookSink(Sink):
                 self.monitor.info,
                 self.monitor._percent(),
                 f"{state}: {reason}" if reason else state,
+                status=self.monitor.status,
             )
         finally:
             self.display.close()
@@ -430,6 +437,7 @@ class MonitorRecords:
     progress: float | None
     log_panels: dict[int, bool]
     done: bool = False
+    status: Any = None
 
     def show_in_notebook(self, pool: Pool, rank: int) -> None:
         """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
@@ -466,7 +474,7 @@ class RankSink(Sink):
         self.rows.extend(batch.rows())
         return batch
 
-    def draw(self, monitor: TrainingMonitor) -> None:
+    def draw(self, monitor: TrainingMonitor, figure: bool = False) -> None:
         self._send(done=False)
 
     def set_log(self, panel: int, log: bool) -> None:
@@ -495,6 +503,7 @@ class RankSink(Sink):
                 m._percent(),
                 dict(self.log_panels),
                 done,
+                m.status,
             )
         )
 
@@ -525,6 +534,8 @@ class NotebookView(TrainingMonitor):
         for panel, log in records.log_panels.items():
             self._sink.set_log(panel, log)
         self.info, self.progress = records.info if rank == 0 else self.info, records.progress
+        if rank == 0:
+            self.status = records.status
         for step, values in records.rows:
             if records.reduce == "mean":
                 values = self._means(step, values)
@@ -535,7 +546,7 @@ class NotebookView(TrainingMonitor):
         if records.done and (records.reduce != "mean" or len(self.done_ranks) == self.world_size):
             self.close()
         else:
-            self._flush(time.perf_counter(), force=True)
+            self._flush(time.perf_counter(), force=not records.rows)
 
     def _means(self, step: object, values: dict[str, float]) -> dict[str, float]:
         means = {}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
-from nbscale.training.events import IterationDone, StopSignal, TrainingDone
+from nbscale.training.events import StopSignal, TrainingDone
 from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress, format_duration
 
@@ -113,7 +113,7 @@ class JobMonitor:
             self.progress(event)
         if self.progress.done is not None:
             return True
-        if any(isinstance(event, IterationDone) for event in events):
+        if self.progress.start is not None:  # each poll: the clock ticks between iterations too
             self.progress.redraw()
         return False
 
@@ -160,7 +160,8 @@ class JobTrainingProgress(TrainingProgress):
     """The in-notebook display, fed from a job's record: drawn once per poll, with the job in its info panel."""
 
     def __init__(self, job: Job, number: int, name: str | None) -> None:
-        super().__init__(_MonitorStop(job, number), min_interval=math.inf)  # drawn by the monitor, not per event
+        # drawn by the monitor's polls, not per event; the figure every FIGURE_MIN_S: the job trains in another process
+        super().__init__(_MonitorStop(job, number), info_interval=math.inf, budget=1.0)
         self.job, self.number = job, number
         self.label = f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
         self.done: TrainingDone | None = None
@@ -175,7 +176,9 @@ class JobTrainingProgress(TrainingProgress):
     def redraw(self) -> None:
         if self.done is None:
             self.state = "Stopping" if self.stop.requested else "Training"
-        self._draw()
+            self._draw_due(time.perf_counter())  # the info panel at each poll, the figure on its clock
+        else:
+            self._draw()
 
     def job_ended(self, state: str, error: str | None) -> None:
         """The job ended without this training's end (it failed, was cancelled, or its process died)."""
@@ -194,6 +197,8 @@ class JobTrainingProgress(TrainingProgress):
             rows = [(k, format_duration(self.done.time_since_start) if k == "Elapsed" else v) for k, v in rows]
         elif start is not None and last is not None and last.iteration > 0 and self.job_state is None:
             total = start.max_epochs * start.iterations_per_epoch
+            if not total:  # a monitor's own loop: its length is not known
+                return rows
             left = (total - last.iteration) * last.time_since_start / last.iteration
             rows.insert(
                 rows.index(next(row for row in rows if row[0] == "Elapsed")) + 1,

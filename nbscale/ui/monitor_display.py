@@ -9,6 +9,7 @@ from typing import Any
 
 from nbscale.training.events import StopSignal
 from nbscale.ui.click_routing import route_clicks_off_main_thread
+from nbscale.ui.live_clock import FIGURE_BUDGET, FigureClock
 from nbscale.ui.progress import format_duration
 from nbscale.ui.progress_figure import _MORE_COLOURS, Panel, ProgressFigure, Series
 from nbscale.ui.stop_button import say_stop_needs_the_interrupt, stop_button
@@ -24,22 +25,38 @@ def monitor_panels(panels: list[tuple[str, list[str]]]) -> tuple[Panel, ...]:
         series = []
         for name in names:
             colours = _MORE_COLOURS[index % len(_MORE_COLOURS)] if index else ("#f4b183", "#d95319")
-            series.append(Series(name, "train", name, colours))
+            series.append(Series(name, "validation" if is_validation(name) else "train", name, colours))
             index += 1
         out.append(Panel(title, tuple(series), rising="acc" in title.lower()))
     return tuple(out)
+
+
+def is_validation(name: str) -> bool:
+    """Whether a monitor's metric is a validation series (named val_..., validation..., ValidationLoss...): drawn
+    as points, as train's figure draws validation, not smoothed into a line between its sparse values."""
+    lowered = name.lower()
+    return lowered.startswith("validation") or lowered.startswith("val_") or name.startswith("Val")
 
 
 class MonitorDisplay:
     """Draws a monitor's columns and info; built in the notebook, from records made there or sent by ranks."""
 
     def __init__(
-        self, stop: StopSignal, panels: list[tuple[str, list[str]]], x_label: str, holds_the_cell: bool = True
+        self,
+        stop: StopSignal,
+        panels: list[tuple[str, list[str]]],
+        x_label: str,
+        holds_the_cell: bool = True,
+        budget: float = FIGURE_BUDGET,
     ) -> None:
         from IPython.display import display
 
         self.stop = stop
         self.start = time.time()
+        self.figure_clock = FigureClock(time.perf_counter(), budget)
+        self.x_label = x_label.capitalize()
+        self.step: float | None = None  # the last step drawn, shown in the info panel under the x label
+        self.status: object = None  # monitor.status (MATLAB's monitor.Status), shown under the state
         self.figure = ProgressFigure(0, 1, monitor_panels(panels), x_label=x_label.capitalize())
         self.button = stop_button(stop, STOP_TOOLTIP)
         self.button_handle = display(self.button, display_id=True)
@@ -52,8 +69,22 @@ class MonitorDisplay:
     def set_log(self, panel: int, log: bool) -> None:
         self.figure.set_log(panel, log)
 
-    def draw(self, columns: dict[str, list[float]], info: dict[str, Any], progress: float | None, state: str) -> None:
-        self.figure_handle.update(self._figure_bundle(columns, progress), raw=True)
+    def draw(
+        self,
+        columns: dict[str, list[float]],
+        info: dict[str, Any],
+        progress: float | None,
+        state: str,
+        figure: bool = True,
+        status: object = None,
+    ) -> None:
+        """The info panel; the figure too when `figure` is True, or when its clock says so (nbscale.ui.live_clock)."""
+        self.step = _last_step(columns, self.step)
+        now = time.perf_counter()
+        if figure or self.figure_clock.due(now):
+            self.figure_handle.update(self._figure_bundle(columns, progress), raw=True)
+            self.figure_clock.drew(now, time.perf_counter() - now)
+        self.status = status
         self.info_handle.update(self._info_bundle(info, progress, state), raw=True)
 
     def close(self) -> None:
@@ -72,11 +103,14 @@ class MonitorDisplay:
     def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
         rows = [
             ("State", state),
+            *([("Status", str(self.status))] if self.status not in (None, "") else []),
             ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start))),
             ("Elapsed", format_duration(time.time() - self.start)),
         ]
         if progress is not None:
             rows.append(("Progress", f"{progress:.0f}%"))
+        if self.step is not None:
+            rows.append((self.x_label, str(int(self.step)) if float(self.step).is_integer() else f"{self.step:.6g}"))
         rows += [(name, _shown(value)) for name, value in info.items()]
         html = "".join(
             f"<tr><td style='text-align:left;padding-right:1em'><b>{escape(k)}</b></td>"
@@ -96,3 +130,9 @@ class MonitorDisplay:
 
 def _shown(value: object) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _last_step(columns: dict[str, list[float]], previous: float | None) -> float | None:
+    """The highest step any metric's column reached (the x values recorded last), or `previous` when none."""
+    ends = [column[-1] for key, column in columns.items() if key.endswith("_iteration") and column]
+    return max(ends) if ends else previous

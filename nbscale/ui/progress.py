@@ -6,9 +6,9 @@ is an HTML output updated the same way. Only the Stop button is a widget; it is 
 are read before training (PreparingData events), the button and the info panel show already, with the count of
 files read; the panel then says where the data are held and how long reading them took.
 
-The figure is built and first shown (empty) before the first iteration. Updates are rate-limited twice: at most
-every `min_interval` seconds, and never more than `budget` of the elapsed time (a slow draw pushes the next one
-back), so the plot, with its per-event bookkeeping, costs the training loop almost nothing.
+The figure is built and first shown (empty) before the first iteration. The info panel and the figure are
+redrawn on two clocks (nbscale.ui.live_clock): the panel every `info_interval` seconds (0.5), so it is never a
+second behind; the figure every 1 to 2 s, as often as `budget` of the time allows (1%), never more than 2 s apart.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from nbscale.training.events import (
     TrainingStarted,
 )
 from nbscale.ui.click_routing import route_clicks_off_main_thread
+from nbscale.ui.live_clock import FIGURE_BUDGET, INFO_INTERVAL_S, FigureClock
 from nbscale.ui.progress_figure import ProgressFigure, extend_smoothed, figure_for_run, is_drop, metric_panels
 from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
 
@@ -40,8 +41,8 @@ class TrainingProgress:
     redraws_when_done = False  # a job monitor redraws a finished training; this display hands its figure on
     stop_tooltip = STOP_TOOLTIP
 
-    def __init__(self, stop: StopSignal, min_interval: float = 0.5, budget: float = 0.005) -> None:
-        self.stop, self.min_interval, self.budget = stop, min_interval, budget
+    def __init__(self, stop: StopSignal, info_interval: float = INFO_INTERVAL_S, budget: float = FIGURE_BUDGET) -> None:
+        self.stop, self.info_interval = stop, info_interval
         self.start: TrainingStarted | None = None
         self.metric_names: tuple[str, ...] = ("accuracy",)
         self.columns: dict[str, list[float]] = metric_columns(self.metric_names)
@@ -49,7 +50,8 @@ class TrainingProgress:
         self.last: IterationDone | None = None
         self.done: TrainingDone | None = None
         self.state = "Starting"
-        self.next_draw = 0.0
+        self.next_info = 0.0  # a perf_counter time: the first iteration shows at once
+        self.figure_clock = FigureClock(time.perf_counter(), budget)
         self.figure_handle: Any = None
         self.info_handle: Any = None
         self.preparing: PreparingData | None = None  # how far reading the data before training has come
@@ -60,13 +62,13 @@ class TrainingProgress:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, IterationDone):  # first: this runs every iteration
+            if self.last is None:
+                self._drop_empty_panels(event)
             self._add(event)
             now = time.perf_counter()
-            if now >= self.next_draw:
+            if now >= self.next_info:
                 self.state = "Training"
-                self._draw()
-                spent = time.perf_counter() - now
-                self.next_draw = time.perf_counter() + max(self.min_interval, spent / self.budget)
+                self._draw_due(now)
         elif isinstance(event, PreparingData):
             if self.start is None:  # a pool restarted mid-run (on_worker_failure="restart") reads its data again
                 self._prepare(event)
@@ -75,6 +77,8 @@ class TrainingProgress:
         elif isinstance(event, TrainingDone):
             self.state = f"Done: {self.stop.reason or event.stop_reason}"
             self.done = event
+            if self._figure is not None and self.start is not None:  # an early stop: the axis spans what ran
+                self._figure.end_at(event.iteration)
             if event.validation_loss is not None:  # the last iteration, validated after its event went out
                 self._add_validation(
                     event.iteration,
@@ -137,11 +141,11 @@ class TrainingProgress:
         now = time.perf_counter()
         if self.info_handle is None:
             self._open_panel()
-        elif now >= self.next_draw or event.done >= event.total:  # at most every min_interval, and each part's end
+        elif now >= self.next_info or event.done >= event.total:  # at most every info_interval, and each part's end
             self.info_handle.update(self._info_bundle(), raw=True)
         else:
             return
-        self.next_draw = now + self.min_interval
+        self.next_info = now + self.info_interval
 
     def _open(self, event: TrainingStarted) -> None:
         self.start = event
@@ -152,18 +156,31 @@ class TrainingProgress:
             }
         if self.info_handle is None:
             self._open_panel()
-        rising = tuple(
-            n
-            for n in self.metric_names
-            if n in RISING or (n == event.objective_metric and event.objective_goal == "maximize")
-        )
         self._figure = figure_for_run(
             event.max_epochs * event.iterations_per_epoch,
             event.iterations_per_epoch,
-            metric_panels(self.metric_names, rising),
+            metric_panels(self.metric_names, rising_metrics(self.metric_names, event)),
         )
         self.figure_handle = self._show_figure(self._figure_bundle())
-        self.next_draw = time.perf_counter() + self.min_interval  # the first iterations are not worth a figure
+        self.figure_clock = FigureClock(time.perf_counter(), self.figure_clock.budget)
+
+    def _drop_empty_panels(self, first: IterationDone) -> None:
+        """Metrics the first iteration has no value for (a step_fn returning its loss alone: no outputs to compute
+        accuracy on) get no panel: the figure is built again without them. Not for a monitor's loop in a job
+        (no iterations per epoch): its sparse metrics, validation among them, come later."""
+        metrics = first.training_metrics
+        if metrics is None:
+            metrics = {"accuracy": first.training_accuracy}
+        kept = tuple(name for name in self.metric_names if metrics.get(name) is not None)
+        start = self.start
+        if kept == self.metric_names or start is None or self._figure is None or not start.iterations_per_epoch:
+            return
+        self.metric_names = kept
+        self._figure = figure_for_run(
+            start.max_epochs * start.iterations_per_epoch,
+            start.iterations_per_epoch,
+            metric_panels(kept, rising_metrics(kept, start)),
+        )
 
     def _show_figure(self, bundle: dict[str, Any]) -> Any:
         """The figure's first output and its display handle (below the info panel)."""
@@ -185,6 +202,15 @@ class TrainingProgress:
                 say_stop_needs_the_interrupt(self.button)
             self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
+
+    def _draw_due(self, now: float) -> None:
+        """The info panel, and the figure too when its clock says so (nbscale.ui.live_clock)."""
+        self.next_info = now + self.info_interval
+        if self.figure_clock.due(now) and self.figure_handle is not None and self._figure is not None:
+            self._draw()
+            self.figure_clock.drew(now, time.perf_counter() - now)
+        elif self.info_handle is not None:
+            self.info_handle.update(self._info_bundle(), raw=True)
 
     def _draw(self) -> None:
         if self.figure_handle is None or self._figure is None:  # not started, or done and its figure handed on
@@ -217,14 +243,15 @@ class TrainingProgress:
                     ("Preparation", format_duration(time.time() - self._preparing_since)),
                 ]
             return rows
-        total = start.max_epochs * start.iterations_per_epoch
+        total = start.max_epochs * start.iterations_per_epoch  # 0: a TrainingMonitor's loop in a job
         rows = [
             ("State", self.state),
             ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start.start_time))),
             ("Elapsed", format_duration(time.time() - start.start_time)),
             ("Hardware", start.hardware),
-            ("Mini-batch size", str(start.mini_batch_size)),
         ]
+        if start.mini_batch_size:
+            rows.append(("Mini-batch size", str(start.mini_batch_size)))
         if start.choices:  # mini_batch_size="auto", learn_rate_scaling: what was chosen and why
             rows.append(("Chosen", start.choices))
         if start.data_placement:  # where the data are held, and the time reading them took (not in Elapsed)
@@ -232,13 +259,17 @@ class TrainingProgress:
                 ("Data", start.data_placement),
                 ("Preparation", f"{start.prepare_seconds:.1f} s, before training (not in Elapsed)"),
             ]
-        if last is not None:
+        if last is not None and total:
             rows += [
                 ("Epoch", f"{last.epoch} of {start.max_epochs}"),
                 ("Iteration", f"{last.iteration} of {total}"),
                 ("Learn rate", f"{last.learn_rate:.3g}"),
                 ("Throughput", f"{last.images / max(last.time_since_start, 1e-9):,.0f} images/s"),
             ]
+        elif last is not None:  # a monitor's own loop: its step, and its epoch and learn rate when it gave them
+            rows.append(("Iteration", str(last.iteration)))
+            rows += [("Epoch", str(last.epoch))] if last.epoch > 1 else []
+            rows += [("Learn rate", f"{last.learn_rate:.3g}")] if last.learn_rate else []
         if self.columns["val_iteration"]:
             rows.append(self._validation_row())
         if self.restarts:
@@ -287,6 +318,13 @@ class TrainingProgress:
 
 
 RISING = frozenset({"accuracy", "top5-accuracy", "precision", "recall", "fscore"})  # the higher the better
+
+
+def rising_metrics(names: tuple[str, ...], start: TrainingStarted) -> tuple[str, ...]:
+    """The metrics among `names` that grow as training goes: accuracy's kind, and a maximized objective."""
+    return tuple(
+        n for n in names if n in RISING or (n == start.objective_metric and start.objective_goal == "maximize")
+    )
 
 
 def metric_columns(metric_names: tuple[str, ...]) -> dict[str, list[float]]:

@@ -33,6 +33,8 @@ _PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps i
 _MAX_EPOCH_BANDS = 100  # beyond: a light line every k-th epoch
 _MAX_EPOCH_LABELS = 12
 _MAX_DROP_LABELS = 12
+_WIDTH = 10.5  # inches, at 72 dpi: 756 pixels
+_LEGEND_ROOM = 1.7  # inches right of the axes for the legends ("Training (smoothed)")
 _LOSS_MARGIN = 1.15  # the loss axis' top, as a factor of the highest loss seen
 SMOOTHING = 0.6  # weight of the past in the exponential moving average drawn over the raw curves
 
@@ -71,7 +73,7 @@ class Panel:
     label: str
     series: tuple[Series, ...]
     limits: tuple[float, float] | None = None
-    rising: bool = False  # the values grow as training goes (accuracy): the legend sits low, away from the last points
+    rising: bool = False  # the values grow as training goes (accuracy)
     log: bool = False
 
 
@@ -149,17 +151,9 @@ class ProgressFigure:
         panels: tuple[Panel, ...] | None = None,
         x_label: str = "Iteration",
     ) -> None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
         panels = panels if panels is not None else metric_panels()
         self.spec = panels
-        height = 1.2 + 2.0 * len(panels) if len(panels) > 2 else 5.2
-        self.figure = Figure(figsize=(9, height), dpi=72)
-        # the same room in inches above and below, whatever the number of panels; no layout engine
-        self.figure.subplots_adjust(left=0.08, right=0.98, top=1 - 0.42 / height, bottom=0.47 / height, hspace=0.1)
-        self.canvas = FigureCanvasAgg(self.figure)
-        axes_list = self.figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+        self.figure, self.canvas, axes_list = _new_figure(len(panels))
         self.panels: list[tuple[Any, Panel, list[tuple[Series, Any, Any]]]] = []
         self.fitted_axes: list[tuple[Any, Panel]] = []  # axes whose y limits follow the data
         for axes, panel in zip(axes_list, panels, strict=True):
@@ -170,9 +164,8 @@ class ProgressFigure:
                 axes.set_yscale("log")
             if total_iterations:
                 _mark_epochs(axes, total_iterations, iterations_per_epoch)
-            # in the background: text is the costly part to draw. Upper right for a falling curve, lower right
-            # for a rising one: the last points end at the other corner, never under the legend
-            axes.legend(loc="lower right" if panel.rising else "upper right", fontsize=8, framealpha=0.9)
+            # in the background (text is the costly part to draw), beside the panel: off its curves
+            axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7.5, frameon=False, borderaxespad=0)
             if panel.limits is not None:
                 axes.set_ylim(*panel.limits)
             else:
@@ -203,6 +196,12 @@ class ProgressFigure:
             return
         with _spare_lock:
             _spare = self
+
+    def end_at(self, iteration: int) -> None:
+        """A run that stopped early: the iteration axis ends at its last iteration, not the planned end."""
+        if 0 < iteration < self.loss_axes.get_xlim()[1]:
+            self.loss_axes.set_xlim(0, iteration)
+            self.background_without_loss_axis = self.background = None
 
     def reset(self) -> None:
         """Back to the figure of a new run before its first values: the fitted axes' guess (their background
@@ -241,17 +240,8 @@ class ProgressFigure:
         self._fit_limits(c, progress)
         self._mark_drops(c.get("drop_iteration", []), c.get("drop_rate", []))
         self._mark_restarts(c.get("restart_iteration", []))
-        if self.background_without_loss_axis is None:
-            self.canvas.draw()  # everything but the animated curves and fitted y axes
-            self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
         if self.background is None:
-            self.canvas.restore_region(self.background_without_loss_axis)
-            for axes, _ in self.fitted_axes:
-                axes.draw_artist(axes.yaxis)
-            if not self.layout[0]:
-                for axes, *_ in self.panels:
-                    axes.draw_artist(axes.xaxis)
-            self.background = self.canvas.copy_from_bbox(self.figure.bbox)
+            self._draw_background()
         self.canvas.restore_region(self.background)
         for axes, _, lines in self.panels:
             for _, *drawn in lines:
@@ -262,6 +252,33 @@ class ProgressFigure:
         if empty and not self.fitted:
             self.empty_png = png
         return png
+
+    def _draw_background(self) -> None:
+        """The cached backgrounds: everything but the curves, then the fitted y axes (and an unknown length's
+        iteration axes) at their current limits."""
+        if self._widen_left_margin():
+            self.background_without_loss_axis = None  # the axes moved right: everything is drawn again
+        if self.background_without_loss_axis is None:
+            self.canvas.draw()  # everything but the animated curves and fitted y axes
+            self.background_without_loss_axis = self.canvas.copy_from_bbox(self.figure.bbox)
+        self.canvas.restore_region(self.background_without_loss_axis)
+        for axes, _ in self.fitted_axes:
+            axes.draw_artist(axes.yaxis)
+        if not self.layout[0]:
+            for axes, *_ in self.panels:
+                axes.draw_artist(axes.xaxis)
+        self.background = self.canvas.copy_from_bbox(self.figure.bbox)
+
+    def _widen_left_margin(self) -> bool:
+        """Move the axes right when a y label or its tick labels (a long metric name, ticks such as 0.00025) would
+        be cut at the figure's left edge; True when they moved. Margins only grow, so the figure does not jitter."""
+        renderer = self.canvas.get_renderer()
+        left = min(axes.yaxis.get_tightbbox(renderer).x0 for axes, *_ in self.panels)
+        if left >= 2:
+            return False
+        width = self.figure.bbox.width
+        self.figure.subplots_adjust(left=self.figure.subplotpars.left + (2 - left) / width)
+        return True
 
     def _fit_limits(self, c: dict[str, list[float]], progress: float | None = None) -> None:
         """Widen the fitted y axes and the iteration axis when the data left them (the cached backgrounds are
@@ -348,6 +365,22 @@ class ProgressFigure:
             )
         self.restarts_marked = len(iterations)
         self.background_without_loss_axis = self.background = None
+
+
+def _new_figure(panels: int) -> tuple[Any, Any, Any]:
+    """(figure, its Agg canvas, its axes top to bottom) for `panels` panels over a shared iteration axis."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    height = 1.2 + 2.0 * panels if panels > 2 else 5.2
+    figure = Figure(figsize=(_WIDTH, height), dpi=72)
+    # the same room in inches above and below, whatever the number of panels; no layout engine; the legends
+    # in a column of their own on the right, as MATLAB's window has them: never over the last points
+    figure.subplots_adjust(
+        left=0.72 / _WIDTH, right=1 - _LEGEND_ROOM / _WIDTH, top=1 - 0.42 / height, bottom=0.47 / height, hspace=0.1
+    )
+    canvas = FigureCanvasAgg(figure)
+    return figure, canvas, figure.subplots(panels, 1, sharex=True, squeeze=False)[:, 0]
 
 
 def is_drop(rates: list[float], rate: float) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from nbscale.training.events import StopSignal, TrainingDone, TrainingStarted
@@ -28,11 +29,14 @@ class RunProgress(TrainingProgress):
     def __init__(self, run: TrainingRun) -> None:
         stop = StopSignal()
         stop.on_request.append(run.stop)
-        super().__init__(stop)
+        super().__init__(stop, budget=1.0)  # the figure every FIGURE_MIN_S: drawn here, it slows no training
         self.run = run
         self.events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.finished = False  # the run ended and its last figure is drawn
         self.figure_placeholder: Any = None  # the figure's output, made in the showing cell (show_run)
+
+    def _ipython_display_(self) -> None:
+        """Shown already, above: as a cell's last value (`nbscale.show(run)`), no repr under the figure."""
 
     def png(self) -> bytes:
         """The figure as last drawn from the run's events."""
@@ -57,7 +61,12 @@ class RunProgress(TrainingProgress):
         pin()
         try:
             while True:
-                event = self.events.get()
+                try:
+                    event = self.events.get(timeout=self.info_interval)
+                except queue.Empty:  # no events for a while (a slow iteration): the clock ticks all the same
+                    if self.start is not None and self.done is None:
+                        self._draw_due(time.perf_counter())
+                    continue
                 if event is _ENDED:
                     break
                 self(event)

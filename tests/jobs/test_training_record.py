@@ -229,3 +229,19 @@ def test_metric_fields_survive_the_record_with_non_finite_values_and_missing_met
         "rmse": math.inf,
         "fscore": None,
     }
+
+
+def test_a_stopped_runs_record_ends_with_the_reason_its_info_gives(tmp_path: Path) -> None:
+    """A run stopped from the job monitor whose end event says "Stopped on request" (a pool's workers know no
+    more) is recorded with the reason info.stop_reason gives: shown again later, it reads as it did live."""
+    stop = StopSignal()
+    recorder = TrainingRecorder(tmp_path, stop)
+    try:
+        recorder(STARTED)
+        recorder(iteration(1))
+        stop.request(training_record.MONITOR_STOP_REASON)
+        recorder(TrainingDone("Stopped on request", 1, 1, 0.1, 1, 320.0))
+    finally:
+        recorder.close()
+    done = training_record.RecordReader(training_record.record_path(tmp_path, 1)).read_all()[-1]
+    assert isinstance(done, TrainingDone) and done.stop_reason == "Stopped from the job monitor"

@@ -160,7 +160,7 @@ def test_a_frozen_worker_is_given_up_by_the_heartbeat_and_training_resumes_witho
 def test_a_restart_is_marked_in_the_progress_figure_and_named_in_the_info_panel(kernel, tmp_path):
     import base64
 
-    from nbscale.ui.progress_figure import _RESTART
+    from nbscale.ui.progress_figure import _LEGEND_ROOM, _RESTART, _WIDTH
     from tests.ui.test_progress_figure import _pixels_near
 
     assert kernel.run(f"""
@@ -183,7 +183,7 @@ loss_fn = _loss_losing_worker(1, checkpoint_file(folder, 3))
     assert "\nRestarts: restart 1 after iteration " in panel and "resumed from the checkpoint of epoch 3" in panel
     figure = base64.b64decode([d["image/png"] for d in result.displays if "image/png" in d][-1])
     # a line across both panels where training resumed (the end of epoch 3 of 8), labelled "restart 1"
-    resumed_at = 3 / 8
-    band = (0.08 + 0.9 * resumed_at - 0.03, 0.05, 0.08 + 0.9 * resumed_at + 0.03, 0.95)
-    assert _pixels_near(figure, _RESTART, band) > 100
-    assert _pixels_near(figure, _RESTART, (0.08, 0.05, 0.08 + 0.9 * resumed_at - 0.05, 0.95)) == 0
+    left, right = 0.72 / _WIDTH, 1 - _LEGEND_ROOM / _WIDTH  # the axes' span, as a share of the figure's width
+    at = left + (right - left) * 3 / 8
+    assert _pixels_near(figure, _RESTART, (at - 0.03, 0.05, at + 0.03, 0.95)) > 100
+    assert _pixels_near(figure, _RESTART, (left, 0.05, at - 0.05, 0.95)) == 0

@@ -1,0 +1,161 @@
+"""The live display's cost and liveness on a fast loop (issue 42), in a real kernel: nbscale.train with
+plots="training-progress" and a hand loop with a TrainingMonitor, each on bench_train's MLP (digits x4, mini-batch
+64, one torch thread).
+
+For each run: the time spent in the display (TrainingProgress's listener, or the monitor's reads and draws, timed
+by wrapping them in the kernel) as a share of the run's time: what the display costs the loop, a figure this VM's
+speed changes do not move as they move whole runs; how often the info panel's Iteration row and the figure
+changed, and the longest wait between two changes (the kernel's send times): the issue's bounds are 1 s and 2 s.
+Beside it, plots on against plots none as whole runs (interleaved pairs, median pair ratio; this VM moves whole
+runs by several percent, so this ratio is the noisier figure). Run: `python bench/bench_live.py`
+(BENCH_LIVE_EPOCHS, BENCH_LIVE_REPEATS override the defaults).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_train import MONITORED, NBSCALE, SETUP  # noqa: E402 (after the path is set)
+
+EPOCHS = int(os.environ.get("BENCH_LIVE_EPOCHS", 60))  # ~10 s runs with one thread
+REPEATS = int(os.environ.get("BENCH_LIVE_REPEATS", 3))
+
+# the display's own time, summed in the kernel: train's listener, and the monitor's reads and draws
+TIMED = """
+import nbscale.ui.progress as _progress, nbscale.monitor.training_monitor as _monitor
+display_seconds = [0.0]
+def _timed(original):
+    def timed(*args, **kwargs):
+        begun = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            display_seconds[0] += time.perf_counter() - begun
+    return timed
+_progress.TrainingProgress.__call__ = _timed(_progress.TrainingProgress.__call__)
+_monitor.TrainingMonitor._flush = _timed(_monitor.TrainingMonitor._flush)
+import nbscale.ui.progress_figure as _figure
+render_seconds = []
+_render = _figure.ProgressFigure.render
+def _timed_render(self, *args, **kwargs):
+    begun = time.perf_counter()
+    try:
+        return _render(self, *args, **kwargs)
+    finally:
+        render_seconds.append(time.perf_counter() - begun)
+_figure.ProgressFigure.render = _timed_render
+"""
+
+TRAIN = "display_seconds[0] = 0.0; render_seconds.clear()\n" + NBSCALE + "run_seconds = info.time[-1]\n"
+MONITOR = (
+    "display_seconds[0] = 0.0; render_seconds.clear()\n"
+    + MONITORED.format(device="cpu", x="X", y="Y", rate="monitor_rate", epochs="EPOCHS")
+    + "run_seconds = time.perf_counter() - started\nmonitor.close()\n"
+)
+
+
+def run() -> str:
+    """Measure and return the markdown section."""
+    from tests.kernel_session import KernelSession
+
+    kernel = KernelSession()
+    try:
+        # one torch thread: a fast loop (two threads on a busy 2-core machine wait on each other, 40 ms an iteration)
+        for code in ("%load_ext nbscale", SETUP, f"EPOCHS = {EPOCHS}\ntorch.set_num_threads(1)", TIMED):
+            result = kernel.run(code)
+            if not result.ok:
+                raise RuntimeError(result.text)
+        rows = [
+            _liveness_row(kernel, "nbscale.train, plots on", TRAIN.format(env="cpu", epochs="EPOCHS", plots=p))
+            for p in ["training-progress"] * REPEATS
+        ]
+        rows += [_liveness_row(kernel, "hand loop + TrainingMonitor", MONITOR) for _ in range(REPEATS)]
+        ratio = _on_against_none(kernel)
+    finally:
+        kernel.shutdown()
+    return "\n".join(
+        [
+            "## Live display (bench/bench_live.py)",
+            "",
+            f"bench_train's MLP on digits x4, mini-batch 64, {EPOCHS} epochs in a real kernel, {os.cpu_count()} CPU "
+            "cores. Display share: the time in the display (train's listener; the monitor's reads and draws) over "
+            "the run's time. Waits: the longest time between two changes of the info panel's Iteration row, and "
+            "between two figures, from the first iteration (the bounds: 1 s and 2 s).",
+            "",
+            "| run | display share | info updates | longest info wait | figures | longest figure wait "
+            "| figure render (median) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            f"Machine load while measured: {os.getloadavg()[0]:.1f} (1-minute average). "
+            f"Whole runs, plots on against plots none ({REPEATS} interleaved pairs): median pair ratio {ratio:.3f}x "
+            "(images/s; 1.000 is free).",
+            "",
+        ]
+    )
+
+
+def _liveness_row(kernel, label: str, code: str) -> str:  # kernel: a tests.kernel_session.KernelSession
+    result = kernel.run(code, timeout=900)
+    if not result.ok:
+        raise RuntimeError(result.text)
+    share = _value(kernel, "display_seconds[0] / run_seconds")
+    render = _value(kernel, "sorted(render_seconds)[len(render_seconds) // 2] * 1000")
+    info = _changes(result)
+    first = info[0] if info else 0.0
+    figures = [first] + [
+        when
+        for when, data in zip(result.shown_at, result.displays, strict=True)
+        if "image/png" in data and when >= first
+    ]
+    return (
+        f"| {label} | {share:.2%} | {len(info)} | {_longest(info):.2f} s | {len(figures) - 1} | "
+        f"{_longest(figures):.2f} s | {render:.1f} ms |"
+    )
+
+
+def _on_against_none(kernel) -> float:
+    pairs = []
+    for _ in range(REPEATS):
+        rates = []
+        for plots in ("training-progress", "none"):
+            result = kernel.run(NBSCALE.format(env="cpu", epochs="EPOCHS", plots=plots), timeout=900)
+            if not result.ok:
+                raise RuntimeError(result.text)
+            rates.append(_value(kernel, "nbscale_rate"))
+        pairs.append(rates[0] / rates[1])
+    return statistics.median(pairs)
+
+
+def _changes(result) -> list[float]:  # result: a tests.kernel_session.CellResult
+    """When the info panel's Iteration row showed a new value (the kernel's send times)."""
+    times, last = [], None
+    for when, data in zip(result.shown_at, result.displays, strict=True):
+        found = re.search(r"^Iteration: (.*)$", data.get("text/plain", ""), re.MULTILINE)
+        if found and found.group(1) != last:
+            times.append(when)
+            last = found.group(1)
+    return times
+
+
+def _longest(times: list[float]) -> float:
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=float("nan"))
+
+
+def _value(kernel, expression: str) -> float:
+    result = kernel.run(f"print(repr(float({expression})))")
+    if not result.ok:
+        raise RuntimeError(result.text)
+    return float(result.stdout.strip())
+
+
+if __name__ == "__main__":
+    print(run())

@@ -285,12 +285,11 @@ class RayBackend(Backend):
 def disconnect() -> None:
     """End this process's Ray connection (before its cluster goes away: a driver whose cluster vanished is ended by
     Ray after a while)."""
-    global _connection
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    _connection = None
+    _connection.made = None
 
 
 def _free_resources(gpus_per_worker: float) -> str:

@@ -23,7 +23,7 @@ demo: venv
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist): most tests wait on kernels, pools and servers, so
 # more processes than cores still pays. conftest.py keeps the tests that share a fixture in one process.
 PYTEST_WORKERS ?= 4
-PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist load
 
 test: venv chromium slurm
 	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test

@@ -3,15 +3,23 @@ suite over several processes (pytest-xdist, docs/development.md)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 # Ray clusters started by tests stay on loopback: Ray reads this when imported, so it is set before any test runs.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# `make test` runs several test processes on few cores: torch's intra-op threads in each (and in each kernel they
+# start) would only contend, and OpenMP's waiting threads spin on cores the others need. Pool workers set their own
+# count (cores // workers), as they do for users.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tests.kernel_session import KernelSession
 
@@ -50,9 +58,8 @@ def _gpu_visible() -> bool:
         return False
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _group_for_processes(items)
+    _long_units_first(items)
     if _gpu_visible():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible here")
@@ -61,33 +68,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
-def _group_for_processes(items: list[pytest.Item]) -> None:
-    """Tell pytest-xdist (`--dist loadgroup`) which tests must share one process, and start the long ones first.
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist hands out whole units (work_unit): a test alone, or the tests that must share one process.
 
-    A module whose tests share a module-scoped fixture (a pool, a Ray head) is marked to run in one process, so the
-    fixture is made once; the Ray modules to run one after another (SERIAL_GROUPS). Every other test goes wherever a
-    process is free. The slow-marked tests are handed out first, so no long test starts last while the others wait.
-
-    Known gap: pytest-xdist 3.8 reads these marks by rewriting `item._nodeid`, which pytest 9 no longer reads, so
-    under pytest 9.2 the marks do nothing yet: every test goes wherever a process is free, and a module fixture is
-    made in each process that runs the module's tests (docs/development.md).
+    (xdist's own `--dist loadgroup` marks do nothing under pytest 9, which no longer takes the node id xdist
+    rewrites; a scheduler whose scope is the unit does the same.)
     """
-    units: dict[str, str] = {}  # test id -> the unit xdist hands out: its group, or the test alone
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        serial = [name for name, prefixes in SERIAL_GROUPS.items() if os.path.basename(module).startswith(prefixes)]
-        shares_a_fixture = any(
-            definition.scope in ("module", "package", "class")
-            for definitions in item._fixtureinfo.name2fixturedefs.values()
-            for definition in definitions
-        )
-        units[item.nodeid] = item.nodeid
-        if serial or shares_a_fixture:
-            units[item.nodeid] = serial[0] if serial else module
-            item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
-    slow_units = {units[item.nodeid] for item in items if item.get_closest_marker("slow") is not None}
-    # a unit's tests keep their order and stay together (a module fixture is made once)
-    items.sort(key=lambda item: units[item.nodeid] not in slow_units)
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit a test is handed out in: "ray" for the Ray modules (one after another in one process: each cluster
+    takes both cores), its module when the module's tests share a module-scoped fixture (a pool, a Ray head: made
+    once), else the test alone, to go wherever a process is free."""
+    module = nodeid.split("::")[0]
+    for name, prefixes in SERIAL_GROUPS.items():
+        if os.path.basename(module).startswith(prefixes):
+            return name
+    return module if _shares_a_module_fixture(module) else nodeid
+
+
+@functools.cache
+def _shares_a_module_fixture(module: str) -> bool:
+    """Whether the test file defines a module-scoped fixture, or takes its folder's (tests/training's `pool`)."""
+    path = Path(__file__).parent.parent / module
+    try:
+        source = path.read_text()
+    except OSError:
+        return False
+    if 'scope="module"' in source or 'scope="class"' in source:
+        return True
+    folder_fixtures = _module_fixtures_of_conftest(path.parent)
+    return any(re.search(rf"def test_\w+\([^)]*\b{name}\b", source) for name in folder_fixtures)
+
+
+@functools.cache
+def _module_fixtures_of_conftest(folder: Path) -> tuple[str, ...]:
+    """The names of the module-scoped fixtures the folder's conftest.py defines."""
+    try:
+        source = (folder / "conftest.py").read_text()
+    except OSError:
+        return ()
+    return tuple(re.findall(r'@pytest\.fixture\(scope="module"\)\s*\ndef (\w+)', source))
+
+
+def _long_units_first(items: list[pytest.Item]) -> None:
+    """Start the units holding slow-marked tests first, so no long test starts last while the others wait; a unit's
+    tests keep their order and stay together (a module fixture is made once)."""
+    slow_units = {work_unit(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: work_unit(item.nodeid) not in slow_units)
 
 
 @pytest.fixture

@@ -281,8 +281,9 @@ def _woken_by_a_peer(error: BaseException) -> bool:
 
 
 def _tells_of_a_torn_down_group(text: str) -> bool:
-    """True for an error (or a worker's traceback) saying that a peer closed the training group's connections."""
-    return "Connection reset by peer" in text or "Connection closed by peer" in text
+    """True for an error (or a worker's traceback) saying that a peer closed the training group's connections: read
+    from a closed connection (reset, closed) or written to one (a broken pipe), by where the rank then was."""
+    return any(sign in text for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
 
 
 class _Answers:

@@ -171,24 +171,27 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit: as a kernel kille
 """
 
 
-def test_the_store_folder_of_a_killed_kernels_pool_is_removed_at_the_next_pool_start(tmp_path):
-    temporary = tempfile.gettempdir()
+def test_the_store_folder_of_a_killed_kernels_pool_is_removed_at_the_next_pool_start(tmp_path, monkeypatch):
+    # a temp folder of this test's own: a pool started elsewhere on the machine (another test process, a notebook)
+    # would clean the shared one's stale folders first
+    temporary = tmp_path / "tmp"
+    temporary.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     killed = subprocess.run(
         [sys.executable, "-c", _KILLED_KERNEL],
         capture_output=True,
         text=True,
         timeout=180,
         cwd=os.path.dirname(nbscale.__path__[0]),
+        env={**os.environ, "TMPDIR": str(temporary)},
     )
-    (left,) = glob.glob(os.path.join(temporary, f"nbscale-group-{int(killed.stdout)}-*"))
+    (left,) = temporary.glob(f"nbscale-group-{int(killed.stdout)}-*")
     alive = tempfile.mkdtemp(prefix=f"nbscale-group-{os.getpid()}-")  # a live kernel's: kept
-    link = os.path.join(temporary, "nbscale-group-999999999-link")  # no pid has that number; a link is no folder
-    os.symlink(tmp_path, link)
-    try:
-        with nbscale.Pool(1, cpu=True):
-            pass
-        assert not os.path.exists(left)
-        assert os.path.isdir(alive) and os.path.islink(link) and tmp_path.is_dir()
-    finally:
-        os.rmdir(alive)
-        os.unlink(link)
+    link = temporary / "nbscale-group-999999999-link"  # no pid has that number; a link is no folder
+    target = tmp_path / "target"
+    target.mkdir()
+    link.symlink_to(target)
+    with nbscale.Pool(1, cpu=True):
+        pass
+    assert not left.exists()
+    assert os.path.isdir(alive) and link.is_symlink() and target.is_dir()

@@ -28,7 +28,7 @@ from tests.kernel_session import KernelSession
 # A test that needs a folder of its own still sets the variable itself (monkeypatch.setenv wins).
 _PRIVATE_FOLDERS = {"NBSCALE_HOME": "home", "NBSCALE_RUNTIME_DIR": "runtime", "NBSCALE_GPU_REGISTRY": "gpus"}
 # groups of tests that must run one after another in one process: each starts Ray clusters, which take both cores
-SERIAL_GROUPS = {"ray": ("test_ray_", "test_examples_cluster")}
+SERIAL_GROUPS = {"ray": ("test_ray_", "test_examples_cluster", "test_slurm_pool")}
 
 
 def pytest_configure(config: pytest.Config) -> None:

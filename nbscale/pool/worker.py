@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from nbscale.errors import UnsendableError
+from nbscale.pool import mappings
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives, current_collective, new_request
@@ -191,6 +192,7 @@ class Worker:
                 self._refuse(unreadable)
                 continue
             except (EOFError, OSError):
+                mappings.remove_if_kernel_ended()  # a killed kernel's kept files go with it
                 os._exit(0)
             handle = self.urgent.get(type(message))
             if handle is not None:

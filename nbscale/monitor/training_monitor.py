@@ -22,7 +22,7 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
-from nbscale.loggers import flush_loggers
+from nbscale.loggers import close_loggers, log_rows
 from nbscale.monitor.records import MAX_ROWS, RecordBatch, RecordKeeper, step_number
 from nbscale.training.events import StopSignal
 from nbscale.ui.progress_figure import extend_smoothed
@@ -169,8 +169,7 @@ class TrainingMonitor(RecordKeeper):
         self.flush()
         self._closed = True
         self._sink.close("Stopped" if self._stop.requested else "Done")
-        for logger in self.loggers:
-            logger.close()
+        close_loggers(self.loggers)
 
     def __enter__(self) -> TrainingMonitor:
         return self
@@ -201,12 +200,8 @@ class TrainingMonitor(RecordKeeper):
             return
         batch = self._sink.reduce(self._take_records())
         self._add(batch)
-        if self.loggers:
-            rows = batch.rows()
-            for logger in self.loggers:
-                for step, values in rows:
-                    logger.log(dict(values), step_number(step))
-            flush_loggers(self.loggers)  # at each read, not each record: a killed kernel loses one read's rows
+        if self.loggers:  # at each read, not each record: a killed kernel loses one read's rows
+            log_rows(self.loggers, [(dict(values), step_number(step)) for step, values in batch.rows()])
         self._sink.draw(self)
         self._next_read = time.perf_counter() + self._read_interval(now, len(batch.steps))
 

@@ -28,6 +28,7 @@ from nbscale.data.loader_data import loader_of
 from nbscale.data.loading import BatchSource, make_batch_source
 from nbscale.data.preparing import Progress, Readers
 from nbscale.data.streaming import StreamBatches
+from nbscale.errors import OptionsError
 from nbscale.outputs import loss_and_first_output
 from nbscale.training.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
 from nbscale.training.checkpoint import prepare_folder, save_checkpoint
@@ -379,11 +380,13 @@ def _step(run: _Run, inputs: Any, labels: Any) -> None:
         with run.autocast:
             loss, outputs = run.forward(run.net, inputs, labels)
     except Exception as error:
-        if run.iteration == run.first_iteration and not out_of_memory(error):
+        if run.iteration == run.first_iteration and not out_of_memory(error) and not isinstance(error, OptionsError):
             raise misfit_error(error, inputs, labels) from error
         raise
     if run.iteration == run.first_iteration:
         _check_loss(loss, run.setup.step_fn)
+    elif run.setup.step_fn is not None and not isinstance(loss, torch.Tensor):  # later iterations: the type alone
+        _check_loss(loss, run.setup.step_fn, run.iteration)
     kept = run.figures.keep(loss, outputs, labels)
     run.optimizer.zero_grad(set_to_none=True)
     run.scaler.scale(loss).backward()
@@ -731,24 +734,41 @@ def _forward(
     def step(net: nn.Module, inputs: object, labels: object) -> tuple[torch.Tensor, Any]:
         result = step_fn(net, inputs, labels)
         if isinstance(result, tuple) and len(result) == 2:
-            return result[0], first_output(result[1])
+            outputs = first_output(result[1])
+            if not isinstance(outputs, torch.Tensor):  # metrics would be computed on nothing, silently blank
+                raise OptionsError(
+                    f"step_fn returned (loss, {_short(result[1])}): the second element must be the model's outputs "
+                    "(a tensor, or a tuple whose first element is one), which the metrics are computed on. Return "
+                    "(loss, outputs), or the loss alone for no metrics."
+                )
+            return result[0], outputs
         return result, None
 
     return step
 
 
-def _check_loss(loss: object, step_fn: Callable[..., Any] | None) -> None:
-    """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
+
+
+def _check_loss(loss: object, step_fn: Callable[..., Any] | None, iteration: int | None = None) -> None:
+    """On the first iteration: the loss is one number with a gradient (shape only: no host sync); on a later one
+    (`iteration`), that step_fn returned a tensor at all."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and (loss.requires_grad or iteration is not None):
         return
+    if iteration is not None:
+        raise OptionsError(
+            f"step_fn returned {_short(loss)} at iteration {iteration} instead of the batch's loss (a scalar tensor "
+            "with a gradient) or (loss, outputs): make it return the loss on every path (a missing return gives "
+            "None)."
+        )
     what = (
         "step_fn must return the batch's loss (a scalar tensor with a gradient) or (loss, outputs)"
         if step_fn is not None
         else "loss_fn must return the batch's mean loss (a scalar tensor with a gradient)"
     )
     got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
-    from nbscale.errors import OptionsError
-
     raise OptionsError(
         f"{what}; it returned {got}: average the loss over the batch (e.g. .mean()), "
         "and compute it from the model's outputs."

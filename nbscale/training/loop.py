@@ -448,6 +448,8 @@ def _validate(run: _Run, iteration: int) -> tuple[float, dict[str, float | None]
     improved = _best_updated(
         run.best, run.objective.score(validation_loss, validation_metrics), iteration, run.model, run.options
     )
+    if run.stop_reason is None:
+        run.stop_reason = _objective_nan(run.objective, validation_metrics, iteration)
     if not improved and run.best["bad"] >= run.options.validation_patience and run.stop_reason is None:
         run.stop_reason = _patience_met(run.options, run.objective)
     run.model.train()
@@ -535,6 +537,18 @@ def _best_updated(
     if options.output_network == "best-validation":
         best["state"] = _cpu_copy(model.state_dict())
     return True
+
+
+def _objective_nan(objective: Objective, metrics: dict[str, float | None], iteration: int) -> str | None:
+    """The stop reason when the objective metric's validation value is NaN (a metric that divides by zero, say):
+    its patience would count it as no improvement and stop as if the criterion were met."""
+    value = metrics.get(objective.name)
+    if objective.name == "loss" or value is None or not math.isnan(value):
+        return None
+    return (
+        f"Stopped: objective_metric={objective.name!r} was NaN at the validation of iteration {iteration}; make the "
+        "metric return a number for every validation set, or pick another objective_metric"
+    )
 
 
 def _patience_met(options: TrainingOptions, objective: Objective) -> str:

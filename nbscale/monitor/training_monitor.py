@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
 from nbscale.loggers import close_loggers, log_rows
-from nbscale.monitor.records import MAX_ROWS, RecordBatch, RecordKeeper, step_number
+from nbscale.monitor.records import HISTORY_ROWS, MAX_ROWS, RecordBatch, RecordKeeper, step_number, thin_history
 from nbscale.training.events import StopSignal
 from nbscale.ui.progress_figure import extend_smoothed
 
@@ -145,7 +145,8 @@ class TrainingMonitor(RecordKeeper):
     @property
     def history(self) -> dict[str, list[Any]]:
         """Every recorded step as columns: the x values under `x_label`, then each metric (None where a step did
-        not record it). Reading it reads what was recorded since the last draw."""
+        not record it); past 100,000 steps, thinned to every second one (records.thin_history). Reading it reads
+        what was recorded since the last draw."""
         if self._kept:
             self.flush()
         return self._history
@@ -236,6 +237,9 @@ class TrainingMonitor(RecordKeeper):
                 c[f"{name}_iteration"].extend([numbers[row] for row in rows])
             c[name].extend(values)
             extend_smoothed(c[f"{name}_smooth"], values)
+        if len(steps) > HISTORY_ROWS or any(len(column) > HISTORY_ROWS for column in c.values()):
+            thin_history(h)  # every metric's row with its step
+            thin_history(c)  # the figure's points, each metric's own
 
 
 def _names(what: str, names: Any, required: bool = False) -> tuple[str, ...]:

@@ -101,7 +101,9 @@ class TensorBoardLogger:
         self.log_dir = Path(log_dir)
         logger_files.prepare_folder(self.log_dir, f"TensorBoardLogger({str(log_dir)!r})", own_folder=True)
         self.writer = SummaryWriter(log_dir=str(log_dir))
-        logger_files.make_private(Path(self.writer.file_writer.event_writer._file_name))
+        events = self.writer.file_writer
+        if events is not None:  # its event file, created with the process's umask
+            logger_files.make_private(Path(events.event_writer._file_name))
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         for name, value in metrics.items():

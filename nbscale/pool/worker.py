@@ -200,6 +200,7 @@ class Worker:
             else:
                 self.busy = True  # set here so an Interrupt right after the request finds it busy
                 self.inbox.put(message)
+            del message  # not held while the next is read and mapped (pool/mappings.py)
 
     def interrupt(self, message: p.Interrupt) -> None:
         """KeyboardInterrupt in the main thread: for one request (pool.cancel), or whatever runs."""
@@ -308,6 +309,8 @@ class Worker:
             except Exception as error:  # the value could not be pickled: say so instead of hanging
                 failure = f"the result could not be sent back: {error}"
                 self.channel.send(p.Failed(message.request_id, self.rank, type(error).__name__, failure, ""))
+            # not held while waiting for the next: its values would pin the kept files' mappings (pool/mappings.py)
+            del message, reply
 
     def _answer(self, message: Any) -> p.Done | p.Failed:
         """Run one request: its Done, or its Failed for any exception (an interrupt included)."""

@@ -27,9 +27,9 @@ import sys
 import threading
 import time
 
-from nbscale.pool.mappings import remove_files_of_ended
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.protocol import WorkerConfig
+from nbscale.pool.transport import remove_files_of_ended
 
 _PR_SET_PDEATHSIG = 1
 

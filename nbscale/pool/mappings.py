@@ -54,27 +54,19 @@ def remove_if_kernel_ended(deadline_s: float = 2.0) -> int:
     is gone (a kill -9 leaves them in shared memory otherwise); a kernel still running (the pool was stopped or
     this worker dropped) keeps its files. Returns how many were removed."""
     writers = {path: _writer(path) for path in _mapped}
-    _wait_for_end(set(writers.values()), deadline_s)
-    return _remove([path for path, pid in writers.items() if not pid_running(pid)])
+    wait_for_end(set(writers.values()), deadline_s)
+    return remove_files([path for path, pid in writers.items() if not pid_running(pid)])
 
 
-def remove_files_of_ended(pid: int, deadline_s: float = 2.0) -> int:
-    """The local forkserver's part when the kernel `pid` that started it closed its end: once that process is gone,
-    remove every shared-memory file it wrote (its kept tensors; the forkserver kills the workers at once, before
-    they could). Returns how many were removed; none while the kernel runs (the pool was only stopped)."""
-    from nbscale.pool.transport import stale_files
-
-    _wait_for_end({pid}, deadline_s)
-    return _remove([path for path, _ in stale_files() if _writer(path) == pid])
-
-
-def _wait_for_end(pids: set[int], deadline_s: float) -> None:
+def wait_for_end(pids: set[int], deadline_s: float) -> None:
+    """Until none of `pids` runs, at most `deadline_s`."""
     ends = time.monotonic() + deadline_s
     while any(pid_running(pid) for pid in pids) and time.monotonic() < ends:
         time.sleep(0.02)  # the connection closes a moment before the process is gone
 
 
-def _remove(paths: list[str]) -> int:
+def remove_files(paths: list[str]) -> int:
+    """Unlink each of `paths` that can be; how many went."""
     removed = 0
     for path in paths:
         try:

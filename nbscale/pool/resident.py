@@ -5,7 +5,7 @@ sends only the file's name while the tensor is unchanged: same object, same data
 and dtype, and the same `tensor._version`, which every in-place change through torch bumps (views share it).
 A changed tensor gets a new file (the old one goes once no message in flight names it), so a worker never reads
 stale values. A file goes when its tensor is dropped (weakref finalizer), when the pool stops, and, after a kernel
-kill, when the pool's forkserver sees the kernel gone (mappings.remove_files_of_ended), else at the next pool start
+kill, when the pool's forkserver sees the kernel gone (transport.remove_files_of_ended), else at the next pool start
 (transport.remove_stale_files: its name carries the kernel's pid).
 
 Workers map each file copy-on-write and reuse a mapping for the next call only while it is unused and unwritten

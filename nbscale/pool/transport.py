@@ -110,6 +110,15 @@ def remove_stale_files(directory: Path | None = None) -> int:
     return removed
 
 
+def remove_files_of_ended(pid: int, deadline_s: float = 2.0) -> int:
+    """The local forkserver's part when the kernel `pid` that started it closed its end: once that process is gone,
+    remove every shared-memory file it wrote (its kept tensors; the forkserver kills the workers at once, before
+    they could). Returns how many were removed; none while the kernel runs (the pool was only stopped)."""
+    mappings.wait_for_end({pid}, deadline_s)
+    own = f"nbscale-{pid}-"  # stale_files lists only names of this form
+    return mappings.remove_files([path for path, _ in stale_files() if Path(path).name.startswith(own)])
+
+
 def _write_files(buffers: list[memoryview], directory: Path) -> list[str]:
     """One new 0600 file per buffer; on any failure every file begun here is removed before the error rises."""
     paths: list[str] = []

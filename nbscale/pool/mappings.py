@@ -13,7 +13,6 @@ message gets a fresh mapping of the file, which costs page faults but no copy. W
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import struct
 import time
@@ -117,6 +116,8 @@ def _written(buffer: Any) -> bool:
 def _scan(descriptor: int, start: int, end: int) -> bool:
     """PAGEMAP_SCAN (Linux 6.7+): is a page of [start, end) present or swapped and not the file's?"""
     global _scan_works
+    import fcntl  # not on Windows, where pools do not run: imported here so that `import nbscale` works there
+
     found = (ctypes.c_uint64 * 3)()
     request = bytearray(
         struct.pack(

@@ -82,11 +82,17 @@ def _parser() -> argparse.ArgumentParser:
     delete.set_defaults(run=_jobs_delete)
 
     commands.add_parser("gpus", help="this machine's GPUs (NVML) and who holds them").set_defaults(run=_gpus)
-    commands.add_parser(
+    doctor = commands.add_parser(
         "doctor",
         help="check GPUs, shared memory, the job store, kernel subshells, the lab "
         "extension and Ray (exit 1 on a problem)",
-    ).set_defaults(run=_doctor)
+    )
+    doctor.add_argument(
+        "--remove-stale",
+        action="store_true",
+        help="first remove shared-memory files killed kernels and workers left behind",
+    )
+    doctor.set_defaults(run=_doctor)
     return parser
 
 
@@ -192,8 +198,10 @@ def _gpus(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from nbscale.doctor import run_checks
+    from nbscale.doctor import remove_stale_shared_memory, run_checks
 
+    if args.remove_stale:
+        print(remove_stale_shared_memory())
     checks = run_checks()
     width = max(len(check.name) for check in checks)
     for check in checks:

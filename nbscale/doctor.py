@@ -1,6 +1,7 @@
 """`nbscale doctor`: what this machine offers nbscale, each check one line with its fix.
 
-Checks: GPUs (NVML), the shared-memory folder pools pass large values through, the job store, the installed
+Checks: GPUs (NVML), the shared-memory folder pools pass large values through (and files killed processes left
+there), the job store, the installed
 ipykernel's subshells (the Stop button while a cell runs), the JupyterLab extension, Ray. A check is "ok", a
 "note" (something optional is missing: nbscale works without it) or a "problem" (something nbscale needs is not
 usable here); `nbscale doctor` exits 1 when there is a problem.
@@ -81,6 +82,31 @@ def _shared_memory() -> Check:
     return Check("shared memory", "ok", where)
 
 
+def _stale_shared_memory() -> Check:
+    from nbscale.pool.transport import stale_files
+
+    stale = stale_files()
+    if not stale:
+        return Check("stale shm files", "ok", "no file left by a killed kernel or worker")
+    size = sum(bytes_ for _, bytes_ in stale) / _MIB
+    return Check(
+        "stale shm files",
+        "note",
+        f"{len(stale)} file{'s' if len(stale) > 1 else ''} ({size:,.1f} MiB) left in {os.path.dirname(stale[0][0])} "
+        "by a killed kernel or worker (the next pool start removes them too). "
+        "`nbscale doctor --remove-stale` removes them now.",
+    )
+
+
+def remove_stale_shared_memory() -> str:
+    """`nbscale doctor --remove-stale`: remove the files `_stale_shared_memory` reports; one line saying what went."""
+    from nbscale.pool.transport import remove_stale_files, stale_files
+
+    size = sum(bytes_ for _, bytes_ in stale_files()) / _MIB
+    removed = remove_stale_files()
+    return f"Removed {removed} stale shared-memory file{'' if removed == 1 else 's'} ({size:,.1f} MiB)."
+
+
 def _job_store() -> Check:
     from nbscale.jobs import JobStore
 
@@ -156,6 +182,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 _CHECKS: list[tuple[str, Callable[[], Check]]] = [
     ("GPUs", _gpus),
     ("shared memory", _shared_memory),
+    ("stale shm files", _stale_shared_memory),
     ("job store", _job_store),
     ("kernel subshells", _subshells),
     ("lab extension", _lab_extension),

@@ -5,6 +5,8 @@ feeds them from the notebook's training events (a pool's events arrive there too
 however the run ends. What they were given reaches the disk (`flush()`) every second and at each epoch's end of
 nbscale.train, and at each read or draw of a TrainingMonitor and its `flush()`: a killed kernel loses the last
 second or so. A step logged again (a run's final validation, which comes after its iteration) adds to its row.
+A logger that raises (a full disk, a custom logger's bug) is dropped with one line naming it, its file and the
+step, and the run goes on (`log_rows`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nbscale import logger_files
 from nbscale.errors import OptionsError
+from nbscale.notices import notices
 from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
 
 __all__ = ["CSVLogger", "TensorBoardLogger"]
@@ -31,7 +35,9 @@ class CSVLogger:
         self.path = Path(path)
         if self.path.is_dir():
             raise OptionsError(f"CSVLogger({str(path)!r}) is a folder: give a file name, such as 'runs/run1.csv'.")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.owner = f"CSVLogger({str(path)!r})"
+        logger_files.prepare_folder(self.path.parent, self.owner)
+        logger_files.open_file(self.path, self.owner).close()  # refused now, not at the first step
         self.columns: list[str] = ["step"]
         self.rows: list[dict[str, Any]] = []
         self._file: Any = None
@@ -69,14 +75,14 @@ class CSVLogger:
         """The whole file anew, in a temporary file moved over it (a kill meanwhile leaves the old one)."""
         self.close()
         written = self.path.with_name(self.path.name + ".partial")
-        with written.open("w", newline="") as file:
+        with logger_files.open_file(written, self.owner) as file:
             writer = csv.DictWriter(file, self.columns, restval="")
             writer.writeheader()
             writer.writerows(self.rows[:-1])
             last_row_at = file.tell()
             writer.writerows(self.rows[-1:])
         os.replace(written, self.path)
-        self._file = self.path.open("a", newline="")
+        self._file = logger_files.open_file(self.path, self.owner, append=True)
         self._writer = csv.DictWriter(self._file, self.columns, restval="")
         self._last_row_at = last_row_at
 
@@ -93,7 +99,11 @@ class TensorBoardLogger:
                 "pip install tensorboard (or log to a file with nbscale.loggers.CSVLogger)."
             ) from None
         self.log_dir = Path(log_dir)
+        logger_files.prepare_folder(self.log_dir, f"TensorBoardLogger({str(log_dir)!r})", own_folder=True)
         self.writer = SummaryWriter(log_dir=str(log_dir))
+        events = self.writer.file_writer
+        if events is not None:  # its event file, created with the process's umask
+            logger_files.make_private(Path(events.event_writer._file_name))
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         for name, value in metrics.items():
@@ -113,6 +123,41 @@ def flush_loggers(loggers: Sequence[Any]) -> None:
         flush = getattr(logger, "flush", None)
         if callable(flush):
             flush()
+
+
+def log_rows(loggers: list[Any], rows: Sequence[tuple[dict[str, Any], int]]) -> None:
+    """Each row to each logger, then its file written; a logger that raises is dropped from `loggers` with one
+    line naming it, its file and the step (`drop_failed`), and the run goes on."""
+    for logger in list(loggers):
+        step: int | None = None
+        try:
+            for metrics, step in rows:
+                logger.log(metrics, step)
+            flush_loggers([logger])
+        except Exception as error:  # a full disk, a custom logger's bug: the run's weights and info matter more
+            drop_failed(loggers, logger, error, step)
+
+
+def close_loggers(loggers: list[Any]) -> None:
+    """Close each logger; one that raises says so in one line (`drop_failed`) and the others still close."""
+    for logger in list(loggers):
+        try:
+            logger.close()
+        except Exception as error:
+            drop_failed(loggers, logger, error, None)
+
+
+def drop_failed(loggers: list[Any], logger: Any, error: Exception, step: int | None) -> None:
+    """Drop a logger that raised, with one warning line naming it, its file, the step and what failed."""
+    if logger in loggers:
+        loggers.remove(logger)
+    where = getattr(logger, "path", None) or getattr(logger, "log_dir", None)
+    named = f"{type(logger).__name__}" + (f" writing {str(where)!r}" if where is not None else "")
+    when = f"at step {step}" if step is not None else "while closing"
+    notices.warning(
+        f"Warning: {named} failed {when} ({type(error).__name__}: {error}). It is dropped and training goes on "
+        "without it; what it logged before is in its file. Free space there (df -h) or fix the logger."
+    )
 
 
 class LoggerFeed:
@@ -150,10 +195,7 @@ class LoggerFeed:
 
     def flush(self) -> None:
         rows, self.rows = self.rows, []
-        for logger in self.loggers:
-            for metrics, step in rows:
-                logger.log(metrics, step)
-        flush_loggers(self.loggers)
+        log_rows(self.loggers, rows)
         if rows:
             self.last_logged = rows[-1][1]
         self.next = time.perf_counter() + self.interval
@@ -166,8 +208,7 @@ class LoggerFeed:
         try:
             self.flush()
         finally:
-            for logger in self.loggers:
-                logger.close()
+            close_loggers(self.loggers)
 
 
 def iteration_row(event: IterationDone) -> dict[str, Any]:

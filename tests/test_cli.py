@@ -136,7 +136,7 @@ def test_gpus_lists_what_nvml_reports_and_says_why_there_are_none() -> None:
 
 def test_doctor_reports_each_check_and_exits_1_on_a_problem(tmp_path: Path) -> None:
     found = nbscale("doctor", extra_path=FAKE_NVML_DIR)
-    names = ("GPUs", "shared memory", "job store", "kernel subshells", "lab extension", "Ray")
+    names = ("GPUs", "shared memory", "stale shm files", "job store", "kernel subshells", "lab extension", "Ray")
     lines = found.stdout.splitlines()
     assert [line[9:].split("  ")[0] for line in lines] == list(names), found.stdout
     assert lines[0].startswith("OK") and "2 GPUs through NVML" in lines[0]

@@ -19,6 +19,7 @@ SHARED = {
     "rendering",
     "safe_load",
     "trust",
+    "logger_files",
     "processes",
     "cellvars",
     "suggestions",

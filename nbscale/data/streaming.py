@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from nbscale.data.batches import to_device
 from nbscale.data.labels import as_labels
 from nbscale.data.loader_data import LoaderData, loader_of
+from nbscale.errors import OptionsError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -85,7 +86,8 @@ class StreamBatches:
         self.sampler.lists = rows if self.positions is None else [self.positions[row] for row in rows]
         self.sampler.seed = seed if self.by_seed else None
         non_blocking, device = self.device.type == "cuda", self.device
-        for x, y in self.loader:  # nested inputs and targets (tuples, dicts) move whole
+        for batch in self.loader:  # nested inputs and targets (tuples, dicts) move whole
+            x, y = _inputs_and_targets(batch)
             y = to_device(y, device, non_blocking)
             yield to_device(x, device, non_blocking), (as_labels(y) if isinstance(y, torch.Tensor) else y)
 
@@ -117,6 +119,20 @@ def _reading(loader: LoaderData | None, background: bool, device: torch.device) 
     if loader is not None:  # its worker_init_fn, timeout and start method apply to nbscale's processes too
         own.update({key: loader.workers[key] for key in ("worker_init_fn", "timeout", "multiprocessing_context")})
     return workers, own
+
+
+def _inputs_and_targets(batch: object) -> tuple[Any, Any]:
+    """A DataLoader's batch as (inputs, targets); an OptionsError naming collate_fn when it is not such a pair."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    shape = getattr(batch, "shape", None)
+    got = f"a {type(batch).__name__}" + (f" of shape {tuple(shape)}" if shape is not None else "")
+    if isinstance(batch, (tuple, list)):
+        got = f"a {type(batch).__name__} of {len(batch)} elements"
+    raise OptionsError(
+        f"The DataLoader's collate_fn returned {got} for a batch, not (inputs, targets): "
+        "return both, as torch's default collate does (a tuple of the batch's inputs and its targets)."
+    )
 
 
 def _stop_worker_processes(loader: DataLoader[Any]) -> None:

@@ -22,8 +22,8 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
-from nbscale.loggers import flush_loggers
-from nbscale.monitor.records import MAX_ROWS, RecordBatch, RecordKeeper, step_number
+from nbscale.loggers import close_loggers, log_rows
+from nbscale.monitor.records import HISTORY_ROWS, MAX_ROWS, RecordBatch, RecordKeeper, step_number, thin_history
 from nbscale.training.events import StopSignal
 from nbscale.ui.live_clock import INFO_INTERVAL_S
 from nbscale.ui.progress_figure import extend_smoothed
@@ -147,7 +147,8 @@ class TrainingMonitor(RecordKeeper):
     @property
     def history(self) -> dict[str, list[Any]]:
         """Every recorded step as columns: the x values under `x_label`, then each metric (None where a step did
-        not record it). Reading it reads what was recorded since the last draw."""
+        not record it); past 100,000 steps, thinned to every second one (records.thin_history). Reading it reads
+        what was recorded since the last draw."""
         if self._kept:
             self.flush()
         return self._history
@@ -171,8 +172,7 @@ class TrainingMonitor(RecordKeeper):
         self.flush()
         self._closed = True
         self._sink.close("Stopped" if self._stop.requested else "Done")
-        for logger in self.loggers:
-            logger.close()
+        close_loggers(self.loggers)
 
     def __enter__(self) -> TrainingMonitor:
         return self
@@ -206,12 +206,8 @@ class TrainingMonitor(RecordKeeper):
             return
         batch = self._sink.reduce(self._take_records())
         self._add(batch)
-        if self.loggers:
-            rows = batch.rows()
-            for logger in self.loggers:
-                for step, values in rows:
-                    logger.log(dict(values), step_number(step))
-            flush_loggers(self.loggers)  # at each read, not each record: a killed kernel loses one read's rows
+        if self.loggers:  # at each read, not each record: a killed kernel loses one read's rows
+            log_rows(self.loggers, [(dict(values), step_number(step)) for step, values in batch.rows()])
         self._sink.draw(self, figure=force)
         self._next_read = time.perf_counter() + self._read_interval(now, len(batch.steps))
 
@@ -247,6 +243,9 @@ class TrainingMonitor(RecordKeeper):
                 c[f"{name}_iteration"].extend([numbers[row] for row in rows])
             c[name].extend(values)
             extend_smoothed(c[f"{name}_smooth"], values)
+        if len(steps) > HISTORY_ROWS or any(len(column) > HISTORY_ROWS for column in c.values()):
+            thin_history(h)  # every metric's row with its step
+            thin_history(c)  # the figure's points, each metric's own
 
 
 def _names(what: str, names: Any, required: bool = False) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from nbscale.pool import mappings
 from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.transport import (
     Frame,
@@ -161,6 +162,7 @@ class Channel:
         shm_paths, shm_sizes, shm_kept, inline_sizes, receiver_unlinks, label, shm_failure = pickle.loads(
             self.connection.recv_bytes()
         )
+        mappings.release_removed()  # at every message: a dropped tensor's memory goes now, not at the next kept one
         if shm_failure is not None:  # the sender found shared memory full: the kernel says so once
             warn_shared_memory_failure(shm_failure)
         body = self.connection.recv_bytes()

@@ -29,6 +29,7 @@ import time
 
 from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.protocol import WorkerConfig
+from nbscale.pool.transport import remove_files_of_ended
 
 _PR_SET_PDEATHSIG = 1
 
@@ -85,7 +86,8 @@ def _kill_all(children: set[int]) -> None:
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_with_parent("nbscale-watch-kernel")  # and so take every worker along: they die with us
+    # and so take every worker along: they die with us; a killed kernel's kept tensors go too (pool/mappings.py)
+    exit_with_parent("nbscale-watch-kernel", remove_files_of_ended)
     import torch  # noqa: F401 - the expensive import, paid once for every worker (before the request: see prepare)
 
     import nbscale.pool.worker  # noqa: F401 - and the worker code with torch.distributed
@@ -97,9 +99,12 @@ def main() -> None:
     status_fd = request.get("status_fd")
     children = {_fork_worker(WorkerConfig.from_json(config), status_fd) for config in request["workers"]}
 
+    kernel = os.getppid()
+
     def watch_kernel() -> None:
         sys.stdin.read()  # returns at EOF: the pool was closed or the kernel is gone
         _kill_all(children)
+        remove_files_of_ended(kernel)  # a killed kernel's kept tensors (pool/mappings.py)
         os._exit(0)
 
     threading.Thread(target=watch_kernel, daemon=True).start()

@@ -5,15 +5,15 @@ sends only the file's name while the tensor is unchanged: same object, same data
 and dtype, and the same `tensor._version`, which every in-place change through torch bumps (views share it).
 A changed tensor gets a new file (the old one goes once no message in flight names it), so a worker never reads
 stale values. A file goes when its tensor is dropped (weakref finalizer), when the pool stops, and, after a kernel
-kill, at the next pool start (transport.remove_stale_files: its name carries the kernel's pid).
+kill, when the pool's forkserver sees the kernel gone (transport.remove_files_of_ended), else at the next pool start
+(transport.remove_stale_files: its name carries the kernel's pid).
 
-Workers keep each file mapped between calls (`mapped`), copy-on-write: a worker that writes to its copy gets a
-fresh mapping on the next call. Only the kernel keeps files; a worker's replies are one-off transfers.
+Workers map each file copy-on-write and reuse a mapping for the next call only while it is unused and unwritten
+(nbscale.pool.mappings). Only the kernel keeps files; a worker's replies are one-off transfers.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -123,22 +123,3 @@ def kept_bytes() -> int:
 def _remove_if_unused(file: ResidentFile) -> None:
     if not file.current and file.users <= 0:
         Path(file.path).unlink(missing_ok=True)
-
-
-# ---- the receiving side: mappings kept between messages ---------------------------------------------------------
-
-_mapped: dict[str, tuple[Any, int]] = {}  # path -> (byte tensor mapping it, its _version when mapped)
-
-
-def mapped(path: str, size: int, map_file: Any) -> Any:
-    """The mapping of a kept file: the one made for an earlier message unless this process wrote to it since
-    (its version moved), else a fresh one from `map_file(path, size)`. Mappings of files the kernel removed go."""
-    for known in [known for known in _mapped if known != path]:
-        if not os.path.exists(known):
-            del _mapped[known]
-    entry = _mapped.get(path)
-    if entry is not None and entry[0]._version == entry[1] and entry[0].numel() == size:
-        return entry[0]
-    buffer = map_file(path, size)
-    _mapped[path] = (buffer, buffer._version)
-    return buffer

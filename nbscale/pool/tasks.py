@@ -1,7 +1,9 @@
 """The futures queue (parfeval): tasks from `pool.submit` wait for an idle worker, run there, and complete
 their `concurrent.futures.Future`.
 
-A task is serialised once when submitted. A queued task can be cancelled and never runs; a running one is
+A task is serialised once when submitted, and one that must wait for a worker copies its large values out of the
+notebook's memory at once (to shared memory on one machine), so it runs on its arguments as they were at submit.
+A queued task can be cancelled and never runs; a running one is
 interrupted on its worker (`pool.cancel`), which is then free for the next task. Either way its future is
 cancelled at once, as concurrent.futures cancels a pending one: `cancelled()` and `done()` are True and `result()`
 raises CancelledError (concurrent.futures itself cannot cancel a running future; see `_cancel_running`).
@@ -58,11 +60,13 @@ class TaskQueue:
             raise interrupted_while_pickling() from None
         except Exception as error:
             raise call_error(fn, args, kwargs, error) from None
-        with self.lock:
+        with self.lock:  # held until the task is either sent or holds its own copy of its values
             self.queued.append((future, message, frame))
             if on_event is not None:
                 self._events[message.request_id] = on_event
-        self.dispatch()
+            self.dispatch()
+            if any(queued is frame for _, _, queued in self.queued):  # it waits: the notebook may change its values
+                frame.hold_values(all(w.channel.same_machine for w in self.router.workers))
         return future
 
     def dispatch(self) -> None:

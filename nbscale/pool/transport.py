@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from nbscale.notices import notices
-from nbscale.pool import resident
+from nbscale.pool import mappings, resident
 from nbscale.processes import pid_running
 from nbscale.trust import swappable_by_others
 
@@ -73,18 +73,18 @@ def _warn_untrusted(folder: Path, reason: str) -> None:
     )
 
 
-def remove_stale_files(directory: Path | None = None) -> int:
-    """Delete this user's nbscale shared-memory files whose writer is gone (a kernel or worker killed
-    mid-transfer leaves its files behind until reboot); returns how many. Files of running processes, of other
-    users, and anything that is not a plain file are left alone."""
+def stale_files(directory: Path | None = None) -> list[tuple[str, int]]:
+    """This user's nbscale shared-memory files whose writer is gone (a kernel or worker killed mid-transfer, or a
+    killed kernel's kept tensors), as (path, bytes). Files of running processes, of other users, and anything that
+    is not a plain file are not listed."""
     directory = directory or shared_memory_dir()
     if directory is None:
-        return 0
-    removed = 0
+        return []
     try:
         entries = list(os.scandir(directory))
     except OSError:
-        return 0
+        return []
+    found = []
     for entry in entries:
         match = _FILE_NAME.fullmatch(entry.name)
         if match is None:
@@ -93,14 +93,30 @@ def remove_stale_files(directory: Path | None = None) -> int:
             details = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        if not stat.S_ISREG(details.st_mode) or details.st_uid != os.getuid() or pid_running(int(match[1])):
-            continue
+        if stat.S_ISREG(details.st_mode) and details.st_uid == os.getuid() and not pid_running(int(match[1])):
+            found.append((entry.path, details.st_size))
+    return found
+
+
+def remove_stale_files(directory: Path | None = None) -> int:
+    """Delete `stale_files(directory)` (they would stay until reboot); returns how many."""
+    removed = 0
+    for path, _ in stale_files(directory):
         try:
-            os.unlink(entry.path)
+            os.unlink(path)
             removed += 1
         except OSError:
             pass
     return removed
+
+
+def remove_files_of_ended(pid: int, deadline_s: float = 2.0) -> int:
+    """The local forkserver's part when the kernel `pid` that started it closed its end: once that process is gone,
+    remove every shared-memory file it wrote (its kept tensors; the forkserver kills the workers at once, before
+    they could). Returns how many were removed; none while the kernel runs (the pool was only stopped)."""
+    mappings.wait_for_end({pid}, deadline_s)
+    own = f"nbscale-{pid}-"  # stale_files lists only names of this form
+    return mappings.remove_files([path for path, _ in stale_files() if Path(path).name.startswith(own)])
 
 
 def _write_files(buffers: list[memoryview], directory: Path) -> list[str]:
@@ -197,6 +213,15 @@ class Frame:
         self.shm_sizes = tuple(memoryview(b).nbytes for b in self.buffers)
         self.shm_kept = tuple(kept is not None for kept in self._residents())
         return True
+
+    def hold_values(self, local: bool) -> None:
+        """Stop reading the sender's memory: its large buffers are views of the notebook's tensors and arrays until
+        they are written out, so a frame that waits (a queued task) copies them now: to shared memory when every
+        receiver is on this machine (`local`), else into memory of its own."""
+        if local and self.to_shared_memory():
+            self.buffers = []  # no receiver needs them on the socket
+            return
+        self.buffers = [memoryview(bytearray(buffer)) for buffer in self.buffers]
 
     def _residents(self) -> list[tuple[Any, tuple[Any, ...]] | None]:
         return self.residents or [None] * len(self.buffers)
@@ -345,10 +370,10 @@ def _map_file(path: str, size: int) -> torch.Tensor:
 
 def map_shared_memory(paths: tuple[str, ...], sizes: tuple[int, ...], kept: tuple[bool, ...] = ()) -> list[Any]:
     """Map each shared-memory file copy-on-write: no copy is made, and writes stay private to this process. A kept
-    tensor's file (`kept`) reuses this process's mapping of it from an earlier message (nbscale.pool.resident)."""
+    tensor's file (`kept`) may reuse this process's mapping of it from an earlier message (nbscale.pool.mappings)."""
     kept = kept or (False,) * len(paths)
     return [
-        resident.mapped(path, size, _map_file) if keep else _map_file(path, size)
+        mappings.mapped(path, size, _map_file) if keep else _map_file(path, size)
         for path, size, keep in zip(paths, sizes, kept, strict=True)
     ]
 

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from nbscale.errors import UnsendableError
+from nbscale.pool import mappings
 from nbscale.pool import protocol as p
 from nbscale.pool.channel import Channel, MessageUnreadable, connect, machine_id
 from nbscale.pool.collectives import Collectives, current_collective, new_request
@@ -191,6 +192,7 @@ class Worker:
                 self._refuse(unreadable)
                 continue
             except (EOFError, OSError):
+                mappings.remove_if_kernel_ended()  # a killed kernel's kept files go with it
                 os._exit(0)
             handle = self.urgent.get(type(message))
             if handle is not None:
@@ -198,6 +200,7 @@ class Worker:
             else:
                 self.busy = True  # set here so an Interrupt right after the request finds it busy
                 self.inbox.put(message)
+            del message  # not held while the next is read and mapped (pool/mappings.py)
 
     def interrupt(self, message: p.Interrupt) -> None:
         """KeyboardInterrupt in the main thread: for one request (pool.cancel), or whatever runs."""
@@ -306,6 +309,8 @@ class Worker:
             except Exception as error:  # the value could not be pickled: say so instead of hanging
                 failure = f"the result could not be sent back: {error}"
                 self.channel.send(p.Failed(message.request_id, self.rank, type(error).__name__, failure, ""))
+            # not held while waiting for the next: its values would pin the kept files' mappings (pool/mappings.py)
+            del message, reply
 
     def _answer(self, message: Any) -> p.Done | p.Failed:
         """Run one request: its Done, or its Failed for any exception (an interrupt included)."""

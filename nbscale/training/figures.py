@@ -167,7 +167,11 @@ class Bunch:
     def __init__(self, pending: list[Pending], stop_asked: bool, metrics: KeptMetrics) -> None:
         rows = torch.stack([p.figures[0].float() for p in pending])[:, None]
         if metrics.size and all(p.figures[1] is not None for p in pending):
-            states = metrics.metrics.states([p.figures[1:] for p in pending])
+            try:
+                states = metrics.metrics.states([p.figures[1:] for p in pending])
+            except OptionsError as error:  # which iterations: their metrics are computed together
+                where = f"{pending[0].iteration}" + (f"-{pending[-1].iteration}" if len(pending) > 1 else "")
+                raise OptionsError(f"{error} (at iteration {where})") from error.__cause__
             rows = torch.cat([rows, states.to(rows.device)], 1)
         for p in pending:  # the outputs and labels are freed now, not when the bunch is reported
             p.figures = None

@@ -42,6 +42,7 @@ from nbscale.training.options import FACTORY_FIELDS, TrainingOptions, shown_choi
 from nbscale.training.plan import RunPlan
 from nbscale.training.run_metrics import Objective, run_metrics, summed_over
 from nbscale.training.schedules import Schedule, base_rate, make_schedule
+from nbscale.training.steps import short_repr
 from nbscale.user_warnings import warn_user
 
 
@@ -374,6 +375,8 @@ def _step(run: _Run, inputs: Any, labels: Any, size: int) -> None:
         raise
     if run.iteration == run.first_iteration:
         _check_loss(loss, run.setup.plan.step_fn)
+    elif run.setup.plan.step_fn is not None and not isinstance(loss, torch.Tensor):  # later iterations: the type alone
+        _check_loss(loss, run.setup.plan.step_fn, run.iteration)
     kept = run.figures.keep(loss, outputs, labels)
     run.optimizer.zero_grad(set_to_none=True)
     run.scaler.scale(loss).backward()
@@ -436,6 +439,8 @@ def _validate(run: _Run, iteration: int) -> tuple[float, dict[str, float | None]
     improved = _best_updated(
         run.best, run.objective.score(validation_loss, validation_metrics), iteration, run.model, run.options
     )
+    if run.stop_reason is None:
+        run.stop_reason = _objective_nan(run.objective, validation_metrics, iteration)
     if not improved and run.best["bad"] >= run.options.validation_patience and run.stop_reason is None:
         run.stop_reason = _patience_met(run.options, run.objective)
     run.model.train()
@@ -523,6 +528,18 @@ def _best_updated(
     if options.output_network == "best-validation":
         best["state"] = _cpu_copy(model.state_dict())
     return True
+
+
+def _objective_nan(objective: Objective, metrics: dict[str, float | None], iteration: int) -> str | None:
+    """The stop reason when the objective metric's validation value is NaN (a metric that divides by zero, say):
+    its patience would count it as no improvement and stop as if the criterion were met."""
+    value = metrics.get(objective.name)
+    if objective.name == "loss" or value is None or not math.isnan(value):
+        return None
+    return (
+        f"Stopped: objective_metric={objective.name!r} was NaN at the validation of iteration {iteration}; make the "
+        "metric return a number for every validation set, or pick another objective_metric"
+    )
 
 
 def _patience_met(options: TrainingOptions, objective: Objective) -> str:
@@ -700,10 +717,17 @@ def validation_batch(validation_data: Any, training_batch: int) -> int:
     return loader.batch_size if loader is not None else training_batch
 
 
-def _check_loss(loss: object, step_fn: Callable[..., Any] | None) -> None:
-    """On the first iteration: the loss is one number with a gradient (shape only: no host sync)."""
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+def _check_loss(loss: object, step_fn: Callable[..., Any] | None, iteration: int | None = None) -> None:
+    """On the first iteration: the loss is one number with a gradient (shape only: no host sync); on a later one
+    (`iteration`), that step_fn returned a tensor at all."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and (loss.requires_grad or iteration is not None):
         return
+    if iteration is not None:
+        raise OptionsError(
+            f"step_fn returned {short_repr(loss)} at iteration {iteration} instead of the batch's loss (a scalar "
+            "tensor with a gradient) or (loss, outputs): make it return the loss on every path (a missing return "
+            "gives None)."
+        )
     what = (
         "step_fn must return the batch's loss (a scalar tensor with a gradient) or (loss, outputs)"
         if step_fn is not None

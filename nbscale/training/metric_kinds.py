@@ -263,7 +263,14 @@ class SampleMean:
             )
 
     def state(self, batch: Batch) -> torch.Tensor:
-        result = self.function(batch.outputs, batch.targets)
+        try:
+            result = self.function(batch.outputs, batch.targets)
+        except Exception as error:  # it passed the first batch's check: say which metric, not a bare KeyError
+            raise fail(
+                f"the metric {self.name!r} raised {type(error).__name__}: {error} on a batch after the first. Make "
+                "it handle every batch (its outputs and targets have the first batch's kinds; the last batch may "
+                "be smaller), or leave it out of metrics."
+            ) from error
         samples = _samples(batch)
         device = batch.outputs.device if isinstance(batch.outputs, torch.Tensor) else None
         result = torch.as_tensor(result, dtype=torch.float32, device=device)

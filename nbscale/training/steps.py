@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from nbscale.data.batches import call_model, first_output
+from nbscale.errors import OptionsError
 from nbscale.outputs import loss_and_first_output
 
 
@@ -45,8 +46,21 @@ class Step:
             else self.step_fn(net, inputs, labels)
         )
         if isinstance(result, tuple) and len(result) == 2:
-            return result[0], first_output(result[1])
+            outputs = first_output(result[1])
+            if not isinstance(outputs, torch.Tensor):  # metrics would be computed on nothing, silently blank
+                raise OptionsError(
+                    f"step_fn returned (loss, {short_repr(result[1])}): the second element must be the model's "
+                    "outputs (a tensor, or a tuple whose first element is one), which the metrics are computed on. "
+                    "Return (loss, outputs), or the loss alone for no metrics."
+                )
+            return result[0], outputs
         return result, None
+
+
+def short_repr(value: object) -> str:
+    """`value`'s repr when short, else its type: for one-line errors."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
 
 
 def planned_step(loss_fn: Callable[[Any, Any], torch.Tensor], step_fn: Callable[..., Any] | None) -> Step:

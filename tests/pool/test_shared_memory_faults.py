@@ -104,7 +104,7 @@ def test_a_pool_start_removes_only_the_users_own_files_of_processes_that_are_gon
 
 
 @pytest.mark.slow
-def test_files_of_a_kernel_killed_mid_request_are_removed_by_the_next_pool_start(small_shm):
+def test_files_of_a_kernel_killed_mid_request_are_removed_once_its_pool_sees_it_gone(small_shm):
     session = KernelSession(env={SHARED_MEMORY_DIR_VARIABLE: str(small_shm)})
     try:
         session.run("%load_ext nbscale\nimport nbscale, os, signal, torch")
@@ -120,6 +120,7 @@ def test_files_of_a_kernel_killed_mid_request_are_removed_by_the_next_pool_start
         session.kill()
     finally:
         session.shutdown()
-    assert all(path.exists() for path in left)  # nothing removes them until a pool starts
-    with nbscale.Pool(1, cpu=True):
-        assert not any(path.exists() for path in left)
+    deadline = time.monotonic() + 60
+    while any(path.exists() for path in left):  # the forkserver sees the kernel's pipe close (issue 43.2)
+        assert time.monotonic() < deadline, [path for path in left if path.exists()]
+        time.sleep(0.05)

@@ -243,15 +243,7 @@ def checked_inputs(
         raise OptionsError("train_data is empty: give it at least one sample.")
     first_item = check_items(dataset, "train_data")
     materialise_lazy_layers(model, first_item)
-    validation = options.validation_data
-    if validation is not None:
-        validation = as_dataset(validation, "validation_data")
-        if len(validation) == 0:  # type: ignore[arg-type]
-            raise OptionsError(
-                "validation_data is empty: give it at least one sample, or leave validation_data out "
-                "(None) to train without validation."
-            )
-        first_validation_item = check_items(validation, "validation_data")
+    validation, first_validation_item = _checked_validation(options)
     if loss_fn is None:
         dataset = with_class_labels(dataset, "train_data", first_item)
         if validation is not None:
@@ -271,6 +263,19 @@ def checked_inputs(
     if validation is not None:
         first_items["validation_data"] = first_validation_item
     return CheckedInputs(dataset, options, plan_run(model, dataset, options, loss_fn, step_fn, first_items))
+
+
+def _checked_validation(options: TrainingOptions) -> tuple[Any, Any]:
+    """options.validation_data as a Dataset and its first item (checked), or (None, None)."""
+    if options.validation_data is None:
+        return None, None
+    validation = as_dataset(options.validation_data, "validation_data")
+    if len(validation) == 0:  # type: ignore[arg-type]
+        raise OptionsError(
+            "validation_data is empty: give it at least one sample, or leave validation_data out "
+            "(None) to train without validation."
+        )
+    return validation, check_items(validation, "validation_data")
 
 
 def draw_seed() -> int:

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
 
-.PHONY: venv demo test test-fast test-latest lock chromium bench lint style typecheck clean reference examples screenshots
+.PHONY: venv wheel demo test test-fast test-latest lock chromium bench lint style typecheck clean reference examples screenshots
 
 $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# the release wheel in dist/, the JupyterLab extension built fresh into it (needs Node 20+; fails without);
+# `pip install dist/nbscale-*.whl` then needs no Node. See docs/install.md.
+wheel:
+	rm -rf dist nbscale/labextension
+	NBSCALE_REQUIRE_LABEXTENSION=1 $(PYTHON) -m pip wheel --no-deps -w dist .
 
 demo: venv
 	$(PY) examples/run_notebook.py examples/quickstart.ipynb

@@ -8,7 +8,6 @@ usable here); `nbscale doctor` exits 1 when there is a problem.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable
@@ -117,20 +116,13 @@ def _subshells() -> Check:
 
 
 def _lab_extension() -> Check:
-    from jupyter_core.paths import jupyter_path
+    from nbscale.lab_extension import NOT_INSTALLED, installed_lab_extension
 
-    for folder in jupyter_path("labextensions"):
-        package = os.path.join(folder, "nbscale", "package.json")
-        if os.path.isfile(package):
-            with open(package, encoding="utf-8") as file:
-                version = json.load(file).get("version", "?")
-            return Check("lab extension", "ok", f"version {version} in {os.path.dirname(package)}")
-    return Check(
-        "lab extension",
-        "note",
-        "not installed: JupyterLab shows no nbscale status bar or panel. "
-        "Install nbscale from its built wheel (docs/labextension.md).",
-    )
+    found = installed_lab_extension()
+    if found is None:
+        return Check("lab extension", "note", f"{NOT_INSTALLED[0].upper()}{NOT_INSTALLED[1:]}")
+    folder, version = found
+    return Check("lab extension", "ok", f"version {version} in {folder}")
 
 
 def _ray() -> Check:

@@ -25,6 +25,7 @@ SHARED = {
     "notices",
     "file_locks",
     "version",
+    "lab_extension",
 }
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}

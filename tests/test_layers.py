@@ -26,6 +26,7 @@ SHARED = {
     "file_locks",
     "version",
     "lab_extension",
+    "cpus",
 }
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}

@@ -8,13 +8,13 @@ between this loader and the resident one.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from nbscale.cpus import available_cpus
 from nbscale.data.batches import to_device
 from nbscale.data.labels import as_labels
 from nbscale.data.loader_data import loader_of
@@ -54,7 +54,7 @@ class StreamBatches:
         self.device = device
         self.by_seed = isinstance(dataset, AugmentedImageDatastore)
         loader = loader_of(dataset)  # a user's DataLoader: its collate_fn and num_workers
-        workers = min(4, os.cpu_count() or 1) if background else 0
+        workers = min(4, available_cpus()) if background else 0
         if loader is not None and loader.num_workers:
             workers = loader.num_workers
         collate: Callable[[list[Any]], Any] | None = loader.collate_fn if loader is not None else None

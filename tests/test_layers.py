@@ -27,6 +27,7 @@ SHARED = {
     "version",
     "lab_extension",
     "cpus",
+    "progress_bar",
 }
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}

@@ -1,6 +1,6 @@
 """`nbscale doctor`: what this machine offers nbscale, each check one line with its fix.
 
-Checks: GPUs (NVML), the shared-memory folder pools pass large values through, the job store, the installed
+Checks: the torch stack (torch and its CUDA, torchvision, the image decoder in use), GPUs (NVML), the shared-memory folder pools pass large values through, the job store, the installed
 ipykernel's subshells (the Stop button while a cell runs), the JupyterLab extension, Ray. A check is "ok", a
 "note" (something optional is missing: nbscale works without it) or a "problem" (something nbscale needs is not
 usable here); `nbscale doctor` exits 1 when there is a problem.
@@ -125,6 +125,31 @@ def _lab_extension() -> Check:
     return Check("lab extension", "ok", f"version {version} in {folder}")
 
 
+def _torch() -> Check:
+    import torch
+
+    cuda = torch.version.cuda
+    if cuda is None:
+        return Check("torch", "ok", f"torch {torch.__version__}, a CPU-only build (no CUDA)")
+    usable = "CUDA usable" if torch.cuda.is_available() else "no CUDA device usable here"
+    return Check("torch", "ok", f"torch {torch.__version__}, built with CUDA {cuda} ({usable})")
+
+
+def _torchvision() -> Check:
+    import torchvision
+
+    return Check("torchvision", "ok", f"torchvision {torchvision.__version__}")
+
+
+def _image_decoder() -> Check:
+    from nbscale.data.reading import decoder_in_use
+
+    decoder, failure = decoder_in_use()
+    if failure is not None:
+        return Check("image decoder", "problem", failure)
+    return Check("image decoder", "ok", decoder)
+
+
 def _ray() -> Check:
     try:
         import ray
@@ -146,6 +171,9 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 _CHECKS: list[tuple[str, Callable[[], Check]]] = [
+    ("torch", _torch),
+    ("torchvision", _torchvision),
+    ("image decoder", _image_decoder),
     ("GPUs", _gpus),
     ("shared memory", _shared_memory),
     ("job store", _job_store),

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
 
-.PHONY: venv wheel demo test test-fast test-latest lock chromium bench lint style typecheck clean reference examples screenshots
+.PHONY: venv wheel demo test test-fast test-latest test-oldest lock chromium bench lint style typecheck clean reference examples screenshots
 
 $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,6 +50,17 @@ test-latest: chromium
 	$(VENV_LATEST)/bin/python -m pip freeze --exclude-editable > $(VENV_LATEST)/resolved.txt
 	$(VENV_LATEST)/bin/python -m pytest $(PYTEST_ARGS)
 
+# the suite at the floors of pyproject.toml's dependencies (torch 2.5, torchvision 0.20, numpy 1.26, pillow 10.1,
+# IPython 7.34, ipykernel 6.29: requirements/oldest/constraints.txt), in a venv of its own; not part of .ci/run
+# (torch 2.5's CUDA wheels are several GB). PYTEST_ARGS narrows it; .venv-oldest/resolved.txt lists what it got.
+VENV_OLDEST := .venv-oldest
+test-oldest: chromium
+	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(VENV_OLDEST)/bin/python -m pip install -q -c requirements/oldest/constraints.txt -e ".[dev]"
+	$(VENV_OLDEST)/bin/python -m pip freeze --exclude-editable > $(VENV_OLDEST)/resolved.txt
+	$(VENV_OLDEST)/bin/python -m pytest $(PYTEST_ARGS)
+
 # remake requirements/lock.txt from a clean resolve of pyproject.toml (with constraints.txt's torch), dated
 lock:
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
@@ -81,7 +92,7 @@ typecheck: venv
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(VENV_LATEST) build dist .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(VENV_LATEST) $(VENV_OLDEST) build dist .pytest_cache .mypy_cache
 
 # docs/reference.md is made from the code (every magic flag, TrainingOptions field, NBSCALE_* variable)
 reference: venv

@@ -1,9 +1,10 @@
 """`nbscale doctor`: what this machine offers nbscale, each check one line with its fix.
 
-Checks: the torch stack (torch and its CUDA, torchvision, the image decoder in use), GPUs (NVML), the shared-memory folder pools pass large values through, the job store, the installed
-ipykernel's subshells (the Stop button while a cell runs), the JupyterLab extension, Ray. A check is "ok", a
-"note" (something optional is missing: nbscale works without it) or a "problem" (something nbscale needs is not
-usable here); `nbscale doctor` exits 1 when there is a problem.
+Checks: the torch stack (torch and its CUDA, torchvision, the image decoder in use), GPUs (NVML), the
+shared-memory folder pools pass large values through, the job store, the installed ipykernel's subshells (the
+Stop button while a cell runs), the JupyterLab extension, Ray. A check is "ok", a "note" (something optional is
+missing: nbscale works without it) or a "problem" (something nbscale needs is not usable here); `nbscale doctor`
+exits 1 when there is a problem.
 """
 
 from __future__ import annotations

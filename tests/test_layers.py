@@ -28,6 +28,7 @@ SHARED = {
     "lab_extension",
     "cpus",
     "progress_bar",
+    "cell_names",
 }
 # What a pool runs on: GPUs on this machine and cluster profiles.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles"}

@@ -36,9 +36,10 @@ class LabExtensionHook(BuildHookInterface):  # type: ignore[type-arg]
         root = Path(self.root)
         if shutil.which("npm") and (version == "editable" or not _built(root)):
             _build_with_npm(self.target_name, version)
-        if _built(root):
-            build_data["artifacts"].append(f"/{BUILT}")
-            if self.target_name == "wheel":
+        if _built(root):  # the sdist carries the built folder; the wheel, its copy where JupyterLab looks
+            if self.target_name == "sdist":
+                build_data["artifacts"].append(f"/{BUILT}")
+            else:
                 build_data["shared_data"][BUILT] = SHARE
             return
         if os.environ.get("NBSCALE_REQUIRE_LABEXTENSION") == "1":

@@ -24,20 +24,21 @@ _WIDTH = 10  # characters of the text bar, as tqdm's in a narrow terminal
 class ProgressBar:
     """done/total of the futures added with `add` (total None: unknown, a count only), shown under the cell."""
 
-    def __init__(self, total: int | None, description: str) -> None:
-        from IPython.display import display
-
+    def __init__(self, total: int | None, description: str, shown: bool = True) -> None:
+        """`shown=False`: a bar that neither counts nor shows (`pool.map` without `progress=True`)."""
         self.total, self.description = total, description
         self.done = self.failed = self.cancelled = 0  # done: finished, with a result or an error
         self._started = time.monotonic()
         self._drawn = 0.0
         self._closed = False
         self._lock = threading.Lock()
-        self._handle = display(self._bundle(), raw=True, display_id=True)  # None outside IPython
+        self._shown = shown
+        self._handle = _display(self._bundle()) if shown else None
 
     def add(self, future: Future[Any]) -> None:
         """Count `future` when it is done (at once if it is already)."""
-        future.add_done_callback(self._count)
+        if self._shown:
+            future.add_done_callback(self._count)
 
     def close(self) -> None:
         """Draw the final state (the count so far: a map left early shows how far it got)."""
@@ -88,6 +89,13 @@ class ProgressBar:
             f"{html.escape(counts)}</div>"
         )
         return {"text/plain": text, "text/html": shown}
+
+
+def _display(bundle: dict[str, str]) -> Any:
+    """A display handle to update, or None outside IPython (a script)."""
+    from IPython.display import display
+
+    return display(bundle, raw=True, display_id=True)
 
 
 def common_length(iterables: Sequence[Iterable[Any]]) -> int | None:

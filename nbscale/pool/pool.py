@@ -526,13 +526,12 @@ class Pool:
         items = enumerate(zip(*iterables, strict=False))
         window = MAP_AHEAD_PER_WORKER * max(1, self.size)
         pending: deque[Future[Any]] = deque()
-        bar = ProgressBar(common_length(iterables), "pool.map") if progress else None
+        bar = ProgressBar(common_length(iterables), "pool.map", shown=progress)
 
         def fill() -> None:
             for index, args in itertools.islice(items, window - len(pending)):
                 pending.append(self._tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}"))
-                if bar is not None:
-                    bar.add(pending[-1])
+                bar.add(pending[-1])
 
         def interrupted() -> PoolInterrupted:
             running = sum(future.running() for future in pending)
@@ -564,8 +563,7 @@ class Pool:
                 raise interrupted() from None
             finally:  # failed or abandoned too: queued items never run, running ones are interrupted
                 self._cancel_unfinished(pending)
-                if bar is not None:
-                    bar.close()
+                bar.close()
 
         return results()
 

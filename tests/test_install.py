@@ -121,6 +121,7 @@ def test_a_plain_checkout_installs_without_node_and_says_how_to_get_the_extensio
     assert "The JupyterLab extension (status bar and panel) is not installed" in doctor.stdout, doctor.stdout
 
 
+@pytest.mark.timeout(1200)  # a build, a fresh venv's install and two trainings: >300 s on 2 busy cores
 def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path: Path) -> None:
     if not BUILT_EXTENSION.is_file():
         pytest.skip("the lab extension is not built in this checkout: `make venv` builds it")

@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
 
-.PHONY: venv demo test test-fast test-latest lock chromium slurm bench lint style typecheck clean reference examples screenshots
+.PHONY: venv wheel docs demo test test-fast test-latest test-oldest lock chromium slurm bench lint style typecheck clean reference examples screenshots
 
 $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml constraints.txt $(LOCK) labextension/package.json
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# the release wheel in dist/, the JupyterLab extension built fresh into it (needs Node 20+; fails without);
+# `pip install dist/nbscale-*.whl` then needs no Node. See docs/install.md.
+wheel:
+	rm -rf dist nbscale/labextension
+	NBSCALE_REQUIRE_LABEXTENSION=1 $(PYTHON) -m pip wheel --no-deps -w dist .
 
 demo: venv
 	$(PY) examples/run_notebook.py examples/quickstart.ipynb
@@ -43,6 +49,17 @@ test-latest: chromium
 	$(VENV_LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c constraints.txt -e ".[dev]"
 	$(VENV_LATEST)/bin/python -m pip freeze --exclude-editable > $(VENV_LATEST)/resolved.txt
 	$(VENV_LATEST)/bin/python -m pytest $(PYTEST_ARGS)
+
+# the suite at the floors of pyproject.toml's dependencies (torch 2.5, torchvision 0.20, numpy 1.26, pillow 10.1,
+# IPython 7.34, ipykernel 6.29: requirements/oldest/constraints.txt), in a venv of its own; not part of .ci/run
+# (torch 2.5's CUDA wheels are several GB). PYTEST_ARGS narrows it; .venv-oldest/resolved.txt lists what it got.
+VENV_OLDEST := .venv-oldest
+test-oldest: chromium
+	test -x $(VENV_OLDEST)/bin/python || $(PYTHON) -m venv $(VENV_OLDEST)
+	$(VENV_OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(VENV_OLDEST)/bin/python -m pip install -q -c requirements/oldest/constraints.txt -e ".[dev]"
+	$(VENV_OLDEST)/bin/python -m pip freeze --exclude-editable > $(VENV_OLDEST)/resolved.txt
+	$(VENV_OLDEST)/bin/python -m pytest $(PYTEST_ARGS)
 
 # remake requirements/lock.txt from a clean resolve of pyproject.toml (with constraints.txt's torch), dated
 lock:
@@ -80,8 +97,13 @@ style: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
+# the docs site in site/ (mkdocs.yml): docs/*.md and an API reference from the docstrings; every warning, a
+# broken link or anchor included, fails it. Offline, in seconds; CI runs it after the style and type gates.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) $(VENV_LATEST) build dist .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(VENV_LATEST) $(VENV_OLDEST) build dist site .pytest_cache .mypy_cache
 
 # docs/reference.md is made from the code (every magic flag, TrainingOptions field, NBSCALE_* variable)
 reference: venv

@@ -1,15 +1,14 @@
 """`nbscale doctor`: what this machine offers nbscale, each check one line with its fix.
 
-Checks: GPUs (NVML), the shared-memory folder pools pass large values through (and files killed processes left
-there), the job store, the installed
-ipykernel's subshells (the Stop button while a cell runs), the JupyterLab extension, Ray. A check is "ok", a
-"note" (something optional is missing: nbscale works without it) or a "problem" (something nbscale needs is not
+Checks: the torch stack (torch and its CUDA, torchvision, the image decoder in use), GPUs (NVML), the
+shared-memory folder pools pass large values through (and files killed processes left there), the job store, the
+installed ipykernel's subshells (the Stop button while a cell runs), the JupyterLab extension, Ray. A check is "ok",
+a "note" (something optional is missing: nbscale works without it) or a "problem" (something nbscale needs is not
 usable here); `nbscale doctor` exits 1 when there is a problem.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable
@@ -143,20 +142,38 @@ def _subshells() -> Check:
 
 
 def _lab_extension() -> Check:
-    from jupyter_core.paths import jupyter_path
+    from nbscale.lab_extension import NOT_INSTALLED, installed_lab_extension
 
-    for folder in jupyter_path("labextensions"):
-        package = os.path.join(folder, "nbscale", "package.json")
-        if os.path.isfile(package):
-            with open(package, encoding="utf-8") as file:
-                version = json.load(file).get("version", "?")
-            return Check("lab extension", "ok", f"version {version} in {os.path.dirname(package)}")
-    return Check(
-        "lab extension",
-        "note",
-        "not installed: JupyterLab shows no nbscale status bar or panel. "
-        "Install nbscale from its built wheel (docs/labextension.md).",
-    )
+    found = installed_lab_extension()
+    if found is None:
+        return Check("lab extension", "note", f"{NOT_INSTALLED[0].upper()}{NOT_INSTALLED[1:]}")
+    folder, version = found
+    return Check("lab extension", "ok", f"version {version} in {folder}")
+
+
+def _torch() -> Check:
+    import torch
+
+    cuda = torch.version.cuda
+    if cuda is None:
+        return Check("torch", "ok", f"torch {torch.__version__}, a CPU-only build (no CUDA)")
+    usable = "CUDA usable" if torch.cuda.is_available() else "no CUDA device usable here"
+    return Check("torch", "ok", f"torch {torch.__version__}, built with CUDA {cuda} ({usable})")
+
+
+def _torchvision() -> Check:
+    import torchvision
+
+    return Check("torchvision", "ok", f"torchvision {torchvision.__version__}")
+
+
+def _image_decoder() -> Check:
+    from nbscale.data.reading import decoder_in_use
+
+    decoder, failure = decoder_in_use()
+    if failure is not None:
+        return Check("image decoder", "problem", failure)
+    return Check("image decoder", "ok", decoder)
 
 
 def _ray() -> Check:
@@ -180,6 +197,9 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 _CHECKS: list[tuple[str, Callable[[], Check]]] = [
+    ("torch", _torch),
+    ("torchvision", _torchvision),
+    ("image decoder", _image_decoder),
     ("GPUs", _gpus),
     ("shared memory", _shared_memory),
     ("stale shm files", _stale_shared_memory),

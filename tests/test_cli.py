@@ -136,10 +136,19 @@ def test_gpus_lists_what_nvml_reports_and_says_why_there_are_none() -> None:
 
 def test_doctor_reports_each_check_and_exits_1_on_a_problem(tmp_path: Path) -> None:
     found = nbscale("doctor", extra_path=FAKE_NVML_DIR)
-    names = ("GPUs", "shared memory", "stale shm files", "job store", "kernel subshells", "lab extension", "Ray")
+    names = (
+        "torch",
+        "torchvision",
+        "image decoder",
+        "GPUs",
+        "shared memory",
+        "stale shm files",
+        "job store",
+        "kernel subshells",
+    )
     lines = found.stdout.splitlines()
-    assert [line[9:].split("  ")[0] for line in lines] == list(names), found.stdout
-    assert lines[0].startswith("OK") and "2 GPUs through NVML" in lines[0]
+    assert [line[9:].split("  ")[0] for line in lines] == [*names, "lab extension", "Ray"], found.stdout
+    assert lines[3].startswith("OK") and "2 GPUs through NVML" in lines[3]
     assert all(line.split()[0] in ("OK", "NOTE") for line in lines) and found.returncode == 0, found.stdout
     missing = tmp_path / "no-such-folder"
     broken = nbscale("doctor", NBSCALE_SHM_DIR=str(missing), NBSCALE_HOME="/proc/nbscale")

@@ -12,7 +12,10 @@ from tests.kernel_session import REPO_ROOT
 
 DOCS = REPO_ROOT / "docs"
 # pages that are references or internals by nature, not user guides
-NOT_USER_PAGES = {"architecture.md", "development.md", "reference.md", "security.md", "troubleshooting.md", "cli.md"}
+NOT_USER_PAGES = {
+    *("architecture.md", "development.md", "reference.md", "security.md", "troubleshooting.md", "cli.md"),
+    *("index.md", "api.md"),  # the docs site's home page and its API reference (generated from the docstrings)
+}
 USER_PAGES = sorted(page for page in DOCS.glob("*.md") if page.name not in NOT_USER_PAGES)
 MAX_PROSE_WORDS = 400  # about a screen: past it a section wants headings of its own
 

@@ -1,4 +1,5 @@
-"""Installing nbscale as a user does: a wheel built from this checkout, into a fresh venv, then the Quick start.
+"""Installing nbscale as a user does: a wheel built from this checkout, into a fresh venv, then the Quick start;
+and a plain checkout (no built extension) with no Node at all.
 
 The wheel carries the prebuilt JupyterLab extension; with that build present (as in the sdist), building the
 wheel needs no Node (the build hook's skip-if-exists): the build runs here with no node or npm on PATH.
@@ -16,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -51,6 +53,75 @@ def _share_the_torch_stack(venv: Path, shelf: Path) -> None:
     (site_packages / "shared_torch_stack.pth").write_text(f"{shelf}\n")
 
 
+def _plain_checkout(destination: Path) -> Path:
+    """The files git would give a clone of this checkout (no built extension, no node_modules, no venv)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def test_a_plain_checkout_installs_without_node_and_says_how_to_get_the_extension(tmp_path: Path) -> None:
+    checkout = _plain_checkout(tmp_path / "checkout")
+    assert not (checkout / "nbscale" / "labextension").exists()
+    no_node = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # python and pip only: no node, no npm
+    no_node.pop("PYTHONPATH", None)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(tmp_path / "dist"), str(checkout)],
+        env=no_node,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert "nbscale: the JupyterLab extension (status bar and panel) was left out of this install: no npm" in (
+        built.stdout + built.stderr
+    )
+    wheel = next((tmp_path / "dist").glob("nbscale-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [name for name in names if "labextension" in name], names
+    assert any(name.endswith("etc/jupyter/jupyter_server_config.d/nbscale.json") for name in names)
+
+    # a fresh venv that reads this one's packages (a .pth file): the wheel is the only nbscale, and JupyterLab's
+    # paths are the fresh venv's
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site_packages = next(venv.glob("lib/python*/site-packages"))
+    (site_packages / "this_venv.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site_packages), str(wheel)]
+    subprocess.run(pip, env=no_node, check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    data = tmp_path / "jupyter-data"
+    where = {**no_node, "JUPYTER_PATH": str(data), "JUPYTER_DATA_DIR": str(data)}
+    found = subprocess.run(
+        [python, "-c", "import nbscale; print(nbscale.__file__)"],
+        env=where,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert found.stdout.startswith(str(site_packages)), found.stdout + found.stderr
+    doctor = subprocess.run(
+        [python, "-m", "nbscale", "doctor"],
+        env=where,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "The JupyterLab extension (status bar and panel) is not installed" in doctor.stdout, doctor.stdout
+
+
+@pytest.mark.timeout(1200)  # a build, a fresh venv's install and two trainings: >300 s on 2 busy cores
 def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path: Path) -> None:
     if not BUILT_EXTENSION.is_file():
         pytest.skip("the lab extension is not built in this checkout: `make venv` builds it")

@@ -26,6 +26,10 @@ SHARED = {
     "notices",
     "file_locks",
     "version",
+    "lab_extension",
+    "cpus",
+    "progress_bar",
+    "cell_names",
 }
 # What a pool runs on: GPUs on this machine, cluster profiles and SLURM's commands.
 MACHINE = {"gpu_reservations", "gpu", "cluster_profiles", "slurm_profile", "slurm_commands"}

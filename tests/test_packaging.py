@@ -11,6 +11,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import nbscale
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,3 +64,41 @@ def test_the_version_is_0_unknown_where_nbscale_is_not_installed() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert (result.returncode, result.stdout) == (0, "0+unknown\n"), result.stderr
+
+
+FLOORED = ("torch", "torchvision", "numpy", "pillow", "ipython", "ipykernel")
+
+
+def test_the_torch_stack_numpy_pillow_and_ipython_have_floors_that_make_test_oldest_pins() -> None:
+    floors = {}
+    for requirement in PROJECT["dependencies"]:
+        found = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", requirement)
+        if found:
+            floors[found[1].lower()] = found[2]
+    pins = dict(
+        line.split("==")
+        for line in (REPO / "requirements" / "oldest" / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    assert set(pins) == set(FLOORED) <= set(floors), (pins, floors)
+    for name in FLOORED:  # each pin is a release of the floor's series, at or above it
+        assert pins[name].split(".")[:2] == floors[name].split(".")[:2], (name, pins[name], floors[name])
+    assert floors["ipython"] == "7.34"  # Colab's IPython: a higher floor would upgrade it
+
+
+@pytest.mark.slow
+def test_the_wheel_passes_twine_check_and_check_wheel_contents(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    wheel = str(next(dist.glob("nbscale-*.whl")))
+    tools = Path(sys.executable).parent
+    twine = subprocess.run([tools / "twine", "check", "--strict", wheel], capture_output=True, text=True, timeout=120)
+    assert twine.returncode == 0 and "PASSED" in twine.stdout, twine.stdout + twine.stderr
+    contents = subprocess.run([tools / "check-wheel-contents", wheel], capture_output=True, text=True, timeout=120)
+    assert contents.returncode == 0 and contents.stdout.endswith(": OK\n"), contents.stdout + contents.stderr

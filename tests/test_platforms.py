@@ -115,3 +115,46 @@ except PoolError as error:
 """)
     assert result.returncode == 0, result.stderr
     assert "Pools need Linux or macOS" in result.stdout and "Train in the notebook instead" in result.stdout
+
+
+# Windows' files have no POSIX owners or write bits: after import (torch reads sys.platform as it loads), the
+# platform reads "win32" and os has no getuid/geteuid, as there. argv[1] is a folder anyone could write on POSIX.
+_AS_WINDOWS_AFTER_IMPORT = """
+import os, stat, sys
+import torch
+import nbscale
+from nbscale.jobs import JobStore
+from nbscale.trust import others_could_change
+folder = sys.argv[1]
+print("posix refuses:", others_could_change(folder) is not None)
+sys.platform = "win32"
+del os.getuid, os.geteuid
+print("windows refuses:", others_could_change(folder) is not None)
+checkpoints = os.path.join(folder, "checkpoints")
+torch.manual_seed(0)
+data = (torch.randn(32, 4), torch.randint(0, 2, (32,)))
+def run(epochs, resume_from=None):
+    options = nbscale.TrainingOptions(max_epochs=epochs, mini_batch_size=16, verbose=False, checkpoint_path=checkpoints)
+    return nbscale.train(torch.nn.Linear(4, 2), data, options, resume_from=resume_from)[1]
+first = run(1)
+print("resumed epochs:", run(2, resume_from=checkpoints).epoch)
+print("job store:", JobStore(os.path.join(folder, "jobs")).root.name)
+"""
+
+
+def test_as_on_windows_trust_checks_leave_acls_to_windows_and_checkpoints_resume(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # on POSIX: others could plant a checkpoint here; on Windows the mode says nothing
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    ran = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_POSIX + _AS_WINDOWS_AFTER_IMPORT, str(shared)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[:2] == ["posix refuses: True", "windows refuses: False"], ran.stdout
+    assert lines[2:] == ["resumed epochs: [1, 1, 2, 2]", "job store: jobs"], ran.stdout

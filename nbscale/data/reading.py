@@ -22,11 +22,20 @@ from typing import Literal, cast
 import numpy as np
 import torch
 
+from nbscale.user_warnings import warn_user
+
 _torchcodec_decode: Callable[..., torch.Tensor] | None
+TORCHCODEC_FAILURE: str | None = None  # why an installed torchcodec did not load (`nbscale doctor` names it)
 try:
     from torchcodec.decoders import decode_image as _torchcodec_decode
-except (ImportError, OSError, RuntimeError):  # not installed, or its library does not load here
+except ModuleNotFoundError as missing:  # not installed (or a module it needs is not)
     _torchcodec_decode = None
+    if missing.name != "torchcodec":
+        TORCHCODEC_FAILURE = f"{type(missing).__name__}: {missing}"
+except (ImportError, OSError, RuntimeError) as failure:  # its library does not load here (built for another torch)
+    _torchcodec_decode = None
+    TORCHCODEC_FAILURE = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+_warned_of_fallback = False
 
 _PILLOW_ONLY = (".bmp", ".tif", ".tiff")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -140,11 +149,37 @@ def decode(data: bytes, file: str) -> torch.Tensor:
 
 def _decode_encoded(data: torch.Tensor, mode: Literal["RGB", "UNCHANGED"]) -> torch.Tensor:
     """Decode with torchcodec (16-bit PNGs stay uint16), else with torchvision's deprecated decoders."""
+    global _warned_of_fallback
     if _torchcodec_decode is not None:
         return _torchcodec_decode(data, mode=mode, output_dtype="auto")
+    if TORCHCODEC_FAILURE is not None and not _warned_of_fallback:
+        _warned_of_fallback = True
+        warn_user(f"{decoder_in_use()[1]} `nbscale doctor` shows the torch stack.")
     from torchvision.io import ImageReadMode, decode_image
 
     return cast(torch.Tensor, decode_image(data, mode=ImageReadMode[mode]))
+
+
+def decoder_in_use() -> tuple[str, str | None]:
+    """The image decoder nbscale uses here, and why it is not torchcodec when an installed torchcodec failed."""
+    if _torchcodec_decode is not None:
+        return f"torchcodec {_version('torchcodec')}", None
+    if TORCHCODEC_FAILURE is None:
+        return "torchvision's decoders (torchcodec is not installed)", None
+    return "torchvision's decoders", (
+        f"torchcodec {_version('torchcodec')} is installed but failed to load ({TORCHCODEC_FAILURE}), so images "
+        f"decode with torchvision's deprecated decoders. Install the torchcodec release made for torch "
+        f"{torch.__version__.split('+')[0]} (torchcodec's README lists which), or uninstall torchcodec."
+    )
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "?"
 
 
 def read_image(file: str) -> torch.Tensor:

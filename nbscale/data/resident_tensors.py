@@ -10,7 +10,6 @@ shape, and exchange the tensors, so each file is read once in all.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from typing import Any, cast
 import torch
 from torch.utils.data import Dataset, Subset, TensorDataset
 
+from nbscale.cpus import available_cpus
 from nbscale.data.augmented import AugmentedImageDatastore, convert_color, fit_to_size
 from nbscale.data.datastore import ImageDatastore
 from nbscale.data.labels import as_labels
@@ -29,7 +29,7 @@ from nbscale.errors import DatastoreError
 from nbscale.user_warnings import warn_user
 
 # reading a file from a network store waits on I/O: many threads pay there
-DECODE_THREADS = min(32, (os.cpu_count() or 1) + 4)
+DECODE_THREADS = min(32, available_cpus() + 4)
 _PROBE_FILES = 16  # read first, one after the other, to time a file
 _THREADED_DECODE_FROM = 150e-6  # seconds a file: slower files are decoded in threads
 _FILES_PER_TASK = 16
@@ -251,7 +251,7 @@ def _read_files(
     remote = any(is_url(source.files[index]) for index in indices[:1])
     if per_file < _THREADED_DECODE_FROM and not remote:
         return items + _counted(map(read_range, chunks), progress)
-    threads = ThreadPoolExecutor(DECODE_THREADS if remote else (os.cpu_count() or 1))
+    threads = ThreadPoolExecutor(DECODE_THREADS if remote else available_cpus())
     try:
         return items + _counted(threads.map(read_range, chunks), progress)
     finally:  # after an error or an interrupt, the files not begun are not read

@@ -8,13 +8,13 @@ between this loader and the resident one.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from nbscale.cpus import available_cpus
 from nbscale.data.batches import to_device
 from nbscale.data.labels import as_labels
 from nbscale.data.loader_data import LoaderData, loader_of
@@ -111,7 +111,7 @@ def _reading(loader: LoaderData | None, background: bool, device: torch.device) 
     persistent_workers, pin_memory, prefetch_factor, ...); nbscale's (4 persistent processes, pinned memory on a
     GPU) for its own data, or when dispatch_in_background=True asks for processes a DataLoader has none of."""
     own: dict[str, Any] = {"pin_memory": device.type == "cuda"}
-    workers = min(4, os.cpu_count() or 1) if background else 0
+    workers = min(4, available_cpus()) if background else 0
     if loader is not None and (loader.num_workers or not background):
         return loader.num_workers, dict(loader.workers)
     if workers:

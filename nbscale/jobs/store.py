@@ -45,7 +45,7 @@ from nbscale.jobs.records import (
     mirror,
     recovered,
 )
-from nbscale.trust import swappable_by_others
+from nbscale.trust import posix_owners, swappable_by_others
 
 __all__ = ["ACTIVE_STATES", "END_STATES", "JobRecord", "JobStore", "default_root"]
 
@@ -120,7 +120,7 @@ class JobStore:
                 "NBSCALE_HOME at a folder you can write to."
             ) from None
         owner = self.root.stat().st_uid
-        if owner != os.getuid():  # its pickles (inputs, results) are unpickled here: they must be ours alone
+        if posix_owners() and owner != os.getuid():  # its pickles are unpickled here: they must be ours alone
             raise JobError(
                 f"The job store folder {self.root} belongs to another user (uid {owner}), who could put "
                 "files there that run as you when read: point NBSCALE_HOME at a folder of your own."

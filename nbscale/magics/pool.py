@@ -9,6 +9,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, magics_class
 from IPython.display import display
 
+from nbscale.cell_names import cell_label
 from nbscale.errors import PoolError
 from nbscale.gpu import gpus
 from nbscale.magics.arguments import (
@@ -145,11 +146,11 @@ class PoolMagics(Magics):
             pool = open_pool()
         # the magic line stays line 1, so traceback line numbers match the cell as the notebook shows it
         code = f"# %%spmd {line}\n{cell}"
-        filename = _running_cell_file(self.shell)
+        filename = _running_cell_file()
         pool.spmd(code, targets=args.targets, namespace=self.shell.user_ns, filename=filename)
 
 
-def _running_cell_file(shell: InteractiveShell) -> str | None:
+def _running_cell_file() -> str | None:
     """The file name IPython compiled the running cell into, or None (run from elsewhere).
 
     The workers compile the spmd cell under that name, so their tracebacks say "Cell In[7], line 4" as IPython's
@@ -157,7 +158,7 @@ def _running_cell_file(shell: InteractiveShell) -> str | None:
     running the cell depending on the version, is not a reliable way to know which cell runs).
     """
     frame = inspect.currentframe()
-    while frame is not None and not shell.compile.format_code_name(frame.f_code.co_filename):
+    while frame is not None and not cell_label(frame.f_code.co_filename):
         frame = frame.f_back
     return frame.f_code.co_filename if frame is not None else None
 

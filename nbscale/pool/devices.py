@@ -7,10 +7,10 @@ its holder. `force` (`--force`) takes held GPUs too, sharing them.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nbscale.cpus import available_cpus
 from nbscale.errors import PoolError
 from nbscale.gpu import GpuInfo
 from nbscale.gpu import gpus as read_gpus
@@ -97,7 +97,7 @@ def plan_devices(
 
 def _cpu_workers(n: int | None) -> list[str | None]:
     """`plan_devices` on a machine without GPUs (or with --cpu): `n` CPU workers, or one per core up to a limit."""
-    cores = os.cpu_count() or 1
+    cores = available_cpus()
     if n is not None and n > CPU_WORKERS_PER_CORE * cores:
         raise PoolError(
             f"{n} CPU workers on {cores} CPU cores: at most {CPU_WORKERS_PER_CORE * cores} ({CPU_WORKERS_PER_CORE} per "

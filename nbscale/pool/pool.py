@@ -47,6 +47,7 @@ from nbscale.pool.transport import remove_stale_files, serialise
 from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
 from nbscale.pool.waiting import Restarter, wait
 from nbscale.processes import kernel_id
+from nbscale.progress_bar import ProgressBar, common_length
 
 
 def current_pool(start: bool = False) -> Pool | None:
@@ -506,7 +507,9 @@ class Pool:
         """
         return self._tasks.cancel(future)
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None) -> Iterator[Any]:
+    def map(
+        self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None, progress: bool = False
+    ) -> Iterator[Any]:
         """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor).
 
         Items are submitted in a window of MAP_AHEAD_PER_WORKER per worker ahead of the result taken last (as
@@ -514,7 +517,8 @@ class Pool:
         endless iterable works and a long one costs no time up front. `timeout` counts from this call, as in
         concurrent.futures. A failing item raises its WorkerError naming the item; interrupting the kernel raises
         PoolInterrupted. Either way the submitted items not yet done are cancelled (the running ones interrupted on
-        their workers), and no more are submitted.
+        their workers), and no more are submitted. `progress=True` shows a done/total bar under the cell
+        (nbscale.progress_bar; the total when every iterable has a length).
         """
         self._check_usable(())
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -522,10 +526,12 @@ class Pool:
         items = enumerate(zip(*iterables, strict=False))
         window = MAP_AHEAD_PER_WORKER * max(1, self.size)
         pending: deque[Future[Any]] = deque()
+        bar = ProgressBar(common_length(iterables), "pool.map", shown=progress)
 
         def fill() -> None:
             for index, args in itertools.islice(items, window - len(pending)):
                 pending.append(self._tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}"))
+                bar.add(pending[-1])
 
         def interrupted() -> PoolInterrupted:
             running = sum(future.running() for future in pending)
@@ -557,6 +563,7 @@ class Pool:
                 raise interrupted() from None
             finally:  # failed or abandoned too: queued items never run, running ones are interrupted
                 self._cancel_unfinished(pending)
+                bar.close()
 
         return results()
 

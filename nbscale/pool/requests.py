@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from nbscale.cell_names import cell_label
 from nbscale.errors import WorkerError
 from nbscale.pool import protocol as p
 from nbscale.pool.output import OutputBacklog
@@ -123,7 +124,7 @@ def with_notebook_lines(text: str) -> str:
     shown: list[str] = []
     for index, line in enumerate(lines):
         frame = _FRAME_LINE.fullmatch(line.rstrip("\n"))
-        cell = _notebook_cell(frame["file"]) if frame is not None else None
+        cell = cell_label(frame["file"]) if frame is not None else None
         # as IPython names its cells ("Cell In[4], line 3, in scale"), not by the kernel's temporary file
         shown.append(line.replace(f'File "{frame["file"]}"', cell, 1) if frame is not None and cell else line)
         has_source = index + 1 < len(lines) and lines[index + 1].startswith("    ")
@@ -132,14 +133,6 @@ def with_notebook_lines(text: str) -> str:
             if source:
                 shown.append(f"    {source}\n")
     return "".join(shown)
-
-
-def _notebook_cell(filename: str) -> str | None:
-    """'Cell In[4]' for the file IPython compiled notebook cell 4 into; None outside a notebook or for other files."""
-    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
-    format_code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
-    named = format_code_name(filename) if format_code_name is not None else None
-    return " ".join(named) if named else None
 
 
 def _exception_class(where: tuple[str, str] | None) -> type[Exception] | None:

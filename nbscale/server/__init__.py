@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from nbscale.lab_extension import NOT_INSTALLED, installed_lab_extension
 from nbscale.server.handlers import setup_handlers
 
 if TYPE_CHECKING:
@@ -26,6 +27,8 @@ def _load_jupyter_server_extension(server_app: ServerApp) -> None:
     setup_handlers(server_app.web_app)
     _untrack_subshell_messages(server_app)
     server_app.log.info("nbscale: server extension loaded (/nbscale/api/)")
+    if installed_lab_extension() is None:
+        server_app.log.warning(f"nbscale: {NOT_INSTALLED}")
 
 
 def _untrack_subshell_messages(server_app: ServerApp) -> None:

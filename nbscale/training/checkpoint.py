@@ -35,6 +35,7 @@ from nbscale.errors import OptionsError
 from nbscale.file_locks import hold_while_open, try_lock
 from nbscale.safe_load import RefusedPickle, load_restricted
 from nbscale.training.events import IterationDone
+from nbscale.trust import posix_owners
 
 if TYPE_CHECKING:
     from typing import BinaryIO
@@ -266,6 +267,8 @@ def refuse_untrusted(
     sticky_ok: a folder anyone can write to is accepted when it has the sticky bit (like /tmp), where others
     cannot rename or delete the user's files; used for the folder of a checkpoint file named directly.
     """
+    if not posix_owners():  # Windows: ACLs, not owners and mode bits, say who may write (nbscale.trust)
+        return
     status = status or path.stat()
     what = "folder" if folder else "file"
     if status.st_uid not in (os.getuid(), 0):
@@ -312,14 +315,14 @@ def remove_stale_partials(folder: Path, min_age_s: float = STALE_PARTIAL_S) -> l
     ]
     for partial in candidates:
         try:
-            descriptor = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            descriptor = os.open(partial, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
         except OSError:  # renamed or removed meanwhile, or a link: not ours to touch
             continue
         try:
             status = os.fstat(descriptor)
             if (
                 not stat.S_ISREG(status.st_mode)
-                or status.st_uid != os.getuid()
+                or (posix_owners() and status.st_uid != os.getuid())
                 or time.time() - status.st_mtime < min_age_s
             ):
                 continue

@@ -8,17 +8,20 @@ from `pool.submit` it shows one status line that changes when the task ends.
 from __future__ import annotations
 
 import html
+from collections.abc import Collection
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
 from nbscale.errors import NbscaleError
+from nbscale.progress_bar import ProgressBar
 
 
-def show(future: Future[Any]) -> Any:
+def show(future: Future[Any] | Collection[Future[Any]]) -> Any:
     """Show the progress of `future` in the cell's output and return at once.
 
-    `future` is a TrainingRun (from `nbscale.train_async` or a sweep's `runs`) or any future from
-    `pool.submit`. Returns the display object (a RunProgress, or None for a plain future).
+    `future` is a TrainingRun (from `nbscale.train_async` or a sweep's `runs`), any future from `pool.submit`, or
+    a list of such futures (a done/total bar). Returns the display object (a RunProgress, a ProgressBar for a
+    list, or None for a plain future).
     """
     from IPython.display import display
 
@@ -28,6 +31,8 @@ def show(future: Future[Any]) -> Any:
         from nbscale.ui.run_progress import show_run
 
         return show_run(future)
+    if isinstance(future, Collection) and not isinstance(future, str | bytes):
+        return _show_bar(future)
     if not isinstance(future, Future):
         raise NbscaleError(
             f"nbscale.show takes a future from nbscale.train_async(...) or pool.submit(...), not "
@@ -37,6 +42,19 @@ def show(future: Future[Any]) -> Any:
     if handle is not None:  # None outside IPython, which has no display to update
         future.add_done_callback(lambda done: handle.update(_status_bundle(done), raw=True))
     return None
+
+
+def _show_bar(futures: Collection[Any]) -> ProgressBar:
+    strangers = [type(item).__name__ for item in futures if not isinstance(item, Future)]
+    if strangers:
+        raise NbscaleError(
+            f"nbscale.show takes a list of futures from pool.submit(...); this list also holds "
+            f"{', '.join(sorted(set(strangers)))}. Pass only the futures."
+        )
+    bar = ProgressBar(len(futures), "tasks")
+    for item in futures:
+        bar.add(item)
+    return bar
 
 
 def _status_bundle(future: Future[Any]) -> dict[str, str]:

@@ -31,9 +31,9 @@ def test_cpu_and_gpus_together_is_refused():
 
 
 def test_default_size_without_gpus_is_cpu_count_at_most_4():
-    import os
+    from nbscale.cpus import available_cpus
 
-    assert plan_devices(None, None, cpu=True) == [None] * min(os.cpu_count() or 1, 4)
+    assert plan_devices(None, None, cpu=True) == [None] * min(available_cpus(), 4)
 
 
 def test_the_contracts_pool_call_with_every_keyword_starts_a_default_pool() -> None:
@@ -171,9 +171,9 @@ def test_each_bad_setting_is_one_clear_error_naming_it_before_anything_starts(se
 
 
 def test_more_cpu_workers_than_four_per_core_are_refused_with_the_limit():
-    import os
+    from nbscale.cpus import available_cpus
 
-    cores = os.cpu_count() or 1
+    cores = available_cpus()
     with pytest.raises(PoolError, match=rf"{4 * cores + 1} CPU workers on {cores} CPU cores: at most {4 * cores}"):
         nbscale.Pool(4 * cores + 1, cpu=True)
 

@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 
+from nbscale.cpus import available_cpus
 from nbscale.gpu_reservations import GpuReservation
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.devices import reserve_devices
@@ -44,7 +45,7 @@ class LocalBackend(Backend):
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
         plan = reserve_devices(settings.n, settings.gpus, settings.cpu, settings.force)
         self._gpus, devices = plan.reservation, plan.devices
-        cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
+        cpu_threads = max(1, available_cpus() // len(devices))
         loopback = _loopback_sockets_env(settings.env)
         return [
             WorkerSpec(

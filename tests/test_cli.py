@@ -134,6 +134,7 @@ def test_gpus_lists_what_nvml_reports_and_says_why_there_are_none() -> None:
     assert none.returncode == 0 and none.stdout.startswith("No GPU visible: CUDA_VISIBLE_DEVICES=''"), none
 
 
+@pytest.mark.slow
 def test_doctor_reports_each_check_and_exits_1_on_a_problem(tmp_path: Path) -> None:
     found = nbscale("doctor", extra_path=FAKE_NVML_DIR)
     names = (

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.kernel_session import REPO_ROOT, KernelSession
 
 README = REPO_ROOT / "README.md"
@@ -18,6 +20,7 @@ def quick_start_code() -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_the_readme_quick_start_trains_in_the_notebook_and_on_a_pool() -> None:
     session = KernelSession()
     try:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torchvision
 
@@ -27,6 +28,7 @@ def _broken_torchcodec(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_doctor_names_torch_its_cuda_torchvision_and_the_decoder_in_use() -> None:
     found = nbscale("doctor")
     lines = {line[9:].split("  ")[0]: line for line in found.stdout.splitlines()}
@@ -39,6 +41,7 @@ def test_doctor_names_torch_its_cuda_torchvision_and_the_decoder_in_use() -> Non
     assert lines["image decoder"].startswith("OK") and lines["image decoder"].endswith(decoder_in_use()[0])
 
 
+@pytest.mark.slow
 def test_doctor_says_when_an_installed_torchcodec_fails_to_load(tmp_path: Path) -> None:
     found = nbscale("doctor", extra_path=_broken_torchcodec(tmp_path))
     line = next(line for line in found.stdout.splitlines() if "image decoder" in line)
@@ -47,6 +50,7 @@ def test_doctor_says_when_an_installed_torchcodec_fails_to_load(tmp_path: Path) 
     assert f"Install the torchcodec release made for torch {torch.__version__.split('+')[0]}" in line
 
 
+@pytest.mark.slow
 def test_the_first_decode_after_a_failed_torchcodec_warns_once_and_decodes_with_torchvision(tmp_path: Path) -> None:
     image = tmp_path / "red.png"
     from PIL import Image

@@ -153,6 +153,7 @@ def _object_requests(key: str, method: str) -> collections.Counter[str]:
     )
 
 
+@pytest.mark.slow
 def test_training_on_a_pool_reads_each_s3_object_once_in_all(s3_env: dict[str, str]) -> None:
     """Each worker reads a block of the training files and they share what they read; each validates on its own
     share; no object is asked for its size first (no HEAD). The notebook's checks read the first sample of each."""

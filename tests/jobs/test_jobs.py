@@ -82,6 +82,7 @@ def test_log_shows_a_redrawn_progress_line_as_a_terminal_does_and_tail_counts_th
         assert job.log(tail=tail) == (log[-tail:] if tail else ""), tail
 
 
+@pytest.mark.slow
 def test_training_errors_in_a_job_give_no_notebook_only_advice() -> None:
     code = (
         "import nbscale\nfrom tests.training.digits import digits, tiny_net\n"

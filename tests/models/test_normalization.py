@@ -76,6 +76,7 @@ def test_the_normalization_survives_transfer_checkpoints_pickling_and_whole_netw
         assert isinstance(loaded.normalize, Normalize)
 
 
+@pytest.mark.slow
 def test_a_normalized_network_trains_on_a_pool(weights_file) -> None:
     net = nbscale.models.transfer(nbscale.models.pretrained("resnet18", weights=weights_file), 2, freeze="trunk")
     images, labels = torch.rand(16, 3, 32, 32), torch.randint(0, 2, (16,))

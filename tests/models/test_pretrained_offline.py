@@ -47,6 +47,7 @@ def offline_kernel(silent_proxy: str, tmp_path: Path) -> Iterator[KernelSession]
     kernel.shutdown()
 
 
+@pytest.mark.slow
 def test_default_weights_without_internet_fail_quickly_with_the_fix(offline_kernel: KernelSession) -> None:
     started = offline_kernel.run("t = time.monotonic()")
     assert started.ok

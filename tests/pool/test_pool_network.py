@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
+import pytest
 
 import nbscale
 
@@ -100,6 +101,7 @@ def _answers_as_a_store(port: int) -> bool:
     return probe.stdout.strip() == "reached"
 
 
+@pytest.mark.slow
 def test_no_other_process_can_reach_a_local_pools_rendezvous_store():
     # torch's TCPStore has no authentication: whoever reaches it could rewrite the addresses the workers connect
     # to, then feed them pickles. A local pool meets in a private file instead, so no port answers as a store.

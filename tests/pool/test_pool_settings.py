@@ -76,6 +76,7 @@ def test_status_says_under_a_minute_when_less_than_a_minute_of_idle_time_is_left
             nbscale.Pool(1, cpu=True)
 
 
+@pytest.mark.slow
 def test_a_pool_opened_after_an_idle_shutdown_has_the_settings_of_the_one_that_shut_down():
     pool = nbscale.Pool(1, cpu=True, idle_timeout=0.02, env={"GREETING": "hi"})  # 1.2 s
     deadline = time.monotonic() + 30

@@ -38,6 +38,7 @@ def test_pool_publishes_its_workers_and_withdraws_on_stop(tmp_path, monkeypatch)
     assert registry.read_all() == []
 
 
+@pytest.mark.slow
 def test_a_pool_stopped_as_soon_as_it_started_leaves_nothing_published(tmp_path, monkeypatch):
     """The monitor's first beat asks the workers for their memory before it publishes: a pool stopped meanwhile
     published its state after withdrawing it, a stale entry for a pool that no longer runs."""
@@ -148,6 +149,7 @@ def _outcome(read: Callable[[], object]) -> object:
         return error
 
 
+@pytest.mark.slow
 def test_a_pool_in_a_registry_folder_others_can_write_works_and_says_once_why_the_panel_lacks_it(
     tmp_path, monkeypatch, capfd
 ):

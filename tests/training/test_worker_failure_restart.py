@@ -80,6 +80,7 @@ def _loss_losing_worker(rank: int, after: Path, how: int = signal.SIGKILL) -> Ca
     return loss_fn
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_from_its_checkpoint(pool, tmp_path, capfd):
     (train_x, train_y), _ = digits()
     lost_pid = pool.workers[1].pid
@@ -111,6 +112,7 @@ def test_a_worker_killed_mid_training_restarts_the_pool_and_training_resumes_fro
     )
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_an_earlier_run_in_the_folder_is_never_resumed_from(pool, tmp_path):
     (train_x, train_y), _ = digits()
     earlier = _options(tmp_path, max_epochs=5, on_worker_failure="error")

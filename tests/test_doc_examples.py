@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.datasets import write_digits_pngs
 from tests.kernel_session import REPO_ROOT, KernelSession
 
@@ -76,6 +78,7 @@ def test_the_data_pages_example_runs_as_written_and_shows_its_montage(kernel: Ke
     assert "['5', '6', '7', '8', '9'] 896 (1, 32, 32)" in five_classes.stdout, five_classes.text
 
 
+@pytest.mark.slow
 def test_magic_lines_with_a_comment_after_them_run_as_the_docs_write_them(kernel: KernelSession) -> None:
     def run(code: str, timeout: float = 120) -> str:
         result = kernel.run(code, timeout=timeout)

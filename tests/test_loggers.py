@@ -89,6 +89,7 @@ def test_a_run_that_fails_still_logs_what_it_did_and_closes_its_loggers() -> Non
     assert logger.steps == [1, 2, 3, 4, 5] and logger.closed == 1
 
 
+@pytest.mark.slow
 def test_tensorboard_missing_is_one_error_naming_the_package() -> None:
     code = (
         "import sys; sys.modules['tensorboard'] = None\n"

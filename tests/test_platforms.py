@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.kernel_session import REPO_ROOT
 
 _WITHOUT_POSIX = """
@@ -24,6 +26,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_nbscale_imports_and_builds_training_options_without_fcntl_or_pwd():
     result = _run("import nbscale\nprint(nbscale.TrainingOptions(max_epochs=2).max_epochs)")
     assert result.returncode == 0, result.stderr
@@ -57,6 +60,7 @@ print("job:", job.state, job.result("blocked"), "\\ndone\\n" in job.log(), found
 _PRINTED = ("files", "epochs", "job")
 
 
+@pytest.mark.slow
 def test_training_checkpoints_resume_and_a_jobs_files_work_without_fcntl(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text(_WITHOUT_POSIX)  # the job's own interpreter has no fcntl either
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)]), "NBSCALE_HOME": str(tmp_path)}
@@ -142,6 +146,7 @@ print("job store:", JobStore(os.path.join(folder, "jobs")).root.name)
 """
 
 
+@pytest.mark.slow
 def test_as_on_windows_trust_checks_leave_acls_to_windows_and_checkpoints_resume(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir()

@@ -124,6 +124,7 @@ def _read_on_worker(ds: ImageDatastore) -> tuple[int, list[float], bool]:
     return len(ds), [ds[i][0].sum().item() for i in (0, 13, 49)], "AWS_SECRET_ACCESS_KEY" in os.environ
 
 
+@pytest.mark.slow
 def test_pool_worker_reads_s3_with_credentials_given_only_as_pool_env(
     s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ import nbscale
 from tests.training.test_out_of_memory import OutOfMemoryOnSecondStep
 
 
+@pytest.mark.slow
 def test_out_of_memory_on_a_worker_is_torchs_type_in_the_notebook_and_the_pool_trains_on():
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
     options = nbscale.TrainingOptions(

@@ -133,6 +133,7 @@ except PoolError as error:
 """
 
 
+@pytest.mark.slow
 def test_a_pool_refuses_to_meet_in_a_tmpdir_others_could_swap(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()

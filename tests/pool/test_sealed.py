@@ -82,6 +82,7 @@ def _run_group(tmp_path: Path, secrets: tuple[bytes, bytes], attack: Path | None
     return outcomes
 
 
+@pytest.mark.slow
 def test_a_peer_without_the_pools_key_is_refused_and_its_pickle_never_runs(tmp_path: Path) -> None:
     attack = tmp_path / "ran"
     outcomes = _run_group(tmp_path, (b"pool secret", b"another secret"), attack)
@@ -91,6 +92,7 @@ def test_a_peer_without_the_pools_key_is_refused_and_its_pickle_never_runs(tmp_p
         assert kind == "PoolError" and text.startswith("A message from worker 1 failed authentication"), text
 
 
+@pytest.mark.slow
 def test_peers_holding_the_pools_key_exchange_objects(tmp_path: Path) -> None:
     outcomes = _run_group(tmp_path, (b"pool secret", b"pool secret"), None)
     for rank in (0, 1):

@@ -174,6 +174,7 @@ def _age(path: Path, seconds: float) -> None:
     os.utime(path, (then, then))
 
 
+@pytest.mark.slow
 def test_partial_files_of_killed_writes_are_removed_by_the_next_run(run_folder: Path) -> None:
     writer = _start_stuck_writer(run_folder)
     try:

@@ -276,6 +276,7 @@ def test_bad_training_data_is_an_options_error() -> None:
         nbscale.train(tiny_net(), [1, 2, 3][0], quiet())
 
 
+@pytest.mark.slow
 def test_gpu_training_where_no_gpu_is_visible_names_the_fix() -> None:
     """In a process that sees no GPU (CUDA_VISIBLE_DEVICES="" hides any this machine has)."""
     code = (
@@ -487,6 +488,7 @@ def test_a_conv_net_comes_back_in_the_layout_it_came_in_even_when_training_fails
     assert trained[2].weight.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.slow
 def test_training_on_tensors_does_not_import_torchvision() -> None:
     """A kernel's first training of a network on tensors pays no torchvision import (datastore checks and the
     learn-rate factors import nbscale.data and nbscale.models, which load torchvision only when they need it)."""

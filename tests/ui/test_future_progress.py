@@ -6,7 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_show_of_a_future_in_a_script_leaves_no_error_when_the_task_ends() -> None:
     script = (
         "import nbscale\nwith nbscale.Pool(1, cpu=True) as pool:\n    future = pool.submit(pow, 2, 3)\n"

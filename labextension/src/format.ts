@@ -208,3 +208,17 @@ export function gpuHoldersText(
   }
   return `held by ${holders.map(holder => holderText(holder, currentKernelId)).join('; ')}`;
 }
+
+/**
+ * Whose pool it is: its batch job ("job 7 (sweep)"), else its notebook's file name, else its kernel (a pool of
+ * an older nbscale, or a kernel Jupyter's server did not start).
+ */
+export function poolOwner(pool: IPoolState): string {
+  if (pool.job_id !== undefined && pool.job_id !== null) {
+    return `job ${pool.job_id}` + (pool.job_name ? ` (${pool.job_name})` : '');
+  }
+  if (pool.notebook) {
+    return pool.notebook.split('/').pop() || pool.notebook;
+  }
+  return `kernel ${(pool.kernel_id ?? String(pool.pid)).slice(0, 8)}`;
+}

@@ -9,6 +9,7 @@ import {
   gpuHoldersText,
   isActive,
   memoryFraction,
+  poolOwner,
   resultSnippet,
   trainingText
 } from './format';
@@ -130,9 +131,7 @@ export class NbscalePanel extends Widget {
   }
 
   private _pool(pool: IPoolState, isCurrent: boolean): HTMLElement {
-    const who = isCurrent
-      ? 'this notebook'
-      : `kernel ${(pool.kernel_id ?? String(pool.pid)).slice(0, 8)}`;
+    const who = isCurrent ? 'this notebook' : poolOwner(pool);
     const title = `${pool.size} ${pool.kind.toUpperCase()} workers · ${pool.backend} · ${who}`;
     const idle =
       pool.idle_timeout_left_s !== null

@@ -16,6 +16,11 @@ export interface IWorkerState {
 /** A running pool: `GET /nbscale/api/pools` answers `{pools: IPoolState[]}`. */
 export interface IPoolState {
   kernel_id: string | null;
+  /** The notebook the pool's kernel runs (its path, from Jupyter's session), where known. */
+  notebook?: string | null;
+  /** The batch job the pool runs in, where it runs in one. */
+  job_id?: number | null;
+  job_name?: string | null;
   connection_file?: string | null;
   size: number;
   kind: 'cpu' | 'gpu' | string;

@@ -11,6 +11,7 @@ import {
   meanUtilization,
   poolForKernel,
   poolGpus,
+  poolOwner,
   resultSnippet,
   statusText,
   trainingText
@@ -199,5 +200,22 @@ describe('formatting', () => {
     expect(formatLoss(1234.5)).toBe('1230');
     expect(formatLoss(0.0001234)).toBe('1.23e-4');
     expect(formatLoss(null)).toBe('-');
+  });
+});
+
+describe('poolOwner', () => {
+  it('names a batch job by id and name, else a notebook by its file, else the kernel', () => {
+    const base = pool('0123456789abcdef', ['idle']);
+    expect(
+      poolOwner({ ...base, job_id: 7, job_name: 'sweep', notebook: null })
+    ).toBe('job 7 (sweep)');
+    expect(poolOwner({ ...base, job_id: 7, job_name: null })).toBe('job 7');
+    expect(poolOwner({ ...base, notebook: 'work/analysis.ipynb' })).toBe(
+      'analysis.ipynb'
+    );
+    expect(poolOwner(base)).toBe('kernel 01234567');
+    expect(poolOwner({ ...pool(null, ['idle']), notebook: null })).toBe(
+      'kernel 4242'
+    );
   });
 });

@@ -35,6 +35,7 @@ from nbscale.pool.folders import current_folder
 from nbscale.pool.handles import WorkerHandle
 from nbscale.pool.interrupts import HeldInterrupt, each_despite_interrupts
 from nbscale.pool.monitor import Monitor
+from nbscale.pool.owner import pool_owner
 from nbscale.pool.requests import Request, next_request_id, secrets_of
 from nbscale.pool.resident import forget_all
 from nbscale.pool.routing import Router, workers_named
@@ -584,7 +585,7 @@ class Pool:
 
     def _state(self) -> dict[str, Any]:
         """What the pool publishes for the JupyterLab extension (no secrets, no env values)."""
-        return {"kernel_id": kernel_id(), **self._snapshot().to_dict()}
+        return {"kernel_id": kernel_id(), **pool_owner(), **self._snapshot().to_dict()}
 
     def _snapshot(self) -> PoolStatus:
         workers = tuple(  # a dead worker's last memory figures are gone with its process

@@ -32,7 +32,8 @@ from tests.nvml_probe import FAKE_NVML_DIR
 
 pytestmark = pytest.mark.slow
 
-CELLS = ["%load_ext nbscale", "%pool start 2 --cpu", "%pool stop"]
+# the first cell prints a line as wide as a verbose table's row with many metrics (wider than the page)
+CELLS = ["%load_ext nbscale\nprint('| row ' * 80)", "%pool start 2 --cpu", "%pool stop"]
 # a training on scikit-learn's digits, 150 epochs: the picture at 20%, then its Stop button ends it
 TRAINING_CELLS = [
     "%load_ext nbscale",
@@ -108,6 +109,10 @@ def test_status_bar_and_panel_show_the_notebooks_pool(lab_or_notebook7: Server):
     server = lab_or_notebook7
     with notebook_page(server, "pool.ipynb", f"pool-{server.app}") as page:
         run_cell(page, 0, CELLS)
+        printed = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout'] pre").first
+        expect(printed).to_contain_text("| row | row", timeout=30_000)
+        shown = printed.evaluate("e => [getComputedStyle(e).whiteSpace, e.scrollWidth > e.clientWidth]")
+        assert shown == ["pre", True], f"a printed row wider than the page wraps, or cannot be scrolled to: {shown}"
         run_cell(page, 1, CELLS)
         try:
             expect(page.locator(".jp-OutputArea-output").last).to_contain_text("Started 2 CPU workers", timeout=120_000)
@@ -140,6 +145,8 @@ def test_status_bar_and_panel_show_the_notebooks_pool(lab_or_notebook7: Server):
             tree_panel = tree.locator(".nbscale-Panel")
             expect(tree_panel).to_be_visible()
             expect(tree_panel.locator(".nbscale-pools .nbscale-Worker")).to_have_count(2, timeout=15_000)
+            # no notebook in front: the pool is named by its notebook (Jupyter's session path), not "kernel 1a2b3c4d"
+            expect(tree_panel.locator(".nbscale-Pool-title").first).to_contain_text("· pool.ipynb")
             expect(tree.locator(".nbscale-StatusItem")).to_be_hidden()  # no notebook in front, no pool of its own
             tree.close()
 
@@ -374,7 +381,7 @@ def test_in_notebook_7_a_jobs_log_opens_in_a_dialog(tmp_path: Path):
     """Notebook 7's main area holds its one notebook, so the panel's Log button opens the log in a dialog."""
     from playwright.sync_api import expect
 
-    cells = ["%load_ext nbscale", "%%batch --name hello\nprint('hello from the job')"]
+    cells = ["%load_ext nbscale", "%%batch --name hello\nprint('hello from the job')\nprint('| row ' * 80)"]
     with (
         jupyter_server(tmp_path, {"job.ipynb": cells}, app="notebook") as server,
         notebook_page(server, "job.ipynb", "notebook7-log") as page,
@@ -388,5 +395,11 @@ def test_in_notebook_7_a_jobs_log_opens_in_a_dialog(tmp_path: Path):
         dialog = page.locator(".jp-Dialog")
         expect(dialog).to_contain_text("Job 1 log")
         expect(dialog.locator(".nbscale-JobLog pre")).to_contain_text("hello from the job", timeout=15_000)
+        # a verbose-table row longer than the dialog stays one line, and the log scrolls sideways to it
+        log = dialog.locator(".nbscale-JobLog pre")
+        expect(log).to_contain_text("| row | row", timeout=15_000)
+        shown = log.evaluate("e => [getComputedStyle(e).whiteSpace, e.scrollWidth > e.clientWidth]")
+        assert shown == ["pre", True], f"the long row wraps, or cannot be scrolled to: {shown}"
+        page.screenshot(path=str(ARTIFACTS / "notebook7-log-dialog.png"))
         dialog.get_by_role("button", name="Close").click()
         expect(dialog).to_have_count(0)

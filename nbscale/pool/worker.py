@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # signal's C functions: getsignal without the enum lookup
 import importlib
-import io
 import json
 import linecache
 import os
@@ -19,13 +18,10 @@ import queue
 import signal
 import socket
 import sys
-import sysconfig
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -51,84 +47,12 @@ from nbscale.pool.orphans import exit_with_parent
 from nbscale.pool.references import CompositeReference, ModuleReference
 from nbscale.pool.resident import keep_tensors_here
 from nbscale.pool.sealed import hold_pool_key
+from nbscale.pool.stall_spots import describe_spot, idle_between, thread_activity
 from nbscale.pool.transport import announce_failures_here
+from nbscale.pool.worker_output import StreamToKernel, user_traceback
 
 if TYPE_CHECKING:
     import types
-
-_NBSCALE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# torch's module-call plumbing and the collectives' inside (distributed/): a failing broadcast shows the user's line
-_TORCH_CALL_PLUMBING = tuple(
-    os.path.join(os.path.dirname(torch.__file__), *parts)
-    for parts in (("nn", "modules", "module.py"), ("nn", "parallel", "distributed.py"), ("distributed", ""))
-)
-_HIDDEN_FILES = (_NBSCALE_DIR, *_TORCH_CALL_PLUMBING)  # what a user's traceback leaves out
-_LIBRARY_DIRS = tuple({_NBSCALE_DIR, *(sysconfig.get_path(name) for name in ("stdlib", "purelib", "platlib"))})
-
-
-_PENDING_CHARS = 64 * 1024  # the most of an unfinished line a worker keeps before sending it
-
-
-class _StreamToKernel(io.TextIOBase):
-    """sys.stdout/sys.stderr replacement: sends whole lines to the kernel as Output messages."""
-
-    def __init__(self, channel: Channel, rank: int, name: str) -> None:
-        self._channel, self._rank, self._name = channel, rank, name
-        self._pending = ""
-        self._lock = threading.Lock()
-
-    def forget_parent_after_fork(self) -> None:
-        """In a child the user's code forked: the parent's unfinished line and its thread's hold on the lock are
-        the parent's (a hold by a thread the child does not have would block the child's first print forever)."""
-        self._pending = ""
-        self._lock = threading.Lock()
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        with self._lock:
-            pending = self._pending + text
-            if "\n" in text:
-                complete, _, pending = pending.rpartition("\n")
-                self._send(complete + "\n")
-            if "\r" in pending:  # a redraw replaces the line so far, in the notebook too: only the latest is kept
-                pending = pending[pending.rfind("\r") :]
-            if len(pending) > _PENDING_CHARS:  # a long unfinished line goes in pieces (it stays one line there)
-                self._send(pending)
-                pending = ""
-            self._pending = pending
-        return len(text)
-
-    def flush(self) -> None:
-        with self._lock:
-            if self._pending:
-                text, self._pending = self._pending, ""
-                self._send(text)
-
-    def _send(self, text: str) -> None:
-        try:
-            self._channel.send(p.Output(self._rank, self._name, text))
-        except OSError:
-            pass
-
-
-def _user_traceback(error: BaseException) -> str:
-    """The traceback as Python prints it, without nbscale's own frames and torch's module-call plumbing
-    (nn.Module.__call__, DistributedDataParallel's forward: several frames a layer, torch.distributed's
-    collectives), so the user sees their cell's and model's lines. An exception with no frame of the user's
-    (one nbscale raised itself) is its message alone, without an empty traceback."""
-    summary = traceback.TracebackException.from_exception(error)
-    _drop_library_frames(summary)
-    return "".join(summary.format())
-
-
-def _drop_library_frames(summary: traceback.TracebackException) -> None:
-    """Filters the stack of `summary` and of every exception chained to it or grouped in it, in place."""
-    summary.stack[:] = [frame for frame in summary.stack if not frame.filename.startswith(_HIDDEN_FILES)]
-    for linked in (summary.__cause__, summary.__context__, *(summary.exceptions or ())):
-        if linked is not None:
-            _drop_library_frames(linked)
 
 
 class Worker:
@@ -246,14 +170,14 @@ class Worker:
         if serving is None or frame is None:
             self._spot = None
             return "", 0.0
-        spot, activity, now = (id(frame), frame.f_lasti), _thread_activity(serving[1]), time.monotonic()
+        spot, activity, now = (id(frame), frame.f_lasti), thread_activity(serving[1]), time.monotonic()
         still = (
             self._spot is not None
             and self._spot[0] == spot
-            and (activity is None or self._spot[1] is None or _idle_between(self._spot[1], activity))
+            and (activity is None or self._spot[1] is None or idle_between(self._spot[1], activity))
         )
         self._spot = (spot, activity, self._spot[2] if still and self._spot is not None else now)
-        return _describe_spot(frame, self._cell_file), now - self._spot[2]
+        return describe_spot(frame, self._cell_file), now - self._spot[2]
 
     def shut_down(self, message: p.Shutdown) -> None:
         os._exit(0)
@@ -345,7 +269,7 @@ class Worker:
             )
             origin = (type(error).__module__, type(error).__qualname__)
             return p.Failed(
-                message.request_id, self.rank, type(error).__name__, str(error), _user_traceback(error), origin, held
+                message.request_id, self.rank, type(error).__name__, str(error), user_traceback(error), origin, held
             )
 
     def _send_reply(self, reply: object) -> None:
@@ -461,26 +385,6 @@ class Worker:
         return {name: self.namespace[name] for name in message.names}
 
 
-def _thread_activity(native_id: int | None) -> tuple[int, int] | None:
-    """(CPU clock ticks, context switches) of one thread of this process so far; None where /proc cannot tell
-    (off Linux: the stall notice then goes by the thread's position alone). Not psutil: it has no per-thread
-    context switches, and its threads() reads every thread's files to give one."""
-    if native_id is None:
-        return None
-    try:
-        with open(f"/proc/self/task/{native_id}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        with open(f"/proc/self/task/{native_id}/status") as handle:
-            switches = sum(
-                int(line.split()[1])
-                for line in handle
-                if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"))
-            )
-    except (OSError, IndexError, ValueError):
-        return None
-    return int(fields[11]) + int(fields[12]), switches  # utime + stime (stat's fields 14 and 15)
-
-
 def _end_forked_copy(error: BaseException | None) -> None:
     """Exit a process that the user's code forked and that ran on to the end of the request (never returns).
 
@@ -492,7 +396,7 @@ def _end_forked_copy(error: BaseException | None) -> None:
     if isinstance(error, SystemExit):
         code = error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
     elif error is not None:
-        sys.stderr.write(f"A process forked by this worker (pid {os.getpid()}) failed:\n{_user_traceback(error)}")
+        sys.stderr.write(f"A process forked by this worker (pid {os.getpid()}) failed:\n{user_traceback(error)}")
         code = 1
     try:
         sys.stdout.flush()
@@ -501,37 +405,11 @@ def _end_forked_copy(error: BaseException | None) -> None:
         os._exit(code)
 
 
-def _forget_parent_after_fork(channel: Channel, streams: tuple[_StreamToKernel, ...]) -> None:
+def _forget_parent_after_fork(channel: Channel, streams: tuple[StreamToKernel, ...]) -> None:
     """In a child the user's code forked: its output still reaches the notebook, on locks of its own."""
     channel.reset_lock_after_fork()
     for stream in streams:
         stream.forget_parent_after_fork()
-
-
-def _idle_between(before: tuple[int, int], after: tuple[int, int]) -> bool:
-    """Whether a thread neither computed nor woke up (more than a couple of times) between two samples."""
-    return after[0] - before[0] <= 1 and after[1] - before[1] <= 2
-
-
-def _describe_spot(frame: FrameType, cell_file: str | None) -> str:
-    """Where a thread is, in the user's terms: 'line 4 of the cell (`lock.acquire()`)' (`cell_file`: the spmd cell
-    it runs, if any), and the library function it is inside, if any ('..., inside all_reduce')."""
-    user: FrameType | None = frame
-    while (
-        user is not None
-        and not user.f_code.co_filename.startswith("<")
-        and user.f_code.co_filename.startswith(_LIBRARY_DIRS)
-    ):
-        user = user.f_back
-    if user is None:
-        user = frame
-    filename = user.f_code.co_filename
-    place = "the cell" if filename == cell_file else f"{os.path.basename(filename)} ({user.f_code.co_name})"
-    source = linecache.getline(filename, user.f_lineno).strip()
-    described = f"line {user.f_lineno} of {place}" + (f" (`{source}`)" if source else "")
-    if user is not frame:
-        described += f", inside {frame.f_code.co_name}"
-    return described
 
 
 def _listen_on(host: str) -> socket.socket:
@@ -554,7 +432,7 @@ def serve(config: p.WorkerConfig) -> None:
     hold_pool_key(bytes.fromhex(config.secret))  # for the peers' pickles in collectives (nbscale.pool.sealed)
     channel.same_machine = config.kernel_machine_id == machine_id()
     worker = Worker(channel, config)
-    streams = (_StreamToKernel(channel, worker.rank, "stdout"), _StreamToKernel(channel, worker.rank, "stderr"))
+    streams = (StreamToKernel(channel, worker.rank, "stdout"), StreamToKernel(channel, worker.rank, "stderr"))
     sys.stdout, sys.stderr = streams
     os.register_at_fork(after_in_child=lambda: _forget_parent_after_fork(channel, streams))
     channel.send(p.Hello(worker.rank, os.getpid(), socket.gethostname(), str(worker.device), machine_id()))

@@ -30,7 +30,8 @@ from nbscale.pool.settings import PoolSettings
 from nbscale.training.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.training.event_bunches import EventBunches
 from nbscale.training.events import EventChannel, IterationDone, PreparingData, StopSignal
-from nbscale.training.loop import LoopResult, loop_setup, run_training
+from nbscale.training.loop import run_training
+from nbscale.training.loop_setup import LoopResult, Where, loop_setup
 from nbscale.training.options import TrainingOptions
 from nbscale.training.plan import RunPlan
 from nbscale.user_warnings import warn_user
@@ -193,12 +194,14 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
                 publish=publish,
                 stop_reason=stop_reason,
                 counts=job.counts,
-                resume=job.resume,
-                rank=context.rank,
-                group=group,
-                is_main=is_main,
-                warn=warnings.append if is_main else None,
-                read_each_iteration=job.answered,
+                where=Where(
+                    resume=job.resume,
+                    rank=context.rank,
+                    group=group,
+                    is_main=is_main,
+                    warn=warnings.append if is_main else None,
+                    read_each_iteration=job.answered,
+                ),
             )
         )
         result.warnings = warnings
@@ -249,13 +252,15 @@ def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> 
 _GROUPS: dict[tuple[int, ...], Any] = {}
 
 
-def _training_group(active: tuple[int, ...]) -> object:
-    """A group of its own for training (kept between runs), so aborting it leaves the pool's group intact."""
+def _training_group(active: tuple[int, ...]) -> torch.distributed.ProcessGroup | None:
+    """A group of its own for training (kept between runs), so aborting it leaves the pool's group intact; None
+    on a rank outside `active` (which trains nothing)."""
     import torch.distributed as dist
 
     if active not in _GROUPS:
         _GROUPS[active] = dist.new_group(list(active))
-    return _GROUPS[active]
+    group = _GROUPS[active]
+    return group if isinstance(group, dist.ProcessGroup) else None
 
 
 def _abort(active: tuple[int, ...], destroy: bool = True) -> None:

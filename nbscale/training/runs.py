@@ -247,7 +247,8 @@ def train_run_on_worker(
     from nbscale.data.loading import as_dataset
     from nbscale.pool.context import worker_context
     from nbscale.training.batch_fitting import batch_counts
-    from nbscale.training.loop import loop_setup, run_training
+    from nbscale.training.loop import run_training
+    from nbscale.training.loop_setup import loop_setup
     from nbscale.training.trainer import draw_seed
 
     context = worker_context()

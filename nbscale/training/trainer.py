@@ -34,7 +34,8 @@ from nbscale.training.checks import (
 from nbscale.training.class_checks import check_classes, is_class_loss
 from nbscale.training.events import EventChannel, StopSignal
 from nbscale.training.info import TrainingInfo
-from nbscale.training.loop import loop_setup, run_training
+from nbscale.training.loop import run_training
+from nbscale.training.loop_setup import Where, loop_setup
 from nbscale.training.losses import resolve_loss
 from nbscale.training.optimizer import check_factories
 from nbscale.training.options import TrainingOptions, shown_choice, unwrap_form
@@ -201,8 +202,7 @@ def _train_here(
                 publish=channel.publish,
                 stop_reason=lambda: stop.reason,
                 counts=batch_counts(options, len(dataset), 1),
-                resume=resume,
-                read_each_iteration=options.output_fn is not None,
+                where=Where(resume=resume, read_each_iteration=options.output_fn is not None),
             )
         ),
         message,

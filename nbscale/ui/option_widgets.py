@@ -13,7 +13,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from nbscale.training import options as rules
+from nbscale.training import option_values as rules
 
 CHOICES = {
     "solver": rules.SOLVERS,

@@ -38,6 +38,7 @@ def nbscale(*args: str, extra_path: Path | None = None, **env: str) -> subproces
     )
 
 
+@pytest.mark.slow
 def test_jobs_list_show_log_cancel_and_delete_act_on_the_notebooks_job_store() -> None:
     empty = nbscale("jobs", "list")
     assert empty.returncode == 0 and empty.stdout.startswith("No jobs in "), empty

@@ -174,6 +174,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # no close(), no atexit: as a kernel kille
 """
 
 
+@pytest.mark.slow
 def test_the_store_folder_of_a_killed_kernels_pool_is_removed_at_the_next_pool_start(tmp_path, monkeypatch):
     # a temp folder of this test's own: a pool started elsewhere on the machine (another test process, a notebook)
     # would clean the shared one's stale folders first

@@ -60,6 +60,7 @@ def _raise_on_rank_one_else_sleep() -> None:
     time.sleep(60)
 
 
+@pytest.mark.slow
 def test_an_error_on_one_rank_stops_the_others_instead_of_leaving_them_waiting(pool):
     started, pids = time.monotonic(), pool.run(os.getpid)
     with pytest.raises(ValueError, match="rank 1 gave up") as failed:  # the WorkerError is also a ValueError

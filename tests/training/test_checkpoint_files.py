@@ -285,6 +285,7 @@ def test_a_checkpoint_folder_that_fills_up_is_one_clear_error_and_the_last_check
     assert info.stop_reason == "Max epochs completed" and info.epoch[-1] == 2
 
 
+@pytest.mark.slow
 def test_a_checkpoint_folder_that_fills_up_during_a_pool_training_is_one_clear_error_and_the_pool_works(
     room_for_one_checkpoint: Path,
 ) -> None:

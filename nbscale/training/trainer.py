@@ -20,8 +20,8 @@ from nbscale.data.loader_order import options_over_loader
 from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
+from nbscale.pool.active_stops import registered
 from nbscale.pool.interrupts import graceful_interrupt
-from nbscale.training.active_stops import registered
 from nbscale.training.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.training.checkpoint import latest_checkpoint, load_checkpoint
 from nbscale.training.checks import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 import subprocess
 import threading
 
+from nbscale.pool.active_stops import stop_all
 from nbscale.slurm_profile import SlurmProfile
-from nbscale.training.active_stops import stop_all
 
 POLL_S = 2.0
 

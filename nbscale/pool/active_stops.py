@@ -1,13 +1,19 @@
-"""The Stop signals of the trainings running in this kernel, so that something other than the run (a SLURM
-allocation reaching its time limit) can stop them the way the Stop button does."""
+"""The Stop signals of the trainings running in this kernel, so that a pool's backend (a SLURM allocation reaching
+its time limit) can stop them the way the Stop button does. Here, below training/, as anything with `request`."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Protocol
 
-from nbscale.training.events import StopSignal
+
+class StopSignal(Protocol):
+    """A run's stop signal (nbscale.training.events.StopSignal): the first reason requested wins."""
+
+    def request(self, reason: str) -> None: ...
+
 
 _LOCK = threading.Lock()
 _ACTIVE: list[StopSignal] = []

@@ -20,8 +20,11 @@ _ACTIVE: list[StopSignal] = []
 
 
 @contextlib.contextmanager
-def registered(stop: StopSignal) -> Iterator[None]:
-    """Keep `stop` among the running trainings' signals while the block runs."""
+def registered(stop: StopSignal, on_pool: bool = True) -> Iterator[None]:
+    """Keep `stop` among the running pool trainings' signals while the block runs (a local one: not)."""
+    if not on_pool:
+        yield
+        return
     with _LOCK:
         _ACTIVE.append(stop)
     try:

@@ -97,7 +97,7 @@ def train(
     restarts: list[str] = []
     # observed_run: what other packages watch (inside a %%batch job, `%jobs show` follows this run and its Stop
     # button stops it)
-    with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop), registered(stop):
+    with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop), registered(stop, on_pool):
         if on_pool:
             result, restarts = _train_on_pool(model, dataset, options, plan, seed, resume, channel, stop, forced)
         else:

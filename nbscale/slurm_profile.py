@@ -5,6 +5,7 @@
 backend = "slurm"
 partition = "gpu"                      # optional: SLURM's default partition
 time = "02:00:00"                      # the allocation's time limit (optional: the partition's default)
+stop_margin = 120                      # trainings stop this many seconds before it (their weights come back)
 cpus_per_worker = 8                    # default 1
 gpus_per_worker = 1                    # default 0
 account = "myproject"                  # optional
@@ -39,6 +40,7 @@ FIELDS = (
     "job_folder",
     "env",
     "connect_timeout",
+    "stop_margin",
 )
 # SLURM's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
 _TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$|^\d+-\d+$")
@@ -57,6 +59,7 @@ class SlurmProfile:
     python: str = ""
     sbatch_args: tuple[str, ...] = ()
     job_folder: str = ""
+    stop_margin: int = 120  # seconds before the time limit at which trainings are stopped
 
     @property
     def node_python(self) -> str:
@@ -86,6 +89,7 @@ def slurm_profile(name: str, entry: dict[str, Any], where: str) -> SlurmProfile:
         python=_text(name, entry, "python"),
         sbatch_args=_arguments(name, entry),
         job_folder=_text(name, entry, "job_folder"),
+        stop_margin=_count(name, entry, "stop_margin", 120, minimum=0),
     )
 
 

@@ -20,6 +20,7 @@ from nbscale.data.loader_order import options_over_loader
 from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
+from nbscale.pool.active_stops import registered
 from nbscale.pool.interrupts import graceful_interrupt
 from nbscale.training.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.training.checkpoint import latest_checkpoint, load_checkpoint
@@ -97,7 +98,7 @@ def train(
     restarts: list[str] = []
     # observed_run: what other packages watch (inside a %%batch job, `%jobs show` follows this run and its Stop
     # button stops it)
-    with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop):
+    with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop), registered(stop, on_pool):
         if on_pool:
             result, restarts = _train_on_pool(model, dataset, options, plan, seed, resume, channel, stop, forced)
         else:

@@ -10,6 +10,7 @@ import pytest
 import nbscale
 from nbscale.cluster_profiles import resolve_cluster
 from nbscale.errors import PoolError
+from nbscale.pool.backends.slurm_time_limit import seconds_left
 from tests.slurm_cluster import queue, running_cluster
 
 
@@ -48,6 +49,18 @@ def test_a_slurm_profiles_fields_are_read(profile):
         "proj",
     )
     assert (found.slurm.python, found.slurm.sbatch_args) == ("/shared/venv/bin/python", ("--qos=normal",))
+    assert found.slurm.stop_margin == 120  # the default: trainings stop 2 minutes before the time limit
+
+
+def test_squeues_time_left_is_read_in_seconds():
+    assert [seconds_left(text) for text in ("1-02:03:04", "12:30", "45", "UNLIMITED", "INVALID", "")] == [
+        93784,
+        750,
+        45,
+        None,
+        None,
+        None,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -55,6 +68,7 @@ def test_a_slurm_profiles_fields_are_read(profile):
     [
         ('time = "two hours"', r"Profile 'hpc', field time: 'two hours' is not a SLURM time limit.*02:00:00"),
         ("cpus_per_worker = 0", r"Profile 'hpc', field cpus_per_worker: must be a whole number of at least 1"),
+        ("stop_margin = -5", r"Profile 'hpc', field stop_margin: must be a whole number of at least 0"),
         ('sbatch_args = "--qos=x"', r"Profile 'hpc', field sbatch_args: must be a list of strings"),
         ('adress = "x"', r"Profile 'hpc' in .* has field adress that a slurm profile does not use: remove it"),
     ],

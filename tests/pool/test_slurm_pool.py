@@ -30,11 +30,11 @@ def slurm():
         yield env
 
 
-def _kernel(slurm: dict[str, str], folder) -> KernelSession:
+def _kernel(slurm: dict[str, str], folder, limits: str = 'time = "10"') -> KernelSession:
     """A kernel whose ~/.config/nbscale/profiles.toml has a slurm profile `hpc` and that reaches the test cluster."""
     (folder / "nbscale").mkdir(exist_ok=True)
     (folder / "nbscale" / "profiles.toml").write_text(
-        f'[profiles.hpc]\nbackend = "slurm"\ntime = "10"\nconnect_timeout = 600\njob_folder = "{folder}/shared"\n'
+        f'[profiles.hpc]\nbackend = "slurm"\n{limits}\nconnect_timeout = 600\njob_folder = "{folder}/shared"\n'
     )
     environment = {key: value for key, value in slurm.items() if key != "NBSCALE_PROFILES"}
     session = KernelSession(env={**environment, "XDG_CONFIG_HOME": str(folder)})
@@ -138,3 +138,28 @@ def test_a_killed_kernel_leaves_nothing_in_squeue(slurm, tmp_path):
     finally:
         kernel.shutdown()
         subprocess.run(["scancel", blocker], env=slurm, check=True)
+
+
+def test_the_time_limit_stops_a_training_like_stop_and_its_weights_come_back(slurm, tmp_path):
+    # a 2-minute allocation whose trainings stop 100 s before its end: about 20 s after it starts
+    kernel = _kernel(slurm, tmp_path, 'time = "2"\nstop_margin = 100')
+    try:
+        started = kernel.run("%pool start 2 --cluster hpc", timeout=900)
+        assert started.ok, started.text
+        trained = kernel.run(
+            "from tests.training.digits import digits, tiny_net\n(train_x, train_y), validation = digits()\n"
+            "net0 = tiny_net()\nfirst = [p.detach().clone() for p in net0.parameters()]\n"
+            "options = nbscale.TrainingOptions('sgdm', initial_learn_rate=0.1, mini_batch_size=64, max_epochs=100000, "
+            "execution_environment='parallel', plots='none', verbose=False)\n"
+            "net, info = nbscale.train(net0, (train_x, train_y), options)\n"
+            "print('moved', any(not torch.equal(a, b) for a, b in zip(first, net.parameters())))\n"
+            "print('epochs', info.epoch[-1] < 100000)\nprint('reason', info.stop_reason)",
+            timeout=300,
+        )
+        assert trained.ok, trained.text
+        assert "moved True" in trained.stdout and "epochs True" in trained.stdout, trained.stdout
+        assert "time limit (field time of profile 'hpc'" in trained.stdout, trained.stdout
+        assert "stop_margin = 100 s" in trained.stdout, trained.stdout
+    finally:
+        kernel.run("p = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=120)
+        kernel.shutdown()

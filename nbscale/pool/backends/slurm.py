@@ -25,6 +25,7 @@ from nbscale.errors import PoolError, PoolInterrupted
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.backends.cluster import DEFAULT_CONNECT_TIMEOUT_S, RayBackend, disconnect
 from nbscale.pool.backends.slurm_allocation import ADDRESS_MARK, START_ATTEMPTS
+from nbscale.pool.backends.slurm_time_limit import TimeLimitWatch
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
 from nbscale.slurm_commands import JobState, cancel, job_state, never_starts, submit
@@ -47,6 +48,7 @@ class SlurmBackend(Backend):
         self.job_id: int | None = None
         self.ray: RayBackend | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._time_limit: TimeLimitWatch | None = None
 
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
         """Get the allocation (waiting in the queue as long as SLURM keeps the job there) and plan its workers."""
@@ -153,11 +155,15 @@ class SlurmBackend(Backend):
         )
 
     def start(self, configs: Sequence[WorkerConfig]) -> None:
-        assert self.ray is not None
+        assert self.ray is not None and self.job_id is not None
         self.ray.start(configs)
+        self._time_limit = TimeLimitWatch(self.slurm, self.job_id)
 
     def stop(self) -> None:
         """Stop the workers, leave Ray, and release the allocation (idempotent)."""
+        if self._time_limit is not None:
+            self._time_limit.close()
+            self._time_limit = None
         if self.ray is not None:
             self.ray.stop()
             disconnect()

@@ -100,14 +100,7 @@ def stale_files(directory: Path | None = None) -> list[tuple[str, int]]:
 
 def remove_stale_files(directory: Path | None = None) -> int:
     """Delete `stale_files(directory)` (they would stay until reboot); returns how many."""
-    removed = 0
-    for path, _ in stale_files(directory):
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed
+    return mappings.remove_files([path for path, _ in stale_files(directory)])
 
 
 def remove_files_of_ended(pid: int, deadline_s: float = 2.0) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 from nbscale import logger_files
 from nbscale.errors import OptionsError
 from nbscale.notices import notices
-from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.training.events import IterationDone, MetricsRead, MonitorDone, TrainingDone, TrainingStarted
 
 __all__ = ["CSVLogger", "TensorBoardLogger"]
 
@@ -208,6 +208,20 @@ class LoggerFeed:
         try:
             self.flush()
         finally:
+            close_loggers(self.loggers)
+
+
+class MonitorLogs:
+    """Listener for a TrainingMonitor's events: each read's rows handed to the loggers (and their files written),
+    the loggers closed when the monitor is (MonitorDone)."""
+
+    def __init__(self, loggers: list[Any]) -> None:
+        self.loggers = loggers  # the monitor's own list: a logger that fails is dropped from it (log_rows)
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, MetricsRead) and event.steps:  # at each read, not each record: a killed kernel
+            log_rows(self.loggers, [(values, step) for step, values in event.rows()])  # loses one read's rows
+        elif isinstance(event, MonitorDone):
             close_loggers(self.loggers)
 
 

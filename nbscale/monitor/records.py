@@ -49,14 +49,6 @@ class RecordBatch:
     steps: list[Any]
     columns: dict[str, tuple[list[int], list[float]]]
 
-    def rows(self) -> list[tuple[Any, dict[str, float]]]:
-        """(step, {metric: value}) per step: what loggers, a job's record and a %%spmd rank's message take."""
-        out: list[tuple[Any, dict[str, float]]] = [(step, {}) for step in self.steps]
-        for name, (rows, values) in self.columns.items():
-            for row, value in zip(rows, values, strict=True):
-                out[row][1][name] = value
-        return out
-
 
 class _Unread:
     """One metric's tensors of another device than the CPU, in the order recorded: `unstacked` until CHUNK are

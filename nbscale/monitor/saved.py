@@ -8,7 +8,9 @@ from __future__ import annotations
 import copyreg
 from typing import TYPE_CHECKING, Any
 
-from nbscale.monitor.training_monitor import Sink, TrainingMonitor
+from nbscale.monitor.figure_columns import FigureColumns
+from nbscale.monitor.listeners import Listeners
+from nbscale.monitor.training_monitor import TrainingMonitor
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -18,8 +20,8 @@ class SavedMonitor(TrainingMonitor):
     """A TrainingMonitor read back from a pickle: `history`, `to_dataframe()`, `info`, `status` and `stop_reason`
     as they were when it was saved; it draws nowhere and records no more (it is closed)."""
 
-    def _new_sink(self) -> Sink:
-        return Sink()
+    def _attach_listeners(self) -> Listeners:
+        return Listeners(FigureColumns(self.metrics))  # nothing listens: it shows nowhere
 
 
 def saved_state(monitor: TrainingMonitor) -> tuple[Any, ...]:

@@ -30,6 +30,7 @@ from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool import session
 from nbscale.pool.backends.base import Backend
+from nbscale.pool.cell_events import cell_events
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
 from nbscale.pool.handles import WorkerHandle
@@ -399,7 +400,7 @@ class Pool:
         present = self._request(
             lambda rid: cell.message(rid, group_ranks),
             ranks,
-            _shown_in_notebook(self),
+            cell_events(self),
             what="The cell",
             on_failure=keep_what_workers_hold,
         )
@@ -600,14 +601,3 @@ class Pool:
             for w in self.workers
         )
         return PoolStatus(self.size, self.kind, self._backend.status_name(), self._monitor.idle_left_s(), workers)
-
-
-def _shown_in_notebook(pool: Pool) -> Callable[[int, Any], None]:
-    """An spmd cell's events: a payload that shows itself in the notebook (a TrainingMonitor's records) does."""
-
-    def on_event(rank: int, payload: object) -> None:
-        show = getattr(payload, "show_in_notebook", None)
-        if show is not None:
-            show(pool, rank)
-
-    return on_event

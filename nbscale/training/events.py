@@ -97,6 +97,50 @@ class PreparingData:
 Event = TrainingStarted | IterationDone | TrainingDone | TrainingRestarted | PreparingData
 
 
+# ---- a TrainingMonitor's events (nbscale.monitor): a user's own loop, which has no epochs or learn rate to report
+
+
+@dataclass
+class MetricsRead:
+    """A TrainingMonitor's read: the steps recorded since the last read (as numbers, in order), each metric's
+    values with the row (an index into `steps`) of each, and the info, progress and status shown with them.
+    `flushed`: the read was asked for (monitor.flush(), close), so a display draws its figure now."""
+
+    steps: list[Any]
+    columns: dict[str, tuple[list[int], list[float]]]
+    info: dict[str, Any]
+    progress: float | None
+    status: Any = None
+    flushed: bool = False
+
+    def rows(self) -> list[tuple[Any, dict[str, float]]]:
+        """(step, {metric: value}) per step: what the loggers take."""
+        out: list[tuple[Any, dict[str, float]]] = [(step, {}) for step in self.steps]
+        for name, (rows, values) in self.columns.items():
+            for row, value in zip(rows, values, strict=True):
+                out[row][1][name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class PanelScale:
+    """monitor.y_scale: panel `panel` (in the monitor's panel order) drawn on a log scale or not."""
+
+    panel: int
+    log: bool
+
+
+@dataclass(frozen=True)
+class MonitorDone:
+    """A TrainingMonitor closed: "Done" or "Stopped", and who stopped it (None when nobody did)."""
+
+    state: str
+    stop_reason: str | None
+
+
+MonitorEvent = MetricsRead | PanelScale | MonitorDone
+
+
 class StopSignal:
     """Asks the loop to stop at the end of the current iteration; the first reason given wins. `requested` is a
     plain attribute: a loop reads it every iteration."""

@@ -1,5 +1,6 @@
 """A TrainingMonitor's display: the Stop button, the info panel and the same progress figure as nbscale.train's
-(nbscale.ui.progress_figure), with one panel per metric or group of the user's own loop."""
+(nbscale.ui.progress_figure), with one panel per metric or group of the user's own loop. A listener on the
+monitor's events (nbscale.training.events: MetricsRead, PanelScale, MonitorDone)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 from html import escape
 from typing import Any
 
-from nbscale.training.events import StopSignal
+from nbscale.training.events import MetricsRead, MonitorDone, PanelScale, StopSignal
 from nbscale.ui.click_routing import route_clicks_off_main_thread
 from nbscale.ui.live_clock import FIGURE_BUDGET, FigureClock
 from nbscale.ui.progress import format_duration
@@ -39,19 +40,24 @@ def is_validation(name: str) -> bool:
 
 
 class MonitorDisplay:
-    """Draws a monitor's columns and info; built in the notebook, from records made there or sent by ranks."""
+    """Draws a monitor's figure columns (kept by its listener nbscale.monitor.figure_columns, which hears each read
+    first) and each read's info; built in the notebook, for a monitor there or the one view of a %%spmd cell's."""
 
     def __init__(
         self,
         stop: StopSignal,
         panels: list[tuple[str, list[str]]],
         x_label: str,
+        columns: dict[str, list[float]],
         holds_the_cell: bool = True,
         budget: float = FIGURE_BUDGET,
     ) -> None:
         from IPython.display import display
 
         self.stop = stop
+        self.columns = columns
+        self.info: dict[str, Any] = {}
+        self.progress: float | None = None
         self.start = time.time()
         self.figure_clock = FigureClock(time.perf_counter(), budget)
         self.x_label = x_label.capitalize()
@@ -65,6 +71,22 @@ class MonitorDisplay:
             say_stop_needs_the_interrupt(self.button)
         self.info_handle = display(self._info_bundle({}, None, "Running"), raw=True, display_id=True)
         self.figure_handle = display(self._figure_bundle({}), raw=True, display_id=True)
+
+    def __call__(self, event: object) -> None:
+        """A monitor's event: a read drawn (the figure when flushed or when its clock says so), a panel's scale
+        set, or the end drawn with its state and the Stop button removed."""
+        if isinstance(event, MetricsRead):
+            self.info, self.progress = event.info, event.progress
+            state = "Stopping" if self.stop.requested else "Running"
+            self.draw(self.columns, self.info, self.progress, state, event.flushed, event.status)
+        elif isinstance(event, PanelScale):
+            self.set_log(event.panel, event.log)
+        elif isinstance(event, MonitorDone):
+            state = f"{event.state}: {event.stop_reason}" if event.stop_reason else event.state
+            try:
+                self.draw(self.columns, self.info, self.progress, state, status=self.status)
+            finally:
+                self.close()
 
     def set_log(self, panel: int, log: bool) -> None:
         self.figure.set_log(panel, log)

@@ -61,7 +61,7 @@ def test_numbers_tensors_of_one_element_and_mixed_dtypes_are_read_exactly_in_ord
         recorded = [value, *map(place, tensors)][kind]
         monitor.record(step, loss=recorded)
     assert monitor.history["loss"] == values and all(type(value) is float for value in monitor.history["loss"])
-    assert monitor._columns["loss_iteration"] == list(range(3 * CHUNK + 7))
+    assert monitor._listeners.figure.columns["loss_iteration"] == list(range(3 * CHUNK + 7))
 
 
 def test_a_step_recorded_on_both_sides_of_a_read_is_one_row() -> None:
@@ -92,9 +92,9 @@ def test_a_metric_at_every_step_one_now_and_then_and_a_step_recorded_twice_are_d
     assert monitor.history["val_loss"] == [3.0 / s if s % 10 == 0 else None for s in steps]
     for name in ("loss", "val_loss"):
         drawn = [(step, value) for step, metric, value in recorded if metric == name]
-        assert monitor._columns[f"{name}_iteration"] == [step for step, _ in drawn]
-        assert monitor._columns[name] == [value for _, value in drawn]
-        smooth = monitor._columns[f"{name}_smooth"]
+        assert monitor._listeners.figure.columns[f"{name}_iteration"] == [step for step, _ in drawn]
+        assert monitor._listeners.figure.columns[name] == [value for _, value in drawn]
+        smooth = monitor._listeners.figure.columns[f"{name}_smooth"]
         assert len(smooth) == len(drawn) and smooth[0] == drawn[0][1]
         assert smooth[1] == pytest.approx(0.6 * drawn[0][1] + 0.4 * drawn[1][1])
 
@@ -144,8 +144,8 @@ def test_records_of_any_mix_of_names_steps_and_reads_are_kept_as_recorded(place)
     assert history["iteration"] == steps
     for name in drawn:
         assert history[name] == [row.get(name) for row in rows]
-        assert monitor._columns[name] == [value for _, value in drawn[name]]
-        assert monitor._columns[f"{name}_iteration"] == [at for at, _ in drawn[name]]
+        assert monitor._listeners.figure.columns[name] == [value for _, value in drawn[name]]
+        assert monitor._listeners.figure.columns[f"{name}_iteration"] == [at for at, _ in drawn[name]]
 
 
 def test_a_loop_recording_faster_than_its_reads_are_budgeted_is_read_before_it_keeps_too_many() -> None:

@@ -152,8 +152,8 @@ def test_a_custom_loop_in_a_real_kernel_draws_the_figure_and_its_stop_button_end
     assert image.size[0] > 500
     # the monitor's figure has the loss group (log scale) and the accuracy panel, drawn with its values
     check = kernel.run(
-        "print([a.get_ylabel() for a in monitor._sink.display.figure.figure.axes[:2]], "
-        "monitor._sink.display.figure.figure.axes[0].get_yscale(), len(monitor.history['loss']) == steps)"
+        "print([a.get_ylabel() for a in monitor._listeners.display.figure.figure.axes[:2]], "
+        "monitor._listeners.display.figure.figure.axes[0].get_yscale(), len(monitor.history['loss']) == steps)"
     )
     assert check.ok and check.stdout.split() == ["['loss',", "'accuracy']", "log", "True"]
     texts = [d.get("text/plain", "") for d in result.displays]
@@ -192,7 +192,7 @@ def test_a_monitor_in_an_spmd_cell_shows_once_in_the_notebook_and_its_stop_reach
         result = kernel.run(SPMD_LOOP)
         assert result.ok, result.text
         check = kernel.run(
-            "from nbscale.monitor.training_monitor import views\nview = views[max(views)]\n"
+            "from nbscale.monitor.spmd import views\nview = views[max(views)]\n"
             "print(view.history['step'] == list(range(1, 21)), "
             "all(abs(v - 1.5 / s) < 1e-6 for s, v in zip(view.history['step'], view.history['loss'])))"
         )

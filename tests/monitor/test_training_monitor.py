@@ -160,6 +160,28 @@ def test_a_custom_loop_in_a_real_kernel_draws_the_figure_and_its_stop_button_end
     assert any("Progress:" in t and "epoch:" in t for t in texts)  # the info panel with the loop's info
 
 
+INTERRUPTED_LOOP = """
+import time, nbscale
+monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=0.05)
+for step in range(1, 10**6):
+    monitor.record(step, loss=1.0 / step)
+    if monitor.stop:
+        break
+    time.sleep(0.002)
+print(monitor.stop_reason)
+"""
+
+
+@pytest.mark.slow
+def test_the_kernel_interrupt_stops_a_monitored_loop_as_it_stops_training_and_is_the_kernels_after(kernel) -> None:
+    result = kernel.run(INTERRUPTED_LOOP, interrupt_after=3.0, timeout=60)
+    assert result.ok, result.text  # no KeyboardInterrupt: the loop read monitor.stop and ended itself
+    assert result.stdout.strip().splitlines()[-1] == "Stopped by the kernel interrupt"
+    assert result.text.count("monitor.stop is now True") == 1, result.text  # said once, as training says it
+    after = kernel.run("import time\ntime.sleep(30)", interrupt_after=1.0, timeout=60)
+    assert not after.ok and "KeyboardInterrupt" in after.text  # the cell's end gave the interrupt back
+
+
 SPMD_LOOP = """%%spmd
 import time, torch, nbscale
 from nbscale.pool.context import worker_context

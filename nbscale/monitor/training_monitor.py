@@ -439,7 +439,7 @@ class MonitorRecords:
     status: Any = None
 
     def show_in_notebook(self, pool: Pool, rank: int) -> None:
-        """Run in the notebook as the event arrives (nbscale.pool.pool._shown_in_notebook)."""
+        """Run in the notebook as the event arrives (nbscale.pool.spmd.shown_in_notebook)."""
         view = views.get(self.key)
         if view is None or view.closed:
             view = views[self.key] = NotebookView(self, pool)

@@ -1,14 +1,15 @@
 """An spmd cell as the notebook sends it: what it reads (sent along), what it assigns (its Composites).
 
 `Pool.spmd` runs it: `SpmdCell.prepare` checks the code and gathers the notebook variables it reads,
-`message` is what every worker runs, and `bind_results` turns the names each worker now holds into Composites.
+`message` is what every worker runs, `shown_in_notebook` handles the events it emits, and `bind_results` turns the
+names each worker now holds into Composites.
 """
 
 from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,6 +96,17 @@ class SpmdCell:
                 del namespace[name]  # `del x` on the workers: the notebook's Composite x goes too
         namespace.update(composites)
         return composites
+
+
+def shown_in_notebook(pool: object) -> Callable[[int, Any], None]:
+    """An spmd cell's events: a payload that shows itself in the notebook (a TrainingMonitor's records) does."""
+
+    def on_event(rank: int, payload: object) -> None:
+        show = getattr(payload, "show_in_notebook", None)
+        if show is not None:
+            show(pool, rank)
+
+    return on_event
 
 
 def variables_to_send(code: str, namespace: dict[str, Any], pool: CompositeSource) -> dict[str, Any]:

@@ -10,6 +10,7 @@ result is `(net, info)`: `wait`, `as_completed` and `add_done_callback` work as 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -221,15 +222,19 @@ def submit_run(
     from nbscale.pool.plumbing import submit_with_events
     from nbscale.pool.pool import current_pool
     from nbscale.training.batch_fitting import check_auto_batch_device
+    from nbscale.training.plan import without_listeners
 
-    options, plan = checked.options, checked.plan
+    plan = checked.plan
     pool = pool if pool is not None else current_pool(start=True)
-    check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
+    check_auto_batch_device(plan.batching, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)
-    run.options, run.seed = options, seeded.seed if seeded is not None else None
-    worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
+    run.options, run.seed = checked.options, seeded.seed if seeded is not None else None
+    output_fn = plan.listeners.output_fn  # runs on the worker, beside the run's own info
+    worker_plan = dataclasses.replace(  # one run, one worker
+        without_listeners(plan), batching=dataclasses.replace(plan.batching, worker_load=None)
+    )
     task = submit_with_events(
-        pool, train_run_on_worker, run._on_event, model, checked.data, worker_options, plan, seeded
+        pool, train_run_on_worker, run._on_event, model, checked.data, worker_plan, output_fn, seeded
     )
     run._attach(pool, task)
     return run
@@ -238,8 +243,8 @@ def submit_run(
 def train_run_on_worker(
     model: nn.Module,
     train_data: object,
-    options: TrainingOptions,
     plan: RunPlan,
+    output_fn: Callable[[TrainingInfo], object] | None = None,
     seeded: SeededStart | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """What the worker of a `train_async` run executes: the whole training loop on this one worker's device,
@@ -260,7 +265,7 @@ def train_run_on_worker(
     def publish(event: object) -> None:
         info.record(event)
         sender.send(event)
-        if options.output_fn is not None and isinstance(event, IterationDone) and options.output_fn(info) is True:
+        if output_fn is not None and isinstance(event, IterationDone) and output_fn(info) is True:
             stop_reason.append("Stopped by output_fn")
 
     def stop() -> str | None:
@@ -279,7 +284,6 @@ def train_run_on_worker(
             loop_setup(
                 model,
                 dataset,
-                options,
                 plan,
                 device=device,
                 seed=seeded.data_order_seed if seeded is not None else draw_seed(),
@@ -287,7 +291,7 @@ def train_run_on_worker(
                 publish=publish,
                 stop_reason=stop,
                 # torch's Dataset declares no __len__; as_dataset checked it
-                counts=batch_counts(options, len(dataset), 1),  # type: ignore[arg-type]
+                counts=batch_counts(plan.batching, len(dataset), 1),  # type: ignore[arg-type]
             )
         )
     finally:

@@ -253,7 +253,7 @@ def train_run_on_worker(
     from nbscale.pool.context import worker_context
     from nbscale.training.batch_fitting import batch_counts
     from nbscale.training.loop import run_training
-    from nbscale.training.loop_setup import loop_setup
+    from nbscale.training.loop_setup import Where, loop_setup
     from nbscale.training.trainer import draw_seed
 
     context = worker_context()
@@ -292,6 +292,8 @@ def train_run_on_worker(
                 stop_reason=stop,
                 # torch's Dataset declares no __len__; as_dataset checked it
                 counts=batch_counts(plan.batching, len(dataset), 1),  # type: ignore[arg-type]
+                # output_fn sees each iteration as it ends, and its stop lands after that one, as in the notebook
+                where=Where(read_each_iteration=output_fn is not None),
             )
         )
     finally:

@@ -178,8 +178,8 @@ def _network_and_figures(
     figures summed with the last gradient bucket; else the model and the figures read in this process."""
     if setup.group is not None:
         return _distributed(model, setup, share, metrics)
-    graphs = setup.plan.placement.compile in ("reduce-overhead", "max-autotune")  # CUDA graphs' outputs live only
-    return model, LocalFigures(setup.stop_reason, _read_every(setup), graphs, metrics)  # until the next replay
+    graphs = setup.plan.placement.replays_graphs
+    return model, LocalFigures(setup.stop_reason, _read_every(setup), graphs, metrics)
 
 
 # ---- the run: start, epochs, steps, reports, end ---------------------------------------------------------------

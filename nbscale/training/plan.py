@@ -103,10 +103,13 @@ def plan_run(
     loss_fn: Callable[[Any, Any], torch.Tensor],
     step_fn: Callable[..., Any] | None,
     first_items: dict[str, Any],
+    one_worker: bool = False,
 ) -> RunPlan:
     """The plan of a run whose inputs trainer.checked_inputs checked: `validation` is options.validation_data as
     a Dataset (or None); `first_items` are the first item of "train_data" (and of "validation_data" when given).
-    OptionsError for what cannot be trained as PyTorch would, or as the options ask."""
+    `one_worker`: a train_async or sweep run, trained whole on one pool worker (worker_load and
+    on_worker_failure do not apply). OptionsError for what cannot be trained as PyTorch would, or as the options
+    ask."""
     # the metrics and the objective with its direction
     metrics = run_metrics(options.metrics, options.loss, loss_fn, dataset)
     if options.metrics is not None:  # the metrics named: a clear error here, not on a worker
@@ -118,14 +121,14 @@ def plan_run(
     solver = solver_rule(model, options)
     schedule = with_plateau_input(model, solver, schedule_rule(options), goal.name, goal.goal, validation is not None)
     # the plain rules: batching, placement, validation, checkpoints, listeners
-    checkpoints = checkpoint_rule(options)
+    checkpoints = checkpoint_rule(options, one_worker)
     return RunPlan(
         step,
         metrics,
         goal,
         solver,
         schedule,
-        batching(options),
+        batching(options, one_worker),
         placement(options),
         validation_rule(options),
         checkpoints,

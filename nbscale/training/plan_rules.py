@@ -41,6 +41,11 @@ class Placement:
     def on_pool(self) -> bool:
         return self.environment in ("parallel", "multi-gpu")
 
+    @property
+    def replays_graphs(self) -> bool:
+        """torch.compile modes that replay CUDA graphs, whose outputs live only until the next replay."""
+        return self.compile in ("reduce-overhead", "max-autotune")
+
 
 @dataclass(frozen=True)
 class ValidationRule:
@@ -90,10 +95,13 @@ class Listeners:
         self.__dict__.update(state)
 
 
-def batching(options: TrainingOptions) -> Batching:
-    """OptionsError for a worker_load that splits the mini-batch where no pool trains."""
+def batching(options: TrainingOptions, one_worker: bool = False) -> Batching:
+    """OptionsError for a worker_load that splits the mini-batch where no pool trains. `one_worker`: a train_async
+    or sweep run, trained whole on one pool worker, where worker_load does not apply."""
     on_pool = options.execution_environment in ("parallel", "multi-gpu")
-    if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
+    if one_worker:
+        options = options.replace(worker_load=None)
+    elif not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
         raise OptionsError(
             f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
             f"but execution_environment={options.execution_environment!r} trains in this process: "
@@ -124,8 +132,11 @@ def validation_rule(options: TrainingOptions) -> ValidationRule:
     return ValidationRule(int(options.validation_frequency), options.validation_patience, options.output_network)
 
 
-def checkpoint_rule(options: TrainingOptions) -> CheckpointRule:
-    """OptionsError for on_worker_failure="restart" without what it needs (a pool, checkpoints to resume from)."""
+def checkpoint_rule(options: TrainingOptions, one_worker: bool = False) -> CheckpointRule:
+    """OptionsError for on_worker_failure="restart" without what it needs (a pool, checkpoints to resume from).
+    `one_worker`: a train_async or sweep run on one pool worker, which on_worker_failure does not apply to."""
+    if one_worker:
+        options = options.replace(on_worker_failure="error")
     if options.on_worker_failure == "restart" and options.execution_environment not in ("parallel", "multi-gpu"):
         raise OptionsError(
             f"on_worker_failure='restart' restarts the pool's workers, but execution_environment is "
@@ -139,7 +150,9 @@ def checkpoint_rule(options: TrainingOptions) -> CheckpointRule:
         )
     path = options.checkpoint_path
     if path is not None and not os.path.isabs(os.path.expanduser(path)):
-        path = os.path.abspath(os.path.expanduser(path))  # the notebook's folder now, where the user looks
+        # the notebook's folder now, where the user looks: a cluster's workers may not have it (they then run in
+        # their own folder), and on_worker_failure="restart" looks here for what they wrote
+        path = os.path.abspath(os.path.expanduser(path))
     return CheckpointRule(path, int(options.checkpoint_frequency), options.on_worker_failure)
 
 

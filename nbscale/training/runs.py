@@ -10,7 +10,6 @@ result is `(net, info)`: `wait`, `as_completed` and `add_done_callback` work as 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -205,7 +204,7 @@ def train_async(
     """
     from nbscale.training.trainer import as_options, checked_inputs
 
-    checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn, one_worker=True)
     return submit_run(model, checked, pool, name, params, seeded)
 
 
@@ -218,7 +217,7 @@ def submit_run(
     seeded: SeededStart | None = None,
 ) -> TrainingRun:
     """`train_async` of inputs already checked: `checked` is what nbscale.training.trainer.checked_inputs
-    returned for `model` (nbscale.sweep checks every run before any starts)."""
+    returned for `model` (with one_worker=True) (nbscale.sweep checks every run before any starts)."""
     from nbscale.pool.plumbing import submit_with_events
     from nbscale.pool.pool import current_pool
     from nbscale.training.batch_fitting import check_auto_batch_device
@@ -230,11 +229,8 @@ def submit_run(
     run = TrainingRun(name, params)
     run.options, run.seed = checked.options, seeded.seed if seeded is not None else None
     output_fn = plan.listeners.output_fn  # runs on the worker, beside the run's own info
-    worker_plan = dataclasses.replace(  # one run, one worker
-        without_listeners(plan), batching=dataclasses.replace(plan.batching, worker_load=None)
-    )
     task = submit_with_events(
-        pool, train_run_on_worker, run._on_event, model, checked.data, worker_plan, output_fn, seeded
+        pool, train_run_on_worker, run._on_event, model, checked.data, without_listeners(plan), output_fn, seeded
     )
     run._attach(pool, task)
     return run

@@ -209,7 +209,13 @@ def _train_here(
 
 
 def checked_inputs(
-    model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any = None
+    model: nn.Module,
+    train_data: Any,
+    options: TrainingOptions,
+    loss_fn: Any,
+    step_fn: Any = None,
+    *,
+    one_worker: bool = False,
 ) -> CheckedInputs:
     """train_data as a Dataset, the options and the run plan, checked before any training (nbscale.training.checks)
     and planned (nbscale.training.plan: every choice of the run resolved, every refusal made here).
@@ -256,7 +262,8 @@ def checked_inputs(
     first_items = {"train_data": first_item}
     if validation is not None:
         first_items["validation_data"] = first_validation_item
-    return CheckedInputs(dataset, options, plan_run(model, dataset, validation, options, loss_fn, step_fn, first_items))
+    plan = plan_run(model, dataset, validation, options, loss_fn, step_fn, first_items, one_worker)
+    return CheckedInputs(dataset, options, plan)
 
 
 def _checked_validation(options: TrainingOptions) -> tuple[Any, Any]:

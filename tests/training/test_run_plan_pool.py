@@ -112,3 +112,9 @@ def test_a_train_async_runs_output_fn_on_its_worker_beside_its_info(pool: nbscal
     run = nbscale.train_async(tiny_net(), SMALL, options(output_fn=stop_at_three), pool=pool)
     _, info = run.result(timeout=300)
     assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] == 3
+
+
+def test_train_async_leaves_worker_load_and_on_worker_failure_out_as_documented(pool: nbscale.Pool) -> None:
+    fields = {"worker_load": [3, 1], "on_worker_failure": "restart", "max_epochs": 1}  # the pool's, not one worker's
+    _, info = nbscale.train_async(tiny_net(), SMALL, options(**fields), pool=pool).result(timeout=300)
+    assert info.stop_reason == "Max epochs completed" and info.mini_batch_size == 64

@@ -123,19 +123,19 @@ def plan_run(
     # the plain rules: batching, placement, validation, checkpoints, listeners
     checkpoints = checkpoint_rule(options, one_worker)
     return RunPlan(
-        step,
-        metrics,
-        goal,
-        solver,
-        schedule,
-        batching(options, one_worker),
-        placement(options),
-        validation_rule(options),
-        checkpoints,
-        listeners(options),
-        validation,
-        options.metrics is not None,
-        {**recorded(options), "checkpoint_path": checkpoints.path},
+        step=step,
+        metrics=metrics,
+        objective=goal,
+        solver=solver,
+        schedule=schedule,
+        batching=batching(options, one_worker),
+        placement=placement(options),
+        validation=validation_rule(options),
+        checkpoint=checkpoints,
+        listeners=listeners(options),
+        validation_data=validation,
+        metrics_named=options.metrics is not None,
+        recorded={**recorded(options), "checkpoint_path": checkpoints.path},
     )
 
 

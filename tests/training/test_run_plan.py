@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -300,4 +301,65 @@ def test_the_plan_is_frozen_and_pickles_with_its_rules() -> None:
     outputs, targets = torch.randn(5, 1), torch.randn(5)
     assert torch.equal(copy.loss_fn(outputs, targets), F.mse_loss(outputs, targets[:, None]))
     with pytest.raises(AttributeError):
-        plan.plateau_input = "loss"  # type: ignore[misc]
+        plan.solver = plan.solver  # type: ignore[misc]
+
+
+class LockedLogger:
+    """A logger that cannot be pickled (it holds a lock), as a live TensorBoard writer cannot."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_plan_holds_every_choice_resolved_and_its_pickle_keeps_the_listeners_as_descriptions(tmp_path) -> None:
+    run_options = options(
+        solver="adam",
+        l2_regularization=0.01,
+        learn_rate_schedule="piecewise",
+        learn_rate_drop_period=2,
+        metrics=("accuracy", "fscore"),
+        objective_metric="fscore",
+        validation_data=(VAL[0][:64], VAL[1][:64]),
+        checkpoint_path=str(tmp_path / "checkpoints"),
+        precision="mixed",
+        loggers=[LockedLogger()],
+        output_fn=lambda info: False,
+    )
+    plan = checked_inputs(tiny_net(), SMALL, run_options, None).plan
+    assert plan.metrics.names == ("accuracy", "fscore")
+    assert (plan.objective.name, plan.objective.goal) == ("fscore", "maximize")
+    assert (plan.solver.solver, plan.solver.learn_rate) == ("adam", 0.1)
+    assert (plan.schedule.kind, plan.schedule.drop_period, plan.schedule.plateau_input) == ("piecewise", 2, None)
+    assert (plan.batching.max_epochs, plan.batching.mini_batch_size) == (2, 64)
+    assert (plan.placement.precision, plan.checkpoint.path) == ("mixed", str(tmp_path / "checkpoints"))
+    assert plan.listeners.logger_names == ("LockedLogger",) and plan.listeners.output_fn is not None
+    copy = pickle.loads(pickle.dumps(plan))  # a worker's copy: the live listeners stay in the notebook
+    assert copy.listeners.loggers == () and copy.listeners.output_fn is None
+    assert copy.listeners.logger_names == ("LockedLogger",)
+    assert (copy.solver, copy.schedule, copy.batching, copy.placement) == (
+        plan.solver,
+        plan.schedule,
+        plan.batching,
+        plan.placement,
+    )
+
+
+def test_the_plans_optimizer_is_the_one_plain_pytorch_builds_with_no_l2_on_biases() -> None:
+    model = tiny_net()
+    plan = checked_inputs(model, SMALL, options(solver="adam", l2_regularization=0.01), None).plan
+    made = pickle.loads(pickle.dumps(plan)).solver.make(model)
+    weights = [p for name, p in model.named_parameters() if not name.endswith("bias")]
+    biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
+    plain = torch.optim.Adam(
+        [{"params": weights, "weight_decay": 0.01}, {"params": biases, "weight_decay": 0.0}], lr=0.1
+    )
+    for ours, theirs in zip(made.param_groups, plain.param_groups, strict=True):
+        assert [id(p) for p in ours["params"]] == [id(p) for p in theirs["params"]]
+        for key in ("lr", "betas", "eps", "weight_decay"):
+            assert ours[key] == theirs[key]

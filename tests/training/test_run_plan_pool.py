@@ -4,6 +4,7 @@ with the objective metric, and a refusal comes from the notebook before any work
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -65,3 +66,41 @@ def test_train_async_reads_the_plan_of_a_regression_on_1d_targets(pool: nbscale.
     net, info = nbscale.train_async(linear_head(), data, options(**fields), pool=pool).result(timeout=300)
     reference = linear_head()
     assert_trained_as_the_plain_loop(net, info, reference, plain_loop(reference, data, F.mse_loss, 3))
+
+
+def broken_solver(params: list[dict], lr: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=lr)  # takes two arguments: nbscale gives one
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"solver": broken_solver}, r"^solver=broken_solver failed on the parameter groups"),
+        (
+            {"learn_rate_schedule": plateau("max"), "validation_data": VAL},
+            r"^learn_rate_schedule returned ReduceLROnPlateau\(mode='max'\)",
+        ),
+        ({"on_worker_failure": "restart"}, r"^on_worker_failure='restart' resumes from the last checkpoint"),
+        ({"metrics": ("rmse",)}, r"rmse"),
+    ],
+)
+def test_the_plans_refusals_on_the_pool_come_from_the_notebook_as_options_errors(
+    pool: nbscale.Pool, fields: dict, said: str
+) -> None:
+    with pytest.raises(OptionsError, match=said):
+        nbscale.train(tiny_net(), SMALL, options(execution_environment="parallel", **fields))
+
+
+def test_a_train_async_runs_output_fn_on_its_worker_beside_its_info(pool: nbscale.Pool) -> None:
+    def stop_at_three(info: nbscale.TrainingInfo) -> bool:
+        return info.iteration[-1] >= 3 if info.iteration else False
+
+    run = nbscale.train_async(tiny_net(), SMALL, options(output_fn=stop_at_three), pool=pool)
+    _, info = run.result(timeout=300)
+    assert info.stop_reason == "Stopped by output_fn" and info.iteration[-1] == 3
+
+
+def test_train_async_leaves_worker_load_and_on_worker_failure_out_as_documented(pool: nbscale.Pool) -> None:
+    fields = {"worker_load": [3, 1], "on_worker_failure": "restart", "max_epochs": 1}  # the pool's, not one worker's
+    _, info = nbscale.train_async(tiny_net(), SMALL, options(**fields), pool=pool).result(timeout=300)
+    assert info.stop_reason == "Max epochs completed" and info.mini_batch_size == 64

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from nbscale.pool.pool import Pool
+    from nbscale.training.plan_rules import Listeners
     from nbscale.training.sweep import SweepResult
 
 CELL_NAMES = ("model", "train_data", "val_data", "loss_fn", "step_fn", "make_model")
@@ -53,41 +54,42 @@ def train(
     """
     from nbscale.training import trainer
 
-    options = trainer.as_options(options)
+    # checked and planned before anything is shown: every refusal comes first (nbscale.training.plan)
+    checked = trainer.checked_inputs(model, train_data, trainer.as_options(options), loss_fn, step_fn)
+    wanted = checked.plan.listeners
     info, stop = TrainingInfo(), StopSignal()
-    listeners = training_listeners(options, info, stop)
+    listeners = training_listeners(wanted, info, stop)
     feed = None
-    if options.loggers:
+    if wanted.loggers:
         from nbscale.loggers import LoggerFeed
 
-        feed = LoggerFeed(options.loggers)
+        feed = LoggerFeed(wanted.loggers)
         listeners.insert(0, feed)  # before output_fn, whose failure ends the run
     try:
-        return trainer.train(
-            model, train_data, options, loss_fn, resume_from, listeners=listeners, stop=stop, info=info, step_fn=step_fn
-        )
+        return trainer.train_planned(model, checked, resume_from, listeners=listeners, stop=stop, info=info)
     finally:
         if feed is not None:  # however the run ended: what was logged is in the files
             feed.close()
 
 
-def training_listeners(options: TrainingOptions, info: TrainingInfo, stop: StopSignal) -> list[Callable[[Any], None]]:
-    """The listeners `options` ask for, in order: the plot (in a notebook), the verbose table, output_fn.
+def training_listeners(wanted: Listeners, info: TrainingInfo, stop: StopSignal) -> list[Callable[[Any], None]]:
+    """The listeners the run plan asks for (nbscale.training.plan_rules.Listeners), in order: the plot (in a
+    notebook), the verbose table, output_fn.
 
     `info` records each event before them (output_fn reads it); `stop` is the run's StopSignal.
     """
     listeners: list[Callable[[Any], None]] = []
-    plot = options.plots == "training-progress" and in_notebook()
+    plot = wanted.plot and in_notebook()
     if plot:
         from nbscale.ui.progress import TrainingProgress
 
         listeners.append(TrainingProgress(stop))
-    if options.verbose:
+    if wanted.verbose_frequency is not None:
         from nbscale.ui.verbose_table import VerboseTable
 
-        listeners.append(VerboseTable(options.verbose_frequency, stop, preparing=not plot))
-    if options.output_fn is not None:
-        output_fn = options.output_fn
+        listeners.append(VerboseTable(wanted.verbose_frequency, stop, preparing=not plot))
+    if wanted.output_fn is not None:
+        output_fn = wanted.output_fn
 
         def call_output_fn(event: object) -> None:
             if isinstance(event, IterationDone) and output_fn(info) is True:

@@ -145,8 +145,9 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     _share_the_torch_stack(venv, tmp_path / "torch-stack")
     python = str(venv / "bin" / "python")
+    # --no-compile: byte-compiling ~120 packages is CPU the suite needs elsewhere; Python compiles what it imports
     installed = subprocess.run(
-        [python, "-m", "pip", "install", "-q", *_constraints(), f"{wheel}[examples]"],
+        [python, "-m", "pip", "install", "-q", "--no-compile", *_constraints(), f"{wheel}[examples]"],
         env=no_node,
         capture_output=True,
         text=True,

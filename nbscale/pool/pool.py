@@ -1,10 +1,13 @@
 """The worker pool (MATLAB's parpool): start, run code on every worker, futures, status, stop.
 
 `Pool` is the public face over one module per concept: session.py (the kernel's running pool), settings.py (what
-was asked for), startup.py (launch and connect the workers, form the group), routing.py (every reply to its
-request), waiting.py (blocking waits, interrupts, restarts), tasks.py (the futures queue), monitor.py (memory,
-idle timeout, the published state) and output.py (workers' printing). What other nbscale modules use beyond
-this face is private here and reached through plumbing.py.
+was asked for), worker_group.py (one start's workers and the parts over them, from launch to stop), startup.py
+(launch and connect the workers, form the group), spare.py (a replacement begun while interrupted workers get their
+chance to stop), routing.py (every reply to its request), foreground.py (the requests `run`, `spmd`, `push` and
+`pull` wait for), waiting.py (blocking waits, interrupts, restarts), spmd.py (an spmd cell), tasks.py (the futures
+queue), parallel_map.py (`map`), monitor.py (memory, idle timeout, the published state), status.py (what
+`status()` returns) and output.py (workers' printing). Here: the face, and which start (`WorkerGroup`) is the
+current one. What other nbscale modules use beyond this face is private here and reached through plumbing.py.
 Blocking calls (`run`, `spmd`, `push`, `pull`) wait in the caller's thread and print workers' output live, each
 line prefixed with its rank.
 """
@@ -12,44 +15,36 @@ line prefixed with its rank.
 from __future__ import annotations
 
 import atexit
-import itertools
-import operator
-import os
 import secrets
-import shutil
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from nbscale.errors import PoolError, PoolInterrupted, UnsendableError, WorkerError
-from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool import session
 from nbscale.pool.backends.base import Backend
 from nbscale.pool.cell_events import cell_events
 from nbscale.pool.composite import Composite
 from nbscale.pool.folders import current_folder
+from nbscale.pool.foreground import target_ranks
 from nbscale.pool.handles import WorkerHandle
-from nbscale.pool.interrupts import HeldInterrupt, each_despite_interrupts
-from nbscale.pool.monitor import Monitor
+from nbscale.pool.interrupts import each_despite_interrupts
 from nbscale.pool.owner import pool_owner
-from nbscale.pool.requests import Request, next_request_id, secrets_of
+from nbscale.pool.parallel_map import map_in_order
+from nbscale.pool.requests import Request
 from nbscale.pool.resident import forget_all
-from nbscale.pool.routing import Router, workers_named
 from nbscale.pool.settings import PoolSettings
+from nbscale.pool.spare import SpareBackend
 from nbscale.pool.spmd import SpmdCell, each_workers_own
-from nbscale.pool.startup import join_group, launch_workers, make_backend, remove_stale_group_folders
-from nbscale.pool.status import PoolStatus, WorkerStatus
-from nbscale.pool.tasks import TaskQueue
-from nbscale.pool.transport import remove_stale_files, serialise
-from nbscale.pool.unsendable import call_error, interrupted_while_pickling, variable_error
-from nbscale.pool.waiting import Restarter, wait
+from nbscale.pool.startup import require_fork
+from nbscale.pool.status import PoolStatus, worker_statuses
+from nbscale.pool.unsendable import call_error, variable_error
+from nbscale.pool.waiting import Restarter
+from nbscale.pool.worker_group import WorkerGroup
 from nbscale.processes import kernel_id
-from nbscale.progress_bar import ProgressBar, common_length
 
 
 def current_pool(start: bool = False) -> Pool | None:
@@ -70,18 +65,7 @@ def open_pool(settings: PoolSettings | None = None) -> Pool:
     return Pool.from_settings(settings or session.idle_settings() or PoolSettings())
 
 
-MAP_AHEAD_PER_WORKER = 2  # pool.map's items submitted per worker ahead of the result taken last
 _Result = TypeVar("_Result")  # what a function run on the workers returns
-
-
-def _require_fork() -> None:
-    """Pools need a POSIX system: workers are forked from a server process, and find each other through
-    POSIX-only calls. Windows has none of it."""
-    if not hasattr(os, "fork"):
-        raise PoolError(
-            f"Pools need Linux or macOS: this platform ({sys.platform}) cannot fork worker processes. Train in the "
-            "notebook instead (%%train, nbscale.train), or run the notebook on Linux (WSL on Windows)."
-        )
 
 
 class Pool:
@@ -126,7 +110,7 @@ class Pool:
         self.settings = settings
         self.closed: bool = True
         self.stopped_because = "It was stopped."  # what a use of this pool after it stopped says
-        self._spare: Backend | None = None  # a replacement prepared while interrupted workers get time to stop
+        self._spare = SpareBackend(settings)  # a replacement prepared while interrupted workers get time to stop
         self._start()
 
     # ---- life cycle -----------------------------------------------------------------------------------------
@@ -145,43 +129,22 @@ class Pool:
             ) from None
 
     def _start_workers(self, backend: Backend | None) -> None:
-        _require_fork()
+        require_fork()
         started = time.monotonic()
         self.start_seconds: float | None = None
         self.generation = secrets.token_hex(4)  # Composites of an earlier start know they are stale
-        remove_stale_files()  # shared-memory files of kernels and workers killed mid-transfer
-        remove_stale_group_folders()  # store folders of killed kernels' pools
-        self._backend = backend or make_backend(self.settings)
-        try:
-            workers, self.rejected_connections = launch_workers(self._backend, self.settings)
-        except BaseException:
-            self._backend.stop()
-            raise
-        # the task queue sends through the router, which hands it its tasks' replies: both ends named here
-        self._router = Router(
-            workers,
-            secrets=secrets_of(self.settings.env),
-            exit_status=lambda worker: self._backend.exit_status(worker.rank, worker.pid),
-            on_task_reply=lambda request, item: self._tasks.complete(request, item),
-            on_worker_free=lambda: self._tasks.dispatch(),
-        )
-        self._tasks = TaskQueue(self._router)
-        self._monitor = Monitor(
-            self._router, self.settings.idle_timeout_s, lambda: bool(self._tasks.queued), self._state, self._stop_idle
-        )
-        self._groups: set[tuple[int, ...]] = set()
-        self._store_folder: Path | None = None  # the group's store file's folder (a local pool), removed at stop
+        restarter = Restarter(self.restart, self._spare.prepare, self._spare.drop)
+        self._group = WorkerGroup(self.settings, backend, restarter, self._state, self._stop_idle)
         self.closed = False
         session.started(self)
-        self._router.start()
         try:
-            self._store_folder = join_group(self._router, self._backend)
+            self._group.join()
         except BaseException:
             self.close()
             raise
         self.start_seconds = time.monotonic() - started
         session.started_fully()
-        self._monitor.start()
+        self._group.monitor.start()
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -193,33 +156,20 @@ class Pool:
         if self.closed:
             return
         self.closed = True
-        self._router.stopping.set()
+        self._group.router.stopping.set()
         # every step runs even if the kernel is interrupted meanwhile (a second Ctrl-C, one meant for the cell
         # before): a step cut short would leave a launcher, its workers or a waiting future behind
         interrupted = each_despite_interrupts(
             [
-                self._drop_spare,
-                lambda: self._router.tell(p.Shutdown()),
-                self._backend.stop,
-                self._close_channels,
-                lambda: self._tasks.fail_queued(queued),
-                lambda: self._router.fail_everything(running),
-                self._remove_store_folder,
+                self._spare.drop,
+                *self._group.stop_steps(queued, running),
                 forget_all,  # notebook tensors kept in shared memory for the workers (nbscale.pool.resident)
             ]
         )
         session.stopped(self)
-        self._monitor.withdraw()
+        self._group.monitor.withdraw()
         if interrupted:
             raise PoolInterrupted("Interrupted while the pool stopped: it stopped all the same, and no worker is left.")
-
-    def _close_channels(self) -> None:
-        for worker in self.workers:
-            worker.channel.close()
-
-    def _remove_store_folder(self) -> None:
-        if self._store_folder is not None:  # the group's store file: its workers are gone
-            shutil.rmtree(self._store_folder, ignore_errors=True)
 
     def _stop_idle(self) -> None:
         notice = (
@@ -232,32 +182,13 @@ class Pool:
 
     def restart(self) -> None:
         """Fresh processes with the same size and settings (variables on the workers are lost)."""
-        spare, self._spare = self._spare, None
+        spare = self._spare.take()
         # what was running is lost with its worker: say so, rather than that the pool stopped
         self._shut_down(
             queued="the pool was restarted; submit it again",
             running="the pool was restarted before it finished: run it again",
         )
         self._start(spare)
-
-    def _prepare_restart(self) -> None:
-        """Begin starting a replacement (a local pool's forkserver imports torch) in case a restart follows."""
-        if self._spare is not None:
-            return
-        try:
-            spare = make_backend(self.settings)
-        except Exception:  # only a head start: a restart that follows tries again and says why
-            return
-        self._spare = spare
-        try:
-            spare.prepare()
-        except Exception:  # as above
-            self._drop_spare()
-
-    def _drop_spare(self) -> None:
-        if self._spare is not None:
-            self._spare.stop()  # forgotten only once stopped: an interrupted stop is tried again (see _shut_down)
-            self._spare = None
 
     def __enter__(self) -> Pool:
         return self
@@ -270,7 +201,7 @@ class Pool:
     @property
     def workers(self) -> list[WorkerHandle]:
         """Each worker's handle by rank: rank, pid, host, device, state."""
-        return self._router.workers
+        return self._group.router.workers
 
     @property
     def size(self) -> int:
@@ -283,7 +214,12 @@ class Pool:
     @property
     def busy(self) -> bool:
         """Whether a started pool's workers are running something (a cell, a call, a task, a training)."""
-        return not self.closed and self.start_seconds is not None and self._router.busy
+        return not self.closed and self.start_seconds is not None and self._group.router.busy
+
+    @property
+    def rejected_connections(self) -> int:
+        """How many connections to the pool's port were refused while it started, not being from a worker."""
+        return self._group.rejected_connections
 
     @property
     def kind(self) -> str:
@@ -293,7 +229,7 @@ class Pool:
     def __repr__(self) -> str:
         env_keys = ", ".join(f"{key}=***" for key in self.settings.env)
         workers = f"{self.size} worker{'s' if self.size != 1 else ''}"
-        state = "closed" if self.closed else f"{workers} ({self.kind}, {self._backend.describe()})"
+        state = "closed" if self.closed else f"{workers} ({self.kind}, {self._group.backend.describe()})"
         return f"<nbscale.Pool {state}{'; env ' + env_keys if env_keys else ''}>"
 
     # ---- run code on the workers ----------------------------------------------------------------------------
@@ -307,39 +243,14 @@ class Pool:
         unsendable: Callable[[Exception], UnsendableError] | None = None,
         on_failure: Callable[[Request], None] | None = None,
     ) -> list[Any]:
-        """Send one message (built from a fresh request id) to `targets` and wait for every reply.
-
-        Raises UnsendableError when the message cannot be serialised (`unsendable(error)` names what could not be),
-        WorkerError when a worker fails and PoolInterrupted when the kernel is interrupted (either after calling
-        `on_failure` with the request, which holds what each rank replied).
-        """
-        ranks = self._targets(targets)
+        """Send one message (built from a fresh request id) to `targets` and wait for every reply, as
+        `Foreground.request` does, once the ranks are checked (PoolError for a stopped pool or a rank it lacks,
+        WorkerError for a dead worker)."""
+        ranks = target_ranks(targets, self.size)
         self._check_usable(ranks)
-        busy_with_tasks = self._tasks.ranks_running_tasks(ranks)
-        if busy_with_tasks:
-            notices.info(
-                f"{workers_named(busy_with_tasks)} still running a task from pool.submit or pool.map; this starts "
-                "there once it ends (pool.cancel(future) stops a task)."
-            )
-        message = message_factory(next_request_id())
-        try:
-            frame = serialise(message)
-        except KeyboardInterrupt:
-            raise interrupted_while_pickling() from None
-        except Exception as error:
-            if unsendable is not None:
-                raise unsendable(error) from None
-            raise UnsendableError(f"{what} could not be sent to the workers: {error}") from None
-        held = HeldInterrupt(deliver_later=True)
-        with held:  # an interrupt while the request goes out lands in `wait`, which then stops it on the workers
-            request = self._router.send(message, ranks, foreground=True, on_event=on_event, frame=frame)
-        try:
-            restarter = Restarter(self.restart, self._prepare_restart, self._drop_spare)
-            return wait(self._router, request, what, restarter, held)
-        except (WorkerError, PoolInterrupted):
-            if on_failure is not None:
-                on_failure(request)
-            raise
+        return self._group.foreground.request(
+            message_factory, ranks, what=what, on_event=on_event, unsendable=unsendable, on_failure=on_failure
+        )
 
     def run(
         self,
@@ -383,7 +294,7 @@ class Pool:
         when the kernel is interrupted), after binding the Composites of what the workers hold then (the variables
         assigned before the error or the interrupt)."""
         namespace = namespace if namespace is not None else sys._getframe(1).f_globals
-        ranks = self._targets(targets)
+        ranks = target_ranks(targets, self.size)
         cell = SpmdCell.prepare(code, namespace, self, filename)
         group_ranks = None if ranks == tuple(range(self.size)) else ranks
         if group_ranks is not None:
@@ -424,52 +335,24 @@ class Pool:
 
     def _ensure_group(self, ranks: tuple[int, ...]) -> None:
         """Create the torch.distributed subgroup over `ranks` once (every worker takes part)."""
-        if ranks == tuple(range(self.size)) or ranks in self._groups:
+        if ranks == tuple(range(self.size)) or ranks in self._group.subgroups:
             return
         self._request(lambda rid: p.MakeGroup(rid, ranks), what="Creating the worker subgroup")
-        self._groups.add(ranks)
+        self._group.subgroups.add(ranks)
 
     def request_stop(self, future: Future[Any] | None = None) -> None:
         """Ask running code to stop at its next check of `worker_context().stop_requested`.
 
         With `future` (from `submit`), only the worker running that task is asked.
         """
-        self._router.tell(p.RequestStop(), None if future is None else self._tasks.ranks_of(future))
+        group = self._group
+        group.router.tell(p.RequestStop(), None if future is None else group.tasks.ranks_of(future))
 
     def _message_foreground(self, payload: Any) -> None:
         """Send `payload` to the workers running the request the caller's thread waits for (a `run` whose
         on_event is running now); its code reads it with `worker_context().next_message()`. Nothing when no
         request is waited for."""
-        request = self._router.foreground
-        if request is not None:
-            self._router.tell(p.RequestMessage(request.request_id, payload), request.ranks)
-
-    def _targets(self, targets: Iterable[int] | int | None) -> tuple[int, ...]:
-        """The ranks `targets` names (one rank, or several), checked against the pool."""
-        if targets is None:
-            return tuple(range(self.size))
-        try:
-            ranks = tuple(
-                sorted(
-                    {
-                        operator.index(t)
-                        for t in (
-                            [targets] if not isinstance(targets, Iterable) or isinstance(targets, str) else targets
-                        )
-                    }
-                )
-            )
-        except TypeError:
-            raise PoolError(
-                f"targets={targets!r}: give worker ranks as whole numbers, such as targets=[0, 2] (--targets 0,2)."
-            ) from None
-        bad = [r for r in ranks if not 0 <= r < self.size]
-        if bad or not ranks:
-            raise PoolError(
-                f"--targets {', '.join(map(str, bad)) or '(empty)'} is not a worker of this pool: "
-                f"ranks run from 0 to {self.size - 1}."
-            )
-        return ranks
+        self._group.foreground.message_running_request(payload)
 
     def _check_usable(self, ranks: Iterable[int]) -> None:
         if self.closed:
@@ -497,7 +380,7 @@ class Pool:
         `on_event` runs on the pool's receiver thread: keep it short and never block in it.
         """
         self._check_usable(())
-        return self._tasks.submit(fn, args, kwargs, on_event)
+        return self._group.tasks.submit(fn, args, kwargs, on_event)
 
     def cancel(self, future: Future[Any]) -> bool:
         """Cancel a task from `submit`: a queued one never runs; a running one is interrupted on its worker.
@@ -507,72 +390,32 @@ class Pool:
         soon as the task has stopped; code that stops gracefully on the user's interrupt (training) stops at once,
         and says nothing. Returns False when the task had already finished.
         """
-        return self._tasks.cancel(future)
+        return self._group.tasks.cancel(future)
 
     def map(
         self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None, progress: bool = False
     ) -> Iterator[Any]:
         """Like `concurrent.futures.Executor.map`: results in order, computed on free workers (parfor).
 
-        Items are submitted in a window of MAP_AHEAD_PER_WORKER per worker ahead of the result taken last (as
-        Executor.map's `buffersize` in Python 3.14): the first window now, the rest as results are taken, so an
-        endless iterable works and a long one costs no time up front. `timeout` counts from this call, as in
-        concurrent.futures. A failing item raises its WorkerError naming the item; interrupting the kernel raises
-        PoolInterrupted. Either way the submitted items not yet done are cancelled (the running ones interrupted on
-        their workers), and no more are submitted. `progress=True` shows a done/total bar under the cell
-        (nbscale.progress_bar; the total when every iterable has a length).
+        Items are submitted in a window of a few per worker ahead of the result taken last (as Executor.map's
+        `buffersize` in Python 3.14; nbscale.pool.parallel_map): the first window now, the rest as results are
+        taken, so an endless iterable works and a long one costs no time up front. `timeout` counts from this call,
+        as in concurrent.futures. A failing item raises its WorkerError naming the item; interrupting the kernel
+        raises PoolInterrupted. Either way the submitted items not yet done are cancelled (the running ones
+        interrupted on their workers), and no more are submitted. `progress=True` shows a done/total bar under the
+        cell (nbscale.progress_bar; the total when every iterable has a length).
         """
         self._check_usable(())
-        deadline = None if timeout is None else time.monotonic() + timeout
-        name = getattr(fn, "__name__", "the function")
-        items = enumerate(zip(*iterables, strict=False))
-        window = MAP_AHEAD_PER_WORKER * max(1, self.size)
-        pending: deque[Future[Any]] = deque()
-        bar = ProgressBar(common_length(iterables), "pool.map", shown=progress)
-
-        def fill() -> None:
-            for index, args in itertools.islice(items, window - len(pending)):
-                pending.append(self._tasks.submit(fn, args, {}, None, what=f"{name}() of pool.map's item {index}"))
-                bar.add(pending[-1])
-
-        def interrupted() -> PoolInterrupted:
-            running = sum(future.running() for future in pending)
-            queued = sum(not future.done() for future in pending) - running
-            self._cancel_unfinished(pending)
-            return PoolInterrupted(
-                f"Interrupted pool.map: {running} running call{'s' if running != 1 else ''} interrupted on the "
-                f"workers and {queued} queued one{'s' if queued != 1 else ''} cancelled. The pool is ready for "
-                "the next cell."
-            )
-
-        try:
-            fill()
-        except KeyboardInterrupt:
-            raise interrupted() from None
-        except BaseException:
-            self._cancel_unfinished(pending)
-            raise
-
-        def results() -> Iterator[Any]:
-            try:
-                while pending:
-                    future = pending[0]
-                    value = future.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                    pending.popleft()
-                    fill()  # before yielding: the workers go on while the caller handles this result
-                    yield value
-            except KeyboardInterrupt:
-                raise interrupted() from None
-            finally:  # failed or abandoned too: queued items never run, running ones are interrupted
-                self._cancel_unfinished(pending)
-                bar.close()
-
-        return results()
-
-    def _cancel_unfinished(self, futures: Iterable[Future[Any]]) -> None:
-        for future in futures:
-            if not future.done():
-                self.cancel(future)
+        return map_in_order(
+            # through the pool at each call: a restart while the map runs gives it a new task queue
+            lambda item_fn, args, what: self._group.tasks.submit(item_fn, args, {}, None, what=what),
+            self.cancel,
+            fn,
+            iterables,
+            workers=self.size,
+            timeout=timeout,
+            progress=progress,
+        )
 
     # ---- status ---------------------------------------------------------------------------------------------
 
@@ -581,7 +424,7 @@ class Pool:
 
         Raises PoolError once the pool is closed (its workers are gone: a table of them would be stale)."""
         self._check_usable(())
-        self._monitor.refresh_memory(wait=True)
+        self._group.monitor.refresh_memory(wait=True)
         return self._snapshot()
 
     def _state(self) -> dict[str, Any]:
@@ -589,15 +432,6 @@ class Pool:
         return {"kernel_id": kernel_id(), **pool_owner(), **self._snapshot().to_dict()}
 
     def _snapshot(self) -> PoolStatus:
-        workers = tuple(  # a dead worker's last memory figures are gone with its process
-            WorkerStatus(
-                w.rank,
-                w.host,
-                w.pid,
-                w.device,
-                w.state,
-                *((None, None) if w.dead else (w.memory_mb, w.device_memory_mb)),
-            )
-            for w in self.workers
-        )
-        return PoolStatus(self.size, self.kind, self._backend.status_name(), self._monitor.idle_left_s(), workers)
+        group = self._group
+        idle_left_s = group.monitor.idle_left_s()
+        return PoolStatus(self.size, self.kind, group.backend.status_name(), idle_left_s, worker_statuses(self.workers))

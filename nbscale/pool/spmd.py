@@ -1,7 +1,8 @@
 """An spmd cell as the notebook sends it: what it reads (sent along), what it assigns (its Composites).
 
 `Pool.spmd` runs it: `SpmdCell.prepare` checks the code and gathers the notebook variables it reads,
-`message` is what every worker runs, and `bind_results` turns the names each worker now holds into Composites.
+`message` is what every worker runs, and `bind_results` turns the names each worker now holds into Composites
+(what its code emits goes to the listeners of cell_events.py).
 """
 
 from __future__ import annotations

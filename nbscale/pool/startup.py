@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +38,16 @@ JOINING = "Joining the torch.distributed group"
 # this long is reported with it, then the start gives up
 JOIN_FAILURE_GRACE_S = 1.0
 GROUP_FOLDER_PREFIX = "nbscale-group-"  # + the kernel's pid + "-" + mkdtemp's random part, under $TMPDIR
+
+
+def require_fork() -> None:
+    """Pools need a POSIX system: workers are forked from a server process, and find each other through
+    POSIX-only calls. Windows has none of it."""
+    if not hasattr(os, "fork"):
+        raise PoolError(
+            f"Pools need Linux or macOS: this platform ({sys.platform}) cannot fork worker processes. Train in the "
+            "notebook instead (%%train, nbscale.train), or run the notebook on Linux (WSL on Windows)."
+        )
 
 
 def make_backend(settings: PoolSettings) -> Backend:

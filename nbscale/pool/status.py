@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from nbscale.pool.handles import WorkerHandle
 from nbscale.rendering import Rendered
 
 
@@ -19,6 +21,21 @@ class WorkerStatus:
     state: str  # "idle", "busy" or "dead"
     memory_mb: float | None
     device_memory_mb: float | None
+
+
+def worker_statuses(workers: Iterable[WorkerHandle]) -> tuple[WorkerStatus, ...]:
+    """Each worker now, by rank; a dead worker's last memory figures are gone with its process."""
+    return tuple(
+        WorkerStatus(
+            w.rank,
+            w.host,
+            w.pid,
+            w.device,
+            w.state,
+            *((None, None) if w.dead else (w.memory_mb, w.device_memory_mb)),
+        )
+        for w in workers
+    )
 
 
 @dataclass(frozen=True, repr=False)

@@ -21,15 +21,18 @@ import contextlib
 import dataclasses
 import traceback
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from nbscale.data.loading import split_batch
 from nbscale.errors import OptionsError
-from nbscale.training.optimizer import make_optimizer
-from nbscale.training.options import TrainingOptions
+from nbscale.training.optimizer import SolverRule
+from nbscale.training.plan_rules import Batching
+
+if TYPE_CHECKING:
+    from nbscale.training.plan import RunPlan
 
 HEADROOM = 0.2  # the fraction of a GPU's available memory left free by the probe's step
 FIRST_PROBE = 32  # the per-worker mini-batch probed first: the search doubles or halves from there
@@ -56,9 +59,9 @@ def largest_fitting_batch(fits: Callable[[int], bool], limit: int, start: int = 
     return 0
 
 
-def check_auto_batch_device(options: TrainingOptions, on_gpus: bool, where: str) -> None:
+def check_auto_batch_device(batching: Batching, on_gpus: bool, where: str) -> None:
     """OptionsError, before training, for mini_batch_size="auto" where training runs on the CPU."""
-    if options.mini_batch_size == "auto" and not on_gpus:
+    if batching.mini_batch_size == "auto" and not on_gpus:
         raise OptionsError(
             f"mini_batch_size='auto' fits the mini-batch to GPU memory, but this run trains on {where}: give a "
             "number, e.g. mini_batch_size=128, or train on GPUs (execution_environment='gpu', 'multi-gpu', or "
@@ -66,27 +69,27 @@ def check_auto_batch_device(options: TrainingOptions, on_gpus: bool, where: str)
         )
 
 
-def batch_counts(options: TrainingOptions, samples: int, world_size: int) -> list[int]:
+def batch_counts(batching: Batching, samples: int, world_size: int) -> list[int]:
     """Samples per rank in each global mini-batch (nbscale.data.loading.split_batch); for "auto", where the
     loop fits them, 1 for each rank with work and 0 for a rank that sits out (worker_load 0)."""
-    if options.mini_batch_size == "auto":
-        weights = options.worker_load if options.worker_load is not None else [1.0] * world_size
+    if batching.mini_batch_size == "auto":
+        weights = batching.worker_load if batching.worker_load is not None else [1.0] * world_size
         split_batch(world_size, weights, world_size)  # the same error as a number for a worker_load of wrong length
         return [1 if float(weight) > 0 else 0 for weight in weights]
-    return split_batch(min(int(options.mini_batch_size), samples), options.worker_load, world_size)
+    return split_batch(min(int(batching.mini_batch_size), samples), batching.worker_load, world_size)
 
 
 @dataclasses.dataclass(frozen=True)
 class Choices:
-    """What the run trains with: the options with the mini-batch and learn rate settled, and why (one line each)."""
+    """What the run trains with: the plan with the mini-batch and learn rate settled, and why (one line each)."""
 
-    options: TrainingOptions  # mini_batch_size a number, initial_learn_rate the rate used, learn_rate_scaling "none"
+    plan: RunPlan  # mini_batch_size a number, the solver's learn rate the rate used, learn_rate_scaling "none"
     counts: list[int]
     said: str  # "" when nothing was chosen
 
 
 def settle(
-    options: TrainingOptions,
+    plan: RunPlan,
     counts: list[int],
     samples: int,
     resume: dict[str, Any] | None,
@@ -99,10 +102,12 @@ def settle(
     the smallest `b` over the ranks with work (an all-reduce on a pool).
     """
     said: list[str] = []
-    weights = [float(w) for w in options.worker_load] if options.worker_load is not None else [1.0] * len(counts)
+    rules = plan.batching
+    batch: int | str = rules.mini_batch_size
+    weights = [float(w) for w in rules.worker_load] if rules.worker_load is not None else [1.0] * len(counts)
     loaded = [w for w, count in zip(weights, counts, strict=True) if count > 0]
     workers = len(loaded)
-    if options.mini_batch_size == "auto":
+    if batch == "auto":
         saved = (resume or {}).get("options", {}).get("mini_batch_size")
         if resume is not None and isinstance(saved, int):
             batch = min(saved, samples)
@@ -127,27 +132,26 @@ def settle(
             capped = f" (the most allowed: {MAX_PER_WORKER} a worker, and the data)" if per_worker * 2 > limit else ""
             said.append(
                 f"mini_batch_size='auto': {per_worker}{across}, the largest power of two whose training "
-                f"step (probed at precision '{options.precision}') left {HEADROOM:.0%} of {whose} memory "
+                f"step (probed at precision '{plan.placement.precision}') left {HEADROOM:.0%} of {whose} memory "
                 f"free{capped}"
             )
-        counts = split_batch(batch, options.worker_load, len(counts))
-        options = options.replace(mini_batch_size=batch)
+        counts = split_batch(batch, rules.worker_load, len(counts))
     global_batch = sum(counts)
-    if options.learn_rate_scaling == "linear":
-        base, reference = float(options.initial_learn_rate), int(options.learn_rate_reference_batch)
+    rate = plan.solver.learn_rate
+    if rules.learn_rate_scaling == "linear":
+        base, reference = rate, rules.learn_rate_reference_batch
         rate = base * global_batch / reference
         said.append(
             f"learn_rate_scaling='linear': initial_learn_rate {base:g} x {global_batch} / {reference} "
             f"(learn_rate_reference_batch) = {rate:.4g}"
         )
-        options = options.replace(initial_learn_rate=rate, learn_rate_scaling="none")
-    return Choices(options, counts, "; ".join(said))
+    return Choices(plan.settled(batch, rate), counts, "; ".join(said))
 
 
 def gpu_probe(
     model: nn.Module,
     data: Any,
-    options: TrainingOptions,
+    solver: SolverRule,
     forward: Callable[[nn.Module, Any, Any], tuple[torch.Tensor, Any]],
     device: torch.device,
     autocast: Any,
@@ -168,7 +172,7 @@ def gpu_probe(
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
         budget = (1 - HEADROOM) * (free + torch.cuda.memory_reserved(device))
-        optimizer = make_optimizer(model, options)
+        optimizer = solver.make(model)
 
         def step(batch: int) -> None:
             batches = data.epoch(torch.arange(batch)[None], seed)

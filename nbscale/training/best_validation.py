@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.training.options import TrainingOptions
+from nbscale.training.plan_rules import ValidationRule
 from nbscale.training.run_metrics import Objective
 
 
@@ -34,14 +34,14 @@ class Best:
         return cls(score=score, iteration=saved["iteration"], state=saved.get("state"), bad=saved["bad"])
 
 
-def best_updated(best: Best, score: float, iteration: int, model: nn.Module, options: TrainingOptions) -> bool:
+def best_updated(best: Best, score: float, iteration: int, model: nn.Module, rule: ValidationRule) -> bool:
     """Count a validation's `score` (lower is better) against the best so far; True when it is the new best
     (kept as the output network under output_network="best-validation"), else one more validation without."""
     if not score < best.score:  # NaN (no value) is never better
         best.bad += 1
         return False
     best.score, best.iteration, best.bad = score, iteration, 0
-    if options.output_network == "best-validation":
+    if rule.output_network == "best-validation":
         best.state = cpu_copy(model.state_dict())
     return True
 
@@ -58,14 +58,11 @@ def objective_nan(objective: Objective, metrics: dict[str, float | None], iterat
     )
 
 
-def patience_met(options: TrainingOptions, objective: Objective) -> str:
+def patience_met(rule: ValidationRule, objective: Objective) -> str:
     """The stop reason once validation_patience validations in a row did not improve the objective."""
     if objective.name == "loss":
-        return f"Met validation criterion (validation_patience={options.validation_patience})"
-    return (
-        f"Met validation criterion (validation_patience={options.validation_patience}, "
-        f"objective_metric={objective.name!r})"
-    )
+        return f"Met validation criterion (validation_patience={rule.patience})"
+    return f"Met validation criterion (validation_patience={rule.patience}, objective_metric={objective.name!r})"
 
 
 def cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

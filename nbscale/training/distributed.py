@@ -32,8 +32,7 @@ from nbscale.training.event_bunches import EventBunches
 from nbscale.training.events import EventChannel, IterationDone, PreparingData, StopSignal
 from nbscale.training.loop import run_training
 from nbscale.training.loop_setup import LoopResult, Where, loop_setup
-from nbscale.training.options import TrainingOptions
-from nbscale.training.plan import RunPlan
+from nbscale.training.plan import RunPlan, without_listeners
 from nbscale.user_warnings import warn_user
 
 if TYPE_CHECKING:
@@ -47,8 +46,7 @@ class WorkerJob:
 
     model: nn.Module
     train_data: Any
-    options: TrainingOptions
-    plan: RunPlan  # the run's resolved choices (nbscale.training.plan), read by every rank's loop
+    plan: RunPlan  # the run's resolved choices (nbscale.training.plan), read by every rank's loop; no listeners
     seed: int
     resume: dict[str, Any] | None
     counts: list[int]
@@ -59,24 +57,22 @@ class WorkerJob:
 def train_on_pool(
     model: nn.Module,
     dataset: Any,
-    options: TrainingOptions,
     plan: RunPlan,
     seed: int,
     resume: dict[str, Any] | None,
     channel: EventChannel,
     stop: StopSignal,
 ) -> LoopResult:
-    """Run the loop on the pool for `options.execution_environment`; loads the result into `model`."""
-    pool = _pool_for(options.execution_environment)
-    check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
-    counts = batch_counts(options, len(dataset), pool.size)  # for "auto", which workers have work
+    """Run the loop on the pool for the plan's execution environment; loads the result into `model`."""
+    pool = _pool_for(plan.placement.environment)
+    check_auto_batch_device(plan.batching, pool.kind == "gpu", "the pool's CPU workers")
+    counts = batch_counts(plan.batching, len(dataset), pool.size)  # for "auto", which workers have work
     backend = "NCCL" if pool.kind == "gpu" else "gloo"
     hardware = _hardware_line(pool.devices, counts, backend)
     # the notebook keeps output_fn, plots and the table; workers only train. With output_fn every rank waits for
     # its answer to each iteration, so a stop it asks for lands after the iteration it saw, as in the notebook
-    worker_options = options.replace(output_fn=None, plots="none", verbose=False)
-    answered = options.output_fn is not None
-    job = WorkerJob(model.cpu(), dataset, worker_options, plan, seed, resume, counts, hardware, answered)
+    answered = plan.listeners.reads_each_iteration
+    job = WorkerJob(model.cpu(), dataset, without_listeners(plan), seed, resume, counts, hardware, answered)
 
     preparing = _PreparingTotals()
     listener_failures: list[Exception] = []
@@ -99,7 +95,7 @@ def train_on_pool(
     try:
         results = pool.run(train_on_worker, job, on_event=on_event)
     except WorkerError as error:
-        failure = _training_failure(error, options)
+        failure = _training_failure(error, plan.checkpoint.path)
         if not any(_ran_out_of_memory(text) for text in failure.failures.values()):
             raise failure from None
         # a WorkerError that is also the notebook's torch.OutOfMemoryError, raised below, after the handler
@@ -186,7 +182,6 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             loop_setup(
                 job.model,
                 job.train_data,
-                job.options,
                 job.plan,
                 device=device,
                 seed=job.seed,
@@ -209,7 +204,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
         # let go of what holds the group (the failed step's frames, compiled code), so tearing it down below closes
         # its connections: a gloo peer waits in its collective until they close (the traceback's text stays)
         traceback.clear_frames(error.__traceback__)
-        _forget_compiled(job.options, always_collect=True)
+        _forget_compiled(job.plan.placement.compile, always_collect=True)
         # the rank where the error began tears the group down, which wakes the others out of their collectives;
         # a rank woken that way only lets go of it (destroying it then can kill the process: gloo's threads are
         # still winding down)
@@ -220,13 +215,13 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     finally:
         sender.flush()
     _raise_out_of_memory(out_of_memory, device)
-    _forget_compiled(job.options)
+    _forget_compiled(job.plan.placement.compile)
     return result if is_main else None
 
 
 def _out_of_memory(error: torch.OutOfMemoryError, job: WorkerJob, rank: int, device: torch.device) -> str:
     """What a worker that ran out of GPU memory says: which mini-batch size to lower."""
-    if job.options.mini_batch_size == "auto":
+    if job.plan.batching.mini_batch_size == "auto":
         return (
             f"Out of GPU memory on worker {rank} ({device}) with mini_batch_size='auto' (its probe left too "
             "little memory for the rest of training): give mini_batch_size a number below the one it chose. "
@@ -238,14 +233,14 @@ def _out_of_memory(error: torch.OutOfMemoryError, job: WorkerJob, rank: int, dev
     )
 
 
-def _forget_compiled(options: TrainingOptions, always_collect: bool = False) -> None:
+def _forget_compiled(compiled: object, always_collect: bool = False) -> None:
     """Drop torch.compile's caches after a compiled run: they hold the run's DistributedDataParallel wrapper,
     with its gradient buckets and the training group, which a later failure must be able to tear down (a gloo
     peer otherwise waits in its collective for the group's timeout). The next compiled run compiles again, from
     inductor's cache on disk."""
-    if options.compile:
+    if compiled:
         torch.compiler.reset()
-    if options.compile or always_collect:
+    if compiled or always_collect:
         gc.collect()  # the wrapper sits in reference cycles
 
 
@@ -384,14 +379,14 @@ def _pool_for(environment: str) -> Pool:
     return pool
 
 
-def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerError:
+def _training_failure(error: WorkerError, checkpoints: str | None) -> WorkerError:
     """The error of a failed pool run, told from the rank(s) where it began: a rank that only stopped because
     the failing rank tore the training group down is named without its traceback (gloo's 'Connection reset by
     peer')."""
     failures = error.failures
     origin = {rank: text for rank, text in failures.items() if not _tells_of_a_torn_down_group(text)} or failures
     if not origin:
-        return WorkerError(_with_recovery_hint(str(error), options))
+        return WorkerError(_with_recovery_hint(str(error), checkpoints))
     ranks, woken = sorted(origin), sorted(set(failures) - set(origin))
     which = f"worker {ranks[0]}" if len(ranks) == 1 else f"workers {', '.join(map(str, ranks))}"
     parts = [
@@ -399,7 +394,7 @@ def _training_failure(error: WorkerError, options: TrainingOptions) -> WorkerErr
         + (f" (worker{'s' * (len(woken) > 1)} {', '.join(map(str, woken))} stopped with it)." if woken else ".")
     ]
     parts += [f"\n--- rank {rank} ---\n{origin[rank].rstrip()}" for rank in ranks]
-    return WorkerError(_with_recovery_hint("\n".join(parts), options), origin)
+    return WorkerError(_with_recovery_hint("\n".join(parts), checkpoints), origin)
 
 
 def _ran_out_of_memory(failure: str) -> bool:
@@ -408,16 +403,17 @@ def _ran_out_of_memory(failure: str) -> bool:
     return bool(lines) and lines[-1].startswith("torch.OutOfMemoryError: ")
 
 
-def _with_recovery_hint(message: str, options: TrainingOptions) -> str:
+def _with_recovery_hint(message: str, checkpoints: str | None) -> str:
+    """`message` with what to do next (`checkpoints`: the run's checkpoint folder, or None)."""
     hint = "\n\nTraining stopped."
-    if options.checkpoint_path:
+    if checkpoints:
         from nbscale.training.checkpoint import latest_checkpoint
 
-        last = latest_checkpoint(options.checkpoint_path)
+        last = latest_checkpoint(checkpoints)
         if last is not None:
             hint += (
                 f" The last checkpoint ({last}) is intact: continue with "
-                f"nbscale.train(..., resume_from={str(options.checkpoint_path)!r})."
+                f"nbscale.train(..., resume_from={checkpoints!r})."
             )
     if "out of memory" in message.lower() and "mini_batch_size" not in message:
         hint += " Out of GPU memory: lower mini_batch_size."
@@ -431,7 +427,7 @@ def _unsendable(job: WorkerJob) -> str | None:
     parts = (
         ("the model", job.model),
         ("train_data", job.train_data),
-        ("validation_data", job.options.validation_data),
+        ("validation_data", job.plan.validation_data),
         ("loss_fn", job.plan.loss_fn),
         ("step_fn", job.plan.step_fn),
     )

@@ -8,14 +8,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from nbscale.training.options import TrainingOptions
+from nbscale.training.optimizer import SolverRule
 
 
 def clipping(
-    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, options: TrainingOptions
+    model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, solver: SolverRule
 ) -> Callable[[], None]:
     """The gradient clipping of every iteration (MATLAB's gradient_threshold), or a function doing nothing."""
-    threshold, method = float(options.gradient_threshold), options.gradient_threshold_method
+    threshold, method = solver.gradient_threshold, solver.gradient_threshold_method
     if math.isinf(threshold):
         return _no_clipping
 

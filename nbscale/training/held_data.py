@@ -24,16 +24,16 @@ def held_data(
     """The data, read and held where training runs (on a pool each rank reads a block and they share them), before
     the clock starts (info.prepare_seconds, not training time): (training batches, validator, autocast dtype,
     scaler, what TrainingStarted says of them)."""
-    options = setup.options
-    autocast_dtype, scaler = precision(options.precision, setup.device, setup.warn)  # the scaler scales fp16 losses
+    rules = setup.plan.placement
+    autocast_dtype, scaler = precision(rules.precision, setup.device, setup.warn)  # the scaler scales fp16 losses
     preparing = time.perf_counter()
     readers = readers_of(setup)
     # the option, or the datastore's own flag (MATLAB's augmentedImageDatastore DispatchInBackground)
-    background = options.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
+    background = rules.dispatch_in_background or getattr(setup.train_data, "dispatch_in_background", False) is True
     data = make_batch_source(
         setup.train_data,
         setup.device,
-        options.data_placement,
+        rules.data_placement,
         background,
         seed=loader_seed(setup),
         readers=readers,

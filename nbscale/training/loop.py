@@ -12,6 +12,7 @@ A pool where one rank has all the work runs the loop as in one process: no DDP, 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import math
 import time
@@ -36,17 +37,16 @@ from nbscale.training.gradients import clip_gradients as clip_gradients
 from nbscale.training.gradients import clipping
 from nbscale.training.held_data import first_input, held_data
 from nbscale.training.layout import layout_restored, train_channels_last
-from nbscale.training.loop_checkpoint import checkpoint_due, plain_options, restored
+from nbscale.training.loop_checkpoint import restored
 from nbscale.training.loop_setup import LoopResult as LoopResult
 from nbscale.training.loop_setup import LoopSetup
 from nbscale.training.loop_setup import loop_setup as loop_setup
-from nbscale.training.optimizer import make_optimizer
-from nbscale.training.options import TrainingOptions
+from nbscale.training.plan import RunPlan
 from nbscale.training.process_settings import autotune_convolutions, cheap_garbage_collection, cudnn_setting_restored
 from nbscale.training.read_rule import ReadRule
 from nbscale.training.reading_progress import epoch_seed
-from nbscale.training.run_metrics import Objective, run_metrics
-from nbscale.training.schedules import Schedule, base_rate, make_schedule
+from nbscale.training.run_metrics import Objective
+from nbscale.training.schedules import Schedule, base_rate
 from nbscale.training.steps import short_repr
 from nbscale.training.validator import Validator, validation_batch
 
@@ -106,12 +106,12 @@ class _Run:
     stop_reason: str | None = None
 
     @property
-    def options(self) -> TrainingOptions:
-        return self.setup.options
+    def plan(self) -> RunPlan:
+        return self.setup.plan
 
     @property
     def max_epochs(self) -> int:
-        return int(self.setup.options.max_epochs)
+        return self.setup.plan.batching.max_epochs
 
 
 # ---- setup: every variant chosen once --------------------------------------------------------------------------
@@ -128,24 +128,25 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     autotune_convolutions(device)  # after the layout check's one-sample pass: no tuning for its shapes
     # mini_batch_size="auto" (a probe of the GPU, with the data in place) and learn_rate_scaling, settled
     setup, started["choices"] = _settled(setup, model, data, autocast)
-    options = setup.options
+    plan = setup.plan
     if validation is not None:
         validation.split(validation_batch(setup.validation_data, max(setup.counts)))
     global_batch, local = sum(setup.counts), setup.counts[setup.rank]
     # a DataLoader's batches as iterating it gives them; MATLAB's (the last partial mini-batch dropped) otherwise
-    batches = make_epoch_batches(setup.train_data, len(data), options.shuffle, setup.seed, setup.counts, setup.rank)
+    batches = make_epoch_batches(
+        setup.train_data, len(data), plan.batching.shuffle, setup.seed, setup.counts, setup.rank
+    )
     iterations_per_epoch = batches.iterations
-    optimizer = make_optimizer(model, options)
-    forward = setup.plan.step.train  # (net, inputs, labels) -> (loss, outputs or None)
-    # the metrics (options.metrics, or the default its loss and targets give) and what patience follows
-    metric_set = run_metrics(options, setup.plan.loss_fn, setup.train_data)
-    metrics, objective = KeptMetrics(metric_set, options.metrics is not None), Objective(options, metric_set)
+    optimizer = plan.solver.make(model)
+    forward = plan.step.train  # (net, inputs, labels) -> (loss, outputs or None)
+    # the plan's metrics (a copy: this rank learns their class count from its first batch)
+    metrics = KeptMetrics(copy.deepcopy(plan.metrics), plan.metrics_named)
     net, figures = _network_and_figures(setup, model, metrics, local / global_batch)
-    if options.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
+    if plan.placement.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
         trial = _trial(data, batches.first_rows(), setup.seed, autocast, forward)
-        net = compiled_network(net, options.compile, trial, model, device, warn=setup.warn)
+        net = compiled_network(net, plan.placement.compile, trial, model, device, warn=setup.warn)
     reading = ReadRule(
-        figures, options.validation_frequency, iterations_per_epoch * int(options.max_epochs), validation is not None
+        figures, plan.validation.frequency, iterations_per_epoch * plan.batching.max_epochs, validation is not None
     )
     return _Run(
         setup=setup,
@@ -157,12 +158,12 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
         autocast=autocast,
         scaler=scaler,
         optimizer=optimizer,
-        schedule=make_schedule(options, optimizer, iterations_per_epoch),
-        clip=clipping(model, optimizer, scaler, options),
+        schedule=plan.schedule.make(optimizer, iterations_per_epoch, plan.solver.learn_rate, plan.solver.custom),
+        clip=clipping(model, optimizer, scaler, plan.solver),
         figures=figures,
         reading=reading,
         metrics=metrics,
-        objective=objective,
+        objective=plan.objective,
         iterations_per_epoch=iterations_per_epoch,
         global_batch=global_batch,
         started=started,
@@ -177,7 +178,8 @@ def _network_and_figures(
     figures summed with the last gradient bucket; else the model and the figures read in this process."""
     if setup.group is not None:
         return _distributed(model, setup, share, metrics)
-    return model, LocalFigures(setup.stop_reason, _read_every(setup), _graphs(setup.options), metrics)
+    graphs = setup.plan.placement.replays_graphs
+    return model, LocalFigures(setup.stop_reason, _read_every(setup), graphs, metrics)
 
 
 # ---- the run: start, epochs, steps, reports, end ---------------------------------------------------------------
@@ -185,14 +187,14 @@ def _network_and_figures(
 
 def _start(run: _Run) -> None:
     """Restore a checkpoint's state, then tell the listeners what this run is (a resumed run: its history)."""
-    setup, options = run.setup, run.options
+    setup = run.setup
     if setup.resume is not None:
         run.batches.skip(int(setup.resume["epoch"]))  # before the global stream is restored: it draws from it
         run.epoch, run.iteration, run.history, run.best = restored(
             setup.resume, run.model, run.optimizer, run.scaler, run.schedule
         )
-    if setup.is_main and options.checkpoint_path:
-        prepare_folder(options.checkpoint_path)
+    if setup.is_main and run.plan.checkpoint.path:
+        prepare_folder(run.plan.checkpoint.path)
     setup.publish(
         TrainingStarted(
             run.max_epochs,
@@ -219,7 +221,7 @@ def _start(run: _Run) -> None:
 def _train_epoch(run: _Run) -> None:
     """One epoch's steps, with the figures read in bunches (or when an iteration needs them) and reported."""
     run.epoch += 1
-    setup, options = run.setup, run.options
+    setup = run.setup
     rows = run.batches.rows(run.epoch)
     run.model.train()
     for step, (inputs, labels) in enumerate(run.data.epoch(rows, epoch_seed(setup.seed, run.epoch)), 1):
@@ -227,7 +229,7 @@ def _train_epoch(run: _Run) -> None:
         epoch_end = step == len(rows)
         due = run.reading.validation_due(run.iteration)
         asked = run.figures.stop_asked()
-        needed = run.reading.needed(run.iteration, asked, due, epoch_end and checkpoint_due(options, run.epoch))
+        needed = run.reading.needed(run.iteration, asked, due, epoch_end and run.plan.checkpoint.due(run.epoch))
         if not run.reading.now(len(run.pending), needed, epoch_end):
             continue
         readings, run.pending = run.figures.read(run.pending, asked, wait=needed), []
@@ -309,14 +311,14 @@ def _validate(run: _Run, iteration: int) -> tuple[float, dict[str, float | None]
     assert run.validation is not None  # the caller validates only with validation data
     validation_loss, validation_metrics = run.validation.evaluate(run.metrics)
     # ReduceLROnPlateau's step, with the objective's value or the validation loss
-    run.schedule.after_validation(run.setup.plan.plateau_value(validation_loss, validation_metrics))
+    run.schedule.after_validation(run.plan.schedule.plateau_value(validation_loss, validation_metrics))
     improved = best_updated(
-        run.best, run.objective.score(validation_loss, validation_metrics), iteration, run.model, run.options
+        run.best, run.objective.score(validation_loss, validation_metrics), iteration, run.model, run.plan.validation
     )
     if run.stop_reason is None:
         run.stop_reason = objective_nan(run.objective, validation_metrics, iteration)
-    if not improved and run.best.bad >= run.options.validation_patience and run.stop_reason is None:
-        run.stop_reason = patience_met(run.options, run.objective)
+    if not improved and run.best.bad >= run.plan.validation.patience and run.stop_reason is None:
+        run.stop_reason = patience_met(run.plan.validation, run.objective)
     run.model.train()
     return validation_loss, validation_metrics
 
@@ -327,10 +329,10 @@ def _end_epoch(run: _Run) -> None:
     if run.stop_reason is not None:
         return
     run.schedule.after_epoch()
-    setup, options = run.setup, run.options
-    if setup.is_main and options.checkpoint_path and checkpoint_due(options, run.epoch):
+    setup, checkpoint = run.setup, run.plan.checkpoint
+    if setup.is_main and checkpoint.path and checkpoint.due(run.epoch):
         save_checkpoint(
-            options.checkpoint_path,
+            checkpoint.path,
             run.epoch,
             {
                 "model": run.model.state_dict(),
@@ -343,7 +345,7 @@ def _end_epoch(run: _Run) -> None:
                 "history": run.history,
                 "best": run.best.saved(),
                 "rng": torch.get_rng_state(),
-                "options": plain_options(options),
+                "options": run.plan.recorded,
                 "samples": len(setup.train_data),
             },
         )
@@ -356,7 +358,7 @@ def _finish(run: _Run) -> LoopResult:
     iteration, which was not validated: it is validated now, so the final figures are the returned network's.
     """
     final_loss, final_metrics = None, None
-    history, model, options = run.history, run.model, run.options
+    history, model, rule = run.history, run.model, run.plan.validation
     if (
         run.validation is not None
         and history
@@ -364,10 +366,10 @@ def _finish(run: _Run) -> LoopResult:
         and math.isfinite(history[-1].training_loss)
     ):
         final_loss, final_metrics = run.validation.evaluate(run.metrics)
-        best_updated(run.best, run.objective.score(final_loss, final_metrics), run.iteration, model, options)
+        best_updated(run.best, run.objective.score(final_loss, final_metrics), run.iteration, model, rule)
     stop_reason = run.stop_reason or "Max epochs completed"
     output_iteration = run.iteration
-    if options.output_network == "best-validation" and run.best.state is not None:
+    if rule.output_network == "best-validation" and run.best.state is not None:
         model.load_state_dict(run.best.state)
         output_iteration = run.best.iteration
     elapsed = time.perf_counter() - run.start
@@ -391,29 +393,26 @@ def _finish(run: _Run) -> LoopResult:
 
 
 def _settled(setup: LoopSetup, model: nn.Module, data: BatchSource, autocast: object) -> tuple[LoopSetup, str]:
-    """`setup` with mini_batch_size="auto" and learn_rate_scaling settled (nbscale.training.batch_fitting), and what
-    was chosen and why ("" when nothing was)."""
-    options, device = setup.options, setup.device
-    if options.mini_batch_size != "auto" and options.learn_rate_scaling == "none":
+    """`setup` with mini_batch_size="auto" and learn_rate_scaling settled in its plan
+    (nbscale.training.batch_fitting), and what was chosen and why ("" when nothing was)."""
+    plan, device = setup.plan, setup.device
+    auto = plan.batching.mini_batch_size == "auto"
+    if not auto and plan.batching.learn_rate_scaling == "none":
         return setup, ""
     # the step as training runs it: the user's step_fn where given (mixup or distillation may need more memory)
-    forward = setup.plan.step.train
     probe = (
-        gpu_probe(model, data, options, forward, device, autocast, setup.seed) if device.type == "cuda" else no_probe
+        gpu_probe(model, data, plan.solver, plan.step.train, device, autocast, setup.seed)
+        if device.type == "cuda"
+        else no_probe
     )
-    with untouched(model, device) if options.mini_batch_size == "auto" else contextlib.nullcontext():
-        choices = settle(options, setup.counts, len(data), setup.resume, probe, smallest_over(setup.group, device))
-    return dataclasses.replace(setup, options=choices.options, counts=choices.counts), choices.said
+    with untouched(model, device) if auto else contextlib.nullcontext():
+        choices = settle(plan, setup.counts, len(data), setup.resume, probe, smallest_over(setup.group, device))
+    return dataclasses.replace(setup, plan=choices.plan, counts=choices.counts), choices.said
 
 
 def _read_every(setup: LoopSetup) -> int:
     """Most iterations between reads of the figures in one process (1: every iteration, for output_fn)."""
     return 1 if setup.read_each_iteration else READ_EVERY
-
-
-def _graphs(options: TrainingOptions) -> bool:
-    """True for torch.compile modes that replay CUDA graphs, whose outputs live only until the next replay."""
-    return options.compile in ("reduce-overhead", "max-autotune")
 
 
 def _distributed(

@@ -1,5 +1,5 @@
-"""The loop's side of a checkpoint: when one is due, and the run state it restores (the file's format and
-checks are nbscale.training.checkpoint's)."""
+"""The loop's side of a checkpoint: the run state it restores (when one is due is the plan's CheckpointRule; the
+file's format and checks are nbscale.training.checkpoint's)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,6 @@ from torch import nn
 
 from nbscale.training.best_validation import Best
 from nbscale.training.events import IterationDone
-from nbscale.training.options import FACTORY_FIELDS, TrainingOptions, shown_choice
-
-
-def checkpoint_due(options: TrainingOptions, epoch: int) -> bool:
-    """True when `epoch`'s end saves a checkpoint (every rank tells the same)."""
-    return bool(options.checkpoint_path) and epoch % options.checkpoint_frequency == 0
 
 
 def restored(
@@ -32,12 +26,3 @@ def restored(
         scaler.load_state_dict(state["scaler"])
     torch.set_rng_state(state["rng"])
     return state["epoch"], state["iteration"], list(state["history"]), Best.restored(state["best"])
-
-
-def plain_options(options: TrainingOptions) -> dict[str, Any]:
-    # a factory is kept as "custom" (check_resume compares solvers by that name)
-    return {
-        k: shown_choice(v) if k in FACTORY_FIELDS else v
-        for k, v in options.to_dict().items()
-        if k not in ("validation_data", "output_fn")
-    }

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.training.options import TrainingOptions
 from nbscale.training.plan import RunPlan
 from nbscale.user_warnings import warn_user
 
@@ -21,8 +20,7 @@ class LoopSetup:
 
     model: nn.Module
     train_data: Any  # a Dataset
-    options: TrainingOptions
-    plan: RunPlan  # the run's resolved choices (nbscale.training.plan): the step, the plateau's input
+    plan: RunPlan  # the run's resolved choices (nbscale.training.plan): what the loop reads instead of options
     device: torch.device
     seed: int
     hardware: str
@@ -64,7 +62,6 @@ class Where:
 def loop_setup(
     model: nn.Module,
     train_data: Any,
-    options: TrainingOptions,
     plan: RunPlan,
     *,
     device: torch.device,
@@ -76,19 +73,18 @@ def loop_setup(
     where: Where = Where(),  # frozen: one shared default is safe
 ) -> LoopSetup:
     """The one place a LoopSetup is built: in the notebook (trainer), on each pool rank (distributed) and on a
-    train_async worker (runs). The validation data are the options'; `plan` is the one made before training
+    train_async worker (runs). The validation data are the plan's; `plan` is the one made before training
     (trainer.checked_inputs); `where` holds what differs by place."""
     return LoopSetup(
         model=model,
         train_data=train_data,
-        options=options,
         plan=plan,
         device=device,
         seed=seed,
         hardware=hardware,
         publish=publish,
         stop_reason=stop_reason,
-        validation_data=options.validation_data,
+        validation_data=plan.validation_data,
         counts=counts,
         resume=where.resume,
         rank=where.rank,

@@ -1,7 +1,7 @@
-"""Training metrics (MATLAB's trainingOptions Metrics and ObjectiveMetricName) as states that sum.
+"""Training metrics (MATLAB's trainingOptions Metrics) as states that sum.
 
-`resolve_metrics(options.metrics, regression=...)` gives a `MetricSet`; the loop asks it for each batch's
-`state` (a 1-D float32 tensor on the outputs' device, computed without reading anything to the host), sums
+The run plan resolves a run's metrics into a `MetricSet` (nbscale.training.run_metrics); the loop asks it for
+each batch's `state` (a 1-D float32 tensor on the outputs' device, computed without reading anything to the host), sums
 states over the iterations of a bunch or a validation and over the ranks (one all_reduce), and reads the
 `values` once. A sum of states is the state of all the batches together, so a metric over 2 ranks is the
 metric of all their predictions, never a mean of per-rank values. The metric kinds live in
@@ -10,18 +10,12 @@ nbscale.training.metric_kinds and nbscale.training.torch_metric.
 
 from __future__ import annotations
 
-import re
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from nbscale.errors import OptionsError
-from nbscale.suggestions import did_you_mean
 from nbscale.training.metric_kinds import (
-    CLASS_NAMES,
-    REGRESSION_NAMES,
     Batch,
     ClassAverage,
     ClassFraction,
@@ -31,26 +25,6 @@ from nbscale.training.metric_kinds import (
     fail,
 )
 from nbscale.training.torch_metric import TorchMetric
-
-NAMES = ("accuracy", "top5-accuracy", "rmse", "mae", "precision", "recall", "fscore")
-GOALS = ("minimize", "maximize")
-_TOP_K = re.compile(r"top(\d+)-accuracy")
-# names PyTorch, sklearn and MATLAB users write for ours: only suggested, never taken
-_ALIASES = {
-    "acc": "accuracy",
-    "top1-accuracy": "accuracy",
-    "f1": "fscore",
-    "f1score": "fscore",
-    "f1_score": "fscore",
-    "f1-score": "fscore",
-    "f-score": "fscore",
-    "mse": "rmse",
-    "l1": "mae",
-    "top5": "top5-accuracy",
-    "top-5-accuracy": "top5-accuracy",
-    "top5_accuracy": "top5-accuracy",
-    "top_5_accuracy": "top5-accuracy",
-}
 
 Kind = ClassFraction | ErrorSum | ClassAverage | SampleMean | TorchMetric
 PER_BATCH = (SampleMean, TorchMetric)  # the kinds that see one batch at a time; the named ones stack a bunch
@@ -161,139 +135,8 @@ def _same_shapes(group: list[Batch]) -> bool:
     )
 
 
-def resolve_metrics(metrics: object, *, regression: bool) -> MetricSet:
-    """`TrainingOptions.metrics` as a MetricSet; None gives ("accuracy",), or ("rmse",) under a regression.
-
-    Items: a name ("accuracy", "top{k}-accuracy", "rmse", "mae", "precision", "recall", "fscore", in any case),
-    a torchmetrics Metric (or MetricCollection: its metrics by key), a callable (outputs, targets) -> value per
-    sample (named by its __name__), or a (name, metric) pair; one metric alone counts as a sequence of one.
-    Raises OptionsError for an unknown name (with "did you mean"), a duplicate name, or anything else.
-    """
-    if metrics is None:
-        metrics = ("rmse",) if regression else ("accuracy",)
-    elif (
-        isinstance(metrics, str)
-        or _is_metric_object(metrics)
-        or (callable(metrics) and not isinstance(metrics, Sequence))
-    ):
-        metrics = (metrics,)
-    elif not isinstance(metrics, Sequence) or isinstance(metrics, bytes):
-        raise OptionsError(
-            f"TrainingOptions.metrics={type(metrics).__name__} is not allowed: metrics must be "
-            "None or a sequence of metrics, e.g. ('accuracy', 'fscore')."
-        )
-    kinds = [_kind(metric, name) for item in metrics for name, metric in _expanded(item)]
-    names = [kind.name for kind in kinds]
-    for name in names:
-        if names.count(name) > 1:
-            raise fail(
-                f"two metrics are named {name!r}: name one differently with a (name, metric) pair, "
-                f"e.g. ('{name}2', ...)."
-            )
-    return MetricSet(kinds, regression)
-
-
-def _expanded(item: object) -> list[tuple[str | None, Any]]:
-    """A torchmetrics MetricCollection as its metrics, named by its keys; anything else as itself."""
-    torchmetrics = sys.modules.get("torchmetrics")
-    if torchmetrics is not None and isinstance(item, torchmetrics.MetricCollection):
-        return list(item.items(keep_base=False))
-    return [(None, item)]
-
-
-def _kind(item: object, name: str | None = None) -> Kind:
-    """The metric `item` stands for, named `name` (a pair's name) or by itself."""
-    if name is None and isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-        if not item[0]:
-            raise fail(f"the pair {item!r} needs a name: a non-empty string first.")
-        return _kind(item[1], item[0])
-    if isinstance(item, str):
-        kind: Kind = _named(item)
-        kind.name = name or kind.name
-        return _not_loss(kind)
-    if _is_metric_object(item):
-        return _not_loss(TorchMetric(name or type(item).__name__, item))
-    if callable(item) and not isinstance(item, type):
-        name = name or getattr(item, "__name__", None)
-        if not isinstance(name, str) or not name or name.startswith("<"):  # "<lambda>", "<genexpr>"
-            raise fail(
-                f"the callable {item!r} has no name to show it by: give it one with a pair, "
-                "e.g. metrics=('accuracy', ('error', my_function))."
-            )
-        return _not_loss(SampleMean(name, item))
-    raise fail(
-        f"{item!r} is not a metric: give a name ({', '.join(repr(name) for name in NAMES)}), a torchmetrics "
-        "Metric, a callable (outputs, targets) -> value per sample, or a (name, metric) pair."
-    )
-
-
-def _named(text: str) -> Kind:
-    name = text.strip().lower()
-    if name in CLASS_NAMES[1:]:
-        return ClassAverage(name)
-    if name in REGRESSION_NAMES:
-        return ErrorSum(name)
-    if name == "accuracy":
-        return ClassFraction(name)
-    top = _TOP_K.fullmatch(name)
-    if top and int(top.group(1)) >= 1:
-        return ClassFraction(name, int(top.group(1)))
-    hint = did_you_mean(name, NAMES, meant=_ALIASES)
-    raise fail(
-        f"there is no metric named {text!r}.{hint} The names are: {', '.join(NAMES)} (any "
-        "top{k}-accuracy); a torchmetrics Metric or a callable (outputs, targets) -> value per sample "
-        "gives any other."
-    )
-
-
-def _not_loss(kind: Kind) -> Kind:
-    if kind.name == "loss":
-        raise fail(
-            "'loss' is the training loss's name (always shown): name the metric differently with a (name, metric) pair."
-        )
-    return kind
-
-
-def _is_metric_object(value: object) -> bool:
-    """A torchmetrics Metric (torchmetrics is imported only by whoever made one)."""
-    torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
-
-
-def objective(objective_metric: str, objective_goal: str, metrics: MetricSet) -> tuple[str, str]:
-    """(name, "minimize" | "maximize") that validation_patience and output_network="best-validation" follow.
-
-    "loss" (the validation loss) is minimized; the named metrics have known directions (rmse and mae minimize,
-    the accuracies, precision, recall and fscore maximize), a torchmetrics Metric its higher_is_better; any
-    other metric needs objective_goal. Raises OptionsError for a name not among the metrics, an unknown goal,
-    or a goal against a known direction.
-    """
-    if objective_goal not in ("auto", *GOALS):
-        raise OptionsError(
-            f"TrainingOptions.objective_goal={objective_goal!r} is not allowed: objective_goal "
-            "must be one of 'auto', 'minimize', 'maximize'."
-        )
-    if objective_metric == "loss":
-        known: str | None = "minimize"
-    elif objective_metric in metrics.names:
-        known = metrics.goal(objective_metric)
-    else:
-        listed = ", ".join(repr(name) for name in metrics.names) or "none"
-        hint = did_you_mean(objective_metric, ("loss", *metrics.names))
-        raise OptionsError(
-            f"TrainingOptions.objective_metric={objective_metric!r} is not among the metrics ({listed}).{hint} "
-            f"Use 'loss' (the validation loss) or add it: metrics=(..., {objective_metric!r})."
-        )
-    if known is None:
-        if objective_goal == "auto":
-            raise OptionsError(
-                f"TrainingOptions.objective_goal: nbscale cannot tell whether {objective_metric!r} is better high "
-                "or low: set objective_goal='maximize' or 'minimize'."
-            )
-        return objective_metric, objective_goal
-    if objective_goal not in ("auto", known):
-        raise OptionsError(
-            f"TrainingOptions.objective_goal={objective_goal!r} contradicts objective_metric={objective_metric!r}, "
-            f"which is better {'low' if known == 'minimize' else 'high'}: leave objective_goal='auto'."
-        )
-    return objective_metric, known
+def summed_over(group: torch.distributed.ProcessGroup | None, totals: torch.Tensor) -> torch.Tensor:
+    """`totals` summed over the ranks of `group` (in place; as it is without a group)."""
+    if group is not None:
+        torch.distributed.all_reduce(totals, group=group)
+    return totals

@@ -161,7 +161,7 @@ def _metrics(value: object) -> str | None:
     whose OptionsError names the metric and the fix (what depends on the data is checked on the first batch)."""
     if value is not None and not callable(value) and (not isinstance(value, Sequence) or isinstance(value, bytes)):
         return "None or a sequence of metrics, e.g. ('accuracy', 'fscore')"
-    from nbscale.training.metrics import resolve_metrics
+    from nbscale.training.run_metrics import resolve_metrics
 
     resolve_metrics(value, regression=False)
     return None

@@ -233,7 +233,7 @@ def _objective_fits(options: TrainingOptions) -> None:
     """OptionsError when objective_metric is not among the metrics or objective_goal contradicts it. With
     metrics=None the default is "accuracy", or "rmse" under a regression, which the data may yet decide."""
     from nbscale.training.losses import is_regression_loss
-    from nbscale.training.metrics import objective, resolve_metrics
+    from nbscale.training.run_metrics import objective, resolve_metrics
 
     regression = is_regression_loss(options.loss)
     if options.metrics is None and not regression and options.objective_metric == "rmse":

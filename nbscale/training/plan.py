@@ -1,16 +1,22 @@
-"""The run plan: a run's choices resolved once, before training (and before any pool worker starts), that the
-loop reads on every rank. The seed of issue 41's plan; today it holds the PyTorch-semantics rules:
+"""The run plan: every choice of a run resolved and checked once, before training (and before any pool worker
+starts), that the loop, the pool path and the display read instead of the options (issue 41). It holds:
 
 - the loss with its target-shape rule (nbscale.training.target_shapes), and the step of training and of
   validation (nbscale.training.steps: step_fn also validates);
-- what ReduceLROnPlateau is stepped with (nbscale.training.plateau);
+- the metrics and the objective with its direction (nbscale.training.run_metrics);
+- the optimizer factory with its parameter groups (nbscale.training.optimizer.SolverRule);
+- the schedule and what it is stepped with (nbscale.training.schedules.ScheduleRule);
+- the batching, placement, precision, compile, validation and checkpoint rules, and the listeners
+  (nbscale.training.plan_rules);
 - refused before training: a last layer the loss applies again; warned: inputs normalized twice
   (nbscale.training.applied_twice).
-A RunPlan is frozen and pickles (cloudpickle, for the user's functions) to pool workers with the model.
+A RunPlan is frozen and pickles (cloudpickle, for the user's functions) to pool workers with the model; the
+live listeners (loggers, output_fn) stay in the notebook (plan_rules.Listeners).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,20 +27,45 @@ from torch.utils.data import Dataset
 
 from nbscale.training.applied_twice import check_last_layer, warn_if_normalized_twice
 from nbscale.training.checks import outputs_for_one
-from nbscale.training.metrics import objective
+from nbscale.training.metrics import MetricSet
+from nbscale.training.optimizer import SolverRule, solver_rule
 from nbscale.training.options import TrainingOptions
-from nbscale.training.plateau import plateau_input
-from nbscale.training.run_metrics import run_metrics
+from nbscale.training.plan_rules import (
+    Batching,
+    CheckpointRule,
+    Listeners,
+    Placement,
+    ValidationRule,
+    batching,
+    checkpoint_rule,
+    listeners,
+    placement,
+    recorded,
+    validation_rule,
+)
+from nbscale.training.run_metrics import Objective, check_on_first_sample, objective, run_metrics
+from nbscale.training.schedules import ScheduleRule, schedule_rule, with_plateau_input
 from nbscale.training.steps import Step, planned_step
 from nbscale.training.target_shapes import TargetsShaped, is_element_wise, loss_name, matched_targets, shape_error
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What the loop reads instead of deciding: the step (train and validation) and the plateau's input."""
+    """What the loop reads instead of deciding: each choice of the run, resolved."""
 
     step: Step
-    plateau_input: str | None = None  # "loss" or a metric: what ReduceLROnPlateau is stepped with; None: no plateau
+    metrics: MetricSet  # the loop works on a copy of it (the class count is learnt from the first batch)
+    objective: Objective
+    solver: SolverRule
+    schedule: ScheduleRule
+    batching: Batching
+    placement: Placement = Placement()
+    validation: ValidationRule = ValidationRule()
+    checkpoint: CheckpointRule = CheckpointRule()
+    listeners: Listeners = Listeners()
+    validation_data: Any = None  # a Dataset, or None: no validation
+    metrics_named: bool = False  # the user named the metrics (their figures are kept even without validation)
+    recorded: dict[str, Any] = dataclasses.field(default_factory=dict)  # the options as a checkpoint keeps them
 
     @property
     def loss_fn(self) -> Callable[[Any, Any], torch.Tensor]:
@@ -44,30 +75,87 @@ class RunPlan:
     def step_fn(self) -> Callable[..., Any] | None:
         return self.step.step_fn
 
-    def plateau_value(self, loss: float, metrics: dict[str, float | None]) -> float | None:
-        """The value ReduceLROnPlateau is stepped with after a validation (None: not stepped)."""
-        return loss if self.plateau_input == "loss" else metrics.get(self.plateau_input or "")
+    def settled(self, mini_batch_size: int | str, learn_rate: float) -> RunPlan:
+        """This plan with mini_batch_size="auto" and learn_rate_scaling settled (nbscale.training.batch_fitting)."""
+        return dataclasses.replace(
+            self,
+            batching=dataclasses.replace(self.batching, mini_batch_size=mini_batch_size, learn_rate_scaling="none"),
+            solver=self.solver.with_learn_rate(learn_rate),
+            recorded={
+                **self.recorded,
+                "mini_batch_size": mini_batch_size,
+                "initial_learn_rate": learn_rate,
+                "learn_rate_scaling": "none",
+            },
+        )
+
+
+def without_listeners(plan: RunPlan) -> RunPlan:
+    """The plan a worker trains by: the notebook keeps output_fn, the figure, the table and the loggers."""
+    return dataclasses.replace(plan, listeners=Listeners(logger_names=plan.listeners.logger_names))
 
 
 def plan_run(
     model: nn.Module,
     dataset: Dataset[Any],
+    validation: Dataset[Any] | None,
     options: TrainingOptions,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     step_fn: Callable[..., Any] | None,
     first_items: dict[str, Any],
+    one_worker: bool = False,
 ) -> RunPlan:
-    """The plan of a run whose inputs trainer.checked_inputs checked; `first_items` are the first item of
-    "train_data" (and of "validation_data" when given). OptionsError for what cannot be trained as PyTorch would."""
+    """The plan of a run whose inputs trainer.checked_inputs checked: `validation` is options.validation_data as
+    a Dataset (or None); `first_items` are the first item of "train_data" (and of "validation_data" when given).
+    `one_worker`: a train_async or sweep run, trained whole on one pool worker (worker_load and
+    on_worker_failure do not apply). OptionsError for what cannot be trained as PyTorch would, or as the options
+    ask."""
+    # the metrics and the objective with its direction
+    metrics = run_metrics(options.metrics, options.loss, loss_fn, dataset)
+    if options.metrics is not None:  # the metrics named: a clear error here, not on a worker
+        check_on_first_sample(metrics, loss_fn, model, first_items["train_data"])
+    goal = Objective(*objective(options.objective_metric, options.objective_goal, metrics))
+    # the loss with its target-shape rule, and the step of training and validation
+    step = _planned_step(model, dataset, options.loss, loss_fn, step_fn, first_items)
+    # the optimizer factory with its parameter groups, and the schedule with what it is stepped with
+    solver = solver_rule(model, options)
+    schedule = with_plateau_input(model, solver, schedule_rule(options), goal.name, goal.goal, validation is not None)
+    # the plain rules: batching, placement, validation, checkpoints, listeners
+    checkpoints = checkpoint_rule(options, one_worker)
+    return RunPlan(
+        step=step,
+        metrics=metrics,
+        objective=goal,
+        solver=solver,
+        schedule=schedule,
+        batching=batching(options, one_worker),
+        placement=placement(options),
+        validation=validation_rule(options),
+        checkpoint=checkpoints,
+        listeners=listeners(options),
+        validation_data=validation,
+        metrics_named=options.metrics is not None,
+        recorded={**recorded(options), "checkpoint_path": checkpoints.path},
+    )
+
+
+def _planned_step(
+    model: nn.Module,
+    dataset: Dataset[Any],
+    loss_option: object,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    step_fn: Callable[..., Any] | None,
+    first_items: dict[str, Any],
+) -> Step:
+    """The step, its loss checked on the first items: a last layer the loss applies again is refused, an
+    element-wise loss gets the target-shape rule; inputs normalized twice are warned of."""
     if step_fn is None:
-        first_input = first_items["train_data"][0]
-        check_last_layer(model, loss_fn, first_input)
+        check_last_layer(model, loss_fn, first_items["train_data"][0])
         if is_element_wise(loss_fn):
-            loss_fn = TargetsShaped(loss_fn, loss_name(loss_fn, options.loss))
+            loss_fn = TargetsShaped(loss_fn, loss_name(loss_fn, loss_option))
             _check_target_shapes(model, loss_fn, first_items)
     warn_if_normalized_twice(model, dataset, first_items["train_data"])
-    name, goal = objective(options.objective_metric, options.objective_goal, run_metrics(options, loss_fn, dataset))
-    return RunPlan(planned_step(loss_fn, step_fn), plateau_input(model, options, name, goal))
+    return planned_step(loss_fn, step_fn)
 
 
 def _check_target_shapes(model: nn.Module, loss_fn: TargetsShaped, first_items: dict[str, Any]) -> None:

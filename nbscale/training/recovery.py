@@ -24,28 +24,10 @@ from nbscale.errors import OptionsError, WorkerError
 from nbscale.notices import notices
 from nbscale.training.checkpoint import checkpoint_file, load_checkpoint
 from nbscale.training.events import EventChannel, IterationDone, StopSignal, TrainingRestarted, TrainingStarted
-from nbscale.training.options import TrainingOptions
+from nbscale.training.plan_rules import CheckpointRule
 
 MAX_RESTARTS = 3
 CLOCK_SLACK_S = 2.0  # a checkpoint's time may come from another machine's clock (a shared folder)
-ON_POOL = ("parallel", "multi-gpu")
-
-
-def check_recovery_options(options: TrainingOptions) -> None:
-    """OptionsError, before anything trains, for on_worker_failure="restart" without what it needs."""
-    if options.on_worker_failure != "restart":
-        return
-    if options.execution_environment not in ON_POOL:
-        raise OptionsError(
-            f"on_worker_failure='restart' restarts the pool's workers, but execution_environment is "
-            f"{options.execution_environment!r}: train on the pool (execution_environment='parallel' or 'multi-gpu'), "
-            "or leave on_worker_failure at 'error'."
-        )
-    if not options.checkpoint_path:
-        raise OptionsError(
-            "on_worker_failure='restart' resumes from the last checkpoint, so it needs checkpoint_path: give a "
-            "folder, e.g. TrainingOptions(..., checkpoint_path='checkpoints', on_worker_failure='restart')."
-        )
 
 
 class _Continuation:
@@ -72,7 +54,8 @@ def train_surviving_lost_workers(
     run: Callable[[dict[str, Any] | None, EventChannel], Any],
     resume: dict[str, Any] | None,
     seed: int,
-    options: TrainingOptions,
+    checkpoints: CheckpointRule,
+    max_epochs: int,
     channel: EventChannel,
     stop: StopSignal,
 ) -> tuple[Any, list[str]]:
@@ -94,7 +77,7 @@ def train_surviving_lost_workers(
             lost = [worker for worker in pool.workers if worker.dead] if pool is not None else []
             if pool is None or not lost or stop.requested or len(notes) >= MAX_RESTARTS:
                 raise
-            checkpoint = _this_runs_checkpoint(options, seed, began)
+            checkpoint = _this_runs_checkpoint(checkpoints, max_epochs, seed, began)
             where = f"the checkpoint of epoch {checkpoint[1]}" if checkpoint else "the start (no checkpoint yet)"
             losses = "; ".join(worker.dead or f"worker {worker.rank}" for worker in lost)
             note = (
@@ -116,13 +99,15 @@ def train_surviving_lost_workers(
             channel.publish(TrainingRestarted(resumed_after, continuation.last_iteration, note))
 
 
-def _this_runs_checkpoint(options: TrainingOptions, seed: int, began: float) -> tuple[Path, int] | None:
+def _this_runs_checkpoint(
+    checkpoints: CheckpointRule, max_epochs: int, seed: int, began: float
+) -> tuple[Path, int] | None:
     """This run's newest checkpoint (path, epoch): written since it began, with its seed (a folder may also hold
     checkpoints of earlier runs, even of later epochs). Looked for on disk, not from the events seen: the last
     ones before a loss may never have reached the notebook."""
-    folder = options.checkpoint_path
+    folder = checkpoints.path
     assert folder is not None
-    frequency, last = int(options.checkpoint_frequency), int(options.max_epochs)
+    frequency, last = checkpoints.frequency, max_epochs
     for epoch in range(last - last % frequency, 0, -frequency):
         path = checkpoint_file(folder, epoch)
         try:

@@ -204,7 +204,7 @@ def train_async(
     """
     from nbscale.training.trainer import as_options, checked_inputs
 
-    checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
+    checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn, one_worker=True)
     return submit_run(model, checked, pool, name, params, seeded)
 
 
@@ -217,19 +217,20 @@ def submit_run(
     seeded: SeededStart | None = None,
 ) -> TrainingRun:
     """`train_async` of inputs already checked: `checked` is what nbscale.training.trainer.checked_inputs
-    returned for `model` (nbscale.sweep checks every run before any starts)."""
+    returned for `model` (with one_worker=True) (nbscale.sweep checks every run before any starts)."""
     from nbscale.pool.plumbing import submit_with_events
     from nbscale.pool.pool import current_pool
     from nbscale.training.batch_fitting import check_auto_batch_device
+    from nbscale.training.plan import without_listeners
 
-    options, plan = checked.options, checked.plan
+    plan = checked.plan
     pool = pool if pool is not None else current_pool(start=True)
-    check_auto_batch_device(options, pool.kind == "gpu", "the pool's CPU workers")
+    check_auto_batch_device(plan.batching, pool.kind == "gpu", "the pool's CPU workers")
     run = TrainingRun(name, params)
-    run.options, run.seed = options, seeded.seed if seeded is not None else None
-    worker_options = options.replace(plots="none", verbose=False, worker_load=None)  # one run, one worker
+    run.options, run.seed = checked.options, seeded.seed if seeded is not None else None
+    output_fn = plan.listeners.output_fn  # runs on the worker, beside the run's own info
     task = submit_with_events(
-        pool, train_run_on_worker, run._on_event, model, checked.data, worker_options, plan, seeded
+        pool, train_run_on_worker, run._on_event, model, checked.data, without_listeners(plan), output_fn, seeded
     )
     run._attach(pool, task)
     return run
@@ -238,8 +239,8 @@ def submit_run(
 def train_run_on_worker(
     model: nn.Module,
     train_data: object,
-    options: TrainingOptions,
     plan: RunPlan,
+    output_fn: Callable[[TrainingInfo], object] | None = None,
     seeded: SeededStart | None = None,
 ) -> tuple[nn.Module, TrainingInfo]:
     """What the worker of a `train_async` run executes: the whole training loop on this one worker's device,
@@ -248,7 +249,7 @@ def train_run_on_worker(
     from nbscale.pool.context import worker_context
     from nbscale.training.batch_fitting import batch_counts
     from nbscale.training.loop import run_training
-    from nbscale.training.loop_setup import loop_setup
+    from nbscale.training.loop_setup import Where, loop_setup
     from nbscale.training.trainer import draw_seed
 
     context = worker_context()
@@ -260,7 +261,7 @@ def train_run_on_worker(
     def publish(event: object) -> None:
         info.record(event)
         sender.send(event)
-        if options.output_fn is not None and isinstance(event, IterationDone) and options.output_fn(info) is True:
+        if output_fn is not None and isinstance(event, IterationDone) and output_fn(info) is True:
             stop_reason.append("Stopped by output_fn")
 
     def stop() -> str | None:
@@ -279,7 +280,6 @@ def train_run_on_worker(
             loop_setup(
                 model,
                 dataset,
-                options,
                 plan,
                 device=device,
                 seed=seeded.data_order_seed if seeded is not None else draw_seed(),
@@ -287,7 +287,9 @@ def train_run_on_worker(
                 publish=publish,
                 stop_reason=stop,
                 # torch's Dataset declares no __len__; as_dataset checked it
-                counts=batch_counts(options, len(dataset), 1),  # type: ignore[arg-type]
+                counts=batch_counts(plan.batching, len(dataset), 1),  # type: ignore[arg-type]
+                # output_fn sees each iteration as it ends, and its stop lands after that one, as in the notebook
+                where=Where(read_each_iteration=output_fn is not None),
             )
         )
     finally:

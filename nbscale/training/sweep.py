@@ -169,7 +169,7 @@ def sweep(
     # every run checked as nbscale.train checks it (a DataLoader's batch_size against the run's mini_batch_size
     # too), before a pool starts and before any run is sent
     checked = [
-        checked_inputs(model, train_data, opts, loss_fn, step_fn)
+        checked_inputs(model, train_data, opts, loss_fn, step_fn, one_worker=True)
         for (model, _), opts in zip(seeded, run_options, strict=True)
     ]
     pool = pool if pool is not None else current_pool(start=True)

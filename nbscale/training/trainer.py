@@ -38,13 +38,11 @@ from nbscale.training.info import TrainingInfo
 from nbscale.training.loop import run_training
 from nbscale.training.loop_setup import Where, loop_setup
 from nbscale.training.losses import resolve_loss
-from nbscale.training.optimizer import check_factories
-from nbscale.training.options import TrainingOptions, shown_choice, unwrap_form
+from nbscale.training.options import TrainingOptions, unwrap_form
 from nbscale.training.out_of_memory import released_on_out_of_memory
 from nbscale.training.plan import RunPlan, plan_run
-from nbscale.training.recovery import check_recovery_options, train_surviving_lost_workers
+from nbscale.training.recovery import train_surviving_lost_workers
 from nbscale.training.run_inputs import CheckedInputs
-from nbscale.training.run_metrics import check_on_first_sample
 from nbscale.training.run_observers import observed_run
 from nbscale.user_warnings import warn_user
 
@@ -79,13 +77,21 @@ def train(
     the kernel interrupt use to stop at the end of the current iteration; `info.stop_reason` says who did.
     """
     checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
-    dataset, options, plan = checked.data, checked.options, checked.plan
-    if options.checkpoint_path is not None and not os.path.isabs(os.path.expanduser(options.checkpoint_path)):
-        # the notebook's folder now, where the user looks: a cluster's workers may not have it (they then run in
-        # their own folder), and on_worker_failure="restart" looks here for what they wrote
-        options = options.replace(checkpoint_path=os.path.abspath(os.path.expanduser(options.checkpoint_path)))
-    check_recovery_options(options)
-    resume = _resume_point(resume_from, model, options, len(dataset))
+    return train_planned(model, checked, resume_from, listeners=listeners, stop=stop, info=info)
+
+
+def train_planned(
+    model: nn.Module,
+    checked: CheckedInputs,
+    resume_from: str | os.PathLike[str] | None = None,
+    *,
+    listeners: Sequence[Callable[[Any], None]] = (),
+    stop: StopSignal | None = None,
+    info: TrainingInfo | None = None,
+) -> tuple[nn.Module, TrainingInfo]:
+    """`train` of inputs `checked_inputs` checked and planned: from here on the run reads its plan alone."""
+    dataset, plan = checked.data, checked.plan
+    resume = _resume_point(resume_from, model, plan, len(dataset))
     seed = int(resume["seed"]) if resume is not None else draw_seed()
 
     info = info if info is not None else TrainingInfo()
@@ -93,16 +99,15 @@ def train(
     channel = EventChannel()
     for listener in (info.record, *listeners):  # info first: output_fn reads it
         channel.subscribe(listener)
-    on_pool = options.execution_environment in ("parallel", "multi-gpu")
-    _check_worker_load(options, on_pool)
+    on_pool = plan.placement.on_pool
     restarts: list[str] = []
     # observed_run: what other packages watch (inside a %%batch job, `%jobs show` follows this run and its Stop
     # button stops it)
     with _interrupt_as_stop(stop, on_pool) as forced, observed_run(channel, stop), registered(stop, on_pool):
         if on_pool:
-            result, restarts = _train_on_pool(model, dataset, options, plan, seed, resume, channel, stop, forced)
+            result, restarts = _train_on_pool(model, dataset, plan, seed, resume, channel, stop, forced)
         else:
-            result = _train_here(model, dataset, options, plan, seed, resume, channel, stop, info)
+            result = _train_here(model, dataset, plan, seed, resume, channel, stop, info)
     info.stop_reason = stop.reason or result.stop_reason
     if restarts:
         info.stop_reason += f" (after {len(restarts)} restart{'s' * (len(restarts) > 1)}: {'. '.join(restarts)})"
@@ -110,37 +115,29 @@ def train(
 
 
 def _resume_point(
-    resume_from: str | os.PathLike[str] | None, model: nn.Module, options: TrainingOptions, items: int
+    resume_from: str | os.PathLike[str] | None, model: nn.Module, plan: RunPlan, items: int
 ) -> dict[str, Any] | None:
     """The checkpoint `resume_from` names, checked against this run (None without one); warns when it is
     trained to max_epochs already."""
     if resume_from is None:
         return None
     resume = load_checkpoint(resume_from)
-    batch = None if options.mini_batch_size == "auto" else int(options.mini_batch_size)  # "auto": the checkpoint's
-    check_resume(resume, model, shown_choice(options.solver), batch, items, resume_from)
-    if resume["epoch"] >= options.max_epochs:
+    size = plan.batching.mini_batch_size
+    batch = None if size == "auto" else int(size)  # "auto": the checkpoint's
+    check_resume(resume, model, str(plan.recorded["solver"]), batch, items, resume_from)
+    max_epochs = plan.batching.max_epochs
+    if resume["epoch"] >= max_epochs:
         warn_user(
             f"resume_from={str(resume_from)!r} holds a run trained to epoch {resume['epoch']}, so "
-            f"max_epochs={options.max_epochs} trains no further: raise max_epochs to go on training.",
+            f"max_epochs={max_epochs} trains no further: raise max_epochs to go on training.",
             RuntimeWarning,
         )
     return resume
 
 
-def _check_worker_load(options: TrainingOptions, on_pool: bool) -> None:
-    if not on_pool and options.worker_load is not None and len(options.worker_load) != 1:
-        raise OptionsError(
-            f"worker_load={list(options.worker_load)} splits each mini-batch across a pool's workers, "
-            f"but execution_environment={options.execution_environment!r} trains in this process: "
-            "use execution_environment='parallel' (or 'multi-gpu'), or leave worker_load out."
-        )
-
-
 def _train_on_pool(
     model: nn.Module,
     dataset: object,
-    options: TrainingOptions,
     plan: RunPlan,
     seed: int,
     resume: dict[str, Any] | None,
@@ -153,22 +150,22 @@ def _train_on_pool(
     from nbscale.training.distributed import train_on_pool
 
     def run(resume: dict[str, Any] | None, events: EventChannel) -> Any:
-        return train_on_pool(model, dataset, options, plan, seed, resume, events, stop)
+        return train_on_pool(model, dataset, plan, seed, resume, events, stop)
 
     try:
-        if options.on_worker_failure == "restart":
-            return train_surviving_lost_workers(run, resume, seed, options, channel, stop)
+        if plan.checkpoint.on_worker_failure == "restart":
+            max_epochs = plan.batching.max_epochs
+            return train_surviving_lost_workers(run, resume, seed, plan.checkpoint, max_epochs, channel, stop)
         return run(resume, channel), []
     except PoolInterrupted as interrupted:
         if forced():
-            raise _forced_stop(interrupted, options) from None
+            raise _forced_stop(interrupted, plan.checkpoint.path) from None
         raise
 
 
 def _train_here(
     model: nn.Module,
     dataset: Any,
-    options: TrainingOptions,
     plan: RunPlan,
     seed: int,
     resume: dict[str, Any] | None,
@@ -177,12 +174,13 @@ def _train_here(
     info: TrainingInfo,
 ) -> object:
     """The loop's result, trained in this process; running out of GPU memory says which mini-batch size did."""
-    device = training_device(options.execution_environment)
-    check_auto_batch_device(options, device.type == "cuda", "the CPU")
+    device = training_device(plan.placement.environment)
+    size = plan.batching.mini_batch_size
+    check_auto_batch_device(plan.batching, device.type == "cuda", "the CPU")
 
     def message(error: torch.OutOfMemoryError) -> str:
         tried: int | str = info.mini_batch_size or (  # "auto" as chosen, once training started
-            "'auto'" if options.mini_batch_size == "auto" else min(int(options.mini_batch_size), len(dataset))
+            "'auto'" if size == "auto" else min(int(size), len(dataset))
         )
         return (
             f"Out of GPU memory training on {describe_device(device)} with mini_batch_size={tried}: lower "
@@ -195,15 +193,14 @@ def _train_here(
             loop_setup(
                 model,
                 dataset,
-                options,
                 plan,
                 device=device,
                 seed=seed,
                 hardware=describe_device(device),
                 publish=channel.publish,
                 stop_reason=lambda: stop.reason,
-                counts=batch_counts(options, len(dataset), 1),
-                where=Where(resume=resume, read_each_iteration=options.output_fn is not None),
+                counts=batch_counts(plan.batching, len(dataset), 1),
+                where=Where(resume=resume, read_each_iteration=plan.listeners.reads_each_iteration),
             )
         ),
         message,
@@ -212,10 +209,16 @@ def _train_here(
 
 
 def checked_inputs(
-    model: nn.Module, train_data: Any, options: TrainingOptions, loss_fn: Any, step_fn: Any = None
+    model: nn.Module,
+    train_data: Any,
+    options: TrainingOptions,
+    loss_fn: Any,
+    step_fn: Any = None,
+    *,
+    one_worker: bool = False,
 ) -> CheckedInputs:
     """train_data as a Dataset, the options and the run plan, checked before any training (nbscale.training.checks)
-    and planned (nbscale.training.plan: the loss's target-shape rule, the step, the plateau's input).
+    and planned (nbscale.training.plan: every choice of the run resolved, every refusal made here).
 
     `loss_fn` None takes `options.loss` (a name of nbscale.training.losses, or a callable); a name given as
     `loss_fn` becomes `options.loss`. A callable solver or learn_rate_schedule is tried once on `model` here,
@@ -256,14 +259,11 @@ def checked_inputs(
         check_classes(model, first_item, labelled, getattr(loss_fn, "ignore_index", -100))
     if loss_fn is None:
         loss_fn = nn.CrossEntropyLoss()
-    check_on_first_sample(options, loss_fn, model, first_item)  # the metrics named: a clear error here, not on a worker
-    if validation is not options.validation_data:
-        options = options.replace(validation_data=validation)
-    check_factories(model, options)
     first_items = {"train_data": first_item}
     if validation is not None:
         first_items["validation_data"] = first_validation_item
-    return CheckedInputs(dataset, options, plan_run(model, dataset, options, loss_fn, step_fn, first_items))
+    plan = plan_run(model, dataset, validation, options, loss_fn, step_fn, first_items, one_worker)
+    return CheckedInputs(dataset, options, plan)
 
 
 def _checked_validation(options: TrainingOptions) -> tuple[Any, Any]:
@@ -327,13 +327,14 @@ def _pool_busy() -> bool:
     return pool is not None and pool.busy
 
 
-def _forced_stop(interrupted: PoolInterrupted, options: TrainingOptions) -> PoolInterrupted:
-    """The PoolInterrupted of a pool training that did not stop at the end of its iteration in time."""
+def _forced_stop(interrupted: PoolInterrupted, checkpoints: str | None) -> PoolInterrupted:
+    """The PoolInterrupted of a pool training that did not stop at the end of its iteration in time
+    (`checkpoints`: the run's checkpoint folder, or None)."""
     hint = ""
-    if options.checkpoint_path:
-        last = latest_checkpoint(options.checkpoint_path)
+    if checkpoints:
+        last = latest_checkpoint(checkpoints)
         if last is not None:
-            hint = f" Continue from the last checkpoint with resume_from={str(options.checkpoint_path)!r} ({last})."
+            hint = f" Continue from the last checkpoint with resume_from={checkpoints!r} ({last})."
     return PoolInterrupted(
         f"Training did not stop at the end of its iteration within {STOP_GRACE_S:.0f} s of the interrupt. "
         f"{interrupted} The network keeps the weights it had before this training (the trained ones were on the "

@@ -13,8 +13,8 @@ from nbscale.data.loader_order import validation_order
 from nbscale.data.loading import BatchSource, make_batch_source
 from nbscale.training.figures import KeptMetrics
 from nbscale.training.loop_setup import LoopSetup
+from nbscale.training.metrics import summed_over
 from nbscale.training.reading_progress import loader_seed, progress
-from nbscale.training.run_metrics import summed_over
 
 
 def validation_batch(validation_data: Any, training_batch: int) -> int:
@@ -50,7 +50,7 @@ class Validator:
             self.source = make_batch_source(
                 data,
                 setup.device,
-                setup.options.data_placement,
+                setup.plan.placement.data_placement,
                 False,
                 seed=loader_seed(setup),
                 rows=rows,

@@ -155,7 +155,7 @@ def test_interrupts_that_cross_the_end_of_a_request_never_end_the_worker(pool):
 
     def storm() -> None:
         while not stop.is_set():  # untargeted, as the kernel's interrupt of a cell sends them, at uneven intervals
-            pool._router.tell(p.Interrupt(None))  # (so that some land while the worker answers an earlier one)
+            pool._group.router.tell(p.Interrupt(None))  # (so that some land while the worker answers an earlier one)
             time.sleep(random.uniform(0.00002, 0.0005))
 
     storming = threading.Thread(target=storm)

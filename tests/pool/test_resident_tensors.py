@@ -1,29 +1,20 @@
 """Notebook tensors reach a local pool's workers once: kept in shared memory while unchanged (nbscale.pool.resident).
 
-The pool's shared-memory folder is a private folder of the test (NBSCALE_SHM_DIR), so its files can be counted.
+The pool's shared-memory folder is a private folder of the test (NBSCALE_SHM_DIR, tests/pool/conftest.py's `shm`),
+so its files can be counted.
 """
 
 from __future__ import annotations
 
 import gc
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import nbscale
 from nbscale.pool import resident
-from nbscale.pool.transport import SHARED_MEMORY_DIR_VARIABLE
 
 MIB = 2**20
-
-
-@pytest.fixture
-def shm(tmp_path, monkeypatch):
-    folder = tmp_path / "shm"
-    folder.mkdir(mode=0o700)
-    monkeypatch.setenv(SHARED_MEMORY_DIR_VARIABLE, str(folder))
-    return folder
 
 
 def _files(folder):

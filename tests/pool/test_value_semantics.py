@@ -1,7 +1,8 @@
 """A pool's arguments keep their value semantics (issue 43, items 1-3 and 6): a task sees its arguments as they were
 at submit, a call never sees another call's writes, and shared memory goes with the tensors that held it.
 
-The pool's shared-memory folder is a private folder of the test (NBSCALE_SHM_DIR), so its files can be counted.
+The pool's shared-memory folder is a private folder of the test (NBSCALE_SHM_DIR, tests/pool/conftest.py's `shm`),
+so its files can be counted.
 """
 
 from __future__ import annotations
@@ -26,14 +27,6 @@ pytestmark = pytest.mark.slow
 
 MIB = 2**20
 WAIT_S = 60
-
-
-@pytest.fixture
-def shm(tmp_path, monkeypatch):
-    folder = tmp_path / "shm"
-    folder.mkdir(mode=0o700)
-    monkeypatch.setenv(SHARED_MEMORY_DIR_VARIABLE, str(folder))
-    return folder
 
 
 def _sum_then_write_through_numpy(tensor):

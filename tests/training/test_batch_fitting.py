@@ -15,6 +15,8 @@ from torch import nn
 import nbscale
 from nbscale.errors import OptionsError
 from nbscale.training.batch_fitting import HEADROOM, MAX_PER_WORKER, largest_fitting_batch, settle
+from nbscale.training.plan import RunPlan
+from nbscale.training.trainer import checked_inputs
 from tests.training.digits import digits, tiny_net
 
 TRAIN, VAL = digits()
@@ -50,6 +52,11 @@ def auto(**fields) -> nbscale.TrainingOptions:
     return nbscale.TrainingOptions("sgdm", mini_batch_size="auto", initial_learn_rate=0.1, **fields)
 
 
+def auto_plan(**fields) -> RunPlan:
+    """The run plan settle works on: checked_inputs' for `auto(**fields)`."""
+    return checked_inputs(tiny_net(), TRAIN, auto(**fields), None).plan
+
+
 def not_probed(limit: int):
     raise AssertionError("the probe ran")
 
@@ -61,32 +68,32 @@ def test_auto_takes_the_smallest_fit_over_the_workers_times_the_workers_and_says
         limits.append(limit)
         return lambda batch: batch <= 100
 
-    choices = settle(auto(), [1, 1], 1500, None, probe, smallest=lambda batch: batch // 2)  # another worker: half
+    choices = settle(auto_plan(), [1, 1], 1500, None, probe, smallest=lambda batch: batch // 2)  # another worker: half
     assert limits == [750]  # 1500 samples: at most 750 a worker
-    assert choices.counts == [32, 32] and choices.options.mini_batch_size == 64
+    assert choices.counts == [32, 32] and choices.plan.batching.mini_batch_size == 64
     assert choices.said == (
         f"mini_batch_size='auto': 32 a worker x 2 workers = 64, the largest power of two whose "
         f"training step (probed at precision 'single') left {HEADROOM:.0%} of every worker's GPU "
         "memory free"
     )
-    assert choices.options.initial_learn_rate == 0.1  # learn_rate_scaling "none": the rate as given
+    assert choices.plan.solver.learn_rate == 0.1  # learn_rate_scaling "none": the rate as given
 
 
 def test_auto_with_an_uneven_worker_load_fits_the_most_loaded_worker() -> None:
     choices = settle(
-        auto(worker_load=[3, 1, 0]),
+        auto_plan(worker_load=[3, 1, 0], execution_environment="parallel"),
         [1, 1, 0],
         1500,
         None,
         lambda limit: lambda b: b <= 64,
         smallest=lambda batch: batch,
     )
-    assert choices.counts == [64, 21, 0] and choices.options.mini_batch_size == 85
+    assert choices.counts == [64, 21, 0] and choices.plan.batching.mini_batch_size == 85
     assert "64 for the most loaded worker, 85 in all (worker_load)" in choices.said
 
 
 def test_auto_stays_within_the_data_and_says_so() -> None:
-    choices = settle(auto(), [1, 1], 100, None, lambda limit: lambda batch: True, smallest=lambda batch: batch)
+    choices = settle(auto_plan(), [1, 1], 100, None, lambda limit: lambda batch: True, smallest=lambda batch: batch)
     assert choices.counts == [32, 32]  # 64 a worker would need 128 samples
     assert choices.said.endswith(f"(the most allowed: {MAX_PER_WORKER} a worker, and the data)")
 
@@ -97,20 +104,20 @@ def test_auto_that_fits_not_even_one_sample_is_a_clear_error() -> None:
         match=r"mini_batch_size='auto': one training step of a single sample does not "
         r"fit in the GPU memory .* precision='mixed'",
     ):
-        settle(auto(), [1], 1500, None, lambda limit: lambda batch: False, smallest=lambda batch: batch)
+        settle(auto_plan(), [1], 1500, None, lambda limit: lambda batch: False, smallest=lambda batch: batch)
 
 
 def test_a_resumed_auto_run_takes_its_checkpoints_mini_batch_without_probing() -> None:
-    choices = settle(auto(), [1, 1], 1500, {"options": {"mini_batch_size": 512}}, not_probed, lambda b: b)
+    choices = settle(auto_plan(), [1, 1], 1500, {"options": {"mini_batch_size": 512}}, not_probed, lambda b: b)
     assert choices.counts == [256, 256]
     assert choices.said == "mini_batch_size='auto': 512, as the checkpoint resumed from was trained with"
 
 
 def test_linear_scaling_scales_the_rate_by_the_global_mini_batch_over_the_reference() -> None:
-    options = auto(learn_rate_scaling="linear", learn_rate_reference_batch=256)
-    choices = settle(options, [1, 1], 1500, None, lambda limit: lambda batch: batch <= 256, lambda b: b)
-    assert choices.options.mini_batch_size == 512 and choices.options.initial_learn_rate == pytest.approx(0.2)
-    assert choices.options.learn_rate_scaling == "none"  # applied once
+    plan = auto_plan(learn_rate_scaling="linear", learn_rate_reference_batch=256)
+    choices = settle(plan, [1, 1], 1500, None, lambda limit: lambda batch: batch <= 256, lambda b: b)
+    assert choices.plan.batching.mini_batch_size == 512 and choices.plan.solver.learn_rate == pytest.approx(0.2)
+    assert choices.plan.batching.learn_rate_scaling == "none"  # applied once
     assert choices.said.endswith(
         "; learn_rate_scaling='linear': initial_learn_rate 0.1 x 512 / 256 (learn_rate_reference_batch) = 0.2"
     )

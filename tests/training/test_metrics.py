@@ -11,7 +11,8 @@ import torchmetrics
 from sklearn import metrics as sk
 
 from nbscale import OptionsError, TrainingOptions
-from nbscale.training.metrics import MetricSet, objective, resolve_metrics
+from nbscale.training.metrics import MetricSet
+from nbscale.training.run_metrics import objective, resolve_metrics
 
 CLASSES = 6
 

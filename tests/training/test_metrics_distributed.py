@@ -30,7 +30,7 @@ def rank_metrics() -> dict[str, dict[str, float | None]]:
     import torch.distributed as dist
     import torchmetrics
 
-    from nbscale.training.metrics import resolve_metrics
+    from nbscale.training.run_metrics import resolve_metrics
 
     scores, labels = shares()[dist.get_rank()]
     f1 = torchmetrics.classification.MulticlassF1Score(num_classes=CLASSES, average="macro")

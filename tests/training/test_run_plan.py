@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -16,52 +17,25 @@ import torch.nn.functional as F
 from torch import nn
 
 import nbscale
-from nbscale import OptionsError, TrainingOptions
+from nbscale import OptionsError
 from nbscale.models.normalization import with_normalization
 from nbscale.training.target_shapes import matched_targets
 from nbscale.training.trainer import checked_inputs
-from tests.training.digits import digits, tiny_net
-
-TRAIN, VAL = digits()
-SMALL = (TRAIN[0][:512], TRAIN[1][:512])
-
-
-def options(**fields: Any) -> TrainingOptions:
-    base = {"solver": "sgdm", "initial_learn_rate": 0.1, "max_epochs": 2, "mini_batch_size": 64, "verbose": False}
-    return TrainingOptions(**{**base, **fields})
-
-
-def plain_sgd(params: list[dict[str, Any]]) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-
-
-def regression(samples: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs N x 4 and 1-D targets (N,), as a table's column gives them."""
-    inputs = torch.randn(samples, 4, generator=torch.Generator().manual_seed(1))
-    return inputs, inputs @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
-
-
-def linear_head(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))  # outputs N x 1
-
-
-def plain_loop(
-    model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], loss_fn: Callable[..., torch.Tensor], epochs: int
-) -> list[float]:
-    """PyTorch's own loop over the data in order, batches of 32, with (N, 1) targets: the losses it saw."""
-    optimizer = plain_sgd([{"params": list(model.parameters())}])
-    inputs, targets = data[0], data[1][:, None]
-    losses = []
-    for _ in range(epochs):
-        for start in range(0, len(inputs), 32):
-            loss = loss_fn(model(inputs[start : start + 32]), targets[start : start + 32])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    return losses
-
+from tests.training.digits import tiny_net
+from tests.training.run_plan_helpers import (
+    SMALL,
+    VAL,
+    assert_trained_as_the_plain_loop,
+    assert_validation_is_the_networks,
+    linear_head,
+    mixup,
+    options,
+    plain_loop,
+    plain_sgd,
+    plateau,
+    regression,
+    replayed_rates,
+)
 
 # ---- regression losses: targets shaped as the outputs ------------------------------------------------------------
 
@@ -80,9 +54,7 @@ def test_regression_loss_on_n_by_1_outputs_and_1d_targets_trains_as_pytorch_with
     reference = linear_head()
     named = {"mse": F.mse_loss, "l1": F.l1_loss}
     expected = plain_loop(reference, data, named.get(loss, loss) if isinstance(loss, str) else loss, 3)
-    assert info.training_loss == pytest.approx(expected, abs=1e-5)
-    for mine, theirs in zip(net.parameters(), reference.parameters(), strict=True):
-        assert torch.allclose(mine, theirs, atol=1e-5)
+    assert_trained_as_the_plain_loop(net, info, reference, expected)
     assert info.training_loss[-1] < 0.5 * info.training_loss[0]  # it learned (an N x N loss would not)
 
 
@@ -173,44 +145,19 @@ def test_step_fn_gives_the_validation_loss_called_under_eval_and_no_grad() -> No
 def test_step_fn_taking_training_is_told_which_and_its_outputs_give_the_validation_metrics() -> None:
     told: list[bool] = []
 
-    def mixup(
+    def told_mixup(
         model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, training: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         told.append(training)
-        if not training:  # mixup switches itself off in validation
-            outputs = model(inputs)
-            return F.cross_entropy(outputs, targets), outputs
-        outputs = model(0.8 * inputs + 0.2 * inputs.roll(1, 0))
-        loss = 0.8 * F.cross_entropy(outputs, targets) + 0.2 * F.cross_entropy(outputs, targets.roll(1, 0))
-        return loss, outputs
+        return mixup(model, inputs, targets, training)  # switches itself off in validation
 
-    net, info = nbscale.train(tiny_net(), SMALL, options(validation_data=VAL, validation_frequency=100), step_fn=mixup)
-    with torch.no_grad():
-        outputs = net.eval()(VAL[0])
-    assert info.final_validation_loss == pytest.approx(F.cross_entropy(outputs, VAL[1]).item(), abs=1e-5)
-    expected_accuracy = (outputs.argmax(1) == VAL[1]).float().mean().item()
-    assert info.final_validation_accuracy == pytest.approx(expected_accuracy, abs=1e-6)
+    fields = {"validation_data": VAL, "validation_frequency": 100}
+    net, info = nbscale.train(tiny_net(), SMALL, options(**fields), step_fn=told_mixup)
+    assert_validation_is_the_networks(net, info)
     assert told.count(True) == 16 and told.count(False) >= 2  # 2 epochs of 8 batches; validations of 297 samples
 
 
 # ---- ReduceLROnPlateau -------------------------------------------------------------------------------------------
-
-
-def plateau(mode: str) -> Callable[[torch.optim.Optimizer], Any]:
-    return lambda optimizer: torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode=mode, factor=0.5, patience=0)
-
-
-def replayed_rates(values: list[float | None], mode: str) -> list[float]:
-    """The rate of each iteration that torch's own ReduceLROnPlateau gives, stepped with `values` after the
-    iterations that validated (None: no validation)."""
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-    scheduler = plateau(mode)(optimizer)
-    rates = []
-    for value in values:
-        rates.append(optimizer.param_groups[0]["lr"])
-        if value is not None:
-            scheduler.step(value)
-    return rates
 
 
 def test_plateau_in_max_mode_is_stepped_with_the_objective_metric() -> None:
@@ -354,4 +301,65 @@ def test_the_plan_is_frozen_and_pickles_with_its_rules() -> None:
     outputs, targets = torch.randn(5, 1), torch.randn(5)
     assert torch.equal(copy.loss_fn(outputs, targets), F.mse_loss(outputs, targets[:, None]))
     with pytest.raises(AttributeError):
-        plan.plateau_input = "loss"  # type: ignore[misc]
+        plan.solver = plan.solver  # type: ignore[misc]
+
+
+class LockedLogger:
+    """A logger that cannot be pickled (it holds a lock), as a live TensorBoard writer cannot."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_plan_holds_every_choice_resolved_and_its_pickle_keeps_the_listeners_as_descriptions(tmp_path) -> None:
+    run_options = options(
+        solver="adam",
+        l2_regularization=0.01,
+        learn_rate_schedule="piecewise",
+        learn_rate_drop_period=2,
+        metrics=("accuracy", "fscore"),
+        objective_metric="fscore",
+        validation_data=(VAL[0][:64], VAL[1][:64]),
+        checkpoint_path=str(tmp_path / "checkpoints"),
+        precision="mixed",
+        loggers=[LockedLogger()],
+        output_fn=lambda info: False,
+    )
+    plan = checked_inputs(tiny_net(), SMALL, run_options, None).plan
+    assert plan.metrics.names == ("accuracy", "fscore")
+    assert (plan.objective.name, plan.objective.goal) == ("fscore", "maximize")
+    assert (plan.solver.solver, plan.solver.learn_rate) == ("adam", 0.1)
+    assert (plan.schedule.kind, plan.schedule.drop_period, plan.schedule.plateau_input) == ("piecewise", 2, None)
+    assert (plan.batching.max_epochs, plan.batching.mini_batch_size) == (2, 64)
+    assert (plan.placement.precision, plan.checkpoint.path) == ("mixed", str(tmp_path / "checkpoints"))
+    assert plan.listeners.logger_names == ("LockedLogger",) and plan.listeners.output_fn is not None
+    copy = pickle.loads(pickle.dumps(plan))  # a worker's copy: the live listeners stay in the notebook
+    assert copy.listeners.loggers == () and copy.listeners.output_fn is None
+    assert copy.listeners.logger_names == ("LockedLogger",)
+    assert (copy.solver, copy.schedule, copy.batching, copy.placement) == (
+        plan.solver,
+        plan.schedule,
+        plan.batching,
+        plan.placement,
+    )
+
+
+def test_the_plans_optimizer_is_the_one_plain_pytorch_builds_with_no_l2_on_biases() -> None:
+    model = tiny_net()
+    plan = checked_inputs(model, SMALL, options(solver="adam", l2_regularization=0.01), None).plan
+    made = pickle.loads(pickle.dumps(plan)).solver.make(model)
+    weights = [p for name, p in model.named_parameters() if not name.endswith("bias")]
+    biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
+    plain = torch.optim.Adam(
+        [{"params": weights, "weight_decay": 0.01}, {"params": biases, "weight_decay": 0.0}], lr=0.1
+    )
+    for ours, theirs in zip(made.param_groups, plain.param_groups, strict=True):
+        assert [id(p) for p in ours["params"]] == [id(p) for p in theirs["params"]]
+        for key in ("lr", "betas", "eps", "weight_decay"):
+            assert ours[key] == theirs[key]

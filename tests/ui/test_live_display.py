@@ -73,10 +73,7 @@ net, info = nbscale.train(tiny_net(), (train_x, train_y), opts)
 print("trained", info.iteration[-1])
 """)
     assert result.ok, result.text
-    iterations = changes(result, "Iteration")
-    assert len(iterations) >= RUN_SECONDS, iterations
-    assert longest_gap([when for when, _ in iterations]) <= INFO_STALE_S, iterations
-    assert_figure_follows(figure_times(result), iterations[0][0])
+    assert_stays_live(result, changes(result, "Iteration"))
 
 
 def test_a_monitor_s_step_row_changes_every_second_and_its_figure_every_two(kernel: KernelSession) -> None:
@@ -97,11 +94,20 @@ while time.time() - started < {RUN_SECONDS}:
 monitor.close()
 """)
     assert result.ok, result.text
-    steps = changes(result, "Iteration")
-    assert len(steps) >= RUN_SECONDS, steps
     assert changes(result, "Status")[-1][1] == "Training the digits"  # monitor.status is shown
-    assert longest_gap([when for when, _ in steps]) <= INFO_STALE_S, steps
-    assert_figure_follows(figure_times(result), steps[0][0])
+    assert_stays_live(result, changes(result, "Iteration"))
+
+
+def assert_stays_live(
+    result: CellResult, iterations: list[tuple[float, str]], gaps_until: int | None = None, shown: object = None
+) -> None:
+    """The Iteration row changed (`iterations`, from `changes`) at least RUN_SECONDS times, never more than
+    INFO_STALE_S apart (among `iterations[:gaps_until]`), and the figure followed from its first change on.
+    `shown`: what a failure shows (default: `iterations`)."""
+    shown = iterations if shown is None else shown
+    assert len(iterations) >= RUN_SECONDS, shown
+    assert longest_gap([when for when, _ in iterations[:gaps_until]]) <= INFO_STALE_S, shown
+    assert_figure_follows(figure_times(result), iterations[0][0])
 
 
 def assert_figure_follows(figures: list[float], first_iteration: float) -> None:
@@ -132,9 +138,7 @@ net, info = nbscale.train(tiny_net(), (x, y), opts)
     assert result.ok, result.text
     iterations = changes(result, "Iteration")
     following = [(when, shown) for when, shown in iterations if not shown.startswith(("0 ", "1 "))]
-    assert len(following) >= RUN_SECONDS, iterations
-    assert longest_gap([when for when, _ in following[:-1]]) <= INFO_STALE_S, iterations  # the last: its end
-    assert_figure_follows(figure_times(result), following[0][0])
+    assert_stays_live(result, following, gaps_until=-1, shown=iterations)  # the last change: its end
 
 
 def test_show_run_s_iteration_row_changes_every_second_and_its_figure_every_two(kernel: KernelSession) -> None:
@@ -151,10 +155,7 @@ nbscale.show(run)
     # the display's thread draws into the cell that runs (nbscale.ui.cell_outputs): this one, while it waits
     result = kernel.run(f"while not run.info.iteration: time.sleep(0.05)\ntime.sleep({RUN_SECONDS})\nrun.stop()")
     assert result.ok, result.text
-    iterations = changes(result, "Iteration")
-    assert len(iterations) >= RUN_SECONDS, iterations
-    assert longest_gap([when for when, _ in iterations]) <= INFO_STALE_S, iterations
-    assert_figure_follows(figure_times(result), iterations[0][0])
+    assert_stays_live(result, changes(result, "Iteration"))
 
 
 def test_after_an_early_stop_the_iteration_axis_spans_what_ran(kernel: KernelSession) -> None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 STOPPED_ON_REQUEST = "Stopped on request"  # what the worker says when the notebook stopped the run
 
+
 class TrainingRun(Future[Any]):
     """A training run submitted to the pool: a Future of `(net, info)` with live progress.
 
@@ -58,7 +59,7 @@ class TrainingRun(Future[Any]):
         self._listeners: list[Callable[[TrainingRun], None]] = []
         self._event_listeners: list[Callable[[Any], None]] = []  # each training event, as it arrives
         self._final_state: str | None = None
-        self._stop_reason: str | None = None  # a reason given with the stop request (`request`): the run's
+        self._stop_reason: str | None = None  # who asked it to stop first (`stop`, `request`): the run's reason
         self._lock = threading.Lock()
 
     # ---- the pool side --------------------------------------------------------------------------------------
@@ -162,14 +163,14 @@ class TrainingRun(Future[Any]):
 
     def stop(self) -> None:
         """Ask a running run to stop at the end of its current iteration; it then ends "done" with the net so far."""
-        if self._task is not None and not self.done():
-            self.pool.request_stop(self._task)
+        self.request(STOPPED_ON_REQUEST)
 
     def request(self, reason: str) -> None:
         """`stop()`, with `reason` as the run's `info.stop_reason` (the first reason given wins). A queued run is
-        not reached: the caller asks again (the SLURM time limit's watch asks every 2 s)."""
-        self._stop_reason = self._stop_reason or reason
-        self.stop()
+        not reached, as by `stop()`: the caller asks again (the SLURM time limit's watch asks every 2 s)."""
+        if self._task is not None and self._task.running() and not self.done():
+            self._stop_reason = self._stop_reason or reason
+            self.pool.request_stop(self._task)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params.items())

@@ -172,8 +172,9 @@ def test_a_killed_kernel_leaves_nothing_in_squeue(slurm, tmp_path):
 
 
 def test_the_time_limit_stops_a_training_and_a_train_async_run_like_stop_and_their_weights_come_back(slurm, tmp_path):
-    # a 4-minute allocation whose trainings stop 230 s before its end: from its first seconds on
-    kernel = _kernel(slurm, tmp_path, 'time = "4"\nstop_margin = 230')
+    # a 10-minute allocation (Ray may take minutes to start on a busy node) whose trainings stop 590 s before its
+    # end: from its first seconds on
+    kernel = _kernel(slurm, tmp_path, 'time = "10"\nstop_margin = 590')
     try:
         started = kernel.run("%pool start 2 --cluster hpc", timeout=900)
         assert started.ok, started.text
@@ -196,8 +197,8 @@ def test_the_time_limit_stops_a_training_and_a_train_async_run_like_stop_and_the
         assert "moved True True" in trained.stdout and "epochs True True" in trained.stdout, trained.stdout
         for line in ("reason", "async"):
             [reason] = [text for text in trained.stdout.splitlines() if text.startswith(line)]
-            assert "time limit (field time of profile 'hpc', 4)" in reason, trained.stdout
-            assert "stop_margin = 230 s" in reason, trained.stdout
+            assert "time limit (field time of profile 'hpc', 10)" in reason, trained.stdout
+            assert "stop_margin = 590 s" in reason, trained.stdout
     finally:
         kernel.run("p = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=120)
         kernel.shutdown()

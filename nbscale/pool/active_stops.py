@@ -1,5 +1,7 @@
-"""The Stop signals of the trainings running in this kernel, so that a pool's backend (a SLURM allocation reaching
-its time limit) can stop them the way the Stop button does. Here, below training/, as anything with `request`."""
+"""The Stop signals of the pool trainings running in this kernel, so that a pool's backend (a SLURM allocation
+reaching its time limit) can stop them the way the Stop button does: `nbscale.train` on the pool while it runs,
+and each `train_async` run (sweeps too) from its submission to its end. Here, below training/, as anything with
+`request`."""
 
 from __future__ import annotations
 
@@ -25,13 +27,23 @@ def registered(stop: StopSignal, on_pool: bool = True) -> Iterator[None]:
     if not on_pool:
         yield
         return
-    with _LOCK:
-        _ACTIVE.append(stop)
+    add(stop)
     try:
         yield
     finally:
-        with _LOCK:
-            _ACTIVE.remove(stop)
+        discard(stop)
+
+
+def add(stop: StopSignal) -> None:
+    """Keep `stop` among the running pool trainings' signals until `discard(stop)`."""
+    with _LOCK:
+        _ACTIVE.append(stop)
+
+
+def discard(stop: StopSignal) -> None:
+    """Forget `stop` (nothing when it is not kept)."""
+    with _LOCK, contextlib.suppress(ValueError):
+        _ACTIVE.remove(stop)
 
 
 def stop_all(reason: str) -> int:

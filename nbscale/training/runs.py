@@ -10,6 +10,7 @@ result is `(net, info)`: `wait`, `as_completed` and `add_done_callback` work as 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -20,8 +21,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from nbscale.pool import active_stops
 from nbscale.training.event_bunches import EventBunches
-from nbscale.training.events import IterationDone, TrainingStarted
+from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
 from nbscale.training.info import TrainingInfo
 from nbscale.training.options import TrainingOptions
 from nbscale.training.run_inputs import CheckedInputs
@@ -29,6 +31,8 @@ from nbscale.training.run_inputs import CheckedInputs
 if TYPE_CHECKING:
     from nbscale.pool.pool import Pool
     from nbscale.training.plan import RunPlan
+
+STOPPED_ON_REQUEST = "Stopped on request"  # what the worker says when the notebook stopped the run
 
 
 class TrainingRun(Future[Any]):
@@ -55,12 +59,14 @@ class TrainingRun(Future[Any]):
         self._listeners: list[Callable[[TrainingRun], None]] = []
         self._event_listeners: list[Callable[[Any], None]] = []  # each training event, as it arrives
         self._final_state: str | None = None
+        self._stop_reason: str | None = None  # who asked it to stop first (`stop`, `request`): the run's reason
         self._lock = threading.Lock()
 
     # ---- the pool side --------------------------------------------------------------------------------------
 
     def _attach(self, pool: Pool, task: Future[Any]) -> None:
         self.pool, self._task = pool, task
+        active_stops.add(self)  # until it ends: a SLURM allocation's time limit stops it as Stop does
         task.add_done_callback(self._task_done)
 
     def _on_event(self, rank: int, events: object) -> None:
@@ -69,13 +75,21 @@ class TrainingRun(Future[Any]):
             for event in events if isinstance(events, list) else [events]:
                 if isinstance(event, TrainingStarted) and self.started_at is None:
                     self.started_at = time.time()
+                event = self._with_stop_reason(event)
                 self.info.record(event)
                 for listener in self._event_listeners:
                     listener(event)
         self._notify()
 
+    def _with_stop_reason(self, event: object) -> object:
+        """`event`, its stop reason the one `request` gave when the worker only knows it was asked to stop."""
+        if isinstance(event, TrainingDone) and event.stop_reason == STOPPED_ON_REQUEST and self._stop_reason:
+            return dataclasses.replace(event, stop_reason=self._stop_reason)
+        return event
+
     def _task_done(self, task: Future[Any]) -> None:
         self.ended_at = time.time()
+        active_stops.discard(self)
         # the listeners (displays) hear the outcome before the result is out, so that a cell waiting for
         # run.result() ends with the final figure
         if task.cancelled() or isinstance(task.exception(), CancelledError):
@@ -89,6 +103,8 @@ class TrainingRun(Future[Any]):
             self.set_exception(task.exception())
         else:
             self.net, self.info = task.result()
+            if self.info.stop_reason == STOPPED_ON_REQUEST and self._stop_reason:
+                self.info.stop_reason = self._stop_reason
             self._final_state = "done"
             self._notify()
             self.set_result((self.net, self.info))
@@ -147,7 +163,13 @@ class TrainingRun(Future[Any]):
 
     def stop(self) -> None:
         """Ask a running run to stop at the end of its current iteration; it then ends "done" with the net so far."""
-        if self._task is not None and not self.done():
+        self.request(STOPPED_ON_REQUEST)
+
+    def request(self, reason: str) -> None:
+        """`stop()`, with `reason` as the run's `info.stop_reason` (the first reason given wins). A queued run is
+        not reached, as by `stop()`: the caller asks again (the SLURM time limit's watch asks every 2 s)."""
+        if self._task is not None and self._task.running() and not self.done():
+            self._stop_reason = self._stop_reason or reason
             self.pool.request_stop(self._task)
 
     def __repr__(self) -> str:
@@ -266,7 +288,7 @@ def train_run_on_worker(
 
     def stop() -> str | None:
         if context.stop_requested:
-            return "Stopped on request"
+            return STOPPED_ON_REQUEST
         return stop_reason[0] if stop_reason else None
 
     device = context.device

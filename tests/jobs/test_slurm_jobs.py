@@ -1,5 +1,6 @@
 """Batch jobs through sbatch on the real one-node SLURM cluster of tests/slurm_cluster.py: a job's result, log and
-secrets; SLURM's state in %jobs while it waits in the queue; cancel is scancel."""
+secrets; a %%batch training followed by `%jobs show`, its checkpoints in the shared job folder resumed in the
+notebook; SLURM's state in %jobs while it waits in the queue; cancel is scancel."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import subprocess
 import time
 
 import pytest
+import torch
 
+import nbscale
 import nbscale.jobs as jobs
 from nbscale.jobs import JobStore
+from nbscale.training.checkpoint import load_checkpoint
 from nbscale.ui.jobs_table import JobsTable
+from tests.jobs.test_batch_magic import submitted_id
+from tests.kernel_session import KernelSession
 from tests.slurm_cluster import queue, running_cluster
+from tests.training.digits import digits, tiny_net
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +54,46 @@ def test_a_slurm_job_returns_its_variables_and_log_and_no_secret_reaches_the_sto
     assert "doubling 21" in job.log() and "submitted to SLURM as job" in job.log()
     for path in job_store.root.rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+
+
+TRAIN_CELL = """%%batch --cluster hpc --name digits
+import nbscale
+from tests.training.digits import digits, tiny_net
+(x, y), val = digits()
+opts = nbscale.TrainingOptions("sgdm", max_epochs=2, mini_batch_size=100, validation_data=val, verbose=False,
+                               checkpoint_path=nbscale.jobs.current_job_dir() / "checkpoints")
+net, info = nbscale.train(tiny_net(), (x, y), opts)
+"""
+
+
+def test_a_slurm_jobs_training_is_shown_and_its_checkpoints_in_the_shared_folder_resume_it(hpc):
+    kernel = KernelSession()  # NBSCALE_HOME, NBSCALE_PROFILES and SLURM_CONF as this process has them
+    try:
+        assert kernel.run("%load_ext nbscale").ok
+        submitted = kernel.run(TRAIN_CELL)
+        assert submitted.ok, submitted.text
+        job = jobs.get(submitted_id(submitted.stdout))
+        shown = kernel.run(f"%jobs show {job.id} --wait", timeout=2 * WAIT_S)
+        assert shown.ok, shown.text
+    finally:
+        kernel.shutdown()
+    panels = [d["text/plain"] for d in shown.displays if d.get("text/plain", "").startswith("Job:")]
+    assert panels and "State: Done: Max epochs completed" in panels[-1] and "Epoch: 2 of 2" in panels[-1], panels
+    assert any("image/png" in d for d in shown.displays)
+    assert job.wait(WAIT_S) and job.state == "finished", job.log()
+    checkpoints = sorted((job.folder / "checkpoints").iterdir())
+    assert [path.name for path in checkpoints] == [f"nbscale_checkpoint_epoch000{n}.pt" for n in (1, 2)]
+    saved = load_checkpoint(checkpoints[-1])["model"]
+    assert all(torch.equal(saved[name], value) for name, value in job.result("net").state_dict().items())
+
+    # resumed here, on the notebook's machine, for one more epoch: the same run trained 3 epochs in one go
+    (x, y), val = digits()
+    options = nbscale.TrainingOptions("sgdm", max_epochs=3, mini_batch_size=100, validation_data=val, verbose=False)
+    resumed, info = nbscale.train(tiny_net(), (x, y), options, resume_from=job.folder / "checkpoints")
+    straight, _ = nbscale.train(tiny_net(), (x, y), options)
+    assert info.epoch[0] == 1 and info.epoch[-1] == 3  # the history goes on from the checkpoint's
+    for a, b in zip(resumed.parameters(), straight.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_a_queued_slurm_job_shows_slurms_state_and_cancel_is_scancel(slurm, hpc):

@@ -1,9 +1,10 @@
 """Pools on a real one-node SLURM cluster (tests/slurm_cluster.py), used from a real kernel as a notebook user
 would: `%pool start 2 --cluster hpc` gets an allocation that runs Ray, spmd and "parallel" training run there,
-`%pool` shows the job, and every way a pool ends (stop, the interrupt of a pending start, a killed kernel) leaves
-nothing in squeue.
+`%pool` shows the job, a TrainingMonitor in an spmd cell shows and stops as on a local pool, the allocation's time
+limit stops `nbscale.train` and `train_async` runs like Stop, and every way a pool ends (stop, the interrupt of a
+pending start, a killed kernel) leaves nothing in squeue.
 
-Ray takes 15-60 s to start in the allocation on 2 busy cores, so one pool serves the first tests."""
+Ray takes 15-60 s to start in the allocation on 2 busy cores, so one pool (`hpc_pool`) serves the first tests."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from collections.abc import Iterator
 import pytest
 
 from tests.kernel_session import KernelSession
+from tests.monitor.test_training_monitor import SPMD_LOOP
 from tests.slurm_cluster import queue, running_cluster
+from tests.training.widget_click import WIDGET_VIEW, run_and_click
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray")
@@ -63,11 +66,17 @@ def _until(condition, timeout: float = QUEUE_TIMEOUT_S) -> bool:
     return True
 
 
-def test_a_pool_of_2_runs_in_a_slurm_allocation_with_spmd_and_parallel_training(slurm, hpc_kernel):
+@pytest.fixture(scope="module")
+def hpc_pool(hpc_kernel):
+    """`%pool start 2 --cluster hpc` in the module's kernel: what it printed (the module's tests share the pool)."""
     started = hpc_kernel.run("%pool start 2 --cluster hpc", timeout=900)
     assert started.ok and "Started 2 CPU workers" in started.stdout, started.text
-    job_id = re.search(r"SLURM job (\d+) runs: Ray started in it", started.stdout)
-    assert job_id is not None, started.stdout
+    return started
+
+
+def test_a_pool_of_2_runs_in_a_slurm_allocation_with_spmd_and_parallel_training(slurm, hpc_kernel, hpc_pool):
+    job_id = re.search(r"SLURM job (\d+) runs: Ray started in it", hpc_pool.stdout)
+    assert job_id is not None, hpc_pool.stdout
     assert _pool_jobs(slurm) == [f"{job_id[1]} RUNNING nbscale-pool"]
     shown = hpc_kernel.run("%pool")
     assert f"slurm job {job_id[1]} RUNNING" in shown.text, shown.text
@@ -87,6 +96,28 @@ def test_a_pool_of_2_runs_in_a_slurm_allocation_with_spmd_and_parallel_training(
     )
     assert trained.ok and "2 workers" in trained.stdout and "True" in trained.stdout, trained.text
 
+
+def test_a_training_monitor_in_an_spmd_cell_shows_in_the_notebook_and_stops_as_on_a_local_pool(hpc_kernel, hpc_pool):
+    # the same cell as tests/monitor's local pool test: one display for both ranks, its Stop reaching each rank
+    assert hpc_kernel.run("REDUCE, STEPS = 'first', 10**9").ok
+    result = run_and_click(hpc_kernel, SPMD_LOOP, click_after=3.0, timeout=300)
+    assert result.ok, result.text
+    assert len([d for d in result.displays if WIDGET_VIEW in d]) == 1
+    assert any("image/png" in d for d in result.displays)
+    check = hpc_kernel.run("print(list(stopped), min(last) > 10)")
+    assert check.ok and check.stdout.split() == ["[True,", "True]", "True"], check.text
+    # reduce="mean": the notebook's curve is the mean of the ranks' 1/step and 2/step
+    assert hpc_kernel.run("REDUCE, STEPS = 'mean', 20").ok
+    assert hpc_kernel.run(SPMD_LOOP, timeout=300).ok
+    check = hpc_kernel.run(
+        "from nbscale.monitor.training_monitor import views\nview = views[max(views)]\n"
+        "print(view.history['step'] == list(range(1, 21)), "
+        "all(abs(v - 1.5 / s) < 1e-6 for s, v in zip(view.history['step'], view.history['loss'])))"
+    )
+    assert check.ok and check.stdout.split() == ["True", "True"], check.text
+
+
+def test_pool_stop_releases_the_allocation(slurm, hpc_kernel, hpc_pool):
     stopped = hpc_kernel.run("%pool stop", timeout=120)
     assert stopped.ok, stopped.text
     assert _until(lambda: not _pool_jobs(slurm)), queue(slurm)
@@ -140,9 +171,10 @@ def test_a_killed_kernel_leaves_nothing_in_squeue(slurm, tmp_path):
         subprocess.run(["scancel", blocker], env=slurm, check=True)
 
 
-def test_the_time_limit_stops_a_training_like_stop_and_its_weights_come_back(slurm, tmp_path):
-    # a 2-minute allocation whose trainings stop 100 s before its end: about 20 s after it starts
-    kernel = _kernel(slurm, tmp_path, 'time = "2"\nstop_margin = 100')
+def test_the_time_limit_stops_a_training_and_a_train_async_run_like_stop_and_their_weights_come_back(slurm, tmp_path):
+    # a 10-minute allocation (Ray may take minutes to start on a busy node) whose trainings stop 590 s before its
+    # end: from its first seconds on
+    kernel = _kernel(slurm, tmp_path, 'time = "10"\nstop_margin = 590')
     try:
         started = kernel.run("%pool start 2 --cluster hpc", timeout=900)
         assert started.ok, started.text
@@ -152,14 +184,21 @@ def test_the_time_limit_stops_a_training_like_stop_and_its_weights_come_back(slu
             "options = nbscale.TrainingOptions('sgdm', initial_learn_rate=0.1, mini_batch_size=64, max_epochs=100000, "
             "execution_environment='parallel', plots='none', verbose=False)\n"
             "net, info = nbscale.train(net0, (train_x, train_y), options)\n"
-            "print('moved', any(not torch.equal(a, b) for a, b in zip(first, net.parameters())))\n"
-            "print('epochs', info.epoch[-1] < 100000)\nprint('reason', info.stop_reason)",
+            "net2 = tiny_net()\nsecond = [p.detach().clone() for p in net2.parameters()]\n"
+            "run = nbscale.train_async(net2, (train_x, train_y), options)\n"
+            "net1, info1 = run.result(timeout=120)\n"
+            "print('moved', any(not torch.equal(a, b) for a, b in zip(first, net.parameters())), "
+            "any(not torch.equal(a, b) for a, b in zip(second, net1.parameters())))\n"
+            "print('epochs', info.epoch[-1] < 100000, info1.epoch[-1] < 100000)\n"
+            "print('reason', info.stop_reason)\nprint('async', info1.stop_reason)",
             timeout=300,
         )
         assert trained.ok, trained.text
-        assert "moved True" in trained.stdout and "epochs True" in trained.stdout, trained.stdout
-        assert "time limit (field time of profile 'hpc'" in trained.stdout, trained.stdout
-        assert "stop_margin = 100 s" in trained.stdout, trained.stdout
+        assert "moved True True" in trained.stdout and "epochs True True" in trained.stdout, trained.stdout
+        for line in ("reason", "async"):
+            [reason] = [text for text in trained.stdout.splitlines() if text.startswith(line)]
+            assert "time limit (field time of profile 'hpc', 10)" in reason, trained.stdout
+            assert "stop_margin = 590 s" in reason, trained.stdout
     finally:
         kernel.run("p = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=120)
         kernel.shutdown()

@@ -156,6 +156,21 @@ def test_stop_ends_a_run_with_the_network_so_far_and_leaves_the_other_run_alone(
         second.result(timeout=30)
 
 
+def test_a_stop_for_every_pool_training_ends_a_run_with_its_reason_and_the_network_so_far(pool, data) -> None:
+    # what a SLURM allocation's time limit calls (nbscale.pool.backends.slurm_time_limit); its reason is the run's
+    from nbscale.pool.active_stops import stop_all
+
+    (train_x, train_y), _ = data
+    options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
+    run = nbscale.train_async(tiny_net(), (train_x, train_y), options, pool=pool)
+    _wait_for(lambda: run.info.iteration)
+    assert stop_all("Stopped: the time limit") == 1
+    net, info = run.result(timeout=30)
+    assert info.stop_reason == "Stopped: the time limit" and 0 < info.epoch[-1] < 100000
+    assert isinstance(net, nn.Module) and run.info.stop_reason == "Stopped: the time limit"
+    assert stop_all("Stopped: the time limit") == 0  # an ended run is no longer asked
+
+
 def test_runs_of_a_sweep_with_a_checkpoint_path_each_write_and_resume_from_their_own_folder(
     pool, data, tmp_path
 ) -> None:

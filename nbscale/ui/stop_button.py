@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from nbscale.training.events import StopSignal
+from nbscale.ui import widget_front_end
 
 STOP_TOOLTIP = "Stop training at the end of this iteration (the kernel interrupt does too)"
 
@@ -25,6 +26,7 @@ def stop_button(stop: StopSignal, tooltip: str = STOP_TOOLTIP) -> Any:
         button.description = "Stopping..."
 
     button.on_click(on_click)
+    widget_front_end.watch(button)  # its first view tells this kernel its front end draws widgets (a live figure)
     return button
 
 

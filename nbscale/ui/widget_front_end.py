@@ -23,8 +23,8 @@ def known() -> bool:
 
 
 def watch(widget: Any) -> None:
-    """Have the front end report each view of `widget` it draws (call before the widget is displayed)."""
-    widget._view_count = 0  # None (ipywidgets' default) means the front end does not count views
+    """Be told when the front end draws a view of `widget`, whose `_view_count` starts at 0 (ipywidgets' default,
+    None, means the front end does not count views) and is not echoed (see nbscale.ui.stop_button)."""
     widget.observe(_on_views, names="_view_count")
 
 

@@ -25,7 +25,7 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 _MARKS = ("iteration", "val_iteration", "drop_iteration", "drop_rate", "restart_iteration")
 
 
-class LiveFigure(anywidget.AnyWidget):  # type: ignore[misc]  # ipywidgets (its base) is untyped
+class LiveFigure(anywidget.AnyWidget):
     """A figure's panels drawn in the browser; `push(columns)` sends what the columns gained."""
 
     _esm = Path(__file__).with_name("live_figure.js")
@@ -96,9 +96,7 @@ def _panel(panel: Any) -> dict[str, Any]:
         "label": panel.label,
         "limits": list(panel.limits) if panel.limits is not None else None,
         "log": panel.log,
-        "series": [
-            {"key": s.key, "kind": s.kind, "label": s.label, "colours": list(s.colours)} for s in panel.series
-        ],
+        "series": [{"key": s.key, "kind": s.kind, "label": s.label, "colours": list(s.colours)} for s in panel.series],
     }
 
 

@@ -226,7 +226,7 @@ class TrainingProgress:
 
     def _go_live(self) -> None:
         """Where this kernel's front end draws widgets, the figure becomes a LiveFigure (its PNG beside it)."""
-        if widget_front_end.known():
+        if widget_front_end.known() and self._figure is not None:
             from nbscale.ui.live_figure import show_live
 
             self.live = show_live(self.figure_handle, self._figure, self._figure_bundle())

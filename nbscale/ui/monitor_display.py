@@ -65,16 +65,19 @@ class MonitorDisplay:
         if self._click_route is None and holds_the_cell:
             say_stop_needs_the_interrupt(self.button)
         self.info_handle = display(self._info_bundle({}, None, "Running"), raw=True, display_id=True)
+        self.shown_png = b""  # the figure as last drawn: the PNG beside a live figure
         self.figure_handle = display(self._figure_bundle({}), raw=True, display_id=True)
         self.live: Any = None  # a LiveFigure (nbscale.ui.live_figure), where the front end draws widgets
         self.columns: dict[str, list[float]] = {}
         self.progress: float | None = None
 
-    def _go_live(self, columns: dict[str, list[float]], progress: float | None) -> None:
+    def _go_live(self) -> None:
+        """Where this kernel's front end draws widgets, the figure becomes a LiveFigure beside the PNG last drawn."""
         if widget_front_end.known():
             from nbscale.ui.live_figure import show_live
 
-            self.live = show_live(self.figure_handle, self.figure, self._figure_bundle(columns, progress))
+            bundle = {"image/png": self.shown_png, "text/plain": "<training progress figure>"}
+            self.live = show_live(self.figure_handle, self.figure, bundle)
 
     def set_log(self, panel: int, log: bool) -> None:
         self.figure.set_log(panel, log)
@@ -95,7 +98,7 @@ class MonitorDisplay:
         self.columns, self.progress = columns, progress
         now = time.perf_counter()
         if self.live is None:
-            self._go_live(columns, progress)
+            self._go_live()
         if self.live is not None:  # drawn in the browser: its new points, at each read
             self.live.push(columns, progress)
         elif figure or self.figure_clock.due(now):
@@ -120,7 +123,8 @@ class MonitorDisplay:
             self._click_route = None
 
     def _figure_bundle(self, columns: dict[str, list[float]], progress: float | None = None) -> dict[str, Any]:
-        return {"image/png": self.figure.render(columns, progress), "text/plain": "<training progress figure>"}
+        self.shown_png = self.figure.render(columns, progress)
+        return {"image/png": self.shown_png, "text/plain": "<training progress figure>"}
 
     def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
         rows = [

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from nbscale.ui.live_figure import LiveFigure
 
 
+FIGURE_TEXT = "<training progress figure>"
+
+
 class TrainingProgress:
     """Listener for the training event channel that draws the training-progress display."""
 
@@ -62,6 +65,7 @@ class TrainingProgress:
         self._click_route: Any = None
         self._figure: ProgressFigure | None = None
         self.live: LiveFigure | None = None  # the figure drawn in the browser, where the front end draws widgets
+        self.shown_png: bytes | None = None  # the figure as last drawn: the PNG beside a live figure
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, IterationDone):  # first: this runs every iteration
@@ -225,11 +229,13 @@ class TrainingProgress:
             self.info_handle.update(self._info_bundle(), raw=True)
 
     def _go_live(self) -> None:
-        """Where this kernel's front end draws widgets, the figure becomes a LiveFigure (its PNG beside it)."""
+        """Where this kernel's front end draws widgets, the figure becomes a LiveFigure beside the PNG last drawn
+        (not drawn again: a draw is what the live figure saves)."""
         if widget_front_end.known() and self._figure is not None:
             from nbscale.ui.live_figure import show_live
 
-            self.live = show_live(self.figure_handle, self._figure, self._figure_bundle())
+            png = self.shown_png if self.shown_png is not None else self._figure.render(self.columns)
+            self.live = show_live(self.figure_handle, self._figure, {"image/png": png, "text/plain": FIGURE_TEXT})
 
     def _draw(self, final: bool = False) -> None:
         """The figure and the info panel; `final`: the figure as a PNG alone, in place of a live figure (what a
@@ -247,7 +253,8 @@ class TrainingProgress:
 
     def _figure_bundle(self) -> dict[str, Any]:
         assert self._figure is not None
-        return {"image/png": self._figure.render(self.columns), "text/plain": "<training progress figure>"}
+        self.shown_png = self._figure.render(self.columns)
+        return {"image/png": self.shown_png, "text/plain": FIGURE_TEXT}
 
     def _info_bundle(self) -> dict[str, str]:
         rows = self._info_rows()

@@ -1,4 +1,4 @@
-"""The live figure drawn in the browser (issue 42), in a real JupyterLab in Chromium: while a fast loop trains, the
+"""The live figure drawn in the browser (issue 42), in a real JupyterLab and Notebook 7 in Chromium: while a fast loop trains, the
 figure is a canvas that changes between screenshots a second apart; Stop leaves the final PNG in its place, and
 the saved notebook holds that PNG alone (no widget a reopened notebook could not show)."""
 
@@ -33,16 +33,17 @@ print("returned", info.stop_reason)""",
 ]
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Server]:
-    with jupyter_server(tmp_path, {"figure.ipynb": CELLS}) as server:
+@pytest.fixture(params=["jupyterlab", "notebook"])
+def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
+    """JupyterLab, then Notebook 7, serving the notebook."""
+    with jupyter_server(tmp_path, {"figure.ipynb": CELLS}, app=request.param) as server:
         yield server
 
 
 def test_the_live_figure_is_a_canvas_that_moves_and_the_saved_notebook_keeps_its_png(lab: Server, tmp_path: Path):
     from playwright.sync_api import expect
 
-    with notebook_page(lab, "figure.ipynb", "live-figure") as page:
+    with notebook_page(lab, "figure.ipynb", f"live-figure-{lab.app}") as page:
         run_cell(page, 0, CELLS)
         cell = run_cell(page, 1, CELLS, wait=False)
         canvas = cell.locator("canvas.nbscale-live-figure")
@@ -54,7 +55,7 @@ def test_the_live_figure_is_a_canvas_that_moves_and_the_saved_notebook_keeps_its
             time.sleep(1.0)  # the interval is what is tested: the figure moves at least every second
         assert all(a != b for a, b in zip(pictures, pictures[1:], strict=False)), "the canvas did not change"
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        canvas.screenshot(path=str(ARTIFACTS / "live-figure-canvas.png"))
+        canvas.screenshot(path=str(ARTIFACTS / f"live-figure-canvas-{lab.app}.png"))
 
         cell.locator("button", has_text="Stop").click()
         expect(cell.locator(".jp-OutputArea")).to_contain_text("returned Stopped by the Stop button", timeout=60_000)

@@ -177,6 +177,9 @@ print(json.dumps({"loss": losses}))
     assert len(sent) >= 4 and kinds == ["reset"] + ["points"] * (len(sent) - 1), kinds
     received = [v for content, _ in sent for v in content["columns"].get("loss", [])]
     assert received == pytest.approx(printed(messages)["loss"][: len(received)], rel=1e-5)
-    final = [m["content"]["data"] for m in messages if m["msg_type"] == "update_display_data" and "image/png" in m[
-        "content"]["data"]][-1]
+    final = [
+        m["content"]["data"]
+        for m in messages
+        if m["msg_type"] == "update_display_data" and "image/png" in m["content"]["data"]
+    ][-1]
     assert WIDGET_VIEW not in final

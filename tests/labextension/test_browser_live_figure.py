@@ -1,6 +1,6 @@
-"""The live figure drawn in the browser (issue 42), in a real JupyterLab and Notebook 7 in Chromium: while a fast loop trains, the
-figure is a canvas that changes between screenshots a second apart; Stop leaves the final PNG in its place, and
-the saved notebook holds that PNG alone (no widget a reopened notebook could not show)."""
+"""The live figure drawn in the browser (issue 42), in a real JupyterLab and Notebook 7 in Chromium: while a fast
+loop trains, the figure is a canvas that changes between screenshots a second apart; Stop leaves the final PNG in
+its place, and the saved notebook holds that PNG alone (no widget a reopened notebook could not show)."""
 
 from __future__ import annotations
 

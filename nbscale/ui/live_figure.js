@@ -1,7 +1,8 @@
 // nbscale's live training-progress figure, drawn in the browser: the panels of the PNG figure
 // (nbscale/ui/progress_figure.py) on a canvas, from the points the kernel sends (nbscale/ui/live_figure.py).
-// The kernel sends only the points added since its last message ({type: "points"}); a view that opens says
-// "ready", and the kernel's next message ({type: "reset"}) carries every point. The axis rules are the PNG's:
+// The kernel sends only the points added since its last message ({type: "points"}, a float64 buffer per column);
+// a view that opens says "ready", and the kernel's next message ({type: "reset"}) carries every point. The axis
+// rules are the PNG's:
 // iterations 0..total (an unknown length widens to a round number), accuracy 0..100, other panels fitted to
 // their values and refitted when a value leaves them, epochs as alternating bands labelled along the top,
 // learn-rate drops and restarts marked, legends in a column right of the panels.
@@ -343,11 +344,14 @@ export default {
       Object.assign(view, { right: Math.max(layout.total, 1), limits: {} });
       columns = {};
     };
-    const receive = (message) => {
+    const receive = (message, buffers) => {
+      // one buffer of float64 per key (NaN where a value is missing), in the order of message.keys
       if (message.type === "reset") reset();
-      for (const [key, values] of Object.entries(message.columns)) {
-        columns[key] = (columns[key] ?? []).concat(values.map((v) => (v === null ? NaN : v)));
-      }
+      message.keys.forEach((key, i) => {
+        const view = buffers[i];
+        const copy = view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength); // aligned for Float64Array
+        columns[key] = (columns[key] ?? []).concat(Array.from(new Float64Array(copy)));
+      });
       progress = message.progress ?? null;
       redraw();
     };

@@ -1,16 +1,17 @@
 """The live training-progress figure drawn in the browser: an anywidget whose front end (live_figure.js) draws the
 PNG figure's panels (nbscale.ui.progress_figure) on a canvas from the points the kernel sends.
 
-Each `push` sends only the points added since the last one: a comm message of a few hundred bytes, however long
-the run, with no drawing in the kernel. A view that opens (the first, a second tab, a reloaded page) says
-"ready", and the next push sends every point instead. The widget shares its display with a PNG of the figure:
-a front end without the widget's state shows that image; at the run's end the display becomes the final PNG alone
-(`show_final`), so a saved notebook and nbconvert show the figure without a kernel (docs/ui.md).
+Each `push` sends only the points added since the last one: a comm message with one binary buffer of float64 per
+column that gained values (8 bytes a value: a few kB, however long the run), and no drawing in the kernel. A view
+that opens (the first, a second tab, a reloaded page) says "ready", and the next push sends every point instead.
+The widget shares its display with a PNG of the figure: a front end without the widget's state shows that image;
+at the run's end the caller shows the final PNG alone in its place, so a saved notebook and nbconvert show the
+figure without a kernel (docs/ui.md).
 """
 
 from __future__ import annotations
 
-import math
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +63,18 @@ class LiveFigure(anywidget.AnyWidget):
             kind = "reset"
         else:
             kind = "points"
-        new = {}
+        keys, buffers = [], []
         for key in self.column_keys:
             column = columns.get(key)
             start = self.sent.get(key, 0)
             if column is not None and len(column) > start:
                 end = len(column)
-                new[key] = [v if math.isfinite(v) else None for v in column[start:end]]  # JSON has no NaN
+                keys.append(key)
+                buffers.append(array("d", column[start:end]).tobytes())  # 8 bytes a value, NaN kept (JSON has none)
                 self.sent[key] = end
-        if new or kind == "reset" or progress != self.progress:
+        if keys or kind == "reset" or progress != self.progress:
             self.progress = progress
-            self.send({"type": kind, "columns": new, "progress": progress})
+            self.send({"type": kind, "keys": keys, "progress": progress}, buffers)
             keep_routed(self, self.subshell)  # sending from this thread reset the route
 
     def end(self) -> None:

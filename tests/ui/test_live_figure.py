@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -80,14 +81,17 @@ def live_figure_comm(messages: list[dict[str, Any]]) -> str:
 
 
 def custom_messages(messages: list[dict[str, Any]], comm_id: str) -> list[tuple[dict[str, Any], int]]:
-    """(content, its size in bytes as JSON) of each custom message the kernel sent the live figure."""
-    return [
-        (m["content"]["data"]["content"], len(json.dumps(m["content"]["data"]["content"])))
-        for m in messages
-        if m["msg_type"] == "comm_msg"
-        and m["content"]["comm_id"] == comm_id
-        and m["content"]["data"].get("method") == "custom"
-    ]
+    """(content, its size in bytes) of each custom message the kernel sent the live figure, its columns (one float64
+    buffer per key) read back into `content["columns"]`."""
+    sent = []
+    for m in messages:
+        data = m["content"].get("data", {})
+        if m["msg_type"] != "comm_msg" or m["content"]["comm_id"] != comm_id or data.get("method") != "custom":
+            continue
+        content, buffers = data["content"], [bytes(b) for b in m["buffers"]]
+        columns = {key: array("d", buffer).tolist() for key, buffer in zip(content["keys"], buffers, strict=True)}
+        sent.append(({**content, "columns": columns}, len(json.dumps(content)) + sum(map(len, buffers))))
+    return sent
 
 
 def printed(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -113,7 +117,9 @@ def test_train_sends_the_widget_only_new_points_and_leaves_the_final_png(kernel:
     # small, and not growing with the run: the last messages are no larger than the early ones, with room for a tick
     # that a busy machine let run longer
     sizes = [size for _, size in sent[1:-1]]
-    assert max(sizes) < 20_000, sizes
+    for content, size in sent:  # 8 bytes a value and a short header: no copy of what was sent before
+        assert size <= 8 * sum(map(len, content["columns"].values())) + 300, (size, content["keys"])
+    assert max(sizes) < 64_000, sizes  # a tick's worth of a fast loop (hundreds of iterations), not the run's
     assert max(sizes[len(sizes) // 2 :]) <= 3 * max(sizes[: len(sizes) // 2]), sizes
     # the display: the widget beside a PNG while live, the final PNG alone at the end
     figures = [m["content"]["data"] for m in messages if m["msg_type"] == "update_display_data"]

@@ -96,3 +96,16 @@ def _request(client: Any, kind: str, content: dict[str, Any], timeout: float = 1
             if reply["content"].get("status", "ok") != "ok":
                 raise RuntimeError(reply["content"].get("evalue", f"{kind} failed"))
             return cast("dict[str, Any]", reply["content"])
+
+
+def routed_to(widget: Any) -> str | None:
+    """The subshell `widget`'s incoming messages go to (None: the main thread's shell)."""
+    return getattr(getattr(widget, "comm", None), "_reply_subshell_id", None)
+
+
+def keep_routed(widget: Any, subshell_id: str | None) -> None:
+    """Route `widget`'s messages to `subshell_id` again after the main thread sent on its comm: ipykernel 7.4 sends
+    a comm's incoming messages to the subshell that last sent on it, and the main thread's is none."""
+    comm = getattr(widget, "comm", None)
+    if subshell_id is not None and comm is not None:
+        comm._reply_subshell_id = subshell_id

@@ -186,7 +186,7 @@ class JobTrainingProgress(TrainingProgress):
             return
         self.job_state = state
         self.state = f"Job {state}" + (f": {error}" if _says_more(error, state) else "")
-        self._draw()
+        self._draw(final=True)
         self._close_button()
 
     def _info_rows(self) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ from html import escape
 from typing import Any
 
 from nbscale.training.events import MetricsRead, MonitorDone, PanelScale, StopSignal
+from nbscale.ui import widget_front_end
 from nbscale.ui.click_routing import route_clicks_off_main_thread
 from nbscale.ui.live_clock import FIGURE_BUDGET, FigureClock
 from nbscale.ui.progress import format_duration
@@ -70,7 +71,19 @@ class MonitorDisplay:
         if self._click_route is None and holds_the_cell:
             say_stop_needs_the_interrupt(self.button)
         self.info_handle = display(self._info_bundle({}, None, "Running"), raw=True, display_id=True)
+        self.shown_png = b""  # the figure as last drawn: the PNG beside a live figure
         self.figure_handle = display(self._figure_bundle({}), raw=True, display_id=True)
+        self.live: Any = None  # a LiveFigure (nbscale.ui.live_figure), where the front end draws widgets
+        self.columns: dict[str, list[float]] = {}
+        self.progress: float | None = None
+
+    def _go_live(self) -> None:
+        """Where this kernel's front end draws widgets, the figure becomes a LiveFigure beside the PNG last drawn."""
+        if widget_front_end.known():
+            from nbscale.ui.live_figure import show_live
+
+            bundle = {"image/png": self.shown_png, "text/plain": "<training progress figure>"}
+            self.live = show_live(self.figure_handle, self.figure, bundle)
 
     def __call__(self, event: object) -> None:
         """A monitor's event: a read drawn (the figure when flushed or when its clock says so), a panel's scale
@@ -90,6 +103,8 @@ class MonitorDisplay:
 
     def set_log(self, panel: int, log: bool) -> None:
         self.figure.set_log(panel, log)
+        if self.live is not None:
+            self.live.follow(self.figure)
 
     def draw(
         self,
@@ -102,15 +117,25 @@ class MonitorDisplay:
     ) -> None:
         """The info panel; the figure too when `figure` is True, or when its clock says so (nbscale.ui.live_clock)."""
         self.step = _last_step(columns, self.step)
+        self.columns, self.progress = columns, progress
         now = time.perf_counter()
-        if figure or self.figure_clock.due(now):
+        if self.live is None:
+            self._go_live()
+        if self.live is not None:  # drawn in the browser: its new points, at each read
+            self.live.push(columns, progress)
+        elif figure or self.figure_clock.due(now):
             self.figure_handle.update(self._figure_bundle(columns, progress), raw=True)
             self.figure_clock.drew(now, time.perf_counter() - now)
         self.status = status
         self.info_handle.update(self._info_bundle(info, progress, state), raw=True)
 
     def close(self) -> None:
-        """Remove the Stop button (no dead widget in the saved notebook) and its subshell."""
+        """The last figure as a PNG in place of a live one; remove the Stop button (no dead widget in the saved
+        notebook) and its subshell."""
+        if self.live is not None:
+            self.live.end()
+            self.live = None
+            self.figure_handle.update(self._figure_bundle(self.columns, self.progress), raw=True)
         if self.button is not None:
             self.button.close()
             self.button = None
@@ -120,7 +145,8 @@ class MonitorDisplay:
             self._click_route = None
 
     def _figure_bundle(self, columns: dict[str, list[float]], progress: float | None = None) -> dict[str, Any]:
-        return {"image/png": self.figure.render(columns, progress), "text/plain": "<training progress figure>"}
+        self.shown_png = self.figure.render(columns, progress)
+        return {"image/png": self.shown_png, "text/plain": "<training progress figure>"}
 
     def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
         rows = [

@@ -25,6 +25,7 @@ from nbscale.training.events import (
     TrainingRestarted,
     TrainingStarted,
 )
+from nbscale.ui import widget_front_end
 from nbscale.ui.click_routing import route_clicks_off_main_thread
 from nbscale.ui.live_clock import FIGURE_BUDGET, INFO_INTERVAL_S, FigureClock
 from nbscale.ui.progress_figure import ProgressFigure, extend_smoothed, figure_for_run, is_drop, metric_panels
@@ -32,6 +33,10 @@ from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, s
 
 if TYPE_CHECKING:
     from nbscale.training.events import Event
+    from nbscale.ui.live_figure import LiveFigure
+
+
+FIGURE_TEXT = "<training progress figure>"
 
 
 class TrainingProgress:
@@ -59,6 +64,8 @@ class TrainingProgress:
         self.button: Any = None
         self._click_route: Any = None
         self._figure: ProgressFigure | None = None
+        self.live: LiveFigure | None = None  # the figure drawn in the browser, where the front end draws widgets
+        self.shown_png: bytes | None = None  # the figure as last drawn: the PNG beside a live figure
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, IterationDone):  # first: this runs every iteration
@@ -85,7 +92,7 @@ class TrainingProgress:
                     event.validation_loss,
                     validation_metrics(event.validation_metrics, event.validation_accuracy),
                 )
-            self._draw()
+            self._draw(final=True)
             self._close_button()
             if self._figure is not None and not self.redraws_when_done:
                 self._figure.release()
@@ -161,7 +168,10 @@ class TrainingProgress:
             event.iterations_per_epoch,
             metric_panels(self.metric_names, rising_metrics(self.metric_names, event)),
         )
-        self.figure_handle = self._show_figure(self._figure_bundle())
+        if self.live is not None:  # a run that starts again in the same display: drawn from its first point
+            self.live.follow(self._figure)
+        else:
+            self.figure_handle = self._show_figure(self._figure_bundle())
         self.figure_clock = FigureClock(time.perf_counter(), self.figure_clock.budget)
 
     def _drop_empty_panels(self, first: IterationDone) -> None:
@@ -181,6 +191,8 @@ class TrainingProgress:
             start.iterations_per_epoch,
             metric_panels(kept, rising_metrics(kept, start)),
         )
+        if self.live is not None:
+            self.live.follow(self._figure)
 
     def _show_figure(self, bundle: dict[str, Any]) -> Any:
         """The figure's first output and its display handle (below the info panel)."""
@@ -204,23 +216,45 @@ class TrainingProgress:
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
 
     def _draw_due(self, now: float) -> None:
-        """The info panel, and the figure too when its clock says so (nbscale.ui.live_clock)."""
+        """The info panel, and the figure: its new points where it is drawn in the browser (nbscale.ui.live_figure),
+        else a PNG when its clock says so (nbscale.ui.live_clock)."""
         self.next_info = now + self.info_interval
-        if self.figure_clock.due(now) and self.figure_handle is not None and self._figure is not None:
+        if self.live is None and self.figure_handle is not None and self._figure is not None:
+            self._go_live()
+        live_or_due = self.live is not None or self.figure_clock.due(now)
+        if live_or_due and self.figure_handle is not None and self._figure is not None:
             self._draw()
             self.figure_clock.drew(now, time.perf_counter() - now)
         elif self.info_handle is not None:
             self.info_handle.update(self._info_bundle(), raw=True)
 
-    def _draw(self) -> None:
+    def _go_live(self) -> None:
+        """Where this kernel's front end draws widgets, the figure becomes a LiveFigure beside the PNG last drawn
+        (not drawn again: a draw is what the live figure saves)."""
+        if widget_front_end.known() and self._figure is not None:
+            from nbscale.ui.live_figure import show_live
+
+            png = self.shown_png if self.shown_png is not None else self._figure.render(self.columns)
+            self.live = show_live(self.figure_handle, self._figure, {"image/png": png, "text/plain": FIGURE_TEXT})
+
+    def _draw(self, final: bool = False) -> None:
+        """The figure and the info panel; `final`: the figure as a PNG alone, in place of a live figure (what a
+        saved notebook keeps)."""
         if self.figure_handle is None or self._figure is None:  # not started, or done and its figure handed on
             return
-        self.figure_handle.update(self._figure_bundle(), raw=True)
+        if self.live is not None and not final:
+            self.live.push(self.columns)
+        else:
+            if self.live is not None:
+                self.live.end()
+                self.live = None
+            self.figure_handle.update(self._figure_bundle(), raw=True)
         self.info_handle.update(self._info_bundle(), raw=True)
 
     def _figure_bundle(self) -> dict[str, Any]:
         assert self._figure is not None
-        return {"image/png": self._figure.render(self.columns), "text/plain": "<training progress figure>"}
+        self.shown_png = self._figure.render(self.columns)
+        return {"image/png": self.shown_png, "text/plain": FIGURE_TEXT}
 
     def _info_bundle(self) -> dict[str, str]:
         rows = self._info_rows()
@@ -301,6 +335,8 @@ class TrainingProgress:
             self._shell = shell
 
     def _on_cell_end(self, _result: object = None) -> None:
+        if self.live is not None:  # the run failed: its last figure as a PNG in place of the live one
+            self._draw(final=True)
         self._close_button()
 
     def _close_button(self) -> None:

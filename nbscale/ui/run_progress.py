@@ -72,7 +72,7 @@ class RunProgress(TrainingProgress):
                 self(event)
             if self.done is None:  # failed or cancelled: no TrainingDone came
                 self.state = f"Run {self.run.state}" + (f": {self.run.error}" if self.run.error else "")
-            self._draw()
+            self._draw(final=True)
         finally:
             self._close_button()
             self.finished = True

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 from nbscale.training.events import StopSignal
+from nbscale.ui import widget_front_end
 
 STOP_TOOLTIP = "Stop training at the end of this iteration (the kernel interrupt does too)"
 
@@ -15,9 +17,7 @@ def stop_button(stop: StopSignal, tooltip: str = STOP_TOOLTIP) -> Any:
     Its clicks arrive only after the running cell ends unless they are routed to a subshell
     (nbscale.ui.click_routing); where they cannot be, `say_stop_needs_the_interrupt` says so on it.
     """
-    import ipywidgets
-
-    button = ipywidgets.Button(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
+    button = _button_class()(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
 
     def on_click(_: object) -> None:
         stop.request("Stopped by the Stop button")
@@ -25,7 +25,22 @@ def stop_button(stop: StopSignal, tooltip: str = STOP_TOOLTIP) -> Any:
         button.description = "Stopping..."
 
     button.on_click(on_click)
+    widget_front_end.watch(button)  # its first view tells this kernel its front end draws widgets (a live figure)
     return button
+
+
+@cache
+def _button_class() -> Any:
+    """ipywidgets' Button, its views counted by the front end (nbscale.ui.widget_front_end) with no echo: ipywidgets
+    echoes an update from the thread that handles it, a subshell's, and ipykernel then sends the comm's next messages
+    (a click) to the main thread's shell, which the running cell holds."""
+    import ipywidgets
+    import traitlets
+
+    class StopButton(ipywidgets.Button):  # type: ignore[misc]  # ipywidgets is untyped
+        _view_count = traitlets.Int(0, allow_none=True).tag(sync=True, echo_update=False)
+
+    return StopButton
 
 
 def say_stop_needs_the_interrupt(button: Any) -> None:

@@ -1,0 +1,33 @@
+"""Whether this kernel's front end draws widgets: a live browser (JupyterLab, Notebook 7) does; a headless run
+(nbclient, `jupyter nbconvert --execute`, papermill), a test's kernel and a terminal IPython do not.
+
+A kernel cannot ask its front end, so it is told: each Stop button counts its views (ipywidgets' `_view_count`,
+which the front end raises when it draws one), and a live figure's view says "ready" when it opens
+(nbscale.ui.live_figure). The first such report makes the front end known to this kernel for good; until then
+the live figure is a PNG (nbscale.ui.live_clock). The reports arrive while a cell runs only where the widgets'
+messages go to a subshell (nbscale.ui.click_routing); elsewhere they arrive after the cell, and the next run is drawn
+live.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+SEEN = threading.Event()  # set once a widget view of this kernel was drawn; tests and benchmarks may set it
+
+
+def known() -> bool:
+    """True once a front end of this kernel drew a widget."""
+    return SEEN.is_set()
+
+
+def watch(widget: Any) -> None:
+    """Be told when the front end draws a view of `widget`, whose `_view_count` starts at 0 (ipywidgets' default,
+    None, means the front end does not count views) and is not echoed (see nbscale.ui.stop_button)."""
+    widget.observe(_on_views, names="_view_count")
+
+
+def _on_views(change: dict[str, Any]) -> None:
+    if change["new"]:
+        SEEN.set()

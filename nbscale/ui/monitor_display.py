@@ -74,8 +74,6 @@ class MonitorDisplay:
         self.shown_png = b""  # the figure as last drawn: the PNG beside a live figure
         self.figure_handle = display(self._figure_bundle({}), raw=True, display_id=True)
         self.live: Any = None  # a LiveFigure (nbscale.ui.live_figure), where the front end draws widgets
-        self.columns: dict[str, list[float]] = {}
-        self.progress: float | None = None
 
     def _go_live(self) -> None:
         """Where this kernel's front end draws widgets, the figure becomes a LiveFigure beside the PNG last drawn."""

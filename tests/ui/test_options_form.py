@@ -18,9 +18,8 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 CAPTURE = """
 import torch, nbscale, nbscale.training.trainer as trainer
 captured = []
-real_train = trainer.train
-trainer.train = lambda model, data, options, loss_fn=None, *rest, **keywords: (
-    captured.append(options), (model, None))[1]
+trainer.train_planned = lambda model, checked, *rest, **keywords: (
+    captured.append(checked.options), (model, None))[1]
 """
 CELL_BODY = "\nmodel = torch.nn.Linear(64, 10)\ntrain_data = (torch.zeros(8, 64), torch.zeros(8, dtype=torch.long))\n"
 

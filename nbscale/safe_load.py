@@ -69,11 +69,12 @@ def _safe_globals(
     builtins.set among its own globals (a whole network's hooks hold sets), which 2.6+ allows: added there."""
     if _TAKES_NAMED_GLOBALS:
         return [(value, f"{module}.{name}") for (module, name), value in allowed.items()]
-    return [set] + [
+    named_alike = [
         value
         for (module, name), value in allowed.items()
         if (getattr(value, "__module__", None), getattr(value, "__name__", None)) == (module, name)
     ]
+    return [set, *named_alike]
 
 
 _TAKES_NAMED_GLOBALS = torch.__version__ >= "2.6"  # torch's TorchVersion compares by release, not as text

@@ -16,6 +16,17 @@ from jupyter_client.manager import KernelManager
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def cell_name(number: int | None = None) -> str:
+    """A regex of the name IPython gives notebook cell `number` (any cell when None) in a traceback: "Cell In[4]"
+    under IPython 8+; under IPython 7.34 (Colab's, the floor) the kernel's file of the cell, as IPython 7 names it
+    (nbscale.cell_names)."""
+    import IPython
+
+    if IPython.version_info >= (8,):
+        return r"Cell In\[" + (str(number) if number is not None else r"\d+") + r"\]"
+    return r"/\S*ipykernel_\d+/\d+\.py"
+
+
 @dataclass
 class CellResult:
     """What one executed cell showed: streams, rich outputs, and the error if it failed."""

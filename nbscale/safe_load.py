@@ -50,17 +50,34 @@ def load_restricted(stream: IO[bytes], allowed: Mapping[tuple[str, str], Callabl
     Raises RefusedPickle without running anything from the file when it refers to other globals; other
     errors (not a torch file, truncated) as torch raises them.
     """
-    pairs: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
-        (value, f"{module}.{name}") for (module, name), value in allowed.items()
-    ]
     try:
-        with torch.serialization.safe_globals(pairs):
+        with torch.serialization.safe_globals(_safe_globals(allowed)):
             return torch.load(stream, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         names, detail = _refused_names(stream, allowed, error), _detail(error)
         if names or detail.startswith(_REFUSALS):
             raise RefusedPickle(names, detail) from None
         raise pickle.UnpicklingError(f"not a torch file, or a damaged one: {detail}") from None
+
+
+def _safe_globals(
+    allowed: Mapping[tuple[str, str], Callable[..., Any]],
+) -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]:
+    """`allowed` as torch.serialization.safe_globals takes it. torch 2.6+ takes (global, "module.name") pairs;
+    torch 2.5 takes the globals alone and names each by its __module__ and __name__, so there a pair named
+    otherwise is left out, and a file referring to that name is refused as any other. torch 2.5 also lacks
+    builtins.set among its own globals (a whole network's hooks hold sets), which 2.6+ allows: added there."""
+    if _TAKES_NAMED_GLOBALS:
+        return [(value, f"{module}.{name}") for (module, name), value in allowed.items()]
+    named_alike = [
+        value
+        for (module, name), value in allowed.items()
+        if (getattr(value, "__module__", None), getattr(value, "__name__", None)) == (module, name)
+    ]
+    return [set, *named_alike]
+
+
+_TAKES_NAMED_GLOBALS = torch.__version__ >= "2.6"  # torch's TorchVersion compares by release, not as text
 
 
 def _refused_names(

@@ -16,6 +16,17 @@ from jupyter_client.manager import KernelManager
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def cell_name(number: int | None = None) -> str:
+    """A regex of the name IPython gives notebook cell `number` (any cell when None) in a traceback: "Cell In[4]"
+    under IPython 8+; under IPython 7.34 (Colab's, the floor) the kernel's file of the cell, as IPython 7 names it
+    (nbscale.cell_names)."""
+    import IPython
+
+    if IPython.version_info >= (8,):
+        return r"Cell In\[" + (str(number) if number is not None else r"\d+") + r"\]"
+    return r"/\S*ipykernel_\d+/\d+\.py"
+
+
 @dataclass
 class CellResult:
     """What one executed cell showed: streams, rich outputs, and the error if it failed."""
@@ -66,6 +77,27 @@ class KernelSession:
         at each of those times, while the cell runs); with `interrupt_when`, once, as soon as it returns True
         (asked every 50 ms while the cell runs), so the interrupt lands at an event rather than at a time a busy
         machine may not keep."""
+        while True:
+            message_id, result = self._execute(code, timeout, interrupt_after, interrupt_when)
+            # ipykernel 6 (the floor) aborts, unrun, an execute request that arrives in the moment after a cell
+            # failed (its stop_on_error window); a user's next run comes later, so the cell is sent again
+            if not self._aborted(message_id):
+                return result
+
+    def _aborted(self, message_id: str) -> bool:
+        """Whether the kernel's reply to request `message_id` says it aborted the request without running it."""
+        while True:
+            reply = self.client.get_shell_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == message_id:
+                return bool(reply["content"]["status"] == "aborted")
+
+    def _execute(
+        self,
+        code: str,
+        timeout: float,
+        interrupt_after: float | Sequence[float] | None,
+        interrupt_when: Callable[[], bool] | None,
+    ) -> tuple[str, CellResult]:
         result = CellResult()
 
         def collect(message: dict[str, Any]) -> None:
@@ -103,7 +135,7 @@ class KernelSession:
             if message["parent_header"].get("msg_id") != message_id:
                 continue
             if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-                return result
+                return message_id, result
             collect(message)
 
     def child_running(self, module: str) -> bool:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
@@ -96,11 +97,19 @@ def test_a_plain_checkout_installs_without_node_and_says_how_to_get_the_extensio
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site_packages = next(venv.glob("lib/python*/site-packages"))
     (site_packages / "this_venv.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site_packages), str(wheel)]
+    # --prefix, as pip installs into a venv: the server extension's config lands in the venv's etc/jupyter
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(venv), str(wheel)]
     subprocess.run(pip, env=no_node, check=True, timeout=300)
+    assert (venv / "etc" / "jupyter" / "jupyter_server_config.d" / "nbscale.json").is_file()
     python = str(venv / "bin" / "python")
     data = tmp_path / "jupyter-data"
-    where = {**no_node, "JUPYTER_PATH": str(data), "JUPYTER_DATA_DIR": str(data)}
+    where = {
+        **no_node,
+        "JUPYTER_PATH": str(data),
+        "JUPYTER_DATA_DIR": str(data),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime"),
+    }
     found = subprocess.run(
         [python, "-c", "import nbscale; print(nbscale.__file__)"],
         env=where,
@@ -119,6 +128,37 @@ def test_a_plain_checkout_installs_without_node_and_says_how_to_get_the_extensio
         timeout=300,
     )
     assert "The JupyterLab extension (status bar and panel) is not installed" in doctor.stdout, doctor.stdout
+    # the Jupyter server of that install says the same in its terminal, as a warning of its log
+    log = _jupyter_server_log(python, where, tmp_path)
+    assert "nbscale: server extension loaded" in log, log
+    assert re.findall(r"^\[W [^]]* ServerApp\] (nbscale: .*)$", log, re.MULTILINE) == [NOT_INSTALLED_LOG_LINE], log
+
+
+# the line a Jupyter server of a Node-less install prints in its terminal, after "[W <time> ServerApp] "
+NOT_INSTALLED_LOG_LINE = (
+    "nbscale: the JupyterLab extension (status bar and panel) is not installed: this nbscale was installed "
+    "without Node. Install Node.js 20+ and reinstall, or install a wheel made by `make wheel` (docs/install.md)."
+)
+
+
+def _jupyter_server_log(python: str, env: dict[str, str], tmp_path: Path) -> str:
+    """What a Jupyter server started with `python` logs until it serves (its runtime file is written), stopped
+    then; the server extensions it loads are the ones the install's etc/jupyter enables."""
+    log_path = tmp_path / "server.log"
+    root = ["--allow-root"] if os.geteuid() == 0 else []
+    command = [python, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", "--port=0", *root]
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            serving = Path(env["JUPYTER_RUNTIME_DIR"]) / f"jpserver-{server.pid}.json"
+            deadline = time.monotonic() + 120
+            while not serving.is_file() and server.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)  # polled with a deadline: the server writes the file once it listens
+            assert serving.is_file(), f"the Jupyter server did not start:\n{log_path.read_text()[-3000:]}"
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    return log_path.read_text()
 
 
 @pytest.mark.timeout(1200)  # a build, a fresh venv's install and two trainings: >300 s on 2 busy cores

@@ -38,7 +38,11 @@ def test_doctor_names_torch_its_cuda_torchvision_and_the_decoder_in_use() -> Non
     assert lines["torchvision"].endswith(f"torchvision {torchvision.__version__}")
     from nbscale.data.reading import decoder_in_use
 
-    assert lines["image decoder"].startswith("OK") and lines["image decoder"].endswith(decoder_in_use()[0])
+    decoder, failure = decoder_in_use()
+    if failure is None:
+        assert lines["image decoder"].startswith("OK") and lines["image decoder"].endswith(decoder)
+    else:  # `make test-oldest`: pyproject's torchcodec does not load beside torch 2.5, and doctor says so
+        assert lines["image decoder"].startswith("PROBLEM") and failure in lines["image decoder"], found.stdout
 
 
 @pytest.mark.slow

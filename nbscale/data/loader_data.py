@@ -96,8 +96,9 @@ def loader_data(loader: DataLoader[Any], what: str = "train_data") -> LoaderData
         "pin_memory": loader.pin_memory,
         "prefetch_factor": loader.prefetch_factor,
         "multiprocessing_context": loader.multiprocessing_context,
-        "in_order": getattr(loader, "in_order", True),
     }
+    if hasattr(loader, "in_order"):  # torch 2.6+ (a DataLoader of torch 2.5 always keeps the order)
+        workers["in_order"] = loader.in_order
     return LoaderData(
         loader.dataset,
         collate,

@@ -64,7 +64,9 @@ def compiled_network(
     with _untouched(model, device):
         trial(net)  # an error of the network or the data fails here too, and is raised as it is
     if warn is not None:
-        first_line = (str(failure).strip().splitlines() or [""])[0][:300]
+        # the first line that says what failed: torch 2.5 opens with "backend='inductor' raised:" alone
+        lines = [line for line in str(failure).strip().splitlines() if not line.rstrip().endswith(" raised:")]
+        first_line = (lines or [""])[0][:300]
         warn(
             f"compile={mode!r}: the network could not be compiled ({type(failure).__name__}: {first_line}); it "
             "trains without compiling."

@@ -91,5 +91,7 @@ def _take_main_ranks_buffers(model: nn.Module, group: torch.distributed.ProcessG
     Training is unchanged, since DistributedDataParallel itself broadcasts the main rank's buffers at the start of
     every forward pass (broadcast_buffers).
     """
+    # the group's rank 0 is the main rank; named by its global rank, as torch 2.5 (no group_src=) takes it
+    main_rank = 0 if group is None else torch.distributed.get_global_rank(group, 0)
     for buffer in model.buffers():
-        torch.distributed.broadcast(buffer, group=group, group_src=0)  # the group's rank 0 is the main rank
+        torch.distributed.broadcast(buffer, src=main_rank, group=group)

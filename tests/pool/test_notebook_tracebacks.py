@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.kernel_session import KernelSession
+from tests.kernel_session import KernelSession, cell_name
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +59,7 @@ def kernel_with_pool(request, tmp_path_factory):
 def test_a_notebook_functions_traceback_from_a_worker_shows_its_cell_and_line(kernel_with_pool, call) -> None:
     cell = kernel_with_pool.run(call)
     assert cell.error_name is not None, cell.text
-    assert re.search(r"Cell In\[\d+\], line 3, in scale\n" + re.escape(LINE), cell.traceback), cell.traceback
+    assert re.search(cell_name() + r", line 3, in scale\n" + re.escape(LINE), cell.traceback), cell.traceback
     assert "<dynamic-code>" not in cell.traceback
 
 
@@ -74,6 +74,6 @@ def test_a_notebook_loss_that_fails_in_training_on_the_pool_shows_its_cell_and_l
         "nbscale.train(torch.nn.Linear(4, 2), data, opts, loss_fn=broken_loss)"
     )
     assert cell.error_name is not None, cell.text
-    assert "line 2, in broken_loss" in cell.traceback and "Cell In[" in cell.traceback, cell.traceback
+    assert re.search(cell_name() + r", line 2, in broken_loss\n", cell.traceback), cell.traceback
     assert "undefined_name" in cell.traceback
     assert "<dynamic-code>" not in cell.traceback

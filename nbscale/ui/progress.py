@@ -13,6 +13,7 @@ second behind; the figure every 1 to 2 s, as often as `budget` of the time allow
 
 from __future__ import annotations
 
+import threading
 import time
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from nbscale.training.events import (
 from nbscale.ui import widget_front_end
 from nbscale.ui.click_routing import route_clicks_off_main_thread
 from nbscale.ui.live_clock import FIGURE_BUDGET, INFO_INTERVAL_S, FigureClock
+from nbscale.ui.panel_ticker import PanelTicker
 from nbscale.ui.progress_figure import ProgressFigure, extend_smoothed, figure_for_run, is_drop, metric_panels
 from nbscale.ui.stop_button import STOP_TOOLTIP, say_stop_needs_the_interrupt, stop_button
 
@@ -66,6 +68,8 @@ class TrainingProgress:
         self._figure: ProgressFigure | None = None
         self.live: LiveFigure | None = None  # the figure drawn in the browser, where the front end draws widgets
         self.shown_png: bytes | None = None  # the figure as last drawn: the PNG beside a live figure
+        self.ticker: PanelTicker | None = None  # redraws the info panel between slow iterations (holds_the_cell)
+        self._info_lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, IterationDone):  # first: this runs every iteration
@@ -149,7 +153,7 @@ class TrainingProgress:
         if self.info_handle is None:
             self._open_panel()
         elif now >= self.next_info or event.done >= event.total:  # at most every info_interval, and each part's end
-            self.info_handle.update(self._info_bundle(), raw=True)
+            self._show_info()
         else:
             return
         self.next_info = now + self.info_interval
@@ -214,6 +218,8 @@ class TrainingProgress:
                 say_stop_needs_the_interrupt(self.button)
             self._close_when_the_cell_ends()
         self.info_handle = display(self._info_bundle(), raw=True, display_id=True)
+        if self.holds_the_cell:  # else events reach the display from the run's own thread as they come
+            self.ticker = PanelTicker(self._show_info)
 
     def _draw_due(self, now: float) -> None:
         """The info panel, and the figure: its new points where it is drawn in the browser (nbscale.ui.live_figure),
@@ -226,7 +232,7 @@ class TrainingProgress:
             self._draw()
             self.figure_clock.drew(now, time.perf_counter() - now)
         elif self.info_handle is not None:
-            self.info_handle.update(self._info_bundle(), raw=True)
+            self._show_info()
 
     def _go_live(self) -> None:
         """Where this kernel's front end draws widgets, the figure becomes a LiveFigure beside the PNG last drawn
@@ -249,7 +255,14 @@ class TrainingProgress:
                 self.live.end()
                 self.live = None
             self.figure_handle.update(self._figure_bundle(), raw=True)
-        self.info_handle.update(self._info_bundle(), raw=True)
+        self._show_info()
+
+    def _show_info(self) -> None:
+        """The info panel redrawn (from the cell's thread, or from the ticker's when an iteration is slow)."""
+        with self._info_lock:
+            self.info_handle.update(self._info_bundle(), raw=True)
+            if self.ticker is not None:
+                self.ticker.shown()
 
     def _figure_bundle(self) -> dict[str, Any]:
         assert self._figure is not None
@@ -340,6 +353,9 @@ class TrainingProgress:
         self._close_button()
 
     def _close_button(self) -> None:
+        if self.ticker is not None:
+            self.ticker.end()
+            self.ticker = None
         shell = getattr(self, "_shell", None)
         if shell is not None:
             shell.events.unregister("post_run_cell", self._on_cell_end)

@@ -76,6 +76,31 @@ print("trained", info.iteration[-1])
     assert_stays_live(result, changes(result, "Iteration"))
 
 
+def test_train_s_elapsed_row_moves_while_one_iteration_takes_seconds(kernel: KernelSession) -> None:
+    # three iterations of ~2.5 s each: the panel is redrawn between them (nbscale.ui.panel_ticker), not only when
+    # an iteration ends
+    result = kernel.run("""
+class Slow(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = tiny_net()
+    def forward(self, x):
+        time.sleep(2.5)
+        return self.net(x)
+
+(train_x, train_y), _ = digits()
+opts = nbscale.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=64, verbose=False, plots="training-progress")
+net, info = nbscale.train(Slow(), (train_x[:192], train_y[:192]), opts)
+print("trained", info.iteration[-1])
+""")
+    assert result.ok, result.text
+    assert "trained 3" in result.stdout, result.stdout
+    elapsed = changes(result, "Elapsed")
+    training = [when for when, _ in elapsed]
+    assert training[-1] - training[0] >= 5, elapsed  # the run itself: three slow iterations
+    assert longest_gap(training) <= INFO_STALE_S, elapsed
+
+
 def test_a_monitor_s_step_row_changes_every_second_and_its_figure_every_two(kernel: KernelSession) -> None:
     result = kernel.run(f"""
 (train_x, train_y), _ = digits()

@@ -97,8 +97,11 @@ def test_a_plain_checkout_installs_without_node_and_says_how_to_get_the_extensio
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site_packages = next(venv.glob("lib/python*/site-packages"))
     (site_packages / "this_venv.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
-    # --prefix, as pip installs into a venv: the server extension's config lands in the venv's etc/jupyter
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(venv), str(wheel)]
+    # --prefix, as pip installs into a venv: the server extension's config lands in the venv's etc/jupyter;
+    # --ignore-installed: this pip runs in the test's venv, where nbscale is installed too (editable), and would
+    # uninstall it there first (every later kernel then failed to import nbscale)
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", "--prefix", str(venv)]
+    pip.append(str(wheel))
     subprocess.run(pip, env=no_node, check=True, timeout=300)
     assert (venv / "etc" / "jupyter" / "jupyter_server_config.d" / "nbscale.json").is_file()
     python = str(venv / "bin" / "python")

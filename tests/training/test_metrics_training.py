@@ -18,6 +18,7 @@ import nbscale
 from nbscale.errors import OptionsError
 from nbscale.pool.plumbing import submit_with_events
 from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
+from nbscale.training.plan import without_listeners
 from nbscale.training.runs import train_run_on_worker
 from nbscale.training.trainer import checked_inputs, train
 from tests.training.digits import digits, tiny_net
@@ -101,11 +102,11 @@ def test_a_train_async_runs_events_carry_the_metrics_of_its_network() -> None:
     """The worker of a train_async run sends the same metric values to the notebook."""
     received: list[Any] = []
     model = tiny_net()
-    checked = checked_inputs(model, TRAIN, class_options("cpu"), None)
-    dataset, options, plan = checked.data, checked.options, checked.plan
+    checked = checked_inputs(model, TRAIN, class_options("cpu"), None, one_worker=True)
+    plan = without_listeners(checked.plan)  # as train_async sends it: the notebook keeps the live listeners
     with nbscale.Pool(1, cpu=True) as pool:
         task = submit_with_events(
-            pool, train_run_on_worker, lambda rank, events: received.extend(events), model, dataset, options, plan
+            pool, train_run_on_worker, lambda rank, events: received.extend(events), model, checked.data, plan
         )
         net, info = task.result(timeout=300)
     last = iterations(received)[-1]

@@ -17,7 +17,11 @@ def stop_button(stop: StopSignal, tooltip: str = STOP_TOOLTIP) -> Any:
     Its clicks arrive only after the running cell ends unless they are routed to a subshell
     (nbscale.ui.click_routing); where they cannot be, `say_stop_needs_the_interrupt` says so on it.
     """
-    button = _button_class()(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
+    import ipywidgets
+
+    counted = widget_front_end.ASKED.is_set()  # a view count is a comm message: only where live figures are asked
+    kind = _button_class() if counted else ipywidgets.Button
+    button = kind(description="Stop", icon="stop", button_style="danger", tooltip=tooltip)
 
     def on_click(_: object) -> None:
         stop.request("Stopped by the Stop button")

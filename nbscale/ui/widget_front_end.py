@@ -15,6 +15,16 @@ import threading
 from typing import Any
 
 SEEN = threading.Event()  # set once a widget view of this kernel was drawn; tests and benchmarks may set it
+# Off until asked: the Stop button's view count and the live figure's "ready" are comm messages a subshell handles
+# while the cell runs, and JupyterLab takes their idle status as the kernel's, so its status bar read "Idle" while
+# training ran. `draw_live_figures()` turns the browser-drawn figure on for this kernel regardless (docs/ui.md).
+ASKED = threading.Event()
+
+
+def draw_live_figures() -> None:
+    """Draw this kernel's live training figures in the browser (nbscale.ui.live_figure) once its front end is known
+    to draw widgets; JupyterLab's status bar may then read Idle while a training cell runs."""
+    ASKED.set()
 
 
 def known() -> bool:
@@ -24,8 +34,10 @@ def known() -> bool:
 
 def watch(widget: Any) -> None:
     """Be told when the front end draws a view of `widget`, whose `_view_count` starts at 0 (ipywidgets' default,
-    None, means the front end does not count views) and is not echoed (see nbscale.ui.stop_button)."""
-    widget.observe(_on_views, names="_view_count")
+    None, means the front end does not count views) and is not echoed (see nbscale.ui.stop_button). Only once
+    `draw_live_figures()` was called."""
+    if ASKED.is_set():
+        widget.observe(_on_views, names="_view_count")
 
 
 def _on_views(change: dict[str, Any]) -> None:

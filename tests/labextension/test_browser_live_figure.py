@@ -21,6 +21,8 @@ SCREENSHOTS = 4
 CELLS = [
     "%load_ext nbscale",
     """import torch, nbscale
+from nbscale.ui.widget_front_end import draw_live_figures
+draw_live_figures()  # off by default: its messages turn JupyterLab's status bar to Idle
 from torch import nn
 from sklearn.datasets import load_digits
 torch.set_num_threads(1)

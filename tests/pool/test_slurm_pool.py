@@ -110,7 +110,7 @@ def test_a_training_monitor_in_an_spmd_cell_shows_in_the_notebook_and_stops_as_o
     assert hpc_kernel.run("REDUCE, STEPS = 'mean', 20").ok
     assert hpc_kernel.run(SPMD_LOOP, timeout=300).ok
     check = hpc_kernel.run(
-        "from nbscale.monitor.training_monitor import views\nview = views[max(views)]\n"
+        "from nbscale.monitor.spmd import views\nview = views[max(views)]\n"
         "print(view.history['step'] == list(range(1, 21)), "
         "all(abs(v - 1.5 / s) < 1e-6 for s, v in zip(view.history['step'], view.history['loss'])))"
     )

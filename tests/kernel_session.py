@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,18 @@ class KernelSession:
         self.client.stop_channels()
         if self.manager.is_alive():
             self.manager.shutdown_kernel(now=True)
+
+
+@contextmanager
+def kernel_after(setup: str) -> Iterator[KernelSession]:
+    """A real kernel that ran `setup` (which must succeed), shut down on leaving: a module's shared kernel."""
+    session = KernelSession()
+    try:
+        result = session.run(setup)
+        assert result.ok, result.text
+        yield session
+    finally:
+        session.shutdown()
 
 
 def _sent_at(message: dict[str, Any]) -> float:

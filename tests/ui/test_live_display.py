@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kernel_session import CellResult, KernelSession
+from tests.kernel_session import CellResult, KernelSession, kernel_after
 
 pytestmark = pytest.mark.slow
 
@@ -38,12 +38,8 @@ def for_seconds(seconds):
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[KernelSession]:
-    session = KernelSession()
-    try:
-        assert session.run(SETUP).ok
+    with kernel_after(SETUP) as session:
         yield session
-    finally:
-        session.shutdown()
 
 
 def changes(result: CellResult, row: str) -> list[tuple[float, str]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.kernel_session import KernelSession
+from tests.kernel_session import KernelSession, kernel_after
 
 pytestmark = pytest.mark.slow
 
@@ -45,12 +45,8 @@ print(json.dumps({"loss": info.training_loss, "val_loss": [v for v in info.valid
 
 @pytest.fixture(scope="module")
 def kernel() -> Iterator[KernelSession]:
-    session = KernelSession()
-    try:
-        assert session.run(SETUP).ok
+    with kernel_after(SETUP) as session:
         yield session
-    finally:
-        session.shutdown()
 
 
 def run_collecting(kernel: KernelSession, code: str, on_message: Callable[[dict[str, Any]], None] = print) -> list:

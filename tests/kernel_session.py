@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -51,11 +53,26 @@ class CellResult:
         return "\n".join([self.stdout, self.stderr, *plain, self.traceback])
 
 
+class IpcKernelManager(KernelManager):
+    """A python3 KernelManager whose kernel talks over Unix sockets in a fresh private folder: TCP ports picked free
+    can be taken by a parallel test's kernel before this one binds them ("Address already in use", the kernel dies
+    before kernel_info); socket files in a folder of its own cannot. The folder goes with the kernel's resources."""
+
+    def __init__(self) -> None:
+        self.socket_folder = tempfile.mkdtemp(prefix="nbk-")
+        super().__init__(kernel_name="python3", transport="ipc", ip=os.path.join(self.socket_folder, "k"))
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart:
+            shutil.rmtree(self.socket_folder, ignore_errors=True)
+
+
 class KernelSession:
     """A live python3 kernel started with this interpreter; `run(code)` returns a CellResult."""
 
     def __init__(self, cwd: Path | None = None, env: dict[str, str] | None = None, python: str | None = None) -> None:
-        self.manager = KernelManager(kernel_name="python3")
+        self.manager = IpcKernelManager()
         kernel_env = {**os.environ, **(env or {})}
         self.manager.kernel_spec.argv[0] = python or sys.executable
         self.manager.start_kernel(cwd=str(cwd or REPO_ROOT), env=kernel_env)
@@ -193,7 +210,11 @@ def run_notebook(path: Path, timeout: int = 600, cwd: Path | None = None) -> Any
 
     notebook = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd or path.parent)}}
+        notebook,
+        km=IpcKernelManager(),
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(cwd or path.parent)}},
     )
     client.execute()
     return notebook

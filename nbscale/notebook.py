@@ -18,7 +18,7 @@ from nbscale.cellvars import names_bound
 from nbscale.errors import NbscaleError, OptionsError
 from nbscale.training.events import IterationDone, StopSignal
 from nbscale.training.info import TrainingInfo
-from nbscale.training.options import Environment, Solver, TrainingOptions, unwrap_form
+from nbscale.training.options import Environment, Solver, TrainingOptions, as_options, unwrap_form
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,7 @@ def train(
     from nbscale.training import trainer
 
     # checked and planned before anything is shown: every refusal comes first (nbscale.training.plan)
-    checked = trainer.checked_inputs(model, train_data, trainer.as_options(options), loss_fn, step_fn)
+    checked = trainer.checked_inputs(model, train_data, as_options(options), loss_fn, step_fn)
     wanted = checked.plan.listeners
     info, stop = TrainingInfo(), StopSignal()
     listeners = training_listeners(wanted, info, stop)

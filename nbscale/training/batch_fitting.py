@@ -28,8 +28,8 @@ from torch import nn
 
 from nbscale.data.loading import split_batch
 from nbscale.errors import OptionsError
-from nbscale.training.optimizer import SolverRule
 from nbscale.training.plan_rules import Batching
+from nbscale.training.solver import SolverRule
 
 if TYPE_CHECKING:
     from nbscale.training.plan import RunPlan

@@ -3,7 +3,7 @@
 A bad model, data items of the wrong kind, float class labels or a checkpoint from another run would otherwise
 fail deep inside torch (or only after an epoch), with a message that names neither the input nor the fix.
 Each check raises OptionsError naming the argument and what to do. Labels against the network's class outputs
-are nbscale.training.class_checks'.
+are nbscale.training.head_checks'.
 """
 
 from __future__ import annotations

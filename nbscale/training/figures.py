@@ -35,8 +35,7 @@ import torch
 
 from nbscale.data.batches import batch_length
 from nbscale.errors import OptionsError
-from nbscale.training.metrics import MetricSet
-from nbscale.training.run_metrics import resolve_metrics
+from nbscale.training.run_metrics import MetricSet, resolve_metrics
 
 READ_EVERY = 25  # most iterations between reads, except on a CPU pool
 READ_INTERVAL = 0.2  # seconds between reads in one process, so the display stays live

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from nbscale.training.optimizer import SolverRule
+from nbscale.training.solver import SolverRule
 
 
 def clipping(

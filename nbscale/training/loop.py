@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.data.loader_order import LoaderBatches, MatlabBatches, make_epoch_batches
+from nbscale.data.loader_data import LoaderBatches, MatlabBatches, make_epoch_batches
 from nbscale.data.loading import BatchSource
 from nbscale.errors import OptionsError
 from nbscale.training.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
@@ -46,7 +46,7 @@ from nbscale.training.process_settings import autotune_convolutions, cheap_garba
 from nbscale.training.read_rule import ReadRule
 from nbscale.training.reading_progress import epoch_seed
 from nbscale.training.run_metrics import Objective
-from nbscale.training.schedules import Schedule, base_rate
+from nbscale.training.solver import Schedule, base_rate
 from nbscale.training.steps import short_repr
 from nbscale.training.validator import Validator, validation_batch
 

@@ -1,4 +1,5 @@
-"""The kinds of metric `TrainingOptions(metrics=...)` takes, each as a sum-reducible state (nbscale.training.metrics).
+"""The kinds of metric `TrainingOptions(metrics=...)` takes, each as a sum-reducible state
+(nbscale.training.run_metrics).
 
 Every kind turns one batch into a 1-D float32 state whose sum over batches and ranks is the state of their union,
 and reads its value from a summed state on the host. States are computed on the device without reading anything

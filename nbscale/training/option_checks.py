@@ -157,7 +157,7 @@ def _loss(value: object) -> str | None:
 
 
 def _metrics(value: object) -> str | None:
-    """None, a sequence of metrics, or one alone; the names and types in it are checked by nbscale.training.metrics,
+    """None, a sequence of metrics, or one alone; the names and types in it are checked by nbscale.training.run_metrics,
     whose OptionsError names the metric and the fix (what depends on the data is checked on the first batch)."""
     if value is not None and not callable(value) and (not isinstance(value, Sequence) or isinstance(value, bytes)):
         return "None or a sequence of metrics, e.g. ('accuracy', 'fscore')"

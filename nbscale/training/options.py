@@ -220,6 +220,18 @@ def unwrap_form(value: object) -> object:
     return carried if isinstance(carried, TrainingOptions) else value
 
 
+def as_options(options: object) -> TrainingOptions:
+    """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
+    if options is None:
+        return TrainingOptions("sgdm")
+    unwrapped = unwrap_form(options)
+    if isinstance(unwrapped, TrainingOptions):
+        return unwrapped
+    raise OptionsError(
+        f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), not {type(options).__name__}."
+    )
+
+
 # the fields that take a name or the user's own factory (a callable solver or learn-rate schedule)
 FACTORY_FIELDS = ("solver", "learn_rate_schedule")
 

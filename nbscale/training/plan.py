@@ -1,15 +1,15 @@
 """The run plan: every choice of a run resolved and checked once, before training (and before any pool worker
 starts), that the loop, the pool path and the display read instead of the options (issue 41). It holds:
 
-- the loss with its target-shape rule (nbscale.training.target_shapes), and the step of training and of
+- the loss with its target-shape rule (nbscale.training.losses), and the step of training and of
   validation (nbscale.training.steps: step_fn also validates);
 - the metrics and the objective with its direction (nbscale.training.run_metrics);
-- the optimizer factory with its parameter groups (nbscale.training.optimizer.SolverRule);
-- the schedule and what it is stepped with (nbscale.training.schedules.ScheduleRule);
+- the optimizer factory with its parameter groups (nbscale.training.solver.SolverRule);
+- the schedule and what it is stepped with (nbscale.training.solver.ScheduleRule);
 - the batching, placement, precision, compile, validation and checkpoint rules, and the listeners
   (nbscale.training.plan_rules);
 - refused before training: a last layer the loss applies again; warned: inputs normalized twice
-  (nbscale.training.applied_twice).
+  (nbscale.training.head_checks).
 A RunPlan is frozen and pickles (cloudpickle, for the user's functions) to pool workers with the model; the
 live listeners (loggers, output_fn) stay in the notebook (plan_rules.Listeners).
 """
@@ -25,10 +25,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from nbscale.training.applied_twice import check_last_layer, warn_if_normalized_twice
 from nbscale.training.checks import outputs_for_one
-from nbscale.training.metrics import MetricSet
-from nbscale.training.optimizer import SolverRule, solver_rule
+from nbscale.training.head_checks import check_last_layer, warn_if_normalized_twice
+from nbscale.training.losses import TargetsShaped, is_element_wise, loss_name, matched_targets, shape_error
 from nbscale.training.options import TrainingOptions
 from nbscale.training.plan_rules import (
     Batching,
@@ -43,10 +42,9 @@ from nbscale.training.plan_rules import (
     recorded,
     validation_rule,
 )
-from nbscale.training.run_metrics import Objective, check_on_first_sample, objective, run_metrics
-from nbscale.training.schedules import ScheduleRule, schedule_rule, with_plateau_input
+from nbscale.training.run_metrics import MetricSet, Objective, check_on_first_sample, objective, run_metrics
+from nbscale.training.solver import ScheduleRule, SolverRule, schedule_rule, solver_rule, with_plateau_input
 from nbscale.training.steps import Step, planned_step
-from nbscale.training.target_shapes import TargetsShaped, is_element_wise, loss_name, matched_targets, shape_error
 
 
 @dataclass(frozen=True)

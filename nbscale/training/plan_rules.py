@@ -21,7 +21,7 @@ class Batching:
 
     max_epochs: int
     mini_batch_size: int | str  # a number, or "auto" until settled
-    shuffle: str  # "once", "never", "every-epoch" (a DataLoader's own order: nbscale.data.loader_order)
+    shuffle: str  # "once", "never", "every-epoch" (a DataLoader's own order: nbscale.data.loader_data)
     worker_load: tuple[float, ...] | None = None
     learn_rate_scaling: str = "none"
     learn_rate_reference_batch: int = 128

@@ -25,7 +25,7 @@ from nbscale.pool import active_stops
 from nbscale.training.event_bunches import EventBunches
 from nbscale.training.events import IterationDone, TrainingDone, TrainingStarted
 from nbscale.training.info import TrainingInfo
-from nbscale.training.options import TrainingOptions
+from nbscale.training.options import TrainingOptions, as_options
 from nbscale.training.run_inputs import CheckedInputs
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ def train_async(
     run, one worker); `output_fn` runs on the worker. `seeded` (from `seeded_model`) makes the run draw the
     random numbers that `nbscale.train` would after `torch.manual_seed(seeded.seed)` and building `model`.
     """
-    from nbscale.training.trainer import as_options, checked_inputs
+    from nbscale.training.trainer import checked_inputs
 
     checked = checked_inputs(model, train_data, as_options(options), loss_fn, step_fn, one_worker=True)
     return submit_run(model, checked, pool, name, params, seeded)

@@ -19,7 +19,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError
 from nbscale.rendering import Rendered
-from nbscale.training.options import TrainingOptions, field_names
+from nbscale.training.options import TrainingOptions, as_options, field_names
 from nbscale.training.run_table import RunsTable, ranked
 from nbscale.training.runs import TrainingRun, fresh_model, seeded_model, submit_run
 
@@ -153,7 +153,7 @@ def sweep(
     device. None: every run draws its own.
     """
     from nbscale.pool.pool import current_pool
-    from nbscale.training.trainer import as_options, checked_inputs
+    from nbscale.training.trainer import checked_inputs
 
     base = as_options(options)
     if val_data is not None:

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from nbscale.data.loader_data import loader_of
-from nbscale.data.loader_order import options_over_loader
+from nbscale.data.loader_data import loader_of, options_over_loader
 from nbscale.data.loading import as_dataset
 from nbscale.errors import OptionsError, PoolInterrupted
 from nbscale.gpu import release_training_gpus
@@ -32,13 +31,13 @@ from nbscale.training.checks import (
     materialise_lazy_layers,
     with_class_labels,
 )
-from nbscale.training.class_checks import check_classes, is_class_loss
 from nbscale.training.events import EventChannel, StopSignal
+from nbscale.training.head_checks import check_classes, is_class_loss
 from nbscale.training.info import TrainingInfo
 from nbscale.training.loop import run_training
 from nbscale.training.loop_setup import Where, loop_setup
 from nbscale.training.losses import resolve_loss
-from nbscale.training.options import TrainingOptions, unwrap_form
+from nbscale.training.options import TrainingOptions, as_options
 from nbscale.training.out_of_memory import released_on_out_of_memory
 from nbscale.training.plan import RunPlan, plan_run
 from nbscale.training.recovery import train_surviving_lost_workers
@@ -282,18 +281,6 @@ def _checked_validation(options: TrainingOptions) -> tuple[Any, Any]:
 def draw_seed() -> int:
     """The seed of a run's data order, drawn from torch's random stream (so torch.manual_seed fixes it)."""
     return int(torch.randint(2**31 - 1, (1,)).item())
-
-
-def as_options(options: object) -> TrainingOptions:
-    """`options` as TrainingOptions: the defaults for None, an options form's own; OptionsError otherwise."""
-    if options is None:
-        return TrainingOptions("sgdm")
-    unwrapped = unwrap_form(options)
-    if isinstance(unwrapped, TrainingOptions):
-        return unwrapped
-    raise OptionsError(
-        f"options must be a TrainingOptions (nbscale.TrainingOptions('sgdm', ...)), not {type(options).__name__}."
-    )
 
 
 @contextlib.contextmanager

@@ -8,13 +8,12 @@ import torch
 from torch import nn
 
 from nbscale.data.batches import batch_length
-from nbscale.data.loader_data import loader_of
-from nbscale.data.loader_order import validation_order
+from nbscale.data.loader_data import loader_of, validation_order
 from nbscale.data.loading import BatchSource, make_batch_source
 from nbscale.training.figures import KeptMetrics
 from nbscale.training.loop_setup import LoopSetup
-from nbscale.training.metrics import summed_over
 from nbscale.training.reading_progress import loader_seed, progress
+from nbscale.training.run_metrics import summed_over
 
 
 def validation_batch(validation_data: Any, training_batch: int) -> int:

@@ -1,6 +1,6 @@
 """A small plot of the learn-rate schedule that TrainingOptions set, for the options form.
 
-The rate comes from the training's own schedule function (nbscale.training.schedules), so the preview and the
+The rate comes from the training's own schedule function (nbscale.training.solver), so the preview and the
 run cannot disagree. A form does not know the data, hence not the iterations per epoch: the curve is drawn
 against epochs, with PREVIEW_ITERATIONS_PER_EPOCH steps each (piecewise drops happen at epoch ends whatever that
 number; cosine curves keep their shape; the warm-up lasts one epoch, at most half the run).
@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 
 from nbscale.training.options import TrainingOptions
-from nbscale.training.schedules import learn_rate_schedule
+from nbscale.training.solver import learn_rate_schedule
 
 PREVIEW_ITERATIONS_PER_EPOCH = 50
 _MAX_POINTS = 4000

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 import nbscale
 from nbscale import OptionsError, TrainingOptions
 from nbscale.data import AugmentedImageDatastore, ImageDatastore
-from nbscale.training.class_checks import network_outputs
+from nbscale.training.head_checks import network_outputs
 from tests.datasets import write_digits_pngs
 from tests.training.digits import digits
 

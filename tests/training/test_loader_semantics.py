@@ -1,4 +1,4 @@
-"""A DataLoader keeps its PyTorch meaning in nbscale.train (nbscale.data.loader_order, loader_data, streaming):
+"""A DataLoader keeps its PyTorch meaning in nbscale.train (nbscale.data.loader_data, streaming):
 its own sampler, an explicit option winning with one line, resume on the loader's generator, and a loader that
 cannot be held resident. The row-by-row comparison with a plain loop is tests/reference."""
 

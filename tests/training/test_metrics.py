@@ -11,8 +11,7 @@ import torchmetrics
 from sklearn import metrics as sk
 
 from nbscale import OptionsError, TrainingOptions
-from nbscale.training.metrics import MetricSet
-from nbscale.training.run_metrics import objective, resolve_metrics
+from nbscale.training.run_metrics import MetricSet, objective, resolve_metrics
 
 CLASSES = 6
 

@@ -19,7 +19,7 @@ from torch import nn
 import nbscale
 from nbscale import OptionsError
 from nbscale.models.normalization import with_normalization
-from nbscale.training.target_shapes import matched_targets
+from nbscale.training.losses import matched_targets
 from nbscale.training.trainer import checked_inputs
 from tests.training.digits import tiny_net
 from tests.training.run_plan_helpers import (

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from nbscale import TrainingOptions
-from nbscale.training.schedules import learn_rate_schedule
+from nbscale.training.solver import learn_rate_schedule
 
 
 def test_piecewise_drops_by_the_factor_every_period_of_epochs() -> None:

@@ -16,7 +16,7 @@ from torch import nn
 
 import nbscale
 from nbscale import OptionsError, TrainingOptions
-from nbscale.data.loader_order import epoch_order
+from nbscale.data.loader_data import epoch_order
 from nbscale.data.loading import split_batch
 from nbscale.training.loop import clip_gradients
 from tests.training.digits import ViewsItsFeatures, digits, tiny_net

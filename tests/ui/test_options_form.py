@@ -192,8 +192,7 @@ print(w["solver"].label, w["learn_rate_schedule"].label, form.options.solver is 
 
 def test_a_form_unwraps_to_its_options_and_anything_else_stays_as_it_is() -> None:
     from nbscale import OptionsError, TrainingOptions, options_form
-    from nbscale.training.options import unwrap_form
-    from nbscale.training.trainer import as_options
+    from nbscale.training.options import as_options, unwrap_form
 
     form, plain = options_form(TrainingOptions("adam", max_epochs=3), show=False), TrainingOptions("sgdm")
     assert unwrap_form(form) == TrainingOptions("adam", max_epochs=3) == as_options(form)

@@ -14,6 +14,7 @@ more than a kernel or worker survives, where no `on_error="skip"` could catch it
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 from collections.abc import Callable
@@ -35,7 +36,6 @@ except ModuleNotFoundError as missing:  # not installed (or a module it needs is
 except (ImportError, OSError, RuntimeError) as failure:  # its library does not load here (built for another torch)
     _torchcodec_decode = None
     TORCHCODEC_FAILURE = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
-_warned_of_fallback = False
 
 _PILLOW_ONLY = (".bmp", ".tif", ".tiff")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -149,15 +149,19 @@ def decode(data: bytes, file: str) -> torch.Tensor:
 
 def _decode_encoded(data: torch.Tensor, mode: Literal["RGB", "UNCHANGED"]) -> torch.Tensor:
     """Decode with torchcodec (16-bit PNGs stay uint16), else with torchvision's deprecated decoders."""
-    global _warned_of_fallback
     if _torchcodec_decode is not None:
         return _torchcodec_decode(data, mode=mode, output_dtype="auto")
-    if TORCHCODEC_FAILURE is not None and not _warned_of_fallback:
-        _warned_of_fallback = True
-        warn_user(f"{decoder_in_use()[1]} `nbscale doctor` shows the torch stack.")
+    if TORCHCODEC_FAILURE is not None:
+        _warn_of_fallback()
     from torchvision.io import ImageReadMode, decode_image
 
     return cast(torch.Tensor, decode_image(data, mode=ImageReadMode[mode]))
+
+
+@functools.cache
+def _warn_of_fallback() -> None:
+    """Once a process: an installed torchcodec failed, so torchvision's decoders read the images."""
+    warn_user(f"{decoder_in_use()[1]} `nbscale doctor` shows the torch stack.")
 
 
 def decoder_in_use() -> tuple[str, str | None]:

@@ -93,6 +93,7 @@ class RecordKeeper:
     _unread: dict[str, _Unread]
 
     def _keep_records_of(self, names: tuple[str, ...]) -> None:
+        # the one `global` left in nbscale: record's fast path reads these as globals (its cost measured so)
         global _tensor, _item
         torch = sys.modules.get("torch")  # a loop recording tensors has imported torch (nbscale does not need it)
         if torch is not None:

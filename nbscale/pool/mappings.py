@@ -27,7 +27,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 # linux/fs.h: PAGEMAP_SCAN = _IOWR('f', 16, struct pm_scan_arg), 12 u64 fields; page categories
 _PAGEMAP_SCAN = (3 << 30) | (96 << 16) | (ord("f") << 8) | 16
 _IS_FILE, _IS_PRESENT, _IS_SWAPPED = 1 << 2, 1 << 3, 1 << 4
-_scan_works = True
+_page_map_scan = {"works": True}  # False once the kernel refused PAGEMAP_SCAN (older than Linux 6.7)
 
 
 def mapped(path: str, size: int, map_file: Any) -> Any:
@@ -106,7 +106,7 @@ def _written(buffer: Any) -> bool:
     except OSError:
         return True
     try:
-        return _scan(descriptor, start, end) if _scan_works else _read_page_map(descriptor, start, end)
+        return _scan(descriptor, start, end) if _page_map_scan["works"] else _read_page_map(descriptor, start, end)
     except OSError:
         return True
     finally:
@@ -115,7 +115,6 @@ def _written(buffer: Any) -> bool:
 
 def _scan(descriptor: int, start: int, end: int) -> bool:
     """PAGEMAP_SCAN (Linux 6.7+): is a page of [start, end) present or swapped and not the file's?"""
-    global _scan_works
     import fcntl  # not on Windows, where pools do not run: imported here so that `import nbscale` works there
 
     found = (ctypes.c_uint64 * 3)()
@@ -139,7 +138,7 @@ def _scan(descriptor: int, start: int, end: int) -> bool:
     try:
         return int(fcntl.ioctl(descriptor, _PAGEMAP_SCAN, request, True)) > 0
     except OSError:  # an older kernel: read the page map itself
-        _scan_works = False
+        _page_map_scan["works"] = False
         return _read_page_map(descriptor, start, end)
 
 

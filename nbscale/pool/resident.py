@@ -24,13 +24,12 @@ if TYPE_CHECKING:
     import torch
 
 RESIDENT_BYTES = 8 * 2**20
-_keep_here = True
+_here = {"keep": True}  # whether this process keeps the tensors it sends in shared memory
 
 
 def keep_tensors_here(keep: bool) -> None:
     """Whether tensors this process sends stay in shared memory (the kernel: yes; workers: no)."""
-    global _keep_here
-    _keep_here = keep
+    _here["keep"] = keep
 
 
 @dataclass(eq=False)
@@ -51,7 +50,7 @@ _lock = threading.Lock()
 def fingerprint(tensor: torch.Tensor) -> tuple[Any, ...] | None:
     """What must stay equal for a file to still hold `tensor`'s values; None when it cannot be told (an inference
     tensor has no version counter, a tensor of a subclass may keep its data elsewhere), so it is sent each time."""
-    if not _keep_here or tensor.numel() * tensor.element_size() < RESIDENT_BYTES:
+    if not _here["keep"] or tensor.numel() * tensor.element_size() < RESIDENT_BYTES:
         return None
     try:
         version = tensor._version

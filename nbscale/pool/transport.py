@@ -41,7 +41,7 @@ OUT_OF_BAND_BYTES = 256 * 1024
 SHARED_MEMORY_DIR_VARIABLE = "NBSCALE_SHM_DIR"  # another folder for the files (tests point it at a small tmpfs)
 _FILE_NAME = re.compile(r"nbscale-(\d+)-[0-9a-f]{16}")
 _warned_full: set[str] = set()
-_announce_failures = True
+_here = {"announce": True}  # whether this process prints shared-memory failures (workers leave it to the kernel)
 
 
 def shared_memory_dir() -> Path | None:
@@ -63,7 +63,7 @@ def shared_memory_dir() -> Path | None:
 
 
 def _warn_untrusted(folder: Path, reason: str) -> None:
-    if not _announce_failures or str(folder) in _warned_full:
+    if not _here["announce"] or str(folder) in _warned_full:
         return
     _warned_full.add(str(folder))
     notices.warning(
@@ -141,7 +141,7 @@ def warn_shared_memory_failure(failure: tuple[str, int, str]) -> None:
     it to the kernel, which says it once for the whole pool (see `announce_failures_here`).
     """
     directory, size, cause = failure
-    if not _announce_failures or directory in _warned_full:
+    if not _here["announce"] or directory in _warned_full:
         return
     _warned_full.add(directory)
     notices.warning(
@@ -153,8 +153,7 @@ def warn_shared_memory_failure(failure: tuple[str, int, str]) -> None:
 
 def announce_failures_here(announce: bool) -> None:
     """Whether this process prints shared-memory failures (the kernel does; workers leave it to the kernel)."""
-    global _announce_failures
-    _announce_failures = announce
+    _here["announce"] = announce
 
 
 @dataclass

@@ -98,21 +98,34 @@ def metric_panels(metric_names: tuple[str, ...] = ("accuracy",), rising: tuple[s
     return tuple(panels)
 
 
-_spare: ProgressFigure | None = None  # the last released figure (one kept: its canvas holds a few MB)
-_spare_lock = threading.Lock()  # job monitors draw from threads
+class _Spare:
+    """The last released figure (one kept: its canvas holds a few MB), taken by the next run of its layout."""
+
+    def __init__(self) -> None:
+        self.figure: ProgressFigure | None = None
+        self.lock = threading.Lock()  # job monitors draw from threads
+
+    def take(self, layout: tuple[Any, ...]) -> ProgressFigure | None:
+        with self.lock:
+            figure, self.figure = self.figure, None
+            if figure is not None and figure.layout != layout:
+                self.figure, figure = figure, None
+        return figure
+
+    def keep(self, figure: ProgressFigure) -> None:
+        with self.lock:
+            self.figure = figure
+
+
+_spare = _Spare()
 
 
 def figure_for_run(
     total_iterations: int, iterations_per_epoch: int, panels: tuple[Panel, ...] | None = None
 ) -> ProgressFigure:
     """An empty figure for a run: the last released one when its layout is the same, else a new one."""
-    global _spare
     panels = panels if panels is not None else metric_panels()
-    with _spare_lock:
-        layout = (total_iterations, iterations_per_epoch, panels)
-        figure = _spare if _spare is not None and _spare.layout == layout else None
-        if figure is not None:
-            _spare = None
+    figure = _spare.take((total_iterations, iterations_per_epoch, panels))
     if figure is None:
         return ProgressFigure(total_iterations, iterations_per_epoch, panels)
     figure.reset()
@@ -191,11 +204,9 @@ class ProgressFigure:
     def release(self) -> None:
         """Offer this figure to the next run of the same layout (`figure_for_run`); the caller draws it no more.
         A figure with learn-rate or restart marks, or a widened iteration axis, is not kept."""
-        global _spare
         if self.drops_marked or self.restarts_marked or self.loss_axes.get_xlim() != (0, max(self.layout[0], 1)):
             return
-        with _spare_lock:
-            _spare = self
+        _spare.keep(self)
 
     def end_at(self, iteration: int) -> None:
         """A run that stopped early: the iteration axis ends at its last iteration, not the planned end."""

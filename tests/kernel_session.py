@@ -19,6 +19,25 @@ from jupyter_client.manager import KernelManager
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def handles_clicks_mid_cell() -> bool:
+    """Whether this venv's ipykernel runs a widget's click while a cell runs (subshells routed: ipykernel >= 7.4,
+    as nbscale.ui.click_routing finds it); older ones run it after the cell, and the Stop button is the documented
+    fallback, "Stop: interrupt the kernel"."""
+    import ipykernel
+
+    return tuple(int(part) for part in ipykernel.__version__.split(".")[:2]) >= (7, 4)
+
+
+def needs_clicks_mid_cell(test: Any) -> Any:
+    """Mark a test that clicks a widget while its cell runs: skipped where ipykernel cannot (below 7.4, the floor
+    6.29 of `make test-oldest`), whose fallback tests/ui/test_click_routing.py's
+    test_the_stop_button_a_kernel_shows_is_the_one_its_ipykernel_can_run checks there instead."""
+    import pytest
+
+    reason = "ipykernel < 7.4 runs a click after the cell: its Stop button is the interrupt fallback, tested apart"
+    return pytest.mark.skipif(not handles_clicks_mid_cell(), reason=reason)(test)
+
+
 def cell_name(number: int | None = None) -> str:
     """A regex of the name IPython gives notebook cell `number` (any cell when None) in a traceback: "Cell In[4]"
     under IPython 8+; under IPython 7.34 (Colab's, the floor) the kernel's file of the cell, as IPython 7 names it
@@ -38,6 +57,7 @@ class CellResult:
     stderr: str = ""
     displays: list[dict[str, Any]] = field(default_factory=list)
     shown_at: list[float] = field(default_factory=list)  # when the kernel sent each of `displays` (its clock, in s)
+    widget_states: list[dict[str, Any]] = field(default_factory=list)  # each widget's state opened or updated
     error_name: str | None = None
     error_value: str | None = None
     traceback: str = ""
@@ -128,6 +148,8 @@ class KernelSession:
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 result.displays.append(content["data"])
                 result.shown_at.append(_sent_at(message))
+            elif kind in ("comm_open", "comm_msg") and "state" in content.get("data", {}):
+                result.widget_states.append(content["data"]["state"])
             elif kind == "error":  # the last error names the cell's failure; every error's lines are kept
                 result.error_name, result.error_value = content["ename"], content["evalue"]
                 result.traceback += "\n".join(content["traceback"]) + "\n"

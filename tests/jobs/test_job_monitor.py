@@ -13,7 +13,7 @@ import pytest
 import nbscale.jobs as jobs
 from tests.jobs.test_batch_magic import submitted_id
 from tests.jobs.test_training_record import wait_for_iterations
-from tests.kernel_session import KernelSession
+from tests.kernel_session import KernelSession, needs_clicks_mid_cell
 
 pytestmark = pytest.mark.slow
 
@@ -127,6 +127,7 @@ def test_jobs_show_in_another_kernel_catches_up_then_follows_while_the_notebook_
         watcher.shutdown()
 
 
+@needs_clicks_mid_cell
 def test_the_stop_button_of_jobs_show_stops_the_jobs_training_and_the_job_keeps_its_network(kernel) -> None:
     submitted = kernel.run(TRAIN_CELL.replace("EPOCHS", "100"))
     job_id = submitted_id(submitted.stdout)
@@ -182,6 +183,7 @@ def test_a_restarted_kernel_shows_a_finished_jobs_full_history_and_picks_a_train
     assert no_id.error_name == "JobError" and "%jobs show 3" in no_id.error_value
 
 
+@needs_clicks_mid_cell
 def test_jobs_show_wait_follows_in_the_cell_and_its_stop_button_works_while_the_cell_runs(kernel) -> None:
     from tests.training.widget_click import run_and_click
 

@@ -13,6 +13,7 @@ import torch
 import nbscale
 from nbscale.errors import OptionsError
 from nbscale.training.events import StopSignal
+from tests.kernel_session import needs_clicks_mid_cell
 from tests.training.widget_click import run_and_click
 
 
@@ -139,6 +140,7 @@ print("stopped" if monitor.stop else "ran out", monitor.stop_reason)
 """
 
 
+@needs_clicks_mid_cell
 @pytest.mark.slow
 def test_a_custom_loop_in_a_real_kernel_draws_the_figure_and_its_stop_button_ends_the_loop(kernel) -> None:
     from PIL import Image
@@ -198,6 +200,7 @@ stopped = bool(monitor.stop)
 """
 
 
+@needs_clicks_mid_cell
 @pytest.mark.slow
 def test_a_monitor_in_an_spmd_cell_shows_once_in_the_notebook_and_its_stop_reaches_every_rank(kernel) -> None:
     assert kernel.run("%load_ext nbscale\n%pool start 2 --cpu").ok
@@ -236,6 +239,7 @@ reason = monitor.stop_reason
 """
 
 
+@needs_clicks_mid_cell
 @pytest.mark.slow
 def test_a_monitor_in_a_batch_job_is_followed_by_jobs_show_and_stopped_from_its_button(kernel) -> None:
     import nbscale.jobs as jobs

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kernel_session import KernelSession
+from tests.kernel_session import KernelSession, needs_clicks_mid_cell
 from tests.monitor.test_training_monitor import SPMD_LOOP
 from tests.slurm_cluster import queue, running_cluster
 from tests.training.widget_click import WIDGET_VIEW, run_and_click
@@ -97,6 +97,7 @@ def test_a_pool_of_2_runs_in_a_slurm_allocation_with_spmd_and_parallel_training(
     assert trained.ok and "2 workers" in trained.stdout and "True" in trained.stdout, trained.text
 
 
+@needs_clicks_mid_cell
 def test_a_training_monitor_in_an_spmd_cell_shows_in_the_notebook_and_stops_as_on_a_local_pool(hpc_kernel, hpc_pool):
     # the same cell as tests/monitor's local pool test: one display for both ranks, its Stop reaching each rank
     assert hpc_kernel.run("REDUCE, STEPS = 'first', 10**9").ok

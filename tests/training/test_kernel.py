@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernel_session import needs_clicks_mid_cell
 from tests.training.widget_click import run_and_click
 
 pytestmark = pytest.mark.slow
@@ -132,6 +133,7 @@ def test_a_warning_of_a_train_cell_names_the_cell_not_ipython(kernel) -> None:
     assert ".py:1: RuntimeWarning: precision='mixed'" in called.stderr and "nbscale.train(" in called.stderr
 
 
+@needs_clicks_mid_cell
 def test_stop_button_stops_training_while_the_cell_runs(kernel) -> None:
     assert kernel.run(SETUP).ok
     result = run_and_click(kernel, LONG_CELL, click_after=2.0, timeout=60)

@@ -12,16 +12,20 @@ forward and backward on the first batch (random number generators, BatchNorm sta
 back afterwards); where that fails and the same trial passes eagerly, the network trains eagerly and one warning
 names the error. Where the eager trial fails too, the error is the network's or the data's, and is raised as is.
 
-While it compiles, two notes torch logs that a user can do nothing about are dropped (each by its logger and the
-start of its text, so every other line torch logs still shows): a CUDA build of torch on a machine without a GPU
-("No CUDA runtime is found, using CUDA_HOME=..."), and the profiler ranges (DistributedDataParallel's) that
-compiled code skips ("Profiler record function ... will be ignored", once on every pool worker).
+While it compiles, two notes torch logs (or, before torch 2.6, prints) that a user can do nothing about are
+dropped (each by its logger and the start of its text, so every other line torch logs still shows): a CUDA build of
+torch on a machine without a GPU ("No CUDA runtime is found, using CUDA_HOME=..."), and the profiler ranges
+(DistributedDataParallel's) that compiled code skips ("Profiler record function ... will be ignored", once on every
+pool worker).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import io
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from typing import Literal, cast
 
@@ -90,10 +94,25 @@ def _unactionable_notes_dropped() -> Iterator[None]:
     for logger, note in dropped:
         logger.addFilter(note)
     try:
+        _import_cpp_extension_without_its_note()
         yield
     finally:
         for logger, note in dropped:
             logger.removeFilter(note)
+
+
+def _import_cpp_extension_without_its_note() -> None:
+    """Import torch.utils.cpp_extension (compiling does) with its CUDA note dropped: torch before 2.6 prints it to
+    stderr when it is imported rather than logging it. Every other line it prints still shows."""
+    name = "torch.utils.cpp_extension"
+    if name in sys.modules:
+        return
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        importlib.import_module(name)
+    for line in printed.getvalue().splitlines(keepends=True):
+        if not line.startswith(_UNACTIONABLE_NOTES[name]):
+            sys.stderr.write(line)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist load
 
 test: venv chromium slurm
 	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test
-	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra --durations=15
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra --durations=15 --junitxml=build/test-times.xml
 
 # the tests a change most likely breaks, in under 3 minutes: everything not marked slow (few real kernels)
 test-fast: venv

@@ -39,6 +39,7 @@ class Outputs:
         self.by_cell: dict[str, list[dict[str, Any]]] = {}
         self.idle: set[str] = set()
         self.errors: dict[str, str] = {}
+        self.shown_in: dict[str, str] = {}  # display id -> the cell that showed it
 
     def execute(self, code: str) -> str:
         return self.kernel.client.execute(code)
@@ -54,7 +55,13 @@ class Outputs:
             if kind == "status" and content["execution_state"] == "idle":
                 self.idle.add(parent)
             elif kind in ("display_data", "update_display_data", "execute_result"):
-                self.by_cell.setdefault(parent, []).append(content["data"])
+                # an update belongs to the cell that showed its display (the front end updates it there), whatever
+                # parent the kernel gives it: ipykernel 6 gives a thread's output the latest cell's
+                display_id = content.get("transient", {}).get("display_id")
+                if kind == "display_data" and display_id:
+                    self.shown_in.setdefault(display_id, parent)
+                owner = self.shown_in.get(display_id, parent) if kind == "update_display_data" else parent
+                self.by_cell.setdefault(owner, []).append(content["data"])
             elif kind == "error":
                 self.errors[parent] = content["ename"] + ": " + content["evalue"]
             elif kind == "stream":

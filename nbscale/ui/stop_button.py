@@ -29,7 +29,8 @@ def stop_button(stop: StopSignal, tooltip: str = STOP_TOOLTIP) -> Any:
         button.description = "Stopping..."
 
     button.on_click(on_click)
-    widget_front_end.watch(button)  # its first view tells this kernel its front end draws widgets (a live figure)
+    if counted:  # its first view tells this kernel its front end draws widgets (a live figure)
+        widget_front_end.watch(button)
     return button
 
 

@@ -35,9 +35,8 @@ def known() -> bool:
 def watch(widget: Any) -> None:
     """Be told when the front end draws a view of `widget`, whose `_view_count` starts at 0 (ipywidgets' default,
     None, means the front end does not count views) and is not echoed (see nbscale.ui.stop_button). Only once
-    `draw_live_figures()` was called."""
-    if ASKED.is_set():
-        widget.observe(_on_views, names="_view_count")
+    `draw_live_figures()` was called (`ASKED`: the caller checks it, as it chose the widget's class by it)."""
+    widget.observe(_on_views, names="_view_count")
 
 
 def _on_views(change: dict[str, Any]) -> None:

@@ -34,10 +34,17 @@ BUILT_EXTENSION = REPO_ROOT / "nbscale" / "labextension" / "package.json"
 TORCH_STACK_FOLDERS = {"torch", "functorch", "torchgen", "torchvision", "torchvision.libs", "triton", "nvidia", "cuda"}
 
 
-def _constraints() -> list[str]:
-    """The pins `make venv` installs with (every file named constraints*.txt or a lock under requirements/)."""
-    files = [REPO_ROOT / "constraints.txt", *sorted((REPO_ROOT / "requirements").glob("*.txt"))]
-    return [arg for path in files if path.is_file() for arg in ("-c", str(path))]
+def _constraints(folder: Path) -> list[str]:
+    """This interpreter's installed versions as pins (the lock `make venv` installed, or the floors in
+    `make test-oldest`'s venv), so the fresh venv resolves to what the shared torch stack was installed with."""
+    pins: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():  # the first of a name is the one Python imports
+        name = (dist.metadata["Name"] or "").lower()
+        if name and name != "nbscale":
+            pins.setdefault(name, dist.version)
+    path = folder / "installed-constraints.txt"
+    path.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
+    return ["-c", str(path)]
 
 
 def _share_the_torch_stack(venv: Path, shelf: Path) -> None:
@@ -190,7 +197,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_quick_start(tmp_path:
     python = str(venv / "bin" / "python")
     # --no-compile: byte-compiling ~120 packages is CPU the suite needs elsewhere; Python compiles what it imports
     installed = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-compile", *_constraints(), f"{wheel}[examples]"],
+        [python, "-m", "pip", "install", "-q", "--no-compile", *_constraints(tmp_path), f"{wheel}[examples]"],
         env=no_node,
         capture_output=True,
         text=True,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import nbscale
-from tests.kernel_session import KernelSession
+from tests.kernel_session import KernelSession, needs_clicks_mid_cell
 from tests.labextension.jupyter_server import (
     ARTIFACTS,
     KERNEL_READY,
@@ -204,6 +204,7 @@ def test_the_status_bar_survives_a_page_reload_and_a_kernel_restart_and_the_pane
         expect(pools).to_contain_text("No pool is running", timeout=15_000)
 
 
+@needs_clicks_mid_cell
 def test_a_training_cell_draws_its_figure_and_info_panel_and_stop_returns_the_net(lab: Server):
     from playwright.sync_api import expect
 

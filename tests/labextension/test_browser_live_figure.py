@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernel_session import needs_clicks_mid_cell
 from tests.labextension.jupyter_server import ARTIFACTS, Server, jupyter_server, notebook_page, run_cell
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,7 @@ def lab(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
         yield server
 
 
+@needs_clicks_mid_cell  # the kernel learns that widgets draw from the Stop button's view, told mid-cell
 def test_the_live_figure_is_a_canvas_that_moves_and_the_saved_notebook_keeps_its_png(lab: Server, tmp_path: Path):
     from playwright.sync_api import expect
 

@@ -151,7 +151,12 @@ def test_doctor_reports_each_check_and_exits_1_on_a_problem(tmp_path: Path) -> N
     lines = found.stdout.splitlines()
     assert [line[9:].split("  ")[0] for line in lines] == [*names, "lab extension", "Ray"], found.stdout
     assert lines[3].startswith("OK") and "2 GPUs through NVML" in lines[3]
-    assert all(line.split()[0] in ("OK", "NOTE") for line in lines) and found.returncode == 0, found.stdout
+    from nbscale.data.reading import TORCHCODEC_FAILURE
+
+    # a torchcodec that really fails to load here (pyproject's, beside the floors' torch 2.5) is the one problem
+    expected = {"image decoder"} if TORCHCODEC_FAILURE is not None else set()
+    problems = {line[9:].split("  ")[0] for line in lines if line.split()[0] not in ("OK", "NOTE")}
+    assert problems == expected and found.returncode == (1 if expected else 0), found.stdout
     missing = tmp_path / "no-such-folder"
     broken = nbscale("doctor", NBSCALE_SHM_DIR=str(missing), NBSCALE_HOME="/proc/nbscale")
     assert broken.returncode == 1, broken

@@ -56,6 +56,13 @@ def route_clicks_off_main_thread(*widgets: Any) -> Callable[[], None] | None:
     return undo
 
 
+def can_route_clicks() -> bool:
+    """Whether this process's kernel can handle widget messages while a cell runs (asked before making a widget
+    that would be of no use otherwise)."""
+    kernel = _kernel()
+    return kernel is not None and routes_comms_to_subshells(kernel)
+
+
 def routes_comms_to_subshells(kernel: Kernel) -> bool:
     """True where `kernel` has subshells and routes a comm's messages to one (ipykernel 7.4 and later)."""
     if SUBSHELLS not in kernel.kernel_info.get("supported_features", []):

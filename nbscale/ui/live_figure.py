@@ -18,7 +18,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from nbscale.ui.click_routing import keep_routed, route_clicks_off_main_thread, routed_to
+from nbscale.ui.click_routing import can_route_clicks, keep_routed, route_clicks_off_main_thread, routed_to
 from nbscale.ui.progress_figure import ProgressFigure
 from nbscale.ui.widget_front_end import SEEN
 
@@ -106,6 +106,8 @@ def show_live(handle: Any, figure: ProgressFigure, png_bundle: dict[str, Any]) -
     """Replace the figure in `handle`'s display by a LiveFigure beside the PNG in `png_bundle` (shown by a front
     end without the widget's state). None where the views' "ready" could not reach the kernel while the cell runs
     (no subshells, nbscale.ui.click_routing): the PNG clock then goes on."""
+    if not can_route_clicks():  # decided before a widget is made: the caller asks again at every draw
+        return None
     widget = LiveFigure(figure)
     widget.unroute = route_clicks_off_main_thread(widget)
     if widget.unroute is None:

@@ -5,8 +5,8 @@ A kernel cannot ask its front end, so it is told: each Stop button counts its vi
 which the front end raises when it draws one), and a live figure's view says "ready" when it opens
 (nbscale.ui.live_figure). The first such report makes the front end known to this kernel for good; until then
 the live figure is a PNG (nbscale.ui.live_clock). The reports arrive while a cell runs only where the widgets'
-messages go to a subshell (nbscale.ui.click_routing); elsewhere they arrive after the cell, and the next run is drawn
-live.
+messages go to a subshell (nbscale.ui.click_routing); elsewhere (ipykernel < 7.4) the live figure stays a PNG, as a
+browser's "ready" could not reach the kernel while the cell runs.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.kernel_session import KernelSession, kernel_after
+from tests.kernel_session import KernelSession, kernel_after, needs_clicks_mid_cell
 
 pytestmark = pytest.mark.slow
 
@@ -95,6 +95,7 @@ def printed(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return dict(json.loads(text.strip().splitlines()[-1]))
 
 
+@needs_clicks_mid_cell  # the live figure hears its view while the cell runs
 def test_train_sends_the_widget_only_new_points_and_leaves_the_final_png(kernel: KernelSession) -> None:
     messages = run_collecting(kernel, TRAIN, on_message=lambda _: None)
     comm_id = live_figure_comm(messages)
@@ -126,6 +127,7 @@ def test_train_sends_the_widget_only_new_points_and_leaves_the_final_png(kernel:
     assert any(m["msg_type"] == "comm_close" and m["content"]["comm_id"] == comm_id for m in messages)
 
 
+@needs_clicks_mid_cell  # the live figure hears its view while the cell runs
 def test_a_view_that_opens_gets_every_point_once_then_new_ones_again(kernel: KernelSession) -> None:
     comm: dict[str, str] = {}
 
@@ -154,6 +156,7 @@ def test_a_view_that_opens_gets_every_point_once_then_new_ones_again(kernel: Ker
     assert after == pytest.approx(losses[: len(after)]) and len(after) > len(sent[reset][0]["columns"]["loss"])
 
 
+@needs_clicks_mid_cell  # the live figure hears its view while the cell runs
 def test_a_monitor_sends_the_widget_only_new_points(kernel: KernelSession) -> None:
     messages = run_collecting(
         kernel,

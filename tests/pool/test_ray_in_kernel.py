@@ -87,7 +87,8 @@ def test_a_pool_starts_on_the_cluster_it_names_after_a_pool_on_another_one(clust
     deadline = time.monotonic() + 60
     while ray.available_resources().get("CPU", 0) < CLUSTER_CPUS - 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    with pytest.raises(PoolError, match=r"Only 1 of 2 Ray actors started within 5 s .*0 of its 3 CPUs free"):
+    # (the one actor the free CPU allows may itself take over 5 s to start on a busy machine: "Only 0 of 2")
+    with pytest.raises(PoolError, match=r"Only [01] of 2 Ray actors started within 5 s .*0 of its 3 CPUs free"):
         nbscale.Pool(2, cluster=ray_head, connect_timeout=5)
     with pytest.raises(PoolError, match="already connected to a Ray cluster .*ray.shutdown"):
         nbscale.Pool(2, cluster="127.0.0.1:9")

@@ -136,7 +136,8 @@ train_data = (train_x, train_y)"""
         "        print(nbscale.current_pool().run(len, 'ab')); break\n    except Exception:\n"
         "        if time.monotonic() > deadline: raise\n        time.sleep(0.2)"
     )
-    assert free.stdout.strip() == "[2, 2]", free.text
+    # (on a busy machine a cancelled run's task may still be ending: the pool says so once, then runs the call)
+    assert free.stdout.strip().splitlines()[-1] == "[2, 2]", free.text
 
 
 def test_stop_ends_a_run_with_the_network_so_far_and_leaves_the_other_run_alone(pool, data) -> None:

@@ -66,15 +66,13 @@ def _stop_processes_of(*marks: str) -> None:
 def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
     """Start `ray start --head` on loopback (with its dashboard/job server on `dashboard_port` if given),
     yield the head's address HOST:PORT, and stop its processes (only this head's) afterwards."""
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
     port = free_port()
     env = {**os.environ, **LOOPBACK_ENV}
     # Ray puts its sockets in the session folder: keep the path short (a socket path has at most 107 characters)
     session_folder = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     command = [
-        # Ray's own `ray start`, waiting for its node while the machine is busy (the rest of the suite beside it)
-        sys.executable,
-        "-m",
-        "nbscale.pool.backends.ray_start",
+        ray_cli,
         "start",
         "--head",
         f"--port={port}",
@@ -102,8 +100,8 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
 
 
 def _start_head(command: list[str], env: dict[str, str], session_folder: str) -> None:
-    """Run `ray start --head`, again if it gave up all the same (its node did not register even in ray_start's
-    wait)."""
+    """Run `ray start --head`, again if it gave up: Ray waits a fixed 30 s for its raylet to register, which a
+    busy machine (the rest of the suite beside it) can take longer than."""
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             subprocess.run(command, check=True, env=env, capture_output=True, timeout=180)

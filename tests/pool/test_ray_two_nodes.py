@@ -12,7 +12,6 @@ import pytest
 
 import nbscale
 from nbscale.errors import WorkerError
-from nbscale.pool.backends.ray_start import patient_node_lookup
 from tests.ray_head import forget_cluster_address
 from tests.training.digits import digits, tiny_net
 
@@ -23,16 +22,11 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 @pytest.fixture
 def two_nodes():
-    """A head and a second node, one CPU each, so a pool of two must use both (each node given the time a busy
-    machine needs to register, as nbscale's SLURM recipe gives it)."""
-    with patient_node_lookup():
-        cluster = cluster_utils.Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-        )
+    """A head and a second node, one CPU each, so a pool of two must use both."""
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
-        with patient_node_lookup():
-            second = cluster.add_node(num_cpus=1)
-            cluster.wait_for_nodes()
+        second = cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
         yield cluster, second
     finally:
         pool = nbscale.current_pool()
@@ -94,9 +88,8 @@ def test_a_pool_spreads_over_two_nodes_trains_across_them_names_a_lost_node_by_r
     assert [w.state for w in pool.status().workers][lost_rank] == "dead"
 
     # a replacement node joins; %pool restart (pool.restart()) gives two fresh workers that train again
-    with patient_node_lookup():
-        cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
     pool.restart()
     assert len(set(_nodes(pool))) == 2 and second.node_id[:8] not in _nodes(pool)
     pool.spmd("total = allreduce(rank + 1)", namespace=namespace)

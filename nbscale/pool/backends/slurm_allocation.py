@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 import psutil
@@ -53,11 +54,9 @@ def _free_port() -> int:
 
 
 def _ray_start(session: str, cpus: int, gpus: int, *arguments: str) -> list[str]:
-    # Ray's own `ray start`, waiting for its node on a busy node (nbscale.pool.backends.ray_start)
+    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     return [
-        sys.executable,
-        "-m",
-        "nbscale.pool.backends.ray_start",
+        ray,
         "start",
         "--block",
         f"--num-cpus={cpus}",
@@ -85,8 +84,8 @@ def _end_children(session: str) -> None:
 
 def _run(start: Callable[[str], list[str]], announce: str | None) -> int:
     """Run `ray start --block` (the command `start` makes for a session folder), echo its output, print `announce`
-    once Ray runs; end it all on SIGTERM. A start that fails before Ray runs (its node did not register even in
-    ray_start's wait: a loaded node, a slow shared filesystem) is tried again, up to START_ATTEMPTS times."""
+    once Ray runs; end it all on SIGTERM. Ray's raylet gives its agents 15 s to start, which a loaded node or a slow
+    shared filesystem can miss: a start that fails before Ray runs is tried again, up to START_ATTEMPTS times."""
     session = ""
 
     def stop(signum: int, frame: FrameType | None) -> None:

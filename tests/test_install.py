@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.kernel_session import REPO_ROOT, KernelSession
+from tests.labextension.jupyter_server import end_server
 from tests.test_readme import quick_start_code
 
 pytestmark = pytest.mark.slow
@@ -166,12 +167,7 @@ def _jupyter_server_log(python: str, env: dict[str, str], tmp_path: Path) -> str
                 time.sleep(0.2)  # polled with a deadline: the server writes the file once it listens
             assert serving.is_file(), f"the Jupyter server did not start:\n{log_path.read_text()[-3000:]}"
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # a busy machine's server can take longer to end: the log is written
-                server.kill()
-                server.wait(timeout=30)
+            end_server(server, wait_s=30)  # the log is written by then
     return log_path.read_text()
 
 

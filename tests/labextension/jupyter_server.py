@@ -56,11 +56,18 @@ class Server:
             return
         # SIGTERM: the server stops and shuts its kernels down (and so their pools). SIGINT is not used: a process
         # started in the background by a non-interactive shell ignores it, and JupyterLab asks to confirm one.
-        self.server.terminate()
-        try:
-            self.server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.server.kill()
+        end_server(self.server, wait_s=20)
+
+
+def end_server(server: subprocess.Popen[Any], wait_s: float) -> None:
+    """SIGTERM a Jupyter server and wait `wait_s` for it; SIGKILL it if it has not ended (a busy machine's server
+    can take longer), so none is left running."""
+    server.terminate()
+    try:
+        server.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(timeout=wait_s)
 
 
 def _extension_installed() -> bool:

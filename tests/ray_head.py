@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -20,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+
+from nbscale.pool.backends.ray_start import RAY_COMMAND
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 STOP_WAIT_S = 10.0
@@ -66,13 +67,12 @@ def _stop_processes_of(*marks: str) -> None:
 def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
     """Start `ray start --head` on loopback (with its dashboard/job server on `dashboard_port` if given),
     yield the head's address HOST:PORT, and stop its processes (only this head's) afterwards."""
-    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
     port = free_port()
     env = {**os.environ, **LOOPBACK_ENV}
     # Ray puts its sockets in the session folder: keep the path short (a socket path has at most 107 characters)
     session_folder = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     command = [
-        ray_cli,
+        *RAY_COMMAND,
         "start",
         "--head",
         f"--port={port}",
@@ -100,8 +100,8 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
 
 
 def _start_head(command: list[str], env: dict[str, str], session_folder: str) -> None:
-    """Run `ray start --head`, again if it gave up: Ray waits a fixed 30 s for its raylet to register, which a
-    busy machine (the rest of the suite beside it) can take longer than."""
+    """Run `ray start --head` (through nbscale's ray_start, as SLURM allocations do: its raylet does not wait 15 s
+    for the dashboard agent), again if it gave up: Ray waits a fixed 30 s for the node to register."""
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
             subprocess.run(command, check=True, env=env, capture_output=True, timeout=180)

@@ -20,10 +20,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 
 import psutil
+
+from nbscale.pool.backends.ray_start import RAY_COMMAND
 
 ADDRESS_MARK = "nbscale-ray-head:"
 READY_TEXT = "Ray runtime started"
@@ -54,9 +55,8 @@ def _free_port() -> int:
 
 
 def _ray_start(session: str, cpus: int, gpus: int, *arguments: str) -> list[str]:
-    ray = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     return [
-        ray,
+        *RAY_COMMAND,
         "start",
         "--block",
         f"--num-cpus={cpus}",
@@ -84,8 +84,8 @@ def _end_children(session: str) -> None:
 
 def _run(start: Callable[[str], list[str]], announce: str | None) -> int:
     """Run `ray start --block` (the command `start` makes for a session folder), echo its output, print `announce`
-    once Ray runs; end it all on SIGTERM. Ray's raylet gives its agents 15 s to start, which a loaded node or a slow
-    shared filesystem can miss: a start that fails before Ray runs is tried again, up to START_ATTEMPTS times."""
+    once Ray runs; end it all on SIGTERM. A start that fails before Ray runs (a node still too slow, see ray_start)
+    is tried again, up to START_ATTEMPTS times."""
     session = ""
 
     def stop(signum: int, frame: FrameType | None) -> None:

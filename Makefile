@@ -27,13 +27,15 @@ demo: venv
 	$(PY) examples/run_notebook.py examples/quickstart.ipynb
 
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist): most tests wait on kernels, pools and servers, so
-# more processes than cores still pays. conftest.py keeps the tests that share a fixture in one process.
+# more processes than cores still pays. conftest.py keeps the tests that share a fixture in one process. Tests marked
+# `alone` run first, by themselves: they start something with a fixed timeout the rest of the suite could exceed.
 PYTEST_WORKERS ?= 4
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist load
 
 test: venv chromium slurm
 	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test
-	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra --durations=15 --junitxml=build/test-times.xml
+	$(PY) -m pytest -q -ra -m alone --junitxml=build/test-times-alone.xml
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra -m "not alone" --durations=15 --junitxml=build/test-times.xml
 
 # the tests a change most likely breaks, in under 3 minutes: everything not marked slow (few real kernels)
 test-fast: venv

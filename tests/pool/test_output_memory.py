@@ -81,7 +81,9 @@ def test_96_mb_of_worker_output_in_a_notebook_cost_the_kernel_far_less_and_say_w
         elif kind == "stream":
             notices += [line for line in content["text"].splitlines() if "output left out here" in line]
     growth = _kernel_status(kernel.pid, "VmHWM") - before
-    assert growth < 48 * MB, f"the kernel grew {growth / MB:.0f} MB relaying 96 MB"  # 11-21 MB measured
+    # bounded: less than what was relayed (unbounded, the kernel grew 140 MB). What ZeroMQ holds for a reader that
+    # lags grows with the lag: 11-21 MB measured on a quiet machine, 57-62 MB on a 2-core one beside the whole suite
+    assert growth < 80 * MB, f"the kernel grew {growth / MB:.0f} MB relaying 96 MB"
     assert 8 * MB < shown < 90 * MB  # the first burst and more, but not everything (9-19 MB measured)
     assert notices and len(notices) < 20  # said, and not once a line
 

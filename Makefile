@@ -29,7 +29,7 @@ demo: venv
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist): most tests wait on kernels, pools and servers, so
 # more processes than cores still pays. conftest.py keeps the tests that share a fixture in one process. Tests marked
 # `alone` run first, by themselves: they start something with a fixed timeout the rest of the suite could exceed.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist load
 
 test: venv chromium slurm

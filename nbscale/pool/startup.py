@@ -31,7 +31,6 @@ from nbscale.pool.waiting import pump, wait
 from nbscale.processes import pid_running
 from nbscale.trust import swappable_by_others
 
-START_TIMEOUT_S = 120.0
 HELLO_TIMEOUT_S = 30.0
 JOINING = "Joining the torch.distributed group"
 # once a rank failed to join, the others wait for it until torch's own timeout (minutes): what else fails within
@@ -69,7 +68,8 @@ def make_backend(settings: PoolSettings) -> Backend:
 def launch_workers(backend: Backend, settings: PoolSettings) -> tuple[list[WorkerHandle], int]:
     """Start the workers and wait until each connected: (handles by rank, connections refused meanwhile).
 
-    Raises PoolError when the launcher exits or START_TIMEOUT_S passes first; the caller stops the backend.
+    Raises PoolError when the launcher exits or the backend's start_timeout passes first; the caller stops the
+    backend.
     """
     secret = secrets.token_bytes(32)
     listener = ChannelListener(secret, host=backend.listen_host)
@@ -100,12 +100,12 @@ def launch_workers(backend: Backend, settings: PoolSettings) -> tuple[list[Worke
 
 
 def _accept_workers(listener: ChannelListener, backend: Backend, count: int) -> list[WorkerHandle]:
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + backend.start_timeout
     handles: dict[int, WorkerHandle] = {}
     while len(handles) < count:
         if time.monotonic() > deadline:
             raise PoolError(
-                f"Only {len(handles)} of {count} workers connected within {START_TIMEOUT_S:.0f} s."
+                f"Only {len(handles)} of {count} workers connected within {backend.start_timeout:.0f} s."
                 f"{_refused_note(listener)}"
             )
         if not backend.alive():

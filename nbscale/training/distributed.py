@@ -415,7 +415,8 @@ def _with_recovery_hint(message: str, checkpoints: str | None) -> str:
                 f" The last checkpoint ({last}) is intact: continue with "
                 f"nbscale.train(..., resume_from={checkpoints!r})."
             )
-    if "out of memory" in message.lower() and "mini_batch_size" not in message:
+    # torch's error, not any text with the words ("stopped answering: ... or out of memory" is a heartbeat's)
+    if ("OutOfMemoryError" in message or "CUDA out of memory" in message) and "mini_batch_size" not in message:
         hint += " Out of GPU memory: lower mini_batch_size."
     return message + hint
 

@@ -23,6 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
+EXPECT_TIMEOUT_MS = 30_000
 ARTIFACTS = REPO / "tests" / "artifacts"
 DOCS = REPO / "docs"
 # the docs' pictures are rewritten only on request, so `make test` leaves the tree clean
@@ -204,8 +205,10 @@ def failure_picture(page: Any, name: str) -> None:
 def notebook_page(server: Server, notebook: str, failure_name: str) -> Iterator[Any]:
     """A Chromium page with `notebook` open and its kernel ready; on a failure, its picture is kept as
     `<failure_name>-failure.png` in ARTIFACTS."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # Playwright's default wait for an expected state is 5 s: a page beside the whole suite on 2 cores took longer
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = open_notebook(browser, server, notebook)

@@ -167,6 +167,8 @@ import time, nbscale
 monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=0.05)
 for step in range(1, 10**6):
     monitor.record(step, loss=1.0 / step)
+    if step == 10:
+        open(LOOPING_MARK, "w").close()  # the loop runs: the test interrupts now
     if monitor.stop:
         break
     time.sleep(0.002)
@@ -175,8 +177,12 @@ print(monitor.stop_reason)
 
 
 @pytest.mark.slow
-def test_the_kernel_interrupt_stops_a_monitored_loop_as_it_stops_training_and_is_the_kernels_after(kernel) -> None:
-    result = kernel.run(INTERRUPTED_LOOP, interrupt_after=3.0, timeout=60)
+def test_the_kernel_interrupt_stops_a_monitored_loop_as_it_stops_training_and_is_the_kernels_after(
+    kernel, tmp_path
+) -> None:
+    looping = tmp_path / "looping"
+    code = INTERRUPTED_LOOP.replace("LOOPING_MARK", repr(str(looping)))
+    result = kernel.run(code, interrupt_when=looping.exists, timeout=120)
     assert result.ok, result.text  # no KeyboardInterrupt: the loop read monitor.stop and ended itself
     assert result.stdout.strip().splitlines()[-1] == "Stopped by the kernel interrupt"
     assert result.text.count("monitor.stop is now True") == 1, result.text  # said once, as training says it

@@ -356,6 +356,9 @@ def test_every_worker_exits_when_the_kernel_dies():
     assert _running(pids) == []
 
 
+# alone: how fast the output arrives is the feature; the load of the suite beside it varies faster than the scaling
+# measures it (11.8 s against a scaled bound of 10.8 s in CI)
+@pytest.mark.alone
 def test_large_output_arrives_whole_in_order_and_quickly(kernel):
     kernel.run("%pool start 2 --cpu")
     started = time.monotonic()

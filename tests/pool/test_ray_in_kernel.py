@@ -15,7 +15,8 @@ from nbscale.errors import PoolError
 from tests.kernel_session import KernelSession
 from tests.ray_head import ray_head as start_ray_head
 
-pytestmark = pytest.mark.slow
+# a cluster pool's interrupt and cancel take ~2 min on a quiet 2-core machine, over 4 beside the whole suite
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
 
 CLUSTER_CPUS = 3

@@ -12,7 +12,8 @@ import pytest
 
 import nbscale
 from nbscale.errors import WorkerError
-from tests.ray_head import forget_cluster_address
+from nbscale.pool.backends.ray_start import give_raylet_the_agent_port
+from tests.ray_head import forget_cluster_address, free_port
 from tests.training.digits import digits, tiny_net
 
 pytestmark = pytest.mark.slow
@@ -20,12 +21,21 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 
+def _agent_ports() -> dict[str, int]:
+    """Each agent's port picked here, so the node's raylet knows them and does not wait for its agents to start
+    (with give_raylet_the_agent_port: nbscale.pool.backends.ray_start); a loaded machine exceeds that fixed wait."""
+    names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+    return {name: free_port() for name in names}
+
+
 @pytest.fixture
 def two_nodes():
     """A head and a second node, one CPU each, so a pool of two must use both."""
-    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    give_raylet_the_agent_port()  # the nodes start in this process
+    head_node_args = {"num_cpus": 1, "include_dashboard": False, **_agent_ports()}
+    cluster = cluster_utils.Cluster(initialize_head=True, head_node_args=head_node_args)
     try:
-        second = cluster.add_node(num_cpus=1)
+        second = cluster.add_node(num_cpus=1, **_agent_ports())
         cluster.wait_for_nodes()
         yield cluster, second
     finally:

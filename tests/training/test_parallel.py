@@ -250,3 +250,12 @@ def test_a_relative_checkpoint_path_lands_in_the_notebooks_folder_after_it_chang
     assert options.checkpoint_path == "checkpoints"  # the user's options are left as given
     _, info = nbscale.train(tiny_net(), TRAIN, options.replace(max_epochs=2), resume_from="checkpoints")
     assert info.epoch[-1] == 2
+
+
+def test_a_worker_that_stopped_answering_gets_no_out_of_memory_hint() -> None:
+    from nbscale.training.distributed import _with_recovery_hint
+
+    heartbeat = "worker 0 (pid 1) stopped answering for 20 s: ... or its machine is down or out of memory."
+    assert "lower mini_batch_size" not in _with_recovery_hint(heartbeat, None)
+    out_of_memory = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert _with_recovery_hint(out_of_memory, None).endswith("Out of GPU memory: lower mini_batch_size.")

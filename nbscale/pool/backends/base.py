@@ -32,6 +32,8 @@ class Backend(ABC):
     listen_host: str = "127.0.0.1"
     #: the address workers connect back to
     kernel_host: str = "127.0.0.1"
+    #: seconds the started workers have to connect back (a loaded machine or cluster may need longer)
+    start_timeout: float = 120.0
 
     @abstractmethod
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:

@@ -102,6 +102,7 @@ class RayBackend(Backend):
     def __init__(self, profile: ClusterProfile, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.profile = profile
         self.connect_timeout = connect_timeout
+        self.start_timeout = max(self.start_timeout, connect_timeout)  # --connect-timeout covers the actors' start
         self.actors: list[Any] = []
         self.node_addresses: list[str] = []
         self.node_ids: list[str] = []

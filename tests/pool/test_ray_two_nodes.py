@@ -16,7 +16,8 @@ from nbscale.pool.backends.ray_start import give_raylet_the_agent_port
 from tests.ray_head import forget_cluster_address, free_port
 from tests.training.digits import digits, tiny_net
 
-pytestmark = pytest.mark.slow
+# two trainings, a lost node and a restart: ~2 min on a quiet 2-core machine, over 5 beside a loaded one
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 

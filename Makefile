@@ -34,8 +34,9 @@ PYTEST_PARALLEL = -n $(PYTEST_WORKERS) --dist load
 
 test: venv chromium slurm
 	cd labextension && (test -d node_modules || npm install --no-audit --no-fund) && npm test
-	$(PY) -m pytest -q -ra -m alone --junitxml=build/test-times-alone.xml
-	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra -m "not alone" --durations=15 --junitxml=build/test-times.xml
+	$(PY) -m pytest -q -ra -m alone --junitxml=build/test-times-alone.xml; alone=$$?; \
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra -m "not alone" --durations=15 --junitxml=build/test-times.xml \
+	  && exit $$alone
 
 # the tests a change most likely breaks, in under 3 minutes: everything not marked slow (few real kernels)
 test-fast: venv

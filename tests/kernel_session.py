@@ -61,6 +61,7 @@ class CellResult:
     error_name: str | None = None
     error_value: str | None = None
     traceback: str = ""
+    stdout_messages: int = 0  # how many stream messages carried `stdout`
 
     @property
     def ok(self) -> bool:
@@ -143,6 +144,7 @@ class KernelSession:
             if kind == "stream":
                 if content["name"] == "stdout":
                     result.stdout += content["text"]
+                    result.stdout_messages += 1
                 else:
                     result.stderr += content["text"]
             elif kind in ("display_data", "execute_result", "update_display_data"):

@@ -368,8 +368,10 @@ def test_large_output_arrives_whole_in_order_and_quickly(kernel):
     for rank in (0, 1):
         lines = [line for line in cell.stdout.splitlines() if line.startswith(f"[{rank}] ")]
         assert lines == [f"[{rank}] {i}" for i in range(20000)]
-    # one flush per line took 13 s unloaded; 8 s on a quiet machine, scaled with its load (tests/machine_load.py)
-    assert elapsed < scaled(8), f"40,000 lines took {elapsed:.1f} s"
+    # one flush per line (40,000 messages) took 13 s on a quiet machine; batched, 8 s there and 11.5 s on a slower
+    # 2-core VM, so the time is bounded loosely (scaled with the load: tests/machine_load.py) and the batching by count
+    assert cell.stdout_messages < 4000, f"{cell.stdout_messages} messages for 40,000 lines"
+    assert elapsed < scaled(20), f"40,000 lines took {elapsed:.1f} s"
 
 
 def test_interrupting_pool_map_cancels_its_items_and_says_so(kernel):

@@ -147,6 +147,8 @@ def test_interrupts_during_the_automatic_restart_are_held_so_the_pool_is_never_l
     assert "[1] fine" in kernel.run("%%spmd\nprint('fine')").stdout
 
 
+# alone: the 10 s is the feature (15.8 s beside the whole suite on a slow 2-core VM, against a scaled 10)
+@pytest.mark.alone
 def test_one_interrupt_of_a_pool_training_with_a_stopped_worker_returns_within_10_s_and_says_why(kernel):
     assert kernel.run(TRAINING_SETUP).ok
     cell, seconds, pids = _run_with_worker_1_stopped(kernel, TRAINING, after=3.0, interrupt_after=5.0, timeout=60)

@@ -35,6 +35,7 @@ from nbscale.jobs.records import JobRecord
 RAY_JOB_FILE = "ray_job.json"
 DEFAULT_JOB_PORT = 8265  # Ray's dashboard, which serves the job API
 SUBMIT_TIMEOUT_S = 30.0
+AGENT_READY_WAIT_S = 90.0  # a head that has just started may answer "no agent" this long (a loaded machine)
 STATUS_TIMEOUT_S = 5.0
 STATUS_CACHE_S = 1.0  # Job.wait polls often; ask the job server at most this often per job
 UNREACHABLE_BACKOFF_S = 10.0  # after a failed request, %jobs and the server extension do not wait on it again
@@ -156,13 +157,16 @@ def submit_ray_job(
     try:
         client = _client(job_address, SUBMIT_TIMEOUT_S)
         _with_timeout(
-            lambda: client.submit_job(
-                entrypoint=entrypoint,
-                submission_id=reference.submission_id,
-                runtime_env=runtime_env,
-                metadata={"nbscale_job": str(job_id)},
+            lambda: _once_an_agent_is_ready(
+                lambda: client.submit_job(
+                    entrypoint=entrypoint,
+                    submission_id=reference.submission_id,
+                    runtime_env=runtime_env,
+                    metadata={"nbscale_job": str(job_id)},
+                ),
+                AGENT_READY_WAIT_S,
             ),
-            SUBMIT_TIMEOUT_S,
+            SUBMIT_TIMEOUT_S + AGENT_READY_WAIT_S,
             f"Submitting to the Ray job server at {job_address}",
         )
     except Exception as error:
@@ -174,6 +178,19 @@ def submit_ray_job(
         ) from None
     append_text(log, f"[nbscale] submitted to Ray at {job_address} as {reference.submission_id}\n")
     return reference
+
+
+def _once_an_agent_is_ready(submit: Callable[[], Any], wait_s: float) -> Any:
+    """`submit()`, asked again while the job server answers that no agent is ready yet (a head that has just
+    started: Ray says to try again later), for up to `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return submit()
+        except RuntimeError as error:
+            if "No available agent" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def reference(job_dir: Path) -> RayJobReference | None:

@@ -99,7 +99,7 @@ def test_a_pool_spreads_over_two_nodes_trains_across_them_names_a_lost_node_by_r
     assert [w.state for w in pool.status().workers][lost_rank] == "dead"
 
     # a replacement node joins; %pool restart (pool.restart()) gives two fresh workers that train again
-    cluster.add_node(num_cpus=1)
+    cluster.add_node(num_cpus=1, **_agent_ports())
     cluster.wait_for_nodes()
     pool.restart()
     assert len(set(_nodes(pool))) == 2 and second.node_id[:8] not in _nodes(pool)

@@ -68,6 +68,8 @@ def test_a_stopped_worker_fails_its_cell_by_rank_within_30_s_and_restart_recover
     assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
 
 
+# alone: the 10 s is the feature (13.9 s beside the whole suite in CI on 2 cores, against a scaled 10)
+@pytest.mark.alone
 def test_one_interrupt_of_a_cell_with_a_stopped_worker_returns_within_10_s_with_a_fresh_pool(kernel):
     cell, seconds, pids = _run_with_worker_1_stopped(
         kernel, COLLECTIVE_LOOP, after=1.0, interrupt_after=3.0, timeout=60

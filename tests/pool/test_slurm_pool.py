@@ -1,8 +1,8 @@
 """Pools on a real one-node SLURM cluster (tests/slurm_cluster.py), used from a real kernel as a notebook user
 would: `%pool start 2 --cluster hpc` gets an allocation that runs Ray, spmd, futures and "parallel" training run there,
 `%pool` shows the job, a TrainingMonitor in an spmd cell shows and stops as on a local pool, the allocation's time
-limit stops `nbscale.train` and `train_async` runs like Stop, and every way a pool ends (stop, the interrupt of a
-pending start, a killed kernel) leaves nothing in squeue.
+limit stops `nbscale.train` and `train_async` runs like Stop, and every way a pool ends (stop, the idle timeout, the
+interrupt of a pending start, a killed kernel) leaves nothing in squeue.
 
 Ray takes 15-60 s to start in the allocation on 2 busy cores, so one pool (`hpc_pool`) serves the first tests."""
 
@@ -131,6 +131,15 @@ def test_pool_stop_releases_the_allocation(slurm, hpc_kernel, hpc_pool):
     stopped = hpc_kernel.run("%pool stop", timeout=120)
     assert stopped.ok, stopped.text
     assert _until(lambda: not _pool_jobs(slurm)), queue(slurm)
+
+
+@pytest.mark.timeout(900)  # a second allocation starts Ray: 15-60 s on 2 busy cores, longer beside the whole suite
+def test_the_idle_timeout_releases_the_allocation(slurm, hpc_kernel):
+    started = hpc_kernel.run("%pool start 1 --cluster hpc --idle-timeout 0.05", timeout=900)  # 3 s idle
+    assert started.ok and "Started 1 CPU worker" in started.stdout, started.text
+    assert _until(lambda: not _pool_jobs(slurm), timeout=120), queue(slurm)
+    shown = hpc_kernel.run("%pool")
+    assert "The pool shut itself down after 0.05 idle minutes (--idle-timeout)." in shown.stdout, shown.text
 
 
 def _occupy_the_node(slurm: dict[str, str]) -> str:

@@ -203,11 +203,16 @@ class Job:
         rendering.show(self, training=training, wait=wait)
 
     def training_info(self, training: int | None = None) -> Any:
-        """A TrainingInfo of a training in this job (default: the latest), from what it recorded so far."""
+        """A TrainingInfo of a training in this job (default: the latest), from what it recorded so far; for a
+        TrainingMonitor's loop, the monitor's history (a dict of columns, as `monitor.history` reads)."""
         from nbscale.training.info import TrainingInfo
 
+        events = training_record.RecordReader(self._record_path(training)).read_all()
+        history = training_record.monitor_history(events)
+        if history is not None:
+            return history
         info = TrainingInfo()
-        for event in training_record.RecordReader(self._record_path(training)).read_all():
+        for event in events:
             info.record(event)
         return info
 

@@ -33,7 +33,7 @@ from nbscale.jobs.records import NOT_WRITTEN
 from nbscale.jobs.store import JobStore
 from nbscale.jobs.training_recorder import recorded_for_job_monitor
 from nbscale.notices import notices
-from nbscale.training.run_observers import add_run_observer
+from nbscale.training.run_observers import add_run_observer, end_open_runs
 
 if TYPE_CHECKING:
     from typing import TextIO
@@ -68,7 +68,10 @@ def main(argv: list[str]) -> int:
 
             # a job running as a Ray job opens its pool as actors on that cluster (NBSCALE_JOB_CLUSTER=auto)
             pool = namespace["pool"] = Pool(record.pool, cluster=os.environ.get("NBSCALE_JOB_CLUSTER") or None)
-        _run_cell(code, f"<batch job {job_id}>", namespace)
+        try:
+            _run_cell(code, f"<batch job {job_id}>", namespace)
+        finally:
+            _end_open_runs()
     except CellFailed as failure:
         state, error = "failed", str(failure)
     except Exception as failure:  # the pool could not start, or an input could not be rebuilt
@@ -111,6 +114,14 @@ def _flush() -> None:
             stream.flush()
         except OSError:
             pass
+
+
+def _end_open_runs() -> None:
+    """A TrainingMonitor the cell left open is closed now, so its record ends before the job's end is recorded."""
+    try:
+        end_open_runs()
+    except Exception as failure:  # the cell's result matters more than its monitor's last read
+        _say(f"[nbscale] closing the cell's TrainingMonitor failed: {type(failure).__name__}: {failure}", sys.stderr)
 
 
 def _main_namespace() -> dict[str, Any]:

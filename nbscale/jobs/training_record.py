@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import types
 import typing
@@ -24,15 +25,31 @@ from pathlib import Path
 from typing import Any
 
 from nbscale.jobs.files import FILE_MODE, private_dir
-from nbscale.training.events import Event, IterationDone, TrainingDone, TrainingRestarted, TrainingStarted
+from nbscale.training.events import (
+    Event,
+    IterationDone,
+    MetricsRead,
+    MonitorDone,
+    MonitorEvent,
+    MonitorStarted,
+    PanelScale,
+    TrainingDone,
+    TrainingRestarted,
+    TrainingStarted,
+)
 
 FOLDER = "training"
 MONITOR_STOP_REASON = "Stopped from the job monitor"
 READ_CHUNK = 8 << 20  # bytes a reader takes per call: a long history is caught up in a few calls
 SUMMARY_TAIL = 64 << 10  # bytes read from a record's end for its summary (the last events are there)
 
-_EVENT_TYPES: dict[str, type[Event]] = {
-    kind.__name__: kind for kind in (TrainingStarted, IterationDone, TrainingDone, TrainingRestarted)
+RecordedEvent = Event | MonitorEvent
+_EVENT_TYPES: dict[str, type[RecordedEvent]] = {
+    kind.__name__: kind
+    for kind in (
+        *(TrainingStarted, IterationDone, TrainingDone, TrainingRestarted),  # an nbscale.train run's record
+        *(MonitorStarted, MetricsRead, PanelScale, MonitorDone),  # a TrainingMonitor's
+    )
 }
 _NOT_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -68,7 +85,7 @@ def stop_requested(job_dir: Path, training: int) -> bool:
 # ---- the data-only form of an event -----------------------------------------------------------------------------
 
 
-def encode(event: Event) -> bytes:
+def encode(event: RecordedEvent) -> bytes:
     """One line (with its newline) of strict JSON for `event`."""
     line = {"event": type(event).__name__}
     for field in fields(event):
@@ -77,17 +94,26 @@ def encode(event: Event) -> bytes:
 
 
 def _data(value: object) -> Any:
-    """`value` as strict JSON takes it: non-finite floats as strings, also inside a metric dict or name tuple."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    """`value` as strict JSON takes it: non-finite floats as strings, also inside a metric dict or name tuple; a
+    number of another kind (numpy's) as a plain one; anything else (a monitor's info or status: a tensor, say) as
+    the text its display shows."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if not math.isfinite(value):
+            return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+        return value
     if isinstance(value, dict):
         return {str(k): _data(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
         return [_data(v) for v in value]
-    return value
+    return str(value)
 
 
-def decode(line: bytes) -> Event | None:
+def decode(line: bytes) -> RecordedEvent | None:
     """The event on `line`, or None when it is not one (checked field by field against the event's dataclass)."""
     try:
         data = json.loads(line)
@@ -113,22 +139,29 @@ def decode(line: bytes) -> Event | None:
 _WRONG = object()
 
 
-def _checked(value: object, accepts: tuple[type, ...]) -> object:
-    """`value` as one of the `accepts` types (int, float, str, None; a tuple of str; a dict of str to float or
-    None, as the metric fields are), or _WRONG."""
+def _checked(value: object, accepts: tuple[Any, ...]) -> object:
+    """`value` as one of the `accepts` types (int, float, bool, str, None, Any: a JSON value as it is; a tuple
+    or list of them, a fixed tuple, a dict of str to them, nested as the events' fields are), or _WRONG."""
+    if Any in accepts:
+        return value
     for kind in accepts:
-        origin = typing.get_origin(kind)
-        if origin is tuple and isinstance(value, list):
-            items = [_checked(v, (typing.get_args(kind)[0],)) for v in value]
-            return _WRONG if any(v is _WRONG for v in items) else tuple(items)
+        origin, args = typing.get_origin(kind), typing.get_args(kind)
+        if origin in (tuple, list) and isinstance(value, list):
+            if origin is list or (len(args) == 2 and args[1] is Ellipsis):
+                items = [_checked(v, _alternatives(args[0])) for v in value]
+            elif len(args) == len(value):
+                items = [_checked(v, _alternatives(arg)) for v, arg in zip(value, args, strict=True)]
+            else:
+                return _WRONG
+            return _WRONG if any(v is _WRONG for v in items) else origin(items)
         if origin is dict and isinstance(value, dict):
-            item_types = _alternatives(typing.get_args(kind)[1])
+            item_types = _alternatives(args[1])
             entries = {k: _checked(v, item_types) for k, v in value.items()}
             return _WRONG if any(v is _WRONG for v in entries.values()) else entries
     if value is None:
         return None if type(None) in accepts else _WRONG
     if isinstance(value, bool):
-        return _WRONG
+        return value if bool in accepts else _WRONG
     if isinstance(value, int) and int in accepts:
         return value
     if float in accepts:
@@ -173,7 +206,7 @@ class RecordReader:
         self.path = path
         self.offset = 0
 
-    def read_new(self) -> list[Event]:
+    def read_new(self) -> list[RecordedEvent]:
         """The whole lines added since the last call, decoded (at most READ_CHUNK bytes: call again for more)."""
         try:
             with open(self.path, "rb") as file:
@@ -189,14 +222,35 @@ class RecordReader:
         self.offset += end + 1
         return [event for line in data[:end].split(b"\n") if (event := decode(line)) is not None]
 
-    def read_all(self) -> list[Event]:
+    def read_all(self) -> list[RecordedEvent]:
         """Every event not read yet, however many calls of read_new() that takes."""
-        events: list[Event] = []
+        events: list[RecordedEvent] = []
         while True:
             new = self.read_new()
             if not new:
                 return events
             events += new
+
+
+def monitor_history(events: list[RecordedEvent]) -> dict[str, list[Any]] | None:
+    """A TrainingMonitor's record as its `history` reads: the steps under its x label, then each metric (None
+    where a step did not record it); None when the record is an nbscale.train run's."""
+    if not events or not isinstance(events[0], MonitorStarted):
+        return None
+    start = events[0]
+    steps: list[Any] = []
+    history: dict[str, list[Any]] = {start.x_label: steps, **{name: [] for name in start.metrics}}
+    for event in events:
+        if not isinstance(event, MetricsRead):
+            continue
+        for step, values in event.rows():
+            if not steps or step != steps[-1]:
+                steps.append(step)
+                for name in start.metrics:
+                    history[name].append(None)
+            for name, value in values.items():  # a step recorded on both sides of a read is one row
+                history[name][-1] = value
+    return history
 
 
 # ---- a summary for lists (the lab panel) ------------------------------------------------------------------------

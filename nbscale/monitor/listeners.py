@@ -1,8 +1,8 @@
 """The listeners a TrainingMonitor's events reach, attached from where it runs, as nbscale.train attaches its own:
 
-- always: the figure's points (figure_columns.py) and the loggers (nbscale.loggers.MonitorLogs);
+- always: the figure's points (nbscale.ui.figure_columns) and the loggers (nbscale.loggers.MonitorLogs);
 - every process: the run observers (nbscale.training.run_observers), which a %%batch job's runner uses to record
-  each run for `%jobs show` and to obey its Stop (observed.py turns the monitor's reads into training events);
+  each run for `%jobs show` and to obey its Stop (observed.py tells them the monitor's own events);
 - in the notebook: the display (nbscale.ui.monitor_display), the kernel interrupt as a Stop
   (nbscale.pool.interrupts.graceful_interrupt), and the cell's end closing the monitor;
 - on a %%spmd rank: the forwarding of its events to the notebook's one view, and the notebook's Stop (spmd.py).
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nbscale.loggers import MonitorLogs
-from nbscale.monitor.figure_columns import FigureColumns
+from nbscale.ui.figure_columns import FigureColumns
 
 if TYPE_CHECKING:
     from nbscale.monitor.producer import Producer
@@ -38,7 +38,7 @@ class Listeners:
 
 def attach_listeners(monitor: Producer) -> Listeners:
     """Subscribe to `monitor.events` what its process has: see the module's docstring."""
-    from nbscale.monitor.observed import observed_as_training
+    from nbscale.monitor.observed import observed_by_run_observers
     from nbscale.notebook import in_notebook
     from nbscale.pool.context import in_worker
 
@@ -54,7 +54,7 @@ def attach_listeners(monitor: Producer) -> Listeners:
             forward_from_rank(monitor, stack)
         elif in_notebook():
             listeners.display = _show_in_notebook(monitor, listeners.figure, stack)
-        stack.enter_context(observed_as_training(monitor))
+        stack.enter_context(observed_by_run_observers(monitor))
     except BaseException:
         stack.close()
         raise

@@ -13,6 +13,7 @@ class Producer(Protocol):
     """A TrainingMonitor as its listeners see it."""
 
     metrics: tuple[str, ...]
+    info_names: tuple[str, ...]
     x_label: str
     reduce: str
     loggers: list[Any]

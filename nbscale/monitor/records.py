@@ -38,7 +38,6 @@ _tensor: type = _NoTensorYet  # torch.Tensor: record's one check for the common 
 _item: Callable[[Any], Any] = float  # torch.Tensor.item, taken from the class once torch is imported
 MAX_ROWS = 65536  # the most steps a read should find: the monitor reads sooner at a pace that would keep more
 CHUNK = 256  # tensors of one metric stacked together: one small op per CHUNK records, on their device
-HISTORY_ROWS = 100_000  # the most steps a monitor's history keeps: past that, every second one goes (thin_history)
 
 
 @dataclass
@@ -294,12 +293,3 @@ def _number(name: str, value: object) -> float:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise OptionsError(f"monitor.record(..., {name}={value!r}): give a number or a one-element tensor.") from None
-
-
-def thin_history(columns: Mapping[str, list[Any]], limit: int = HISTORY_ROWS) -> None:
-    """Halve each list of `columns` longer than `limit` until it fits, in place: every second entry goes, the last
-    one stays (a step recorded on both sides of a read joins it). A long run's history then spans the whole run,
-    its older steps coarser, in bounded memory (about 230 bytes a step kept) instead of growing with every step."""
-    for values in columns.values():
-        while len(values) > limit:
-            values[:] = values[(len(values) - 1) % 2 :: 2]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import copyreg
 from typing import TYPE_CHECKING, Any
 
-from nbscale.monitor.figure_columns import FigureColumns
 from nbscale.monitor.listeners import Listeners
 from nbscale.monitor.training_monitor import TrainingMonitor
+from nbscale.ui.figure_columns import FigureColumns
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from nbscale.errors import OptionsError
 from nbscale.monitor.layout import checked_groups, checked_loggers, checked_names, checked_reduce, panels_of
-from nbscale.monitor.records import HISTORY_ROWS, MAX_ROWS, RecordBatch, RecordKeeper, step_number, thin_history
+from nbscale.monitor.records import MAX_ROWS, RecordBatch, RecordKeeper, step_number
 from nbscale.training.events import EventChannel, MetricsRead, MonitorDone, PanelScale, StopSignal
+from nbscale.ui.figure_columns import HISTORY_ROWS, thin_history
 from nbscale.ui.live_clock import INFO_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -144,8 +145,8 @@ class TrainingMonitor(RecordKeeper):
     @property
     def history(self) -> dict[str, list[Any]]:
         """Every recorded step as columns: the x values under `x_label`, then each metric (None where a step did
-        not record it); past 100,000 steps, thinned to every second one (records.thin_history). Reading it reads
-        what was recorded since the last read."""
+        not record it); past 100,000 steps, thinned to every second one (nbscale.ui.figure_columns.thin_history).
+        Reading it reads what was recorded since the last read."""
         if self._kept:
             self.flush()
         return self._history

@@ -6,6 +6,7 @@ Events are small picklable dataclasses, so rank 0 of a pool can send them to the
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,13 +133,28 @@ class PanelScale:
 
 @dataclass(frozen=True)
 class MonitorDone:
-    """A TrainingMonitor closed: "Done" or "Stopped", and who stopped it (None when nobody did)."""
+    """A TrainingMonitor closed: "Done" or "Stopped", and who stopped it (None when nobody did); `end_time` is
+    time.time() then (what a job's display shows as the monitor's elapsed time)."""
 
     state: str
     stop_reason: str | None
+    end_time: float = field(default_factory=time.time, compare=False)
 
 
-MonitorEvent = MetricsRead | PanelScale | MonitorDone
+@dataclass(frozen=True)
+class MonitorStarted:
+    """A TrainingMonitor's layout, told to the run observers before its first read (a %%batch job records it, so
+    `job.show()` draws the monitor's own panels): its metrics, the figure's (title, metrics) panels, the x label,
+    the info fields and its start (time.time())."""
+
+    metrics: tuple[str, ...]
+    panels: tuple[tuple[str, tuple[str, ...]], ...]
+    x_label: str
+    info_names: tuple[str, ...]
+    start_time: float
+
+
+MonitorEvent = MetricsRead | PanelScale | MonitorDone | MonitorStarted
 
 
 class StopSignal:

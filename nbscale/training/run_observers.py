@@ -9,6 +9,7 @@ Observers are per process: a run inside a pool's worker sees only what that work
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -18,6 +19,7 @@ from nbscale.training.events import EventChannel, StopSignal
 RunObserver = Callable[[EventChannel, StopSignal], AbstractContextManager[object]]
 
 _observers: list[RunObserver] = []
+_open_runs: list[Callable[[], None]] = []  # how to end each observed run its code may leave open (a monitor)
 
 
 def add_run_observer(observer: RunObserver) -> None:
@@ -39,3 +41,29 @@ def observed_run(channel: EventChannel, stop: StopSignal) -> Iterator[None]:
         for observer in tuple(_observers):
             stack.enter_context(observer(channel, stop))
         yield
+
+
+@contextlib.contextmanager
+def ended_with_the_process(end: Callable[[], None]) -> Iterator[None]:
+    """While inside: `end()` ends the run when its code leaves it open, at `end_open_runs()` (a job's cell ended)
+    or when the process exits, whichever comes first; so its observers get its end (a TrainingMonitor never
+    closed)."""
+    _open_runs.append(end)
+    atexit.register(end)
+    try:
+        yield
+    finally:
+        atexit.unregister(end)
+        if end in _open_runs:
+            _open_runs.remove(end)
+
+
+def end_open_runs() -> None:
+    """End every observed run its code left open (the job runner calls it when the cell ends, before it saves
+    the cell's variables and records the job's end)."""
+    for end in reversed(tuple(_open_runs)):
+        try:
+            end()  # a run that ends leaves its ended_with_the_process, which forgets it
+        finally:
+            if end in _open_runs:
+                _open_runs.remove(end)

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from nbscale.errors import JobError
 from nbscale.jobs import training_record
 from nbscale.jobs.store import ACTIVE_STATES
-from nbscale.training.events import StopSignal, TrainingDone
+from nbscale.training.events import MonitorStarted, StopSignal, TrainingDone
 from nbscale.ui.cell_outputs import CellOutputs, kernel_shell
 from nbscale.ui.progress import TrainingProgress, format_duration
+from nbscale.ui.recorded_monitor import RecordedMonitor
 
 if TYPE_CHECKING:
     from nbscale.jobs.job import Job
@@ -67,7 +68,7 @@ class JobMonitor:
         numbers = job.trainings
         self.number = training if training is not None else (numbers[-1] if numbers else 1)
         self.reader: training_record.RecordReader | None = None
-        self.progress: JobTrainingProgress | None = None
+        self.progress: JobTrainingProgress | RecordedMonitor | None = None
         self.record = job.record()  # read once a step: state, name, error
         self.said = self._header_text("catching up")
         self.header = display(_line(self.said), raw=True, display_id=True)
@@ -91,7 +92,7 @@ class JobMonitor:
                 if not path.exists():
                     break
                 self.reader = training_record.RecordReader(path)
-                self.progress = JobTrainingProgress(self.job, self.number, self.record.name)
+                self.progress = None
             if not self._feed(self.reader.read_all()):
                 break
             if self.pinned:  # its training ended: nothing more to show
@@ -102,13 +103,18 @@ class JobMonitor:
             self._say_where(ended=False)
             return False
         if self.reader is not None and self.progress is not None:
-            self.progress.job_ended(self.record.state, self.record.error)
+            error = self.record.error if _says_more(self.record.error, self.record.state) else None
+            self.progress.job_ended(self.record.state, error)
         self._say_where(ended=True)
         return True
 
     def _feed(self, events: list[Any]) -> bool:
-        """Give `events` to the progress display; True when its training ended among them."""
-        assert self.progress is not None
+        """Give `events` to the progress display (made for the record's first event: an nbscale.train run's, or
+        a TrainingMonitor's own); True when its training ended among them."""
+        if self.progress is None and events:
+            self.progress = self._display_for(events[0])
+        if self.progress is None:
+            return False
         for event in events:
             self.progress(event)
         if self.progress.done is not None:
@@ -116,6 +122,11 @@ class JobMonitor:
         if self.progress.start is not None:  # each poll: the clock ticks between iterations too
             self.progress.redraw()
         return False
+
+    def _display_for(self, first: object) -> JobTrainingProgress | RecordedMonitor:
+        if isinstance(first, MonitorStarted):
+            return RecordedMonitor(self.job, self.number, self.record.name, first, _MonitorStop(self.job, self.number))
+        return JobTrainingProgress(self.job, self.number, self.record.name)
 
     def _say_where(self, ended: bool) -> None:
         if ended:

@@ -41,7 +41,7 @@ def is_validation(name: str) -> bool:
 
 
 class MonitorDisplay:
-    """Draws a monitor's figure columns (kept by its listener nbscale.monitor.figure_columns, which hears each read
+    """Draws a monitor's figure columns (kept by its listener nbscale.ui.figure_columns, which hears each read
     first) and each read's info; built in the notebook, for a monitor there or the one view of a %%spmd cell's."""
 
     def __init__(
@@ -52,6 +52,9 @@ class MonitorDisplay:
         columns: dict[str, list[float]],
         holds_the_cell: bool = True,
         budget: float = FIGURE_BUDGET,
+        start: float | None = None,
+        first_rows: tuple[tuple[str, str], ...] = (),
+        stop_tooltip: str = STOP_TOOLTIP,
     ) -> None:
         from IPython.display import display
 
@@ -59,13 +62,15 @@ class MonitorDisplay:
         self.columns = columns
         self.info: dict[str, Any] = {}
         self.progress: float | None = None
-        self.start = time.time()
+        self.start = time.time() if start is None else start
+        self.end: float | None = None  # the MonitorDone's time: the elapsed time stops there
+        self.first_rows = first_rows  # shown above the info panel's own rows (a job's display: which job)
         self.figure_clock = FigureClock(time.perf_counter(), budget)
         self.x_label = x_label.capitalize()
         self.step: float | None = None  # the last step drawn, shown in the info panel under the x label
         self.status: object = None  # monitor.status (MATLAB's monitor.Status), shown under the state
         self.figure = ProgressFigure(0, 1, monitor_panels(panels), x_label=x_label.capitalize())
-        self.button = stop_button(stop, STOP_TOOLTIP)
+        self.button = stop_button(stop, stop_tooltip)
         self.button_handle = display(self.button, display_id=True)
         self._click_route = route_clicks_off_main_thread(self.button)
         if self._click_route is None and holds_the_cell:
@@ -93,6 +98,7 @@ class MonitorDisplay:
         elif isinstance(event, PanelScale):
             self.set_log(event.panel, event.log)
         elif isinstance(event, MonitorDone):
+            self.end = event.end_time
             state = f"{event.state}: {event.stop_reason}" if event.stop_reason else event.state
             try:
                 self.draw(self.columns, self.info, self.progress, state, status=self.status)
@@ -148,10 +154,11 @@ class MonitorDisplay:
 
     def _info_bundle(self, info: dict[str, Any], progress: float | None, state: str) -> dict[str, str]:
         rows = [
+            *self.first_rows,
             ("State", state),
             *([("Status", str(self.status))] if self.status not in (None, "") else []),
             ("Start", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.start))),
-            ("Elapsed", format_duration(time.time() - self.start)),
+            ("Elapsed", format_duration((time.time() if self.end is None else self.end) - self.start)),
         ]
         if progress is not None:
             rows.append(("Progress", f"{progress:.0f}%"))

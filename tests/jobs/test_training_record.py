@@ -18,6 +18,10 @@ from nbscale.jobs.training_recorder import TrainingRecorder, recorded_for_job_mo
 from nbscale.training.events import (
     EventChannel,
     IterationDone,
+    MetricsRead,
+    MonitorDone,
+    MonitorStarted,
+    PanelScale,
     StopSignal,
     TrainingDone,
     TrainingRestarted,
@@ -59,9 +63,40 @@ def test_events_round_trip_as_strict_json_lines_with_non_finite_losses_kept() ->
     assert decoded[2].validation_loss == -math.inf and decoded[2].validation_accuracy == 0.75
 
 
+def test_a_monitors_events_round_trip_with_its_info_as_the_display_shows_it_and_give_its_history() -> None:
+    import numpy as np
+    import torch
+
+    started = MonitorStarted(("loss", "val_loss"), (("loss", ("loss", "val_loss")),), "step", ("epoch", "lr"), 1e9)
+    first = MetricsRead(
+        [1, 2], {"loss": ([0, 1], [math.nan, 0.5])}, {"epoch": np.int64(1), "lr": torch.tensor(0.1)}, None, "warm"
+    )
+    second = MetricsRead([2, 3], {"val_loss": ([0], [0.75]), "loss": ([1], [0.25])}, {"epoch": 2}, 50.0, None, True)
+    events = [started, first, second, PanelScale(0, True), MonitorDone("Stopped", "Stopped from the job monitor")]
+    lines = [training_record.encode(event) for event in events]
+    for line in lines:
+        json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} is not strict JSON"))
+    decoded = [training_record.decode(line) for line in lines]
+    assert decoded[0] == started and decoded[2] == second and decoded[3:] == events[3:]
+    assert decoded[4].end_time == events[4].end_time  # not compared by ==: the elapsed time a job's display shows
+    assert decoded[1].steps == [1, 2] and math.isnan(decoded[1].columns["loss"][1][0])
+    assert decoded[1].info == {"epoch": 1, "lr": "tensor(0.1000)"} and decoded[1].status == "warm"  # as displayed
+    # the record's history, as monitor.history reads: step 2, recorded on both sides of a read, is one row
+    assert training_record.monitor_history(decoded)["step"] == [1, 2, 3]
+    history = training_record.monitor_history(decoded)
+    assert history["loss"][1:] == [0.5, 0.25] and math.isnan(history["loss"][0])
+    assert history["val_loss"] == [None, 0.75, None]
+    assert training_record.monitor_history([STARTED]) is None  # an nbscale.train run's record
+
+
 @pytest.mark.parametrize(
     "line",
     [
+        b'{"event": "MetricsRead", "steps": [1], "columns": {"loss": [[0], [1.0], [2]]}, "info": {}, '
+        b'"progress": null}',  # a column is (rows, values)
+        b'{"event": "MonitorStarted", "metrics": ["loss"], "panels": [["loss", "loss"]], "x_label": "step", '
+        b'"info_names": [], "start_time": 1}',  # a panel's metrics are a list
+        b'{"event": "PanelScale", "panel": 0, "log": "yes"}',
         b'{"event": "IterationDone", "epoch": "1"}',  # a field missing, another of the wrong type
         b'{"event": "TrainingDone", "stop_reason": 3, "epoch": 1, "iteration": 1, "time_since_start": 1, '
         b'"output_network_iteration": 1, "images_per_second": 1}',

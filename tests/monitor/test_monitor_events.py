@@ -1,10 +1,10 @@
 """A TrainingMonitor is a producer on a training event channel: each read is one MetricsRead its listeners hear,
-its end a MonitorDone, and the run observers (what a %%batch job records) watch it as nbscale.train's runs."""
+its end a MonitorDone, and the run observers (what a %%batch job records) hear its layout, then its own events."""
 
 from __future__ import annotations
 
 import contextlib
-import math
+import time
 from collections.abc import Iterator
 
 import torch
@@ -12,15 +12,13 @@ import torch
 import nbscale
 from nbscale.training.events import (
     EventChannel,
-    IterationDone,
     MetricsRead,
     MonitorDone,
+    MonitorStarted,
     PanelScale,
     StopSignal,
-    TrainingDone,
-    TrainingStarted,
 )
-from nbscale.training.run_observers import add_run_observer, remove_run_observer
+from nbscale.training.run_observers import add_run_observer, end_open_runs, remove_run_observer
 
 
 def test_each_read_is_one_metrics_event_and_the_close_a_done_event() -> None:
@@ -47,7 +45,7 @@ def test_each_read_is_one_metrics_event_and_the_close_a_done_event() -> None:
     assert monitor.history["loss"] == [1.0, 2.0, 3.0, 4.0, 5.0]
 
 
-def test_the_run_observers_watch_a_monitor_as_a_training_run_and_their_stop_stops_it() -> None:
+def test_the_run_observers_hear_the_monitors_own_events_after_its_layout_and_their_stop_stops_it() -> None:
     seen: list[object] = []
     stops: list[StopSignal] = []
 
@@ -60,7 +58,9 @@ def test_the_run_observers_watch_a_monitor_as_a_training_run_and_their_stop_stop
 
     add_run_observer(observer)
     try:
-        monitor = nbscale.TrainingMonitor(metrics=["loss", "fscore"], info=["epoch"], min_interval=3600)
+        monitor = nbscale.TrainingMonitor(
+            metrics=["loss", "fscore"], info=["epoch"], groups={"scores": ["fscore"]}, x_label="step", min_interval=3600
+        )
         for step in range(1, 4):
             monitor.record(step, loss=torch.tensor(float(step)), fscore=0.25 * step)
         monitor.update_info(epoch=3)
@@ -70,14 +70,38 @@ def test_the_run_observers_watch_a_monitor_as_a_training_run_and_their_stop_stop
         monitor.close()
     finally:
         remove_run_observer(observer)
-    started, *iterations, done, left = seen
-    assert isinstance(started, TrainingStarted) and started.metric_names == ("fscore",)
-    assert [(e.iteration, e.epoch, e.training_loss, e.training_metrics) for e in iterations] == [
-        (step, 3, float(step), {"fscore": 0.25 * step}) for step in range(1, 4)
+    started, read, last_read, done, left = seen
+    assert started == MonitorStarted(
+        ("loss", "fscore"), (("loss", ("loss",)), ("scores", ("fscore",))), "step", ("epoch",), started.start_time
+    )
+    assert abs(started.start_time - time.time()) < 60
+    assert isinstance(read, MetricsRead) and read.rows() == [
+        (step, {"loss": float(step), "fscore": 0.25 * step}) for step in range(1, 4)
     ]
-    assert all(isinstance(e, IterationDone) and math.isfinite(e.time_since_start) for e in iterations)
-    assert isinstance(done, TrainingDone) and done.stop_reason == "Stopped from the job monitor"
-    assert done.iteration == 3 and left == "left"  # the observer is left when the monitor closes
+    assert read.info == {"epoch": 3} and isinstance(last_read, MetricsRead) and last_read.steps == []
+    assert done == MonitorDone("Stopped", "Stopped from the job monitor")
+    assert left == "left"  # the observer is left when the monitor closes
+
+
+def test_a_monitor_a_job_cell_left_open_is_closed_when_its_runs_end_so_its_record_ends() -> None:
+    seen: list[object] = []
+
+    @contextlib.contextmanager
+    def observer(channel: EventChannel, stop: StopSignal) -> Iterator[None]:
+        channel.subscribe(seen.append)
+        yield
+
+    add_run_observer(observer)
+    try:
+        monitor = nbscale.TrainingMonitor(metrics=["loss"], min_interval=3600)
+        monitor.record(1, loss=0.5)
+        end_open_runs()  # what the job runner does when the cell ends
+        assert isinstance(seen[-1], MonitorDone) and [e.steps for e in seen if isinstance(e, MetricsRead)] == [[1]]
+        end_open_runs()  # nothing left open: nothing happens
+        monitor.close()
+    finally:
+        remove_run_observer(observer)
+    assert sum(isinstance(e, MonitorDone) for e in seen) == 1
 
 
 def test_a_monitor_nobody_observes_tells_no_training_events() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import nbscale
-from nbscale.monitor.records import HISTORY_ROWS
+from nbscale.ui.figure_columns import HISTORY_ROWS
 
 
 class Counting:

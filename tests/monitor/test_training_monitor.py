@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import threading
+import time
 
 import pytest
 import torch
@@ -251,17 +253,25 @@ def test_a_monitor_in_a_batch_job_is_followed_by_jobs_show_and_stopped_from_its_
     import nbscale.jobs as jobs
     from tests.jobs.test_batch_magic import submitted_id
     from tests.jobs.test_job_monitor import WIDGET_VIEW, Outputs
-    from tests.jobs.test_training_record import wait_for_iterations
 
     assert kernel.run("%load_ext nbscale").ok
     job_id = submitted_id(kernel.run(BATCH_LOOP).stdout)
     job = jobs.get(job_id)
-    wait_for_iterations(job, 5, timeout=120)
-    assert job.training_info().metrics["fscore"][:2] == pytest.approx([0.0, 0.5])
+    deadline, history = time.monotonic() + 120, None
+    while not (isinstance(history, dict) and len(history["iteration"]) >= 5):  # the monitor's own history
+        assert time.monotonic() < deadline and job.state in ("queued", "running"), job.log()
+        time.sleep(0.1)
+        history = job.training_info() if job.trainings else None  # an empty record says nothing yet
+    assert history["iteration"][:2] == [1, 2] and history["fscore"][:2] == pytest.approx([0.0, 0.5])
     outputs = Outputs(kernel)
     show = outputs.execute(f"%jobs show {job_id}")
     outputs.wait_until(lambda: show in outputs.idle, 60, "%jobs show did not return")
     assert show not in outputs.errors, outputs.errors
+    # the monitor's own display: its info field and x label, none of nbscale.train's fields
+    panel = outputs.info_panels(show)[-1]
+    assert f"Job: {job_id} 'own-loop', training 1" in panel and "State: Running" in panel, panel
+    assert re.search(r"Iteration: \d+", panel) and re.search(r"epoch: \d+", panel), panel
+    assert "Mini-batch" not in panel and " of " not in panel, panel
     [button] = [d[WIDGET_VIEW]["model_id"] for d in outputs.by_cell[show] if WIDGET_VIEW in d]
     client = kernel.client
     click = {"comm_id": button, "data": {"method": "custom", "content": {"event": "click"}}}
@@ -270,3 +280,8 @@ def test_a_monitor_in_a_batch_job_is_followed_by_jobs_show_and_stopped_from_its_
     assert job.state == "finished", job.log()
     assert job.result("reason") == "Stopped from the job monitor"
     assert outputs.images(show) >= 1
+    outputs.wait_until(
+        lambda: "State: Stopped: Stopped from the job monitor" in outputs.info_panels(show)[-1],
+        30,
+        "the display did not show the stop",
+    )

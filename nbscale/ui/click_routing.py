@@ -56,6 +56,21 @@ def route_clicks_off_main_thread(*widgets: Any) -> Callable[[], None] | None:
     return undo
 
 
+def displayed_and_routed(widget: Any) -> tuple[Any, Callable[[], None] | None]:
+    """Display `widget` with its messages already routed (route_clicks_off_main_thread): its display handle and the
+    undo function. Routed before its view exists, so the view's first message (its `_view_count`, which tells the
+    kernel that widgets draw here: nbscale.ui.widget_front_end) reaches the subshell: a route set after the display
+    lost the race to a quick browser on a busy kernel, and the message then waited for the cell's end. The route
+    is set again after the display, since sending from the main thread resets it (keep_routed)."""
+    from IPython.display import display
+
+    undo = route_clicks_off_main_thread(widget)
+    subshell = routed_to(widget)
+    handle = display(widget, display_id=True)
+    keep_routed(widget, subshell)
+    return handle, undo
+
+
 def can_route_clicks() -> bool:
     """Whether this process's kernel can handle widget messages while a cell runs (asked before making a widget
     that would be of no use otherwise)."""

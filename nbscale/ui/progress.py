@@ -27,7 +27,7 @@ from nbscale.training.events import (
     TrainingStarted,
 )
 from nbscale.ui import widget_front_end
-from nbscale.ui.click_routing import route_clicks_off_main_thread
+from nbscale.ui.click_routing import displayed_and_routed
 from nbscale.ui.live_clock import FIGURE_BUDGET, INFO_INTERVAL_S, FigureClock
 from nbscale.ui.panel_ticker import PanelTicker
 from nbscale.ui.progress_figure import ProgressFigure, extend_smoothed, figure_for_run, is_drop, metric_panels
@@ -209,10 +209,7 @@ class TrainingProgress:
         from IPython.display import display
 
         self.button = stop_button(self.stop, self.stop_tooltip)
-        self.button_handle = display(
-            self.button, display_id=True
-        )  # before routing: publishing from the main thread resets the comm's route
-        self._click_route = route_clicks_off_main_thread(self.button)
+        self.button_handle, self._click_route = displayed_and_routed(self.button)
         if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
             if self._click_route is None:
                 say_stop_needs_the_interrupt(self.button)

@@ -11,7 +11,7 @@ from typing import Any
 from nbscale.notices import notices
 from nbscale.pool import protocol as p
 from nbscale.pool import registry
-from nbscale.pool.health import unresponsive, unresponsive_description
+from nbscale.pool.health import process_state, unresponsive, unresponsive_description
 from nbscale.pool.routing import Router
 
 STATUS_TIMEOUT_S = 1.0
@@ -88,7 +88,9 @@ class Monitor:
         deadline = time.monotonic() + LAST_CHANCE_S
         while time.monotonic() < deadline and any(unresponsive(w) for w in silent):
             time.sleep(0.05)
-        for worker in silent:
+        # a stopped or gone process first: the others may only wait on it in a collective, and the first worker
+        # given up is the one the failed cell names
+        for worker in sorted(silent, key=lambda w: process_state(w) not in ("stopped", "gone")):
             if unresponsive(worker) and not self.router.stopping.is_set():
                 self.router.worker_died(worker, unresponsive_description(worker))
 

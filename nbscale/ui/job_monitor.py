@@ -125,7 +125,8 @@ class JobMonitor:
 
     def _display_for(self, first: object) -> JobTrainingProgress | RecordedMonitor:
         if isinstance(first, MonitorStarted):
-            return RecordedMonitor(self.job, self.number, self.record.name, first, _MonitorStop(self.job, self.number))
+            label = training_label(self.job, self.number, self.record.name)
+            return RecordedMonitor(self.number, label, first, _MonitorStop(self.job, self.number))
         return JobTrainingProgress(self.job, self.number, self.record.name)
 
     def _say_where(self, ended: bool) -> None:
@@ -174,7 +175,7 @@ class JobTrainingProgress(TrainingProgress):
         # drawn by the monitor's polls, not per event; the figure every FIGURE_MIN_S: the job trains in another process
         super().__init__(_MonitorStop(job, number), info_interval=math.inf, budget=1.0)
         self.job, self.number = job, number
-        self.label = f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
+        self.label = training_label(job, number, name)
         self.done: TrainingDone | None = None
         self.job_state: str | None = None  # how the job ended, when it ended before this training did
 
@@ -196,7 +197,7 @@ class JobTrainingProgress(TrainingProgress):
         if self.done is not None:
             return
         self.job_state = state
-        self.state = f"Job {state}" + (f": {error}" if _says_more(error, state) else "")
+        self.state = f"Job {state}" + (f": {error}" if error else "")
         self._draw(final=True)
         self._close_button()
 
@@ -216,6 +217,11 @@ class JobTrainingProgress(TrainingProgress):
                 ("Time left", f"about {format_duration(left)}"),
             )
         return rows
+
+
+def training_label(job: Job, number: int, name: str | None) -> str:
+    """Which training of which job a display shows: its info panel's Job row."""
+    return f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
 
 
 def _says_more(error: str | None, state: str) -> bool:

@@ -4,14 +4,9 @@ as the notebook's display of a monitor is fed from the monitor itself."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from nbscale.training.events import MetricsRead, MonitorDone, MonitorStarted, PanelScale, StopSignal
 from nbscale.ui.figure_columns import FigureColumns
 from nbscale.ui.monitor_display import MonitorDisplay
-
-if TYPE_CHECKING:
-    from nbscale.jobs.job import Job
 
 STOP_TOOLTIP = "Ask the job's loop to stop: monitor.stop becomes True there, and the loop ends itself"
 
@@ -19,12 +14,11 @@ STOP_TOOLTIP = "Ask the job's loop to stop: monitor.stop becomes True there, and
 class RecordedMonitor:
     """A job's monitor record drawn: `__call__` takes its events; `redraw()` at each poll; `done` once it ended."""
 
-    def __init__(self, job: Job, number: int, name: str | None, started: MonitorStarted, stop: StopSignal) -> None:
-        self.number = number
+    def __init__(self, number: int, label: str, started: MonitorStarted, stop: StopSignal) -> None:
+        self.number = number  # which of the job's trainings
         self.start = started
         self.done: MonitorDone | None = None
         self.figure = FigureColumns(started.metrics)
-        label = f"{job.id}" + (f" {name!r}" if name else "") + f", training {number}"
         panels = [(title, list(names)) for title, names in started.panels]
         self.display = MonitorDisplay(
             stop,
@@ -56,7 +50,8 @@ class RecordedMonitor:
             d.draw(d.columns, d.info, d.progress, state, figure=False, status=d.status)
 
     def job_ended(self, state: str, error: str | None) -> None:
-        """The job ended before the monitor closed (it failed, was cancelled, or its process died)."""
+        """The job ended before the monitor closed (it failed, was cancelled, or its process died); `error` only
+        where it says more than `state`."""
         if self.done is not None or self.job_state is not None:
             return
         self.job_state = state

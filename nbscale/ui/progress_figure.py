@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nbscale.ui.png import canvas_png
+from nbscale.ui.thinned_curve import ThinnedCurve
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-_PLOT_BUCKETS = 300  # about half the axes' width in pixels: each bucket keeps its lowest and highest point
+_PLOT_BUCKETS = 300  # at most, about half the axes' width in pixels: each keeps its lowest and highest point
 _MAX_EPOCH_BANDS = 100  # beyond: a light line every k-th epoch
 _MAX_EPOCH_LABELS = 12
 _MAX_DROP_LABELS = 12
@@ -200,6 +201,7 @@ class ProgressFigure:
         self.background_without_loss_axis: Any = None  # without the fitted axes' y axes
         self.background: Any = None  # the one above with the fitted y axes drawn at their current limits
         self.empty_png: bytes | None = None  # the figure before the first iteration, as a run opens with it
+        self.curves: dict[str, ThinnedCurve] = {}  # each raw and smoothed column's thinned points, kept as it grows
 
     def release(self) -> None:
         """Offer this figure to the next run of the same layout (`figure_for_run`); the caller draws it no more.
@@ -239,13 +241,14 @@ class ProgressFigure:
         for _, _, lines in self.panels:
             for series, line, smooth_line in lines:
                 y = c.get(series.key, [])
-                x = _x_of(c, series, len(y))
+                x = _x_column(c, series)
                 empty = empty and not y
                 if smooth_line is None:
-                    line.set_data(x, y)
+                    line.set_data(x[len(x) - len(y) :], y)
                 else:
-                    line.set_data(*_thinned(x, y))
-                    smooth_line.set_data(*_thinned(x, c.get(f"{series.key}_smooth", [])))
+                    line.set_data(*self._curve(series.key).points(x, y))
+                    smoothed = f"{series.key}_smooth"
+                    smooth_line.set_data(*self._curve(smoothed).points(x, c.get(smoothed, [])))
         if empty and self.empty_png is not None:
             return self.empty_png
         self._fit_limits(c, progress)
@@ -263,6 +266,12 @@ class ProgressFigure:
         if empty and not self.fitted:
             self.empty_png = png
         return png
+
+    def _curve(self, key: str) -> ThinnedCurve:
+        curve = self.curves.get(key)
+        if curve is None:
+            curve = self.curves[key] = ThinnedCurve(_PLOT_BUCKETS)
+        return curve
 
     def _draw_background(self) -> None:
         """The cached backgrounds: everything but the curves, then the fitted y axes (and an unknown length's
@@ -453,27 +462,9 @@ def _round_up(value: float) -> float:
     return next(power * step for step in (1, 2, 2.5, 5, 10) if power * step >= value * (1 - 1e-12))
 
 
-def _x_of(c: dict[str, list[float]], series: Series, length: int) -> list[float]:
-    """The x values of `series`' `length` points: see Series."""
+def _x_column(c: dict[str, list[float]], series: Series) -> list[float]:
+    """The column whose last values are the x values of `series`' points: see Series."""
     x = c.get(f"{series.key}_iteration")
     if x is None:
         x = c.get("val_iteration", []) if series.kind == "validation" else c.get("iteration", [])
-    return x[-length:] if length else []
-
-
-def _thinned(x: list[float], y: list[float], buckets: int = _PLOT_BUCKETS) -> tuple[Any, Any]:
-    """At most two points per bucket: each keeps its lowest and highest point, so spikes stay visible."""
-    if len(y) <= 2 * buckets:
-        return x, y
-    import numpy as np
-
-    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    size = -(-len(ys) // buckets)
-    whole = len(ys) // size * size
-    grouped = ys[:whole].reshape(-1, size)
-    low, high = np.argmin(grouped, axis=1), np.argmax(grouped, axis=1)
-    starts = np.arange(0, whole, size)
-    index = np.concatenate(
-        [(starts[:, None] + np.sort(np.stack([low, high], 1), axis=1)).ravel(), np.arange(whole, len(ys))]
-    )
-    return xs[index], ys[index]
+    return x

@@ -19,5 +19,5 @@ def test_the_png_holds_the_canvas_pixels() -> None:
     canvas = FigureCanvasAgg(figure)
     canvas.draw()
     image = Image.open(io.BytesIO(canvas_png(canvas)))
-    assert image.format == "PNG" and image.mode == "RGB" and image.size == canvas.get_width_height()
-    assert np.array_equal(np.asarray(image), np.asarray(canvas.buffer_rgba())[:, :, :3])
+    assert image.format == "PNG" and image.mode == "RGBA" and image.size == canvas.get_width_height()
+    assert np.array_equal(np.asarray(image), np.asarray(canvas.buffer_rgba()))

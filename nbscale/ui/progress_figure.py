@@ -304,19 +304,18 @@ class ProgressFigure:
         """Widen the fitted y axes and the iteration axis when the data left them (the cached backgrounds are
         then stale)."""
         for axes, panel in self.fitted_axes:
+            columns = [c.get(series.key, []) for series in panel.series]
             recent: list[float] = []
-            every: list[float] = []
-            for series in panel.series:
-                column = c.get(series.key, [])
+            for series, column in zip(panel.series, columns, strict=True):
                 recent += column[-_PLOT_BUCKETS:] if series.kind == "train" else column
-                every += column
             values = [v for v in recent if math.isfinite(v) and (v > 0 or not panel.log)]
             if not values:
                 continue
             low, high = axes.get_ylim()
             if id(axes) not in self.fitted or min(values) < low or max(values) > high:
                 self.fitted.add(id(axes))
-                top = max(max(values), max((v for v in every if math.isfinite(v)), default=0.0))
+                every = (v for column in columns for v in column if math.isfinite(v))  # scanned only to refit
+                top = max(max(values), max(every, default=0.0))
                 if panel.log:
                     axes.set_ylim(min(values) / 1.5, top * 1.5)
                 else:

@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # every direct and indirect dependency pinned to a set known to pass (`make lock` remakes it from a clean resolve)
 LOCK := requirements/lock.txt
+# Python writes its bytecode caches here too: where the environment sets PYTHONDONTWRITEBYTECODE (this project's
+# machines do), every kernel and worker process the suite starts compiled nbscale's 30,000 lines again (an editable
+# install: about a second each) and every pytest process rewrote every test module's asserts (about 10 s).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: venv wheel docs demo test test-fast test-latest test-oldest lock chromium slurm bench lint style typecheck clean reference examples screenshots
 

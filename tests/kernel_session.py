@@ -62,6 +62,7 @@ class CellResult:
     error_value: str | None = None
     traceback: str = ""
     stdout_messages: int = 0  # how many stream messages carried `stdout`
+    sequence: list[str] = field(default_factory=list)  # streams and displays in the order sent: "stdout: ...", ...
 
     @property
     def ok(self) -> bool:
@@ -142,6 +143,7 @@ class KernelSession:
         def collect(message: dict[str, Any]) -> None:
             kind, content = message["msg_type"], message["content"]
             if kind == "stream":
+                result.sequence.append(f"{content['name']}: {content['text']}")
                 if content["name"] == "stdout":
                     result.stdout += content["text"]
                     result.stdout_messages += 1
@@ -149,6 +151,7 @@ class KernelSession:
                     result.stderr += content["text"]
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 result.displays.append(content["data"])
+                result.sequence.append(f"{kind}: {content['data'].get('text/plain', '')}")
                 result.shown_at.append(_sent_at(message))
             elif kind in ("comm_open", "comm_msg") and "state" in content.get("data", {}):
                 result.widget_states.append(content["data"]["state"])

@@ -11,6 +11,7 @@ from typing import Any
 from nbscale.training.events import MetricsRead, MonitorDone, PanelScale, StopSignal
 from nbscale.ui import widget_front_end
 from nbscale.ui.click_routing import displayed_and_routed
+from nbscale.ui.display_flush import flush_only_waiting_streams
 from nbscale.ui.live_clock import FIGURE_BUDGET, FigureClock
 from nbscale.ui.progress import format_duration
 from nbscale.ui.progress_figure import _MORE_COLOURS, Panel, ProgressFigure, Series
@@ -71,6 +72,7 @@ class MonitorDisplay:
         self.status: object = None  # monitor.status (MATLAB's monitor.Status), shown under the state
         self.figure = ProgressFigure(0, 1, monitor_panels(panels), x_label=x_label.capitalize())
         self.button = stop_button(stop, stop_tooltip)
+        flush_only_waiting_streams()  # updates without two round trips to the IO thread each
         self.button_handle, self._click_route = displayed_and_routed(self.button)
         if self._click_route is None and holds_the_cell:
             say_stop_needs_the_interrupt(self.button)

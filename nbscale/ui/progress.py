@@ -28,6 +28,7 @@ from nbscale.training.events import (
 )
 from nbscale.ui import widget_front_end
 from nbscale.ui.click_routing import displayed_and_routed
+from nbscale.ui.display_flush import flush_only_waiting_streams
 from nbscale.ui.live_clock import FIGURE_BUDGET, INFO_INTERVAL_S, FigureClock
 from nbscale.ui.panel_ticker import PanelTicker
 from nbscale.ui.progress_figure import ProgressFigure, extend_smoothed, figure_for_run, is_drop, metric_panels
@@ -209,6 +210,7 @@ class TrainingProgress:
         from IPython.display import display
 
         self.button = stop_button(self.stop, self.stop_tooltip)
+        flush_only_waiting_streams()  # updates without two round trips to the IO thread each
         self.button_handle, self._click_route = displayed_and_routed(self.button)
         if self.holds_the_cell:  # else clicks are handled once the cell ends, and the button outlives it
             if self._click_route is None:

@@ -21,7 +21,7 @@ def flush_only_waiting_streams() -> None:
     ipykernel)."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
-    publisher = getattr(shell, "display_pub", None)
+    publisher: Any = getattr(shell, "display_pub", None)
     if getattr(publisher, "_flush_streams", None) is None or getattr(publisher, "_flushes_waiting_streams", False):
         return
     publisher._flush_streams = _flush_waiting_streams

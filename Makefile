@@ -42,9 +42,9 @@ test: venv chromium slurm
 	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra -m "not alone" --durations=15 --junitxml=build/test-times.xml \
 	  && exit $$alone
 
-# the tests a change most likely breaks, in under 3 minutes: everything not marked slow (few real kernels)
+# the tests a change most likely breaks: everything not marked slow (few real kernels) or faults (fault injection)
 test-fast: venv
-	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra -m "not slow" --durations=10
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q -ra -m "not slow and not faults" --durations=10
 
 # the suite against the newest releases of every dependency (torch and torchvision stay at constraints.txt's
 # versions: others download several GB), in a venv of its own; not part of .ci/run. PYTEST_ARGS narrows it.

@@ -15,6 +15,8 @@ import nbscale.jobs as jobs
 from nbscale.errors import JobError
 from nbscale.jobs import Job, JobStore
 
+pytestmark = pytest.mark.faults  # fault injection: in make test, not in make test-fast
+
 WAIT_S = 60
 
 

@@ -13,6 +13,8 @@ import nbscale
 from nbscale.errors import WorkerError
 from tests.kernel_session import KernelSession
 
+pytestmark = pytest.mark.faults  # fault injection: in make test, not in make test-fast
+
 FORK_AND_WAIT = """%%spmd
 import os
 child = os.fork()

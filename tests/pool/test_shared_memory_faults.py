@@ -19,6 +19,8 @@ import nbscale
 from nbscale.pool.transport import SHARED_MEMORY_DIR_VARIABLE
 from tests.kernel_session import KernelSession
 
+pytestmark = pytest.mark.faults  # fault injection: in make test, not in make test-fast
+
 SMALL_TMPFS_BYTES = 1 << 20
 
 

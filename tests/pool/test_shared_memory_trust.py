@@ -10,6 +10,8 @@ import torch
 import nbscale
 from nbscale.pool.transport import SHARED_MEMORY_DIR_VARIABLE
 
+pytestmark = pytest.mark.faults  # fault injection: in make test, not in make test-fast
+
 
 def _push_and_check(pool: nbscale.Pool) -> None:
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB: out of band

@@ -12,6 +12,8 @@ import torch
 import nbscale
 from nbscale.errors import WorkerError
 
+pytestmark = pytest.mark.faults  # fault injection: in make test, not in make test-fast
+
 
 @pytest.fixture
 def pool():

@@ -16,6 +16,8 @@ from nbscale.errors import OptionsError, WorkerError
 from nbscale.training.checkpoint import checkpoint_file
 from tests.training.digits import digits, tiny_net
 
+pytestmark = pytest.mark.faults  # fault injection: in make test, not in make test-fast
+
 ITERATIONS_PER_EPOCH = 1500 // 64
 
 

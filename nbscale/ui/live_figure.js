@@ -44,7 +44,7 @@ function shown(value) {
 }
 
 function xValues(c, series, length) {
-  // the x values of a series' `length` points (progress_figure._x_of)
+  // the x values of a series' `length` points (progress_figure._x_column: its last `length` values)
   const x = c[`${series.key}_iteration`] ?? (series.kind === "validation" ? c.val_iteration : c.iteration) ?? [];
   return length ? x.slice(-length) : [];
 }

@@ -63,6 +63,10 @@ VARIABLES: dict[str, str] = {
     "NBSCALE_RUNTIME_DIR": "where pools publish their state for the lab panel; default Jupyter's runtime folder",
     "NBSCALE_GPU_REGISTRY": "the folder of GPU reservations; default /dev/shm, else /tmp",
     "NBSCALE_SHM_DIR": "the folder of large buffers between kernel and workers; default /dev/shm",
+    "NBSCALE_SERVER_KEEPS_KERNEL_STATUS": (
+        "set (`1`) by nbscale's server extension for the kernels its Jupyter server starts: their widget messages"
+        " leave the status bar Busy, so their live figures are drawn in the browser ([ui.md](ui.md))"
+    ),
     "NBSCALE_MAX_IMAGE_PIXELS": (
         "the most pixels an image file's header may claim before it is decoded; default 100000000"
     ),

@@ -11,20 +11,30 @@ browser's "ready" could not reach the kernel while the cell runs.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 SEEN = threading.Event()  # set once a widget view of this kernel was drawn; tests and benchmarks may set it
-# Off until asked: the Stop button's view count and the live figure's "ready" are comm messages a subshell handles
-# while the cell runs, and JupyterLab takes their idle status as the kernel's, so its status bar read "Idle" while
-# training ran. `draw_live_figures()` turns the browser-drawn figure on for this kernel regardless (docs/ui.md).
+# Whether to be told: the Stop button's view count and the live figure's "ready" are comm messages a subshell handles
+# while the cell runs, and JupyterLab took their "idle" as the kernel's state (its status bar read "Idle" while
+# training ran) unless its server untracks them, as nbscale's server extension does and tells the kernels it starts
+# (nbscale.server). Off elsewhere (another server, a headless run) unless `draw_live_figures()` turns it on.
 ASKED = threading.Event()
-
-
-def draw_live_figures() -> None:
-    """Draw this kernel's live training figures in the browser (nbscale.ui.live_figure) once its front end is known
-    to draw widgets; JupyterLab's status bar may then read Idle while a training cell runs."""
+STATUS_KEPT_VARIABLE = "NBSCALE_SERVER_KEEPS_KERNEL_STATUS"  # "1" in a kernel started by such a server
+if os.environ.get(STATUS_KEPT_VARIABLE) == "1":
     ASKED.set()
+
+
+def draw_live_figures(on: bool = True) -> None:
+    """Draw this kernel's live training figures in the browser (nbscale.ui.live_figure) once its front end is known
+    to draw widgets (`on`), or always as PNGs (`on=False`). On by default under a Jupyter server running nbscale's
+    server extension; under another server, JupyterLab's status bar may read Idle while a training cell runs."""
+    if on:
+        ASKED.set()
+    else:
+        ASKED.clear()
+        SEEN.clear()  # nothing sets it again: no view is counted and no live figure shown
 
 
 def known() -> bool:
@@ -34,8 +44,8 @@ def known() -> bool:
 
 def watch(widget: Any) -> None:
     """Be told when the front end draws a view of `widget`, whose `_view_count` starts at 0 (ipywidgets' default,
-    None, means the front end does not count views) and is not echoed (see nbscale.ui.stop_button). Only once
-    `draw_live_figures()` was called (`ASKED`: the caller checks it, as it chose the widget's class by it)."""
+    None, means the front end does not count views) and is not echoed (see nbscale.ui.stop_button). Only where live
+    figures are drawn in the browser (`ASKED`: the caller checks it, as it chose the widget's class by it)."""
     widget.observe(_on_views, names="_view_count")
 
 

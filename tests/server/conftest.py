@@ -9,6 +9,15 @@ import pytest
 # only in the top-level conftest.)
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
+from nbscale.ui.widget_front_end import STATUS_KEPT_VARIABLE
+
+
+@pytest.fixture(autouse=True)
+def _kernels_not_told_by_this_server(monkeypatch):
+    """The extension tells the kernels its server starts that it keeps their status (an environment variable of
+    this process): undone after each test, so later kernels of this test process are not told."""
+    monkeypatch.setenv(STATUS_KEPT_VARIABLE, "")
+
 
 @pytest.fixture
 def jp_server_config():

@@ -9,7 +9,9 @@ The kernel may start it early (LocalBackend.prepare: a restart's replacement, pr
 their chance to stop), so it imports torch first and only then reads its request.
 
 Protocol: the kernel writes one JSON line on stdin ({"workers": [worker configs], "status_fd": N}) and keeps
-stdin open. When stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits.
+stdin open. When stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits; a
+kernel that closes its pool writes `CLOSE` first, so the forkserver does not wait to see it gone (to remove its
+files) before exiting.
 Workers also die with the forkserver (PR_SET_PDEATHSIG), which exits when the kernel does, and exit when their
 channel to the kernel closes.
 When a worker ends, or the forkserver kills it, the processes its code started go with it (its process group).
@@ -32,6 +34,7 @@ from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.transport import remove_files_of_ended
 
 _PR_SET_PDEATHSIG = 1
+CLOSE = "close\n"  # the kernel's last line: it closed the pool (and is not gone)
 
 
 def _die_with_parent() -> None:
@@ -102,9 +105,10 @@ def main() -> None:
     kernel = os.getppid()
 
     def watch_kernel() -> None:
-        sys.stdin.read()  # returns at EOF: the pool was closed or the kernel is gone
+        closed = sys.stdin.read() == CLOSE  # returns at EOF: the pool was closed, or the kernel is gone
         _kill_all(children)
-        remove_files_of_ended(kernel)  # a killed kernel's kept tensors (pool/mappings.py)
+        if not closed:  # the kernel's kept tensors, once it is gone (it removes them itself when it closes a pool)
+            remove_files_of_ended(kernel)
         os._exit(0)
 
     threading.Thread(target=watch_kernel, daemon=True).start()

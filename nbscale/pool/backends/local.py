@@ -19,6 +19,7 @@ from nbscale.cpus import available_cpus
 from nbscale.gpu_reservations import GpuReservation
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.devices import reserve_devices
+from nbscale.pool.forkserver import CLOSE
 from nbscale.pool.health import exit_description
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
@@ -125,6 +126,11 @@ class LocalBackend(Backend):
         if not self._started:  # prepared but never used: no worker to take down with it
             self._forkserver.kill()
         if self._forkserver.stdin is not None and not self._forkserver.stdin.closed:
+            try:
+                if self._started:  # said, so it does not wait for this kernel's end to remove its files
+                    self._forkserver.stdin.write(CLOSE.encode())
+            except OSError:
+                pass  # it is gone already
             try:
                 self._forkserver.stdin.close()  # the forkserver kills its workers and exits
             except OSError:

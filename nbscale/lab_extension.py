@@ -1,4 +1,5 @@
-"""Where the JupyterLab extension is installed, and the one line that says how to get it when it is not.
+"""Where the JupyterLab extension is installed, the one line that says how to get it when it is not, and what
+nbscale's Jupyter server extension tells the kernels its server starts.
 
 A checkout installed without Node leaves the extension out (hatch_build.py, docs/install.md): nbscale works, and
 JupyterLab shows no status bar item or panel. `nbscale doctor` and the Jupyter server's log say so with this line.
@@ -8,6 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+# Set (`1`) by the server extension in its server's environment, which the kernels it starts inherit: there a widget
+# message handled mid-cell leaves the kernel's status Busy (nbscale.server), so they draw live figures in the browser
+# (nbscale.ui.widget_front_end).
+STATUS_KEPT_VARIABLE = "NBSCALE_SERVER_KEEPS_KERNEL_STATUS"
 
 NOT_INSTALLED = (
     "the JupyterLab extension (status bar and panel) is not installed: this nbscale was installed without Node. "

@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from nbscale.lab_extension import NOT_INSTALLED, installed_lab_extension
+from nbscale.lab_extension import NOT_INSTALLED, STATUS_KEPT_VARIABLE, installed_lab_extension
 from nbscale.server.handlers import setup_handlers
-from nbscale.ui.widget_front_end import STATUS_KEPT_VARIABLE
 
 if TYPE_CHECKING:
     from jupyter_server.serverapp import ServerApp

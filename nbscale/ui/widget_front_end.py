@@ -15,13 +15,14 @@ import os
 import threading
 from typing import Any
 
+from nbscale.lab_extension import STATUS_KEPT_VARIABLE
+
 SEEN = threading.Event()  # set once a widget view of this kernel was drawn; tests and benchmarks may set it
 # Whether to be told: the Stop button's view count and the live figure's "ready" are comm messages a subshell handles
 # while the cell runs, and JupyterLab took their "idle" as the kernel's state (its status bar read "Idle" while
 # training ran) unless its server untracks them, as nbscale's server extension does and tells the kernels it starts
 # (nbscale.server). Off elsewhere (another server, a headless run) unless `draw_live_figures()` turns it on.
 ASKED = threading.Event()
-STATUS_KEPT_VARIABLE = "NBSCALE_SERVER_KEEPS_KERNEL_STATUS"  # "1" in a kernel started by such a server
 if os.environ.get(STATUS_KEPT_VARIABLE) == "1":
     ASKED.set()
 

@@ -9,7 +9,7 @@ import pytest
 # only in the top-level conftest.)
 from pytest_jupyter.jupyter_server import *  # noqa: F403
 
-from nbscale.ui.widget_front_end import STATUS_KEPT_VARIABLE
+from nbscale.lab_extension import STATUS_KEPT_VARIABLE
 
 
 @pytest.fixture(autouse=True)

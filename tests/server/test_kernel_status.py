@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
+from nbscale.lab_extension import STATUS_KEPT_VARIABLE
 from nbscale.server import UNTRACKED_MESSAGE_TYPES
-from nbscale.ui.widget_front_end import STATUS_KEPT_VARIABLE
 
 
 async def test_widget_and_subshell_messages_are_untracked_and_the_servers_kernels_draw_live_figures(jp_serverapp):

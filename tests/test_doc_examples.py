@@ -45,6 +45,7 @@ def in_digits_folder(kernel: KernelSession, folder: Path) -> None:
     assert kernel.run(f"import os\nos.chdir({str(folder)!r})").ok
 
 
+@pytest.mark.slow  # over 8 s (docs/development.md): make test runs it, make test-fast does not
 def test_the_contracts_data_and_training_examples_train_on_image_folders(kernel: KernelSession, tmp_path) -> None:
     in_digits_folder(kernel, tmp_path)
     data = kernel.run(
@@ -69,6 +70,7 @@ def test_the_contracts_data_and_training_examples_train_on_image_folders(kernel:
     assert re.search(r"^(CPU|GPU)", summary.stdout.splitlines()[-1]), summary.stdout  # "auto": a GPU if there is one
 
 
+@pytest.mark.slow  # over 8 s (docs/development.md): make test runs it, make test-fast does not
 def test_the_data_pages_example_runs_as_written_and_shows_its_montage(kernel: KernelSession, tmp_path) -> None:
     in_digits_folder(kernel, tmp_path)
     example = kernel.run(first_python_block(REPO_ROOT / "docs" / "data.md"))

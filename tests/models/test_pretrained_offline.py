@@ -61,6 +61,7 @@ def test_default_weights_without_internet_fail_quickly_with_the_fix(offline_kern
     assert elapsed < FETCH_TIMEOUT_S + 30
 
 
+@pytest.mark.slow  # over 8 s (docs/development.md): make test runs it, make test-fast does not
 def test_weights_in_torchvisions_cache_load_offline_by_any_of_their_names(
     offline_kernel: KernelSession, tmp_path: Path
 ) -> None:
@@ -87,6 +88,7 @@ def test_weights_in_torchvisions_cache_load_offline_by_any_of_their_names(
     assert "nbscale.models.transfer(model, num_classes)" in refit.error_value
 
 
+@pytest.mark.slow  # over 8 s (docs/development.md): make test runs it, make test-fast does not
 def test_weights_that_are_not_the_networks_are_named_errors(offline_kernel: KernelSession) -> None:
     for weights, message in [
         ('"r18"', "its weights are ['DEFAULT', 'IMAGENET1K_V1']"),

@@ -46,16 +46,17 @@ def _bytes():
     return b"x" * SIZE
 
 
-@pytest.fixture(params=["shared memory", "socket"])
-def pool(request, tmp_path, monkeypatch):
-    if request.param == "socket":  # a folder others can write is not used: large values take the socket
-        folder = tmp_path / "open"
-        folder.mkdir()
-        os.chmod(folder, 0o777)
-        monkeypatch.setenv(SHARED_MEMORY_DIR_VARIABLE, str(folder))
-    with nbscale.Pool(1, cpu=True) as started:
-        started.run(int)
-        yield started
+@pytest.fixture(scope="module", params=["shared memory", "socket"])
+def pool(request, tmp_path_factory):
+    """One pool per way large values travel, shared by the module's tests (each measures one call)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if request.param == "socket":  # a folder others can write is not used: large values take the socket
+            folder = tmp_path_factory.mktemp("open")
+            os.chmod(folder, 0o777)
+            monkeypatch.setenv(SHARED_MEMORY_DIR_VARIABLE, str(folder))
+        with nbscale.Pool(1, cpu=True) as started:
+            started.run(int)
+            yield started
 
 
 def test_a_returned_tensor_costs_the_kernel_about_its_size(pool):

@@ -43,6 +43,7 @@ def rank_metrics() -> dict[str, dict[str, float | None]]:
     return {"all": metrics.values(state), "alone": alone}
 
 
+@pytest.mark.slow  # over 8 s (docs/development.md): make test runs it, make test-fast does not
 def test_summed_states_over_two_ranks_give_sklearns_fscore_of_all_predictions_not_the_mean_of_ranks(
     pool: nbscale.Pool,
 ) -> None:  # the pool of 2 CPU workers of tests/training/conftest.py

@@ -31,6 +31,7 @@ def _wait_for(condition, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # over 8 s (docs/development.md): make test runs it, make test-fast does not
 def test_a_2x2_sweep_on_a_pool_of_2_gives_a_net_and_info_for_every_run_best_first(pool, data) -> None:
     (train_x, train_y), val = data
     options = nbscale.TrainingOptions("sgdm", max_epochs=1, verbose=False)

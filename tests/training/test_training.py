@@ -414,6 +414,7 @@ class _RegressionSamples(torch.utils.data.Dataset):
         return self.inputs[index], target if self.vector else target[0]
 
 
+@pytest.mark.slow  # over 8 s (docs/development.md): make test runs it, make test-fast does not
 @pytest.mark.parametrize("placement", ["auto", "device", "stream"])
 def test_a_dataset_of_float_targets_trains_a_regression_on_the_exact_targets(placement: str) -> None:
     for vector in (True, False):

@@ -261,7 +261,8 @@ def test_the_panel_shows_a_running_jobs_training_and_its_buttons_and_cancel_asks
         monitor = page.locator(".jp-Notebook .jp-Cell").nth(3).locator(".jp-OutputArea")
         expect(monitor).to_contain_text("Job 1 'demo', training 1 of 1: following live", timeout=60_000)
         expect(monitor.locator("table")).to_contain_text("Epoch", timeout=60_000)
-        expect(monitor.locator("img")).to_be_visible(timeout=60_000)
+        # its figure: a PNG until the Stop button's view is heard, then drawn in the browser
+        expect(monitor.locator("img, canvas.nbscale-live-figure").first).to_be_visible(timeout=60_000)
         expect(monitor.locator("button", has_text="Stop")).to_be_enabled()
         expect(monitor.locator("table")).to_contain_text(re.compile(r"Epoch\s*([4-9]|[1-5]\d) of 60"), timeout=180_000)
         monitor.scroll_into_view_if_needed()

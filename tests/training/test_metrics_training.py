@@ -74,6 +74,9 @@ def sklearns(net: nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> dict[st
     }
 
 
+# alone: beside the suite on a 2-core VM its pool's workers, unpickling torchmetrics (a 15 s import there), went
+# silent past the pool's 20 s health bound in two whole runs (it passes by itself); not yet understood (issue 39)
+@pytest.mark.alone
 @pytest.mark.parametrize("environment", ["cpu", "parallel"])
 def test_class_metrics_of_the_last_validation_equal_sklearns_on_the_returned_networks_predictions(
     environment: str,

@@ -188,3 +188,27 @@ print(json.dumps({"loss": losses}))
         if m["msg_type"] == "update_display_data" and "image/png" in m["content"]["data"]
     ][-1]
     assert WIDGET_VIEW not in final
+
+
+def test_draw_live_figures_false_keeps_pngs_even_after_a_view_was_seen(kernel: KernelSession) -> None:
+    """The opt-out docs/ui.md names: a kernel whose front end drew a widget draws its training figures as PNGs again,
+    and its Stop button no longer counts views (no comm message while the cell runs)."""
+    off = """
+from nbscale.ui.widget_front_end import draw_live_figures
+draw_live_figures(False)
+from nbscale.ui.stop_button import stop_button
+from nbscale.training.events import StopSignal
+print(widget_front_end.known(), widget_front_end.ASKED.is_set(), stop_button(StopSignal())._view_count)
+"""
+    result = kernel.run(off)
+    assert result.ok, result.text
+    assert result.stdout.split() == ["False", "False", "None"]
+    try:
+        messages = run_collecting(kernel, TRAIN.replace("for_seconds(4)", "for_seconds(2)"), on_message=lambda _: None)
+    finally:
+        kernel.run("draw_live_figures(); widget_front_end.SEEN.set()")  # as SETUP left it, for any later test
+    assert not [m for m in messages if m["msg_type"] == "comm_open" and "spec" in m["content"]["data"]["state"]]
+    figures = [m["content"]["data"] for m in messages if m["msg_type"] in ("display_data", "update_display_data")]
+    pngs = [data for data in figures if "image/png" in data]
+    assert len(pngs) >= 2 and not [data for data in pngs if WIDGET_VIEW in data]  # no widget beside the PNG
+    assert printed(messages)["loss"]

@@ -16,6 +16,10 @@ import pytest
 
 # Ray clusters started by tests stay on loopback: Ray reads this when imported, so it is set before any test runs.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray 2.60 turns token authentication on for a local cluster when ~/.ray/auth_token exists (any `ray.init()` by hand
+# writes it), and a token written while the suite runs leaves its heads and clients disagreeing ("InvalidAuthToken").
+# The suite's clusters are loopback-only and its own: none reads or writes that file.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # `make test` runs several test processes on few cores: torch's intra-op threads in each (and in each kernel they
 # start) would only contend, and OpenMP's waiting threads spin on cores the others need. Pool workers set their own
 # count (cores // workers), as they do for users.

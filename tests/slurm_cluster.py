@@ -1,4 +1,5 @@
-"""A one-node SLURM cluster of 2 CPUs for tests: munged, slurmctld and slurmd configured in a folder of their own.
+"""A SLURM cluster of 2 CPUs for tests: munged, slurmctld and slurmd configured in a folder of their own; one node
+of 2 CPUs, or two nodes of 1 CPU each, each node its own slurmd on this machine (`slurmd -N NAME`, a port apiece).
 
 Debian's `slurmctld`, `slurmd`, `munge` and `slurm-client` packages provide the programs (`make test` installs
 them, as it does Chromium). Everything the cluster keeps (its configuration, munge's key and socket, state, spool,
@@ -24,7 +25,8 @@ import psutil
 import pytest
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
-NODE = "nbscale-node"
+NODE = "nbscale-node"  # the one node; with two, NODE1 and NODE2
+CPUS = 2
 READY_TIMEOUT_S = 60.0
 STOP_WAIT_S = 10.0
 
@@ -41,11 +43,22 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _configuration(folder: Path, munge_socket: Path) -> str:
+def node_names(nodes: int) -> list[str]:
+    """The cluster's node names: NODE alone, or NODE1, NODE2, ..."""
+    return [NODE] if nodes == 1 else [f"{NODE}{index}" for index in range(1, nodes + 1)]
+
+
+def _configuration(folder: Path, munge_socket: Path, nodes: int) -> str:
+    host = socket.gethostname()
+    node_lines = "".join(
+        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={CPUS // nodes} "
+        "RealMemory=1000 State=UNKNOWN\n"
+        for name in node_names(nodes)
+    )
     user = os.environ.get("USER") or psutil.Process().username()
     return f"""
 ClusterName=nbscale{os.getpid()}
-SlurmctldHost={socket.gethostname()}(127.0.0.1)
+SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={_free_port()}
 SlurmdPort={_free_port()}
 SlurmUser={user}
@@ -54,11 +67,11 @@ AuthType=auth/munge
 AuthInfo=socket={munge_socket}
 CredType=cred/munge
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -71,8 +84,7 @@ SchedulerParameters=sched_interval=1
 MinJobAge=30
 KillWait=2
 SlurmdParameters=config_overrides
-NodeName={NODE} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
-PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
+{node_lines}PartitionName=debug Nodes={",".join(node_names(nodes))} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -96,13 +108,14 @@ def _processes_of(folder: Path) -> list[psutil.Process]:
     return list(found.values())
 
 
-def _wait_until_idle_node(env: dict[str, str], folder: Path) -> None:
+def _wait_until_idle_nodes(env: dict[str, str], folder: Path, nodes: int) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     state = ""
     while time.monotonic() < deadline:
         result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True)
         state = result.stdout.strip() + result.stderr.strip()
-        if state in ("idle", "mixed", "allocated"):
+        states = state.split()
+        if len(states) == nodes and set(states) <= {"idle", "mixed", "allocated"}:
             return
         time.sleep(0.2)
     logs = "\n".join(path.read_text()[-2000:] for path in folder.glob("*.log"))
@@ -110,19 +123,20 @@ def _wait_until_idle_node(env: dict[str, str], folder: Path) -> None:
 
 
 @contextmanager
-def slurm_cluster() -> Iterator[dict[str, str]]:
-    """Start munged, slurmctld and slurmd; yield the environment its clients need (SLURM_CONF, PATH with the
-    daemons' folder); stop every process of the cluster and its jobs afterwards."""
+def slurm_cluster(nodes: int = 1) -> Iterator[dict[str, str]]:
+    """Start munged, slurmctld and a slurmd per node (`nodes`: 1 or 2, CPUS between them); yield the environment its
+    clients need (SLURM_CONF, PATH with the daemons' folder); stop every process of the cluster and its jobs
+    afterwards."""
     # munge's socket path must stay short (at most 107 characters): a folder under /tmp, not pytest's tmp_path
     folder = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
-    for name in ("state", "spool", "munge"):
+    for name in ("state", "munge", *(f"spool-{node}" for node in node_names(nodes))):
         (folder / name).mkdir(mode=0o700)
     key = folder / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
     munge_socket = folder / "munge" / "socket"
     conf = folder / "slurm.conf"
-    conf.write_text(_configuration(folder, munge_socket))
+    conf.write_text(_configuration(folder, munge_socket, nodes))
     env = {**os.environ, "SLURM_CONF": str(conf), "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin"}
     try:
         subprocess.run(
@@ -141,8 +155,11 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
             timeout=30,
         )
         subprocess.run(["slurmctld", "-i", "-f", str(conf)], env=env, check=True, capture_output=True, timeout=30)
-        subprocess.run(["slurmd", "-N", NODE, "-f", str(conf)], env=env, check=True, capture_output=True, timeout=30)
-        _wait_until_idle_node(env, folder)
+        for node in node_names(nodes):
+            subprocess.run(
+                ["slurmd", "-N", node, "-f", str(conf)], env=env, check=True, capture_output=True, timeout=30
+            )
+        _wait_until_idle_nodes(env, folder, nodes)
         yield env
     finally:
         processes = _processes_of(folder)
@@ -162,10 +179,10 @@ def queue(env: dict[str, str]) -> list[str]:
 
 
 @contextmanager
-def running_cluster() -> Iterator[dict[str, str]]:
+def running_cluster(nodes: int = 1) -> Iterator[dict[str, str]]:
     """slurm_cluster(), or the test skipped, saying why, where SLURM is not installed (make test installs it)."""
     missing = missing_programs()
     if missing:
         pytest.skip(f"SLURM is not installed here ({', '.join(missing)} not found): make test installs it with apt")
-    with slurm_cluster() as env:
+    with slurm_cluster(nodes) as env:
         yield env

@@ -1,5 +1,6 @@
-"""Pools on a real one-node SLURM cluster (tests/slurm_cluster.py), used from a real kernel as a notebook user
-would: `%pool start 2 --cluster hpc` gets an allocation that runs Ray, spmd, futures and "parallel" training run there,
+"""Pools on a real SLURM cluster of two 1-CPU nodes (tests/slurm_cluster.py), used from a real kernel as a notebook
+user would: `%pool start 2 --cluster hpc` gets an allocation over both nodes that runs Ray (its head on the first,
+a Ray node joining it on the second, a worker on each), spmd, futures and "parallel" training run there,
 `%pool` shows the job, a TrainingMonitor in an spmd cell shows and stops as on a local pool, the allocation's time
 limit stops `nbscale.train` and `train_async` runs like Stop, and every way a pool ends (stop, the idle timeout, the
 interrupt of a pending start, a killed kernel) leaves nothing in squeue.
@@ -17,7 +18,7 @@ import pytest
 
 from tests.kernel_session import KernelSession, needs_clicks_mid_cell
 from tests.monitor.test_training_monitor import SPMD_LOOP
-from tests.slurm_cluster import queue, running_cluster
+from tests.slurm_cluster import NODE, queue, running_cluster
 from tests.training.widget_click import WIDGET_VIEW, run_and_click
 
 pytestmark = pytest.mark.slow
@@ -28,8 +29,8 @@ QUEUE_TIMEOUT_S = 60.0
 
 @pytest.fixture(scope="module")
 def slurm():
-    """The module's SLURM cluster: the environment its clients need."""
-    with running_cluster() as env:
+    """The module's SLURM cluster, two nodes of 1 CPU: the environment its clients need."""
+    with running_cluster(nodes=2) as env:
         yield env
 
 
@@ -81,9 +82,14 @@ def test_a_pool_of_2_runs_in_a_slurm_allocation_with_spmd_and_parallel_training(
     shown = hpc_kernel.run("%pool")
     assert f"slurm job {job_id[1]} RUNNING" in shown.text, shown.text
 
-    # spmd's collectives across the allocation's two workers
-    summed = hpc_kernel.run("%%spmd\ntotal = allreduce(torch.tensor([rank + 1.0]))\nprint(float(total))")
+    # spmd's collectives across the allocation's two workers, one on each node (SLURM's name for the node it runs on)
+    summed = hpc_kernel.run(
+        "%%spmd\nimport os\ntotal = allreduce(torch.tensor([rank + 1.0]))\n"
+        "print(float(total), 'on', os.environ.get('SLURMD_NODENAME'))"
+    )
     assert summed.ok and summed.stdout.count("3.0") == 2, summed.text
+    nodes = sorted(re.findall(r"3\.0 on (\S+)", summed.stdout))
+    assert nodes == [f"{NODE}1", f"{NODE}2"], summed.stdout
 
     # futures: pool.map and pool.submit run on the allocation's workers (parfor, parfeval)
     futures = hpc_kernel.run(

@@ -24,7 +24,8 @@ from nbscale.cluster_profiles import ClusterProfile
 from nbscale.errors import PoolError, PoolInterrupted
 from nbscale.pool.backends.base import Backend, WorkerSpec
 from nbscale.pool.backends.cluster import DEFAULT_CONNECT_TIMEOUT_S, RayBackend, disconnect
-from nbscale.pool.backends.slurm_allocation import ADDRESS_MARK, START_ATTEMPTS
+from nbscale.pool.backends.slurm_allocation import ADDRESS_MARK, LOST_NODE_TEXT, START_ATTEMPTS
+from nbscale.pool.backends.slurm_allocation import MODULE as ALLOCATION_MODULE
 from nbscale.pool.backends.slurm_time_limit import TimeLimitWatch
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
@@ -74,7 +75,13 @@ class SlurmBackend(Backend):
             self.stop()
             raise
         self.kernel_host = self.ray.kernel_host
-        specs = self.ray.plan(settings)
+        try:
+            specs = self.ray.plan(settings)
+        except PoolError as error:
+            lost = [line for line in _last_lines(output, 50).split(" / ") if line.startswith(LOST_NODE_TEXT)]
+            if not lost:
+                raise
+            raise PoolError(f"{error} In SLURM job {self.job_id}: {'; '.join(lost)} ({output}).") from None
         if self.ray.gpus_per_worker:
             return specs
         return [dataclasses.replace(spec, threads=self.slurm.cpus_per_worker) for spec in specs]
@@ -95,7 +102,7 @@ class SlurmBackend(Backend):
             f"--output={folder}/nbscale-pool-%j.out",
             f"--chdir={folder}",
         ]
-        script = f"#!/bin/sh\nexec {self.slurm.node_python} -m nbscale.pool.backends.slurm_allocation head {gpus}\n"
+        script = f"#!/bin/sh\nexec {self.slurm.node_python} -m {ALLOCATION_MODULE} head {gpus}\n"
         self.job_id = submit(self.slurm, options, script)
         _progress(_waiting_line(self.job_id, JobState("PENDING"), 0))
         self._start_watchdog()

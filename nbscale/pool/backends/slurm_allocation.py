@@ -2,11 +2,12 @@
 
 `python -m nbscale.pool.backends.slurm_allocation head GPUS_PER_WORKER` is the batch script (it runs on the first
 node): it starts `ray start --head --block` there with as many Ray CPUs as the allocation has tasks on that node
-(one per pool worker; GPUS_PER_WORKER GPUs each), then `srun --overlap` starts `... worker HEAD` on each other
-node, which joins that head. Once the head runs it prints one line, `ADDRESS_MARK ip:port ip:client_port`, to
-the job's output, where the kernel reads it. Ray's processes stay children of this script, so `scancel` (SIGTERM
-to the job's processes) ends them all; the script also ends its Ray processes itself on SIGTERM, and removes
-Ray's session folder. Every port is picked free on its node: two allocations may share a node.
+(one per pool worker; GPUS_PER_WORKER GPUs each), and `srun --overlap` starts `... worker HEAD` on each other
+node, which joins that head. Once the head runs and every other node's Ray has joined it (or given up), it prints
+one line, `ADDRESS_MARK ip:port ip:client_port`, to the job's output, where the kernel reads it: the cluster the
+kernel connects to then has the whole allocation's CPUs and GPUs. Ray's processes stay children of this script,
+so `scancel` (SIGTERM to the job's processes) ends them all; the script also ends its Ray processes itself on
+SIGTERM, and removes Ray's session folder. Every port is picked free on its node: two allocations may share a node.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from types import FrameType
 
@@ -27,7 +29,9 @@ import psutil
 from nbscale.pool.backends.ray_start import RAY_COMMAND
 
 ADDRESS_MARK = "nbscale-ray-head:"
+MODULE = "nbscale.pool.backends.slurm_allocation"  # what `-m` runs: run as the batch script, __name__ is "__main__"
 READY_TEXT = "Ray runtime started"
+LOST_NODE_TEXT = "nbscale: Ray did not start on node"
 START_ATTEMPTS = 3
 # ports whose defaults are fixed numbers, which a second Ray on the node (another allocation) would find taken
 _FIXED_DEFAULT_PORTS = (
@@ -82,10 +86,10 @@ def _end_children(session: str) -> None:
     shutil.rmtree(session, ignore_errors=True)
 
 
-def _run(start: Callable[[str], list[str]], announce: str | None) -> int:
+def _run(start: Callable[[str], list[str]], announce: str | None, joined: Callable[[], None] = lambda: None) -> int:
     """Run `ray start --block` (the command `start` makes for a session folder), echo its output, print `announce`
-    once Ray runs; end it all on SIGTERM. A start that fails before Ray runs (a node still too slow, see ray_start)
-    is tried again, up to START_ATTEMPTS times."""
+    once Ray runs and `joined()` returned; end it all on SIGTERM. A start that fails before Ray runs (a node still
+    too slow, see ray_start) is tried again, up to START_ATTEMPTS times."""
     session = ""
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -101,6 +105,7 @@ def _run(start: Callable[[str], list[str]], announce: str | None) -> int:
         for line in ray.stdout:
             print(line, end="", flush=True)
             if announce is not None and READY_TEXT in line:
+                joined()
                 print(announce, flush=True)
                 announce = None
         code = ray.wait()
@@ -133,12 +138,46 @@ def head(gpus_per_worker: int) -> int:
             "--include-dashboard=false",
         )
 
-    for node, count in zip(nodes[1:], tasks[1:], strict=False):
-        subprocess.Popen(
-            ["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", node, sys.executable, "-m", __name__]
-            + ["worker", f"{ip}:{port}", str(count), str(count * gpus_per_worker)]
+    joining = [
+        _JoiningNode(node, [f"{ip}:{port}", str(count), str(count * gpus_per_worker)])
+        for node, count in zip(nodes[1:], tasks[1:], strict=False)
+    ]
+
+    def all_joined() -> None:
+        for node in joining:
+            node.wait()
+
+    return _run(start, f"{ADDRESS_MARK} {ip}:{port} {ip}:{client_port}", all_joined)
+
+
+class _JoiningNode:
+    """`srun --overlap` of `... worker HEAD` on another node of the allocation, its output echoed to the job's;
+    `wait()` returns once its Ray runs or it ended (its output says why)."""
+
+    def __init__(self, node: str, arguments: list[str]) -> None:
+        self.node = node
+        self.ready = threading.Event()
+        self.process = subprocess.Popen(
+            ["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", node, sys.executable, "-m", MODULE, "worker"]
+            + arguments,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-    return _run(start, f"{ADDRESS_MARK} {ip}:{port} {ip}:{client_port}")
+        threading.Thread(target=self._echo, daemon=True).start()
+
+    def _echo(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            print(line, end="", flush=True)
+            if READY_TEXT in line:
+                self.ready.set()
+
+    def wait(self) -> None:
+        while not self.ready.wait(0.5) and self.process.poll() is None:
+            continue
+        if not self.ready.is_set():
+            print(f"{LOST_NODE_TEXT} {self.node} (its output is above)", flush=True)
 
 
 def worker(address: str, cpus: int, gpus: int) -> int:
@@ -147,6 +186,9 @@ def worker(address: str, cpus: int, gpus: int) -> int:
 
 
 if __name__ == "__main__":
+    # an allocation is a cluster: where this is "0" (Ray's default on macOS and Windows, or set for a loopback-only
+    # Ray), the head listens on loopback alone and `ray start --address` refuses to join another node
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
     if sys.argv[1] == "head":
         sys.exit(head(int(sys.argv[2])))
     sys.exit(worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))

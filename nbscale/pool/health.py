@@ -72,7 +72,8 @@ def unresponsive_description(worker: WorkerHandle) -> str:
             "its process is stopped, frozen in native code that holds Python's lock, or its machine is down or "
             "out of memory"
         )
-    return f"worker {worker.rank} (pid {worker.pid}) stopped answering for {UNRESPONSIVE_S:.0f} s: {cause}"
+    silent_s = time.monotonic() - worker.last_heard
+    return f"worker {worker.rank} (pid {worker.pid}) stopped answering for {silent_s:.0f} s: {cause}"
 
 
 def stalled(workers: Iterable[WorkerHandle]) -> list[WorkerHandle]:

@@ -88,10 +88,15 @@ class Monitor:
         deadline = time.monotonic() + LAST_CHANCE_S
         while time.monotonic() < deadline and any(unresponsive(w) for w in silent):
             time.sleep(0.05)
-        # a stopped or gone process first: the others may only wait on it in a collective, and the first worker
-        # given up is the one the failed cell names
-        for worker in sorted(silent, key=lambda w: process_state(w) not in ("stopped", "gone")):
-            if unresponsive(worker) and not self.router.stopping.is_set():
+        # a stopped or gone process first, even one silent for less time (a busy machine may delay the answers of the
+        # one it stopped less than those of a peer now waiting for it in a collective): the others may only wait on
+        # it, and the first worker given up is the one the failed cell names
+        still_silent = [w for w in silent if unresponsive(w)]
+        if not still_silent:
+            return
+        culprits = [w for w in self.router.workers if not w.dead and process_state(w) in ("stopped", "gone")]
+        for worker in [*culprits, *(w for w in still_silent if w not in culprits)]:
+            if not worker.dead and not self.router.stopping.is_set():
                 self.router.worker_died(worker, unresponsive_description(worker))
 
     def _idle_soon(self) -> bool:

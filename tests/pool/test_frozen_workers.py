@@ -6,6 +6,7 @@ with the machine's load, tests/machine_load.py)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -172,7 +173,8 @@ def test_a_pool_training_with_a_stopped_worker_fails_naming_it_within_30_s(kerne
     assert seconds - 3.0 < DETECTION_LIMIT_S
     assert cell.error_name == "WorkerError"
     assert "Training failed on worker 1" in cell.traceback
-    assert f"worker 1 (pid {pids[1]}) stopped answering for 20 s: its process is stopped" in cell.traceback
+    # named first even where a busy machine delayed its peer's answers more (that peer waits for it in a collective)
+    assert re.search(rf"worker 1 \(pid {pids[1]}\) stopped answering for \d+ s: its process is stopped", cell.traceback)
 
 
 # alone: the 3 s the first interrupt gives a pool training to end its iteration is the feature; beside the whole

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -154,7 +155,9 @@ def test_a_frozen_worker_is_given_up_by_the_heartbeat_and_training_resumes_witho
         loss_fn=_loss_losing_worker(1, checkpoint_file(tmp_path, 2), how=signal.SIGSTOP),
     )
     print(f"trained, with the frozen worker replaced, in {time.monotonic() - started:.1f} s")
-    assert f"worker 1 (pid {frozen_pid}) stopped answering for 20 s: its process is stopped" in info.stop_reason
+    assert re.search(
+        rf"worker 1 \(pid {frozen_pid}\) stopped answering for \d+ s: its process is stopped", info.stop_reason
+    )
     assert "resumed from the checkpoint of epoch 2" in info.stop_reason
     assert info.iteration == list(range(1, 12 * ITERATIONS_PER_EPOCH + 1))
     assert frozen_pid not in [w.pid for w in pool.workers]

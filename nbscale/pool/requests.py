@@ -98,6 +98,13 @@ class Request:
         return WorkerError(message, failures)
 
 
+def tells_of_a_torn_down_group(text: str) -> bool:
+    """True for an error (or a worker's traceback) saying that a peer closed a process group's connections: read
+    from a closed connection (reset, closed) or written to one (a broken pipe), by where the rank then was. Such a
+    rank only stopped because another failed (and tore its group down): that one's error is the story."""
+    return any(sign in text for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
+
+
 SECRET_MIN_LENGTH = 6  # shorter --env values (1, INFO, eth0) are settings, and would blank out common words
 
 

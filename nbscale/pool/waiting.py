@@ -19,13 +19,16 @@ from nbscale.pool.folders import missing_folder_warning
 from nbscale.pool.health import collective_mismatch, process_state, stall_notice, stalled
 from nbscale.pool.interrupts import HeldInterrupt
 from nbscale.pool.output import end_open_lines, flush_output, print_output
-from nbscale.pool.requests import Request
+from nbscale.pool.requests import Request, tells_of_a_torn_down_group
 from nbscale.pool.routing import Router, workers_named
 
 INTERRUPT_GRACE_S = 3.0
 PREPARE_AFTER_S = 0.3  # workers still running this long after an interrupt: prepare their replacement meanwhile
 # once a rank has failed, the others still running this long after are interrupted: a collective would wait forever
 FAILED_PEER_GRACE_S = 2.0
+# when the only failures so far are ranks woken by a peer that tore their group down (requests.py), the rank that
+# did is still reporting its own error (on a busy machine, seconds later): it gets this long before it is interrupted
+WOKEN_PEER_GRACE_S = 30.0
 RESTART_NOTICE = (
     "Restarting the pool with fresh workers: interrupts are held until it is ready (a few seconds; "
     "the cell stops then)."
@@ -91,7 +94,8 @@ def wait(
                 break  # a worker died mid-request: the others may wait forever in a collective
             if request.failures and first_failure is None:
                 first_failure = time.monotonic()
-            past_grace = first_failure is not None and time.monotonic() > first_failure + FAILED_PEER_GRACE_S
+            grace = FAILED_PEER_GRACE_S if _has_an_origin(request) else WOKEN_PEER_GRACE_S
+            past_grace = first_failure is not None and time.monotonic() > first_failure + grace
             if restart is not None and past_grace:
                 note = _stop_after_failure(router, request, restart)
                 break
@@ -114,6 +118,11 @@ def wait(
     if request.failures:
         raise request.error(what, note)
     return [request.replies[rank] for rank in request.ranks]
+
+
+def _has_an_origin(request: Request) -> bool:
+    """Whether a failure so far is a rank's own, not only a rank woken by a peer that tore the group down."""
+    return any(not tells_of_a_torn_down_group(failure) for failure in request.failures.values())
 
 
 def _stop_after_failure(router: Router, request: Request, restart: Restarter) -> str:

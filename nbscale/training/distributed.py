@@ -25,7 +25,7 @@ from torch import nn
 
 from nbscale.errors import OptionsError, UnsendableError, WorkerError
 from nbscale.pool.plumbing import message_running_request
-from nbscale.pool.requests import worker_error_as
+from nbscale.pool.requests import tells_of_a_torn_down_group, worker_error_as
 from nbscale.pool.settings import PoolSettings
 from nbscale.training.batch_fitting import batch_counts, check_auto_batch_device
 from nbscale.training.event_bunches import EventBunches
@@ -277,13 +277,7 @@ def _abort(active: tuple[int, ...], destroy: bool = True) -> None:
 
 def _woken_by_a_peer(error: BaseException) -> bool:
     """True for the error a collective raises when another rank tore the group down."""
-    return isinstance(error, torch.distributed.DistError) or _tells_of_a_torn_down_group(str(error))
-
-
-def _tells_of_a_torn_down_group(text: str) -> bool:
-    """True for an error (or a worker's traceback) saying that a peer closed the training group's connections: read
-    from a closed connection (reset, closed) or written to one (a broken pipe), by where the rank then was."""
-    return any(sign in text for sign in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
+    return isinstance(error, torch.distributed.DistError) or tells_of_a_torn_down_group(str(error))
 
 
 class _Answers:
@@ -384,7 +378,7 @@ def _training_failure(error: WorkerError, checkpoints: str | None) -> WorkerErro
     the failing rank tore the training group down is named without its traceback (gloo's 'Connection reset by
     peer')."""
     failures = error.failures
-    origin = {rank: text for rank, text in failures.items() if not _tells_of_a_torn_down_group(text)} or failures
+    origin = {rank: text for rank, text in failures.items() if not tells_of_a_torn_down_group(text)} or failures
     if not origin:
         return WorkerError(_with_recovery_hint(str(error), checkpoints))
     ranks, woken = sorted(origin), sorted(set(failures) - set(origin))

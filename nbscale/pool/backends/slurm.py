@@ -78,7 +78,7 @@ class SlurmBackend(Backend):
         try:
             specs = self.ray.plan(settings)
         except PoolError as error:
-            lost = [line for line in _last_lines(output, 50).split(" / ") if line.startswith(LOST_NODE_TEXT)]
+            lost = _lost_nodes(output)
             if not lost:
                 raise
             raise PoolError(f"{error} In SLURM job {self.job_id}: {'; '.join(lost)} ({output}).") from None
@@ -249,6 +249,15 @@ def _is_this_machine(ip: str) -> bool:
         return True
     local = {address.address for addresses in psutil.net_if_addrs().values() for address in addresses}
     return ip in local or ip == socket.gethostbyname(socket.gethostname())
+
+
+def _lost_nodes(output: Path) -> list[str]:
+    """The job output's lines saying that a node's Ray never joined the head (anywhere: Ray's own lines follow)."""
+    try:
+        lines = output.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.strip() for line in lines if line.startswith(LOST_NODE_TEXT)]
 
 
 def _last_lines(output: Path, count: int = 3) -> str:

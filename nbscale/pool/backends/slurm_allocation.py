@@ -164,7 +164,8 @@ class _JoiningNode:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        threading.Thread(target=self._echo, daemon=True).start()
+        self._echoing = threading.Thread(target=self._echo, daemon=True)
+        self._echoing.start()
 
     def _echo(self) -> None:
         assert self.process.stdout is not None
@@ -176,6 +177,8 @@ class _JoiningNode:
     def wait(self) -> None:
         while not self.ready.wait(0.5) and self.process.poll() is None:
             continue
+        if not self.ready.is_set():
+            self._echoing.join(timeout=10)  # its last lines (Ray's "started", or why not) are read and echoed first
         if not self.ready.is_set():
             print(f"{LOST_NODE_TEXT} {self.node} (its output is above)", flush=True)
 

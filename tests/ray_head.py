@@ -66,10 +66,14 @@ def _stop_processes_of(*marks: str) -> None:
 
 
 @contextmanager
-def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
-    """Start `ray start --head` on loopback (with its dashboard/job server on `dashboard_port` if given),
-    yield the head's address HOST:PORT, and stop its processes (only this head's) afterwards."""
+def ray_head(num_cpus: int, dashboard_port: int | None = None, client_port: int | None = None) -> Iterator[str]:
+    """Start `ray start --head` on loopback (with its dashboard/job server on `dashboard_port` if given, its Ray
+    Client server, which ray://127.0.0.1:PORT reaches, on `client_port` if given), yield the head's address
+    HOST:PORT, and stop its processes (only this head's) afterwards."""
     port = free_port()
+    ports = {name: free_port() for name in _FIXED_DEFAULT_PORTS}
+    if client_port is not None:
+        ports["ray-client-server-port"] = client_port
     env = {**os.environ, **LOOPBACK_ENV, **SLOW_MACHINE_ENV}
     # Ray puts its sockets in the session folder: keep the path short (a socket path has at most 107 characters)
     session_folder = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
@@ -83,7 +87,7 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None) -> Iterator[str]:
         "--disable-usage-stats",
         f"--temp-dir={session_folder}",
         # ports whose defaults are fixed numbers, which a second head on the machine would find taken
-        *(f"--{name}={free_port()}" for name in _FIXED_DEFAULT_PORTS),
+        *(f"--{name}={number}" for name, number in ports.items()),
     ]
     if dashboard_port is None:
         command.append("--include-dashboard=false")

@@ -13,7 +13,7 @@ import pytest
 import nbscale
 from nbscale.errors import PoolError, WorkerError
 from tests.machine_load import scaled
-from tests.ray_head import LOOPBACK_ENV
+from tests.ray_head import LOOPBACK_ENV, free_port
 from tests.ray_head import ray_head as start_ray_head
 
 pytestmark = pytest.mark.slow
@@ -21,13 +21,20 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def ray_head():
-    with start_ray_head(num_cpus=3) as address:
-        yield address
+def ray_head_and_client_port():
+    """The module's head: its address HOST:PORT, and the port of its Ray Client server."""
+    client_port = free_port()
+    with start_ray_head(num_cpus=3, client_port=client_port) as address:
+        yield address, client_port
         pool = nbscale.current_pool()
         if pool is not None:
             pool.close()
         ray.shutdown()
+
+
+@pytest.fixture
+def ray_head(ray_head_and_client_port):
+    return ray_head_and_client_port[0]
 
 
 def test_spmd_and_futures_on_ray_actors(ray_head):
@@ -76,6 +83,20 @@ def test_more_gpus_than_the_cluster_has_is_refused(ray_head, tmp_path, monkeypat
     with pytest.raises(PoolError, match="need 2 GPUs, but the Ray cluster.*has 0"):
         nbscale.Pool(2, cluster="gpu_lab")
     assert time.monotonic() - started < 30
+
+
+def test_a_ray_client_address_gives_the_same_pool(ray_head_and_client_port):
+    """ray://HOST:PORT, Ray Client: how a notebook outside the cluster reaches it (API.md's profile example), and how
+    a kernel on a SLURM login node reaches its allocation's head."""
+    address = f"ray://127.0.0.1:{ray_head_and_client_port[1]}"
+    with nbscale.Pool(2, cluster=address) as pool:
+        assert pool.status().backend == "ray" and pool.size == 2
+        assert f"ray at {address}" in repr(pool)
+        namespace = {"offset": 10}
+        pool.spmd("value = allreduce(rank + offset)", namespace=namespace)
+        assert namespace["value"][:] == [21, 21]
+        assert list(pool.map(pow, [2, 3], [2, 2])) == [4, 9]
+        assert pool.submit(sum, [1, 2, 3]).result(timeout=60) == 6
 
 
 def test_unknown_profile_names_the_file(tmp_path, monkeypatch):

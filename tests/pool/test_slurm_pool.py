@@ -140,9 +140,25 @@ def test_pool_stop_releases_the_allocation(slurm, hpc_kernel, hpc_pool):
 
 
 @pytest.mark.timeout(900)  # a second allocation starts Ray: 15-60 s on 2 busy cores, longer beside the whole suite
-def test_the_idle_timeout_releases_the_allocation(slurm, hpc_kernel):
-    started = hpc_kernel.run("%pool start 1 --cluster hpc --idle-timeout 0.05", timeout=900)  # 3 s idle
+def test_a_kernel_on_a_login_node_reaches_the_allocation_by_ray_client_and_the_idle_timeout_releases_it(
+    slurm, hpc_kernel
+):
+    # the kernel takes the head for another machine's, as on a login node: it connects by Ray Client
+    # (ray://HEAD:CLIENT_PORT, the port the allocation's script gave the head), not as a driver on the head's node
+    started = hpc_kernel.run(
+        "import nbscale.pool.backends.slurm as slurm_backend, os\n"
+        "on_this_machine = slurm_backend._is_this_machine\n"
+        "slurm_backend._is_this_machine = lambda ip: False\n"
+        "try:\n"
+        "    %pool start 1 --cluster hpc --idle-timeout 0.05\n"  # 3 s idle
+        "    print('node:', *nbscale.current_pool(start=False).run(lambda: os.environ['SLURMD_NODENAME']))\n"
+        "finally:\n"
+        "    slurm_backend._is_this_machine = on_this_machine",
+        timeout=900,
+    )
     assert started.ok and "Started 1 CPU worker" in started.stdout, started.text
+    by_client = r"this kernel is on another machine and connects by Ray Client to ray://[\d.]+:\d+"
+    assert re.search(by_client, started.stdout) and "node: nbscale-node1" in started.stdout, started.text
     assert _until(lambda: not _pool_jobs(slurm), timeout=120), queue(slurm)
     shown = hpc_kernel.run("%pool")
     assert "The pool shut itself down after 0.05 idle minutes (--idle-timeout)." in shown.stdout, shown.text

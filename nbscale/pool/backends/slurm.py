@@ -126,7 +126,13 @@ class SlurmBackend(Backend):
         while True:
             address = _head_address(output)
             if address is not None:
-                _progress(f"SLURM job {self.job_id} runs: Ray started in it ({time.monotonic() - started:.0f} s).\n")
+                by_client = (
+                    f"; this kernel is on another machine and connects by Ray Client to {address}"
+                    if address.startswith("ray://")
+                    else ""
+                )
+                seconds = time.monotonic() - started
+                _progress(f"SLURM job {self.job_id} runs: Ray started in it ({seconds:.0f} s){by_client}.\n")
                 return address
             state = job_state(self.slurm, self.job_id or 0)
             if state.ended:

@@ -133,7 +133,10 @@ def _long_units_first(items: list[pytest.Item]) -> None:
 def kernel() -> Iterator[KernelSession]:
     """A fresh real kernel with `%load_ext nbscale` already run; shut down (and its pool) afterwards."""
     session = KernelSession()
-    session.run("%load_ext nbscale")
+    try:
+        session.run("%load_ext nbscale")
+    except BaseException:
+        session.shutdown()
+        raise
     yield session
-    session.run("import nbscale\np = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=30)
-    session.shutdown()
+    session.close()

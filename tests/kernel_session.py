@@ -17,6 +17,7 @@ from typing import Any
 from jupyter_client.manager import KernelManager
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+CLOSE_POOL = "import nbscale\np = nbscale.current_pool(start=False)\nif p is not None: p.close()"
 
 
 def handles_clicks_mid_cell() -> bool:
@@ -172,6 +173,9 @@ class KernelSession:
                 self.manager.interrupt_kernel()
                 interrupt_when = None
             if time.monotonic() > deadline:
+                # a cell left running (a training, a wait) would go on using the CPU for the rest of the suite, and
+                # the fixture's clean-up cell would queue behind it: stop it as the user would
+                self.manager.interrupt_kernel()
                 raise TimeoutError(f"cell did not finish in {timeout} s:\n{code}\n--- so far:\n{result.text}")
             try:
                 message = self.client.get_iopub_msg(timeout=0.2 if interrupt_when is None else 0.05)
@@ -208,6 +212,14 @@ class KernelSession:
         self.client.stop_channels()
         if self.manager.is_alive():
             self.manager.shutdown_kernel(now=True)
+
+    def close(self, clean_up: str = CLOSE_POOL, timeout: float = 30) -> None:
+        """Run `clean_up` (by default: close the kernel's pool, as a user would), then shut the kernel down, even
+        where the clean-up cell fails or times out: a kernel left behind runs on for the rest of the suite."""
+        try:
+            self.run(clean_up, timeout=timeout)
+        finally:
+            self.shutdown()
 
 
 @contextmanager

@@ -32,8 +32,7 @@ def test_the_readme_quick_start_trains_in_the_notebook_and_on_a_pool() -> None:
         in_notebook, on_pool = [line for line in result.stdout.splitlines() if "validation accuracy" in line]
         assert "2 workers" in on_pool and "workers" not in in_notebook, result.stdout
     finally:
-        session.run("import nbscale\np = nbscale.current_pool()\nif p is not None: p.close()", timeout=30)
-        session.shutdown()
+        session.close()
 
 
 def test_the_readme_fits_a_screen_and_links_to_pages_that_exist() -> None:

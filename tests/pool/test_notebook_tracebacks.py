@@ -51,8 +51,7 @@ def kernel_with_pool(request, tmp_path_factory):
     assert started.ok, started.text
     session.run(SCALE)
     yield session
-    session.run("pool.close()", timeout=30)
-    session.shutdown()
+    session.close("pool.close()")
 
 
 @pytest.mark.parametrize("call", ["pool.run(scale, 2)", "pool.submit(scale, 2).result()", "list(pool.map(scale, [2]))"])

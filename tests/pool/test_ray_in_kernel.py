@@ -38,8 +38,7 @@ def cluster_kernel(ray_head, tmp_path):
     session = KernelSession(env={**environment, "XDG_CONFIG_HOME": str(tmp_path)})
     session.run("%load_ext nbscale\nimport time, nbscale")
     yield session
-    session.run("p = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=60)
-    session.shutdown()
+    session.close(timeout=60)
 
 
 def test_a_cluster_pool_is_interrupted_and_cancelled_like_a_local_one_and_keeps_its_variables(cluster_kernel):

@@ -50,8 +50,7 @@ def _kernel(slurm: dict[str, str], folder, limits: str = 'time = "10"') -> Kerne
 def hpc_kernel(slurm, tmp_path_factory) -> Iterator[KernelSession]:
     session = _kernel(slurm, tmp_path_factory.mktemp("hpc"))
     yield session
-    session.run("p = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=120)
-    session.shutdown()
+    session.close(timeout=120)
 
 
 def _pool_jobs(slurm: dict[str, str]) -> list[str]:
@@ -241,5 +240,4 @@ def test_the_time_limit_stops_a_training_and_a_train_async_run_like_stop_and_the
             assert "time limit (field time of profile 'hpc', 10)" in reason, trained.stdout
             assert "stop_margin = 590 s" in reason, trained.stdout
     finally:
-        kernel.run("p = nbscale.current_pool(start=False)\nif p is not None: p.close()", timeout=120)
-        kernel.shutdown()
+        kernel.close(timeout=120)

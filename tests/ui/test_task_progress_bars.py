@@ -19,8 +19,7 @@ def kernel() -> Iterator[KernelSession]:
     started = session.run("import nbscale, time\npool = nbscale.Pool(2, cpu=True)", timeout=180)
     assert started.ok, started.text
     yield session
-    session.run("pool.close()", timeout=60)
-    session.shutdown()
+    session.close("pool.close()", timeout=60)
 
 
 def _bars(result_displays: list[dict[str, str]], label: str) -> list[str]:

@@ -11,6 +11,7 @@ same when the kernel dies without stopping the pool.
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 import subprocess
 import sys
@@ -243,11 +244,11 @@ def _head_address(output: Path) -> str | None:
         text = output.read_text(errors="replace")
     except OSError:
         return None
-    for line in text.splitlines():
-        if line.startswith(ADDRESS_MARK):
-            gcs, client = line.removeprefix(ADDRESS_MARK).split()
-            return gcs if _is_this_machine(gcs.rpartition(":")[0]) else f"ray://{client}"
-    return None
+    found = re.search(rf"^{re.escape(ADDRESS_MARK)} ([^\s:]+:\d+) ([^\s:]+:\d+)", text, re.MULTILINE)
+    if found is None:
+        return None
+    gcs, client = found.groups()
+    return gcs if _is_this_machine(gcs.rpartition(":")[0]) else f"ray://{client}"
 
 
 def _is_this_machine(ip: str) -> bool:

@@ -86,6 +86,18 @@ def _end_children(session: str) -> None:
     shutil.rmtree(session, ignore_errors=True)
 
 
+_output_lock = threading.Lock()
+
+
+def _say(line: str) -> None:
+    """Write `line` to the job's output as one whole line: the head's own lines and every joining node's echo come
+    from threads of their own, and `print` writes a line's text and its newline apart, so another thread's line
+    could land between them (the kernel then read the head's address line with Ray's words glued to it)."""
+    with _output_lock:
+        sys.stdout.write(line if line.endswith("\n") else line + "\n")
+        sys.stdout.flush()
+
+
 def _run(start: Callable[[str], list[str]], announce: str | None, joined: Callable[[], None] = lambda: None) -> int:
     """Run `ray start --block` (the command `start` makes for a session folder), echo its output, print `announce`
     once Ray runs and `joined()` returned; end it all on SIGTERM. A start that fails before Ray runs (a node still
@@ -103,16 +115,16 @@ def _run(start: Callable[[str], list[str]], announce: str | None, joined: Callab
         ray = subprocess.Popen(start(session), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert ray.stdout is not None
         for line in ray.stdout:
-            print(line, end="", flush=True)
+            _say(line)
             if announce is not None and READY_TEXT in line:
                 joined()
-                print(announce, flush=True)
+                _say(announce)
                 announce = None
         code = ray.wait()
         _end_children(session)
         if announce is None:  # Ray ran, then ended: that is the allocation's end, not a failed start
             return code
-        print(f"nbscale: Ray did not start (attempt {attempt} of {START_ATTEMPTS})", flush=True)
+        _say(f"nbscale: Ray did not start (attempt {attempt} of {START_ATTEMPTS})")
     return code
 
 
@@ -170,7 +182,7 @@ class _JoiningNode:
     def _echo(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            print(line, end="", flush=True)
+            _say(line)
             if READY_TEXT in line:
                 self.ready.set()
 
@@ -180,7 +192,7 @@ class _JoiningNode:
         if not self.ready.is_set():
             self._echoing.join(timeout=10)  # its last lines (Ray's "started", or why not) are read and echoed first
         if not self.ready.is_set():
-            print(f"{LOST_NODE_TEXT} {self.node} (its output is above)", flush=True)
+            _say(f"{LOST_NODE_TEXT} {self.node} (its output is above)")
 
 
 def worker(address: str, cpus: int, gpus: int) -> int:

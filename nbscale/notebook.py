@@ -136,14 +136,19 @@ def sweep(
         seed=seed,
         step_fn=step_fn,
     )
-    if show if show is not None else in_notebook():
-        from nbscale.ui.sweep_display import SweepDisplay
+    try:
+        if show if show is not None else in_notebook():
+            from nbscale.ui.sweep_display import SweepDisplay
 
-        runs, workers = len(result.runs), result.pool.size
-        title = f"Sweep of {runs} run{'s' if runs != 1 else ''} on {workers} worker{'s' if workers != 1 else ''}"
-        display = SweepDisplay(result.runs, title=title)
-        display.show()
-        result.on_end.append(display.finish)
+            runs, workers = len(result.runs), result.pool.size
+            title = f"Sweep of {runs} run{'s' if runs != 1 else ''} on {workers} worker{'s' if workers != 1 else ''}"
+            display = SweepDisplay(result.runs, title=title)
+            display.show()
+            result.on_end.append(display.finish)
+    except KeyboardInterrupt:  # before its wait: as an interrupt during the wait, it cancels the runs
+        result.cancel()
+        if not wait:
+            raise
     if wait:
         result.wait()
     return result

@@ -11,6 +11,8 @@ raises CancelledError (concurrent.futures itself cannot cancel a running future;
 
 from __future__ import annotations
 
+import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -27,6 +29,9 @@ from nbscale.pool.requests import Request, next_request_id
 from nbscale.pool.routing import Router
 from nbscale.pool.transport import Frame, serialise
 from nbscale.pool.unsendable import call_error, interrupted_while_pickling
+
+REINTERRUPT_S = 2.0  # a cancelled task's worker stops within milliseconds; one still running it is told again
+REINTERRUPT_TRIES = 60
 
 
 class TaskQueue:
@@ -106,7 +111,19 @@ class TaskQueue:
                 return True
             self._cancelled.add(request.request_id)
             self.router.tell(p.Interrupt(request.request_id), request.waiting_for)
+        threading.Thread(target=self._interrupt_again, args=(request,), name="nbscale-cancel", daemon=True).start()
         return _cancel_running(future)
+
+    def _interrupt_again(self, request: Request) -> None:
+        """Send a cancelled task's Interrupt again every REINTERRUPT_S while its worker still runs it: one that
+        reaches the worker as the task starts, or while a busy machine delays it, must not leave the worker
+        running a cancelled task (an endless training) that every later call waits behind."""
+        for _ in range(REINTERRUPT_TRIES):
+            time.sleep(REINTERRUPT_S)
+            with self.lock:
+                if request.request_id not in self._cancelled or self.router.stopping.is_set():
+                    return  # it stopped (complete() forgets it), or the pool did
+                self.router.tell(p.Interrupt(request.request_id), request.waiting_for)
 
     def ranks_running_tasks(self, ranks: Iterable[int]) -> list[int]:
         """Which of `ranks` are running a task."""

@@ -245,10 +245,12 @@ class Worker:
                     self.context.deliver_message(payload)
                 cancelled = message.request_id in self.cancelled_requests
                 self.cancelled_requests.discard(message.request_id)
-            if cancelled:
-                raise KeyboardInterrupt("cancelled before it started")
-            self.interruptible = True
+                # opened with current_request, under the lock a targeted Interrupt takes: one finding the request
+                # current must find the gate open too (opened later, its SIGINT could land first and be dropped)
+                self.interruptible = True
             try:
+                if cancelled:
+                    raise KeyboardInterrupt("cancelled before it started")
                 value = self.handlers[type(message)](message)
             finally:
                 self.interruptible = False
@@ -258,6 +260,7 @@ class Worker:
             sys.stderr.flush()
             return p.Done(message.request_id, self.rank, value)
         except BaseException as error:  # every failure goes back to the kernel
+            self.interruptible = False  # (an interrupt landing just after the gate opened skipped the finally)
             if os.getpid() != self.pid:
                 _end_forked_copy(error)
             sys.stdout.flush()

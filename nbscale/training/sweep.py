@@ -173,10 +173,14 @@ def sweep(
         for (model, _), opts in zip(seeded, run_options, strict=True)
     ]
     pool = pool if pool is not None else current_pool(start=True)
-    runs = [
-        submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start)
-        for index, ((model, start), inputs, params) in enumerate(zip(seeded, checked, combinations, strict=True))
-    ]
+    runs: list[TrainingRun] = []
+    try:
+        for index, ((model, start), inputs, params) in enumerate(zip(seeded, checked, combinations, strict=True)):
+            runs.append(submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start))
+    except BaseException:  # the kernel interrupt (or a run that could not be sent): none of them goes on alone
+        for run in runs:
+            run.cancel()
+        raise
     result = SweepResult(runs, pool)
     if wait:
         result.wait()

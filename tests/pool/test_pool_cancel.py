@@ -94,6 +94,32 @@ def test_cancelling_a_task_that_trains_stops_it_at_once_without_the_interrupt_me
     assert "Stopping at the end of this iteration" not in output.out + output.err
 
 
+def _lose_the_first_interrupt() -> None:
+    """Stands for a cancel's interrupt lost on its way (one landing as the task starts, on a busy machine): the
+    first SIGINT is swallowed, the next stops the task."""
+    import signal
+
+    interrupts: list[int] = []
+
+    def swallow_the_first(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) > 1:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, swallow_the_first)
+    worker_context().emit("started")
+    while True:
+        time.sleep(0.01)
+
+
+def test_a_cancelled_task_whose_interrupt_was_lost_is_interrupted_again_and_its_worker_freed(pool):
+    started = threading.Event()
+    running = submit_with_events(pool, _lose_the_first_interrupt, lambda rank, payload: started.set())
+    assert started.wait(30)
+    assert pool.cancel(running) and running.cancelled()
+    assert pool.submit(sum, [2, 3]).result(timeout=60) == 5  # the task stopped on the Interrupt sent again
+
+
 def test_cancelling_a_queued_task_means_it_never_runs(pool):
     started = threading.Event()
     running = submit_with_events(pool, _count_until_stopped, lambda rank, step: started.set(), 100000)

@@ -114,6 +114,29 @@ def test_cancelled_runs_count_as_done_for_wait_and_as_completed(pool, data) -> N
         result.wait(timeout=30)
 
 
+def test_an_interrupt_while_the_runs_are_sent_cancels_those_sent_and_frees_their_workers(
+    pool, data, monkeypatch
+) -> None:
+    import nbscale.training.sweep as sweep_module
+
+    (train_x, train_y), _ = data
+    sent: list = []
+    submit_run = sweep_module.submit_run
+
+    def send_one_then_interrupt(*args, **kwargs):
+        if sent:
+            raise KeyboardInterrupt  # the kernel interrupt, landing as the second run is sent
+        sent.append(submit_run(*args, **kwargs))
+        return sent[-1]
+
+    monkeypatch.setattr(sweep_module, "submit_run", send_one_then_interrupt)
+    options = nbscale.TrainingOptions("sgdm", max_epochs=100000, mini_batch_size=500, verbose=False)
+    with pytest.raises(KeyboardInterrupt):
+        nbscale.sweep(tiny_net, (train_x, train_y), options, {"initial_learn_rate": [0.01, 0.1]}, pool=pool)
+    assert [run.state for run in sent] == ["cancelled"]
+    assert pool.submit(sum, [1, 2]).result(timeout=60) == 3 and pool.run(len, "ab") == [2, 2]  # nothing trains on
+
+
 @pytest.mark.slow
 def test_a_kernel_interrupt_of_a_sweep_cell_cancels_the_runs_and_ends_the_cell_at_once(kernel) -> None:
     started = kernel.run(

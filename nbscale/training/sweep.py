@@ -173,18 +173,26 @@ def sweep(
         for (model, _), opts in zip(seeded, run_options, strict=True)
     ]
     pool = pool if pool is not None else current_pool(start=True)
+    result = SweepResult(_submit_every_run(seeded, checked, combinations, pool), pool)
+    if wait:
+        result.wait()
+    return result
+
+
+def _submit_every_run(
+    seeded: list[tuple[nn.Module, Any]], checked: list[Any], combinations: list[dict[str, Any]], pool: Any
+) -> list[TrainingRun]:
+    """Send each run to the pool; an interrupt (or a run that cannot be sent) cancels those already sent: none of
+    them goes on alone, unseen."""
     runs: list[TrainingRun] = []
     try:
         for index, ((model, start), inputs, params) in enumerate(zip(seeded, checked, combinations, strict=True)):
             runs.append(submit_run(model, inputs, pool, name=f"#{index + 1}", params=params, seeded=start))
-    except BaseException:  # the kernel interrupt (or a run that could not be sent): none of them goes on alone
+    except BaseException:
         for run in runs:
             run.cancel()
         raise
-    result = SweepResult(runs, pool)
-    if wait:
-        result.wait()
-    return result
+    return runs
 
 
 def _check_seed(seed: object) -> None:

@@ -20,7 +20,7 @@ def test_gpu_pool_allreduces_on_the_device(kernel):
     assert cell.ok, cell.text
     assert f"[0] cuda:0 {float(expected)}" in cell.stdout
     # API.md's broadcast of a notebook tensor (sent to the workers on the CPU) and of one on rank 0's GPU
-    kernel.run("weights = torch.arange(3.0)")
+    assert kernel.run("import torch\nweights = torch.arange(3.0)").ok  # the notebook's own torch
     cell = kernel.run(
         "%%spmd\nw = broadcast(weights if rank == 0 else None)\n"
         "g = broadcast(torch.full((2,), 7.0, device=device) if rank == 0 else None)\n"

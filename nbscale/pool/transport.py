@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     import torch
 
 OUT_OF_BAND_BYTES = 256 * 1024
+# how a sent tensor is rebuilt: its dimensions' memory order, whether it was an nn.Parameter, its attributes
+TensorKind = tuple[tuple[int, ...], bool, dict[str, Any] | None]
 
 
 SHARED_MEMORY_DIR_VARIABLE = "NBSCALE_SHM_DIR"  # another folder for the files (tests point it at a small tmpfs)
@@ -253,10 +255,45 @@ class Frame:
 # ---- tensors and arrays out of band -------------------------------------------------------------------------
 
 
-def _rebuild_tensor(buffer: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> object:
+def _rebuild_tensor(buffer: Any, dtype: Any, shape: tuple[int, ...], requires_grad: bool, how: TensorKind) -> object:
+    """The tensor whose bytes, in its own memory order, `buffer` (a byte tensor) holds; an nn.Parameter where
+    one was sent, with its strides (channels_last stays so) and the attributes set on it."""
+    import torch
 
-    tensor = buffer.view(dtype).reshape(shape) if shape else buffer.view(dtype).reshape(())
-    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+    order, parameter, attributes = how
+    stored = buffer.view(dtype).reshape([shape[dim] for dim in order])
+    tensor = stored.permute([order.index(dim) for dim in range(len(order))])
+    if parameter:
+        tensor = torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    elif requires_grad:
+        tensor.requires_grad_(True)
+    if attributes:
+        tensor.__dict__.update(attributes)
+    return tensor
+
+
+def _rebuild_small_tensor(
+    raw: bytes, dtype: Any, shape: tuple[int, ...], requires_grad: bool, how: TensorKind
+) -> object:
+    """A small CPU tensor sent in the pickle as its raw bytes (torch's own pickling saves a file per tensor)."""
+    import numpy
+    import torch
+
+    buffer = torch.empty(len(raw), dtype=torch.uint8)
+    if raw:
+        buffer.numpy()[:] = numpy.frombuffer(raw, dtype=numpy.uint8)
+    return _rebuild_tensor(buffer, dtype, shape, requires_grad, how)
+
+
+def _memory_order(tensor: Any) -> tuple[Any, tuple[int, ...]]:
+    """`tensor`'s values in its own memory order, as a contiguous tensor, and the order of its dimensions there
+    (outermost first): a channels_last tensor is sent as it lies and rebuilt channels_last. A tensor that is not
+    dense (a slice with gaps, an expanded one) is sent contiguous."""
+    order = tuple(sorted(range(tensor.dim()), key=lambda dim: -tensor.stride(dim)))
+    stored = tensor.permute(order)
+    if stored.is_contiguous():
+        return stored, order
+    return tensor.contiguous(), tuple(range(tensor.dim()))
 
 
 def _rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> object:
@@ -297,23 +334,32 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
         return super().reducer_override(obj)
 
     def _reduce_tensor(self, tensor: Any) -> object:
+        """A plain tensor or nn.Parameter as its bytes: out of band when large (moved to the CPU), else in the
+        pickle; None (torch's own pickling) for any other kind of tensor."""
         import torch
 
         if tensor.layout != torch.strided or tensor.is_quantized or tensor.is_nested:
             return None
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-            return None
-        if tensor.numel() * tensor.element_size() < OUT_OF_BAND_BYTES:
-            return None
-        data = tensor.detach()
+            return None  # a subclass keeps its own pickling
+        data = tensor.detach().resolve_conj().resolve_neg()
+        large = data.numel() * data.element_size() >= OUT_OF_BAND_BYTES
+        if not large and data.device.type != "cpu":
+            return None  # torch's own: a small tensor stays on its device
+        how = (type(tensor) is torch.nn.Parameter, dict(tensor.__dict__) or None)
+        if not large:
+            data, order = _memory_order(data)
+            raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()
+            return _rebuild_small_tensor, (raw, data.dtype, tuple(tensor.shape), tensor.requires_grad, (order, *how))
         if data.device.type != "cpu":
             data = data.cpu()
         stamp = resident.fingerprint(tensor)  # read before the data: a change meanwhile makes a new file next time
-        data = data.contiguous()
+        data, order = _memory_order(data)
         index = len(self._buffers)
-        self._buffers.append(memoryview(data.view(-1).view(torch.uint8).numpy()))
+        self._buffers.append(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
         self.residents.append(None if stamp is None else (tensor, stamp))
-        return _rebuild_out_of_band, (index, "tensor", data.dtype, tuple(data.shape), tensor.requires_grad)
+        kind = (index, "tensor", data.dtype, tuple(tensor.shape), tensor.requires_grad, (order, *how))
+        return _rebuild_out_of_band, kind
 
     def _reduce_array(self, array: Any) -> object:
         if array.nbytes < OUT_OF_BAND_BYTES or array.dtype.hasobject or not array.flags.c_contiguous:
@@ -328,10 +374,13 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
 _incoming = threading.local()
 
 
-def _rebuild_out_of_band(index: int, kind: str, dtype: Any, shape: tuple[int, ...], requires_grad: bool) -> object:
+def _rebuild_out_of_band(
+    index: int, kind: str, dtype: Any, shape: tuple[int, ...], requires_grad: bool, how: TensorKind | None = None
+) -> object:
     buffer = _incoming.buffers[index]
     if kind == "tensor":
-        return _rebuild_tensor(buffer, dtype, shape, requires_grad)
+        assert how is not None  # a tensor's frame names how to rebuild it
+        return _rebuild_tensor(buffer, dtype, shape, requires_grad, how)
     return _rebuild_array(buffer, dtype, shape)
 
 

@@ -200,6 +200,7 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
             )
         )
         result.warnings = warnings
+        result.state_dict = _weights_for_the_notebook(job.model) if is_main else {}
     except BaseException as error:
         # let go of what holds the group (the failed step's frames, compiled code), so tearing it down below closes
         # its connections: a gloo peer waits in its collective until they close (the traceback's text stays)
@@ -217,6 +218,11 @@ def train_on_worker(job: WorkerJob) -> LoopResult | None:
     _raise_out_of_memory(out_of_memory, device)
     _forget_compiled(job.plan.placement.compile)
     return result if is_main else None
+
+
+def _weights_for_the_notebook(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trained weights as they are: the pool's transport copies them out (a GPU's come to the CPU first)."""
+    return {name: tensor.detach().cpu() for name, tensor in model.state_dict().items()}
 
 
 def _out_of_memory(error: torch.OutOfMemoryError, job: WorkerJob, rank: int, device: torch.device) -> str:

@@ -27,7 +27,7 @@ from nbscale.data.loader_data import LoaderBatches, MatlabBatches, make_epoch_ba
 from nbscale.data.loading import BatchSource
 from nbscale.errors import OptionsError
 from nbscale.training.batch_fitting import gpu_probe, no_probe, out_of_memory, settle, smallest_over, untouched
-from nbscale.training.best_validation import Best, best_updated, cpu_copy, objective_nan, patience_met
+from nbscale.training.best_validation import Best, best_updated, objective_nan, patience_met
 from nbscale.training.checkpoint import prepare_folder, save_checkpoint
 from nbscale.training.checks import misfit_error
 from nbscale.training.compiling import compiled_network
@@ -386,7 +386,7 @@ def _finish(run: _Run) -> LoopResult:
             final_metrics,
         )
     )
-    return LoopResult(stop_reason, cpu_copy(model.state_dict()), output_iteration, run.iteration)
+    return LoopResult(stop_reason, output_iteration, run.iteration)
 
 
 # ---- pieces the loop uses ----------------------------------------------------------------------------------------

@@ -98,7 +98,8 @@ def loop_setup(
 @dataclass
 class LoopResult:
     stop_reason: str
-    state_dict: dict[str, torch.Tensor]
     output_network_iteration: int
     iteration: int
     warnings: list[str] = field(default_factory=list)  # on a pool, what the notebook must warn of
+    # on a pool, the output network's weights for the notebook (in the notebook's process it was trained in place)
+    state_dict: dict[str, torch.Tensor] = field(default_factory=dict)

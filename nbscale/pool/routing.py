@@ -112,7 +112,13 @@ class Router:
                     worker.folder_told = folder
                 worker.channel.send_frame(frame)
             except (OSError, ValueError):
-                self.worker_died(worker, "its connection closed")
+                # a worker found dead between the caller's check and this send (its end of the connection closed,
+                # and the receiver failed the requests of that moment) fails this request too: else it waits for
+                # that rank forever
+                if not self.worker_died(worker, "its connection closed"):
+                    with self.lock:
+                        worker.outstanding = 0
+                    self._deliver(request, _died(worker))
             except KeyboardInterrupt:  # a second interrupt, part-way through: the worker cannot tell where the next
                 # message begins, so it is given up (and exits once it reads the end of its connection)
                 self.worker_died(
@@ -242,21 +248,20 @@ class Router:
             return f"{who} closed its connection"
         return f"{who} died"
 
-    def worker_died(self, worker: WorkerHandle, description: str) -> None:
-        """Mark `worker` dead and fail every request waiting for it."""
+    def worker_died(self, worker: WorkerHandle, description: str) -> bool:
+        """Mark `worker` dead and fail every request waiting for it; False when it was marked dead before (those
+        requests were failed then)."""
         with self.lock:
             if worker.dead:
-                return
+                return False
             worker.dead = description
             worker.outstanding = 0
             waiting = [r for r in self.requests.values() if worker.rank in r.waiting_for]
         worker.channel.close()
         for request in waiting:
-            self._deliver(
-                request,
-                WorkerDied(worker.rank, f"{description}. Run %pool restart (pool.restart()) for fresh workers."),
-            )
+            self._deliver(request, _died(worker))
         self.on_worker_free()
+        return True
 
     def fail_everything(self, reason: str) -> None:
         """End every request in flight with `reason` (the pool stopped)."""
@@ -318,3 +323,8 @@ def _unreadable_reply(rank: int, unreadable: MessageUnreadable) -> object:
             rank, "stderr", f"an event from this worker could not be read where the pool was started ({unreadable})\n"
         )
     return None
+
+
+def _died(worker: WorkerHandle) -> WorkerDied:
+    """What a request waiting for dead `worker` is told."""
+    return WorkerDied(worker.rank, f"{worker.dead}. Run %pool restart (pool.restart()) for fresh workers.")

@@ -34,6 +34,28 @@ def test_a_sigkilled_worker_is_reported_as_killed_by_sigkill(pool):
     assert shown.workers[0].memory_mb and shown.workers[1].memory_mb is None  # a dead process holds no memory
 
 
+def test_a_worker_found_dead_between_the_check_and_the_send_fails_the_call_instead_of_hanging(pool, monkeypatch):
+    """The receiver notices a killed worker just after pool.run checked every worker was alive (a busy machine:
+    CI once waited 300 s here): the request, sent to a closed connection, fails at once, saying how it died."""
+    victim = pool.workers[1].pid
+    checked = pool._check_usable
+
+    def check_then_kill(ranks):
+        checked(ranks)  # every worker alive: the request goes out ...
+        os.kill(victim, signal.SIGKILL)  # ... and worker 1 dies, noticed before it is sent to
+        deadline = time.monotonic() + 30
+        while pool.workers[1].state != "dead":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    monkeypatch.setattr(pool, "_check_usable", check_then_kill)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=rf"worker 1 \(pid {victim}\) died: it was killed by SIGKILL"):
+        pool.run(os.getpid)
+    assert time.monotonic() - started < 30
+    assert pool._group.router.workers[1].outstanding == 0  # the dead worker holds no request
+
+
 def test_a_worker_that_exits_is_reported_with_its_exit_code(pool):
     with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) died: it exited with code 3"):
         pool.run(os._exit, 3, targets=[0])

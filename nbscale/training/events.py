@@ -26,6 +26,7 @@ class TrainingStarted:
     choices: str = ""  # what mini_batch_size="auto" and learn_rate_scaling chose, and why; "" when nothing
     prepare_seconds: float = 0.0  # reading the data before the first iteration (not in the training's time)
     data_placement: str = ""  # where the training data are held, as the info panel says it
+    compile_seconds: float = 0.0  # compile=...: compiling the step before the first iteration (not in its time)
     # the metrics' names in display order (TrainingOptions.metrics resolved: "accuracy", "rmse", a callable's
     # __name__, ...); each IterationDone's metric dicts use these keys
     metric_names: tuple[str, ...] = ("accuracy",)

@@ -49,6 +49,7 @@ class TrainingInfo:
     choices: str = ""  # what "auto" and learn_rate_scaling chose, and why ("" when nothing was chosen)
     prepare_seconds: float = 0.0  # reading the data before training: not in `time` nor in images_per_second
     data_placement: str = ""  # where the training data were held (resident on the device, or streamed)
+    compile_seconds: float = 0.0  # compile=...: compiling the training step, before training (not in `time`)
     metric_names: tuple[str, ...] = ("accuracy",)  # the run's metrics, in display order
     # name -> one value per iteration (None where not computed); validation: None on iterations that did not validate
     metrics: dict[str, list[float | None]] = field(default_factory=lambda: {"accuracy": []})
@@ -90,6 +91,7 @@ class TrainingInfo:
             self.mini_batch_size, self.initial_learn_rate = event.mini_batch_size, event.initial_learn_rate
             self.choices = event.choices
             self.prepare_seconds, self.data_placement = event.prepare_seconds, event.data_placement
+            self.compile_seconds = event.compile_seconds
             self.objective_metric, self.objective_goal = event.objective_metric, event.objective_goal
             if tuple(event.metric_names) != self.metric_names and not self.iteration:
                 self.metric_names = tuple(event.metric_names)

@@ -144,7 +144,9 @@ def _set_up(setup: LoopSetup, closing: contextlib.ExitStack) -> _Run:
     net, figures = _network_and_figures(setup, model, metrics, local / global_batch)
     if plan.placement.compile:  # tried on the first batch: a network that cannot compile trains eagerly, with a warning
         trial = _trial(data, batches.first_rows(), setup.seed, autocast, forward)
+        compiling = time.perf_counter()
         net = compiled_network(net, plan.placement.compile, trial, model, device, warn=setup.warn)
+        started["compile_seconds"] = time.perf_counter() - compiling
     reading = ReadRule(
         figures, plan.validation.frequency, iterations_per_epoch * plan.batching.max_epochs, validation is not None
     )

@@ -305,6 +305,8 @@ class TrainingProgress:
                 ("Data", start.data_placement),
                 ("Preparation", f"{start.prepare_seconds:.1f} s, before training (not in Elapsed)"),
             ]
+        if start.compile_seconds:  # compile=...: compiling the step, before training
+            rows.append(("Compiling", f"{start.compile_seconds:.1f} s, before training (not in Elapsed)"))
         if last is not None and total:
             rows += [
                 ("Epoch", f"{last.epoch} of {start.max_epochs}"),

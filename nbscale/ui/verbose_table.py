@@ -73,6 +73,8 @@ class VerboseTable:
                     f"Data: {event.data_placement}; read in {event.prepare_seconds:.1f} s before training "
                     "(not in Time Elapsed)."
                 )
+            if event.compile_seconds:
+                self._print(f"Compiled in {event.compile_seconds:.1f} s before training (not in Time Elapsed).")
             chosen = [f"Chosen: {event.choices}."] if event.choices else []  # "auto", learn_rate_scaling
             self._print(f"Training on {event.hardware}.", *chosen, rule, self._row(self.header), rule)
         elif isinstance(event, IterationDone):

@@ -45,6 +45,8 @@ def test_a_compiled_network_trains_like_the_eager_one_and_comes_back_plain() -> 
     assert all(torch.allclose(p, q, atol=1e-4) for p, q in zip(eager.parameters(), net.parameters(), strict=True))
     assert info.training_loss == pytest.approx(eager_info.training_loss, abs=1e-4)
     assert info.validation_loss[-1] == pytest.approx(eager_info.validation_loss[-1], abs=1e-4)
+    # compiling is timed apart, before training (an eager run compiles nothing)
+    assert eager_info.compile_seconds == 0.0 and info.compile_seconds > 0.0
 
 
 def test_a_network_that_cannot_compile_trains_eagerly_and_says_so_once(tmp_path) -> None:

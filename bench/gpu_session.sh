@@ -7,6 +7,8 @@
 #                                             # check of the script and the bench code, figures meaningless
 #   bash bench/gpu_session.sh tests           # only the gpu-marked tests
 #   bash bench/gpu_session.sh bench ROWS      # only bench/bench_gpu.py's ROWS (e.g. airbench,plain)
+#   bash bench/gpu_session.sh profile         # kernels per step, nbscale against the hand loop (resnet, airbench,
+#                                             # plain: bench/profile_steps.py), traces in $OUT; a second call
 # Each step is killed at its budget (the budgets add up to TOTAL_BUDGET_S), so the call always ends in time and
 # says which step ran out. $OUT gets: summary.md (GPU, torch, the table, the tests' summary, each step's time),
 # bench_gpu.md (the table), bench_<step>.log (each bench's per-pair figures), gpu_tests.log.
@@ -38,8 +40,9 @@ case "${1:-}" in
   --cpu-smoke) mode=smoke ;;
   tests) STEPS=("setup|15|" "tests|540|") ;;
   bench) STEPS=("setup|15|" "bench|560|BENCH_GPU_ROWS=${2:-airbench,plain,compile,resnet,parallel,display}") ;;
+  profile) STEPS=("setup|15|" "profile|400|") ;;
   "") ;;
-  *) echo "usage: bash bench/gpu_session.sh [--dry-run | --cpu-smoke | tests | bench ROWS]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_session.sh [--dry-run | --cpu-smoke | tests | bench ROWS | profile]" >&2; exit 2 ;;
 esac
 
 total=0
@@ -56,6 +59,7 @@ command_of() {  # the command a step runs, as one line
   local name=$1 env=$2 budget=$3
   case "$name" in
     setup) echo "pip install .whl/*.whl --target /tmp/site (when .whl exists); nvidia-smi; torch version" ;;
+    profile) echo "timeout $((budget / 3)) $PY bench/profile_steps.py ROW, for resnet (traces in \$OUT), airbench, plain" ;;
     tests) echo "timeout ${budget} $PY -m pytest -m gpu -q -ra -p no:cacheprovider --timeout 100 $(test_files | tr '\n' ' ')" ;;
     *) echo "${env}${smoke_env:+ $smoke_env} timeout ${budget} $PY bench/bench_gpu.py" ;;
   esac
@@ -107,6 +111,15 @@ for step in "${STEPS[@]}"; do
           > "$OUT/gpu_tests.log" 2>&1
       fi
       code=$?
+      ;;
+    profile)
+      code=0
+      : > "$OUT/profile.md"
+      for row in resnet airbench plain; do  # the traces (gzipped) of the ResNet-50 row only: the 8 files $OUT returns
+        trace_dir=""; [[ $row == resnet ]] && trace_dir="$OUT"
+        PROFILE_TRACE_DIR="$trace_dir" timeout $((budget / 3)) "$PY" bench/profile_steps.py "$row" >> "$OUT/profile.md" \
+          2>> "$OUT/profile.log" || code=$?
+      done
       ;;
     *)
       env $env $smoke_env timeout "$budget" "$PY" bench/bench_gpu.py > "$OUT/bench_$name.md" 2> "$OUT/bench_$name.log"

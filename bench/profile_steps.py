@@ -82,8 +82,8 @@ def sides(row: str) -> tuple[Callable[[int], int], Callable[[int], int], int]:
     images = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=generator)
     labels = torch.randint(0, 10, (n,), generator=generator)
     augment = row == "airbench"
-    data = rows.augmented_store(images, labels) if augment else TensorDataset(images.float() / 255, labels)
     hand_images = images if augment else images.float() / 255
+    data = rows.augmented_store(images, labels) if augment else TensorDataset(hand_images, labels)
     return (
         lambda epochs: rows.nbscale_train(rows.airbench_class_net, data, batch, epochs, data_placement="device"),
         lambda epochs: rows.hand_loop(rows.airbench_class_net, hand_images, labels, batch, epochs, augment=augment),

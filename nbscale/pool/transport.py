@@ -346,20 +346,16 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
         large = data.numel() * data.element_size() >= OUT_OF_BAND_BYTES
         if not large and data.device.type != "cpu":
             return None  # torch's own: a small tensor stays on its device
-        how = (type(tensor) is torch.nn.Parameter, dict(tensor.__dict__) or None)
-        if not large:
-            data, order = _memory_order(data)
-            raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()
-            return _rebuild_small_tensor, (raw, data.dtype, tuple(tensor.shape), tensor.requires_grad, (order, *how))
-        if data.device.type != "cpu":
-            data = data.cpu()
         stamp = resident.fingerprint(tensor)  # read before the data: a change meanwhile makes a new file next time
-        data, order = _memory_order(data)
+        data, order = _memory_order(data.cpu())
+        raw = data.reshape(-1).view(torch.uint8).numpy()
+        how = (order, type(tensor) is torch.nn.Parameter, dict(tensor.__dict__) or None)
+        if not large:
+            return _rebuild_small_tensor, (raw.tobytes(), data.dtype, tuple(tensor.shape), tensor.requires_grad, how)
         index = len(self._buffers)
-        self._buffers.append(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+        self._buffers.append(memoryview(raw))
         self.residents.append(None if stamp is None else (tensor, stamp))
-        kind = (index, "tensor", data.dtype, tuple(tensor.shape), tensor.requires_grad, (order, *how))
-        return _rebuild_out_of_band, kind
+        return _rebuild_out_of_band, (index, "tensor", data.dtype, tuple(tensor.shape), tensor.requires_grad, how)
 
     def _reduce_array(self, array: Any) -> object:
         if array.nbytes < OUT_OF_BAND_BYTES or array.dtype.hasobject or not array.flags.c_contiguous:

@@ -203,6 +203,12 @@ class KernelSession:
                 continue
         return False
 
+    def forkserver_running(self) -> bool:
+        """Whether a pool's forkserver the kernel started runs: its pool has begun to start."""
+        from tests.pool_processes import forkservers_of
+
+        return bool(forkservers_of(self.pid))
+
     def kill(self) -> None:
         """Kill the kernel process abruptly (as a crash would), without any cleanup of its own."""
         os.kill(self.pid, signal.SIGKILL)

@@ -60,7 +60,13 @@ VARIABLES: dict[str, str] = {
     "NBSCALE_JOB_DIR": "set by nbscale inside a job: the job's own folder",
     "NBSCALE_JOB_CLUSTER": "set by nbscale inside a Ray job: the job's pool runs on that cluster",
     "NBSCALE_PROFILES": "the cluster profiles file; default `~/.config/nbscale/profiles.toml`",
-    "NBSCALE_RUNTIME_DIR": "where pools publish their state for the lab panel; default Jupyter's runtime folder",
+    "NBSCALE_RUNTIME_DIR": (
+        "where pools publish their state for the lab panel, and the zygotes' sockets; default Jupyter's runtime folder"
+    ),
+    "NBSCALE_ZYGOTE": (
+        "`0`: each local pool starts its forkserver as a fresh interpreter instead of forking it from the zygote"
+        " ([pool.md](pool.md#how-it-works))"
+    ),
     "NBSCALE_GPU_REGISTRY": "the folder of GPU reservations; default /dev/shm, else /tmp",
     "NBSCALE_SHM_DIR": "the folder of large buffers between kernel and workers; default /dev/shm",
     "NBSCALE_SERVER_KEEPS_KERNEL_STATUS": (

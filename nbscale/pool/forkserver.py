@@ -1,21 +1,22 @@
-"""The local launcher: a clean process that imports torch once, then forks every worker from itself.
+"""The local launcher: a process that has imported torch and forks every worker of one pool from itself.
 
 Why a forkserver: `import torch` costs seconds, and paying it once instead of once per worker makes a pool
-start about as fast as one `python -c "import torch"`. The forkserver is a fresh interpreter (never a fork of
-the kernel), so whatever the notebook did with CUDA cannot leak into workers: forking is safe because nothing
-here has touched CUDA. Each worker sets its own CUDA_VISIBLE_DEVICES before any CUDA call.
+start about as fast as one `python -c "import torch"`. It is never a fork of the kernel, so whatever the notebook
+did with CUDA cannot leak into workers: forking is safe because nothing here has touched CUDA. Each worker sets its
+own CUDA_VISIBLE_DEVICES before any CUDA call.
 
-The kernel may start it early (LocalBackend.prepare: a restart's replacement, prepared while the old workers get
-their chance to stop), so it imports torch first and only then reads its request.
+Where it comes from (nbscale/pool/backends/forkserver_process.py): on Linux, forked from the kernel's zygote
+(nbscale/pool/zygote.py), which imported torch once for every pool the kernel starts; elsewhere, or when no zygote
+can be used, started as `python -m nbscale.pool.forkserver STATUS_FD`, which imports torch first and only then reads
+its request (the kernel may start it early: LocalBackend.prepare, a restart's replacement prepared while the old
+workers get their chance to stop).
 
-Protocol: the kernel writes one JSON line on stdin ({"workers": [worker configs], "status_fd": N}) and keeps
-stdin open. When stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits; a
-kernel that closes its pool writes `CLOSE` first, so the forkserver does not wait to see it gone (to remove its
-files) before exiting.
-Workers also die with the forkserver (PR_SET_PDEATHSIG), which exits when the kernel does, and exit when their
-channel to the kernel closes.
+Protocol: the kernel writes one JSON line on its stdin ({"workers": [worker configs]}) and keeps stdin open. When
+stdin closes (pool stopped, or the kernel died), the forkserver kills every worker and exits; a kernel that closes
+its pool writes `CLOSE` first, so the forkserver does not wait to see it gone (to remove its files) before exiting.
+Workers also die with the forkserver (PR_SET_PDEATHSIG) and exit when their channel to the kernel closes.
 When a worker ends, or the forkserver kills it, the processes its code started go with it (its process group).
-Each worker that ends is reported on the pipe `status_fd` as one JSON line {"pid": P, "status": S} (os.wait's
+Each worker that ends is reported on the pipe `STATUS_FD` as one JSON line {"pid": P, "status": S} (os.wait's
 status), so the kernel can say how a worker died (killed by SIGKILL, exited with code 1) rather than guess.
 """
 
@@ -28,8 +29,11 @@ import signal
 import sys
 import threading
 import time
+from typing import TextIO
 
+from nbscale.pool import process_names
 from nbscale.pool.orphans import exit_with_parent
+from nbscale.pool.process_names import set_process_name
 from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.transport import remove_files_of_ended
 
@@ -44,14 +48,14 @@ def _die_with_parent() -> None:
         pass  # not Linux: the channel's EOF still ends the worker
 
 
-def _fork_worker(config: WorkerConfig, status_fd: int | None) -> int:
+def _fork_worker(config: WorkerConfig, status_fd: int) -> int:
     pid = os.fork()
     if pid:
         return pid
     try:
-        if status_fd is not None:
-            os.close(status_fd)  # the forkserver's report pipe is not the worker's
+        os.close(status_fd)  # the forkserver's report pipe is not the worker's
         os.setsid()  # our own process group: a terminal's Ctrl-C or a killpg of the kernel does not hit us
+        set_process_name(process_names.WORKER)
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -88,6 +92,7 @@ def _kill_all(children: set[int]) -> None:
 
 
 def main() -> None:
+    """`python -m nbscale.pool.forkserver STATUS_FD`, started by the kernel itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # and so take every worker along: they die with us; a killed kernel's kept tensors go too (pool/mappings.py)
     exit_with_parent("nbscale-watch-kernel", remove_files_of_ended)
@@ -95,17 +100,20 @@ def main() -> None:
 
     import nbscale.pool.worker  # noqa: F401 - and the worker code with torch.distributed
 
-    line = sys.stdin.readline()
+    serve(sys.stdin, os.getppid(), int(sys.argv[1]))
+
+
+def serve(requests: TextIO, kernel: int, status_fd: int) -> None:
+    """Fork the workers `requests`' first line asks for, report each that ends on `status_fd`, and kill them all
+    when `requests` closes (the pool was closed, or `kernel`, the process that holds its other end, is gone)."""
+    line = requests.readline()
     if not line:  # the kernel let this forkserver go unused
         return
     request = json.loads(line)
-    status_fd = request.get("status_fd")
     children = {_fork_worker(WorkerConfig.from_json(config), status_fd) for config in request["workers"]}
 
-    kernel = os.getppid()
-
     def watch_kernel() -> None:
-        closed = sys.stdin.read() == CLOSE  # returns at EOF: the pool was closed, or the kernel is gone
+        closed = requests.read() == CLOSE  # returns at EOF: the pool was closed, or the kernel is gone
         _kill_all(children)
         if not closed:  # the kernel's kept tensors, once it is gone (it removes them itself when it closes a pool)
             remove_files_of_ended(kernel)
@@ -126,10 +134,8 @@ def main() -> None:
     time.sleep(0.1)
 
 
-def _report(status_fd: int | None, pid: int, status: int) -> None:
+def _report(status_fd: int, pid: int, status: int) -> None:
     """Tell the kernel how worker `pid` ended (it may have gone already: then nobody needs to know)."""
-    if status_fd is None:
-        return
     try:
         os.write(status_fd, json.dumps({"pid": pid, "status": status}).encode() + b"\n")
     except OSError:

@@ -35,14 +35,19 @@ class RegistryUnsafe(PoolError):
     it (a file planted there could redirect a write through a link, hang a reader on a FIFO, or fake a pool)."""
 
 
-def registry_dir() -> Path:
-    """The folder of pool files (created 0700 on first publish). `NBSCALE_RUNTIME_DIR` overrides it."""
+def runtime_dir() -> Path:
+    """nbscale's folder in Jupyter's runtime folder (pool files, zygote sockets). `NBSCALE_RUNTIME_DIR` overrides it."""
     override = os.environ.get("NBSCALE_RUNTIME_DIR")
     if override:
-        return Path(override) / "pools"
+        return Path(override)
     from jupyter_core.paths import jupyter_runtime_dir
 
-    return Path(jupyter_runtime_dir()) / "nbscale" / "pools"
+    return Path(jupyter_runtime_dir()) / "nbscale"
+
+
+def registry_dir() -> Path:
+    """The folder of pool files (created 0700 on first publish)."""
+    return runtime_dir() / "pools"
 
 
 @contextlib.contextmanager

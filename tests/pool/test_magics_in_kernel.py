@@ -11,6 +11,7 @@ import pytest
 
 from tests.kernel_session import KernelSession, cell_name
 from tests.machine_load import scaled
+from tests.pool_processes import forkservers_of
 
 pytestmark = pytest.mark.slow
 
@@ -159,29 +160,26 @@ def test_variables_an_interrupted_cell_assigned_stay_defined_where_workers_hold_
     assert "[1] 11" in kernel.run("%%spmd\nprint(before + 1)").stdout  # the workers' values, as the notebook shows
 
 
-def _forkservers_of(kernel_pid: int) -> list[int]:
-    """The pool launchers the kernel started that still run (the workers are their children)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                if parent == kernel_pid and b"nbscale.pool.forkserver" in cmdline.read():
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            continue
-    return found
+# a pool start is slow enough to interrupt where its forkserver imports torch: a zygote starting (its own runtime
+# folder, where none runs yet), or a forkserver started without one (NBSCALE_ZYGOTE=0); a running zygote forks one
+# in milliseconds
+SLOW_STARTS = {
+    "a zygote starting": "import os\nos.environ['NBSCALE_RUNTIME_DIR'] = {folder!r}",
+    "no zygote": "import os\nos.environ['NBSCALE_ZYGOTE'] = '0'",
+}
 
 
-def test_an_interrupt_while_the_pool_starts_is_one_line_and_leaves_no_process(kernel):
+@pytest.mark.parametrize("slow_start", SLOW_STARTS)
+def test_an_interrupt_while_the_pool_starts_is_one_line_and_leaves_no_process(kernel, slow_start, tmp_path):
+    assert kernel.run(SLOW_STARTS[slow_start].format(folder=str(tmp_path))).ok
     interrupted = kernel.run("%pool start 2 --cpu", interrupt_after=0.5, timeout=60)
     assert interrupted.error_name == "PoolInterrupted", interrupted.text
     assert "Starting the pool was interrupted" in interrupted.traceback and "%pool start" in interrupted.traceback
     assert "channel.py" not in interrupted.traceback and "queue.py" not in interrupted.traceback  # no internals
     deadline = time.monotonic() + 5
-    while _forkservers_of(kernel.pid) and time.monotonic() < deadline:
+    while forkservers_of(kernel.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _forkservers_of(kernel.pid) == []
+    assert forkservers_of(kernel.pid) == []
     assert kernel.run("import nbscale\nprint(nbscale.current_pool())").stdout.strip() == "None"
     assert kernel.run("%pool start 2 --cpu").ok
     assert "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
@@ -189,20 +187,20 @@ def test_an_interrupt_while_the_pool_starts_is_one_line_and_leaves_no_process(ke
 
 def test_an_interrupt_while_the_pool_stops_still_stops_it_and_leaves_no_process(kernel):
     kernel.run("%pool start 2 --cpu")
-    [launcher] = _forkservers_of(kernel.pid)
+    [launcher] = forkservers_of(kernel.pid)
     os.kill(launcher, signal.SIGSTOP)  # a launcher slow to end keeps %pool stop waiting: the interrupt lands there
     try:
         stopped = kernel.run("%pool stop", interrupt_after=0.5, timeout=30)
     finally:
-        if _forkservers_of(kernel.pid):
+        if forkservers_of(kernel.pid):
             os.kill(launcher, signal.SIGCONT)
     assert stopped.error_name == "PoolInterrupted", stopped.text
     assert "it stopped all the same, and no worker is left" in stopped.traceback
     assert "subprocess.py" not in stopped.traceback
     deadline = time.monotonic() + 5
-    while _forkservers_of(kernel.pid) and time.monotonic() < deadline:
+    while forkservers_of(kernel.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _forkservers_of(kernel.pid) == []
+    assert forkservers_of(kernel.pid) == []
     assert kernel.run("import nbscale\nprint(nbscale.current_pool())").stdout.strip() == "None"
     assert kernel.run("%pool start 2 --cpu").ok and "[1] 1" in kernel.run("%%spmd\nprint(rank)").stdout
 

@@ -11,6 +11,7 @@ import nbscale
 from nbscale.errors import PoolError
 from nbscale.pool.devices import plan_devices
 from nbscale.pool.settings import PoolSettings
+from tests.pool_processes import forkservers_of
 
 
 def test_zero_workers_is_refused():
@@ -108,13 +109,8 @@ def test_stop_leaves_no_process():
 
 
 def test_a_group_that_cannot_form_is_one_clear_error_and_leaves_no_process():
-    import subprocess
-
-    def forkservers() -> set[str]:
-        found = subprocess.run(
-            ["pgrep", "-f", "nbscale.pool.forkserver", "-P", str(os.getpid())], capture_output=True, text=True
-        )
-        return set(found.stdout.split())
+    def forkservers() -> set[int]:
+        return set(forkservers_of(os.getpid()))
 
     earlier = forkservers()  # an earlier test's, ending a moment after its pool closed: not this pool's
     with pytest.raises(PoolError) as caught:

@@ -217,7 +217,7 @@ def test_an_interrupt_while_the_pool_starts_stops_parallel_training_at_its_first
     result = kernel.run(
         "%%train --env parallel --epochs 10 --batch-size 32 --no-plots\n"
         "model = tiny_net()\ntrain_data = (train_x, train_y)",
-        interrupt_when=lambda: kernel.child_running("nbscale.pool.forkserver"),  # the pool has begun to start
+        interrupt_when=kernel.forkserver_running,  # the pool has begun to start
         timeout=120,
     )
     assert result.ok, result.text

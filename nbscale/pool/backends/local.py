@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 
 from nbscale.cpus import available_cpus
 from nbscale.gpu_reservations import GpuReservation
 from nbscale.pool.backends.base import Backend, WorkerSpec
+from nbscale.pool.backends.forkserver_process import ForkserverProcess, start_forkserver
 from nbscale.pool.devices import reserve_devices
 from nbscale.pool.forkserver import CLOSE
 from nbscale.pool.health import exit_description
@@ -25,22 +24,21 @@ from nbscale.pool.protocol import WorkerConfig
 from nbscale.pool.settings import PoolSettings
 
 LOOPBACK = "127.0.0.1"
-EXIT_REPORT_WAIT_S = 1.0  # a worker's connection closes a moment before the forkserver reaps it
+EXIT_REPORT_WAIT_S = 3.0  # a worker's connection closes a moment before the forkserver reaps it (longer when busy)
 
 
 class LocalBackend(Backend):
-    """Starts `python -m nbscale.pool.forkserver` and hands it every worker's config on stdin."""
+    """Starts a forkserver (backends/forkserver_process.py) and hands it every worker's config on its pipe."""
 
     name = "local"
     listen_host = LOOPBACK
     kernel_host = LOOPBACK
 
     def __init__(self) -> None:
-        self._forkserver: subprocess.Popen[bytes] | None = None
+        self._forkserver: ForkserverProcess | None = None
         self._gpus: GpuReservation | None = None  # held from plan() until stop()
         self._exits: dict[int, int] = {}  # pid -> wait status, as the forkserver reports them
         self._exits_changed = threading.Condition()
-        self._status_fd = -1  # the forkserver's end of its report pipe (its number, as the forkserver sees it)
         self._started = False  # whether the forkserver has its workers' configs
 
     def plan(self, settings: PoolSettings) -> list[WorkerSpec]:
@@ -58,40 +56,27 @@ class LocalBackend(Backend):
         ]
 
     def prepare(self) -> None:
-        """Start the forkserver, which imports torch while the kernel gets on (its workers come with `start`)."""
+        """Start the forkserver (forked from the zygote, or importing torch while the kernel gets on); its workers
+        come with `start`."""
         if self._forkserver is not None:
             return
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        environment.pop("CUDA_VISIBLE_DEVICES", None)  # each worker sets its own; the kernel's may be narrowed
-        status_read, self._status_fd = os.pipe()
+        status_read, status_write = os.pipe()
         try:
-            self._forkserver = subprocess.Popen(
-                [sys.executable, "-m", "nbscale.pool.forkserver"],
-                stdin=subprocess.PIPE,
-                env=environment,
-                close_fds=True,
-                pass_fds=(self._status_fd,),
-                # its own session: Jupyter ends a kernel (shutdown, restart) with SIGKILL to the kernel's process
-                # group, which would kill the forkserver before it could take its workers' children along; it
-                # learns the kernel is gone from its stdin instead (and ignores SIGINT, the kernel interrupt)
-                start_new_session=True,
-            )
+            self._forkserver = start_forkserver(status_write)
         except BaseException:
             os.close(status_read)
             raise
         finally:
-            os.close(self._status_fd)  # the forkserver holds its own copy
+            os.close(status_write)  # the forkserver holds its own copy
         threading.Thread(
             target=self._read_exits, args=(status_read,), name="nbscale-forkserver-exits", daemon=True
         ).start()
 
     def start(self, configs: Sequence[WorkerConfig]) -> None:
         self.prepare()
-        assert self._forkserver is not None and self._forkserver.stdin is not None
+        assert self._forkserver is not None
         # configs hold the pool secret and --env values: they travel on the pipe, never on a command line
-        request = {"workers": [config.to_json() for config in configs], "status_fd": self._status_fd}
-        self._forkserver.stdin.write(json.dumps(request).encode() + b"\n")
-        self._forkserver.stdin.flush()
+        self._forkserver.send(json.dumps({"workers": [config.to_json() for config in configs]}) + "\n")
         self._started = True
 
     def _read_exits(self, descriptor: int) -> None:
@@ -125,25 +110,18 @@ class LocalBackend(Backend):
             return
         if not self._started:  # prepared but never used: no worker to take down with it
             self._forkserver.kill()
-        if self._forkserver.stdin is not None and not self._forkserver.stdin.closed:
+        if self._started:  # said, so it does not wait for this kernel's end to remove its files
             try:
-                if self._started:  # said, so it does not wait for this kernel's end to remove its files
-                    self._forkserver.stdin.write(CLOSE.encode())
+                self._forkserver.send(CLOSE)
             except OSError:
                 pass  # it is gone already
-            try:
-                self._forkserver.stdin.close()  # the forkserver kills its workers and exits
-            except OSError:
-                pass
-        try:
-            self._forkserver.wait(timeout=2)
-        except subprocess.TimeoutExpired:
+        self._forkserver.close_requests()  # the forkserver kills its workers and exits
+        if not self._forkserver.wait(timeout=2):
             self._forkserver.kill()
-            self._forkserver.wait()
         self._forkserver = None
 
     def alive(self) -> bool:
-        return self._forkserver is not None and self._forkserver.poll() is None
+        return self._forkserver is not None and self._forkserver.running()
 
     def address(self, rank: int) -> str:
         return LOOPBACK

@@ -85,6 +85,22 @@ class IpcKernelManager(KernelManager):
         self.socket_folder = tempfile.mkdtemp(prefix="nbk-")
         super().__init__(kernel_name="python3", transport="ipc", ip=os.path.join(self.socket_folder, "k"))
 
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        """Fork the kernel from this test process's launcher (tests/kernel_launcher.py) where it can, else start it
+        as jupyter_client does."""
+        from tests.kernel_launcher import LAUNCHER
+
+        provisioner = self.provisioner
+        assert provisioner is not None
+        forked = LAUNCHER.fork(kernel_cmd, kw.get("env") or os.environ, str(kw.get("cwd") or os.getcwd()))
+        if forked is None:
+            await super()._async_launch_kernel(kernel_cmd, **kw)
+            return
+        provisioner.process = forked  # type: ignore[attr-defined]  # a Popen's methods, which it uses
+        provisioner.pid = provisioner.pgid = forked.pid  # type: ignore[attr-defined]  # its own session
+        provisioner.cwd = kw.get("cwd")  # type: ignore[attr-defined]
+        self._reconcile_connection_info(provisioner.connection_info)
+
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
         if not restart:

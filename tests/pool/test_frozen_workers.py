@@ -134,6 +134,9 @@ def test_interrupts_during_the_automatic_restart_are_held_so_the_pool_is_never_l
     """A worker stuck in a collective: the first interrupt, then one that cuts the grace short and starts the
     restart, then a storm while it runs (each lost the pool: "Starting the pool was interrupted ... no pool is
     running", 3 of 3)."""
+    # the restart's forkserver imports torch itself (no zygote: that forks one at once), so it takes long enough
+    # for the storm below to land in it
+    assert kernel.run("import os\nos.environ['NBSCALE_ZYGOTE'] = '0'").ok
     kernel.run("%pool start 2 --cpu")
     pids = _worker_pids(kernel)
     # the second interrupt comes before the replacement is prepared (PREPARE_AFTER_S), so the restart starts

@@ -10,6 +10,7 @@ when one of those changed, a new zygote replaces it.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -227,14 +228,14 @@ class _Zygote:
             return None
         with self._lock:
             if self._path != path:
-                self._disconnect()
+                self.disconnect()
             for _ in range(2):  # a zygote that exited (idle) since the last pool is replaced once
                 if self._channel is None and not self._connect(path, environment):
                     return None
                 forked = self._request(environment, status_fd)
                 if forked is not None:
                     return forked
-                self._disconnect()
+                self.disconnect()
             return None
 
     def _connect(self, path: Path, environment: Mapping[str, str]) -> bool:
@@ -289,7 +290,7 @@ class _Zygote:
             os.close(requests_read)
         return ForkedForkserver(pid, pidfd, open(requests_write, "wb"))  # it holds it
 
-    def _disconnect(self) -> None:
+    def disconnect(self) -> None:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -310,3 +311,4 @@ def _connected(path: Path) -> socket.socket | None:
 
 
 _ZYGOTE = _Zygote()
+atexit.register(_ZYGOTE.disconnect)  # at this process's end, quietly (the zygote sees its end either way)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from nbscale.pool.backends.ray_start import RAY_COMMAND
+from nbscale.ports import free_ports
 
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Ray gives its dashboard (the job server) 60 s to start, which a loaded 2-core machine exceeded (CI)
@@ -37,9 +37,7 @@ _FIXED_DEFAULT_PORTS = (
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def _processes_of(*marks: str) -> list[psutil.Process]:
@@ -70,8 +68,9 @@ def ray_head(num_cpus: int, dashboard_port: int | None = None, client_port: int 
     """Start `ray start --head` on loopback (with its dashboard/job server on `dashboard_port` if given, its Ray
     Client server, which ray://127.0.0.1:PORT reaches, on `client_port` if given), yield the head's address
     HOST:PORT, and stop its processes (only this head's) afterwards."""
-    port = free_port()
-    ports = {name: free_port() for name in _FIXED_DEFAULT_PORTS}
+    given = [port for port in (dashboard_port, client_port) if port is not None]
+    port, *picked = free_ports(1 + len(_FIXED_DEFAULT_PORTS), taken=given)
+    ports = dict(zip(_FIXED_DEFAULT_PORTS, picked, strict=True))
     if client_port is not None:
         ports["ray-client-server-port"] = client_port
     env = {**os.environ, **LOOPBACK_ENV, **SLOW_MACHINE_ENV}

@@ -24,6 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nbscale.ports import free_ports
+
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo")
 NODE = "nbscale-node"  # the one node; with two, NODE1 and NODE2
 CPUS = 2
@@ -37,12 +39,6 @@ def missing_programs() -> list[str]:
     return [name for name in PROGRAMS if shutil.which(name, path=path) is None]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def node_names(nodes: int) -> list[str]:
     """The cluster's node names: NODE alone, or NODE1, NODE2, ..."""
     return [NODE] if nodes == 1 else [f"{NODE}{index}" for index in range(1, nodes + 1)]
@@ -50,17 +46,18 @@ def node_names(nodes: int) -> list[str]:
 
 def _configuration(folder: Path, munge_socket: Path, nodes: int) -> str:
     host = socket.gethostname()
+    controller_port, node_port, *node_ports = free_ports(2 + nodes)
     node_lines = "".join(
-        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={CPUS // nodes} "
+        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS // nodes} "
         "RealMemory=1000 State=UNKNOWN\n"
-        for name in node_names(nodes)
+        for name, port in zip(node_names(nodes), node_ports, strict=True)
     )
     user = os.environ.get("USER") or psutil.Process().username()
     return f"""
 ClusterName=nbscale{os.getpid()}
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={controller_port}
+SlurmdPort={node_port}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge

@@ -28,6 +28,7 @@ SHARED = {
     "version",
     "lab_extension",
     "cpus",
+    "ports",
     "progress_bar",
     "cell_names",
 }

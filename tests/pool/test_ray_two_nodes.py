@@ -13,7 +13,8 @@ import pytest
 import nbscale
 from nbscale.errors import WorkerError
 from nbscale.pool.backends.ray_start import give_raylet_the_agent_port
-from tests.ray_head import forget_cluster_address, free_port
+from nbscale.ports import free_ports
+from tests.ray_head import forget_cluster_address
 from tests.training.digits import digits, tiny_net
 
 # two trainings, a lost node and a restart: ~2 min on a quiet 2-core machine, over 5 beside a loaded one
@@ -22,23 +23,27 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 
-def _agent_ports() -> dict[str, int]:
-    """Each agent's port picked here, so the node's raylet knows them and does not wait for its agents to start
-    (with give_raylet_the_agent_port: nbscale.pool.backends.ray_start); a loaded machine exceeds that fixed wait."""
+def _agent_ports(nodes: int) -> list[dict[str, int]]:
+    """Each agent's port of each node picked here (all distinct), so the node's raylet knows them and does not wait
+    for its agents to start (with give_raylet_the_agent_port: nbscale.pool.backends.ray_start); a loaded machine
+    exceeds that fixed wait."""
     names = ("metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
-    return {name: free_port() for name in names}
+    ports = iter(free_ports(len(names) * nodes))
+    return [{name: next(ports) for name in names} for _ in range(nodes)]
 
 
 @pytest.fixture
 def two_nodes():
-    """A head and a second node, one CPU each, so a pool of two must use both."""
+    """A head and a second node, one CPU each, so a pool of two must use both (and the ports of a third, which
+    may join later)."""
     give_raylet_the_agent_port()  # the nodes start in this process
-    head_node_args = {"num_cpus": 1, "include_dashboard": False, **_agent_ports()}
+    head_ports, second_ports, third_ports = _agent_ports(3)
+    head_node_args = {"num_cpus": 1, "include_dashboard": False, **head_ports}
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args=head_node_args)
     try:
-        second = cluster.add_node(num_cpus=1, **_agent_ports())
+        second = cluster.add_node(num_cpus=1, **second_ports)
         cluster.wait_for_nodes()
-        yield cluster, second
+        yield cluster, second, third_ports
     finally:
         pool = nbscale.current_pool()
         if pool is not None:
@@ -54,7 +59,7 @@ def _nodes(pool: nbscale.Pool) -> list[str]:
 
 
 def test_a_pool_spreads_over_two_nodes_trains_across_them_names_a_lost_node_by_rank_and_restarts(two_nodes):
-    cluster, second = two_nodes
+    cluster, second, third_ports = two_nodes
     (train_x, train_y), validation = digits()
     options = nbscale.TrainingOptions(
         "sgdm",
@@ -99,7 +104,7 @@ def test_a_pool_spreads_over_two_nodes_trains_across_them_names_a_lost_node_by_r
     assert [w.state for w in pool.status().workers][lost_rank] == "dead"
 
     # a replacement node joins; %pool restart (pool.restart()) gives two fresh workers that train again
-    cluster.add_node(num_cpus=1, **_agent_ports())
+    cluster.add_node(num_cpus=1, **third_ports)
     cluster.wait_for_nodes()
     pool.restart()
     assert len(set(_nodes(pool))) == 2 and second.node_id[:8] not in _nodes(pool)

@@ -1,11 +1,13 @@
-"""A local pool's forkserver as the kernel holds it: forked from this process's zygote where one can run (Linux),
-else started as `python -m nbscale.pool.forkserver`. Either way the kernel writes its request on a pipe, learns of
-its workers' ends on another, and can tell whether it runs, wait for it and kill it.
+"""A local pool's forkserver as the kernel holds it: forked by the user's zygote where one can run (Linux, with
+pidfds), else started as `python -m nbscale.pool.forkserver`. Either way the kernel writes its request on a pipe,
+learns of its workers' ends on another, and can tell whether it runs, wait for it and kill it.
 
-The zygote (nbscale/pool/zygote.py) is started with the first local pool and kept for the next: it imported torch,
-so a later pool's forkserver is ready in milliseconds instead of seconds. It serves a process whose environment
-still matches the one it started with in every variable read when Python or torch starts (ZYGOTE_STALE_PREFIXES);
-when one of those changed, a new zygote replaces it.
+The zygote (nbscale/pool/zygote.py) imported torch once, so a forkserver forked from it is ready in milliseconds
+instead of seconds. `zygote_socket` names the one for this process: a socket in the user's private runtime folder,
+keyed by everything a fresh interpreter would take from this process that a fork could not change afterwards (the
+Python and the nbscale and torch files, the variables read as Python or torch start (ZYGOTE_STALE_PREFIXES), the
+control group, namespaces, resource limits and umask). The first pool with that key starts it; `_Zygote` keeps
+this process's connection to it.
 """
 
 from __future__ import annotations

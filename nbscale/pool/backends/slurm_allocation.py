@@ -27,6 +27,7 @@ from types import FrameType
 import psutil
 
 from nbscale.pool.backends.ray_start import RAY_COMMAND
+from nbscale.ports import free_ports
 
 ADDRESS_MARK = "nbscale-ray-head:"
 MODULE = "nbscale.pool.backends.slurm_allocation"  # what `-m` runs: run as the batch script, __name__ is "__main__"
@@ -52,10 +53,9 @@ def tasks_per_node(text: str) -> list[int]:
     return counts
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
+def _fixed_ports() -> list[tuple[str, int]]:
+    """A distinct free port for each of Ray's fixed defaults (two Ray nodes on one host would clash on them)."""
+    return list(zip(_FIXED_DEFAULT_PORTS, free_ports(len(_FIXED_DEFAULT_PORTS), ""), strict=True))
 
 
 def _ray_start(session: str, cpus: int, gpus: int, *arguments: str) -> list[str]:
@@ -69,7 +69,7 @@ def _ray_start(session: str, cpus: int, gpus: int, *arguments: str) -> list[str]
         "--disable-usage-stats",
         "--include-log-monitor=false",  # the pool's workers send their output over their own channels
         f"--temp-dir={session}",
-        *(f"--{name}={_free_port()}" for name in _FIXED_DEFAULT_PORTS),
+        *(f"--{name}={port}" for name, port in _fixed_ports()),
         *arguments,
     ]
 
@@ -137,7 +137,7 @@ def head(gpus_per_worker: int) -> int:
         text=True,
         check=True,
     ).stdout.split()
-    ip, port, client_port = socket.gethostbyname(socket.gethostname()), _free_port(), _free_port()
+    ip, (port, client_port) = socket.gethostbyname(socket.gethostname()), free_ports(2, "")
 
     def start(session: str) -> list[str]:
         return _ray_start(

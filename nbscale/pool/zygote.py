@@ -41,6 +41,7 @@ from typing import Any, cast
 
 from nbscale.pool import process_names
 from nbscale.pool.process_names import set_process_name
+from nbscale.processes import pid_running
 
 IDLE_EXIT_S = 600.0  # this long without a forkserver running or asked for, the zygote exits
 NO_KERNEL_EXIT_S = 60.0  # this long without a connected kernel and with no forkserver running, it exits
@@ -145,7 +146,7 @@ def _serve(listener: socket.socket, path: Path, bound: int) -> None:
                 pass  # gone meanwhile: its forkserver sees its pipe close
         now = time.monotonic()
         reap()
-        forkservers.intersection_update([pid for pid in forkservers if _running(pid)])  # ended before added
+        forkservers.intersection_update([pid for pid in forkservers if pid_running(pid)])  # ended before added
         if kernels or forkservers:
             last_kernel = now
         try:
@@ -214,14 +215,6 @@ def _fork_forkserver(
 def _peer_uid(connection: socket.socket) -> int:
     credentials = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return int(struct.unpack("3i", credentials)[1])
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

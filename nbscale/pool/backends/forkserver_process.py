@@ -170,7 +170,7 @@ def zygote_socket(environment: Mapping[str, str]) -> Path | None:
         "cgroup": _read("/proc/self/cgroup"),
         "namespaces": [_link(f"/proc/self/ns/{name}") for name in ("pid", "mnt", "net", "user", "ipc", "uts")],
         "limits": _read("/proc/self/limits"),
-        "umask": _umask(),
+        "umask": _umask_line(),
     }
     key = hashlib.sha256(json.dumps(inherited).encode()).hexdigest()[:16]
     path = folder / f"{key}.sock"
@@ -208,10 +208,10 @@ def _link(path: str) -> str:
         return ""
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+def _umask_line() -> str:
+    """This process's umask as Linux states it (read, not set and set back: os.umask would change it for every
+    thread a moment)."""
+    return next((line for line in _read("/proc/self/status").splitlines() if line.startswith("Umask:")), "")
 
 
 class _Zygote:
